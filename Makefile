@@ -1,0 +1,43 @@
+# Set-up and the two Quick-start jobs of the README. Everything installs into .venv with
+# install/constraints.txt, which pins the local CPU build torch==2.13.0 (nothing may pull another).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+OUT    ?= rlconform-report
+PYTEST_ARGS ?= -n 2
+
+.PHONY: setup engines check-verl check-reference test reports clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade "pip>=24"
+
+# rlconform itself (editable) with its test extras
+$(VENV)/.rlconform-installed: $(PY) pyproject.toml install/constraints.txt
+	$(PY) -m pip install -q --disable-pip-version-check -c install/constraints.txt -e '.[test]'
+	@touch $@
+
+setup: $(VENV)/.rlconform-installed
+
+engines: setup
+	bash install/engines.sh $(PY) all
+
+# Quick start 1: the main job, a check of a real engine (verl 0.9.1), report in $(OUT)/verl/.
+# The ledger reports/verl-0.9.1/xfails.txt lists verl's known discrepancies: the job is red when a new
+# one appears or a listed one is fixed.
+check-verl: engines
+	$(VENV)/bin/rlconform check --engine verl --out $(OUT)/verl --xfails reports/verl-0.9.1/xfails.txt $(CHECK_ARGS)
+
+check-reference: setup
+	$(VENV)/bin/rlconform check --engine reference --out $(OUT)/reference $(CHECK_ARGS)
+
+# Quick start 2: the self-tests, real engines included.
+test: engines
+	$(PY) -m pytest $(PYTEST_ARGS) tests
+
+# Regenerate the committed reports of the real engines.
+reports: engines
+	bash reports/regenerate.sh $(VENV)
+
+clean:
+	rm -rf $(VENV) $(OUT) *.egg-info

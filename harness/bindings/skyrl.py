@@ -1,0 +1,319 @@
+"""SkyRL 0.4.0 (``skyrl``, the SkyRL-train backend) bound to the op catalog
+(install: ``install/engines.sh PY skyrl``; imports go through :mod:`._compat` for Python 3.11).
+
+==========================  =======================================================================
+op                          SkyRL callable (adapter semantics)
+==========================  =======================================================================
+metric_pipeline             the policy entropy as SkyRL 0.4.0 workers log it (:func:`_metric_pipeline`):
+                            per micro-batch ``masked_mean(entropy, loss_mask).item()`` ->
+                            ``worker_utils.reduce_metrics`` -> ``worker_utils.all_reduce_metrics``
+                            (DP) -> trainer ``reduce_metrics`` over mini-batches -> ``policy/`` prefix.
+                            A mean of per-micro-batch / per-rank means: family 1 of cases.md.
+agg_loss                    the policy-loss reduction (:func:`_agg_loss`): the trainer pre-scales the
+                            per-token loss with ``ppo_utils.apply_loss_reduction_to_advantages_minibatch``
+                            over the whole mini-batch, each micro-batch reduces with
+                            ``ppo_utils.reduce_loss`` (masked sum) and backpropagates it times
+                            ``dp_size``; gradient accumulation sums, DP averages.
+entropy                     ``utils.torch_utils.chunked_entropy_from_logits(logits[B,S,V],
+                            requires_grad=True)`` (``-Σ exp(logp)·logp`` with ``logp = log_softmax``,
+                            in the input dtype); what the FSDP model wrapper logs as entropy
+token_logprobs              ``utils.torch_utils.logprobs_from_logits(logits, labels)`` (verl's v2 path
+                            without flash-attn)
+masked_mean                 ``utils.torch_utils.masked_mean(values, mask)`` (``/ clamp(nnz, 1)``)
+masked_var                  ``utils.ppo_utils.masked_var(values, mask, unbiased)``
+==========================  =======================================================================
+
+For the distributed tests, :func:`dp_all_reduce_metrics` runs SkyRL's real ``all_reduce_metrics``
+over a real process group (gloo on CPU, with :func:`._compat.skyrl_cuda_device_on_cpu`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+from collections import defaultdict
+
+from rlconform.harness.binding import AggLoss, Binding, Lazy, MetricPipeline
+
+from ._compat import import_skyrl, skyrl_cuda_device_on_cpu
+
+WORKER_UTILS = "skyrl.backends.skyrl_train.workers.worker_utils"
+TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
+PPO_UTILS = "skyrl.backends.skyrl_train.utils.ppo_utils"
+STRATEGY = "skyrl.backends.skyrl_train.distributed.strategy"
+
+ENTROPY_KEY = "policy_entropy"
+FINAL_ENTROPY_KEY = "policy/policy_entropy"
+
+
+def _version() -> str | None:
+    try:
+        return importlib.metadata.version("skyrl")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _skyrl(module: str, attr: str | None = None):
+    mod = import_skyrl(module)
+    return getattr(mod, attr) if attr else mod
+
+
+# ------------------------------------------------------------------------------ DP all-reduce
+class _InProcessDPStrategy:
+    """Stands in for SkyRL's ``DistributedStrategy`` when the DP ranks are simulated in one process.
+
+    ``all_reduce_metrics`` (called unchanged, once, with rank 0's dict) routes each key to
+    ``strategy.all_reduce(sub_dict, op=...)``; this object answers with what every rank would hold
+    after ``DistributedStrategy.all_reduce`` (strategy.py) ran on all ranks: each rank turns its
+    Python float into ``torch.Tensor([v])`` (float32); ``op="mean"`` divides it in place by the DP
+    world size and all-reduces with SUM; ``"min"``/``"max"``/``"sum"`` all-reduce with that op; the
+    result comes back with ``.item()``. The SUM is accumulated in float32 in rank order (gloo's ring
+    order may differ in the last bit for more than two ranks). A key missing on some rank would make
+    the real collectives mismatch; here it raises ``KeyError``.
+    """
+
+    def __init__(self, rank_dicts: list[dict]):
+        self.rank_dicts = rank_dicts
+        self.world_size = len(rank_dicts)
+
+    def all_reduce(self, data, op="mean", group=None):
+        import torch
+
+        assert op in ("mean", "max", "sum", "min")
+        out = {}
+        for key in data:
+            per_rank = []
+            for rank, metrics in enumerate(self.rank_dicts):
+                if key not in metrics:
+                    raise KeyError(f"metric {key!r} missing on DP rank {rank}: SkyRL's all-reduce would mismatch")
+                value = metrics[key]
+                is_tensor = isinstance(value, torch.Tensor)
+                t = value if is_tensor else torch.Tensor([value])
+                if op == "mean":
+                    t = t / self.world_size  # the real code does `data /= group_size` on its own copy
+                per_rank.append((t, is_tensor))
+            acc = per_rank[0][0].clone()
+            for t, _ in per_rank[1:]:
+                if op in ("mean", "sum"):
+                    acc += t
+                elif op == "max":
+                    acc = torch.maximum(acc, t)
+                else:
+                    acc = torch.minimum(acc, t)
+            out[key] = acc if per_rank[0][1] else acc.item()
+        return out
+
+
+def dp_all_reduce_metrics(metrics: dict, group=None, sum_loss_metrics: bool = True) -> dict:
+    """SkyRL's real ``all_reduce_metrics`` over a real process group (every DP rank calls it).
+
+    The strategy is SkyRL's own ``DistributedStrategy.all_reduce`` bound to a minimal object (the
+    class is abstract; ``all_reduce`` only reads ``world_size``, used when ``group`` is None). On a
+    CPU machine it runs under :func:`._compat.skyrl_cuda_device_on_cpu`.
+    """
+    import types
+
+    import torch.distributed as dist
+
+    worker_utils = _skyrl(WORKER_UTILS)
+    strategy_cls = _skyrl(STRATEGY, "DistributedStrategy")
+    strategy = types.SimpleNamespace(world_size=dist.get_world_size())
+    def all_reduce(data, op="mean", group=None):
+        return strategy_cls.all_reduce(strategy, data, op=op, group=group)
+
+    strategy.all_reduce = all_reduce
+    with skyrl_cuda_device_on_cpu():
+        return worker_utils.all_reduce_metrics(metrics, strategy, group=group, sum_loss_metrics=sum_loss_metrics)
+
+
+# ------------------------------------------------------------------------------ metric pipeline
+def _metric_pipeline() -> MetricPipeline:
+    """The policy entropy metric of SkyRL 0.4.0, from worker to logger.
+
+    * emit: ``PolicyWorkerBase._forward_backward_micro`` (workers/worker.py) computes
+      ``entropy = masked_mean(entropy_BS, loss_mask)`` (``torch_utils.masked_mean``: sum / clamp(nnz, 1))
+      and logs ``{"policy_entropy": entropy.item()}``. (Megatron's wrapper does the same.)
+    * reduce_micro: ``forward_backward`` collects the micro-batches' dicts into lists and calls
+      ``worker_utils.reduce_metrics(all_metrics, sum_loss_metrics=True)`` (plain mean for this key).
+    * reduce_dp: ``all_reduce_metrics(result, strategy, group=dp_group, sum_loss_metrics=True)``, the real
+      function, with :class:`_InProcessDPStrategy` standing in for the DP collectives.
+    * reduce_mini: ``RayPPOTrainer._execute_training_step`` collects each mini-batch's (and epoch's)
+      dict into lists and calls ``reduce_metrics(all_metrics, sum_loss_metrics=False)``; then
+      ``finalize_minibatch_rollout_logprob_diff_std`` (trainer_utils), a no-op for this key (it only
+      rewrites the ``minibatch_rollout_logprobs_abs_diff_*`` keys) and not imported (trainer_utils pulls
+      in the Ray worker stack).
+    * finalize: ``train_critic_and_policy`` logs every key as ``policy/<key>``.
+
+    With TokenBasedBatchIterator, SkyRL pads DP ranks to the same micro-batch count with micro-batches
+    whose loss_mask is all zero; they log entropy 0.0 and are averaged in (family 7).
+    """
+    worker_utils = _skyrl(WORKER_UTILS)
+    masked_mean = _skyrl(TORCH_UTILS, "masked_mean")
+
+    def emit(values, mask):
+        entropy = masked_mean(values, mask)
+        return {ENTROPY_KEY: entropy.item()}
+
+    def _collect(dicts):
+        all_metrics = defaultdict(list)
+        for metrics in dicts:
+            for k, v in metrics.items():
+                all_metrics[k].append(v)
+        return all_metrics
+
+    def reduce_micro(micro_dicts):
+        return worker_utils.reduce_metrics(_collect(micro_dicts), sum_loss_metrics=True)
+
+    def reduce_dp(rank_dicts):
+        strategy = _InProcessDPStrategy(list(rank_dicts))
+        return worker_utils.all_reduce_metrics(dict(rank_dicts[0]), strategy, group=None, sum_loss_metrics=True)
+
+    def reduce_mini(mini_dicts):
+        return worker_utils.reduce_metrics(_collect(mini_dicts), sum_loss_metrics=False)
+
+    def finalize(metrics):
+        return {f"policy/{k}": v for k, v in metrics.items()}
+
+    return MetricPipeline(
+        emit=emit,
+        reduce_micro=reduce_micro,
+        reduce_dp=reduce_dp,
+        reduce_mini=reduce_mini,
+        finalize=finalize,
+        stats={"mean": FINAL_ENTROPY_KEY},
+        emitted_to_final={ENTROPY_KEY: FINAL_ENTROPY_KEY},
+    )
+
+
+# ------------------------------------------------------------------------------------ agg_loss
+#: catalog mode -> SkyRL ``trainer.algorithm.loss_reduction``. SkyRL has no token-sum or
+#: seq-mean-token-sum; its "token_mean_legacy" (per-micro-batch token mean, averaged) and
+#: "prompt_mean" have no catalog mode.
+SKYRL_MODES = {
+    "token-mean": "token_mean",
+    "seq-mean-token-mean": "sequence_mean",
+    "seq-mean-token-sum-norm": "seq_mean_token_sum_norm",
+}
+
+
+def _agg_loss() -> AggLoss:
+    """SkyRL's policy-loss reduction, per micro-batch.
+
+    SkyRL normalises the *advantages* once per mini-batch (``RayPPOTrainer._normalize_advantages`` ->
+    ``ppo_utils.apply_loss_reduction_to_advantages_minibatch`` over the whole mini-batch, before it is
+    sharded over DP), then every policy loss ends with ``ppo_utils.reduce_loss`` (the masked *sum*),
+    and the worker backpropagates ``policy_loss * dp_size`` per micro-batch (gradient accumulation
+    sums; DP averages gradients). The per-token loss is linear in the advantage, so the harness's
+    per-token loss takes the advantage's place.
+
+    The catalog calls this per micro-batch with the mini-batch's totals in ``info``; SkyRL's
+    mini-batch function needs the mini-batch itself. The adapter calls it on the micro-batch's rows
+    followed by zero-advantage "context" rows standing for the rest of the mini-batch: as many rows as
+    the mini-batch has sequences beyond this micro-batch (``info.global_batch_size - b``), of width T,
+    holding ``info.global_nnz - nnz(micro-batch)`` unmasked tokens. The real function then sees the
+    mini-batch's batch size and token count, and the micro-batch's rows come back scaled exactly as in
+    SkyRL; the context rows are dropped. ``max_seq_len`` (required by SkyRL for
+    seq_mean_token_sum_norm) is ``info.loss_scale_factor``, or T when that is None.
+    """
+    import torch
+
+    apply_reduction = _skyrl(PPO_UTILS, "apply_loss_reduction_to_advantages_minibatch")
+    reduce_loss = _skyrl(PPO_UTILS, "reduce_loss")
+
+    def loss(loss_mat, mask, mode, info):
+        reduction = SKYRL_MODES[mode]
+        b, T = loss_mat.shape
+        local_nnz = int((mask != 0).sum())
+        ctx_rows = max(info.global_batch_size - b, 0)
+        ctx_nnz = max(int(info.global_nnz) - local_nnz, 0)
+        if reduction == "token_mean" and ctx_rows * T < ctx_nnz:
+            ctx_rows = math.ceil(ctx_nnz / max(T, 1))  # row count is irrelevant for token_mean
+        ctx_mask = torch.zeros(ctx_rows * T, dtype=mask.dtype, device=mask.device)
+        ctx_mask[:ctx_nnz] = 1
+        ctx_mask = ctx_mask.view(ctx_rows, T)
+        ctx_adv = torch.zeros(ctx_rows, T, dtype=loss_mat.dtype, device=loss_mat.device)
+        scaled = apply_reduction(
+            advantages=torch.cat([loss_mat, ctx_adv]),
+            loss_mask=torch.cat([mask, ctx_mask]),
+            loss_reduction=reduction,
+            micro_batch_size=b,
+            max_seq_len=info.loss_scale_factor if info.loss_scale_factor is not None else T,
+        )[:b]
+        policy_loss = reduce_loss(scaled, mask)
+        return policy_loss * info.dp_size  # grad_sum_correction_factor (workers/worker.py)
+
+    loss.__qualname__ = "skyrl.agg_loss"
+    return AggLoss(loss=loss, modes=tuple(SKYRL_MODES), micro_combine="sum", dp_combine="mean")
+
+
+# ---------------------------------------------------------------------------------- token ops
+def _entropy():
+    fn = _skyrl(TORCH_UTILS, "chunked_entropy_from_logits")
+
+    def entropy(logits):
+        # SkyRL takes [batch, seqlen, vocab]; other shapes are viewed as [1, N, V] (a view when
+        # contiguous) and the result is viewed back.
+        if logits.dim() == 3:
+            return fn(logits, requires_grad=True)
+        lead = logits.shape[:-1]
+        out = fn(logits.reshape(1, -1, logits.shape[-1]), requires_grad=True)
+        return out.reshape(lead)
+
+    entropy.__qualname__ = "skyrl.entropy"
+    return entropy
+
+
+def _token_logprobs():
+    fn = _skyrl(TORCH_UTILS, "logprobs_from_logits")
+
+    def token_logprobs(logits, labels):
+        return fn(logits, labels)
+
+    token_logprobs.__qualname__ = "skyrl.token_logprobs"
+    return token_logprobs
+
+
+def _masked_mean():
+    fn = _skyrl(TORCH_UTILS, "masked_mean")
+
+    def masked_mean(values, mask):
+        return fn(values, mask)
+
+    masked_mean.__qualname__ = "skyrl.masked_mean"
+    return masked_mean
+
+
+def _masked_var():
+    fn = _skyrl(PPO_UTILS, "masked_var")
+
+    def masked_var(values, mask, unbiased):
+        return fn(values, mask, unbiased=unbiased)
+
+    masked_var.__qualname__ = "skyrl.masked_var"
+    return masked_var
+
+
+binding = Binding(
+    name="skyrl",
+    version=_version(),
+    ops={
+        "metric_pipeline": Lazy(loader=_metric_pipeline),
+        "agg_loss": Lazy(loader=_agg_loss),
+        "entropy": Lazy(loader=_entropy),
+        "token_logprobs": Lazy(loader=_token_logprobs),
+        "masked_mean": Lazy(loader=_masked_mean),
+        "masked_var": Lazy(loader=_masked_var),
+    },
+    notes={
+        "metric_pipeline": "policy_entropy: torch_utils.masked_mean(...).item() per micro-batch -> "
+        "worker_utils.reduce_metrics -> worker_utils.all_reduce_metrics (DP, float32 /world then SUM, simulated "
+        "in-process) -> trainer reduce_metrics over mini-batches -> 'policy/' prefix",
+        "agg_loss": "ppo_utils.apply_loss_reduction_to_advantages_minibatch (mini-batch scope, fed through context "
+        "rows) + ppo_utils.reduce_loss, x dp_size; sum over micro-batches, mean over DP. Modes: token_mean, "
+        "sequence_mean, seq_mean_token_sum_norm (max_seq_len = loss_scale_factor or T).",
+        "entropy": "torch_utils.chunked_entropy_from_logits(requires_grad=True)",
+        "token_logprobs": "torch_utils.logprobs_from_logits (v2 path without flash-attn)",
+        "masked_mean": "torch_utils.masked_mean (nnz clamped to >= 1)",
+        "masked_var": "ppo_utils.masked_var",
+    },
+)

@@ -1,0 +1,242 @@
+"""verl 0.9.1 bound to the op catalog (install: ``install/engines.sh PY verl``).
+
+Every op calls verl's own function with verl's own defaults; the adapters only reshape arguments to
+the canonical signatures. Nothing is cloned, upcast or fixed.
+
+==========================  =======================================================================
+op                          verl callable (adapter semantics)
+==========================  =======================================================================
+entropy                     ``verl.utils.torch_functional.entropy_from_logits(logits)``
+                            (``logsumexp(x) - Σ softmax(x)·x``, in the input dtype)
+token_logprobs              ``torch_functional.logprobs_from_logits(logits, labels)`` with verl's
+                            default ``inplace_backward=True`` (the FSDP engine's choice when no
+                            entropy is computed). Without flash-attn (this CPU build) verl takes
+                            ``logprobs_from_logits_v2``: fp32/fp64 ``x_y - logsumexp(x)`` row by row,
+                            bf16/fp16 ``log_softmax`` row by row in the input dtype; the flag only
+                            matters on flash-attn's in-place CUDA path.
+sum_pi_squared              ``torch_functional.calculate_sum_pi_squared_from_logits(logits)``
+                            (``exp(logsumexp(2x) - 2·logsumexp(x))``)
+masked_sum / masked_mean    ``torch_functional.masked_sum`` / ``masked_mean`` (``axis=None``);
+                            masked_mean divides by ``nnz + 1e-8``
+masked_var                  ``torch_functional.masked_var(values, mask, unbiased)`` (raises for nnz 0,
+                            and for nnz 1 when unbiased)
+agg_loss                    ``verl.trainer.ppo.core_algos.agg_loss`` per micro-batch, as
+                            ``verl.workers.utils.losses.ppo_loss`` calls it (see :func:`_agg_loss`)
+optimal_token_baseline      ``core_algos.compute_optimal_token_baseline_advantage`` with its defaults
+                            (``handle_zero_tail=True``, ``epsilon=1e-8``, no IS weights); ``index``
+                            passed as a NumPy array as verl's trainer does
+metric_pipeline             the path of ``actor/pg_clipfrac`` (and every ``pg_metrics`` entry):
+                            see :func:`_metric_pipeline`
+==========================  =======================================================================
+
+Not bound: verl 0.9.1 has no ``logsumexp``, ``masked_std``, ``masked_min``/``max`` helper.
+``entropy_from_logits_with_chunking`` (engine option ``entropy_from_logits_with_chunking``) is a second
+entropy path: 2-D input only, each chunk upcast with ``.float()``, result always float32; it has no
+catalog op of its own (see ``notes``). The vocab-parallel functions of
+``verl.utils.megatron.tensor_parallel`` read Megatron's ``parallel_state`` groups and belong to the
+distributed tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+from itertools import chain
+
+from rlconform.harness.binding import AggLoss, Binding, Lazy, MetricPipeline
+
+TF = "verl.utils.torch_functional"
+CORE = "verl.trainer.ppo.core_algos"
+
+
+def _version() -> str | None:
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# ---------------------------------------------------------------------------------- token ops
+def _token_logprobs(fn):
+    def token_logprobs(logits, labels):
+        return fn(logits, labels)  # verl's default inplace_backward=True
+
+    token_logprobs.__qualname__ = "verl.token_logprobs"
+    return token_logprobs
+
+
+def _masked_var(fn):
+    def masked_var(values, mask, unbiased):
+        return fn(values, mask, unbiased=unbiased)
+
+    masked_var.__qualname__ = "verl.masked_var"
+    return masked_var
+
+
+def _two_args(fn, name):
+    def op(values, mask):
+        return fn(values, mask)
+
+    op.__qualname__ = f"verl.{name}"
+    return op
+
+
+def _optimal_token_baseline(fn):
+    import numpy as np
+    import torch
+
+    def optimal_token_baseline(rewards, mask, index, old_log_probs, sum_pi_squared):
+        # verl's trainer passes `index` as the NumPy array of uids (batch.non_tensor_batch["uid"]).
+        if isinstance(index, torch.Tensor):
+            index = index.detach().cpu().numpy()
+        index = np.asarray(index)
+        return fn(rewards, mask, index, old_log_probs, sum_pi_squared)
+
+    optimal_token_baseline.__qualname__ = "verl.optimal_token_baseline"
+    return optimal_token_baseline
+
+
+# ------------------------------------------------------------------------------------ agg_loss
+def _agg_loss(agg_loss) -> AggLoss:
+    """verl's loss aggregation as its FSDP engine runs it.
+
+    ``verl.workers.utils.losses.ppo_loss`` calls ``agg_loss(loss_mat, response_mask, loss_agg_mode,
+    **config.global_batch_info)`` for every micro-batch, with ``dp_size`` = DP world size,
+    ``batch_num_tokens`` = the mini-batch's ``loss_mask.sum()`` all-reduced (SUM) over DP
+    (``engine/fsdp/transformer_impl.py: forward_backward_batch``), ``global_batch_size`` =
+    ``ppo_mini_batch_size * rollout.n`` (``ppo/ray_trainer.py: _update_actor``): every sequence of the
+    mini-batch, fully masked ones included, so ``info.global_batch_size`` (not
+    ``global_nonempty_seqs``), and ``loss_scale_factor`` = ``actor.loss_scale_factor``.
+    The FSDP engine calls ``loss.backward()`` on each micro-batch's loss unscaled (gradient
+    accumulation sums) and FSDP averages gradients over DP; the logged ``loss`` is likewise
+    ``sum`` over micro-batches then all-reduce ``AVG`` (``engine_workers._postprocess_output``).
+    Hence ``micro_combine="sum"``, ``dp_combine="mean"``. (The Megatron engine rescales by
+    ``num_microbatches`` for its pipeline schedule; not modelled here.)
+    """
+
+    def loss(loss_mat, mask, mode, info):
+        return agg_loss(
+            loss_mat,
+            mask,
+            mode,
+            dp_size=info.dp_size,
+            batch_num_tokens=info.global_nnz,
+            global_batch_size=info.global_batch_size,
+            loss_scale_factor=info.loss_scale_factor,
+        )
+
+    loss.__qualname__ = "verl.agg_loss"
+    return AggLoss(
+        loss=loss,
+        modes=("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+        micro_combine="sum",
+        dp_combine="mean",
+    )
+
+
+# ------------------------------------------------------------------------------ metric pipeline
+PG_KEY = "actor/pg_clipfrac"
+
+
+def _metric_pipeline() -> MetricPipeline:
+    """verl's path for a token-level metric reduced inside the loss: ``actor/pg_clipfrac``.
+
+    * emit (per micro-batch): ``core_algos.compute_policy_loss_vanilla`` computes
+      ``verl_F.masked_mean(token_values, response_mask)`` and logs ``.detach().item()``;
+      ``losses.ppo_loss`` wraps ``pg_metrics`` with ``Metric.from_dict(..., AggregationType.MEAN)``.
+      The harness's token values take the place of the clip indicator.
+    * reduce_micro: ``engine/utils.postprocess_batch_func`` folds the micro-batches with
+      ``verl.utils.py_functional.append_to_dict`` (one ``Metric`` holding one value per micro-batch).
+    * reduce_dp: ``engine_workers._postprocess_output`` calls ``allgather_dict_into_dict`` over the DP
+      group (``all_gather_object``: every rank gets ``{key: [rank0 value, rank1 value, ...]}`` in rank
+      order; simulated in-process by collecting the ranks' dicts in rank order, which is exactly what
+      the gather returns), then ``engine_workers.train_mini_batch`` applies
+      ``Metric.aggregate_dp`` to each list (MEAN: mean over ranks per micro-batch index, then mean
+      over micro-batches; it raises when ranks hold different numbers of micro-batches: verl's
+      ``prepare_micro_batches(same_micro_num_in_dp=True)`` makes the counts equal).
+    * reduce_mini: ``train_mini_batch`` appends each mini-batch's floats with ``append_to_dict``.
+    * finalize: ``ray_trainer._update_actor`` applies ``rename_dict(metrics, "actor/")`` and
+      ``ray_trainer.fit`` applies ``verl.utils.metric.reduce_metrics`` (np.mean, or np.max / np.min
+      when the key contains "max" / "min").
+    """
+    import verl.utils.torch_functional as verl_F
+    from verl.utils.metric import AggregationType, Metric, reduce_metrics
+    from verl.utils.py_functional import append_to_dict, rename_dict
+
+    def emit(values, mask):
+        pg_metrics = {PG_KEY: verl_F.masked_mean(values, mask).detach().item()}
+        return Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN)
+
+    def reduce_micro(micro_dicts):
+        aggregated = {}
+        for metrics in micro_dicts:
+            append_to_dict(aggregated, metrics)
+        return aggregated
+
+    def reduce_dp(rank_dicts):
+        # allgather_dict_into_dict, in-process: {key: [value of rank 0, value of rank 1, ...]}
+        gathered = {}
+        for rank_metrics in rank_dicts:
+            for key, val in rank_metrics.items():
+                gathered.setdefault(key, []).append(val)
+        # engine_workers.train_mini_batch, verbatim in effect
+        for key, val in gathered.items():
+            if isinstance(val, list):
+                gathered[key] = (
+                    Metric.aggregate_dp(val) if isinstance(val[0], Metric) else list(chain.from_iterable(val))
+                )
+        return gathered
+
+    def reduce_mini(mini_dicts):
+        metrics = {}
+        for output in mini_dicts:
+            append_to_dict(metrics, output)
+        return metrics
+
+    def finalize(metrics):
+        return reduce_metrics(rename_dict(metrics, "actor/"))
+
+    return MetricPipeline(
+        emit=emit,
+        reduce_micro=reduce_micro,
+        reduce_dp=reduce_dp,
+        reduce_mini=reduce_mini,
+        finalize=finalize,
+        stats={"mean": PG_KEY},
+        emitted_to_final={PG_KEY: PG_KEY},
+    )
+
+
+binding = Binding(
+    name="verl",
+    version=_version(),
+    ops={
+        "entropy": Lazy(f"{TF}:entropy_from_logits"),
+        "token_logprobs": Lazy(f"{TF}:logprobs_from_logits", adapt=_token_logprobs),
+        "sum_pi_squared": Lazy(f"{TF}:calculate_sum_pi_squared_from_logits"),
+        "masked_sum": Lazy(f"{TF}:masked_sum", adapt=functools.partial(_two_args, name="masked_sum")),
+        "masked_mean": Lazy(f"{TF}:masked_mean", adapt=functools.partial(_two_args, name="masked_mean")),
+        "masked_var": Lazy(f"{TF}:masked_var", adapt=_masked_var),
+        "agg_loss": Lazy(f"{CORE}:agg_loss", adapt=_agg_loss),
+        "optimal_token_baseline": Lazy(
+            f"{CORE}:compute_optimal_token_baseline_advantage", adapt=_optimal_token_baseline
+        ),
+        "metric_pipeline": Lazy(loader=_metric_pipeline),
+    },
+    notes={
+        "entropy": "verl.utils.torch_functional.entropy_from_logits. Not bound: entropy_from_logits_with_chunking "
+        "(engine option; 2-D only, fp32 output, per-chunk .float()).",
+        "token_logprobs": "verl.utils.torch_functional.logprobs_from_logits(inplace_backward=True); without flash-attn "
+        "this is logprobs_from_logits_v2 (the in-place flash-attn backward is CUDA-only).",
+        "sum_pi_squared": "verl.utils.torch_functional.calculate_sum_pi_squared_from_logits",
+        "masked_sum": "verl.utils.torch_functional.masked_sum",
+        "masked_mean": "verl.utils.torch_functional.masked_mean (denominator nnz + 1e-8)",
+        "masked_var": "verl.utils.torch_functional.masked_var",
+        "agg_loss": "verl.trainer.ppo.core_algos.agg_loss per micro-batch with dp_size, batch_num_tokens=global nnz, "
+        "global_batch_size=all sequences of the mini-batch (ppo_mini_batch_size*n), loss_scale_factor; "
+        "sum over micro-batches, mean over DP (FSDP engine)",
+        "optimal_token_baseline": "verl.trainer.ppo.core_algos.compute_optimal_token_baseline_advantage (defaults)",
+        "metric_pipeline": "actor/pg_clipfrac: masked_mean per micro-batch -> Metric(MEAN) -> append_to_dict -> "
+        "allgather + Metric.aggregate_dp -> append_to_dict over mini-batches -> rename_dict + reduce_metrics",
+    },
+)

@@ -1,0 +1,141 @@
+"""Engine selection: ``--engine reference|verl|skyrl|megatron|mutants.<family>|module:attr|path.py``.
+
+``load_engine`` returns a :class:`~rlconform.harness.binding.Binding`. Built-in names map to modules
+of :mod:`rlconform.harness.bindings` and :mod:`rlconform.harness.mutants`; ``module:attr`` imports a
+binding object (or a zero-argument factory returning one); a path to a ``.py`` file is executed as a
+module and must define ``binding``. ``engine_path`` (a fork's checkout) is put first on ``sys.path``
+and the report records it with its git revision.
+
+Errors (all :class:`BindingError`, exit code 2 in the CLI): unknown engine (the message lists the
+available ones), engine not installed (the message gives the install command), binding file with a
+syntax error (file and line), engine path missing or not holding the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import pkgutil
+import subprocess
+import sys
+import traceback
+
+from rlconform.harness.binding import Binding, BindingError
+
+#: built-in engines: name -> (binding target, top-level package that must be importable, install hint)
+BUILTIN = {
+    "reference": ("rlconform.harness.bindings.reference:binding", None, None),
+    "verl": ("rlconform.harness.bindings.verl:binding", "verl", "bash install/engines.sh .venv/bin/python verl"),
+    "skyrl": ("rlconform.harness.bindings.skyrl:binding", "skyrl", "bash install/engines.sh .venv/bin/python skyrl"),
+    "megatron": ("rlconform.harness.bindings.megatron:binding", "megatron.core",
+                 "bash install/engines.sh .venv/bin/python megatron"),
+}
+
+
+def mutant_names() -> list[str]:
+    import rlconform.harness.mutants as M
+
+    return sorted(m.name for m in pkgutil.iter_modules(M.__path__) if not m.name.startswith("_"))
+
+
+def available_engines() -> list[str]:
+    return list(BUILTIN) + [f"mutants.{n}" for n in mutant_names()] + ["<module>:<attr>", "<file>.py"]
+
+
+def _git_revision(path: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _as_binding(obj, where: str) -> Binding:
+    if isinstance(obj, Binding):
+        return obj
+    if callable(obj):
+        try:
+            obj = obj()
+        except Exception as exc:  # noqa: BLE001
+            raise BindingError(f"{where}: binding factory raised {type(exc).__name__}: {exc}") from exc
+        if isinstance(obj, Binding):
+            return obj
+    raise BindingError(f"{where} is a {type(obj).__name__}, not an rlconform Binding")
+
+
+def _import_target(target: str) -> Binding:
+    mod_name, _, attr = target.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except SyntaxError as exc:
+        raise BindingError(f"syntax error in binding {exc.filename}:{exc.lineno}: {exc.msg}") from exc
+    except ImportError as exc:
+        raise BindingError(f"cannot import binding module {mod_name!r}: {exc}") from exc
+    obj = mod
+    for part in (attr or "binding").split("."):
+        if not hasattr(obj, part):
+            raise BindingError(f"binding module {mod_name!r} has no attribute {part!r}")
+        obj = getattr(obj, part)
+    return _as_binding(obj, target)
+
+
+def _load_file(path: str) -> Binding:
+    name = "rlconform_user_binding_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise BindingError(f"cannot load binding file {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise BindingError(f"syntax error in binding file {exc.filename}:{exc.lineno}: {exc.msg}") from exc
+    except Exception as exc:  # noqa: BLE001
+        tb = traceback.extract_tb(exc.__traceback__)
+        line = next((f.lineno for f in reversed(tb) if f.filename == path), "?")
+        raise BindingError(f"binding file {path}:{line} raised {type(exc).__name__}: {exc}") from exc
+    if not hasattr(module, "binding"):
+        raise BindingError(f"binding file {path} defines no `binding`")
+    return _as_binding(module.binding, path)
+
+
+def load_engine(spec: str | None = None, engine_path: str | None = None) -> Binding:
+    """Resolve an engine spec (default: ``$RLCONFORM_ENGINE`` or ``reference``) to a Binding."""
+    spec = spec or os.environ.get("RLCONFORM_ENGINE") or "reference"
+    if engine_path is not None:
+        engine_path = os.path.abspath(engine_path)
+        if not os.path.isdir(engine_path):
+            raise BindingError(f"--engine-path {engine_path} does not exist or is not a directory")
+        sys.path.insert(0, engine_path)
+    if spec in BUILTIN:
+        target, package, hint = BUILTIN[spec]
+        if package is not None:
+            if importlib.util.find_spec(package.split(".")[0]) is None:
+                where = f" in --engine-path {engine_path}" if engine_path else ""
+                raise BindingError(f"engine {spec!r} is not installed{where} (no package {package!r}); "
+                                   f"install it with: {hint}")
+            if engine_path is not None:
+                origin = importlib.util.find_spec(package.split(".")[0]).origin or ""
+                if not os.path.abspath(origin).startswith(engine_path + os.sep):
+                    raise BindingError(f"--engine-path {engine_path} holds no package {package!r} "
+                                       f"(it resolves to {origin})")
+        binding = _import_target(target)
+    elif spec.startswith("mutants."):
+        family = spec.split(".", 1)[1]
+        if family not in mutant_names():
+            raise BindingError(f"unknown mutant {family!r}; available engines: {', '.join(available_engines())}")
+        binding = _import_target(f"rlconform.harness.mutants.{family}:binding")
+    elif spec.endswith(".py"):
+        if not os.path.isfile(spec):
+            raise BindingError(f"binding file {spec} does not exist")
+        binding = _load_file(os.path.abspath(spec))
+    elif ":" in spec:
+        binding = _import_target(spec)
+    else:
+        raise BindingError(f"unknown engine {spec!r}; available engines: {', '.join(available_engines())}")
+    if engine_path is not None:
+        binding.path = engine_path
+        binding.revision = _git_revision(engine_path)
+    binding.spec = spec
+    return binding

@@ -1,0 +1,154 @@
+"""Dtype-faithful stable computations in torch: the yardstick of the tolerance policy.
+
+Each function upcasts its input to float32 (float64 stays float64), computes with the stable formula
+and rounds the result to the input's dtype. ``|faithful − reference|`` measures how hard an input is
+for a correct implementation in that dtype; the tolerance policy (:mod:`rlconform.harness.tolerance`)
+allows an engine a constant multiple of it. These functions never write into their inputs and are
+differentiable, so they double as the ``reference`` engine (:mod:`rlconform.harness.bindings.reference`).
+
+Shapes follow the catalog (:mod:`rlconform.harness.catalog`). ``-inf`` logits are masked vocab
+entries (p = 0, 0·log 0 = 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "agg_loss_micro", "compute_dtype", "entropy", "logsumexp", "masked_count", "masked_max", "masked_mean",
+    "masked_min", "masked_std", "masked_sum", "masked_var", "optimal_token_baseline", "sum_pi_squared",
+    "token_logprobs",
+]
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 input, float32 for every other float dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _up(x: torch.Tensor) -> torch.Tensor:
+    return x.to(compute_dtype(x.dtype))
+
+
+def logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    """log Σ_v exp(logits_v) over the last dim: [..., V] -> [...], dtype of ``logits``."""
+    return torch.logsumexp(_up(logits), dim=-1).to(logits.dtype)
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[labels]: [..., V], int [...] -> [...], dtype of ``logits``."""
+    logp = torch.log_softmax(_up(logits), dim=-1)
+    return logp.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1).to(logits.dtype)
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """H = −Σ p log p over the last dim with 0·log 0 = 0: [..., V] -> [...], dtype of ``logits``."""
+    logp = torch.log_softmax(_up(logits), dim=-1)
+    p = logp.exp()
+    safe_logp = torch.where(p > 0, logp, torch.zeros_like(logp))
+    return (-(p * safe_logp).sum(-1)).to(logits.dtype)
+
+
+def sum_pi_squared(logits: torch.Tensor) -> torch.Tensor:
+    """Σ_v π_v² with π = softmax(logits): [..., V] -> [...], dtype of ``logits`` (verl PR #6153)."""
+    p = torch.softmax(_up(logits), dim=-1)
+    return (p * p).sum(-1).to(logits.dtype)
+
+
+def _masked(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    v = _up(values)
+    return v, mask.to(v.dtype)
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ values·mask: [B, T], [B, T] -> 0-d, dtype of ``values``."""
+    v, m = _masked(values, mask)
+    return (v * m).sum().to(values.dtype)
+
+
+def masked_count(mask: torch.Tensor) -> torch.Tensor:
+    """nnz = number of unmasked entries: [B, T] -> 0-d int64."""
+    return (mask != 0).sum()
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Σ values·mask / nnz: -> 0-d, NaN when nnz = 0."""
+    v, m = _masked(values, mask)
+    return ((v * m).sum() / m.sum()).to(values.dtype)
+
+
+def _masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool) -> torch.Tensor:
+    v, m = _masked(values, mask)
+    n = m.sum()
+    mean = (v * m).sum() / n
+    ss = (((v - mean) ** 2) * m).sum()
+    return ss / (n - 1 if unbiased else n)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Two-pass masked variance (unbiased: / (nnz − 1), else / nnz): -> 0-d, NaN when undefined."""
+    return _masked_var(values, mask, unbiased).to(values.dtype)
+
+
+def masked_std(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """sqrt(masked_var), the variance kept in the compute dtype: -> 0-d."""
+    return _masked_var(values, mask, unbiased).sqrt().to(values.dtype)
+
+
+def masked_min(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """min over unmasked entries: -> 0-d, NaN when nnz = 0."""
+    v, m = _masked(values, mask)
+    if not bool((m != 0).any()):
+        return torch.tensor(float("nan"), dtype=values.dtype)
+    return v[m != 0].min().to(values.dtype)
+
+
+def masked_max(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """max over unmasked entries: -> 0-d, NaN when nnz = 0."""
+    v, m = _masked(values, mask)
+    if not bool((m != 0).any()):
+        return torch.tensor(float("nan"), dtype=values.dtype)
+    return v[m != 0].max().to(values.dtype)
+
+
+def agg_loss_micro(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, info) -> torch.Tensor:
+    """One micro-batch's contribution to the global-batch loss, normalised by *global* counts.
+
+    Summed over micro-batches and averaged over ``info.dp_size`` ranks it equals the reference
+    :func:`rlconform.reference.agg_loss` (the fix of HF transformers PR #34191 / verl's global
+    batch info): token-mean = Σ(loss·mask) / global nnz · dp_size, and so on.
+    """
+    v, m = _masked(loss_mat, mask)
+    dp = info.dp_size
+    if mode == "token-mean":
+        return (v * m).sum() / info.global_nnz * dp
+    if mode == "token-sum":
+        return (v * m).sum() * dp
+    seq_tokens = m.sum(-1)
+    seq_sum = (v * m).sum(-1)
+    nonempty = seq_tokens > 0
+    if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        out = seq_sum[nonempty].sum() / info.global_nonempty_seqs * dp
+        if mode == "seq-mean-token-sum-norm":
+            scale = info.loss_scale_factor if info.loss_scale_factor is not None else mask.shape[-1]
+            out = out / scale
+        return out
+    if mode == "seq-mean-token-mean":
+        return (seq_sum[nonempty] / seq_tokens[nonempty]).sum() / info.global_nonempty_seqs * dp
+    raise ValueError(f"unknown loss_agg_mode {mode!r}")
+
+
+def optimal_token_baseline(rewards, mask, index, old_log_probs, sum_pi_squared):
+    """Optimal token baseline advantages (verl PR #6153), computed in float64 without epsilon.
+
+    rewards, mask, old_log_probs, sum_pi_squared: [B, T]; index: [B] group ids (array-like).
+    Returns (advantages [B, T], returns [B, T]) in the dtype of ``rewards``.
+    """
+    import numpy as np
+
+    import rlconform.reference as R
+
+    adv, ret = R.optimal_token_baseline(
+        rewards.detach().double().numpy(), mask.detach().double().numpy(), np.asarray(index),
+        old_log_probs.detach().double().numpy(), sum_pi_squared.detach().double().numpy())
+    return torch.from_numpy(adv).to(rewards.dtype), torch.from_numpy(ret).to(rewards.dtype)

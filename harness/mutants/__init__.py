@@ -1,0 +1,7 @@
+"""The mutant zoo: one minimal faulty engine per bug family of ``shared/cases.md``.
+
+Each module defines ``binding`` (the reference engine with one op replaced by the faulty version)
+and ``EXPECTED``: the (op, property) pairs that must catch it. ``tests/test_mutants.py`` asserts that
+every mutant is caught under the CI profile, and that every generic property is failed by at least
+one mutant (a property no mutant fails is a defect). Select one with ``--engine mutants.<name>``.
+"""

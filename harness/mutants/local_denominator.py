@@ -1,0 +1,19 @@
+"""Family 4 (cases.md row 4; verl issue #5983 / PR #1672): token-mean divided by each micro-batch's own
+nnz, then summed over micro-batches: 1 token at 1.0 and 100 tokens at 2.0 give 3.0, not 1.990099."""
+
+import torch
+
+from rlconform.harness import faithful as F
+from rlconform.harness.binding import AggLoss
+from rlconform.harness.mutants._base import mutant
+
+
+def _loss(loss_mat, mask, mode, info):
+    if mode != "token-mean":
+        return F.agg_loss_micro(loss_mat, mask, mode, info)
+    m = mask.to(torch.float64)
+    return (loss_mat.double() * m).sum() / (m.sum() + 1e-8) * info.dp_size
+
+
+EXPECTED = [("agg_loss", "matches_reference")]
+binding = mutant("local_denominator", __doc__, agg_loss=AggLoss(loss=_loss, micro_combine="sum", dp_combine="mean"))

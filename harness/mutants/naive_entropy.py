@@ -1,0 +1,17 @@
+"""Family 11 (cases.md row 11; TRL PR #6380, issue #7221): entropy as −Σ exp(logp)·logp. A ``-inf``
+(masked) vocab entry gives 0·(−inf) = NaN; [0, −inf] -> NaN instead of 0, fp16 [65504, −65504] -> NaN
+instead of 0. A nan_to_num patch would fix the value but leave the gradient NaN."""
+
+import torch
+
+from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.mutants._base import mutant
+
+
+def entropy(logits):
+    logp = torch.log_softmax(logits.to(compute_dtype(logits.dtype)), dim=-1)
+    return (-(logp.exp() * logp).sum(-1)).to(logits.dtype)
+
+
+EXPECTED = [("entropy", "finite_where_reference_finite")]
+binding = mutant("naive_entropy", __doc__, entropy=entropy)

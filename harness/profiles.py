@@ -1,0 +1,39 @@
+"""Hypothesis profiles: ``dev`` (fast, local), ``ci`` (derandomized; inherits hypothesis' own ``ci``
+profile), ``nightly`` (many examples). ``--max-examples`` and ``--seed`` override per run.
+
+Numbers of examples are per finding (op × property × dtype × regime); the CI profile is sized so that
+``rlconform check --engine reference`` runs in a few minutes on 2 cores and every mutant family is
+caught (see tests/test_mutants.py).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+PROFILES = {"dev": 8, "ci": 20, "nightly": 500}
+_SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
+             HealthCheck.filter_too_much, HealthCheck.differing_executors]
+
+
+def register_profiles() -> None:
+    settings.register_profile("rlconform-dev", max_examples=PROFILES["dev"], deadline=None,
+                              suppress_health_check=_SUPPRESS)
+    settings.register_profile("rlconform-ci", parent=settings.get_profile("ci"), max_examples=PROFILES["ci"],
+                              deadline=None, suppress_health_check=_SUPPRESS, print_blob=False)
+    settings.register_profile("rlconform-nightly", max_examples=PROFILES["nightly"], deadline=None,
+                              suppress_health_check=_SUPPRESS)
+
+
+def settings_for(profile: str, max_examples: int | None = None, database=None) -> settings:
+    """The hypothesis settings of ``profile`` (dev|ci|nightly), optionally with ``max_examples`` and an
+    example ``database`` overridden."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    register_profiles()
+    base = settings.get_profile(f"rlconform-{profile}")
+    kwargs = {}
+    if max_examples is not None:
+        kwargs["max_examples"] = max_examples
+    if database is not None:
+        kwargs["database"] = database
+    return settings(base, **kwargs) if kwargs else base

@@ -1,0 +1,284 @@
+"""pytest plugin: parametrizes the generic property tests over a binding and writes the report.
+
+Loaded by ``rlconform check`` (``-p rlconform.harness.pytest_plugin``); usable directly::
+
+    pytest -p rlconform.harness.pytest_plugin --rlconform-engine verl --pyargs rlconform.properties
+
+Every test id is a finding id (``op.property.dtype.regime``). After each test the finding is added to
+``report.json`` (rewritten atomically), so an interrupted run keeps what it found. Works under
+pytest-xdist (``-n``): workers send findings through ``user_properties``; the controller writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import pytest
+
+from rlconform.harness.binding import BindingError
+
+STATE_KEY = "_rlconform_state"
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("rlconform")
+    g.addoption("--rlconform-engine", default=None, help="engine spec (reference, verl, mutants.<f>, module:attr, file.py)")
+    g.addoption("--rlconform-engine-path", default=None, help="a fork's checkout, put first on sys.path")
+    g.addoption("--rlconform-out", default="rlconform-report", help="report directory")
+    g.addoption("--rlconform-profile", default="ci", help="hypothesis profile: dev | ci | nightly")
+    g.addoption("--rlconform-max-examples", type=int, default=None)
+    g.addoption("--rlconform-seed", type=int, default=None)
+    g.addoption("--rlconform-xfails", default=None, help="ledger of known discrepancies (finding ids)")
+    g.addoption("--rlconform-op", action="append", default=[], help="only these ops (repeatable)")
+    g.addoption("--rlconform-property", action="append", default=[], help="only these properties (repeatable)")
+    g.addoption("--rlconform-dtype", action="append", default=[], help="only these dtypes (repeatable)")
+    g.addoption("--rlconform-corpus", default=None, help="corpus folder of saved counterexamples, replayed first")
+    g.addoption("--rlconform-database", default=None, help="persistent hypothesis example database folder")
+    g.addoption("--rlconform-command", default=None, help=argparse_suppress())
+
+
+def argparse_suppress():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+class State:
+    """Per-session state: the binding, selection filters, ledger, settings and (controller only) writer."""
+
+    def __init__(self, config):
+        from rlconform.harness.engines import load_engine
+        from rlconform.harness.profiles import settings_for
+        from rlconform.harness.xfails import parse_xfails
+
+        opt = config.getoption
+        self.binding = load_engine(opt("rlconform_engine"), opt("rlconform_engine_path"))
+        self.ops = set(opt("rlconform_op"))
+        self.properties = set(opt("rlconform_property"))
+        self.dtypes = set(opt("rlconform_dtype"))
+        self.xfails = parse_xfails(opt("rlconform_xfails")) if opt("rlconform_xfails") else {}
+        self.out = os.path.abspath(opt("rlconform_out"))
+        self.corpus = opt("rlconform_corpus")
+        database = None
+        if opt("rlconform_database"):
+            from hypothesis.database import DirectoryBasedExampleDatabase
+
+            database = DirectoryBasedExampleDatabase(opt("rlconform_database"))
+        self.seed = opt("rlconform_seed")
+        self.settings = settings_for(opt("rlconform_profile"), opt("rlconform_max_examples"), database)
+        if self.seed is not None:
+            from hypothesis import settings as hsettings
+
+            self.settings = hsettings(self.settings, derandomize=False)
+        self.writer = None
+        if not hasattr(config, "workerinput"):
+            from rlconform.harness.report import ReportWriter
+
+            b = self.binding
+            self.writer = ReportWriter(
+                self.out,
+                engine={"name": b.name, "spec": b.spec, "version": b.version, "path": b.path, "revision": b.revision},
+                run={"profile": opt("rlconform_profile"), "seed": self.seed,
+                     "max_examples": self.settings.max_examples,
+                     "command": opt("rlconform_command") or " ".join(sys.argv)},
+            )
+            self.writer.write()
+
+    def selected(self, op: str, prop: str, dtype: str) -> bool:
+        return ((not self.ops or op in self.ops) and (not self.properties or prop in self.properties)
+                and (not self.dtypes or dtype in self.dtypes))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "rlconform_kinds(*kinds): generic property test over catalog ops of these kinds")
+    if not config.getoption("rlconform_engine", None) and not os.environ.get("RLCONFORM_ENGINE"):
+        return
+    try:
+        setattr(config, STATE_KEY, State(config))
+    except BindingError as exc:
+        raise pytest.UsageError(f"rlconform: {exc}") from None
+
+
+def _state(config) -> State | None:
+    return getattr(config, STATE_KEY, None)
+
+
+def pytest_generate_tests(metafunc):
+    if "rlconform_case" not in metafunc.fixturenames:
+        return
+    state = _state(metafunc.config)
+    if state is None:
+        metafunc.parametrize("rlconform_case", [pytest.param(None, marks=pytest.mark.skip(
+            reason="no engine selected (--rlconform-engine)"))], ids=["no-engine"])
+        return
+    from rlconform.harness.catalog import OPS
+
+    marker = metafunc.definition.get_closest_marker("rlconform_kinds")
+    kinds = set(marker.args) if marker else None
+    provided = set(state.binding.provided_ops())
+    params = []
+    for op in OPS.values():
+        if op.name not in provided or (kinds and op.kind not in kinds):
+            continue
+        for prop in op.properties:
+            for dtype, regime in op.cases():
+                if state.selected(op.name, prop, dtype):
+                    fid = f"{op.name}.{prop}.{dtype}.{regime}"
+                    marks = [pytest.mark.xfail(strict=True, reason=f"listed in xfails ledger: {state.xfails[fid]}")] \
+                        if fid in state.xfails else []
+                    params.append(pytest.param((op.name, prop, dtype, regime), id=fid, marks=marks))
+    if not params:
+        params = [pytest.param(None, marks=pytest.mark.skip(reason="the binding provides no op of this kind"),
+                               id="none")]
+    metafunc.parametrize("rlconform_case", params)
+
+
+@pytest.fixture
+def rlconform_state(request) -> State:
+    state = _state(request.config)
+    if state is None:
+        pytest.skip("no engine selected (--rlconform-engine)")
+    return state
+
+
+@pytest.fixture
+def rlconform_binding(rlconform_state):
+    return rlconform_state.binding
+
+
+class FindingRecorder:
+    """Collects the examples of one finding: counts, worst errors, and the failing (shrunk) case."""
+
+    def __init__(self, state: State, case_id: str):
+        self.state = state
+        self.id = case_id
+        self.examples = 0
+        self.max_abs_err = 0.0
+        self.max_rel_err = 0.0
+        self.tolerance = None
+        self.current = None
+        self.failing = None
+        self.message = ""
+        self.unavailable_detail = None
+        self.binding_error = None
+
+    def start(self, case) -> None:
+        self.current = case
+        self.examples += 1
+
+    def observe(self, outcome) -> None:
+        self.max_abs_err = max(self.max_abs_err, outcome.max_abs_err)
+        self.max_rel_err = max(self.max_rel_err, outcome.max_rel_err)
+        if outcome.tolerance:
+            self.tolerance = outcome.tolerance if self.tolerance is None else min(self.tolerance, outcome.tolerance)
+        if not outcome.ok:
+            self.failing = self.current
+            self.message = outcome.message
+
+    def save_reproducer(self) -> dict | None:
+        case = self.failing or self.current
+        if case is None:
+            return None
+        folder = os.path.join(self.state.out, "cases")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"{self.id}.json")
+        doc = case.to_json()
+        b = self.state.binding
+        doc["engine"] = {"spec": b.spec, "path": b.path}
+        with open(path, "w") as fh:
+            json.dump(doc, fh)
+        return {"case_file": path, "command": f"rlconform replay {os.path.relpath(path)}"}
+
+
+@pytest.fixture
+def rlconform_finding(request, rlconform_state):
+    rec = FindingRecorder(rlconform_state, request.node.callspec.id if hasattr(request.node, "callspec") else request.node.name)
+    request.node._rlconform_recorder = rec
+    return rec
+
+
+def _classify(excinfo) -> str:
+    from rlconform.properties.checks import EngineCrash
+
+    exc = excinfo.value if excinfo is not None else None
+    seen = [exc]
+    while seen:
+        e = seen.pop()
+        if isinstance(e, EngineCrash):
+            return "crash"
+        if isinstance(e, BaseExceptionGroup):
+            seen.extend(e.exceptions)
+    from rlconform.properties.checks import PropertyFailure
+
+    return "discrepancy" if isinstance(exc, (PropertyFailure, BaseExceptionGroup)) else "crash"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    rec: FindingRecorder | None = getattr(item, "_rlconform_recorder", None)
+    if rec is None or report.when != "call" and not (report.when == "setup" and report.failed):
+        return
+    op, prop, dtype, regime = item.callspec.params["rlconform_case"]
+    listed = rec.id in rec.state.xfails
+    tb = None
+    if rec.unavailable_detail is not None:
+        status = "unavailable"
+    elif hasattr(report, "wasxfail") and report.skipped:
+        status = "xfail"
+    elif report.passed and listed:
+        status = "xpass"
+    elif report.passed:
+        status = "pass"
+    elif report.failed and listed:  # strict xfail that passed shows as failed
+        status = "xpass"
+    else:
+        status = _classify(call.excinfo)
+        tb = "".join(traceback.format_exception(call.excinfo.value))[-6000:] if call.excinfo else None
+    if status == "xpass":
+        rec.message = "listed in the xfails ledger but now passes: remove it from the ledger"
+    elif status == "crash" and call.excinfo is not None and not rec.message:
+        rec.message = f"{type(call.excinfo.value).__name__}: {call.excinfo.value}"[:2000]
+    if status == "xfail" and not rec.message:
+        rec.message = str(getattr(report, "wasxfail", ""))
+    reproducer = rec.save_reproducer() if status in ("discrepancy", "crash", "xfail") else None
+    finding = {
+        "id": rec.id, "op": op, "property": prop, "dtype": dtype, "regime": regime, "status": status,
+        "examples": rec.examples, "max_abs_err": rec.max_abs_err, "max_rel_err": rec.max_rel_err,
+        "tolerance": rec.tolerance, "message": rec.unavailable_detail or rec.message,
+        "worst_input": (rec.failing or rec.current).summary() if status in ("discrepancy", "crash", "xfail")
+        and (rec.failing or rec.current) else None,
+        "reproducer": reproducer, "traceback": tb, "xfail_listed": listed,
+        "binding_error": rec.binding_error,
+    }
+    report.user_properties.append(("rlconform_finding", finding))
+
+
+def pytest_runtest_logreport(report):
+    state = _CONTROLLER_STATE.get("state")
+    if state is None or state.writer is None:
+        return
+    for name, value in report.user_properties:
+        if name == "rlconform_finding":
+            state.writer.add(value)
+
+
+_CONTROLLER_STATE: dict = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    state = _state(session.config)
+    if state is not None:
+        _CONTROLLER_STATE["state"] = state
+
+
+def pytest_sessionfinish(session, exitstatus):
+    state = _state(session.config)
+    if state is not None and state.writer is not None:
+        interrupted = exitstatus in (2,)  # pytest.ExitCode.INTERRUPTED
+        state.writer.write(complete=not interrupted)

@@ -1,0 +1,154 @@
+"""Report writers: ``report.json`` (versioned schema) and ``report.md`` (a pull-request comment).
+
+The JSON report is rewritten atomically (temp file + rename) after every finding, so a run that is
+interrupted, or whose later ops crash, keeps every finding already made. ``complete`` is false until
+the run ends normally.
+
+Schema ``rlconform.report/1``::
+
+    {"schema": "rlconform.report/1", "tool": {"name", "version"},
+     "engine": {"name", "spec", "version", "path", "revision"},
+     "run": {"started", "finished", "complete", "profile", "seed", "command", "python", "torch"},
+     "summary": {"pass": n, "discrepancy": n, "crash": n, "unavailable": n, "xfail": n, "xpass": n},
+     "findings": [{"id", "op", "property", "dtype", "regime", "status", "examples", "max_abs_err",
+                   "max_rel_err", "tolerance", "message", "worst_input", "reproducer": {"case_file",
+                   "command"} | null, "traceback", "xfail_listed"}]}
+
+Status: ``pass``, ``discrepancy``, ``crash`` (the engine raised), ``unavailable`` (the op could not be
+loaded), ``xfail`` (a discrepancy listed in the ``--xfails`` ledger), ``xpass`` (listed but now
+passes: remove it from the ledger; counts as a failure).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import tempfile
+from importlib import metadata
+
+SCHEMA = "rlconform.report/1"
+STATUSES = ("discrepancy", "crash", "xpass", "unavailable", "xfail", "pass")
+FAILING = ("discrepancy", "crash", "xpass")
+
+
+def tool_version() -> str:
+    try:
+        return metadata.version("rlconform")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _atomic_write(path: str, text: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class ReportWriter:
+    """Accumulates findings and rewrites ``out_dir/report.json`` and ``report.md`` after each one.
+
+    If ``out_dir/report.json`` exists from an earlier run of the *same engine* with ``resume=True``,
+    its findings are kept and new ones replace those with the same id.
+    """
+
+    def __init__(self, out_dir: str, engine: dict, run: dict, *, resume: bool = False):
+        self.out_dir = out_dir
+        self.json_path = os.path.join(out_dir, "report.json")
+        self.md_path = os.path.join(out_dir, "report.md")
+        self.engine = engine
+        self.run = {"started": _now(), "finished": None, "complete": False, "python": platform.python_version(),
+                    **run}
+        try:
+            import torch
+
+            self.run.setdefault("torch", torch.__version__)
+        except ImportError:  # pragma: no cover
+            pass
+        self.findings: dict[str, dict] = {}
+        if resume and os.path.exists(self.json_path):
+            try:
+                with open(self.json_path) as fh:
+                    old = json.load(fh)
+                if old.get("schema") == SCHEMA and old.get("engine", {}).get("spec") == engine.get("spec"):
+                    self.findings = {f["id"]: f for f in old.get("findings", [])}
+            except (OSError, ValueError):
+                pass
+
+    def add(self, finding: dict) -> None:
+        self.findings[finding["id"]] = finding
+        self.write()
+
+    def summary(self) -> dict:
+        counts = {s: 0 for s in STATUSES}
+        for f in self.findings.values():
+            counts[f["status"]] = counts.get(f["status"], 0) + 1
+        return counts
+
+    def document(self) -> dict:
+        order = {s: i for i, s in enumerate(STATUSES)}
+        findings = sorted(self.findings.values(), key=lambda f: (order.get(f["status"], 99), f["id"]))
+        return {"schema": SCHEMA, "tool": {"name": "rlconform", "version": tool_version()}, "engine": self.engine,
+                "run": self.run, "summary": self.summary(), "findings": findings}
+
+    def write(self, *, complete: bool | None = None) -> None:
+        if complete is not None:
+            self.run["complete"] = complete
+            self.run["finished"] = _now()
+        doc = self.document()
+        _atomic_write(self.json_path, json.dumps(doc, indent=1, default=str) + "\n")
+        _atomic_write(self.md_path, render_markdown(doc))
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def render_markdown(doc: dict) -> str:
+    """A summary fit for a pull-request comment: counts, then the failing findings first."""
+    eng = doc["engine"]
+    s = doc["summary"]
+    lines = [
+        f"## rlconform: {eng.get('name')} {eng.get('version') or ''}".rstrip(),
+        "",
+        f"engine spec `{eng.get('spec')}`" + (f", path `{eng['path']}`" if eng.get("path") else "")
+        + (f", revision `{eng['revision']}`" if eng.get("revision") else "")
+        + f"; rlconform {doc['tool']['version']}; "
+        + ("complete run" if doc["run"].get("complete") else "**incomplete run** (interrupted or still running)"),
+        "",
+        " · ".join(f"{k}: **{v}**" for k, v in s.items() if v),
+        "",
+    ]
+    bad = [f for f in doc["findings"] if f["status"] != "pass"]
+    if bad:
+        lines += ["| status | op | property | dtype | regime | examples | max abs err | max rel err | tolerance | reproduce |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for f in bad:
+            rep = f.get("reproducer") or {}
+            lines.append(
+                f"| {f['status']} | {f['op']} | {f['property']} | {f['dtype']} | {f['regime']} | {f['examples']} | "
+                f"{_fmt(f.get('max_abs_err'))} | {_fmt(f.get('max_rel_err'))} | {_fmt(f.get('tolerance'))} | "
+                + (f"`{rep['command']}`" if rep.get("command") else "") + " |")
+        lines.append("")
+        lines.append("<details><summary>details</summary>\n")
+        for f in bad:
+            msg = (f.get("message") or "").strip().replace("\n", "\n    ")
+            lines.append(f"- **{f['id']}** ({f['status']}): \n\n    {msg}\n")
+            if f.get("worst_input"):
+                lines.append(f"    worst input: `{f['worst_input'][:400]}`\n")
+        lines.append("</details>\n")
+    npass = s.get("pass", 0)
+    lines.append(f"{npass} finding(s) pass.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,139 @@
+"""Error measures and the tolerance policy.
+
+Every engine result is compared with the float64 reference evaluated on the *same* rounded input (the
+input converted exactly to float64), so input rounding is never counted as error. An element is a
+discrepancy when
+
+    |engine − ref|  >  C · |faithful − ref|  +  ULP_FLOOR[dtype] · ulp_dtype(|ref|)  +  ATOL[kind][dtype]
+
+where ``faithful`` is a dtype-faithful stable computation of the same op (input upcast to fp32 — or
+kept fp64 —, computed with the stable formula, output rounded to the engine's output dtype). The
+first term scales with the difficulty of the input (cancellation, huge offsets); the floors absorb
+the few ulps by which two correct roundings can differ.
+
+Tolerance table (one place; the reason for each entry is given):
+
+==========  ===  =========  ============================================================================
+dtype       C    ULP floor  reason
+==========  ===  =========  ============================================================================
+float64     8    64         fp64 engines sum in other orders (pairwise vs sequential): tens of ulps
+float32     8    8          fp32 accumulators over V up to 152k differ by a few ulps from the faithful
+bfloat16    2    2          output rounding dominates (8 mantissa bits); two correct roundings ≤ 1 ulp
+float16     2    2          as bfloat16 (11 mantissa bits)
+==========  ===  =========  ============================================================================
+
+ATOL (absolute floor, for results that are exactly 0 in the reference, e.g. the entropy of a one-hot
+row, where a correct fp32 engine leaves rounding residue of the log-terms):
+
+==============  =======  =======  ======  ======  ===============================================
+kind            fp64     fp32     bf16    fp16    reason
+==============  =======  =======  ======  ======  ===============================================
+token_stat      1e-12    2e-6     2e-2    2e-3    entropy/logprob residue of exp/log at scale O(1)
+reduction       1e-12    1e-6     1e-2    1e-3    sums of values O(1..100) cancelling to ~0
+pipeline        1e-9     1e-5     1e-2    1e-3    metrics/losses formed from fp32 partial sums
+advantage       1e-9     1e-4     1e-2    1e-2    cumulative sums over T then ratios (verl: +1e-8)
+==============  =======  =======  ======  ======  ===============================================
+
+Bit-exactness (``non_destructive``) never uses a tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+C = {"float64": 8.0, "float32": 8.0, "bfloat16": 2.0, "float16": 2.0}
+ULP_FLOOR = {"float64": 64.0, "float32": 8.0, "bfloat16": 2.0, "float16": 2.0}
+ATOL = {
+    "token_stat": {"float64": 1e-12, "float32": 2e-6, "bfloat16": 2e-2, "float16": 2e-3},
+    "reduction": {"float64": 1e-12, "float32": 1e-6, "bfloat16": 1e-2, "float16": 1e-3},
+    "pipeline": {"float64": 1e-9, "float32": 1e-5, "bfloat16": 1e-2, "float16": 1e-3},
+    "advantage": {"float64": 1e-9, "float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2},
+}
+#: machine epsilon (spacing at 1.0) per dtype name
+EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+#: largest finite value per dtype name
+MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38, "bfloat16": 3.3895313892515355e38,
+       "float16": 65504.0}
+#: smallest positive normal per dtype name (below it ulp is constant)
+TINY = {"float64": 2.0**-1022, "float32": 2.0**-126, "bfloat16": 2.0**-126, "float16": 2.0**-14}
+
+
+def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Spacing of ``dtype`` floats at |x| (float64 array), for dtype names of :data:`EPS`."""
+    a = np.abs(np.asarray(x, dtype=np.float64))
+    a = np.where(np.isfinite(a), a, 0.0)
+    exponent = np.floor(np.log2(np.maximum(a, TINY[dtype])))
+    return np.exp2(exponent) * EPS[dtype]
+
+
+@dataclasses.dataclass
+class Comparison:
+    """Result of comparing an engine array with the reference.
+
+    ``ok``: every element within its bound; ``max_abs_err``; ``max_rel_err`` (|err|/|ref|, over
+    elements with ref ≠ 0); ``max_ulp_err`` (err in ulps of ``dtype`` at |ref|); ``worst_index``
+    (flat index of the element with the largest err/bound ratio); ``worst_ratio`` (err/bound there,
+    > 1 means discrepancy); ``tolerance`` (bound at the worst element).
+    """
+
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+    max_ulp_err: float
+    worst_index: int
+    worst_ratio: float
+    tolerance: float
+    engine_value: float
+    reference_value: float
+
+    def describe(self) -> str:
+        return (f"engine {self.engine_value!r} vs reference {self.reference_value!r} at flat index "
+                f"{self.worst_index}: abs err {self.max_abs_err:.3g}, rel err {self.max_rel_err:.3g}, "
+                f"{self.max_ulp_err:.3g} ulp, tolerance {self.tolerance:.3g}")
+
+
+def compare(engine, reference, faithful, *, dtype: str, kind: str, only_where=None) -> Comparison:
+    """Compare ``engine`` with ``reference`` (float64) under the tolerance policy.
+
+    ``engine``/``faithful``: arrays (any float dtype) broadcastable to ``reference``; ``dtype``: the
+    engine's output dtype name; ``kind``: a key of :data:`ATOL`; ``only_where``: optional boolean
+    mask of the elements to compare (others ignored). Non-finite reference elements must be matched
+    exactly (same inf sign), NaN reference elements (undefined, e.g. a mean over no tokens) are
+    skipped; an engine NaN/inf where the reference is finite is a discrepancy (ratio = inf), unless the
+    reference lies beyond the output dtype's range and the engine returns the inf it rounds to.
+    """
+    e = np.asarray(engine, dtype=np.float64).reshape(-1)
+    r = np.asarray(reference, dtype=np.float64).reshape(-1)
+    f = np.asarray(faithful, dtype=np.float64).reshape(-1) if faithful is not None else r
+    e, r, f = np.broadcast_arrays(e, r, f)
+    sel = np.ones(r.shape, bool) if only_where is None else np.asarray(only_where, bool).reshape(-1)
+    if r.size == 0 or not sel.any():
+        return Comparison(True, 0.0, 0.0, 0.0, -1, 0.0, 0.0, float("nan"), float("nan"))
+    sel = sel & ~np.isnan(r)  # the reference is undefined there (e.g. the mean of nothing)
+    rfin = np.isfinite(r)
+    # a finite reference beyond the output dtype's range rounds to ±inf: an engine ±inf of that sign is exact
+    overflow = rfin & (np.abs(r) > MAX[dtype]) & np.isinf(e) & (np.sign(e) == np.sign(r))
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.where(rfin, np.abs(e - r), np.where(e == r, 0.0, np.inf))
+        err = np.where(overflow, 0.0, err)
+        ferr = np.where(rfin & np.isfinite(f), np.abs(f - r), 0.0)
+        bound = C[dtype] * ferr + ULP_FLOOR[dtype] * ulp(r, dtype) + ATOL[kind][dtype]
+        err = np.where(np.isnan(err), np.inf, err)
+        ratio = np.where(sel, err / bound, 0.0)
+        rel = np.where(sel & rfin & (r != 0), err / np.abs(np.where(r == 0, 1.0, r)), 0.0)
+        ulps = np.where(sel & rfin, err / ulp(r, dtype), 0.0)
+    worst = int(np.argmax(ratio))
+    abs_sel = np.where(sel, err, 0.0)
+    return Comparison(
+        ok=bool(ratio.max() <= 1.0),
+        max_abs_err=float(abs_sel.max()),
+        max_rel_err=float(rel.max()),
+        max_ulp_err=float(ulps.max()),
+        worst_index=worst,
+        worst_ratio=float(ratio[worst]),
+        tolerance=float(bound[worst]),
+        engine_value=float(e[worst]),
+        reference_value=float(r[worst]),
+    )

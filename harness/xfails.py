@@ -1,0 +1,46 @@
+"""The adopter's ledger of known discrepancies (``--xfails FILE``).
+
+One finding id per line (``op.property.dtype.regime``, as printed in reports), ``#`` starts a comment,
+blank lines are ignored. A listed finding that fails is reported ``xfail``; one that now passes is
+reported ``xpass`` and fails the run, so the ledger is kept honest (array-api-tests style).
+"""
+
+from __future__ import annotations
+
+import re
+
+from rlconform.harness.binding import BindingError
+from rlconform.harness.catalog import FLOAT_DTYPES, OPS, PROPERTIES
+
+_ID = re.compile(r"^([A-Za-z0-9_]+)\.([a-z_]+)\.([a-z0-9]+)\.([A-Za-z0-9_]+)$")
+
+
+class XfailsError(BindingError):
+    """The ledger is malformed; the message names the file and line."""
+
+
+def parse_xfails(path: str, extra_ops: tuple[str, ...] = ()) -> dict[str, str]:
+    """Return ``{finding id: comment}``; raise :class:`XfailsError` naming ``path:line`` on a bad line."""
+    try:
+        with open(path) as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise XfailsError(f"cannot read xfails file {path}: {exc.strerror}") from exc
+    out: dict[str, str] = {}
+    for n, raw in enumerate(lines, 1):
+        text, _, comment = raw.partition("#")
+        text = text.strip()
+        if not text:
+            continue
+        m = _ID.match(text)
+        if not m:
+            raise XfailsError(f"{path}:{n}: malformed finding id {text!r} (expected op.property.dtype.regime)")
+        op, prop, dtype, _regime = m.groups()
+        if op not in OPS and op not in extra_ops and not op.startswith("vocab_parallel_") and not op.startswith("cp_"):
+            raise XfailsError(f"{path}:{n}: unknown op {op!r} in {text!r}")
+        if prop not in PROPERTIES:
+            raise XfailsError(f"{path}:{n}: unknown property {prop!r} in {text!r} (one of {', '.join(PROPERTIES)})")
+        if dtype not in FLOAT_DTYPES:
+            raise XfailsError(f"{path}:{n}: unknown dtype {dtype!r} in {text!r}")
+        out[text] = comment.strip()
+    return out

@@ -1,0 +1,72 @@
+"""rlconform.reference — exact NumPy float64 references for the op catalog.
+
+Flat, plain functions with the catalog's names (lax_reference style). NumPy (or torch) in, NumPy float64
+arrays or Python numbers out; compensated / exactly rounded sums; no torch import. mpmath appears only
+in the self-tests (tests/test_reference_mpmath.py), which check every function and gradient at 50 digits.
+
+Modules: ``softmax_stats`` (logsumexp, token_logprobs, entropy, Σπ² and closed-form gradients),
+``reductions`` (masked sum/count/mean/var/std/min/max, mergeable moments), ``loss_agg`` (agg_loss),
+``metrics`` (token_metrics), ``advantage`` (optimal_token_baseline).
+"""
+
+from .advantage import optimal_token_baseline
+from .loss_agg import LOSS_AGG_MODES, agg_loss
+from .metrics import token_metrics
+from .reductions import (
+    ChanMoments,
+    Moments,
+    chan_merge,
+    chan_moments,
+    masked_count,
+    masked_max,
+    masked_mean,
+    masked_min,
+    masked_std,
+    masked_sum,
+    masked_var,
+    merge_moments,
+    moments,
+    moments_to_mean_var,
+)
+from .softmax_stats import (
+    entropy,
+    entropy_grad,
+    logsumexp,
+    logsumexp_grad,
+    sum_pi_squared,
+    sum_pi_squared_grad,
+    token_logprobs,
+    token_logprobs_grad,
+)
+
+__all__ = [
+    # softmax statistics and their gradients
+    "logsumexp",
+    "token_logprobs",
+    "entropy",
+    "sum_pi_squared",
+    "logsumexp_grad",
+    "token_logprobs_grad",
+    "entropy_grad",
+    "sum_pi_squared_grad",
+    # masked reductions and moments
+    "masked_sum",
+    "masked_count",
+    "masked_mean",
+    "masked_var",
+    "masked_std",
+    "masked_min",
+    "masked_max",
+    "Moments",
+    "moments",
+    "merge_moments",
+    "moments_to_mean_var",
+    "ChanMoments",
+    "chan_moments",
+    "chan_merge",
+    # loss aggregation, metrics, advantages
+    "LOSS_AGG_MODES",
+    "agg_loss",
+    "token_metrics",
+    "optimal_token_baseline",
+]
