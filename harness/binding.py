@@ -118,7 +118,8 @@ class AggLoss:
     micro-batches ("sum" as gradient accumulation does, "mean", or a callable ``list[float] -> float``)
     and by ``dp_combine`` over DP ranks ("mean" as gradient averaging does, "sum", or a callable). The combined value must equal the reference
     :func:`rlconform.reference.agg_loss` over the whole mini-batch for every partition.
-    ``modes``: the loss_agg_modes the engine supports.
+    ``modes``: the loss_agg_modes the engine supports. ``equal_micro_batches_per_rank``: as for
+    :class:`MetricPipeline`.
     """
 
     loss: Callable[..., Any]
@@ -126,6 +127,7 @@ class AggLoss:
                             "seq-mean-token-sum-norm")
     micro_combine: str | Callable[[list], float] = "sum"
     dp_combine: str | Callable[[list], float] = "mean"
+    equal_micro_batches_per_rank: bool = False
 
     def __post_init__(self):
         for rule in (self.micro_combine, self.dp_combine):
@@ -159,6 +161,10 @@ class MetricPipeline:
     ``stats`` maps a reference statistic (``"mean"``, ``"std"``, ``"min"``, ``"max"``) to the final
     key that must carry it. ``emitted_to_final`` maps every emitted key to the final key that must
     carry it (default: each emitted key must itself reach the final dict).
+    ``equal_micro_batches_per_rank``: the engine requires every DP rank of a mini-batch to hold the same
+    number of micro-batches (verl's ``same_micro_num_in_dp``); partitions are regularised to that.
+    ``emit`` may take a third argument ``info`` (dict: mini_batch, dp_rank, dp_size, micro_batch,
+    num_micro_batches).
     """
 
     emit: Callable[..., dict]
@@ -168,6 +174,7 @@ class MetricPipeline:
     stats: Mapping[str, str]
     reduce_mini: Callable[[list], dict] | None = None
     emitted_to_final: Mapping[str, str] | None = None
+    equal_micro_batches_per_rank: bool = False
 
 
 @dataclasses.dataclass

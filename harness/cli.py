@@ -25,10 +25,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _properties_dir() -> str:
+def _test_dirs() -> list[str]:
+    """The generic property tests and the distributed tests, as installed."""
+    import rlconform.distributed_tests as D
     import rlconform.properties as P
 
-    return os.path.dirname(P.__file__)
+    return [os.path.dirname(P.__file__), os.path.dirname(D.__file__)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +117,7 @@ def cmd_check(args) -> int:
         with open(ini, "w") as fh:
             fh.write("[pytest]\naddopts =\n")
         argv = [
-            _properties_dir(), "-c", ini, "--rootdir", tmp, "--import-mode=importlib", "-p", "no:cacheprovider",
+            *_test_dirs(), "-c", ini, "--rootdir", tmp, "--import-mode=importlib", "-p", "no:cacheprovider",
             "-p", "rlconform.harness.pytest_plugin", "--rlconform-engine", spec,
             "--rlconform-out", args.out, "--rlconform-profile", args.profile,
             "--rlconform-command", " ".join(["rlconform"] + sys.argv[1:]),

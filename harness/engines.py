@@ -100,6 +100,20 @@ def _load_file(path: str) -> Binding:
     return _as_binding(module.binding, path)
 
 
+def validate_binding(binding: Binding, where: str) -> None:
+    """Every op name is in the catalog and every eagerly given implementation has the op's shape
+    (lazy ones are checked when they load); raise :class:`BindingError` naming the op otherwise."""
+    from rlconform.harness.binding import Lazy
+    from rlconform.harness.catalog import OPS, validate_impl
+
+    for op, impl in binding.ops.items():
+        if op not in OPS:
+            raise BindingError(f"{where}: binding {binding.name!r} provides unknown op {op!r}; "
+                               f"the catalog has: {', '.join(OPS)}")
+        if not isinstance(impl, Lazy):
+            validate_impl(op, impl, where=f"{where}: binding {binding.name!r}")
+
+
 def load_engine(spec: str | None = None, engine_path: str | None = None) -> Binding:
     """Resolve an engine spec (default: ``$RLCONFORM_ENGINE`` or ``reference``) to a Binding."""
     spec = spec or os.environ.get("RLCONFORM_ENGINE") or "reference"
@@ -111,7 +125,11 @@ def load_engine(spec: str | None = None, engine_path: str | None = None) -> Bind
     if spec in BUILTIN:
         target, package, hint = BUILTIN[spec]
         if package is not None:
-            if importlib.util.find_spec(package.split(".")[0]) is None:
+            try:
+                found = importlib.util.find_spec(package.split(".")[0])
+            except (ImportError, ValueError):
+                found = None
+            if found is None:
                 where = f" in --engine-path {engine_path}" if engine_path else ""
                 raise BindingError(f"engine {spec!r} is not installed{where} (no package {package!r}); "
                                    f"install it with: {hint}")
@@ -134,6 +152,7 @@ def load_engine(spec: str | None = None, engine_path: str | None = None) -> Bind
         binding = _import_target(spec)
     else:
         raise BindingError(f"unknown engine {spec!r}; available engines: {', '.join(available_engines())}")
+    validate_binding(binding, where=spec)
     if engine_path is not None:
         binding.path = engine_path
         binding.revision = _git_revision(engine_path)

@@ -139,16 +139,36 @@ def agg_loss_micro(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, info) 
 
 
 def optimal_token_baseline(rewards, mask, index, old_log_probs, sum_pi_squared):
-    """Optimal token baseline advantages (verl PR #6153), computed in float64 without epsilon.
+    """Optimal token baseline advantages (verl PR #6153) computed in the compute dtype, without epsilon.
 
     rewards, mask, old_log_probs, sum_pi_squared: [B, T]; index: [B] group ids (array-like).
+    w_t = 1 − 2π_t + Σπ², W = cumsum(w·mask); per group of size ≥ 2: B_t = Σ G_t W_t / Σ W_t (0 where
+    Σ W_t = 0); the strictly longest trajectory's tail beyond the second longest gets baseline 0.
     Returns (advantages [B, T], returns [B, T]) in the dtype of ``rewards``.
     """
     import numpy as np
 
-    import rlconform.reference as R
-
-    adv, ret = R.optimal_token_baseline(
-        rewards.detach().double().numpy(), mask.detach().double().numpy(), np.asarray(index),
-        old_log_probs.detach().double().numpy(), sum_pi_squared.detach().double().numpy())
-    return torch.from_numpy(adv).to(rewards.dtype), torch.from_numpy(ret).to(rewards.dtype)
+    cd = compute_dtype(rewards.dtype)
+    r, m = rewards.to(cd), mask.to(cd)
+    lp, spp = old_log_probs.to(cd), sum_pi_squared.to(cd)
+    returns = (r * m).flip(-1).cumsum(-1).flip(-1)
+    w = 1 - 2 * lp.exp() + spp
+    wc = (w * m).cumsum(-1)
+    baselines = torch.zeros_like(returns)
+    index = np.asarray(index)
+    for g in np.unique(index):
+        rows = torch.from_numpy(np.flatnonzero(index == g))
+        if rows.numel() < 2:
+            continue
+        num = (returns[rows] * wc[rows] * m[rows]).sum(0)
+        den = (wc[rows] * m[rows]).sum(0)
+        base = torch.where(den != 0, num / torch.where(den != 0, den, torch.ones_like(den)), torch.zeros_like(den))
+        baselines[rows] = base.expand(rows.numel(), -1)
+        lengths = m[rows].sum(-1)
+        top = torch.sort(lengths).values
+        longest, second = int(top[-1]), int(top[-2])
+        at_max = torch.nonzero(lengths == longest).reshape(-1)
+        if at_max.numel() == 1 and longest > second:
+            baselines[rows[int(at_max[0])], second:] = 0
+    adv = (returns - baselines) * m
+    return adv.to(rewards.dtype), returns.to(rewards.dtype)

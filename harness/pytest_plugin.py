@@ -12,6 +12,7 @@ pytest-xdist (``-n``): workers send findings through ``user_properties``; the co
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import traceback
@@ -149,6 +150,67 @@ def rlconform_binding(rlconform_state):
     return rlconform_state.binding
 
 
+def shard_imbalance(case) -> float | None:
+    """max shard nnz / max(1, min shard nnz) over the leaf shards (micro-batches) of each partition of a
+    pipeline case, worst partition of the example; None for ops without partitions."""
+    inputs = case.inputs if isinstance(case.inputs, dict) else {}
+    partitions, mask = inputs.get("partitions"), inputs.get("mask")
+    if partitions is None or mask is None:
+        return None
+    from rlconform.properties.checks import partition_rows
+
+    worst = None
+    for p in partitions:
+        nnz = [int(mask[a:b].sum()) for a, b in partition_rows(p)]
+        if nnz:
+            r = max(nnz) / max(1, min(nnz))
+            worst = r if worst is None else max(worst, r)
+    return worst
+
+
+class SampleReservoir:
+    """A bounded sample of per-example points ``{"imbalance", "abs_err", "rel_err", "ratio", "ok"}`` of a
+    partition op (``report.json`` finding field ``samples``; ``report.html`` plots error against shard
+    imbalance). Failing examples are kept first (up to half the cap), passing ones by reservoir
+    sampling with a fixed seed. ``ratio`` is error / tolerance, None where it is infinite."""
+
+    CAP = 50
+
+    def __init__(self, cap: int = CAP):
+        import random
+
+        self.cap = cap
+        self.fails: list[dict] = []
+        self.passes: list[dict] = []
+        self.seen_passes = 0
+        self._rng = random.Random(0)
+
+    def offer(self, case, outcome) -> None:
+        if case.property not in ("matches_reference", "partition_invariant"):  # no error to plot
+            return
+        imb = shard_imbalance(case)
+        if imb is None:
+            return
+        ratio = float(outcome.ratio)
+        point = {"imbalance": imb, "abs_err": float(outcome.max_abs_err), "rel_err": float(outcome.max_rel_err),
+                 "ratio": ratio if math.isfinite(ratio) else None, "ok": bool(outcome.ok)}
+        if not outcome.ok:  # shrinking replays many near-identical failures: keep distinct ones
+            if len(self.fails) < self.cap // 2 and point not in self.fails:
+                self.fails.append(point)
+            return
+        self.seen_passes += 1
+        room = self.cap - len(self.fails)
+        if len(self.passes) < room:
+            self.passes.append(point)
+        else:
+            j = self._rng.randrange(self.seen_passes)
+            if j < room:
+                self.passes[j] = point
+
+    def as_list(self) -> list[dict] | None:
+        return (self.fails + self.passes[: self.cap - len(self.fails)]) or None
+
+
 class FindingRecorder:
     """Collects the examples of one finding: counts, worst errors, and the failing (shrunk) case."""
 
@@ -161,22 +223,36 @@ class FindingRecorder:
         self.tolerance = None
         self.current = None
         self.failing = None
+        self.first_failure_at = None  # examples run until the first failing one (before shrinking)
         self.message = ""
         self.unavailable_detail = None
         self.binding_error = None
+        self.max_ratio = 0.0  # worst error / tolerance seen (> 1: a discrepancy)
+        self.samples = SampleReservoir()
 
     def start(self, case) -> None:
         self.current = case
         self.examples += 1
 
+    def crashed(self) -> None:
+        """The engine raised on the current case."""
+        self.failing = self.current
+        if self.first_failure_at is None:
+            self.first_failure_at = self.examples
+
     def observe(self, outcome) -> None:
         self.max_abs_err = max(self.max_abs_err, outcome.max_abs_err)
         self.max_rel_err = max(self.max_rel_err, outcome.max_rel_err)
+        self.max_ratio = max(self.max_ratio, outcome.ratio)
+        if self.current is not None:
+            self.samples.offer(self.current, outcome)
         if outcome.tolerance:
             self.tolerance = outcome.tolerance if self.tolerance is None else min(self.tolerance, outcome.tolerance)
         if not outcome.ok:
             self.failing = self.current
             self.message = outcome.message
+            if self.first_failure_at is None:
+                self.first_failure_at = self.examples
 
     def save_reproducer(self) -> dict | None:
         case = self.failing or self.current
@@ -201,19 +277,21 @@ def rlconform_finding(request, rlconform_state):
 
 
 def _classify(excinfo) -> str:
-    from rlconform.properties.checks import EngineCrash
-
-    exc = excinfo.value if excinfo is not None else None
-    seen = [exc]
-    while seen:
-        e = seen.pop()
-        if isinstance(e, EngineCrash):
-            return "crash"
-        if isinstance(e, BaseExceptionGroup):
-            seen.extend(e.exceptions)
+    """discrepancy if any failure in the (possibly grouped) exception is a PropertyFailure, crash if
+    the engine raised (EngineCrash) or anything else went wrong."""
     from rlconform.properties.checks import PropertyFailure
 
-    return "discrepancy" if isinstance(exc, (PropertyFailure, BaseExceptionGroup)) else "crash"
+    exc = excinfo.value if excinfo is not None else None
+    pending, found = [exc], set()
+    while pending:
+        e = pending.pop()
+        if isinstance(e, PropertyFailure):
+            found.add("discrepancy")
+        elif isinstance(e, BaseExceptionGroup):
+            pending.extend(e.exceptions)
+        else:
+            found.add("crash")
+    return "discrepancy" if "discrepancy" in found else "crash"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -248,14 +326,25 @@ def pytest_runtest_makereport(item, call):
     reproducer = rec.save_reproducer() if status in ("discrepancy", "crash", "xfail") else None
     finding = {
         "id": rec.id, "op": op, "property": prop, "dtype": dtype, "regime": regime, "status": status,
-        "examples": rec.examples, "max_abs_err": rec.max_abs_err, "max_rel_err": rec.max_rel_err,
+        "examples": rec.examples,
+        "examples_to_first_failure": rec.first_failure_at,
+        "max_abs_err": rec.max_abs_err, "max_rel_err": rec.max_rel_err,
         "tolerance": rec.tolerance, "message": rec.unavailable_detail or rec.message,
         "worst_input": (rec.failing or rec.current).summary() if status in ("discrepancy", "crash", "xfail")
         and (rec.failing or rec.current) else None,
         "reproducer": reproducer, "traceback": tb, "xfail_listed": listed,
         "binding_error": rec.binding_error,
+        "max_ratio": rec.max_ratio if math.isfinite(rec.max_ratio) else None,
+        "samples": rec.samples.as_list(),
     }
     report.user_properties.append(("rlconform_finding", finding))
+    # JUnit XML (--junitxml) writes the *teardown* report's user_properties, which are copied from the
+    # item: give it scalar properties (the finding dict would be written as its str())
+    for name, value in (("status", status), ("examples", rec.examples), ("max_abs_err", rec.max_abs_err),
+                        ("max_rel_err", rec.max_rel_err), ("tolerance", rec.tolerance),
+                        ("reproducer", reproducer["command"] if reproducer else None)):
+        if value is not None:
+            item.user_properties.append((f"rlconform_{name}", value))
 
 
 def pytest_runtest_logreport(report):

@@ -1,4 +1,5 @@
-"""Report writers: ``report.json`` (versioned schema) and ``report.md`` (a pull-request comment).
+"""Report writers: ``report.json`` (versioned schema), ``report.md`` (a pull-request comment) and, when
+the run ends, ``report.html`` (self-contained, with plots; :mod:`rlconform.harness.html_report`).
 
 The JSON report is rewritten atomically (temp file + rename) after every finding, so a run that is
 interrupted, or whose later ops crash, keeps every finding already made. ``complete`` is false until
@@ -12,7 +13,13 @@ Schema ``rlconform.report/1``::
      "summary": {"pass": n, "discrepancy": n, "crash": n, "unavailable": n, "xfail": n, "xpass": n},
      "findings": [{"id", "op", "property", "dtype", "regime", "status", "examples", "max_abs_err",
                    "max_rel_err", "tolerance", "message", "worst_input", "reproducer": {"case_file",
-                   "command"} | null, "traceback", "xfail_listed"}]}
+                   "command"} | null, "traceback", "xfail_listed",
+                   "max_ratio": worst error / tolerance (null: unbounded, a failure without a numeric bound),
+                   "samples": [{"imbalance", "abs_err", "rel_err", "ratio", "ok"}] | null}]}
+
+``samples`` (partition ops ``agg_loss`` / ``metric_pipeline``, properties ``matches_reference`` and
+``partition_invariant`` only): at most 50 examples of the finding, failing ones first, with the shard
+imbalance of the example (max shard nnz / max(1, min shard nnz), worst partition) and its errors.
 
 Status: ``pass``, ``discrepancy``, ``crash`` (the engine raised), ``unavailable`` (the op could not be
 loaded), ``xfail`` (a discrepancy listed in the ``--xfails`` ledger), ``xpass`` (listed but now
@@ -64,6 +71,7 @@ class ReportWriter:
         self.out_dir = out_dir
         self.json_path = os.path.join(out_dir, "report.json")
         self.md_path = os.path.join(out_dir, "report.md")
+        self.html_path = os.path.join(out_dir, "report.html")
         self.engine = engine
         self.run = {"started": _now(), "finished": None, "complete": False, "python": platform.python_version(),
                     **run}
@@ -106,6 +114,18 @@ class ReportWriter:
         doc = self.document()
         _atomic_write(self.json_path, json.dumps(doc, indent=1, default=str) + "\n")
         _atomic_write(self.md_path, render_markdown(doc))
+        if complete is not None:  # the plots take ~1 s: render report.html once, when the run ends
+            self.write_html(doc)
+
+    def write_html(self, doc: dict | None = None) -> None:
+        from rlconform.harness.html_report import write_html
+
+        try:
+            write_html(doc or self.document(), self.html_path)
+        except Exception as exc:  # noqa: BLE001 - report.json and report.md are written already
+            import sys
+
+            print(f"rlconform: could not render {self.html_path}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _fmt(x) -> str:

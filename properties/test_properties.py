@@ -10,7 +10,7 @@ from hypothesis import given, target
 
 from rlconform.harness.binding import BindingError, OpUnavailable
 from rlconform.properties.case import Case
-from rlconform.properties.checks import PropertyFailure, run_check
+from rlconform.properties.checks import EngineCrash, PropertyFailure, run_check
 from rlconform.properties.corpus import replay_corpus
 from rlconform.properties.strategy_for import strategy_for
 
@@ -22,6 +22,7 @@ def _fail_message(rec, case: Case, message: str) -> str:
             f"  reproduce: rlconform replay {rec.state.out}/cases/{case.finding_id}.json")
 
 
+@pytest.mark.rlconform_kinds("token_stat", "reduction", "agg_loss", "metric_pipeline", "advantage")
 def test_property(rlconform_binding, rlconform_case, rlconform_finding, rlconform_state):
     op, prop, dtype, regime = rlconform_case
     rec = rlconform_finding
@@ -37,7 +38,11 @@ def test_property(rlconform_binding, rlconform_case, rlconform_finding, rlconfor
 
     def check(case: Case) -> None:
         rec.start(case)
-        outcome = run_check(rlconform_binding, case)
+        try:
+            outcome = run_check(rlconform_binding, case)
+        except EngineCrash:
+            rec.crashed()
+            raise
         rec.observe(outcome)
         if not outcome.ok:
             raise PropertyFailure(_fail_message(rec, case, outcome.message))
