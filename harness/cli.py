@@ -2,6 +2,9 @@
 
     rlconform check --engine verl [--op entropy] [--profile ci] [--out DIR] [--xfails FILE] [-n 2]
     rlconform replay DIR/cases/<finding id>.json
+    rlconform fuzz --engine X [--op Y] --minutes N [--corpus DIR] [--db DIR]
+    rlconform report DIR                       (re-render report.md and report.html from report.json)
+    rlconform ledger DIR/report.json > xfails.txt
     rlconform list-ops | list-engines | --version
 
 Exit codes: 0 clean, 1 discrepancies (or crashes, or ledger entries that now pass), 2 usage or binding
@@ -60,6 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("case_file")
     r.add_argument("--engine", default=None, help="override the engine recorded in the case file")
     r.add_argument("--engine-path", default=None)
+
+    lg = sub.add_parser("ledger", help="print an xfails ledger listing the failing findings of a report")
+    lg.add_argument("report", help="a report.json (or the folder holding it)")
+
+    from rlconform.harness.fuzz import add_parser as add_fuzz_parser
+
+    add_fuzz_parser(sub)
+
+    rp = sub.add_parser("report", help="re-render report.md and report.html from a report.json")
+    rp.add_argument("out", help="a report folder (holding report.json), or the report.json itself")
 
     sub.add_parser("list-ops", help="list the op catalog")
     sub.add_parser("list-engines", help="list the built-in engines and mutants")
@@ -197,6 +210,38 @@ def cmd_replay(args) -> int:
     return EXIT_DISCREPANCY
 
 
+def cmd_ledger(args) -> int:
+    path = os.path.join(args.report, "report.json") if os.path.isdir(args.report) else args.report
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+        findings = doc["findings"]
+    except (OSError, ValueError, KeyError) as exc:
+        return _usage_error(f"cannot read report {path}: {exc}")
+    eng = doc.get("engine", {})
+    print(f"# rlconform xfails ledger for {eng.get('name')} {eng.get('version') or ''}: known discrepancies, "
+          f"one finding id per line")
+    print(f"# generated from {path} by `rlconform ledger`")
+    for f in sorted(findings, key=lambda f: f["id"]):
+        if f["status"] in ("discrepancy", "crash", "xfail"):
+            first = (f.get("message") or "").strip().splitlines()
+            note = first[0][:140] if first else f["status"]
+            print(f"{f['id']}  # {f['status']}: {note}")
+    return EXIT_CLEAN
+
+
+def cmd_report(args) -> int:
+    from rlconform.harness.html_report import rerender
+
+    out = os.path.dirname(args.out) or "." if args.out.endswith(".json") else args.out
+    try:
+        md, html = rerender(out)
+    except (OSError, ValueError, KeyError) as exc:
+        return _usage_error(f"cannot read report {os.path.join(out, 'report.json')}: {exc}")
+    print(f"wrote {md} and {html}")
+    return EXIT_CLEAN
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -211,6 +256,14 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_check(args)
     if args.command == "replay":
         return cmd_replay(args)
+    if args.command == "fuzz":
+        from rlconform.harness.fuzz import cmd_fuzz
+
+        return cmd_fuzz(args)
+    if args.command == "report":
+        return cmd_report(args)
+    if args.command == "ledger":
+        return cmd_ledger(args)
     return _usage_error(f"unknown command {args.command!r}")  # pragma: no cover
 
 

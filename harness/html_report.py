@@ -108,8 +108,9 @@ def plot_imbalance(findings: list[dict]) -> list[dict]:
             ax.legend(fontsize=6, loc="best")
         fig.suptitle(f"{op}: error against shard imbalance (sampled examples; ○ pass, ✕ fail)", fontsize=10)
         plots.append({"title": f"{op}: error against shard imbalance", "src": _png(fig),
-                      "caption": f"{n_points} sampled examples over {len(props)} properties; one point per example, "
-                                 "the worst partition of the example."})
+                      "caption": f"{n_points} sampled examples over {len(props)} properties: one point per example "
+                                 "(its most imbalanced partition); failing examples are kept first, including "
+                                 "those hypothesis tried while shrinking."})
     return plots
 
 
@@ -127,7 +128,7 @@ def _ratio_of(f: dict) -> float | None:
 
 def plot_softmax(findings: list[dict]) -> list[dict]:
     """Heatmaps (one panel per softmax statistic) of the worst error / tolerance per dtype × logits
-    regime for ``matches_reference``; the cell text is the max relative error."""
+    regime for ``matches_reference`` (values and gradients); ✕ marks a failing finding."""
     ops = [op for op in TOKEN_STATS if any(f["op"] == op and f["property"] == "matches_reference"
                                            and f["status"] != "unavailable" for f in findings)]
     if not ops:
@@ -151,8 +152,7 @@ def plot_softmax(findings: list[dict]) -> list[dict]:
             r = _ratio_of(f)
             lr = 4.0 if r is not None and math.isinf(r) else (-4.0 if not r else max(-4.0, min(4.0, math.log10(r))))
             grid[i, j] = lr
-            rel = f.get("max_rel_err")
-            text = ("✕ " if f["status"] in ("discrepancy", "crash", "xfail") else "") + _fmt(rel)
+            text = ("✕ " if f["status"] in ("discrepancy", "crash", "xfail") else "") + _fmt(r)
             ax.text(j, i, text, ha="center", va="center", fontsize=6.5,
                     color="white" if abs(lr) > 2.5 else "black")
         im = ax.imshow(np.ma.masked_invalid(grid), cmap="RdYlGn_r", norm=norm, aspect="auto")
@@ -163,8 +163,8 @@ def plot_softmax(findings: list[dict]) -> list[dict]:
     cb = fig.colorbar(im, ax=list(axes), shrink=0.85)
     cb.set_label("log10(error / tolerance); > 0 fails", fontsize=7)
     cb.ax.tick_params(labelsize=6)
-    fig.suptitle("softmax statistics, matches_reference: worst error / tolerance (cell text: max rel err; grey: "
-                 "not run)", fontsize=9)
+    fig.suptitle("softmax statistics, matches_reference: worst error / tolerance (✕ fails; grey: not run)",
+                 fontsize=9)
     return [{"title": "softmax statistics: error by dtype and logits regime", "src": _png(fig),
              "caption": "values and gradients against the float64 reference; colour: worst error over the "
                         "tolerance bound over all examples of the finding (green: far inside, red: outside)."}]

@@ -21,7 +21,7 @@ import rlconform.reference as R
 from rlconform.harness import faithful as F
 from rlconform.harness.binding import BatchInfo, Binding
 from rlconform.harness.catalog import (
-    FINITE, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE, PARTITION_INVARIANT, get_op,
+    DISTRIBUTED_KINDS, FINITE, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE, PARTITION_INVARIANT, get_op,
 )
 from rlconform.harness.guards import InputGuard, produce
 from rlconform.harness.tolerance import MAX, Comparison, compare
@@ -524,4 +524,9 @@ def run_check(binding: Binding, case: Case) -> Outcome:
     info = get_op(case.op)
     if case.property not in info.properties:
         raise ValueError(f"property {case.property!r} does not apply to op {case.op!r}")
-    return _CHECKS[info.kind](binding, case)
+    check = _CHECKS.get(info.kind)
+    if check is None and info.kind in DISTRIBUTED_KINDS:  # multi-process checks, imported on first use
+        from rlconform.distributed_tests.checks import CHECKS
+
+        check = CHECKS[info.kind]
+    return check(binding, case)

@@ -26,15 +26,22 @@ def replay_corpus(corpus: str | None, finding_id: str, check) -> int:
     return len(files)
 
 
+def _text(case: Case) -> str:
+    return json.dumps(case.to_json(), sort_keys=True)
+
+
+def corpus_path(corpus: str, case: Case) -> str:
+    """Where ``case`` is (or would be) saved: ``corpus/<finding id>/<content hash>.json``."""
+    name = hashlib.sha256(_text(case).encode()).hexdigest()[:16] + ".json"
+    return os.path.join(corpus, case.finding_id, name)
+
+
 def save_to_corpus(corpus: str, case: Case) -> str | None:
     """Save ``case`` under ``corpus/<finding id>/<content hash>.json``; return the path, or None if
     the same case is already there."""
-    doc = case.to_json()
-    text = json.dumps(doc, sort_keys=True)
-    name = hashlib.sha256(text.encode()).hexdigest()[:16] + ".json"
-    folder = os.path.join(corpus, case.finding_id)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, name)
+    text = _text(case)
+    path = corpus_path(corpus, case)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     if os.path.exists(path):
         return None
     with open(path, "w") as fh:

@@ -19,4 +19,8 @@ def strategy_for(op: str, dtype: str, regime: str):
         return S.metric_inputs(dtype)
     if kind == "advantage":
         return S.advantage_inputs(dtype)
+    if kind in ("vocab_parallel", "context_parallel", "dp_metric"):
+        from rlconform.distributed_tests.strategies import strategy_for as distributed_strategy_for
+
+        return distributed_strategy_for(op, dtype, regime)
     raise ValueError(f"no strategy for op kind {kind!r}")

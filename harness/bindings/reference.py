@@ -70,6 +70,136 @@ sum_count_pipeline = MetricPipeline(
 
 global_agg_loss = AggLoss(loss=F.agg_loss_micro, micro_combine="sum", dp_combine="mean")
 
+
+# ------------------------------------------------------------------------------------ distributed
+# Correct implementations over torch.distributed (the distributed tests check every engine against
+# the float64 reference; these must pass). Each rank holds a contiguous vocab shard; the statistic is
+# computed in the compute dtype (fp32, fp64 for fp64), all-reduced (MAX of the row maxima, then SUM),
+# rounded to the input dtype. Nothing is written into the caller's tensors. Backward is local to the
+# shard (the loss is replicated on the TP ranks, Megatron's convention): no collective in backward.
+
+
+def _vp_shift(x: torch.Tensor, group):
+    """(shifted = x − global max, exp(shifted), Σ exp over the whole vocab): all new tensors."""
+    import torch.distributed as dist
+
+    m = x.detach().amax(dim=-1, keepdim=True)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    shifted = x - m  # -inf stays -inf (p = 0); a shard of only -inf is fine: m is the global max
+    e = shifted.exp()
+    s = e.sum(-1, keepdim=True)
+    dist.all_reduce(s, op=dist.ReduceOp.SUM, group=group)
+    return shifted, e, s
+
+
+class _VPTokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local_logits, labels, group):
+        import torch.distributed as dist
+
+        x = local_logits.detach().to(F.compute_dtype(local_logits.dtype))
+        shifted, e, s = _vp_shift(x, group)
+        v_local = x.shape[-1]
+        start = dist.get_rank(group) * v_local
+        lab = labels.long()
+        here = (lab >= start) & (lab < start + v_local)
+        idx = torch.where(here, lab - start, torch.zeros_like(lab))
+        picked = shifted.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+        picked = torch.where(here, picked, torch.zeros_like(picked))
+        dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
+        ctx.save_for_backward(e / s, idx, here)
+        ctx.in_dtype = local_logits.dtype
+        return (picked - s.squeeze(-1).log()).to(local_logits.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        p, idx, here = ctx.saved_tensors
+        onehot = torch.zeros_like(p).scatter_(-1, idx.unsqueeze(-1), here.unsqueeze(-1).to(p.dtype))
+        g = (onehot - p) * grad.to(p.dtype).unsqueeze(-1)
+        return g.to(ctx.in_dtype), None, None
+
+
+class _VPEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local_logits, group):
+        import torch.distributed as dist
+
+        x = local_logits.detach().to(F.compute_dtype(local_logits.dtype))
+        shifted, e, s = _vp_shift(x, group)
+        p = e / s
+        ps = torch.where(p > 0, p * shifted, torch.zeros_like(p)).sum(-1, keepdim=True)
+        dist.all_reduce(ps, op=dist.ReduceOp.SUM, group=group)
+        h = s.log() - ps  # H = log Σe − Σ p·(x − m)
+        ctx.save_for_backward(p, shifted - s.log(), h)
+        ctx.in_dtype = local_logits.dtype
+        return h.squeeze(-1).to(local_logits.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        p, logp, h = ctx.saved_tensors
+        g = torch.where(p > 0, -p * (logp + h), torch.zeros_like(p)) * grad.to(p.dtype).unsqueeze(-1)
+        return g.to(ctx.in_dtype), None
+
+
+class _VPSumPiSquared(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local_logits, group):
+        import torch.distributed as dist
+
+        x = local_logits.detach().to(F.compute_dtype(local_logits.dtype))
+        _, e, s = _vp_shift(x, group)
+        q = (e * e).sum(-1, keepdim=True)
+        dist.all_reduce(q, op=dist.ReduceOp.SUM, group=group)
+        spp = q / (s * s)
+        ctx.save_for_backward(e / s, spp)
+        ctx.in_dtype = local_logits.dtype
+        return spp.squeeze(-1).to(local_logits.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        p, spp = ctx.saved_tensors
+        g = 2 * p * (p - spp) * grad.to(p.dtype).unsqueeze(-1)
+        return g.to(ctx.in_dtype), None
+
+
+def vocab_parallel_token_logprobs(local_logits, labels, group):
+    """log p_y over TP vocab shards: [..., V/tp], int [...] (global ids), group -> [...] on every rank."""
+    return _VPTokenLogprobs.apply(local_logits, labels, group)
+
+
+def vocab_parallel_entropy(local_logits, group):
+    """Entropy over TP vocab shards: [..., V/tp], group -> [...] on every rank."""
+    return _VPEntropy.apply(local_logits, group)
+
+
+def vocab_parallel_sum_pi_squared(local_logits, group):
+    """Σπ² over TP vocab shards: [..., V/tp], group -> [...] on every rank (non-destructive)."""
+    return _VPSumPiSquared.apply(local_logits, group)
+
+
+def cp_masked_mean(local_values, local_mask, group):
+    """Token-mean of a sequence split over CP ranks: local masked sum and nnz, both all-reduced (SUM)
+    over the CP group, divided once: [B, T/cp], [B, T/cp], group -> 0-d (dtype of the values)."""
+    import torch.distributed as dist
+
+    v = local_values.detach().to(F.compute_dtype(local_values.dtype))
+    m = local_mask.to(v.dtype)
+    t = torch.stack([(v * m).sum(), m.sum()])
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return (t[0] / t[1]).to(local_values.dtype)
+
+
+def dp_metric_all_reduce(local_values, local_mask, group):
+    """A token metric over DP ranks, the sum/count way (seed 000's fix): each rank emits its masked
+    sum and nnz, both all-reduced (SUM, float64) over the DP group, divided once -> Python float."""
+    import torch.distributed as dist
+
+    v = local_values.detach().to(torch.float64)
+    m = local_mask.to(torch.float64)
+    t = torch.stack([(v * m).sum(), m.sum()])
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return float(t[0] / t[1]) if float(t[1]) else float("nan")
+
 binding = Binding(
     name="reference",
     version=None,
@@ -88,6 +218,11 @@ binding = Binding(
         "agg_loss": global_agg_loss,
         "metric_pipeline": sum_count_pipeline,
         "optimal_token_baseline": F.optimal_token_baseline,
+        "vocab_parallel_token_logprobs": vocab_parallel_token_logprobs,
+        "vocab_parallel_entropy": vocab_parallel_entropy,
+        "vocab_parallel_sum_pi_squared": vocab_parallel_sum_pi_squared,
+        "cp_masked_mean": cp_masked_mean,
+        "dp_metric_all_reduce": dp_metric_all_reduce,
     },
     notes={"all": "dtype-faithful torch computations (rlconform.harness.faithful)"},
 )

@@ -24,7 +24,8 @@ masked_var                  ``utils.ppo_utils.masked_var(values, mask, unbiased)
 ==========================  =======================================================================
 
 For the distributed tests, :func:`dp_all_reduce_metrics` runs SkyRL's real ``all_reduce_metrics``
-over a real process group (gloo on CPU, with :func:`._compat.skyrl_cuda_device_on_cpu`).
+over a real process group (gloo on CPU, with :func:`._compat.skyrl_cuda_device_on_cpu`); the op
+``dp_metric_all_reduce`` (:func:`_dp_metric_all_reduce`) drives it from each DP rank's token values.
 """
 
 from __future__ import annotations
@@ -124,6 +125,23 @@ def dp_all_reduce_metrics(metrics: dict, group=None, sum_loss_metrics: bool = Tr
     strategy.all_reduce = all_reduce
     with skyrl_cuda_device_on_cpu():
         return worker_utils.all_reduce_metrics(metrics, strategy, group=group, sum_loss_metrics=sum_loss_metrics)
+
+
+def _dp_metric_all_reduce():
+    """The policy entropy metric on real DP ranks (op ``dp_metric_all_reduce``): each rank logs
+    ``masked_mean(entropy, loss_mask).item()`` for its one micro-batch, ``worker_utils.reduce_metrics``
+    folds the micro-batches, and the real ``all_reduce_metrics`` runs over the DP group
+    (:func:`dp_all_reduce_metrics`): a mean of per-rank means (seed 000; cases.md families 1, 6)."""
+    worker_utils = _skyrl(WORKER_UTILS)
+    masked_mean = _skyrl(TORCH_UTILS, "masked_mean")
+
+    def dp_metric_all_reduce(local_values, local_mask, group):
+        micro = {ENTROPY_KEY: masked_mean(local_values, local_mask).item()}
+        local = worker_utils.reduce_metrics({k: [v] for k, v in micro.items()}, sum_loss_metrics=True)
+        return dp_all_reduce_metrics(local, group=group, sum_loss_metrics=True)[ENTROPY_KEY]
+
+    dp_metric_all_reduce.__qualname__ = "skyrl.dp_metric_all_reduce"
+    return dp_metric_all_reduce
 
 
 # ------------------------------------------------------------------------------ metric pipeline
@@ -303,6 +321,7 @@ binding = Binding(
         "token_logprobs": Lazy(loader=_token_logprobs),
         "masked_mean": Lazy(loader=_masked_mean),
         "masked_var": Lazy(loader=_masked_var),
+        "dp_metric_all_reduce": Lazy(loader=_dp_metric_all_reduce),
     },
     notes={
         "metric_pipeline": "policy_entropy: torch_utils.masked_mean(...).item() per micro-batch -> "
@@ -315,5 +334,8 @@ binding = Binding(
         "token_logprobs": "torch_utils.logprobs_from_logits (v2 path without flash-attn)",
         "masked_mean": "torch_utils.masked_mean (nnz clamped to >= 1)",
         "masked_var": "ppo_utils.masked_var",
+        "dp_metric_all_reduce": "policy_entropy on real DP ranks: torch_utils.masked_mean(...).item() -> "
+        "worker_utils.reduce_metrics -> worker_utils.all_reduce_metrics over the gloo DP group "
+        "(DistributedStrategy.all_reduce: float32 /= world, SUM)",
     },
 )

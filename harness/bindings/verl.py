@@ -32,9 +32,24 @@ metric_pipeline             the path of ``actor/pg_clipfrac`` (and every ``pg_me
 Not bound: verl 0.9.1 has no ``logsumexp``, ``masked_std``, ``masked_min``/``max`` helper.
 ``entropy_from_logits_with_chunking`` (engine option ``entropy_from_logits_with_chunking``) is a second
 entropy path: 2-D input only, each chunk upcast with ``.float()``, result always float32; it has no
-catalog op of its own (see ``notes``). The vocab-parallel functions of
-``verl.utils.megatron.tensor_parallel`` read Megatron's ``parallel_state`` groups and belong to the
-distributed tests.
+catalog op of its own (see ``notes``).
+
+Distributed ops (checked by :mod:`rlconform.distributed_tests` on gloo ranks):
+
+=============================  ====================================================================
+op                             verl callable
+=============================  ====================================================================
+vocab_parallel_token_logprobs  ``verl.utils.megatron.tensor_parallel.vocab_parallel_log_probs_from_logits``
+vocab_parallel_entropy         ``tensor_parallel.vocab_parallel_entropy``
+vocab_parallel_sum_pi_squared  ``tensor_parallel.vocab_parallel_sum_pi_squared`` (verl PR #6153)
+dp_metric_all_reduce           ``actor/pg_clipfrac`` with the real ``allgather_dict_into_dict`` over DP
+=============================  ====================================================================
+
+The three vocab-parallel functions take no group: they read Megatron's ``parallel_state`` TP group.
+Their adapters carry ``rlconform_parallel_state = True``, so the distributed tests initialise
+``megatron.core.parallel_state`` for the layout on every rank and pass its TP group; the adapter checks
+that it got exactly that group. Not bound: verl gathers CP shards (``postprocess_packed_seqs``) before
+its loss, so it has no CP reduction of its own (``cp_masked_mean``).
 """
 
 from __future__ import annotations
@@ -204,7 +219,71 @@ def _metric_pipeline() -> MetricPipeline:
         finalize=finalize,
         stats={"mean": PG_KEY},
         emitted_to_final={PG_KEY: PG_KEY},
+        equal_micro_batches_per_rank=True,  # prepare_micro_batches(same_micro_num_in_dp=True)
     )
+
+
+# ------------------------------------------------------------------------- distributed (TP / DP)
+TPM = "verl.utils.megatron.tensor_parallel"
+
+
+def _megatron_parallel_state():
+    from ._compat import import_megatron
+
+    return import_megatron("megatron.core.parallel_state")
+
+
+def _require_tp_group(ps, group, fn_name: str) -> None:
+    """verl's vocab-parallel functions take no group: they read Megatron's parallel_state TP group. The
+    harness initialises parallel_state for the layout and passes that group; anything else is a misuse."""
+    current = ps.get_tensor_model_parallel_group() if ps.model_parallel_is_initialized() else None
+    if group is not current:
+        raise RuntimeError(f"verl's {fn_name} reads megatron.core.parallel_state's TP group; the caller's group "
+                           f"{group!r} is not that group ({current!r}): initialise parallel_state for the layout")
+
+
+def _vocab_parallel(name: str, op: str, with_labels: bool = False):
+    """Loader of verl's ``tensor_parallel.<name>`` as the canonical ``vocab_parallel_*`` op."""
+
+    def loader():
+        from ._compat import import_megatron
+
+        fn = getattr(import_megatron(TPM), name)
+        ps = _megatron_parallel_state()
+        if with_labels:
+            def impl(local_logits, labels, group):
+                _require_tp_group(ps, group, name)
+                return fn(local_logits, labels)
+        else:
+            def impl(local_logits, group):
+                _require_tp_group(ps, group, name)
+                return fn(local_logits)
+        impl.__name__ = op
+        impl.__qualname__ = f"verl.{op}"
+        impl.rlconform_parallel_state = True  # the distributed tests pass parallel_state's TP group
+        return impl
+
+    return Lazy(loader=loader)
+
+
+def _dp_metric_all_reduce():
+    """``actor/pg_clipfrac`` (see :func:`_metric_pipeline`) on real DP ranks, one micro-batch per rank:
+    emit (``masked_mean(...).item()`` as a ``Metric(MEAN)``) -> ``append_to_dict`` -> the real
+    ``verl.utils.torch_functional.allgather_dict_into_dict`` over the DP group (``all_gather_object``) ->
+    ``Metric.aggregate_dp`` (as ``engine_workers.train_mini_batch``) -> ``reduce_metrics``."""
+    from verl.utils.torch_functional import allgather_dict_into_dict
+
+    pipeline = _metric_pipeline()
+
+    def dp_metric_all_reduce(local_values, local_mask, group):
+        local = pipeline.reduce_micro([pipeline.emit(local_values, local_mask)])
+        gathered = allgather_dict_into_dict(local, group=group)  # {key: [rank 0 value, rank 1 value, ...]}
+        ranks = [{k: v[i] for k, v in gathered.items()} for i in range(len(next(iter(gathered.values()))))]
+        final = pipeline.finalize(pipeline.reduce_mini([pipeline.reduce_dp(ranks)]))
+        return final[PG_KEY]
+
+    dp_metric_all_reduce.__qualname__ = "verl.dp_metric_all_reduce"
+    return dp_metric_all_reduce
 
 
 binding = Binding(
@@ -222,6 +301,12 @@ binding = Binding(
             f"{CORE}:compute_optimal_token_baseline_advantage", adapt=_optimal_token_baseline
         ),
         "metric_pipeline": Lazy(loader=_metric_pipeline),
+        "vocab_parallel_token_logprobs": _vocab_parallel(
+            "vocab_parallel_log_probs_from_logits", "vocab_parallel_token_logprobs", with_labels=True),
+        "vocab_parallel_entropy": _vocab_parallel("vocab_parallel_entropy", "vocab_parallel_entropy"),
+        "vocab_parallel_sum_pi_squared": _vocab_parallel("vocab_parallel_sum_pi_squared",
+                                                         "vocab_parallel_sum_pi_squared"),
+        "dp_metric_all_reduce": Lazy(loader=_dp_metric_all_reduce),
     },
     notes={
         "entropy": "verl.utils.torch_functional.entropy_from_logits. Not bound: entropy_from_logits_with_chunking "
@@ -238,5 +323,14 @@ binding = Binding(
         "optimal_token_baseline": "verl.trainer.ppo.core_algos.compute_optimal_token_baseline_advantage (defaults)",
         "metric_pipeline": "actor/pg_clipfrac: masked_mean per micro-batch -> Metric(MEAN) -> append_to_dict -> "
         "allgather + Metric.aggregate_dp -> append_to_dict over mini-batches -> rename_dict + reduce_metrics",
+        "vocab_parallel_token_logprobs": "verl.utils.megatron.tensor_parallel.vocab_parallel_log_probs_from_logits "
+        "(= -megatron vocab_parallel_cross_entropy on parallel_state's TP group; fp32 shards overwritten in place)",
+        "vocab_parallel_entropy": "verl.utils.megatron.tensor_parallel.vocab_parallel_entropy (parallel_state TP group; "
+        "backward does sub_/add_ on the caller's logits; torch.compile'd mul_reduce: the first call per worker "
+        "and dtype compiles, tens of seconds on CPU)",
+        "vocab_parallel_sum_pi_squared": "verl.utils.megatron.tensor_parallel.vocab_parallel_sum_pi_squared "
+        "(parallel_state TP group; plain dist.all_reduce inside autograd: its gradient sees local sums)",
+        "dp_metric_all_reduce": "actor/pg_clipfrac on real DP ranks: masked_mean -> Metric(MEAN) -> "
+        "allgather_dict_into_dict over the DP group -> Metric.aggregate_dp -> reduce_metrics",
     },
 )

@@ -1,0 +1,288 @@
+"""Rank side of the distributed checks: the module-level case functions every rank runs.
+
+The pool (:mod:`rlconform.harness.pool`) — or torchrun — calls ``fn(ctx, payload)`` on every rank. A
+payload is a picklable description: the engine (its ``--engine`` spec and ``--engine-path``), the op,
+the dtype, the mode, and a list of *runs* (a layout and this rank's shard of the data, or ``None`` when
+the rank only takes part in the collective set-up of that layout). Results come back as float64 NumPy
+arrays (exact for every float dtype) with the dtype name the engine returned.
+
+Per worker process (cached for the life of the pool):
+
+* the binding, re-loaded by its spec with :func:`rlconform.harness.engines.load_engine`;
+* the process groups of each layout (``ctx.new_group``; every rank creates every group, in order);
+* for ops whose adapter declares ``rlconform_parallel_state = True`` (verl's vocab-parallel functions,
+  which read Megatron's ``parallel_state`` groups instead of taking one), Megatron's ``parallel_state``
+  initialised once per layout (``distributed_timeout_minutes=1``); switching layouts swaps the module's
+  group globals between cached snapshots instead of re-creating groups. Such an op gets Megatron's
+  group of that layout as its ``group`` argument, so the adapter sees the group its engine uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rlconform.distributed_tests.layout import Layout
+
+_BINDINGS: dict = {}
+_PS: dict = {"active": None, "snapshots": {}}
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def engine_desc(binding) -> dict:
+    """What a rank needs to re-load ``binding``: its spec and engine path (or the binding itself when it
+    was not loaded by spec; it must then pickle)."""
+    if binding.spec:
+        return {"spec": binding.spec, "path": binding.path}
+    return {"binding": binding}
+
+
+def load_binding(desc: dict):
+    if "binding" in desc:
+        return desc["binding"]
+    key = (desc["spec"], desc.get("path"))
+    b = _BINDINGS.get(key)
+    if b is None:
+        from rlconform.harness.engines import load_engine
+
+        b = load_engine(desc["spec"], desc.get("path"))
+        _BINDINGS[key] = b
+    return b
+
+
+def uses_parallel_state(*impls) -> bool:
+    return any(getattr(f, "rlconform_parallel_state", False) for f in impls if f is not None)
+
+
+def _state_names(ps) -> list[str]:
+    return [k for k in vars(ps) if k.startswith("_") and not k.startswith("__") and k.isupper()]
+
+
+def activate_parallel_state(layout: Layout):
+    """Megatron's parallel_state set to ``layout`` (initialised on first use; collective)."""
+    from rlconform.harness.bindings._compat import import_megatron
+
+    ps = import_megatron("megatron.core.parallel_state")
+    key = (layout.tp, layout.cp)
+    if _PS["active"] == key and ps.model_parallel_is_initialized():
+        return ps
+    snap = _PS["snapshots"].get(key)
+    if snap is None:
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()  # only drops the module's references; snapshots keep the groups
+        ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp, context_parallel_size=layout.cp,
+                                     distributed_timeout_minutes=1)
+        snap = {k: getattr(ps, k) for k in _state_names(ps)}
+        _PS["snapshots"][key] = snap
+    else:
+        for k, v in snap.items():
+            setattr(ps, k, v)
+    _PS["active"] = key
+    return ps
+
+
+def layout_groups(ctx, layout: Layout, parallel_state: bool = False) -> dict:
+    """This rank's ``{"tp": group, "cp": group, "dp": group}`` for ``layout`` (collective: every rank
+    calls it with the same layout)."""
+    if layout.world != ctx.world_size:
+        raise ValueError(f"layout {layout.name} needs {layout.world} ranks, the group has {ctx.world_size}")
+    if parallel_state:
+        ps = activate_parallel_state(layout)
+        return {"tp": ps.get_tensor_model_parallel_group(), "cp": ps.get_context_parallel_group(),
+                "dp": ps.get_data_parallel_group()}
+    out = {}
+    for kind, lists in (("tp", layout.tp_groups()), ("cp", layout.cp_groups()), ("dp", layout.dp_groups())):
+        for ranks in lists:
+            g = ctx.new_group(ranks)
+            if ctx.rank in ranks:
+                out[kind] = g
+    return out
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float64).cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def dtype_name(x: Any, fallback: str) -> str:
+    import torch
+
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return str(x.dtype).replace("torch.", "")
+    return fallback
+
+
+def _is_inplace_error(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("inplace" in text or "modified by an" in text)
+
+
+def _backward(out, grad_output):
+    """Backprop ``Σ grad_output · out`` (float64 weights, as the token-stat checks do)."""
+    import torch
+
+    if isinstance(out, torch.Tensor) and out.requires_grad:
+        (out.to(torch.float64) * grad_output).sum().backward()
+        return True
+    return False
+
+
+def _bits(t) -> np.ndarray:
+    from rlconform.harness.guards import _bits as guard_bits
+
+    return guard_bits(t).numpy().copy()
+
+
+# ------------------------------------------------------------------------------- vocab parallel
+def _vp_args(op: str, data: dict):
+    import torch
+
+    if op.endswith("token_logprobs"):
+        return (torch.from_numpy(np.asarray(data["labels"], dtype=np.int64)),)
+    return ()
+
+
+def _value_result(out, leaf, dtype: str) -> dict:
+    grad = leaf.grad if leaf is not None else None
+    return {"out": to_numpy(out), "out_dtype": dtype_name(out, dtype),
+            "grad": None if grad is None else to_numpy(grad),
+            "grad_dtype": None if grad is None else dtype_name(grad, dtype)}
+
+
+def _vp_compute(mode: str, op: str, fn, entropy, group, data: dict, dtype: str) -> dict:
+    import torch
+
+    from rlconform.harness.guards import InputGuard, produce
+
+    x = torch.from_numpy(np.asarray(data["logits"], dtype=np.float64)).to(_torch_dtype(dtype))
+    g = torch.from_numpy(np.asarray(data["grad_output"], dtype=np.float64))
+    extra = _vp_args(op, data)
+
+    if mode == "value":
+        leaf = x.clone().requires_grad_(True)
+        out = fn(leaf, *extra, group)
+        _backward(out, g)
+        return _value_result(out, leaf, dtype)
+
+    if mode == "after":  # the op read after a vocab-parallel entropy forward + backward on the same logits
+        leaf = x.clone().requires_grad_(True)
+        _backward(entropy(leaf, group), g)
+        leaf.grad = None
+        out = fn(leaf, *extra, group)
+        _backward(out, g)
+        return _value_result(out, leaf, dtype)
+
+    messages: list[str] = []
+    leaf = x.clone().requires_grad_(True)
+    logits = produce(leaf)  # a producer that saved its output (the logits) for its own backward
+    labels = {"labels": extra[0]} if extra else {}
+
+    def backprop(out, what):
+        try:
+            _backward(out, g)
+        except RuntimeError as exc:
+            if not _is_inplace_error(exc):
+                raise
+            messages.append(f"after {what}, a producer that saved the logits for backward could not backprop: "
+                            f"{str(exc).splitlines()[0]}")
+
+    if mode == "guard":
+        guard = InputGuard(logits=logits, **labels)
+        out = fn(logits, *extra, group)
+        messages += [m.describe() for m in guard.check("forward")]
+        backprop(out, "the backward")
+        messages += [m.describe() for m in guard.check("backward")]
+        return {"messages": messages}
+
+    if mode == "order":  # seed 002: Σπ² before and after a vocab-parallel entropy forward + backward
+        guard = InputGuard(logits=logits)
+        before = fn(logits, group).detach().clone()
+        messages += [m.describe() for m in guard.check("sum_pi_squared forward")]
+        guard = InputGuard(logits=logits)
+        ent = entropy(logits, group)
+        messages += [m.describe() for m in guard.check("vocab_parallel_entropy forward")]
+        guard = InputGuard(logits=logits)
+        backprop(ent, "vocab_parallel_entropy backward")
+        messages += [m.describe() for m in guard.check("vocab_parallel_entropy backward")]
+        after = fn(logits, group).detach()
+        b0, b1 = _bits(before), _bits(after)
+        if b0.shape != b1.shape or not np.array_equal(b0, b1):
+            diff = np.flatnonzero(b0.reshape(-1) != b1.reshape(-1)) if b0.shape == b1.shape else np.arange(1)
+            i = int(diff[0])
+            bv, av = to_numpy(before).reshape(-1), to_numpy(after).reshape(-1)
+            messages.append(f"Σπ² read after vocab_parallel_entropy forward+backward on the same logits differs "
+                            f"from Σπ² read before it in {diff.size} of {b0.size} element(s): [{i}] "
+                            f"{bv[i]!r} before, {av[i]!r} after")
+        return {"messages": messages, "before": to_numpy(before), "after": to_numpy(after)}
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def vocab_parallel_rank(ctx, payload: dict) -> list:
+    """Case function of the vocab-parallel checks (one result per run; ``None`` where idle)."""
+    binding = load_binding(payload["engine"])
+    op, mode = payload["op"], payload["mode"]
+    fn = binding.resolve(op)
+    entropy = None
+    if mode in ("after", "order"):
+        if "vocab_parallel_entropy" in binding.ops:
+            entropy = binding.resolve("vocab_parallel_entropy")
+        else:
+            from rlconform.harness.bindings.reference import vocab_parallel_entropy as entropy
+    ps = uses_parallel_state(fn, entropy)
+    results = []
+    for run in payload["runs"]:
+        groups = layout_groups(ctx, Layout(**run["layout"]), ps)
+        if run["data"] is None:
+            results.append(None)
+            continue
+        results.append(_vp_compute(mode, op, fn, entropy, groups["tp"], run["data"], payload["dtype"]))
+    return results
+
+
+# ----------------------------------------------------------------------- context parallel / DP
+def _token_args(data: dict, dtype: str):
+    import torch
+
+    values = torch.from_numpy(np.asarray(data["values"], dtype=np.float64)).to(_torch_dtype(dtype))
+    mask = torch.from_numpy(np.asarray(data["mask"], dtype=bool))
+    return values, mask
+
+
+def token_reduction_rank(ctx, payload: dict) -> list:
+    """Case function of the CP and DP checks: ``fn(local_values, local_mask, group)`` where group is
+    this rank's ``payload["group"]`` ("cp" or "dp") group of each run's layout."""
+    from rlconform.harness.guards import InputGuard
+
+    binding = load_binding(payload["engine"])
+    fn = binding.resolve(payload["op"])
+    ps = uses_parallel_state(fn)
+    results = []
+    for run in payload["runs"]:
+        groups = layout_groups(ctx, Layout(**run["layout"]), ps)
+        data = run["data"]
+        if data is None:
+            results.append(None)
+            continue
+        values, mask = _token_args(data, payload["dtype"])
+        group = groups[run.get("group", payload["group"])]
+        if payload["mode"] == "guard":
+            guard = InputGuard(values=values, mask=mask)
+            fn(values, mask, group)
+            results.append({"messages": [m.describe() for m in guard.check("forward")]})
+        else:
+            out = fn(values, mask, group)
+            results.append({"out": to_numpy(out), "out_dtype": dtype_name(out, payload["dtype"]),
+                            "out_type": type(out).__module__ + "." + type(out).__name__})
+    return results

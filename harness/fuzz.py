@@ -1,0 +1,426 @@
+"""``rlconform fuzz``: the generic properties under a wall-clock budget, for new reduction code.
+
+    rlconform fuzz --engine X [--op Y] [--property P] [--dtype D] --minutes N [--corpus DIR] [--db DIR]
+
+The same checks as ``rlconform check`` (:func:`rlconform.properties.checks.run_check` on cases drawn by
+:func:`rlconform.properties.strategy_for.strategy_for`), driven by hypothesis directly rather than
+through pytest, over every selected finding (op × property × dtype × regime):
+
+1. the corpus is replayed first: a finding whose saved case still fails is *known* and not fuzzed;
+2. round 0 runs a few examples of every finding, ops interleaved, so each gets looked at early;
+3. later rounds give each finding still without a counterexample a time slice that doubles every
+   round, the findings whose error / tolerance came closest to 1 first, until the budget is spent.
+
+Hypothesis keeps a persistent example database (``--db``, default ``.rlconform-fuzz-db``; one key per
+finding), so failing examples and the ``target()`` Pareto front (error / tolerance, climbed by
+hypothesis' optimiser) carry over between slices and between runs. A counterexample is shrunk (for up
+to ``--shrink-seconds``, possibly past the budget) and saved under ``<corpus>/<finding id>/`` (default
+``rlconform-corpus/``), which ``rlconform check`` replays before drawing new examples.
+
+Ctrl-C stops at once and keeps what was found (a counterexample being shrunk is saved as shrunk so far).
+Exit codes: 0 no counterexample, 1 counterexamples (new, or saved ones that still fail), 2 usage or
+binding error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import time
+
+EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+DEFAULT_DB = ".rlconform-fuzz-db"
+DEFAULT_CORPUS = "rlconform-corpus"
+ROUND0_EXAMPLES = 4      # examples per finding in the first, breadth-first round
+FIRST_SLICE_S = 0.25     # time slice per finding in round 1; doubles every round
+
+
+class _Stop(BaseException):
+    """Raised inside the hypothesis test to end a slice (a BaseException: hypothesis lets it through)."""
+
+
+@dataclasses.dataclass
+class Target:
+    """One finding being fuzzed and what fuzzing has learnt about it."""
+
+    op: str
+    prop: str
+    dtype: str
+    regime: str
+    status: str = "live"          # live | found | known | unavailable | error
+    examples: int = 0
+    seconds: float = 0.0
+    best_ratio: float = 0.0       # worst error / tolerance seen (inf: a failure without a numeric bound)
+    message: str = ""
+    saved: str | None = None      # corpus file of the counterexample
+    new: bool = False             # the counterexample was not in the corpus before this run
+    shrunk: bool = True           # False when shrinking was cut short (budget or Ctrl-C)
+    found_after_examples: int | None = None   # this finding's examples up to its first failure
+    found_after_seconds: float | None = None  # wall time since the fuzz started
+    found_after_total_examples: int | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}.{self.prop}.{self.dtype}.{self.regime}"
+
+    def per_example(self) -> float:
+        return self.seconds / self.examples if self.examples else 0.005
+
+
+def select_targets(binding, ops=(), properties=(), dtypes=()) -> list[Target]:
+    """The findings the binding provides, filtered; ops interleaved (one finding of each op in turn)."""
+    from rlconform.harness.catalog import OPS
+
+    per_op = []
+    provided = set(binding.provided_ops())
+    for op in OPS.values():
+        if op.name not in provided or (ops and op.name not in ops):
+            continue
+        ts = [Target(op.name, prop, dtype, regime) for prop in op.properties for dtype, regime in op.cases()
+              if (not properties or prop in properties) and (not dtypes or dtype in dtypes)]
+        if ts:
+            per_op.append(ts)
+    out = []
+    for i in range(max((len(ts) for ts in per_op), default=0)):
+        out.extend(ts[i] for ts in per_op if i < len(ts))
+    return out
+
+
+class Fuzzer:
+    """Round-robin fuzzing of ``targets`` against ``binding`` for ``seconds`` of wall time."""
+
+    def __init__(self, binding, targets: list[Target], *, seconds: float, corpus: str, db: str | None,
+                 seed: int | None = None, shrink_seconds: float | None = None, on_found=None, on_tick=None):
+        self.binding = binding
+        self.targets = targets
+        self.budget = float(seconds)
+        self.corpus = corpus
+        self.db = db
+        self.shrink_seconds = shrink_seconds if shrink_seconds is not None else min(60.0, max(5.0, 0.25 * seconds))
+        self.rng = random.Random(seed)
+        self.seeded = seed is not None
+        self.on_found = on_found or (lambda t: None)
+        self.on_tick = on_tick or (lambda: None)
+        self.total_examples = 0
+        self.round = 0
+        self.current: Target | None = None
+        self.interrupted = False
+        self.t0 = time.monotonic()
+        self._settings = None
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def remaining(self) -> float:
+        return self.budget - self.elapsed()
+
+    def live(self) -> list[Target]:
+        return [t for t in self.targets if t.status == "live"]
+
+    def settings(self):
+        if self._settings is None:
+            from hypothesis import HealthCheck, Verbosity, settings
+            from hypothesis.database import DirectoryBasedExampleDatabase
+
+            db = DirectoryBasedExampleDatabase(self.db) if self.db else None
+            self._settings = settings(deadline=None, database=db, derandomize=False, report_multiple_bugs=False,
+                                      suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+                                      print_blob=False, max_examples=ROUND0_EXAMPLES)
+        return self._settings
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._resolve_ops()
+            self._replay_corpus()
+            for t in self.live():  # round 0: breadth first
+                if self.remaining() <= 0:
+                    break
+                self._slice(t, ROUND0_EXAMPLES, self.t0 + self.budget)
+            slice_s = FIRST_SLICE_S
+            while self.remaining() > 0 and self.live():
+                self.round += 1
+                order = sorted(self.live(), key=lambda t: (-t.best_ratio, t.examples))
+                for t in order:
+                    left = self.remaining()
+                    if left <= 0:
+                        break
+                    s = min(slice_s, left)
+                    self._slice(t, max(5, int(s / t.per_example())), time.monotonic() + s)
+                slice_s *= 2
+        except KeyboardInterrupt:
+            self.interrupted = True
+        finally:
+            self.current = None
+
+    def _resolve_ops(self) -> None:
+        from rlconform.harness.binding import BindingError, OpUnavailable
+
+        seen: dict[str, tuple[str, str] | None] = {}
+        for t in self.targets:
+            if t.op not in seen:
+                try:
+                    self.binding.resolve(t.op)
+                    seen[t.op] = None
+                except OpUnavailable as exc:
+                    seen[t.op] = ("unavailable", str(exc))
+                except BindingError as exc:
+                    seen[t.op] = ("error", f"binding error: {exc}")
+            if seen[t.op] is not None:
+                t.status, t.message = seen[t.op]
+
+    def _replay_corpus(self) -> None:
+        from rlconform.properties.case import load_case
+        from rlconform.properties.checks import EngineCrash, run_check
+        from rlconform.properties.corpus import corpus_files
+
+        for t in self.live():
+            for path in corpus_files(self.corpus, t.id):
+                try:
+                    case = load_case(path)
+                    outcome = run_check(self.binding, case)
+                    bad, msg = not outcome.ok, outcome.message
+                except EngineCrash as exc:
+                    bad, msg = True, str(exc)
+                except (OSError, ValueError, KeyError) as exc:
+                    print(f"rlconform fuzz: skipping unreadable corpus file {path}: {exc}", file=sys.stderr)
+                    continue
+                if bad:
+                    t.status, t.saved, t.message, t.new = "known", path, msg, False
+                    self.on_found(t)
+                    break
+
+    def _slice(self, t: Target, max_examples: int, deadline: float) -> None:
+        """Run hypothesis on ``t`` for at most ``max_examples`` examples or until ``deadline``; shrink and
+        save a counterexample if one turns up."""
+        from hypothesis import given, seed, settings, target
+
+        from rlconform.properties.case import Case
+        from rlconform.properties.checks import EngineCrash, PropertyFailure, run_check
+        from rlconform.properties.strategy_for import strategy_for
+
+        state = {"fail": None, "message": "", "deadline": deadline}
+        self.current = t
+        start = time.monotonic()
+
+        def run(inputs):
+            now = time.monotonic()
+            if now > state["deadline"]:
+                raise _Stop()
+            case = Case(t.op, t.prop, t.dtype, t.regime, inputs)
+            t.examples += 1
+            self.total_examples += 1
+            try:
+                outcome = run_check(self.binding, case)
+            except EngineCrash as exc:
+                self._failed(t, state, case, f"crash: {exc}")
+                raise
+            finally:
+                self.on_tick()
+            t.best_ratio = max(t.best_ratio, outcome.ratio)
+            if not outcome.ok:
+                self._failed(t, state, case, outcome.message)
+                raise PropertyFailure(outcome.message)
+            target(min(outcome.ratio, 1e6), label="error / tolerance")
+
+        # one database key per finding (the function's source is the same for all of them)
+        run._hypothesis_internal_add_digest = t.id.encode()
+        test = settings(self.settings(), max_examples=max_examples)(
+            given(inputs=strategy_for(t.op, t.dtype, t.regime))(run))
+        if self.seeded:
+            test = seed(self.rng.getrandbits(64))(test)
+        try:
+            test()
+        except _Stop:
+            if state["fail"] is not None:
+                t.shrunk = False
+        except KeyboardInterrupt:
+            if state["fail"] is not None:
+                t.shrunk = False
+                self._save(t, state)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the property failed (shrunk), or the harness broke
+            if state["fail"] is None:
+                t.status = "error"
+                t.message = f"{type(exc).__name__}: {exc}"[:2000]
+        finally:
+            t.seconds += time.monotonic() - start
+        if state["fail"] is not None:
+            self._save(t, state)
+
+    def _failed(self, t: Target, state: dict, case, message: str) -> None:
+        if state["fail"] is None:  # first failure: now shrinking, on a budget of its own
+            t.found_after_examples = t.examples
+            t.found_after_seconds = self.elapsed()
+            t.found_after_total_examples = self.total_examples
+            state["deadline"] = time.monotonic() + self.shrink_seconds
+        state["fail"], state["message"] = case, message  # the shrinker only accepts smaller failures
+
+    def _save(self, t: Target, state: dict) -> None:
+        from rlconform.properties.corpus import save_to_corpus
+
+        case = state["fail"]
+        path = save_to_corpus(self.corpus, case)
+        t.status, t.message = "found", state["message"]
+        if path is None:  # the same case is there already
+            from rlconform.properties.corpus import corpus_path
+
+            t.saved, t.new = corpus_path(self.corpus, case), False
+        else:
+            t.saved, t.new = path, True
+        self.on_found(t)
+
+
+# ------------------------------------------------------------------------------------------------
+# the command
+
+
+def add_parser(sub) -> None:
+    import argparse
+
+    f = sub.add_parser("fuzz", help="fuzz an engine's ops for a time budget; save counterexamples to a corpus")
+    f.add_argument("--engine", default=None, help="reference | verl | skyrl | megatron | mutants.<family> | "
+                                                 "module:attr | file.py (default: $RLCONFORM_ENGINE or reference)")
+    f.add_argument("--engine-path", default=None, help="a fork's checkout, put first on sys.path")
+    f.add_argument("--op", action="append", default=[], help="only this op (repeatable)")
+    f.add_argument("--property", action="append", default=[], help="only this property (repeatable)")
+    f.add_argument("--dtype", action="append", default=[], help="only this dtype (repeatable)")
+    f.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default 5; fractions allowed)")
+    f.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
+    f.add_argument("--corpus", default=DEFAULT_CORPUS, help="counterexamples are saved here, one folder per "
+                                                           "finding; `check` replays them (default: %(default)s)")
+    f.add_argument("--db", default=DEFAULT_DB, help="persistent hypothesis example database (default: %(default)s)")
+    f.add_argument("--seed", type=int, default=None, help="random seed")
+    f.add_argument("--shrink-seconds", type=float, default=None,
+                   help="time to shrink one counterexample (default: a quarter of the budget, 5–60 s)")
+    f.add_argument("--stats", default=None, help="also write per-finding statistics as JSON here")
+    f.add_argument("-q", "--quiet", action="store_true", help="no live progress display")
+
+
+def _validate(args) -> str | None:
+    from rlconform.harness.catalog import FLOAT_DTYPES, OPS, PROPERTIES
+
+    for kind, values, known in (("op", args.op, OPS), ("property", args.property, PROPERTIES),
+                                ("dtype", args.dtype, FLOAT_DTYPES)):
+        for v in values:
+            if v not in known:
+                return f"unknown {kind} {v!r}; choose from {', '.join(known)}"
+    return None
+
+
+def _progress(fz: Fuzzer, spec: str):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    ts = fz.targets
+    found = [t for t in ts if t.status in ("found", "known")]
+    live = fz.live()
+    el = fz.elapsed()
+    rate = fz.total_examples / el if el > 0 else 0.0
+    head = Text.assemble(
+        ("fuzzing ", "bold"), (spec, "bold cyan"),
+        f" · {min(el, fz.budget):5.1f}/{fz.budget:.0f} s · round {fz.round} · {fz.total_examples} examples "
+        f"({rate:.0f}/s) · findings: {len(live)} live, ", (f"{len(found)} with counterexamples",
+                                                          "bold red" if found else "green"),
+        f", {len(ts)} in all")
+    cur = Text(f"  now: {fz.current.id if fz.current else '–'}", style="dim")
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+    table.add_column("closest to failing (error / tolerance)")
+    table.add_column("examples", justify="right")
+    table.add_column("err/tol", justify="right")
+    for t in sorted(live, key=lambda t: -t.best_ratio)[:6]:
+        table.add_row(t.id, str(t.examples), f"{t.best_ratio:.3g}")
+    return Group(head, cur, table)
+
+
+def _print_summary(console, fz: Fuzzer, spec: str) -> None:
+    found = [t for t in fz.targets if t.status in ("found", "known")]
+    el = fz.elapsed()
+    ran = [t for t in fz.targets if t.examples]
+    console.print(f"[bold]rlconform fuzz[/] {spec}: {fz.total_examples} examples in {el:.1f} s over {len(ran)} of "
+                  f"{len(fz.targets)} findings, {fz.round + 1 if ran else 0} round(s)"
+                  + (" [yellow](interrupted)[/]" if fz.interrupted else ""), highlight=False)
+    for t in fz.targets:
+        if t.status in ("unavailable", "error"):
+            console.print(f"[yellow]{t.status}[/] {t.id}: {t.message.splitlines()[0] if t.message else ''}"[:300],
+                          highlight=False)
+    if not found:
+        best = sorted(ran, key=lambda t: -t.best_ratio)[:3]
+        console.print("[green]no counterexample[/]"
+                      + ("; closest: " + ", ".join(f"{t.id} ({t.best_ratio:.3g})" for t in best) if best else ""),
+                      highlight=False)
+        return
+    new = sum(t.new for t in found)
+    console.print(f"[bold red]{len(found)} finding(s) with a counterexample[/] ({new} new) saved under "
+                  f"{fz.corpus}/; `rlconform check --engine {spec}` replays them first", highlight=False)
+    for t in found:
+        when = (f"after {t.found_after_examples} examples of this finding, {t.found_after_seconds:.1f} s, "
+                f"{t.found_after_total_examples} examples in all") if t.found_after_seconds is not None \
+            else "saved earlier, still fails"
+        first = (t.message or "").strip().splitlines()
+        console.print(f"  [red]{'new' if t.new else 'known'}[/] {t.id} ({when})"
+                      + ("" if t.shrunk else " [yellow]shrinking cut short[/]"), highlight=False)
+        if first:
+            console.print(f"      {first[0][:220]}", highlight=False)
+        console.print(f"      rlconform replay {t.saved} --engine {spec}", highlight=False)
+
+
+def cmd_fuzz(args) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from rlconform.harness.binding import BindingError
+    from rlconform.harness.engines import load_engine
+
+    err = _validate(args)
+    if err:
+        print(f"rlconform: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    seconds = args.seconds if args.seconds is not None else 60.0 * (args.minutes if args.minutes is not None else 5)
+    if not seconds > 0:
+        print("rlconform: error: the budget must be positive", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        binding = load_engine(args.engine, args.engine_path)
+    except BindingError as exc:
+        print(f"rlconform: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    targets = select_targets(binding, args.op, args.property, args.dtype)
+    if not targets:
+        print("rlconform: error: the selection holds no finding of this engine (see `rlconform list-ops`)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    console = Console(stderr=False, width=120 if not sys.stdout.isatty() else None)
+    spec = binding.spec
+
+    def on_found(t: Target) -> None:
+        tag = "new counterexample" if t.new else "counterexample (saved earlier, still fails)"
+        console.print(f"[bold red]{tag}[/] {t.id}: {t.saved}", highlight=False)
+
+    fz = Fuzzer(binding, targets, seconds=seconds, corpus=args.corpus, db=args.db, seed=args.seed,
+                shrink_seconds=args.shrink_seconds, on_found=on_found)
+    console.print(f"rlconform fuzz {spec}: {len(targets)} findings, budget {seconds:.0f} s, corpus {args.corpus}/, "
+                  f"database {args.db}/", highlight=False)
+    if args.quiet or not console.is_terminal:
+        fz.run()
+    else:
+        with Live(console=console, refresh_per_second=4, transient=True, get_renderable=lambda: _progress(fz, spec)):
+            fz.run()
+    _print_summary(console, fz, spec)
+    if args.stats:
+        doc = {"engine": spec, "seconds": fz.elapsed(), "budget": seconds, "examples": fz.total_examples,
+               "interrupted": fz.interrupted, "rounds": fz.round + 1,
+               "targets": [{**dataclasses.asdict(t), "id": t.id,
+                            "best_ratio": t.best_ratio if math.isfinite(t.best_ratio) else None}
+                           for t in fz.targets]}
+        with open(args.stats, "w") as fh:
+            json.dump(doc, fh, indent=1)
+    if any(t.status == "error" and t.message.startswith("binding error") for t in fz.targets):
+        return EXIT_USAGE
+    return EXIT_FOUND if any(t.status in ("found", "known") for t in fz.targets) else EXIT_CLEAN

@@ -1,0 +1,40 @@
+"""Family 13 (cases.md row 13): vocab-parallel softmax without the all-reduce of the max. Each TP rank
+shifts its vocab shard by its *local* max, exponentiates, and all-reduces the sums of exp and exp²:
+the terms of different shards are scaled by different factors, so Σπ² differs from the unsharded value
+whenever the shards' maxima differ (TP = 1 stays right; a shard of only ``-inf`` padding gives NaN)."""
+
+import torch
+import torch.distributed as dist
+
+from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.mutants._base import mutant
+
+
+class _LocalMaxSumPiSquared(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local_logits, group):
+        x = local_logits.detach().to(compute_dtype(local_logits.dtype))
+        m = x.amax(dim=-1, keepdim=True)            # local max only: no all-reduce(MAX)
+        e = (x - m).exp()
+        s = e.sum(-1, keepdim=True)
+        q = (e * e).sum(-1, keepdim=True)
+        dist.all_reduce(s, group=group)
+        dist.all_reduce(q, group=group)
+        spp = q / (s * s)
+        ctx.save_for_backward(e / s, spp)
+        ctx.in_dtype = local_logits.dtype
+        return spp.squeeze(-1).to(local_logits.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        p, spp = ctx.saved_tensors
+        return (2 * p * (p - spp) * grad.to(p.dtype).unsqueeze(-1)).to(ctx.in_dtype), None
+
+
+def vocab_parallel_sum_pi_squared(local_logits, group):
+    return _LocalMaxSumPiSquared.apply(local_logits, group)
+
+
+EXPECTED = [("vocab_parallel_sum_pi_squared", "matches_reference"),
+            ("vocab_parallel_sum_pi_squared", "partition_invariant")]
+binding = mutant("local_max", __doc__, vocab_parallel_sum_pi_squared=vocab_parallel_sum_pi_squared)

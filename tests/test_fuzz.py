@@ -1,0 +1,132 @@
+"""``rlconform fuzz``: finds and saves (shrunk) counterexamples of bundled mutants within seconds; the next
+``rlconform check`` in the same folder replays the saved case before drawing new examples and fails on
+it; Ctrl-C stops cleanly and keeps what was found; usage errors exit 2."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlconform.properties.case import load_case
+
+
+def cli(*args, cwd, timeout=600):
+    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout)
+
+
+# mutant, the op and property that fuzz should break (narrowed to keep the test short)
+FAMILIES = [
+    ("naive_entropy", "entropy", "finite_where_reference_finite"),
+    ("mean_of_shard_means", "metric_pipeline", "partition_invariant"),
+    ("forward_inplace", "token_logprobs", "non_destructive"),
+]
+
+
+@pytest.mark.parametrize("family,op,prop", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_fuzz_saves_counterexample_and_check_replays_it(tmp_path, family, op, prop):
+    engine = f"mutants.{family}"
+    proc = cli("fuzz", "--engine", engine, "--op", op, "--property", prop, "--seconds", "6", "--stats", "s.json",
+               cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "new counterexample" in proc.stdout
+    stats = json.loads((tmp_path / "s.json").read_text())
+    found = [t for t in stats["targets"] if t["status"] == "found"]
+    assert found and all(t["new"] and t["saved"] for t in found)
+    files = sorted(glob.glob(str(tmp_path / "rlconform-corpus" / "*" / "*.json")))
+    assert len(files) == len(found)
+    assert os.path.isdir(tmp_path / ".rlconform-fuzz-db")  # the persistent example database
+
+    # the saved case replays as a failure on its own ...
+    first = files[0]
+    case = load_case(first)
+    assert (case.op, case.property) == (op, prop)
+    rep = cli("replay", first, "--engine", engine, cwd=tmp_path)
+    assert rep.returncode == 1, rep.stdout + rep.stderr
+
+    # ... and `check` in the same folder replays it before drawing new examples: the finding fails on
+    # its first example, and its reproducer is the saved case
+    chk = cli("check", "--engine", engine, "--op", op, "--property", prop, "--dtype", case.dtype,
+              "--max-examples", "3", "--out", "rep", "-q", cwd=tmp_path)
+    assert chk.returncode == 1, chk.stdout[-3000:] + chk.stderr[-3000:]
+    doc = json.loads((tmp_path / "rep" / "report.json").read_text())
+    f = next(f for f in doc["findings"] if f["id"] == case.finding_id)
+    assert f["status"] in ("discrepancy", "crash")
+    assert f["examples_to_first_failure"] == 1
+    with open(f["reproducer"]["case_file"]) as fh:
+        reproduced = json.load(fh)
+    with open(first) as fh:
+        saved = json.load(fh)
+    assert reproduced["inputs"] == saved["inputs"]
+
+    # a second fuzz run knows it: nothing new saved, still exit 1
+    again = cli("fuzz", "--engine", engine, "--op", op, "--property", prop, "--dtype", case.dtype,
+                "--seconds", "2", cwd=tmp_path)
+    assert again.returncode == 1
+    assert "saved earlier, still fails" in again.stdout
+    assert sorted(glob.glob(str(tmp_path / "rlconform-corpus" / case.finding_id / "*.json"))) == \
+        [p for p in files if case.finding_id in p]
+
+
+def test_fuzz_clean_engine_exits_0(tmp_path):
+    proc = cli("fuzz", "--engine", "reference", "--op", "masked_mean", "--dtype", "float64", "--seconds", "2",
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no counterexample" in proc.stdout
+    assert not glob.glob(str(tmp_path / "rlconform-corpus" / "*" / "*.json"))
+
+
+def test_fuzz_usage_errors_exit_2(tmp_path):
+    assert cli("fuzz", "--engine", "nosuchengine", "--seconds", "1", cwd=tmp_path).returncode == 2
+    proc = cli("fuzz", "--engine", "reference", "--op", "nosuchop", "--seconds", "1", cwd=tmp_path)
+    assert proc.returncode == 2 and "unknown op 'nosuchop'" in proc.stderr
+    assert cli("fuzz", "--engine", "reference", "--minutes", "0", cwd=tmp_path).returncode == 2
+    assert cli("fuzz", "--minutes", "x", cwd=tmp_path).returncode == 2
+
+
+def _wait_for(proc, needle: str, timeout: float) -> str:
+    """Read proc's stdout line by line until ``needle`` shows up; return what was read."""
+    out = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        out.append(line)
+        if needle in line:
+            return "".join(out)
+    raise AssertionError(f"{needle!r} not seen in time:\n{''.join(out)}")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT")
+def test_ctrl_c_stops_cleanly_and_keeps_what_was_found(tmp_path):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlconform.harness.cli", "fuzz", "--engine", "mutants.mean_of_shard_means",
+         "--op", "metric_pipeline", "--minutes", "10", "--stats", "s.json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        _wait_for(proc, "new counterexample", timeout=120)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        stopped_in = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    assert stopped_in < 20
+    assert "(interrupted)" in out and "Traceback" not in err
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert stats["interrupted"]
+    saved = [t["saved"] for t in stats["targets"] if t["status"] == "found"]
+    assert saved and all(os.path.exists(tmp_path / p) for p in saved)
+    for p in saved:
+        load_case(tmp_path / p)  # complete, readable case files

@@ -1,0 +1,140 @@
+"""report.html: rendered from a real check run, self-contained, and loaded in headless Chromium, which must
+report no console error and every plot decoded (the page's script sets ``document.title`` to ``ok:N``).
+
+Chromium is Debian's ``chromium`` (``make browser`` installs it when run as root with apt); without it
+the browser tests skip and say so."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from rlconform.harness.html_report import render_html
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def _browser() -> str | None:
+    return next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+
+
+def load_in_browser(html_path: str) -> tuple[str, list[str]]:
+    """Load the page headless; return (document.title after load, console messages)."""
+    exe = _browser()
+    if exe is None:
+        pytest.skip("headless Chromium not found (install it: `make browser`, or apt-get install -y chromium)")
+    proc = subprocess.run(
+        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom",
+         "file://" + os.path.abspath(html_path)],
+        capture_output=True, text=True, timeout=120)
+    m = re.search(r"<title>(.*?)</title>", proc.stdout, re.S)
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    assert m, f"chromium dumped no DOM (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return m.group(1), console
+
+
+def cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def pipeline_report(tmp_path_factory):
+    """A real run: the mean-of-shard-means mutant's metric pipeline, 5 examples per finding."""
+    tmp = tmp_path_factory.mktemp("htmlrep")
+    proc = cli("check", "--engine", "mutants.mean_of_shard_means", "--op", "metric_pipeline", "--max-examples", "5",
+               "--out", "rep", "-q", cwd=tmp)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return tmp / "rep"
+
+
+def expected_plots(html: str) -> int:
+    return int(re.search(r'data-expected-plots="(\d+)"', html).group(1))
+
+
+def test_check_writes_a_self_contained_html_report(pipeline_report):
+    html = (pipeline_report / "report.html").read_text()
+    doc = json.loads((pipeline_report / "report.json").read_text())
+    # self-contained: no external resource of any kind
+    assert not re.search(r'(src|href)="(?!data:|#)', html)
+    assert "http://" not in html and "https://" not in html
+    # error-vs-imbalance plot and examples per op
+    assert expected_plots(html) == 2 and html.count('<img class="plot"') == 2
+    assert "metric_pipeline: error against shard imbalance" in html
+    # every non-pass finding with its message, worst input and reproducer command
+    bad = [f for f in doc["findings"] if f["status"] != "pass"]
+    assert bad
+    for f in bad:
+        assert f'id="{f["id"]}"' in html
+        assert f["reproducer"]["command"] in html
+    # the samples behind the plot: bounded, with the imbalance of each example
+    for f in doc["findings"]:
+        if f["property"] in ("matches_reference", "partition_invariant"):
+            assert f["samples"] and len(f["samples"]) <= 50
+            assert all(s["imbalance"] >= 0 and s["abs_err"] >= 0 for s in f["samples"])
+            assert any(not s["ok"] for s in f["samples"])  # the mutant fails: failing examples kept
+
+
+def test_report_command_rerenders(pipeline_report):
+    os.remove(pipeline_report / "report.html")
+    os.remove(pipeline_report / "report.md")
+    proc = cli("report", str(pipeline_report), cwd=pipeline_report)
+    assert proc.returncode == 0, proc.stderr
+    assert (pipeline_report / "report.html").exists() and (pipeline_report / "report.md").exists()
+    assert cli("report", str(pipeline_report / "nope"), cwd=pipeline_report).returncode == 2
+
+
+def test_html_loads_in_chromium_without_errors(pipeline_report):
+    html = (pipeline_report / "report.html").read_text()
+    title, console = load_in_browser(str(pipeline_report / "report.html"))
+    assert console == [], console
+    assert title == f"ok:{expected_plots(html)}", title
+
+
+def test_browser_check_catches_a_broken_plot(pipeline_report, tmp_path):
+    """The browser check can fail: a plot that does not decode turns the title into an error."""
+    html = (pipeline_report / "report.html").read_text()
+    broken = re.sub(r'src="data:image/png;base64,[^"]+"', 'src="data:image/png;base64,AAAA"', html, count=1)
+    path = tmp_path / "broken.html"
+    path.write_text(broken)
+    title, _ = load_in_browser(str(path))
+    assert title.startswith("error:plot did not load"), title
+
+
+def _token_finding(op, prop, dtype, regime, status="pass", rel=1e-7, ratio=0.05):
+    return {"id": f"{op}.{prop}.{dtype}.{regime}", "op": op, "property": prop, "dtype": dtype, "regime": regime,
+            "status": status, "examples": 20, "max_abs_err": rel, "max_rel_err": rel, "tolerance": 1e-6,
+            "max_ratio": ratio, "message": "value: engine nan vs reference 0.0" if status != "pass" else "",
+            "worst_input": "logits[1, 2]=[0.0, -inf]" if status != "pass" else None,
+            "reproducer": {"case_file": "x.json", "command": "rlconform replay x.json"} if status != "pass" else None,
+            "traceback": None, "xfail_listed": False, "samples": None}
+
+
+def test_softmax_heatmap_and_escaping(tmp_path):
+    """Token statistics get the dtype × regime heatmap; text from the report is escaped."""
+    from rlconform.harness.catalog import LOGITS_REGIMES
+
+    findings = [_token_finding(op, "matches_reference", d, r, ratio=10.0 ** (i % 5 - 3))
+                for op in ("entropy", "sum_pi_squared") for r, ds in LOGITS_REGIMES.items() for i, d in enumerate(ds)]
+    findings.append(_token_finding("entropy", "finite_where_reference_finite", "float32", "neg_inf_padded",
+                                   status="discrepancy", ratio=None))
+    findings[-1]["message"] = "<script>alert(1)</script>"
+    doc = {"schema": "rlconform.report/1", "tool": {"name": "rlconform", "version": "0"},
+           "engine": {"name": "synthetic", "spec": "x.py", "version": None},
+           "run": {"complete": True, "profile": "ci"}, "summary": {"pass": len(findings) - 1, "discrepancy": 1},
+           "findings": findings}
+    html = render_html(doc)
+    assert "<script>alert(1)</script>" not in html
+    assert expected_plots(html) == 2  # heatmap + examples per op (no partition op)
+    assert "softmax statistics: error by dtype and logits regime" in html
+    path = tmp_path / "report.html"
+    path.write_text(html)
+    title, console = load_in_browser(str(path))
+    assert console == [] and title == "ok:2", (title, console)
