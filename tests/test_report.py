@@ -1,0 +1,91 @@
+"""report.json / report.md: schema, reproducers that replay, and reports kept when a run is interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from rlconform.harness.report import SCHEMA
+
+REQUIRED = {"id", "op", "property", "dtype", "regime", "status", "examples", "max_abs_err", "max_rel_err",
+            "tolerance", "worst_input", "reproducer"}
+
+
+def cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
+                          timeout=600, **kw)
+
+
+def test_report_schema_and_reproducer(tmp_path):
+    out = tmp_path / "out"
+    proc = cli("check", "--engine", "mutants.mean_of_shard_means", "--op", "metric_pipeline", "--property",
+               "matches_reference", "--dtype", "float64", "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["schema"] == SCHEMA and doc["run"]["complete"]
+    assert doc["engine"]["spec"] == "mutants.mean_of_shard_means"
+    (finding,) = doc["findings"]
+    assert REQUIRED <= set(finding)
+    assert finding["status"] == "discrepancy" and finding["max_abs_err"] > 0
+    assert os.path.exists(finding["reproducer"]["case_file"])
+    assert finding["reproducer"]["command"].startswith("rlconform replay ")
+    md = (out / "report.md").read_text()
+    assert "discrepancy" in md and "metric_pipeline" in md
+    # the reproducer replays to the same verdict, and a fixed engine passes it
+    assert cli("replay", finding["reproducer"]["case_file"]).returncode == 1
+    fixed = cli("replay", finding["reproducer"]["case_file"], "--engine", "reference")
+    assert fixed.returncode == 0 and "PASS" in fixed.stdout
+
+
+def test_interrupted_run_keeps_the_findings_already_made(tmp_path):
+    binding = tmp_path / "slow_binding.py"
+    binding.write_text(textwrap.dedent("""
+        import time
+        from rlconform.harness import faithful as F
+        from rlconform.harness.binding import Binding
+        def entropy(logits):
+            time.sleep(120)  # hangs: the run is interrupted while here
+            return F.entropy(logits)
+        binding = Binding(name="slow", ops={"logsumexp": F.logsumexp, "entropy": entropy})
+    """))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", str(binding),
+                             "--max-examples", "2", "--dtype", "float32", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    report = out / "report.json"
+    deadline = time.time() + 240
+    from rlconform.harness.catalog import OPS
+
+    op = OPS["logsumexp"]
+    n_logsumexp = len(op.properties) * sum(d == "float32" for d, _ in op.cases())
+    while time.time() < deadline:
+        if report.exists():
+            try:
+                doc = json.loads(report.read_text())
+            except ValueError:
+                doc = {"findings": []}
+            if sum(f["op"] == "logsumexp" for f in doc["findings"]) >= n_logsumexp:
+                break
+        time.sleep(0.5)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    doc = json.loads(report.read_text())
+    assert doc["run"]["complete"] is False
+    assert sum(f["op"] == "logsumexp" and f["status"] == "pass" for f in doc["findings"]) == n_logsumexp
+    assert (out / "report.md").exists() and "incomplete run" in (out / "report.md").read_text()
+
+
+def test_engine_from_environment(tmp_path):
+    env = dict(os.environ, RLCONFORM_ENGINE="mutants.naive_entropy")
+    out = tmp_path / "out"
+    proc = cli("check", "--op", "entropy", "--property", "finite_where_reference_finite", "--dtype", "float32",
+               "--out", str(out), env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert json.loads((out / "report.json").read_text())["engine"]["spec"] == "mutants.naive_entropy"
