@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 OUT    ?= rlconform-report
 PYTEST_ARGS ?= -n 2
 
-.PHONY: setup engines check-verl check-reference test reports clean
+.PHONY: setup engines browser check-verl check-reference test reports clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,17 @@ check-verl: engines
 check-reference: setup
 	$(VENV)/bin/rlconform check --engine reference --out $(OUT)/reference $(CHECK_ARGS)
 
+# Headless Chromium for tests/test_html_report.py (which skips, saying why, without it). Installed only
+# when missing, and only as root with apt-get (Debian's `chromium`); otherwise a note, not an error.
+browser:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
+	    >/dev/null || echo "note: could not install chromium; the browser tests will skip"; \
+	else echo "note: chromium not found (not root or no apt-get); the browser tests will skip"; fi
+
 # Quick start 2: the self-tests, real engines included.
-test: engines
+test: engines browser
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
 # Regenerate the committed reports of the real engines.

@@ -286,3 +286,26 @@ def token_reduction_rank(ctx, payload: dict) -> list:
             results.append({"out": to_numpy(out), "out_dtype": dtype_name(out, payload["dtype"]),
                             "out_type": type(out).__module__ + "." + type(out).__name__})
     return results
+
+
+# ------------------------------------------------------------------------------------ self-tests
+def megatron_layout_probe(ctx, payload: dict) -> list:
+    """For each layout in ``payload["layouts"]``: this rank's TP / CP group members under Megatron's
+    parallel_state (activated through the per-layout cache) and the sequence positions Megatron's
+    ``get_batch_on_this_cp_rank`` gives this rank for ``arange(payload["seq_len"])``."""
+    import torch
+    import torch.distributed as dist
+
+    from rlconform.harness.bindings._compat import import_megatron
+
+    utils = import_megatron("megatron.core.utils")
+    out = []
+    for spec in payload["layouts"]:
+        ps = activate_parallel_state(Layout(**spec))
+        seq = payload["seq_len"]
+        batch = {"tokens": torch.arange(seq).reshape(1, seq), "cu_seqlens": None}
+        batch = utils.get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=ps.get_context_parallel_group())
+        out.append({"tp": dist.get_process_group_ranks(ps.get_tensor_model_parallel_group()),
+                    "cp": dist.get_process_group_ranks(ps.get_context_parallel_group()),
+                    "positions": batch["tokens"].reshape(-1).tolist()})
+    return out

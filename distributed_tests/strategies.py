@@ -1,9 +1,11 @@
 """Hypothesis strategies for the distributed checks (built on :mod:`rlconform.properties.strategies`).
 
-* :func:`vocab_parallel_inputs` — logits from :func:`~rlconform.properties.strategies.logits` (every logits
-  regime, vocab sizes including primes), vocab padded with ``-inf`` to a multiple of TP (Megatron pads V
-  to a multiple of TP), so a TP rank may hold a shard that is all ``-inf``; with CP the tokens are
-  flattened to ``[N, V]`` rows (at least one per CP rank) and split over the CP ranks.
+* :func:`vocab_parallel_inputs` — logits from :func:`~rlconform.properties.strategies.logits`. In the
+  ``*_neg_inf_padded`` regimes V is any size (primes included) padded with ``-inf`` to a multiple of TP
+  (Megatron pads V to a multiple of TP), so a TP rank may hold a shard that is all ``-inf``; the other
+  regimes draw V rounded up to a multiple of TP with finite logits, so that each regime isolates one
+  difficulty (an engine's NaN on ``-inf`` shows in the padded regime, not in every regime). With CP the
+  tokens are flattened to ``[N, V]`` rows (at least one per CP rank) and split over the CP ranks.
 * :func:`context_parallel_inputs` — a loss ``[B, T]`` and its mask (``all_on``, ``padded``, ``random``,
   ``all_off``), T padded with masked zeros to a multiple of ``2·cp`` (Megatron's load-balanced layout
   needs it), so CP ranks hold very different token counts.
@@ -38,7 +40,12 @@ def vocab_parallel_inputs(draw, op: str, dtype: str, regime: str):
     """``{"logits": [..., Vp], ["labels": [...],] "grad_output": [...], "vocab": V}`` (Vp = V padded)."""
     layout, data = parse_regime(regime)
     with_labels = op.endswith("token_logprobs")
-    d = draw(S.logits(dtype, _LOGITS_ALIASES.get(data, data), with_labels=with_labels))
+    logits_regime = _LOGITS_ALIASES.get(data, data)
+    if logits_regime == "neg_inf_padded":  # any V (primes too), padded with -inf to a multiple of TP
+        sizes = S.VOCAB_SIZES
+    else:  # V rounded up to a multiple of TP, all finite: the regime keeps its own difficulty only
+        sizes = tuple(sorted({-(-v // layout.tp) * layout.tp for v in S.VOCAB_SIZES}))
+    d = draw(S.logits(dtype, logits_regime, with_labels=with_labels, vocab_sizes=sizes))
     x, g = d["logits"], d["grad_output"]
     labels = d.get("labels")
     v = x.shape[-1]

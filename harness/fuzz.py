@@ -17,7 +17,8 @@ hypothesis' optimiser) carry over between slices and between runs. A counterexam
 to ``--shrink-seconds``, possibly past the budget) and saved under ``<corpus>/<finding id>/`` (default
 ``rlconform-corpus/``), which ``rlconform check`` replays before drawing new examples.
 
-Ctrl-C stops at once and keeps what was found (a counterexample being shrunk is saved as shrunk so far).
+Ctrl-C (or SIGTERM) stops at once and keeps what was found (a counterexample being shrunk is saved as
+shrunk so far).
 Exit codes: 0 no counterexample, 1 counterexamples (new, or saved ones that still fail), 2 usage or
 binding error.
 """
@@ -71,8 +72,17 @@ class Target:
         return self.seconds / self.examples if self.examples else 0.005
 
 
+def _interleave(lists: list[list]) -> list:
+    out = []
+    for i in range(max((len(x) for x in lists), default=0)):
+        out.extend(x[i] for x in lists if i < len(x))
+    return out
+
+
 def select_targets(binding, ops=(), properties=(), dtypes=()) -> list[Target]:
-    """The findings the binding provides, filtered; ops interleaved (one finding of each op in turn)."""
+    """The findings the binding provides, filtered, in breadth-first order: ops interleaved; within an
+    op its properties, and within a property its regimes, so that round 0 looks at every op × property
+    × regime early."""
     from rlconform.harness.catalog import OPS
 
     per_op = []
@@ -80,14 +90,17 @@ def select_targets(binding, ops=(), properties=(), dtypes=()) -> list[Target]:
     for op in OPS.values():
         if op.name not in provided or (ops and op.name not in ops):
             continue
-        ts = [Target(op.name, prop, dtype, regime) for prop in op.properties for dtype, regime in op.cases()
-              if (not properties or prop in properties) and (not dtypes or dtype in dtypes)]
+        per_regime: dict[str, list[str]] = {}
+        for dtype, regime in op.cases():
+            if not dtypes or dtype in dtypes:
+                per_regime.setdefault(regime, []).append(dtype)
+        cases = _interleave([[(d, r) for d in ds] for r, ds in per_regime.items()])
+        per_prop = [[Target(op.name, prop, d, r) for d, r in cases] for prop in op.properties
+                    if not properties or prop in properties]
+        ts = _interleave(per_prop)
         if ts:
             per_op.append(ts)
-    out = []
-    for i in range(max((len(ts) for ts in per_op), default=0)):
-        out.extend(ts[i] for ts in per_op if i < len(ts))
-    return out
+    return _interleave(per_op)
 
 
 class Fuzzer:
@@ -407,11 +420,21 @@ def cmd_fuzz(args) -> int:
                 shrink_seconds=args.shrink_seconds, on_found=on_found)
     console.print(f"rlconform fuzz {spec}: {len(targets)} findings, budget {seconds:.0f} s, corpus {args.corpus}/, "
                   f"database {args.db}/", highlight=False)
-    if args.quiet or not console.is_terminal:
-        fz.run()
-    else:
-        with Live(console=console, refresh_per_second=4, transient=True, get_renderable=lambda: _progress(fz, spec)):
+    import signal
+
+    def on_term(signum, frame):  # `timeout`, `kill`: stop like Ctrl-C, keeping what was found
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    try:
+        if args.quiet or not console.is_terminal:
             fz.run()
+        else:
+            with Live(console=console, refresh_per_second=4, transient=True,
+                      get_renderable=lambda: _progress(fz, spec)):
+                fz.run()
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
     _print_summary(console, fz, spec)
     if args.stats:
         doc = {"engine": spec, "seconds": fz.elapsed(), "budget": seconds, "examples": fz.total_examples,

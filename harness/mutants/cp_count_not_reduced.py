@@ -3,7 +3,6 @@ all-reduces the masked loss *sum* over the CP group but divides by its own token
 sequence of 8 tokens of loss 1.0 split 4/4 over CP = 2 gives 8/4 = 2.0 instead of 1.0 (CP = 1 stays
 right)."""
 
-import torch
 import torch.distributed as dist
 
 from rlconform.harness.faithful import compute_dtype
@@ -18,5 +17,5 @@ def cp_masked_mean(local_values, local_mask, group):
     return (total / m.sum()).to(local_values.dtype)  # local nnz: not reduced over CP
 
 
-EXPECTED = [("cp_masked_mean", "partition_invariant"), ("cp_masked_mean", "matches_reference")]
+EXPECTED = [("cp_masked_mean", "partition_invariant")]
 binding = mutant("cp_count_not_reduced", __doc__, cp_masked_mean=cp_masked_mean)
