@@ -22,8 +22,21 @@ def _mini(parts):
     return _dp_avg(parts)
 
 
-EXPECTED = [("metric_pipeline", "matches_reference"), ("metric_pipeline", "partition_invariant")]
-binding = mutant("dp_mean_of_ratios", __doc__, metric_pipeline=MetricPipeline(
+def dp_metric_all_reduce(local_values, local_mask, group):
+    """On real DP ranks: each rank's masked mean, all-reduced with AVG (SUM / world size)."""
+    import torch
+    import torch.distributed as dist
+
+    m = local_mask.to(torch.float64)
+    n = m.sum()
+    local = (local_values.detach().double() * m).sum() / n.clamp(min=1)
+    dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
+    return float(local) / dist.get_world_size(group)
+
+
+EXPECTED = [("metric_pipeline", "matches_reference"), ("metric_pipeline", "partition_invariant"),
+            ("dp_metric_all_reduce", "matches_reference")]
+binding = mutant("dp_mean_of_ratios", __doc__, dp_metric_all_reduce=dp_metric_all_reduce, metric_pipeline=MetricPipeline(
     emit=emit_sums, reduce_micro=_rank_mean, reduce_dp=_dp_avg, reduce_mini=_mini, finalize=dict,
     stats={"mean": "x_mean"}, emitted_to_final={"x_sum": "x_mean", "x_m2": "x_mean", "x_nnz": "x_nnz",
                                                 "x_min": "x_mean", "x_max": "x_mean"}))
