@@ -41,8 +41,10 @@ browser:
 	else echo "note: chromium not found (not root or no apt-get); the browser tests will skip"; fi
 
 # Quick start 2: the self-tests, real engines included.
+# -P and PYTHONSAFEPATH (inherited by xdist workers and subprocesses): the checkout root is never on
+# sys.path, so a bare `import reference` cannot work by accident.
 test: engines browser
-	$(PY) -m pytest $(PYTEST_ARGS) tests
+	PYTHONSAFEPATH=1 $(PY) -P -m pytest $(PYTEST_ARGS) tests
 
 # Regenerate the committed reports of the real engines.
 reports: engines

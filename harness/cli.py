@@ -115,12 +115,23 @@ def cmd_check(args) -> int:
     from rlconform.harness.engines import load_engine
     from rlconform.harness.xfails import parse_xfails
 
-    try:  # fail fast, with exit code 2, on a bad engine or ledger
+    from rlconform.harness.catalog import FLOAT_DTYPES, OPS, PROPERTIES
+
+    try:  # fail fast, with exit code 2, on a bad engine, filter or ledger
         binding = load_engine(args.engine, args.engine_path)
         if args.xfails:
             parse_xfails(args.xfails)
     except BindingError as exc:
         return _usage_error(str(exc))
+    for flag, values, known in (("--op", args.op, OPS), ("--property", args.property, PROPERTIES),
+                                ("--dtype", args.dtype, FLOAT_DTYPES)):
+        unknown = [v for v in values if v not in known]
+        if unknown:
+            return _usage_error(f"unknown {flag} {', '.join(unknown)}; choose from {', '.join(known)}")
+    missing = [op for op in args.op if op not in binding.provided_ops()]
+    if missing:
+        return _usage_error(f"engine {binding.spec!r} does not bind {', '.join(missing)}; it binds "
+                            f"{', '.join(binding.provided_ops())}")
     spec = binding.spec
     corpus = args.corpus
     if corpus is None and os.path.isdir("rlconform-corpus"):

@@ -40,8 +40,10 @@ ROUND0_EXAMPLES = 4      # examples per finding in the first, breadth-first roun
 FIRST_SLICE_S = 0.25     # time slice per finding in round 1; doubles every round
 
 
-class _Stop(BaseException):
-    """Raised inside the hypothesis test to end a slice (a BaseException: hypothesis lets it through)."""
+class _Stop(KeyboardInterrupt):
+    """Raised inside the hypothesis test to end a slice. Hypothesis lets a KeyboardInterrupt through
+    without saving the interrupted example to the database (any other BaseException would be saved as
+    a failure, and a later run would replay it as an already-shrunk counterexample)."""
 
 
 @dataclasses.dataclass
@@ -137,13 +139,14 @@ class Fuzzer:
 
     def settings(self):
         if self._settings is None:
-            from hypothesis import HealthCheck, Verbosity, settings
+            from hypothesis import HealthCheck, Phase, Verbosity, settings
             from hypothesis.database import DirectoryBasedExampleDatabase
 
             db = DirectoryBasedExampleDatabase(self.db) if self.db else None
             self._settings = settings(deadline=None, database=db, derandomize=False, report_multiple_bugs=False,
                                       suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
-                                      print_blob=False, max_examples=ROUND0_EXAMPLES)
+                                      print_blob=False, max_examples=ROUND0_EXAMPLES,
+                                      phases=[p for p in Phase if p != Phase.explain])
         return self._settings
 
     # -- the run ----------------------------------------------------------------------------------
@@ -373,8 +376,9 @@ def _print_summary(console, fz: Fuzzer, spec: str) -> None:
     console.print(f"[bold red]{len(found)} finding(s) with a counterexample[/] ({new} new) saved under "
                   f"{fz.corpus}/; `rlconform check --engine {spec}` replays them first", highlight=False)
     for t in found:
-        when = (f"after {t.found_after_examples} examples of this finding, {t.found_after_seconds:.1f} s, "
-                f"{t.found_after_total_examples} examples in all") if t.found_after_seconds is not None \
+        n = t.found_after_examples
+        when = (f"after {n} example{'s' if n != 1 else ''} of this finding, {t.found_after_seconds:.1f} s, "
+                f"{t.found_after_total_examples} in all") if t.found_after_seconds is not None \
             else "saved earlier, still fails"
         first = (t.message or "").strip().splitlines()
         console.print(f"  [red]{'new' if t.new else 'known'}[/] {t.id} ({when})"
@@ -409,7 +413,7 @@ def cmd_fuzz(args) -> int:
         print("rlconform: error: the selection holds no finding of this engine (see `rlconform list-ops`)",
               file=sys.stderr)
         return EXIT_USAGE
-    console = Console(stderr=False, width=120 if not sys.stdout.isatty() else None)
+    console = Console(soft_wrap=True)  # long paths and commands stay on one line (copy-pasteable)
     spec = binding.spec
 
     def on_found(t: Target) -> None:

@@ -75,6 +75,18 @@ def test_fuzz_saves_counterexample_and_check_replays_it(tmp_path, family, op, pr
         [p for p in files if case.finding_id in p]
 
 
+def test_counterexample_is_shrunk_when_the_database_holds_a_clean_run(tmp_path):
+    """Slices of a clean run end mid-example; those examples must not land in the database as failures
+    (a later run would replay them as already shrunk and save them unshrunk)."""
+    sel = ["--op", "metric_pipeline", "--property", "matches_reference", "--dtype", "float32"]
+    assert cli("fuzz", "--engine", "reference", *sel, "--seconds", "3", cwd=tmp_path).returncode == 0
+    proc = cli("fuzz", "--engine", "mutants.mean_of_shard_means", *sel, "--seconds", "3", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (path,) = glob.glob(str(tmp_path / "rlconform-corpus" / "*" / "*.json"))
+    case = load_case(path)
+    assert case.inputs["values"].shape[0] <= 3 and case.inputs["values"].size <= 3, case.summary()
+
+
 def test_fuzz_clean_engine_exits_0(tmp_path):
     proc = cli("fuzz", "--engine", "reference", "--op", "masked_mean", "--dtype", "float64", "--seconds", "2",
                cwd=tmp_path)

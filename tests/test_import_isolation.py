@@ -95,8 +95,9 @@ def test_pytest_process_puts_nothing_of_the_checkout_on_the_path(request):
     assert request.config.getoption("importmode") == "importlib", "run pytest with --import-mode=importlib"
     cwd = Path.cwd().resolve()
     on_path = [p for p in sys.path if (Path(p).resolve() if p else cwd) == REPO.resolve()]
-    # `python -m pytest` run from the checkout root puts the cwd first (-P would not); nothing else may
-    allowed = int("-m" in getattr(sys, "orig_argv", []) and not sys.flags.safe_path and cwd == REPO.resolve())
+    # without -P / PYTHONSAFEPATH (`make test` sets both), `python -m pytest` and pytest-xdist's workers
+    # put the cwd first when run from the checkout root; nothing else may
+    allowed = int(not sys.flags.safe_path and cwd == REPO.resolve())
     assert len(on_path) <= allowed, f"the checkout root is on sys.path {len(on_path)} times: {sys.path}"
     for name in BARE:
         mod = sys.modules.get(name)
