@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import random
 import sys
 import time

@@ -53,6 +53,7 @@ def _atomic_write(path: str, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is for everyone who can read the folder
     os.replace(tmp, path)
 
 

@@ -123,7 +123,9 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_found(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlconform.harness.cli", "fuzz", "--engine", "mutants.mean_of_shard_means",
          "--op", "metric_pipeline", "--minutes", "10", "--stats", "s.json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+        # a background job may inherit SIGINT ignored; the child must get Python's default handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for(proc, "new counterexample", timeout=120)
         t0 = time.monotonic()
