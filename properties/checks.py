@@ -198,15 +198,15 @@ def check_token_stat(binding: Binding, case: Case) -> Outcome:
         bad = fin & ~np.isfinite(out_np)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            outcome.fail(f"value: engine {out_np.reshape(-1)[i]!r} where the reference is finite "
-                         f"({np.asarray(ref).reshape(-1)[i]!r}) at flat index {i}")
+            outcome.fail(f"value: engine {float(out_np.reshape(-1)[i])!r} where the reference is finite "
+                         f"({float(np.asarray(ref).reshape(-1)[i])!r}) at flat index {i}")
         if grad is not None:
             g = as_numpy(grad)
             gbad = representable(ref_grad, _out_dtype(grad, case.dtype)) & ~np.isfinite(g)
             if gbad.any():
                 i = int(np.flatnonzero(gbad)[0])
-                outcome.fail(f"gradient: engine {g.reshape(-1)[i]!r} where the reference gradient is finite "
-                             f"({ref_grad.reshape(-1)[i]!r}) at flat index {i}")
+                outcome.fail(f"gradient: engine {float(g.reshape(-1)[i])!r} where the reference gradient is finite "
+                             f"({float(ref_grad.reshape(-1)[i])!r}) at flat index {i}")
         return outcome
     raise ValueError(f"property {prop!r} does not apply to {case.op}")
 
@@ -505,7 +505,7 @@ def check_advantage(binding: Binding, case: Case) -> Outcome:
             bad = representable(ref, case.dtype) & ~np.isfinite(g)
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                outcome.fail(f"{label}: engine {g.reshape(-1)[i]!r} where the reference is finite at flat index {i}")
+                outcome.fail(f"{label}: engine {float(g.reshape(-1)[i])!r} where the reference is finite at flat index {i}")
         return outcome
     raise ValueError(f"property {case.property!r} does not apply to {case.op}")
 
