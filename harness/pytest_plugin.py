@@ -309,6 +309,22 @@ def _classify(excinfo) -> str:
     return "discrepancy" if "discrepancy" in found else "crash"
 
 
+def _crash_message(exc: BaseException) -> str:
+    """The engine's own error when it is inside (possibly grouped, possibly flaky) hypothesis errors."""
+    from rlconform.properties.checks import EngineCrash
+
+    pending = [exc]
+    while pending:
+        e = pending.pop(0)
+        if isinstance(e, EngineCrash):
+            flaky = " (it did not fail again when hypothesis replayed the case)" if exc is not e and \
+                type(exc).__name__ == "FlakyFailure" else ""
+            return f"{e}{flaky}"[:4000]
+        if isinstance(e, BaseExceptionGroup):
+            pending.extend(e.exceptions)
+    return f"{type(exc).__name__}: {exc}"[:4000]
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -331,11 +347,11 @@ def pytest_runtest_makereport(item, call):
         status = "xpass"
     else:
         status = _classify(call.excinfo)
-        tb = "".join(traceback.format_exception(call.excinfo.value))[-6000:] if call.excinfo else None
+        tb = "".join(traceback.format_exception(call.excinfo.value))[-30000:] if call.excinfo else None
     if status == "xpass":
         rec.message = "listed in the xfails ledger but now passes: remove it from the ledger"
     elif status == "crash" and call.excinfo is not None and not rec.message:
-        rec.message = f"{type(call.excinfo.value).__name__}: {call.excinfo.value}"[:2000]
+        rec.message = _crash_message(call.excinfo.value)
     if status == "xfail" and not rec.message:
         rec.message = str(getattr(report, "wasxfail", ""))
     reproducer = rec.save_reproducer() if status in ("discrepancy", "crash", "xfail") else None
