@@ -185,6 +185,8 @@ class Binding:
     ``version``/``path``/``revision``: recorded in the report (a fork's checkout and git revision).
     ``notes``: free text shown in the report (e.g. which engine function each op calls).
     ``spec``: the ``--engine`` value it was loaded from (set by the loader; used in reproducers).
+    ``forward_only``: ops whose gradient is not part of the engine's contract (e.g. a statistic always
+    computed detached): their values are checked, their gradients are not.
     """
 
     name: str
@@ -194,6 +196,7 @@ class Binding:
     revision: str | None = None
     notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     spec: str | None = None
+    forward_only: frozenset = frozenset()
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def provided_ops(self) -> list[str]:

@@ -7,8 +7,9 @@
     rlconform ledger DIR/report.json > xfails.txt
     rlconform list-ops | list-engines | --version
 
-Exit codes: 0 clean, 1 discrepancies (or crashes, or ledger entries that now pass), 2 usage or binding
-error. A report already written is never removed.
+Exit codes: 0 clean, 1 discrepancies (or crashes, unavailable ops, ledger entries that now pass), 2 usage
+or binding error, 130 interrupted (Ctrl-C) before anything failed. A report already written is never
+removed; an interrupted run's report says it is incomplete.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import sys
 import tempfile
 
-EXIT_CLEAN, EXIT_DISCREPANCY, EXIT_USAGE = 0, 1, 2
+EXIT_CLEAN, EXIT_DISCREPANCY, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--property", action="append", default=[], help="only this property (repeatable)")
     c.add_argument("--dtype", action="append", default=[], help="only this dtype (repeatable)")
     c.add_argument("--profile", default="ci", choices=["dev", "ci", "nightly"], help="hypothesis profile")
-    c.add_argument("--max-examples", type=int, default=None, help="examples per finding (overrides the profile)")
+    c.add_argument("--max-examples", type=_positive_int, default=None,
+                   help="examples per finding (overrides the profile)")
     c.add_argument("--seed", type=int, default=None, help="random seed (disables derandomization)")
     c.add_argument("--xfails", default=None, help="ledger of known discrepancies, one finding id per line")
     c.add_argument("--corpus", default=None, help="corpus of saved counterexamples to replay first "
@@ -77,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list-ops", help="list the op catalog")
     sub.add_parser("list-engines", help="list the built-in engines and mutants")
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _engine_args(p) -> None:
@@ -132,6 +144,13 @@ def cmd_check(args) -> int:
     if missing:
         return _usage_error(f"engine {binding.spec!r} does not bind {', '.join(missing)}; it binds "
                             f"{', '.join(binding.provided_ops())}")
+    selected = [(op.name, p, d) for op in OPS.values() if op.name in binding.provided_ops()
+                for p in op.properties for d, _ in op.cases()
+                if (not args.op or op.name in args.op) and (not args.property or p in args.property)
+                and (not args.dtype or d in args.dtype)]
+    if not selected:
+        return _usage_error("no finding matches the filters (a property may not apply to the op, or the op "
+                            "not to the dtype); see `rlconform list-ops`")
     spec = binding.spec
     corpus = args.corpus
     if corpus is None and os.path.isdir("rlconform-corpus"):
@@ -145,7 +164,7 @@ def cmd_check(args) -> int:
             "-p", "rlconform.harness.pytest_plugin", "--rlconform-engine", spec,
             "--rlconform-out", args.out, "--rlconform-profile", args.profile,
             "--rlconform-command", " ".join(["rlconform"] + sys.argv[1:]),
-            "-q" if not args.quiet else "-qq", "--no-header", "-rN", "--tb=line",
+            "-q" if not args.quiet else "-qq", "--no-header", "-rN", "--tb=no",
         ]
         if args.engine_path:
             argv += ["--rlconform-engine-path", args.engine_path]
@@ -179,12 +198,14 @@ def cmd_check(args) -> int:
     from rlconform.harness.summary import print_summary
 
     print_summary(doc)
+    from rlconform.harness.report import FAILING
+
     if any(f.get("binding_error") for f in doc["findings"]):
         return EXIT_USAGE
-    if int(code) == 2:  # interrupted
-        return EXIT_DISCREPANCY if any(f["status"] in ("discrepancy", "crash", "xpass") for f in doc["findings"]) else EXIT_USAGE
-    if any(f["status"] in ("discrepancy", "crash", "xpass") for f in doc["findings"]):
+    if any(f["status"] in FAILING for f in doc["findings"]):
         return EXIT_DISCREPANCY
+    if int(code) == 2:  # interrupted before anything failed
+        return EXIT_INTERRUPTED
     return EXIT_CLEAN
 
 

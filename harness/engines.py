@@ -61,7 +61,8 @@ def _as_binding(obj, where: str) -> Binding:
             raise BindingError(f"{where}: binding factory raised {type(exc).__name__}: {exc}") from exc
         if isinstance(obj, Binding):
             return obj
-    raise BindingError(f"{where} is a {type(obj).__name__}, not an rlconform Binding")
+    raise BindingError(f"{where}: `binding` is a {type(obj).__name__}, not an rlconform Binding "
+                       f"(rlconform.harness.binding.Binding)")
 
 
 def _import_target(target: str) -> Binding:
@@ -147,7 +148,8 @@ def load_engine(spec: str | None = None, engine_path: str | None = None) -> Bind
     elif spec.endswith(".py"):
         if not os.path.isfile(spec):
             raise BindingError(f"binding file {spec} does not exist")
-        binding = _load_file(os.path.abspath(spec))
+        spec = os.path.abspath(spec)  # reproducers replay from any directory
+        binding = _load_file(spec)
     elif ":" in spec:
         binding = _import_target(spec)
     else:

@@ -239,6 +239,8 @@ class FindingRecorder:
         self.current = None
         self.failing = None
         self.first_failure_at = None  # examples run until the first failing one (before shrinking)
+        self.shrink_steps = 0
+        self._best_ratio = -1.0
         self.message = ""
         self.unavailable_detail = None
         self.binding_error = None
@@ -246,8 +248,13 @@ class FindingRecorder:
         self.samples = SampleReservoir()
 
     def start(self, case) -> None:
+        """A new call of the check: counted as an example until the first failure, after that as a
+        shrinking step (hypothesis replays variants of the failing input)."""
         self.current = case
-        self.examples += 1
+        if self.first_failure_at is None:
+            self.examples += 1
+        else:
+            self.shrink_steps += 1
 
     def crashed(self) -> None:
         """The engine raised on the current case."""
@@ -261,11 +268,12 @@ class FindingRecorder:
         self.max_ratio = max(self.max_ratio, outcome.ratio)
         if self.current is not None:
             self.samples.offer(self.current, outcome)
-        if outcome.tolerance:
-            self.tolerance = outcome.tolerance if self.tolerance is None else min(self.tolerance, outcome.tolerance)
-        if not outcome.ok:
+        if not outcome.ok:  # the tolerance reported is the one the (last, shrunk) failure exceeded
             self.failing = self.current
             self.message = outcome.message
+            self.tolerance = outcome.tolerance or self.tolerance
+        elif self.failing is None and outcome.tolerance and outcome.ratio >= self._best_ratio:
+            self._best_ratio, self.tolerance = outcome.ratio, outcome.tolerance
             if self.first_failure_at is None:
                 self.first_failure_at = self.examples
 
@@ -336,7 +344,7 @@ def pytest_runtest_makereport(item, call):
     listed = rec.id in rec.state.xfails
     tb = None
     if rec.unavailable_detail is not None:
-        status = "unavailable"
+        status = "xfail" if listed else "unavailable"
     elif hasattr(report, "wasxfail") and report.skipped:
         status = "xfail"
     elif report.passed and listed:
@@ -359,6 +367,7 @@ def pytest_runtest_makereport(item, call):
         "id": rec.id, "op": op, "property": prop, "dtype": dtype, "regime": regime, "status": status,
         "examples": rec.examples,
         "examples_to_first_failure": rec.first_failure_at,
+        "shrink_steps": rec.shrink_steps,
         "max_abs_err": rec.max_abs_err, "max_rel_err": rec.max_rel_err,
         "tolerance": rec.tolerance, "message": rec.unavailable_detail or rec.message,
         "worst_input": (rec.failing or rec.current).summary() if status in ("discrepancy", "crash", "xfail")

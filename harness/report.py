@@ -37,7 +37,8 @@ from importlib import metadata
 
 SCHEMA = "rlconform.report/1"
 STATUSES = ("discrepancy", "crash", "xpass", "unavailable", "xfail", "pass")
-FAILING = ("discrepancy", "crash", "xpass")
+#: statuses that make a run red: an unavailable op too (a renamed or broken function must not pass CI)
+FAILING = ("discrepancy", "crash", "xpass", "unavailable")
 
 
 def tool_version() -> str:
@@ -137,8 +138,14 @@ def _fmt(x) -> str:
     return str(x)
 
 
+#: GitHub refuses comments over 65,536 characters
+MARKDOWN_LIMIT = 60_000
+
+
 def render_markdown(doc: dict) -> str:
-    """A summary fit for a pull-request comment: counts, then the failing findings first."""
+    """A summary fit for a pull-request comment: counts, then one row per status × op × property with the
+    dtypes and regimes it covers (failing groups first), then one worst example per group. Stays under
+    :data:`MARKDOWN_LIMIT` characters; report.json holds every finding."""
     eng = doc["engine"]
     s = doc["summary"]
     lines = [
@@ -152,24 +159,40 @@ def render_markdown(doc: dict) -> str:
         " · ".join(f"{k}: **{v}**" for k, v in s.items() if v),
         "",
     ]
-    bad = [f for f in doc["findings"] if f["status"] != "pass"]
-    if bad:
-        lines += ["| status | op | property | dtype | regime | examples | max abs err | max rel err | tolerance | reproduce |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for f in bad:
-            rep = f.get("reproducer") or {}
+    groups: dict[tuple, list] = {}
+    for f in doc["findings"]:
+        if f["status"] != "pass":
+            groups.setdefault((f["status"], f["op"], f["property"]), []).append(f)
+    order = {st: i for i, st in enumerate(STATUSES)}
+    keys = sorted(groups, key=lambda k: (order.get(k[0], 99), k[1], k[2]))
+
+    def worst(fs):
+        return max(fs, key=lambda f: (f.get("max_ratio") is None, f.get("max_ratio") or 0, f.get("max_abs_err") or 0))
+
+    if keys:
+        lines += ["| status | op | property | findings | dtypes | regimes | worst abs err | reproduce (worst) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for k in keys:
+            fs = groups[k]
+            w = worst(fs)
+            rep = w.get("reproducer") or {}
             lines.append(
-                f"| {f['status']} | {f['op']} | {f['property']} | {f['dtype']} | {f['regime']} | {f['examples']} | "
-                f"{_fmt(f.get('max_abs_err'))} | {_fmt(f.get('max_rel_err'))} | {_fmt(f.get('tolerance'))} | "
+                f"| {k[0]} | {k[1]} | {k[2]} | {len(fs)} | {', '.join(sorted({f['dtype'] for f in fs}))} | "
+                f"{', '.join(sorted({f['regime'] for f in fs}))} | {_fmt(w.get('max_abs_err'))} | "
                 + (f"`{rep['command']}`" if rep.get("command") else "") + " |")
-        lines.append("")
-        lines.append("<details><summary>details</summary>\n")
-        for f in bad:
-            msg = (f.get("message") or "").strip().replace("\n", "\n    ")
-            lines.append(f"- **{f['id']}** ({f['status']}): \n\n    {msg}\n")
-            if f.get("worst_input"):
-                lines.append(f"    worst input: `{f['worst_input'][:400]}`\n")
+        lines += ["", "<details><summary>one example per row</summary>\n"]
+        budget = MARKDOWN_LIMIT - sum(len(x) + 1 for x in lines) - 400
+        for n, k in enumerate(keys):
+            w = worst(groups[k])
+            msg = (w.get("message") or "").strip()[:700].replace("\n", "\n    ")
+            entry = f"- **{w['id']}** ({w['status']}):\n\n    {msg}\n"
+            if w.get("worst_input"):
+                entry += f"\n    input: `{w['worst_input'][:300]}`\n"
+            if len(entry) > budget:
+                lines.append(f"- … {len(keys) - n} more rows: see report.json")
+                break
+            budget -= len(entry)
+            lines.append(entry)
         lines.append("</details>\n")
-    npass = s.get("pass", 0)
-    lines.append(f"{npass} finding(s) pass.")
+    lines.append(f"{s.get('pass', 0)} finding(s) pass.")
     return "\n".join(lines) + "\n"

@@ -42,12 +42,14 @@ def print_summary(doc: dict, console: Console | None = None) -> None:
     console.print(table)
     s = doc["summary"]
     console.print("  ".join(f"{k}: {v}" for k, v in s.items() if v) or "no findings")
-    bad = [f for f in doc["findings"] if f["status"] in ("discrepancy", "crash", "xpass")]
+    if not doc["run"].get("complete"):
+        console.print("[bold yellow]INCOMPLETE RUN[/] (interrupted): the report holds the findings made so far")
+    bad = [f for f in doc["findings"] if f["status"] in ("discrepancy", "crash", "xpass", "unavailable")]
     for f in bad[:12]:
         first = (f.get("message") or "").strip().splitlines()[:1]
         console.print(f"[{_STYLE[f['status']]}]{f['status']}[/] {f['id']}: {first[0] if first else ''}"[:400],
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
         if f.get("reproducer"):
-            console.print(f"    reproduce: {f['reproducer']['command']}", highlight=False)
+            console.print(f"    reproduce: {f['reproducer']['command']}", highlight=False, soft_wrap=True)
     if len(bad) > 12:
         console.print(f"... and {len(bad) - 12} more (see report.md)")

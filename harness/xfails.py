@@ -35,12 +35,22 @@ def parse_xfails(path: str, extra_ops: tuple[str, ...] = ()) -> dict[str, str]:
         m = _ID.match(text)
         if not m:
             raise XfailsError(f"{path}:{n}: malformed finding id {text!r} (expected op.property.dtype.regime)")
-        op, prop, dtype, _regime = m.groups()
-        if op not in OPS and op not in extra_ops and not op.startswith("vocab_parallel_") and not op.startswith("cp_"):
+        op, prop, dtype, regime = m.groups()
+        if op not in OPS and op not in extra_ops:
             raise XfailsError(f"{path}:{n}: unknown op {op!r} in {text!r}")
         if prop not in PROPERTIES:
             raise XfailsError(f"{path}:{n}: unknown property {prop!r} in {text!r} (one of {', '.join(PROPERTIES)})")
         if dtype not in FLOAT_DTYPES:
             raise XfailsError(f"{path}:{n}: unknown dtype {dtype!r} in {text!r}")
+        info = OPS.get(op)
+        if info is not None:
+            if prop not in info.properties:
+                raise XfailsError(f"{path}:{n}: property {prop!r} does not apply to {op!r} "
+                                  f"(it has {', '.join(info.properties)})")
+            if regime not in info.regimes:
+                raise XfailsError(f"{path}:{n}: unknown regime {regime!r} for {op!r} "
+                                  f"(one of {', '.join(info.regimes)})")
+            if dtype not in info.regimes[regime]:
+                raise XfailsError(f"{path}:{n}: regime {regime!r} of {op!r} is not checked in {dtype}")
         out[text] = comment.strip()
     return out

@@ -172,8 +172,13 @@ def check_token_stat(binding: Binding, case: Case) -> Outcome:
     ref = _ref_token(case, logits64)
     leaf = x.clone().requires_grad_(True)
     out = _call(f"{case.op} forward", fn, *_token_args(case, leaf))
+    if tuple(np.shape(as_numpy(out))) != tuple(np.shape(ref)):
+        outcome.fail(f"value: the engine returned shape {tuple(np.shape(as_numpy(out)))}, expected "
+                     f"{tuple(np.shape(ref))} (logits {tuple(logits64.shape)} -> one value per token)")
+        return outcome
     grad = None
-    if isinstance(out, torch.Tensor) and out.requires_grad and get_op(case.op).differentiable:
+    if isinstance(out, torch.Tensor) and out.requires_grad and get_op(case.op).differentiable \
+            and case.op not in binding.forward_only:
         try:
             (out.to(torch.float64) * grad_out).sum().backward()
         except Exception as exc:  # noqa: BLE001
@@ -245,6 +250,9 @@ def check_reduction(binding: Binding, case: Case) -> Outcome:
             outcome.fail(m.describe())
         return outcome
     faithful = getattr(F, case.op)(*args)
+    if as_numpy(out).size != 1:
+        outcome.fail(f"value: the engine returned shape {tuple(np.shape(as_numpy(out)))}, expected a scalar")
+        return outcome
     out_np = as_numpy(out).reshape(())
     out_dtype = _out_dtype(out, case.dtype)
     if case.property == MATCHES_REFERENCE:

@@ -145,6 +145,9 @@ def test_xfails_ledger(tmp_path):
     ("entropy.matches_reference.float33.moderate", "unknown dtype"),
     ("not an id at all", "malformed"),
     ("entropyy.matches_reference.float32.moderate", "unknown op"),
+    ("entropy.finite_where_reference_finite.float32.neg_inf_paded", "unknown regime"),
+    ("entropy.partition_invariant.float32.moderate", "does not apply"),
+    ("entropy.matches_reference.float32.fp16_extreme", "not checked in float32"),
 ])
 def test_malformed_xfails_names_the_line(tmp_path, line, words):
     ledger = tmp_path / "xfails.txt"
@@ -194,3 +197,36 @@ def test_replay_of_missing_or_bad_case_file(tmp_path):
     bad.write_text('{"schema": "something else"}')
     proc = cli("replay", str(bad))
     assert proc.returncode == 2 and "not an rlconform case file" in proc.stderr
+
+
+def test_filters_that_select_nothing_are_usage_errors(tmp_path):
+    proc = cli("check", "--op", "entropy", "--property", "partition_invariant", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "no finding matches" in proc.stderr
+    proc = cli("check", "--engine", "megatron", "--op", "entropy", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "does not bind entropy" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_max_examples_must_be_positive(tmp_path, value):
+    proc = cli("check", "--max-examples", value, "--out", str(tmp_path))
+    assert proc.returncode == 2 and "--max-examples" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_wrong_output_shape_is_a_discrepancy_that_says_so(tmp_path):
+    f = tmp_path / "identity_entropy.py"
+    f.write_text("from rlconform.harness.binding import Binding\nbinding = Binding(name='id', ops={'entropy': lambda logits: logits * 1})\n")
+    out = tmp_path / "out"
+    proc = cli("check", "--engine", str(f), "--property", "matches_reference", "--dtype", "float32",
+               "--max-examples", "3", "--out", str(out))
+    assert proc.returncode == 1
+    doc = json.loads((out / "report.json").read_text())
+    statuses = {x["status"] for x in doc["findings"]}
+    assert statuses == {"discrepancy"}, statuses
+    assert all("the engine returned shape" in x["message"] for x in doc["findings"])
+
+
+def test_binding_that_is_not_a_binding(tmp_path):
+    f = tmp_path / "notb.py"
+    f.write_text("binding = {'entropy': abs}\n")
+    proc = cli("check", "--engine", str(f), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "`binding` is a dict" in proc.stderr

@@ -308,6 +308,10 @@ binding = Binding(
                                                          "vocab_parallel_sum_pi_squared"),
         "dp_metric_all_reduce": Lazy(loader=_dp_metric_all_reduce),
     },
+    # verl computes Σπ² for the optimal token baseline only, as a detached statistic (compute_log_prob):
+    # its gradient is not part of the contract (vocab_parallel_sum_pi_squared's raw all_reduce would make
+    # it wrong at TP > 1), so only values are checked.
+    forward_only=frozenset({"sum_pi_squared", "vocab_parallel_sum_pi_squared"}),
     notes={
         "entropy": "verl.utils.torch_functional.entropy_from_logits. Not bound: entropy_from_logits_with_chunking "
         "(engine option; 2-D only, fp32 output, per-chunk .float()).",
