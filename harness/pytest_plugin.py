@@ -272,10 +272,10 @@ class FindingRecorder:
             self.failing = self.current
             self.message = outcome.message
             self.tolerance = outcome.tolerance or self.tolerance
-        elif self.failing is None and outcome.tolerance and outcome.ratio >= self._best_ratio:
-            self._best_ratio, self.tolerance = outcome.ratio, outcome.tolerance
             if self.first_failure_at is None:
                 self.first_failure_at = self.examples
+        elif self.failing is None and outcome.tolerance and outcome.ratio >= self._best_ratio:
+            self._best_ratio, self.tolerance = outcome.ratio, outcome.tolerance
 
     def save_reproducer(self) -> dict | None:
         case = self.failing or self.current
