@@ -79,8 +79,8 @@ def test_counterexample_is_shrunk_when_the_database_holds_a_clean_run(tmp_path):
     """Slices of a clean run end mid-example; those examples must not land in the database as failures
     (a later run would replay them as already shrunk and save them unshrunk)."""
     sel = ["--op", "metric_pipeline", "--property", "matches_reference", "--dtype", "float32"]
-    assert cli("fuzz", "--engine", "reference", *sel, "--seconds", "3", cwd=tmp_path).returncode == 0
-    proc = cli("fuzz", "--engine", "mutants.mean_of_shard_means", *sel, "--seconds", "3", cwd=tmp_path)
+    assert cli("fuzz", "--engine", "reference", *sel, "--seconds", "6", cwd=tmp_path).returncode == 0
+    proc = cli("fuzz", "--engine", "mutants.mean_of_shard_means", *sel, "--seconds", "6", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (path,) = glob.glob(str(tmp_path / "rlconform-corpus" / "*" / "*.json"))
     case = load_case(path)
