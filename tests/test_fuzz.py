@@ -80,11 +80,15 @@ def test_counterexample_is_shrunk_when_the_database_holds_a_clean_run(tmp_path):
     (a later run would replay them as already shrunk and save them unshrunk)."""
     sel = ["--op", "metric_pipeline", "--property", "matches_reference", "--dtype", "float32"]
     assert cli("fuzz", "--engine", "reference", *sel, "--seconds", "6", cwd=tmp_path).returncode == 0
-    proc = cli("fuzz", "--engine", "mutants.mean_of_shard_means", *sel, "--seconds", "6", cwd=tmp_path)
+    proc = cli("fuzz", "--engine", "mutants.mean_of_shard_means", *sel, "--seconds", "6", "--shrink-seconds", "60",
+                cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (path,) = glob.glob(str(tmp_path / "rlconform-corpus" / "*" / "*.json"))
     case = load_case(path)
-    assert case.inputs["values"].shape[0] <= 3 and case.inputs["values"].size <= 3, case.summary()
+    # shrunk, not saved as drawn: T shrinks to 1 column (an unshrunk draw has T in {1, 8, 100, 10^4} and up
+    # to 12 rows); how far the rows shrink depends on where the shrinker starts, so it is bounded loosely
+    assert "shrinking cut short" not in proc.stdout
+    assert case.inputs["values"].shape[1] == 1 and case.inputs["values"].shape[0] <= 12, case.summary()
 
 
 def test_fuzz_clean_engine_exits_0(tmp_path):
