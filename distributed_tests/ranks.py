@@ -109,19 +109,17 @@ def _torch_dtype(name: str):
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    import torch
+    """float64 NumPy copy (properties.checks.as_numpy; imported lazily to keep the worker's import order)."""
+    from rlconform.properties.checks import as_numpy
 
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(torch.float64).cpu().numpy()
-    return np.asarray(x, dtype=np.float64)
+    return as_numpy(x)
 
 
 def dtype_name(x: Any, fallback: str) -> str:
-    import torch
+    """dtype name of a float tensor, else ``fallback`` (properties.checks._out_dtype)."""
+    from rlconform.properties.checks import _out_dtype
 
-    if isinstance(x, torch.Tensor) and x.is_floating_point():
-        return str(x.dtype).replace("torch.", "")
-    return fallback
+    return _out_dtype(x, fallback)
 
 
 def _is_inplace_error(exc: BaseException) -> bool:

@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.bindings.reference import _VPSumPiSquared as _ReferenceSumPiSquared
 from rlconform.harness.mutants._base import mutant
 
 
@@ -25,10 +26,7 @@ class _LocalMaxSumPiSquared(torch.autograd.Function):
         ctx.in_dtype = local_logits.dtype
         return spp.squeeze(-1).to(local_logits.dtype)
 
-    @staticmethod
-    def backward(ctx, grad):
-        p, spp = ctx.saved_tensors
-        return (2 * p * (p - spp) * grad.to(p.dtype).unsqueeze(-1)).to(ctx.in_dtype), None
+    backward = _ReferenceSumPiSquared.backward  # the gradient is right; only the forward's shift is not
 
 
 def vocab_parallel_sum_pi_squared(local_logits, group):
