@@ -1,16 +1,16 @@
 """The distributed property checks, on one concrete :class:`~rlconform.properties.case.Case`.
 
-``check_vocab_parallel``, ``check_context_parallel`` and ``check_dp_metric`` take ``(binding, case)`` and
-return an :class:`~rlconform.properties.checks.Outcome`, like the in-process checks; ``run_check``
-dispatches the kinds ``vocab_parallel``, ``context_parallel`` and ``dp_metric`` here, so ``rlconform
-replay`` re-runs a saved distributed case. The parent draws and shards the data, ships one payload per
+``evaluate_vocab_parallel``, ``evaluate_context_parallel`` and ``evaluate_dp_metric`` take ``(binding,
+case)`` and assemble every rank's results into an :class:`~rlconform.harness.evaluation.Evaluation`,
+which ``run_check`` judges with the same generic properties as the in-process checks
+(:mod:`rlconform.properties.generic`), so ``rlconform replay`` re-runs a saved distributed case. The parent draws and shards the data, ships one payload per
 rank to the session's worker pool (:func:`rlconform.harness.pool.get_pool`, world = the layout's
 ``tp·cp·dp``), and compares what comes back with the float64 reference of the *unsharded* data. Under
 torchrun (``RANK``/``WORLD_SIZE`` set) the same payloads run in-process on each rank and the results
 are all-gathered, so a case runs unchanged as ``torchrun --nproc-per-node N --no-python rlconform
 replay CASE.json``.
 
-Properties (the layout comes from the regime, see :mod:`rlconform.distributed_tests.layout`):
+Properties (the layout comes from the regime, see :mod:`rlconform.harness.layout`):
 
 * ``matches_reference`` — every rank's value (each TP rank holds the full-vocab statistic; CP ranks
   their own rows) and, for the vocab-parallel ops, the gradient w.r.t. each rank's shard (shards
@@ -38,16 +38,18 @@ import numpy as np
 import torch
 
 from rlconform.distributed_tests import ranks as K
-from rlconform.distributed_tests.layout import Layout, parse_regime, row_chunks, zigzag_index
+from rlconform.harness.layout import Layout, parse_regime, row_chunks, zigzag_index
 from rlconform.harness import faithful as F
-from rlconform.harness.binding import Binding
+from rlconform.harness.binding import Binding, BindingError
 from rlconform.harness.catalog import MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, get_op
+from rlconform.harness.evaluation import Compared, EngineCrash, Evaluation
 from rlconform.harness.pool import RankFailure, get_pool, in_torchrun
-from rlconform.harness.tolerance import ATOL, C, ULP_FLOOR, compare, ulp
+from rlconform.harness.tensors import to_tensor
 from rlconform.properties.case import Case
-from rlconform.properties.checks import EngineCrash, Outcome, to_tensor
+from rlconform.properties.generic import JUDGES, Outcome
 
-__all__ = ["CHECKS", "check_context_parallel", "check_dp_metric", "check_vocab_parallel", "run_ranks"]
+__all__ = ["EVALUATORS", "evaluate_context_parallel", "evaluate_dp_metric", "evaluate_vocab_parallel", "run_check",
+           "run_ranks"]
 
 #: deadline of one case on the ranks, ``RLCONFORM_DIST_DEADLINE_S`` (the first call of verl's vocab-parallel
 #: entropy in a worker compiles a kernel: 15–40 s on 2 busy cores)
@@ -96,51 +98,21 @@ def _unsharded(world: int) -> Layout:
     return Layout(1, 1, world)
 
 
-# ------------------------------------------------------------------------------ tolerance helpers
-def _bound(ref, faithful, dtype: str, kind: str) -> np.ndarray:
-    r = np.asarray(ref, dtype=np.float64).reshape(-1)
-    f = np.asarray(faithful, dtype=np.float64).reshape(-1)
-    with np.errstate(invalid="ignore"):
-        ferr = np.where(np.isfinite(r) & np.isfinite(f), np.abs(f - r), 0.0)
-    return C[dtype] * ferr + ULP_FLOOR[dtype] * ulp(r, dtype) + ATOL[kind][dtype]
+# ------------------------------------------------------------------------------------ messages
+def _rank_name(layout: Layout, rank: int) -> str:
+    t, c, d = layout.coords(rank)
+    return f"rank {rank} (" + ", ".join(f"{k} {v}" for k, v, n in (("tp", t, layout.tp), ("cp", c, layout.cp),
+                                                                   ("dp", d, layout.dp)) if n > 1) + ")"
 
 
-def _invariant(outcome: Outcome, label: str, a, b, ref, faithful, dtype: str, kind: str) -> None:
-    """``a`` and ``b`` (two layouts) may differ by at most twice the tolerance bound at each element."""
-    a = np.asarray(a, dtype=np.float64).reshape(-1)
-    b = np.asarray(b, dtype=np.float64).reshape(-1)
-    r = np.asarray(ref, dtype=np.float64).reshape(-1)
-    if a.shape != b.shape:
-        outcome.fail(f"{label}: shapes differ ({a.size} vs {b.size} elements)")
-        return
-    if a.size == 0:
-        return
-    allowed = 2 * _bound(r, faithful, dtype, kind)
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(a - b)
-        same_nonfinite = (~np.isfinite(a) | ~np.isfinite(b)) & ((a == b) | (np.isnan(a) & np.isnan(b)))
-        diff = np.where(same_nonfinite | np.isnan(r), 0.0, np.where(np.isnan(diff), np.inf, diff))
-        ratio = diff / allowed
-    i = int(np.argmax(ratio))
-    outcome.max_abs_err = max(outcome.max_abs_err, float(diff[i]) if np.isfinite(diff[i]) else outcome.max_abs_err)
-    if ratio[i] >= outcome.ratio:
-        outcome.ratio, outcome.tolerance = float(ratio[i]), float(allowed[i])
-    if ratio[i] > 1.0:
-        outcome.ok = False
-        outcome.message += (("\n" if outcome.message else "") +
-                            f"{label}: {float(a[i])!r} vs {float(b[i])!r} at flat index {i} (reference {float(r[i])!r}, "
-                            f"allowed difference {allowed[i]:.3g})")
-
-
-def _messages(outcome: Outcome, layout: Layout, results: list) -> None:
+def _messages(ev: Evaluation, layout: Layout, results: list) -> None:
+    """Per-rank guard messages become mutations; a rank that returned nothing is a problem."""
     for rank, res in enumerate(results):
         if res is None:
+            ev.problems.append(f"{_rank_name(layout, rank)} returned nothing")
             continue
-        t, c, d = layout.coords(rank)
-        where = f"rank {rank} (" + ", ".join(f"{k} {v}" for k, v, n in (("tp", t, layout.tp), ("cp", c, layout.cp),
-                                                                           ("dp", d, layout.dp)) if n > 1) + ")"
         for m in res["messages"]:
-            outcome.fail(f"{where}: {m}")
+            ev.mutations.append(f"{_rank_name(layout, rank)}: {m}")
 
 
 # --------------------------------------------------------------------------------- vocab parallel
@@ -157,14 +129,22 @@ def _vp_shard(x: np.ndarray, labels, g: np.ndarray, layout: Layout, rank: int) -
     return out
 
 
-def _vp_assemble(results: list, layout: Layout):
-    """Per TP rank, the value over all rows; the gradient with the shards concatenated (or None)."""
+def _vp_assemble(results: list, layout: Layout, expect_grad: bool, ev: Evaluation):
+    """Per TP rank, the value over all rows; the gradient with the shards concatenated (or None). With
+    ``expect_grad``, a rank without an autograd graph or without a gradient is a problem of ``ev`` (one
+    rank's missing gradient never drops the check of the others: cases.md family 19)."""
     values = []
     for t in range(layout.tp):
         parts = [results[layout.rank(t, c)]["out"] for c in range(layout.cp)]
         values.append(np.concatenate([p.reshape(-1) for p in parts]) if layout.cp > 1 else parts[0])
     grad = None
-    if all(results[r]["grad"] is not None for r in range(layout.world)):
+    missing = [r for r in range(layout.world) if results[r]["grad"] is None]
+    if expect_grad:
+        for r in missing:
+            why = "no autograd graph (requires_grad=False)" if not results[r].get("graph", True) else \
+                "no gradient reached its vocab shard"
+            ev.problems.append(f"gradient: {_rank_name(layout, r)}: {why}")
+    if not missing:
         rows = [np.concatenate([results[layout.rank(t, c)]["grad"] for t in range(layout.tp)], axis=-1)
                 for c in range(layout.cp)]
         grad = np.concatenate(rows, axis=0) if layout.cp > 1 else rows[0]
@@ -180,7 +160,7 @@ def _vp_faithful(base: str, x: torch.Tensor, labels, g: torch.Tensor):
     return out.detach(), leaf.grad.detach()
 
 
-def check_vocab_parallel(binding: Binding, case: Case) -> Outcome:
+def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
     info = get_op(case.op)
     base = case.op[len("vocab_parallel_"):]
     layout, data_regime = parse_regime(case.regime)
@@ -196,7 +176,7 @@ def check_vocab_parallel(binding: Binding, case: Case) -> Outcome:
     if x64.shape[-1] % layout.tp:
         raise ValueError(f"vocab size {x64.shape[-1]} is not padded to a multiple of tp = {layout.tp}")
     prop = case.property
-    outcome = Outcome(True)
+    ev = Evaluation()
     world = layout.world
 
     if prop == NON_DESTRUCTIVE:
@@ -219,14 +199,18 @@ def check_vocab_parallel(binding: Binding, case: Case) -> Outcome:
     results = run_ranks(world, K.vocab_parallel_rank, payloads, f"{case.op} on {layout.name} ({world} ranks)")
 
     if prop == NON_DESTRUCTIVE:
-        _messages(outcome, layout, [r[0] for r in results])
-        return outcome
+        _messages(ev, layout, [r[0] for r in results])
+        return ev
 
     ref = info.reference(x64, labels) if labels is not None else info.reference(x64)
     x = to_tensor(x64, case.dtype)
     f_out, f_grad = _vp_faithful(base, x, labels, torch.from_numpy(g64))
-    values, grad, out_dtype, grad_dtype = _vp_assemble([r[0] for r in results], layout)
-    if case.op in binding.forward_only:  # the engine's contract has no gradient for this op
+    expect_grad = info.differentiable and case.op not in binding.forward_only
+    if any(r[0] is None for r in results):
+        _messages(ev, layout, [r[0] for r in results])
+        return ev
+    values, grad, out_dtype, grad_dtype = _vp_assemble([r[0] for r in results], layout, expect_grad, ev)
+    if not expect_grad:  # the engine's contract has no gradient for this op
         grad = None
     f_out_np = K.to_numpy(f_out.to(K._torch_dtype(out_dtype)))
     ref_grad = None
@@ -236,27 +220,36 @@ def check_vocab_parallel(binding: Binding, case: Case) -> Outcome:
         f_grad_np = K.to_numpy(f_grad.to(K._torch_dtype(grad_dtype)))
     what = f"{base} read after vocab_parallel_entropy forward+backward" if after else base
 
-    if prop == MATCHES_REFERENCE:
-        for t, v in enumerate(values):
-            label = f"value on TP rank {t} of {layout.name}" + (f" ({what})" if after else "")
-            outcome.absorb(label, compare(v.reshape(np.shape(ref)), ref, f_out_np, dtype=out_dtype, kind="token_stat"))
+    ref = np.asarray(ref, dtype=np.float64)
+    for t, v in enumerate(values):
+        if v.size != ref.size:
+            ev.problems.append(f"value on TP rank {t}: the engine returned {v.size} values, expected {ref.size}")
+    if ev.problems:
+        return ev
+    shown = range(layout.tp) if prop == MATCHES_REFERENCE else range(1)
+    for t in shown:
+        label = f"value on TP rank {t} of {layout.name}" + (f" ({what})" if after else "")
+        ev.values.append(Compared(label, values[t].reshape(ref.shape), ref, f_out_np, out_dtype, "token_stat"))
+    if grad is not None:
+        ev.gradients.append(Compared(f"gradient w.r.t. the vocab shards of {layout.name} (concatenated)", grad,
+                                     ref_grad, f_grad_np, grad_dtype, "token_stat"))
+    ev.base_label = layout.name
+    if prop == PARTITION_INVARIANT:
+        unsharded = results[0][1]
+        alt = [Compared("value, unsharded (TP = 1)", unsharded["out"].reshape(ref.shape), ref, f_out_np, out_dtype,
+                        "token_stat")]
         if grad is not None:
-            outcome.absorb(f"gradient w.r.t. the vocab shards of {layout.name} (concatenated)",
-                           compare(grad, ref_grad, f_grad_np, dtype=grad_dtype, kind="token_stat"))
-        return outcome
-
-    # partition_invariant
-    unsharded = results[0][1]
-    _invariant(outcome, f"value, {layout.name} vs unsharded (TP = 1)", values[0], unsharded["out"], ref, f_out_np,
-               out_dtype, "token_stat")
-    if grad is not None and unsharded["grad"] is not None:
-        _invariant(outcome, f"gradient, {layout.name} (shards concatenated) vs unsharded (TP = 1)", grad,
-                   unsharded["grad"], ref_grad, f_grad_np, grad_dtype, "token_stat")
-    return outcome
+            if unsharded["grad"] is None:
+                ev.problems.append("gradient: the unsharded (TP = 1) run produced no gradient")
+            else:
+                alt.append(Compared("gradient, unsharded (TP = 1)", unsharded["grad"], ref_grad, f_grad_np,
+                                    grad_dtype, "token_stat"))
+        ev.alternatives.append(("unsharded (TP = 1)", alt))
+    return ev
 
 
 # ------------------------------------------------------------------------------- context parallel
-def check_context_parallel(binding: Binding, case: Case) -> Outcome:
+def evaluate_context_parallel(binding: Binding, case: Case) -> Evaluation:
     layout, _ = parse_regime(case.regime)
     binding.resolve(case.op)
     values64 = np.asarray(case.inputs["values"], dtype=np.float64)
@@ -264,7 +257,7 @@ def check_context_parallel(binding: Binding, case: Case) -> Outcome:
     world = layout.world
     seq = values64.shape[1]
     prop = case.property
-    outcome = Outcome(True)
+    ev = Evaluation()
     if prop not in (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE):
         raise ValueError(f"property {prop!r} does not apply to {case.op}")
     desc = K.engine_desc(binding)
@@ -282,30 +275,33 @@ def check_context_parallel(binding: Binding, case: Case) -> Outcome:
         payloads.append({"engine": desc, "op": case.op, "dtype": case.dtype, "group": "cp",
                          "mode": "guard" if prop == NON_DESTRUCTIVE else "value", "runs": runs})
     results = run_ranks(world, K.token_reduction_rank, payloads, f"{case.op} on {layout.name} ({world} ranks)")
-    if prop == NON_DESTRUCTIVE:
-        _messages(outcome, layout, [r[0] for r in results])
-        return outcome
+    if prop == NON_DESTRUCTIVE or any(r[0] is None for r in results):
+        _messages(ev, layout, [r[0] for r in results])
+        return ev
     ref = np.float64(get_op(case.op).reference(values64, mask))
-    if np.isnan(ref):  # no unmasked token: the mean is undefined
-        return outcome
+    if np.isnan(ref):
+        ev.undefined = "no unmasked token: the mean is undefined"
+        return ev
     out_dtype = results[0][0]["out_dtype"]
     faithful = K.to_numpy(F.masked_mean(to_tensor(values64, case.dtype), torch.from_numpy(mask))
                           .to(K._torch_dtype(out_dtype)))
-    if prop == MATCHES_REFERENCE:
-        for rank, res in enumerate(results):
-            _, c, _ = layout.coords(rank)
-            nnz = int(shards[rank]["mask"].sum())
-            outcome.absorb(f"{layout.name}: CP rank {c} (global rank {rank}, {nnz} of {int(mask.sum())} tokens)",
-                           compare(res[0]["out"], ref, faithful, dtype=out_dtype, kind="reduction"))
-        return outcome
-    nnz = [int(shards[layout.rank(0, c)]["mask"].sum()) for c in range(layout.cp)]
-    _invariant(outcome, f"{layout.name} (tokens per CP rank {nnz}) vs unsharded (CP = 1)", results[0][0]["out"],
-               results[0][1]["out"], ref, faithful, out_dtype, "reduction")
-    return outcome
+    shown = range(world) if prop == MATCHES_REFERENCE else range(1)
+    for rank in shown:
+        _, c, _ = layout.coords(rank)
+        nnz = int(shards[rank]["mask"].sum())
+        ev.values.append(Compared(f"{layout.name}: CP rank {c} (global rank {rank}, {nnz} of {int(mask.sum())} "
+                                  f"tokens)", _scalar(results[rank][0]["out"], ev), ref, faithful, out_dtype,
+                                  "reduction"))
+    if prop == PARTITION_INVARIANT:
+        nnz = [int(shards[layout.rank(0, c)]["mask"].sum()) for c in range(layout.cp)]
+        ev.base_label = f"{layout.name} (tokens per CP rank {nnz})"
+        ev.alternatives.append(("unsharded (CP = 1)", [Compared("unsharded (CP = 1)", _scalar(results[0][1]["out"], ev),
+                                                                ref, faithful, out_dtype, "reduction")]))
+    return ev
 
 
 # ------------------------------------------------------------------------------------ DP metrics
-def check_dp_metric(binding: Binding, case: Case) -> Outcome:
+def evaluate_dp_metric(binding: Binding, case: Case) -> Evaluation:
     layout, _ = parse_regime(case.regime)
     binding.resolve(case.op)
     values64 = np.asarray(case.inputs["values"], dtype=np.float64)
@@ -313,7 +309,7 @@ def check_dp_metric(binding: Binding, case: Case) -> Outcome:
     partitions = case.inputs["partitions"]
     world = layout.world
     prop = case.property
-    outcome = Outcome(True)
+    ev = Evaluation()
     if prop not in (MATCHES_REFERENCE, PARTITION_INVARIANT):
         raise ValueError(f"property {prop!r} does not apply to {case.op}")
     splits = partitions[:1] if prop == MATCHES_REFERENCE else partitions[:2]
@@ -332,9 +328,13 @@ def check_dp_metric(binding: Binding, case: Case) -> Outcome:
         payloads.append({"engine": desc, "op": case.op, "dtype": case.dtype, "group": "dp", "mode": "value",
                          "runs": runs})
     results = run_ranks(world, K.token_reduction_rank, payloads, f"{case.op} on {layout.name} ({world} ranks)")
+    if any(r[0] is None for r in results):
+        _messages(ev, layout, [r[0] for r in results])
+        return ev
     ref = np.float64(get_op(case.op).reference(values64, mask))
     if np.isnan(ref):
-        return outcome
+        ev.undefined = "no unmasked token: the mean is undefined"
+        return ev
     out_dtype = results[0][0]["out_dtype"]
     faithful = K.to_numpy(F.masked_mean(to_tensor(values64, case.dtype), torch.from_numpy(mask))
                           .to(K._torch_dtype(out_dtype)))
@@ -342,22 +342,44 @@ def check_dp_metric(binding: Binding, case: Case) -> Outcome:
     def nnz(split):
         return [int(mask[a:b].sum()) for a, b in split]
 
-    if prop == MATCHES_REFERENCE:
-        for rank, res in enumerate(results):
-            outcome.absorb(f"{layout.name}: DP rank {rank}, tokens per DP rank {nnz(splits[0])}",
-                           compare(res[0]["out"], ref, faithful, dtype=out_dtype, kind="pipeline"))
-        return outcome
-    base = results[0][0]["out"]
-    for i in range(1, len(splits)):
-        _invariant(outcome, f"tokens per DP rank {nnz(splits[i])} vs {nnz(splits[0])}", results[0][i]["out"], base,
-                   ref, faithful, out_dtype, "pipeline")
-    _invariant(outcome, f"unsharded (DP = 1) vs tokens per DP rank {nnz(splits[0])}", results[0][len(splits)]["out"],
-               base, ref, faithful, out_dtype, "pipeline")
-    return outcome
+    shown = range(world) if prop == MATCHES_REFERENCE else range(1)
+    for rank in shown:
+        ev.values.append(Compared(f"{layout.name}: DP rank {rank}, tokens per DP rank {nnz(splits[0])}",
+                                  _scalar(results[rank][0]["out"], ev), ref, faithful, out_dtype, "pipeline"))
+    if prop == PARTITION_INVARIANT:
+        ev.base_label = f"tokens per DP rank {nnz(splits[0])}"
+        for i in range(1, len(splits)):
+            label = f"tokens per DP rank {nnz(splits[i])}"
+            ev.alternatives.append((label, [Compared(label, _scalar(results[0][i]["out"], ev), ref, faithful,
+                                                     out_dtype, "pipeline")]))
+        ev.alternatives.append(("unsharded (DP = 1)", [Compared("unsharded (DP = 1)",
+                                                                _scalar(results[0][len(splits)]["out"], ev), ref,
+                                                                faithful, out_dtype, "pipeline")]))
+    return ev
 
 
-CHECKS = {
-    "vocab_parallel": check_vocab_parallel,
-    "context_parallel": check_context_parallel,
-    "dp_metric": check_dp_metric,
+def _scalar(out, ev: Evaluation) -> np.ndarray:
+    a = np.asarray(out, dtype=np.float64)
+    if a.size != 1:
+        ev.problems.append(f"the engine returned shape {a.shape}, expected a scalar")
+        return np.float64(np.nan)
+    return a.reshape(())
+
+
+#: distributed kind -> evaluate(binding, case) -> Evaluation
+EVALUATORS = {
+    "vocab_parallel": evaluate_vocab_parallel,
+    "context_parallel": evaluate_context_parallel,
+    "dp_metric": evaluate_dp_metric,
 }
+
+
+def run_check(binding: Binding, case: Case) -> Outcome:
+    """Check a distributed ``case`` against ``binding`` on gloo ranks (or this torchrun job): the
+    Evaluation assembled from every rank is judged by the generic property."""
+    info = get_op(case.op)
+    if case.property not in info.properties:
+        raise BindingError(f"property {case.property!r} does not apply to op {case.op!r}")
+    if info.kind not in EVALUATORS:
+        raise BindingError(f"op {case.op!r} is not a distributed op")
+    return JUDGES[case.property](EVALUATORS[info.kind](binding, case))

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rlconform.distributed_tests.layout import Layout
+from rlconform.harness.layout import Layout
 
 _BINDINGS: dict = {}
 _PS: dict = {"active": None, "snapshots": {}}
@@ -109,17 +109,17 @@ def _torch_dtype(name: str):
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    """float64 NumPy copy (properties.checks.as_numpy; imported lazily to keep the worker's import order)."""
-    from rlconform.properties.checks import as_numpy
+    """float64 NumPy copy (harness.tensors.as_numpy; imported lazily to keep the worker's import order)."""
+    from rlconform.harness.tensors import as_numpy
 
     return as_numpy(x)
 
 
 def dtype_name(x: Any, fallback: str) -> str:
-    """dtype name of a float tensor, else ``fallback`` (properties.checks._out_dtype)."""
-    from rlconform.properties.checks import _out_dtype
+    """dtype name of a float tensor, else ``fallback`` (harness.tensors.out_dtype)."""
+    from rlconform.harness.tensors import out_dtype
 
-    return _out_dtype(x, fallback)
+    return out_dtype(x, fallback)
 
 
 def _is_inplace_error(exc: BaseException) -> bool:
@@ -153,13 +153,16 @@ def _vp_args(op: str, data: dict):
 
 
 def _value_result(out, leaf, dtype: str) -> dict:
+    import torch
+
     grad = leaf.grad if leaf is not None else None
     return {"out": to_numpy(out), "out_dtype": dtype_name(out, dtype),
+            "graph": bool(isinstance(out, torch.Tensor) and out.requires_grad),
             "grad": None if grad is None else to_numpy(grad),
             "grad_dtype": None if grad is None else dtype_name(grad, dtype)}
 
 
-def _vp_compute(mode: str, op: str, fn, entropy, group, data: dict, dtype: str) -> dict:
+def _vp_compute(mode: str, op: str, fn, entropy, group, data: dict, dtype: str, forward_only: bool = False) -> dict:
     import torch
 
     from rlconform.harness.guards import InputGuard, produce
@@ -200,6 +203,9 @@ def _vp_compute(mode: str, op: str, fn, entropy, group, data: dict, dtype: str) 
         guard = InputGuard(logits=logits, **labels)
         out = fn(logits, *extra, group)
         messages += [m.describe() for m in guard.check("forward")]
+        if not (isinstance(out, torch.Tensor) and out.requires_grad) and not forward_only:
+            messages.append("the output has no autograd graph (requires_grad=False): the backward could not run, "
+                            "so its effect on the inputs is unchecked (and no gradient reaches the logits)")
         backprop(out, "the backward")
         messages += [m.describe() for m in guard.check("backward")]
         return {"messages": messages}
@@ -245,7 +251,8 @@ def vocab_parallel_rank(ctx, payload: dict) -> list:
         if run["data"] is None:
             results.append(None)
             continue
-        results.append(_vp_compute(mode, op, fn, entropy, groups["tp"], run["data"], payload["dtype"]))
+        results.append(_vp_compute(mode, op, fn, entropy, groups["tp"], run["data"], payload["dtype"],
+                                   op in binding.forward_only))
     return results
 
 

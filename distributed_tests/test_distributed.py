@@ -1,6 +1,6 @@
 """The distributed property tests: one test function, parametrized (by the plugin) over every finding
-``op.property.dtype.regime`` of the kinds ``vocab_parallel``, ``context_parallel`` and ``dp_metric`` that
-the selected binding provides. Hypothesis draws in the parent; each example is one round trip to the
+``op.property.dtype.regime`` of the distributed op families (``vocab_parallel``, ``context_parallel``,
+``dp_metric``) that the selected binding provides. Hypothesis draws in the parent; each example is one round trip to the
 session's worker pool (gloo ranks, spawned once; see :mod:`rlconform.distributed_tests.checks`).
 
 Examples per finding are capped at :data:`MAX_DISTRIBUTED_EXAMPLES` (default 10, environment variable
@@ -15,14 +15,15 @@ import os
 
 import pytest
 
-from rlconform.distributed_tests.strategies import strategy_for
+from rlconform.distributed_tests.checks import run_check
+from rlconform.harness.catalog import strategy_for
 from rlconform.properties.runner import run_finding
 
 MAX_DISTRIBUTED_EXAMPLES = int(os.environ.get("RLCONFORM_DIST_MAX_EXAMPLES", "10"))
 
 
-@pytest.mark.rlconform_kinds("vocab_parallel", "context_parallel", "dp_metric")
+@pytest.mark.rlconform_distributed(True)
 def test_distributed(rlconform_binding, rlconform_case, rlconform_finding, rlconform_state):
     op, _, dtype, regime = rlconform_case
     run_finding(rlconform_binding, rlconform_case, rlconform_finding, rlconform_state,
-                strategy_for(op, dtype, regime), max_examples=MAX_DISTRIBUTED_EXAMPLES)
+                strategy_for(op, dtype, regime), check=run_check, max_examples=MAX_DISTRIBUTED_EXAMPLES)

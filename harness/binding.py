@@ -34,9 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import traceback
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
+
+from rlconform.harness.catalog import OPS
+from rlconform.harness.contracts import (  # noqa: F401 - re-exported: bindings import them from here
+    AggLoss, BatchInfo, BindingError, MetricPipeline, OpUnavailable, VariantNotProvided, signature_arity,
+)
 
 __all__ = [
     "AggLoss",
@@ -46,23 +50,8 @@ __all__ = [
     "Lazy",
     "MetricPipeline",
     "OpUnavailable",
+    "VariantNotProvided",
 ]
-
-
-class BindingError(Exception):
-    """A binding is malformed (wrong type, wrong signature, unknown op): a usage error, exit code 2."""
-
-
-class OpUnavailable(Exception):
-    """An op of a binding could not be resolved (its import or lookup failed).
-
-    Attributes: ``op`` (catalog name), ``detail`` (the error, with traceback text).
-    """
-
-    def __init__(self, op: str, detail: str):
-        super().__init__(f"op {op!r} unavailable: {detail.strip().splitlines()[-1] if detail.strip() else detail}")
-        self.op = op
-        self.detail = detail
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,92 +80,6 @@ class Lazy:
         return self.adapt(obj) if self.adapt is not None else obj
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchInfo:
-    """Global information an engine's loss aggregation receives for one mini-batch (optimizer step).
-
-    ``dp_size``: number of DP ranks; ``global_nnz``: unmasked tokens in the whole mini-batch;
-    ``global_batch_size``: sequences in the mini-batch; ``global_nonempty_seqs``: sequences with at
-    least one unmasked token; ``num_micro_batches``: micro-batches on this DP rank;
-    ``loss_scale_factor``: constant normaliser of seq-mean-token-sum-norm (``None``: engine default).
-    """
-
-    dp_size: int
-    global_nnz: int
-    global_batch_size: int
-    global_nonempty_seqs: int
-    num_micro_batches: int
-    loss_scale_factor: float | None = None
-
-
-@dataclasses.dataclass
-class AggLoss:
-    """Binding of a loss aggregation (op ``agg_loss``).
-
-    ``loss(loss_mat [b, T], mask [b, T], mode: str, info: BatchInfo) -> 0-d tensor`` is the engine's
-    per-micro-batch contribution. Contributions combine by ``micro_combine`` over one DP rank's
-    micro-batches ("sum" as gradient accumulation does, "mean", or a callable ``list[float] -> float``)
-    and by ``dp_combine`` over DP ranks ("mean" as gradient averaging does, "sum", or a callable). The combined value must equal the reference
-    :func:`rlconform.reference.agg_loss` over the whole mini-batch for every partition.
-    ``modes``: the loss_agg_modes the engine supports. ``equal_micro_batches_per_rank``: as for
-    :class:`MetricPipeline`.
-    """
-
-    loss: Callable[..., Any]
-    modes: Sequence[str] = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-                            "seq-mean-token-sum-norm")
-    micro_combine: str | Callable[[list], float] = "sum"
-    dp_combine: str | Callable[[list], float] = "mean"
-    equal_micro_batches_per_rank: bool = False
-
-    def __post_init__(self):
-        for rule in (self.micro_combine, self.dp_combine):
-            if not callable(rule) and rule not in ("sum", "mean"):
-                raise BindingError("AggLoss.micro_combine / dp_combine must be 'sum', 'mean' or a callable")
-
-    @staticmethod
-    def combine(rule, values: list) -> float:
-        """Apply a combination rule to per-shard contributions (Python floats)."""
-        import math
-
-        if callable(rule):
-            return float(rule(values))
-        total = math.fsum(values)
-        return total if rule == "sum" else total / len(values)
-
-
-@dataclasses.dataclass
-class MetricPipeline:
-    """Binding of a metric pipeline (op ``metric_pipeline``).
-
-    The harness drives, for shards nested as mini-batches -> DP ranks -> micro-batches:
-
-    * ``emit(values [b, T] tensor, mask [b, T] tensor) -> dict`` once per micro-batch (what a worker
-      logs; values may be Python numbers, 0-d tensors, NumPy scalars: whatever the engine emits);
-    * ``reduce_micro(list[dict]) -> dict`` over one DP rank's micro-batches of one mini-batch;
-    * ``reduce_dp(list[dict]) -> dict`` over DP ranks (what the all-reduce computes);
-    * ``reduce_mini(list[dict]) -> dict`` over mini-batches (default: ``reduce_micro``);
-    * ``finalize(dict) -> dict`` once (the trainer's last step before logging).
-
-    ``stats`` maps a reference statistic (``"mean"``, ``"std"``, ``"min"``, ``"max"``) to the final
-    key that must carry it. ``emitted_to_final`` maps every emitted key to the final key that must
-    carry it (default: each emitted key must itself reach the final dict).
-    ``equal_micro_batches_per_rank``: the engine requires every DP rank of a mini-batch to hold the same
-    number of micro-batches (verl's ``same_micro_num_in_dp``); partitions are regularised to that.
-    ``emit`` may take a third argument ``info`` (dict: mini_batch, dp_rank, dp_size, micro_batch,
-    num_micro_batches).
-    """
-
-    emit: Callable[..., dict]
-    reduce_micro: Callable[[list], dict]
-    reduce_dp: Callable[[list], dict]
-    finalize: Callable[[dict], dict]
-    stats: Mapping[str, str]
-    reduce_mini: Callable[[list], dict] | None = None
-    emitted_to_final: Mapping[str, str] | None = None
-    equal_micro_batches_per_rank: bool = False
-
-
 @dataclasses.dataclass
 class Binding:
     """An engine bound to the catalog.
@@ -202,6 +105,15 @@ class Binding:
     def provided_ops(self) -> list[str]:
         return list(self.ops)
 
+    def provided_variants(self, op: str) -> tuple[str, ...] | None:
+        """The variants of ``op`` the engine provides (``None``: all the catalog knows, or the op has no
+        variants). Resolves the op (may raise :class:`OpUnavailable` / :class:`BindingError`)."""
+        return getattr(self.resolve(op), "variants", None)
+
+    def unchecked_variants(self, op: str) -> dict:
+        """Variants the engine registers that the catalog does not know: name -> why unchecked."""
+        return dict(getattr(self.resolve(op), "unchecked", None) or {})
+
     def resolve(self, op: str) -> Any:
         """Return the implementation of ``op``; raise :class:`OpUnavailable` if it cannot be loaded
         and :class:`BindingError` if the binding does not provide it or it has the wrong shape."""
@@ -224,26 +136,34 @@ class Binding:
                 err = OpUnavailable(op, "".join(traceback.format_exception(exc)))
                 self._cache[op] = err
                 raise err from exc
-        from rlconform.harness.catalog import validate_impl  # local: catalog imports this module
-
         validate_impl(op, impl, where=f"binding {self.name!r}")
         self._cache[op] = impl
         return impl
 
 
-def signature_arity(fn: Callable) -> tuple[int, int] | None:
-    """(required positional, max positional) of ``fn``; ``None`` when it cannot be inspected or takes *args."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-    required = 0
-    maximum = 0
-    for p in sig.parameters.values():
-        if p.kind == p.VAR_POSITIONAL:
-            return None
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            maximum += 1
-            if p.default is p.empty:
-                required += 1
-    return required, maximum
+def validate_impl(op: str, impl: Any, *, where: str = "binding") -> None:
+    """Check that ``impl`` has the shape the catalog expects for ``op``; raise :class:`BindingError`
+    naming the op (and the callable's file and line) otherwise."""
+    info = OPS.get(op)
+    if info is None:
+        return  # ops outside the catalog are rejected by engines.validate_binding
+    if info.kind == "agg_loss":
+        if not isinstance(impl, AggLoss):
+            raise BindingError(f"{where}: op 'agg_loss' must be an AggLoss, got {type(impl).__name__}")
+        return
+    if info.kind == "metric_pipeline":
+        if not isinstance(impl, MetricPipeline):
+            raise BindingError(f"{where}: op 'metric_pipeline' must be a MetricPipeline, got {type(impl).__name__}")
+        return
+    if not callable(impl):
+        raise BindingError(f"{where}: op {op!r} must be callable, got {type(impl).__name__}")
+    arity = signature_arity(impl)
+    if arity is not None and info.arity is not None:
+        required, maximum = arity
+        if not (required <= info.arity <= maximum):
+            code = getattr(impl, "__code__", None)
+            loc = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+            raise BindingError(
+                f"{where}: op {op!r} takes {info.arity} positional argument(s) "
+                f"but {getattr(impl, '__qualname__', impl)!r}{loc} accepts {required}..{maximum}"
+            )

@@ -145,7 +145,7 @@ def cmd_check(args) -> int:
         return _usage_error(f"engine {binding.spec!r} does not bind {', '.join(missing)}; it binds "
                             f"{', '.join(binding.provided_ops())}")
     selected = [(op.name, p, d) for op in OPS.values() if op.name in binding.provided_ops()
-                for p in op.properties for d, _ in op.cases()
+                for p, d, _ in op.findings()
                 if (not args.op or op.name in args.op) and (not args.property or p in args.property)
                 and (not args.dtype or d in args.dtype)]
     if not selected:
@@ -213,7 +213,8 @@ def cmd_replay(args) -> int:
     from rlconform.harness.binding import BindingError
     from rlconform.harness.engines import load_engine
     from rlconform.properties.case import Case
-    from rlconform.properties.checks import EngineCrash, run_check
+    from rlconform.harness.dispatch import run_check
+    from rlconform.harness.evaluation import EngineCrash
 
     try:
         with open(args.case_file) as fh:

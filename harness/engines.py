@@ -105,7 +105,8 @@ def validate_binding(binding: Binding, where: str) -> None:
     """Every op name is in the catalog and every eagerly given implementation has the op's shape
     (lazy ones are checked when they load); raise :class:`BindingError` naming the op otherwise."""
     from rlconform.harness.binding import Lazy
-    from rlconform.harness.catalog import OPS, validate_impl
+    from rlconform.harness.binding import validate_impl
+    from rlconform.harness.catalog import OPS
 
     for op, impl in binding.ops.items():
         if op not in OPS:

@@ -56,8 +56,11 @@ def sum_pi_squared(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _masked(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values upcast with every masked position replaced by 0, mask as 0/1 of that dtype): masked
+    positions never reach arithmetic, whatever they hold (NaN, ±inf, 1e30: NaN·0 is NaN)."""
     v = _up(values)
-    return v, mask.to(v.dtype)
+    keep = mask != 0
+    return torch.where(keep, v, torch.zeros((), dtype=v.dtype)), keep.to(v.dtype)
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -81,7 +84,7 @@ def _masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool) -> tor
     v, m = _masked(values, mask)
     n = m.sum()
     mean = (v * m).sum() / n
-    ss = (((v - mean) ** 2) * m).sum()
+    ss = torch.where(m != 0, (v - mean) ** 2, torch.zeros((), dtype=v.dtype)).sum()
     return ss / (n - 1 if unbiased else n)
 
 
@@ -149,8 +152,10 @@ def optimal_token_baseline(rewards, mask, index, old_log_probs, sum_pi_squared):
     import numpy as np
 
     cd = compute_dtype(rewards.dtype)
-    r, m = rewards.to(cd), mask.to(cd)
-    lp, spp = old_log_probs.to(cd), sum_pi_squared.to(cd)
+    m = mask.to(cd)
+    keep = m != 0
+    zero = torch.zeros((), dtype=cd)
+    r, lp, spp = (torch.where(keep, t.to(cd), zero) for t in (rewards, old_log_probs, sum_pi_squared))
     returns = (r * m).flip(-1).cumsum(-1).flip(-1)
     w = 1 - 2 * lp.exp() + spp
     wc = (w * m).cumsum(-1)

@@ -3,7 +3,7 @@
     rlconform fuzz --engine X [--op Y] [--property P] [--dtype D] --minutes N [--corpus DIR] [--db DIR]
 
 The same checks as ``rlconform check`` (:func:`rlconform.properties.checks.run_check` on cases drawn by
-:func:`rlconform.properties.strategy_for.strategy_for`), driven by hypothesis directly rather than
+:func:`rlconform.harness.catalog.strategy_for`), driven by hypothesis directly rather than
 through pytest, over every selected finding (op × property × dtype × regime):
 
 1. the corpus is replayed first: a finding whose saved case still fails is *known* and not fuzzed;
@@ -191,7 +191,8 @@ class Fuzzer:
 
     def _replay_corpus(self) -> None:
         from rlconform.properties.case import load_case
-        from rlconform.properties.checks import EngineCrash, run_check
+        from rlconform.harness.dispatch import run_check
+        from rlconform.harness.evaluation import EngineCrash
         from rlconform.properties.corpus import corpus_files
 
         for t in self.live():
@@ -216,8 +217,10 @@ class Fuzzer:
         from hypothesis import given, seed, settings, target
 
         from rlconform.properties.case import Case
-        from rlconform.properties.checks import EngineCrash, PropertyFailure, run_check
-        from rlconform.properties.strategy_for import strategy_for
+        from rlconform.harness.catalog import strategy_for
+        from rlconform.harness.dispatch import run_check
+        from rlconform.harness.evaluation import EngineCrash
+        from rlconform.properties.checks import PropertyFailure
 
         state = {"fail": None, "message": "", "deadline": deadline}
         self.current = t

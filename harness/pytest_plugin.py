@@ -75,18 +75,54 @@ class State:
 
             self.settings = hsettings(self.settings, derandomize=False)
         self.writer = None
+        self._variants: dict = {}
         if not hasattr(config, "workerinput"):
             from rlconform.harness.report import ReportWriter
 
             b = self.binding
             self.writer = ReportWriter(
                 self.out,
-                engine={"name": b.name, "spec": b.spec, "version": b.version, "path": b.path, "revision": b.revision},
+                engine={"name": b.name, "spec": b.spec, "version": b.version, "path": b.path, "revision": b.revision,
+                        "variants": self.variant_record()},
                 run={"profile": opt("rlconform_profile"), "seed": self.seed,
                      "max_examples": self.settings.max_examples,
                      "command": opt("rlconform_command") or " ".join(sys.argv)},
             )
             self.writer.write()
+
+    def provided_variants(self, op) -> set | None:
+        """The variants of catalog op ``op`` (an OpInfo) the binding provides; None when the op has no
+        variants or cannot be resolved (its findings then report it unavailable)."""
+        from rlconform.harness.binding import BindingError, OpUnavailable
+
+        if not op.variants:
+            return None
+        if op.name not in self._variants:
+            try:
+                got = self.binding.provided_variants(op.name)
+                unchecked = self.binding.unchecked_variants(op.name)
+            except (OpUnavailable, BindingError):
+                got, unchecked = None, {}
+            self._variants[op.name] = (None if got is None else set(got), unchecked)
+        return self._variants[op.name][0]
+
+    def variant_record(self) -> dict:
+        """For the report: per op with variants, which the catalog checks, which the engine does not
+        provide, and which the engine registers that the catalog cannot check (with why)."""
+        from rlconform.harness.catalog import OPS
+
+        record = {}
+        for op in OPS.values():
+            if not op.variants or op.name not in self.binding.provided_ops() or (self.ops and op.name not in self.ops):
+                continue
+            provided = self.provided_variants(op)
+            unchecked = self._variants[op.name][1]
+            record[op.name] = {
+                "checked": [v for v in op.variants if provided is None or v in provided],
+                "not_provided": [v for v in op.variants if provided is not None and v not in provided],
+                "unchecked": dict(unchecked),
+            }
+        return record
 
     def selected(self, op: str, prop: str, dtype: str) -> bool:
         return ((not self.ops or op in self.ops) and (not self.properties or prop in self.properties)
@@ -94,7 +130,8 @@ class State:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "rlconform_kinds(*kinds): generic property test over catalog ops of these kinds")
+    config.addinivalue_line("markers", "rlconform_distributed(flag): generic property test over the catalog ops "
+                            "that are (True) or are not (False) checked on distributed ranks")
     if not config.getoption("rlconform_engine", None) and not os.environ.get("RLCONFORM_ENGINE"):
         return
     try:
@@ -115,17 +152,20 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("rlconform_case", [pytest.param(None, marks=pytest.mark.skip(
             reason="no engine selected (--rlconform-engine)"))], ids=["no-engine"])
         return
-    from rlconform.harness.catalog import OPS
+    from rlconform.harness.catalog import OPS, split_regime
 
-    marker = metafunc.definition.get_closest_marker("rlconform_kinds")
-    kinds = set(marker.args) if marker else None
+    marker = metafunc.definition.get_closest_marker("rlconform_distributed")
+    distributed = marker.args[0] if marker else None
     provided = set(state.binding.provided_ops())
     params = []
     for op in OPS.values():
-        if op.name not in provided or (kinds and op.kind not in kinds):
+        if op.name not in provided or (distributed is not None and op.distributed != distributed):
             continue
-        for prop in op.properties:
-            for dtype, regime in op.cases():
+        variants = state.provided_variants(op)
+        for prop, dtype, regime in op.findings():
+            if True:
+                if variants is not None and split_regime(regime)[0] not in variants:
+                    continue  # listed in the report's engine record as not provided
                 if state.selected(op.name, prop, dtype):
                     fid = f"{op.name}.{prop}.{dtype}.{regime}"
                     marks = [pytest.mark.xfail(strict=True, reason=f"listed in xfails ledger: {state.xfails[fid]}")] \
@@ -172,7 +212,7 @@ def shard_imbalance(case) -> float | None:
     partitions, mask = inputs.get("partitions"), inputs.get("mask")
     if partitions is None or mask is None:
         return None
-    from rlconform.properties.checks import partition_rows
+    from rlconform.harness.families.agg_loss import partition_rows
 
     worst = None
     for p in partitions:
@@ -319,7 +359,7 @@ def _classify(excinfo) -> str:
 
 def _crash_message(exc: BaseException) -> str:
     """The engine's own error when it is inside (possibly grouped, possibly flaky) hypothesis errors."""
-    from rlconform.properties.checks import EngineCrash
+    from rlconform.harness.evaluation import EngineCrash
 
     pending = [exc]
     while pending:

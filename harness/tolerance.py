@@ -68,6 +68,16 @@ def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
     return np.exp2(exponent) * EPS[dtype]
 
 
+def bound(reference, faithful, *, dtype: str, kind: str) -> np.ndarray:
+    """The allowed error at each element: ``C·|faithful − ref| + ULP_FLOOR·ulp(ref) + ATOL`` (flat float64)."""
+    r = np.asarray(reference, dtype=np.float64).reshape(-1)
+    f = r if faithful is None else np.asarray(faithful, dtype=np.float64).reshape(-1)
+    r, f = np.broadcast_arrays(r, f)
+    with np.errstate(invalid="ignore"):
+        ferr = np.where(np.isfinite(r) & np.isfinite(f), np.abs(f - r), 0.0)
+    return C[dtype] * ferr + ULP_FLOOR[dtype] * ulp(r, dtype) + ATOL[kind][dtype]
+
+
 @dataclasses.dataclass
 class Comparison:
     """Result of comparing an engine array with the reference.

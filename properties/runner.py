@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, seed, settings, target
 
 from rlconform.harness.binding import BindingError, OpUnavailable
+from rlconform.harness.evaluation import EngineCrash
 from rlconform.properties.case import Case
-from rlconform.properties.checks import EngineCrash, PropertyFailure, run_check
+from rlconform.properties.checks import PropertyFailure
 from rlconform.properties.corpus import replay_corpus
 
 
@@ -25,8 +26,10 @@ def failure_message(rec, case: Case, message: str) -> str:
             f"  reproduce: rlconform replay {rec.state.out}/cases/{case.finding_id}.json")
 
 
-def run_finding(binding, finding, rec, state, strategy, *, max_examples: int | None = None) -> None:
-    """Check one finding ``(op, property, dtype, regime)`` of ``binding`` with inputs from ``strategy``."""
+def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: int | None = None) -> None:
+    """Check one finding ``(op, property, dtype, regime)`` of ``binding`` with inputs from ``strategy``;
+    ``check(binding, case) -> Outcome`` judges one case (:func:`rlconform.properties.checks.run_check`,
+    or :func:`rlconform.distributed_tests.checks.run_check` for the distributed families)."""
     op, prop, dtype, regime = finding
     try:
         binding.resolve(op)
@@ -38,10 +41,10 @@ def run_finding(binding, finding, rec, state, strategy, *, max_examples: int | N
         rec.binding_error = str(exc)
         pytest.skip(str(exc))
 
-    def check(case: Case):
+    def check_one(case: Case):
         rec.start(case)
         try:
-            outcome = run_check(binding, case)
+            outcome = check(binding, case)
         except EngineCrash:
             rec.crashed()
             raise
@@ -50,7 +53,7 @@ def run_finding(binding, finding, rec, state, strategy, *, max_examples: int | N
             raise PropertyFailure(failure_message(rec, case, outcome.message))
         return outcome
 
-    replay_corpus(state.corpus, rec.id, check)
+    replay_corpus(state.corpus, rec.id, check_one)
 
     hsettings = state.settings
     if max_examples is not None:
@@ -59,7 +62,7 @@ def run_finding(binding, finding, rec, state, strategy, *, max_examples: int | N
     @hsettings
     @given(inputs=strategy)
     def run(inputs):
-        outcome = check(Case(op, prop, dtype, regime, inputs))
+        outcome = check_one(Case(op, prop, dtype, regime, inputs))
         target(min(outcome.ratio, 1e6), label="error / tolerance")
 
     # one example-database key per finding (one test function serves every finding)

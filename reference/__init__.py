@@ -10,7 +10,7 @@ Modules: ``softmax_stats`` (logsumexp, token_logprobs, entropy, Σπ² and close
 """
 
 from .advantage import optimal_token_baseline
-from .loss_agg import LOSS_AGG_MODES, agg_loss
+from .loss_agg import LOSS_AGG_MODES, agg_loss, agg_loss_grad
 from .metrics import token_metrics
 from .reductions import (
     ChanMoments,
@@ -67,6 +67,7 @@ __all__ = [
     # loss aggregation, metrics, advantages
     "LOSS_AGG_MODES",
     "agg_loss",
+    "agg_loss_grad",
     "token_metrics",
     "optimal_token_baseline",
 ]

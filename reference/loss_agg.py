@@ -14,7 +14,7 @@ import numpy as np
 
 from ._convert import as_float64, as_mask
 
-__all__ = ["LOSS_AGG_MODES", "agg_loss"]
+__all__ = ["LOSS_AGG_MODES", "agg_loss", "agg_loss_grad"]
 
 #: The loss aggregation modes, by their verl names.
 LOSS_AGG_MODES = (
@@ -98,3 +98,44 @@ def agg_loss(loss_mat, mask, mode: str, loss_scale_factor=None) -> float:
     if n_seq == 0:
         return math.nan
     return float(Fraction(math.fsum(sel.tolist())) / (n_seq * Fraction(scale)))
+
+
+def agg_loss_grad(loss_mat, mask, mode: str, loss_scale_factor=None, grad_output: float = 1.0) -> np.ndarray:
+    """d agg_loss / d loss_mat ``[B, T]`` float64: the weight each token's loss gets in the optimizer step.
+
+    ==========================  =========================================  ===========================
+    mode                        weight of an unmasked token (i, t)          nnz = 0 (or no sequence)
+    ==========================  =========================================  ===========================
+    token-mean                  1 / nnz                                     NaN everywhere (undefined)
+    token-sum                   1                                           0 everywhere
+    seq-mean-token-sum          1 / n_seq                                   NaN
+    seq-mean-token-mean         1 / (n_seq · Σ_t mask[i])                   NaN
+    seq-mean-token-sum-norm     1 / (n_seq · loss_scale_factor)             NaN
+    ==========================  =========================================  ===========================
+
+    Masked tokens get exactly 0 whatever they hold (a loss whose numerator sums them gives them
+    weight: cases.md family 15). Times ``grad_output``. Raises as :func:`agg_loss`.
+    Source: the closed form of :func:`agg_loss` (verl ``core_algos.agg_loss``).
+    """
+    agg_loss(np.where(as_mask(mask, np.shape(as_float64(loss_mat, "loss_mat"))), as_float64(loss_mat, "loss_mat"), 0.0),
+             mask, mode, loss_scale_factor)  # validates the arguments
+    loss = as_float64(loss_mat, "loss_mat")
+    m = as_mask(mask, loss.shape)
+    counts = m.sum(axis=1)
+    nnz, n_seq = int(m.sum()), int(np.count_nonzero(counts))
+    g = float(grad_output)
+    if mode == "token-sum":
+        return np.where(m, g, 0.0)
+    if (mode == "token-mean" and nnz == 0) or (mode != "token-mean" and n_seq == 0):
+        return np.full(loss.shape, np.nan)
+    if mode == "token-mean":
+        w = np.full(loss.shape, 1.0 / nnz)
+    elif mode == "seq-mean-token-sum":
+        w = np.full(loss.shape, 1.0 / n_seq)
+    elif mode == "seq-mean-token-mean":
+        w = 1.0 / (n_seq * np.maximum(counts, 1))[:, None] * np.ones(loss.shape)
+    else:
+        scale = loss.shape[-1] if loss_scale_factor is None else loss_scale_factor
+        scale = float(scale.item() if hasattr(scale, "item") else scale)
+        w = np.full(loss.shape, 1.0 / (n_seq * scale))
+    return np.where(m, w * g, 0.0)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from rlconform.distributed_tests.layout import Layout, parse_regime, zigzag_index
+from rlconform.harness.layout import Layout, parse_regime, zigzag_index
 from rlconform.distributed_tests.strategies import strategy_for
 from rlconform.harness.catalog import DISTRIBUTED_KINDS, OPS
 from rlconform.harness.engines import load_engine

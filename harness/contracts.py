@@ -1,0 +1,151 @@
+"""The contracts an engine implements for the composite ops, and the errors of binding one.
+
+:class:`BatchInfo`, :class:`AggLoss` (op ``agg_loss``) and :class:`MetricPipeline` (op
+``metric_pipeline``) describe how the harness drives an engine's loss aggregation and metric reduction;
+:class:`BindingError`, :class:`OpUnavailable` and :class:`VariantNotProvided` are what resolving a
+binding can raise. Imported by the op families and by :mod:`rlconform.harness.binding` (which
+re-exports them for bindings); imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["AggLoss", "BatchInfo", "BindingError", "MetricPipeline", "OpUnavailable", "VariantNotProvided",
+           "signature_arity"]
+
+
+class BindingError(Exception):
+    """A binding is malformed (wrong type, wrong signature, unknown op): a usage error, exit code 2."""
+
+
+class OpUnavailable(Exception):
+    """An op of a binding could not be resolved (its import or lookup failed).
+
+    Attributes: ``op`` (catalog name), ``detail`` (the error, with traceback text).
+    """
+
+    def __init__(self, op: str, detail: str):
+        super().__init__(f"op {op!r} unavailable: {detail.strip().splitlines()[-1] if detail.strip() else detail}")
+        self.op = op
+        self.detail = detail
+
+
+class VariantNotProvided(Exception):
+    """The engine does not provide this variant of an op (a loss_agg_mode, an estimator): the finding does
+    not apply to it. The runner lists such variants in the report instead of checking them."""
+
+    def __init__(self, op: str, variant: str, engine: str):
+        self.op, self.variant = op, variant
+        super().__init__(f"engine {engine!r} does not provide variant {variant!r} of {op!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchInfo:
+    """Global information an engine's loss aggregation receives for one mini-batch (optimizer step).
+
+    ``dp_size``: number of DP ranks; ``global_nnz``: unmasked tokens in the whole mini-batch;
+    ``global_batch_size``: sequences in the mini-batch; ``global_nonempty_seqs``: sequences with at
+    least one unmasked token; ``num_micro_batches``: micro-batches on this DP rank;
+    ``loss_scale_factor``: constant normaliser of seq-mean-token-sum-norm (``None``: engine default).
+    """
+
+    dp_size: int
+    global_nnz: int
+    global_batch_size: int
+    global_nonempty_seqs: int
+    num_micro_batches: int
+    loss_scale_factor: float | None = None
+
+
+@dataclasses.dataclass
+class AggLoss:
+    """Binding of a loss aggregation (op ``agg_loss``).
+
+    ``loss(loss_mat [b, T], mask [b, T], mode: str, info: BatchInfo) -> 0-d tensor`` is the engine's
+    per-micro-batch contribution. Contributions combine by ``micro_combine`` over one DP rank's
+    micro-batches ("sum" as gradient accumulation does, "mean", or a callable ``list[float] -> float``)
+    and by ``dp_combine`` over DP ranks ("mean" as gradient averaging does, "sum", or a callable). The combined value must equal the reference
+    :func:`rlconform.reference.agg_loss` over the whole mini-batch for every partition.
+    ``modes``: the loss_agg_modes the engine supports. ``equal_micro_batches_per_rank``: as for
+    :class:`MetricPipeline`.
+    """
+
+    loss: Callable[..., Any]
+    modes: Sequence[str] = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                            "seq-mean-token-sum-norm")
+    micro_combine: str | Callable[[list], float] = "sum"
+    dp_combine: str | Callable[[list], float] = "mean"
+    equal_micro_batches_per_rank: bool = False
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The catalog variants (loss_agg_modes) this binding provides."""
+        return tuple(self.modes)
+
+    def __post_init__(self):
+        for rule in (self.micro_combine, self.dp_combine):
+            if not callable(rule) and rule not in ("sum", "mean"):
+                raise BindingError("AggLoss.micro_combine / dp_combine must be 'sum', 'mean' or a callable")
+
+    @staticmethod
+    def combine(rule, values: list) -> float:
+        """Apply a combination rule to per-shard contributions (Python floats)."""
+        import math
+
+        if callable(rule):
+            return float(rule(values))
+        total = math.fsum(values)
+        return total if rule == "sum" else total / len(values)
+
+
+@dataclasses.dataclass
+class MetricPipeline:
+    """Binding of a metric pipeline (op ``metric_pipeline``).
+
+    The harness drives, for shards nested as mini-batches -> DP ranks -> micro-batches:
+
+    * ``emit(values [b, T] tensor, mask [b, T] tensor) -> dict`` once per micro-batch (what a worker
+      logs; values may be Python numbers, 0-d tensors, NumPy scalars: whatever the engine emits);
+    * ``reduce_micro(list[dict]) -> dict`` over one DP rank's micro-batches of one mini-batch;
+    * ``reduce_dp(list[dict]) -> dict`` over DP ranks (what the all-reduce computes);
+    * ``reduce_mini(list[dict]) -> dict`` over mini-batches (default: ``reduce_micro``);
+    * ``finalize(dict) -> dict`` once (the trainer's last step before logging).
+
+    ``stats`` maps a reference statistic (``"mean"``, ``"std"``, ``"min"``, ``"max"``) to the final
+    key that must carry it. ``emitted_to_final`` maps every emitted key to the final key that must
+    carry it (default: each emitted key must itself reach the final dict).
+    ``equal_micro_batches_per_rank``: the engine requires every DP rank of a mini-batch to hold the same
+    number of micro-batches (verl's ``same_micro_num_in_dp``); partitions are regularised to that.
+    ``emit`` may take a third argument ``info`` (dict: mini_batch, dp_rank, dp_size, micro_batch,
+    num_micro_batches).
+    """
+
+    emit: Callable[..., dict]
+    reduce_micro: Callable[[list], dict]
+    reduce_dp: Callable[[list], dict]
+    finalize: Callable[[dict], dict]
+    stats: Mapping[str, str]
+    reduce_mini: Callable[[list], dict] | None = None
+    emitted_to_final: Mapping[str, str] | None = None
+    equal_micro_batches_per_rank: bool = False
+
+
+def signature_arity(fn: Callable) -> tuple[int, int] | None:
+    """(required positional, max positional) of ``fn``; ``None`` when it cannot be inspected or takes *args."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    required = 0
+    maximum = 0
+    for p in sig.parameters.values():
+        if p.kind == p.VAR_POSITIONAL:
+            return None
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            maximum += 1
+            if p.default is p.empty:
+                required += 1
+    return required, maximum

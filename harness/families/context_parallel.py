@@ -1,0 +1,59 @@
+"""``cp_masked_mean``: the token-mean of a loss over a sequence split over CP ranks (checked by
+:mod:`rlconform.distributed_tests`).
+
+Per-rank signature: ``(local_values [B, T/cp], local_mask [B, T/cp], group) -> 0-d``, with Megatron's
+load-balanced layout (T in ``2·cp`` chunks, CP rank ``c`` holds chunks ``c`` and ``2·cp−1−c``); masked
+sums *and* nnz must be reduced over the CP group (cases.md family 5). Regimes ``<layout>_<mask regime>``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from rlconform.harness import strategies as S
+from rlconform.harness.families import OpFamily
+from rlconform.harness.layout import parse_regime
+from rlconform.harness.opinfo import (
+    FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
+)
+
+CONTEXT_PARALLEL_REGIMES = {
+    "cp2_all_on": ("float32", "bfloat16", "float64"),
+    "cp2_padded": FLOAT_DTYPES,
+    "cp4_random": ("float32", "bfloat16"),
+    "tp2cp2_padded": ("float32",),
+}
+
+OPS = (
+    OpInfo("cp_masked_mean", "context_parallel", 3, (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE),
+           CONTEXT_PARALLEL_REGIMES, reference_function("masked_mean"),
+           source="token-mean over a sequence split over CP: masked sums and nnz reduced over the CP group "
+                  "(Megatron's load-balanced 2·cp chunks; cases.md family 5)",
+           family="context_parallel", distributed=True),
+)
+
+
+@st.composite
+def inputs(draw, dtype: str, regime: str):
+    """``{"values": [B, T], "mask": [B, T]}`` with T a multiple of 2·cp (padding masked), so CP ranks hold
+    very different token counts."""
+    layout, mask_regime = parse_regime(regime)
+    b = draw(st.integers(1, 4))
+    t = draw(st.sampled_from([1, 2, 3, 8, 37, 256, 2000]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    values = draw(S.values((b, t), dtype, rng))
+    mask = draw(S.masks((b, t), mask_regime, rng))
+    pad = (-t) % (2 * layout.cp)
+    if pad:
+        values = np.concatenate([values, np.zeros((b, pad))], axis=1)
+        mask = np.concatenate([mask, np.zeros((b, pad), bool)], axis=1)
+    return {"values": values, "mask": mask}
+
+
+def strategy(op: OpInfo, dtype: str, regime: str):
+    return inputs(dtype, regime)
+
+
+FAMILY = OpFamily("context_parallel", OPS, strategy, None, order=70,
+                  doc="token-mean over a sequence split over CP ranks (Megatron load-balanced chunks)")

@@ -1,0 +1,129 @@
+"""Optimal token baseline advantages (verl PR #6153 / ``compute_optimal_token_baseline_advantage``; seed 002).
+
+Canonical signature: ``optimal_token_baseline(rewards [B, T], mask [B, T], index [B], old_log_probs [B, T],
+sum_pi_squared [B, T]) -> (advantages [B, T], returns [B, T])``. w_t = 1 − 2π_t + Σπ², cumulative
+weights, a per-group weighted baseline; groups of size 1, fully masked rows and near-zero weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+import rlconform.reference as R
+from rlconform.harness import faithful as F
+from rlconform.harness import strategies as S
+from rlconform.harness.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.families import OpFamily
+from rlconform.harness.guards import InputGuard
+from rlconform.harness.opinfo import (
+    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function,
+)
+from rlconform.harness.tensors import TORCH_DTYPES, as_numpy, to_tensor
+
+NAMES = ("rewards", "mask", "old_log_probs", "sum_pi_squared")
+GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
+
+OPS = (
+    OpInfo("optimal_token_baseline", "advantage", 5, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE, MASK_INVARIANT),
+           {"groups": ("float32", "float64")}, reference_function("optimal_token_baseline"),
+           source="verl PR #6153 / compute_optimal_token_baseline_advantage", family="optimal_token_baseline"),
+)
+
+
+@st.composite
+def inputs(draw, dtype: str):
+    """Groups of size 1..4 (shuffled index), fully masked rows, π_t near 1 with Σπ² near 1 (near-zero
+    weights w_t = 1 − 2π_t + Σπ²)."""
+    n_groups = draw(st.integers(1, 4))
+    sizes = draw(st.lists(st.integers(1, 4), min_size=n_groups, max_size=n_groups))
+    b = sum(sizes)
+    t = draw(st.sampled_from([1, 3, 8, 64]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    index = np.repeat(np.arange(n_groups), sizes)
+    rng.shuffle(index)
+    lengths = rng.integers(0, t + 1, size=b)
+    if draw(st.booleans()):
+        lengths[rng.integers(0, b)] = 0
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    rewards = np.zeros((b, t))
+    last = np.maximum(lengths - 1, 0)
+    rewards[np.arange(b), last] = rng.choice([0.0, 1.0, -1.0, 0.5], size=b)
+    if draw(st.booleans()):
+        rewards += rng.standard_normal((b, t)) * 0.1
+    if draw(st.booleans()):  # π_t ≈ 1 and Σπ² ≈ 1: w_t ≈ 0
+        pi = 1.0 - rng.uniform(0, 1e-4, (b, t))
+        spp = pi**2 + rng.uniform(0, 1e-8, (b, t))
+    else:
+        pi = rng.uniform(1e-6, 1.0, (b, t))
+        spp = np.minimum(1.0, pi**2 + rng.uniform(0, 1, (b, t)) * (1 - pi) ** 2)
+    return {
+        "rewards": S.round_to(rewards, dtype), "mask": mask, "index": index.astype(np.int64),
+        "old_log_probs": S.round_to(np.log(pi), dtype), "sum_pi_squared": S.round_to(spp, dtype),
+        "garbage": draw(st.sampled_from(GARBAGE)),
+    }
+
+
+def strategy(op: OpInfo, dtype: str, regime: str):
+    return inputs(dtype)
+
+
+def _tensors(arrs: dict, dtype: str) -> dict:
+    t = {k: to_tensor(arrs[k], dtype) for k in NAMES}
+    t["mask"] = torch.from_numpy(arrs["mask"].astype(bool)).to(TORCH_DTYPES[dtype])
+    return t
+
+
+def _args(t: dict, index) -> tuple:
+    return (t["rewards"], t["mask"], index, t["old_log_probs"], t["sum_pi_squared"])
+
+
+def _run(fn, arrs, index, dtype, refs, label, ev) -> list[Compared]:
+    t = _tensors(arrs, dtype)
+    adv, ret = call_engine("optimal_token_baseline", fn, *_args(t, index))
+    clean = dict(arrs)
+    for k in ("rewards", "old_log_probs", "sum_pi_squared"):
+        clean[k] = np.where(arrs["mask"], arrs[k], 0.0)
+    f_adv, f_ret = F.optimal_token_baseline(*_args(_tensors(clean, dtype), index))
+    out = []
+    for name, got, ref, fa in (("advantages", adv, refs[0], f_adv), ("returns", ret, refs[1], f_ret)):
+        problem = shape_problem(f"{name}{label}", as_numpy(got), np.shape(ref))
+        if problem:
+            ev.problems.append(problem)
+            continue
+        out.append(Compared(f"{name}{label}", as_numpy(got), ref, as_numpy(fa), dtype, "advantage",
+                            only_where=arrs["mask"].astype(bool)))
+    return out
+
+
+def evaluate(binding, case) -> Evaluation:
+    fn = binding.resolve(case.op)
+    arrs = {k: case.inputs[k] for k in NAMES}
+    arrs["mask"] = arrs["mask"].astype(bool)
+    if case.property == MASK_INVARIANT and arrs["mask"].all():
+        arrs["mask"] = arrs["mask"].copy()
+        arrs["mask"][-1, -1] = False
+    index = np.asarray(case.inputs["index"])
+    ev = Evaluation()
+    if case.property == NON_DESTRUCTIVE:
+        t = _tensors(arrs, case.dtype)
+        guard = InputGuard(**t)
+        call_engine(case.op, fn, *_args(t, index))
+        ev.mutations += [m.describe() for m in guard.check("forward")]
+        return ev
+    refs = R.optimal_token_baseline(arrs["rewards"], arrs["mask"], index, arrs["old_log_probs"],
+                                    arrs["sum_pi_squared"])
+    ev.values = _run(fn, arrs, index, case.dtype, refs, "", ev)
+    if case.property == MASK_INVARIANT:
+        garbage = float(case.inputs.get("garbage", np.nan))
+        dirty = dict(arrs)
+        for k in ("rewards", "old_log_probs", "sum_pi_squared"):
+            dirty[k] = np.where(arrs["mask"], arrs[k], garbage)
+        ev.alternatives.append((f"masked positions set to {garbage!r}",
+                                _run(fn, dirty, index, case.dtype, refs, f" (masked = {garbage!r})", ev)))
+    return ev
+
+
+FAMILY = OpFamily("optimal_token_baseline", OPS, strategy, evaluate, order=50,
+                  doc="optimal token baseline advantages (verl PR #6153)")

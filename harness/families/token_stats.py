@@ -1,0 +1,155 @@
+"""Token statistics over the vocab: ``logsumexp``, ``token_logprobs``, ``entropy``, ``sum_pi_squared``.
+
+Canonical signatures (torch in, torch out): ``logsumexp(logits [..., V]) -> [...]``,
+``token_logprobs(logits [..., V], labels int64 [...]) -> [...]``, ``entropy(logits) -> [...]``,
+``sum_pi_squared(logits) -> [...]`` (Σπ²). Any float dtype in; a ``-inf`` logit is a legal masked vocab
+entry (p = 0, 0·log 0 = 0). Gradients are compared with the closed forms of :mod:`rlconform.reference`
+(d log p_y = e_y − p; dH = −p ⊙ (log p + H); dΣπ² = 2p ⊙ (p − Σπ²)) for a random ``grad_output``.
+
+Regimes: ``moderate`` (scale 0.1–30), ``peaked``, ``near_uniform_offset`` (±1e4), ``neg_inf_padded``,
+``fp16_extreme`` (near ±65504), ``bf16_coarse``; see :func:`rlconform.harness.strategies.logits`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlconform.harness import faithful as F
+from rlconform.harness import strategies as S
+from rlconform.harness.evaluation import Compared, Evaluation, EngineCrash, call_engine, shape_problem
+from rlconform.harness.families import OpFamily
+from rlconform.harness.guards import InputGuard, produce
+from rlconform.harness.opinfo import (
+    FINITE, FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function,
+)
+from rlconform.harness.tensors import as_numpy, out_dtype, round_to, to_tensor
+
+#: Logits regimes (see :func:`rlconform.harness.strategies.logits`), with the dtypes each applies to.
+LOGITS_REGIMES = {
+    "moderate": FLOAT_DTYPES,
+    "peaked": FLOAT_DTYPES,
+    "near_uniform_offset": FLOAT_DTYPES,
+    "neg_inf_padded": FLOAT_DTYPES,
+    "fp16_extreme": ("float16",),
+    "bf16_coarse": ("bfloat16",),
+}
+
+
+def _op(name: str, arity: int, source: str) -> OpInfo:
+    return OpInfo(name, "token_stat", arity, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE), LOGITS_REGIMES,
+                  reference_function(name), reference_function(name + "_grad"), differentiable=True,
+                  source=source, family="token_stats")
+
+
+OPS = (
+    _op("logsumexp", 1, "log Σ_v exp(x_v), shifted by the row max"),
+    _op("token_logprobs", 2, "log softmax(x)_y; d/dx = e_y − p"),
+    _op("entropy", 1, "H = logsumexp(x) − Σ p x; dH = −p ⊙ (log p + H)"),
+    _op("sum_pi_squared", 1, "Σπ² (verl PR #6153); dΣπ² = 2p ⊙ (p − Σπ²)"),
+)
+
+
+def strategy(op: OpInfo, dtype: str, regime: str):
+    return S.logits(dtype, regime, with_labels=True)
+
+
+def engine_args(op: str, logits: torch.Tensor, inputs: dict) -> tuple:
+    """The canonical positional arguments of ``op`` (labels only for token_logprobs)."""
+    if op == "token_logprobs":
+        return (logits, torch.from_numpy(inputs["labels"]).long())
+    return (logits,)
+
+
+def _reference(op: OpInfo, inputs: dict, logits64: np.ndarray, grad_out: np.ndarray | None):
+    extra = (inputs["labels"],) if op.name == "token_logprobs" else ()
+    if grad_out is None:
+        return op.reference(logits64, *extra)
+    return op.reference_grad(logits64, *extra, grad_output=grad_out)
+
+
+def faithful(op: str, x: torch.Tensor, inputs: dict, grad_out: torch.Tensor):
+    """The fp32 path (:mod:`rlconform.harness.faithful`): value and gradient for ``grad_out``."""
+    leaf = x.detach().clone().requires_grad_(True)
+    out = getattr(F, op)(*engine_args(op, leaf, inputs))
+    (out.to(torch.float64) * grad_out).sum().backward()
+    return out.detach(), leaf.grad.detach()
+
+
+def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev: Evaluation, *, saved_producer=False):
+    """Backpropagate ``grad_out`` through an engine output when a gradient is part of the contract.
+
+    A missing graph (``requires_grad`` False, not a tensor) or a gradient that never reaches the logits
+    is a problem of ``ev`` (cases.md family 19: a detached entropy bonus silently stops training); only
+    ``Binding(forward_only=...)`` switches gradients off. Returns whether backward ran.
+    """
+    if not op.differentiable or op.name in binding.forward_only:
+        return False
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        ev.problems.append(
+            f"gradient: the engine's output has no autograd graph (requires_grad=False): no gradient reaches "
+            f"the logits, so a loss built on it would not train; if no gradient is part of the engine's "
+            f"contract, bind it with Binding(forward_only={{{op.name!r}}})")
+        return False
+    try:
+        (out.to(torch.float64) * grad_out).sum().backward()
+    except RuntimeError as exc:
+        if saved_producer and ("inplace" in str(exc) or "modified" in str(exc)):
+            ev.mutations.append(f"a producer that saved the logits for backward could not backprop: {exc}")
+            return False
+        raise EngineCrash(f"{op.name} backward", exc) from exc
+    if leaf_or_none is not None and leaf_or_none.grad is None:
+        ev.problems.append("gradient: backward ran but no gradient reached the logits (the graph is cut)")
+        return False
+    return True
+
+
+def evaluate(binding, case) -> Evaluation:
+    op = next(o for o in OPS if o.name == case.op)
+    fn = binding.resolve(case.op)
+    logits64 = case.inputs["logits"]
+    x = to_tensor(logits64, case.dtype)
+    grad_out64 = case.inputs.get("grad_output")
+    if grad_out64 is None:
+        grad_out64 = np.ones(logits64.shape[:-1])
+    grad_out = torch.from_numpy(grad_out64)
+    ev = Evaluation()
+
+    if case.property == NON_DESTRUCTIVE:
+        leaf = x.clone().requires_grad_(True)
+        logits = produce(leaf)
+        args = engine_args(case.op, logits, case.inputs)
+        guard = InputGuard(logits=logits, **({"labels": args[1]} if len(args) > 1 else {}))
+        out = call_engine(f"{case.op} forward", fn, *args)
+        ev.mutations += [m.describe() for m in guard.check("forward")]
+        if backward(op, binding, out, leaf, grad_out, ev, saved_producer=True):
+            ev.mutations += [m.describe() for m in guard.check("backward")]
+        return ev
+
+    ref = _reference(op, case.inputs, logits64, None)
+    leaf = x.clone().requires_grad_(True)
+    out = call_engine(f"{case.op} forward", fn, *engine_args(case.op, leaf, case.inputs))
+    problem = shape_problem("value", as_numpy(out), np.shape(ref),
+                            f"logits {tuple(logits64.shape)} -> one value per token")
+    if problem:
+        ev.problems.append(problem)
+        return ev
+    grad = leaf.grad if backward(op, binding, out, leaf, grad_out, ev) else None
+    f_out, f_grad = faithful(case.op, x, case.inputs, grad_out)
+    odt = out_dtype(out, case.dtype)
+    ev.values.append(Compared("value", as_numpy(out).reshape(np.shape(ref)), np.asarray(ref, np.float64),
+                              as_numpy(round_to(f_out, odt)), odt, "token_stat"))
+    if grad is not None:
+        gdt = out_dtype(grad, case.dtype)
+        ref_grad = _reference(op, case.inputs, logits64, grad_out64)
+        problem = shape_problem("gradient", as_numpy(grad), np.shape(ref_grad))
+        if problem:
+            ev.problems.append(problem)
+        else:
+            ev.gradients.append(Compared("gradient", as_numpy(grad), ref_grad, as_numpy(round_to(f_grad, gdt)),
+                                         gdt, "token_stat"))
+    return ev
+
+
+FAMILY = OpFamily("token_stats", OPS, strategy, evaluate, order=10,
+                  doc="softmax statistics over the vocab (logits [..., V] -> [...]) and their gradients")

@@ -1,0 +1,95 @@
+"""Vocab-parallel token statistics on TP ranks: ``vocab_parallel_token_logprobs``,
+``vocab_parallel_entropy``, ``vocab_parallel_sum_pi_squared`` (checked by :mod:`rlconform.distributed_tests`).
+
+Per-rank signature: ``(local_logits [..., V/tp], [labels int64 [...],] group) -> [...]``. TP rank ``t``
+holds the contiguous vocab shard ``[t·V/tp, (t+1)·V/tp)``; V is padded with ``-inf`` to a multiple of tp
+(Megatron pads V to a multiple of TP); every rank returns the full-vocab statistic; gradients are w.r.t.
+the local shard (the loss is replicated on the TP ranks, Megatron's convention).
+
+Regimes are ``<layout>_<logits regime>`` (layouts tp2, tp4, tp2cp2); ``tp{2,4}_after_entropy`` (Σπ²
+only) reads Σπ² after a vocab-parallel entropy forward + backward on the same logits (seed 002).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from rlconform.harness import strategies as S
+from rlconform.harness.families import OpFamily
+from rlconform.harness.layout import parse_regime
+from rlconform.harness.opinfo import (
+    FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
+)
+
+VOCAB_PARALLEL_REGIMES = {
+    "tp2_moderate": FLOAT_DTYPES,
+    "tp4_moderate": ("float32", "bfloat16"),
+    "tp2_peaked": ("float32", "bfloat16"),
+    "tp2_near_uniform_offset": ("float32", "float64"),
+    "tp2_neg_inf_padded": FLOAT_DTYPES,
+    "tp4_neg_inf_padded": ("float32", "bfloat16"),
+    "tp2_fp16_extreme": ("float16",),
+    "tp2cp2_moderate": ("float32",),
+}
+#: Σπ² only: the value read after a vocab-parallel entropy forward + backward (seed 002, family 12).
+ORDER_REGIMES = {"tp2_after_entropy": FLOAT_DTYPES, "tp4_after_entropy": ("float32",)}
+#: data regimes that are not logits regimes, and the logits regime they draw
+_LOGITS_ALIASES = {"after_entropy": "moderate"}
+
+
+def _op(base: str, arity: int, source: str, extra_regimes=None) -> OpInfo:
+    regimes = dict(VOCAB_PARALLEL_REGIMES, **(extra_regimes or {}))
+    return OpInfo(f"vocab_parallel_{base}", "vocab_parallel", arity,
+                  (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE), regimes, reference_function(base),
+                  reference_function(base + "_grad"), differentiable=True, source=source,
+                  family="vocab_parallel", distributed=True)
+
+
+OPS = (
+    _op("token_logprobs", 3, "log p_y over TP vocab shards: all-reduce MAX, then SUM of exp and of the label's "
+        "logit (Megatron vocab_parallel_cross_entropy = −log p_y)"),
+    _op("entropy", 2, "H over TP vocab shards: all-reduce MAX, SUM exp, SUM p·x (verl vocab_parallel_entropy)"),
+    _op("sum_pi_squared", 2, "Σπ² over TP vocab shards: all-reduce MAX, SUM exp, SUM exp² "
+        "(verl PR #6153, non-destructive)", ORDER_REGIMES),
+)
+
+
+@st.composite
+def inputs(draw, op: str, dtype: str, regime: str):
+    """``{"logits": [..., Vp], ["labels": [...],] "grad_output": [...], "vocab": V}`` (Vp = V padded).
+
+    In the ``*_neg_inf_padded`` regimes V is any size (primes included) padded with ``-inf`` to a
+    multiple of TP, so a TP rank may hold a shard that is all ``-inf``; the other regimes draw V rounded
+    up to a multiple of TP with finite logits, so each regime isolates one difficulty. With CP the
+    tokens are flattened to ``[N, V]`` rows (at least one per CP rank) and split over the CP ranks."""
+    layout, data = parse_regime(regime)
+    with_labels = op.endswith("token_logprobs")
+    logits_regime = _LOGITS_ALIASES.get(data, data)
+    if logits_regime == "neg_inf_padded":
+        sizes = S.VOCAB_SIZES
+    else:
+        sizes = tuple(sorted({-(-v // layout.tp) * layout.tp for v in S.VOCAB_SIZES}))
+    d = draw(S.logits(dtype, logits_regime, with_labels=with_labels, vocab_sizes=sizes))
+    x, g = d["logits"], d["grad_output"]
+    labels = d.get("labels")
+    v = x.shape[-1]
+    if layout.cp > 1:
+        x, g = x.reshape(-1, v), g.reshape(-1)
+        labels = labels.reshape(-1) if labels is not None else None
+        reps = -(-layout.cp // x.shape[0])
+        if reps > 1:
+            x, g = np.tile(x, (reps, 1)), np.tile(g, reps)
+            labels = np.tile(labels, reps) if labels is not None else None
+    out = {"logits": S.pad_vocab(x, layout.tp), "grad_output": g, "vocab": int(v)}
+    if labels is not None:
+        out["labels"] = labels
+    return out
+
+
+def strategy(op: OpInfo, dtype: str, regime: str):
+    return inputs(op.name, dtype, regime)
+
+
+FAMILY = OpFamily("vocab_parallel", OPS, strategy, None, order=60,
+                  doc="token statistics over TP vocab shards on gloo ranks")

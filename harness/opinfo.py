@@ -1,0 +1,98 @@
+"""The vocabulary of the op catalog: property names, dtypes and :class:`OpInfo` (PyTorch OpInfo style).
+
+The bottom of the core layer: it imports nothing of the project. Op families
+(:mod:`rlconform.harness.families`) build their :class:`OpInfo` entries from it; the catalog
+(:mod:`rlconform.harness.catalog`) collects them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+MATCHES_REFERENCE = "matches_reference"
+PARTITION_INVARIANT = "partition_invariant"
+NON_DESTRUCTIVE = "non_destructive"
+FINITE = "finite_where_reference_finite"
+METRIC_INTEGRITY = "metric_integrity"
+MASK_INVARIANT = "mask_invariant"
+#: the generic properties, in report order (see :mod:`rlconform.properties.generic`)
+PROPERTIES = (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE, FINITE, METRIC_INTEGRITY, MASK_INVARIANT)
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+#: separator between a variant (an estimator, a loss_agg_mode, ...) and the data regime in a regime name,
+#: e.g. ``grpo@uneven_groups``: each variant is its own finding, so a fault in one is never diluted
+VARIANT_SEP = "@"
+
+
+def variant_regime(variant: str, data: str) -> str:
+    """The regime name of ``variant`` under data regime ``data`` (``variant@data``)."""
+    return f"{variant}{VARIANT_SEP}{data}"
+
+
+def split_regime(regime: str) -> tuple[str | None, str]:
+    """``variant@data`` -> (variant, data); a plain regime -> (None, regime)."""
+    if VARIANT_SEP in regime:
+        variant, data = regime.split(VARIANT_SEP, 1)
+        return variant, data
+    return None, regime
+
+
+@dataclasses.dataclass(frozen=True)
+class OpInfo:
+    """Description of one catalog op.
+
+    ``kind``: the family's kind (``token_stat``, ``reduction``, ``agg_loss``, ``metric_pipeline``,
+    ``advantage``, ``vocab_parallel``, ``context_parallel``, ``dp_metric``, ...); ``family``: the
+    name of the :class:`~rlconform.harness.families.OpFamily` that declares it.
+    ``arity``: positional arguments of the canonical callable (``None`` for pipeline objects and
+    variant registries). ``properties``: the generic properties that apply. ``regimes``: regime name ->
+    dtypes (a variant family's regimes are ``variant@data``). ``variants``: the variants the catalog
+    knows (estimators, modes); empty for ops without variants. ``differentiable``: gradients are
+    compared too (closed-form reference gradient ``reference_grad``). ``distributed``: checked on gloo
+    ranks by :mod:`rlconform.distributed_tests`. ``source``: where the formula comes from.
+    """
+
+    name: str
+    kind: str
+    arity: int | None
+    properties: tuple[str, ...]
+    regimes: dict[str, tuple[str, ...]]
+    reference: Callable[..., Any]
+    reference_grad: Callable[..., Any] | None = None
+    differentiable: bool = False
+    source: str = ""
+    family: str = ""
+    variants: tuple[str, ...] = ()
+    distributed: bool = False
+    #: property -> the only regimes it is checked under (e.g. ``mask_invariant`` needs masked positions)
+    property_regimes: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def cases(self, prop: str | None = None):
+        """Yield every (dtype, regime) pair this op is checked under (for ``prop``, when given)."""
+        only = self.property_regimes.get(prop) if prop is not None else None
+        for regime, dtypes in self.regimes.items():
+            if only is not None and regime not in only:
+                continue
+            for dtype in dtypes:
+                yield dtype, regime
+
+    def findings(self):
+        """Yield every (property, dtype, regime) this op is checked under."""
+        for prop in self.properties:
+            for dtype, regime in self.cases(prop):
+                yield prop, dtype, regime
+
+
+def reference_function(name: str) -> Callable:
+    """A late-bound call of ``rlconform.reference.<name>`` (named like it, for messages)."""
+
+    def call(*args, **kwargs):
+        import rlconform.reference as R
+
+        return getattr(R, name)(*args, **kwargs)
+
+    call.__name__ = name
+    call.__qualname__ = f"reference.{name}"
+    return call
