@@ -264,7 +264,7 @@ def cmd_ledger(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from rlconform.harness.html_report import rerender
+    from rlconform.harness.report import rerender
 
     out = os.path.dirname(args.out) or "." if args.out.endswith(".json") else args.out
     try:

@@ -27,6 +27,7 @@ import os
 
 import jinja2
 
+from rlconform.harness.atomic_write import atomic_write
 from rlconform.harness.catalog import FLOAT_DTYPES, LOGITS_REGIMES
 
 STATUS_ORDER = ("crash", "discrepancy", "xpass", "unavailable", "xfail", "pass")
@@ -336,21 +337,5 @@ def render_html(doc: dict) -> str:
 
 
 def write_html(doc: dict, path: str) -> str:
-    from rlconform.harness.report import _atomic_write
-
-    _atomic_write(path, render_html(doc))
+    atomic_write(path, render_html(doc))
     return path
-
-
-def rerender(out_dir: str) -> tuple[str, str]:
-    """Re-render ``report.md`` and ``report.html`` of ``out_dir`` from its ``report.json``."""
-    import json
-
-    from rlconform.harness.report import _atomic_write, render_markdown
-
-    with open(os.path.join(out_dir, "report.json")) as fh:
-        doc = json.load(fh)
-    md = os.path.join(out_dir, "report.md")
-    _atomic_write(md, render_markdown(doc))
-    html = write_html(doc, os.path.join(out_dir, "report.html"))
-    return md, html

@@ -32,8 +32,9 @@ import datetime as _dt
 import json
 import os
 import platform
-import tempfile
 from importlib import metadata
+
+from rlconform.harness.atomic_write import atomic_write
 
 SCHEMA = "rlconform.report/1"
 STATUSES = ("discrepancy", "crash", "xpass", "unavailable", "xfail", "pass")
@@ -48,14 +49,7 @@ def tool_version() -> str:
         return "0+unknown"
 
 
-def _atomic_write(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is for everyone who can read the folder
-    os.replace(tmp, path)
+_atomic_write = atomic_write
 
 
 def _now() -> str:
@@ -196,3 +190,15 @@ def render_markdown(doc: dict) -> str:
         lines.append("</details>\n")
     lines.append(f"{s.get('pass', 0)} finding(s) pass.")
     return "\n".join(lines) + "\n"
+
+
+def rerender(out_dir: str) -> tuple[str, str]:
+    """Re-render ``report.md`` and ``report.html`` of ``out_dir`` from its ``report.json``."""
+    from rlconform.harness.html_report import write_html
+
+    with open(os.path.join(out_dir, "report.json")) as fh:
+        doc = json.load(fh)
+    md = os.path.join(out_dir, "report.md")
+    atomic_write(md, render_markdown(doc))
+    html = write_html(doc, os.path.join(out_dir, "report.html"))
+    return md, html

@@ -99,9 +99,15 @@ class Comparison:
     reference_value: float
 
     def describe(self) -> str:
-        return (f"engine {self.engine_value!r} vs reference {self.reference_value!r} at flat index "
-                f"{self.worst_index}: abs err {self.max_abs_err:.3g}, rel err {self.max_rel_err:.3g}, "
-                f"{self.max_ulp_err:.3g} ulp, tolerance {self.tolerance:.3g}")
+        """One line: the worst element, and only the error measures that mean something there (no
+        relative error or ulp count at a zero reference; none at all for a NaN/inf engine value)."""
+        head = f"engine {self.engine_value!r} vs reference {self.reference_value!r} at flat index {self.worst_index}"
+        if not np.isfinite(self.engine_value) or not np.isfinite(self.reference_value):
+            return f"{head}: tolerance {self.tolerance:.3g}"
+        parts = [f"abs err {self.max_abs_err:.3g}"]
+        if self.reference_value != 0:
+            parts += [f"rel err {self.max_rel_err:.3g}", f"{self.max_ulp_err:.3g} ulp"]
+        return f"{head}: " + ", ".join(parts) + f", tolerance {self.tolerance:.3g}"
 
 
 def compare(engine, reference, faithful, *, dtype: str, kind: str, only_where=None) -> Comparison:

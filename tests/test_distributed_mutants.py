@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from rlconform.harness.layout import Layout, parse_regime, zigzag_index
-from rlconform.distributed_tests.strategies import strategy_for
-from rlconform.harness.catalog import DISTRIBUTED_KINDS, OPS
+from rlconform.distributed_tests.checks import run_check
+from rlconform.harness.catalog import DISTRIBUTED_KINDS, OPS, strategy_for
+from rlconform.harness.evaluation import EngineCrash
 from rlconform.harness.engines import load_engine
 from rlconform.harness.pool import _pid_alive, close_all_pools, get_pool
 from rlconform.properties.case import Case, save_case
-from rlconform.properties.checks import EngineCrash, run_check
 
 pytestmark = pytest.mark.distributed
 
@@ -94,7 +94,7 @@ def test_reference_passes_the_cases_md_inputs(reference, make, prop):
 def test_reference_passes_every_distributed_finding(reference):
     """Two drawn examples of every distributed finding (the CI run draws 10; tests/test_mutants.py runs it)."""
     findings = [(op.name, prop, dtype, regime) for op in OPS.values() if op.kind in DISTRIBUTED_KINDS
-                for prop in op.properties for dtype, regime in op.cases()]
+                for prop, dtype, regime in op.findings()]
     assert len(findings) > 150
     bad = []
     for op, prop, dtype, regime in findings:
