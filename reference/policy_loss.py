@@ -200,7 +200,7 @@ def _binary_kl(lp, old, eps):
     return po * (old - lp) + second
 
 
-def _selected(p, cand, k, selected, m, what):
+def _selected(p, cand, k, selected, what):
     """The engine's selection among ``cand``: all of them if there are at most k, else ``selected``."""
     n_cand = int(cand.sum())
     if selected is not None:
@@ -302,14 +302,15 @@ def _diag(p, old, lp, A, m):
         else:
             bkl = _binary_kl(lp, old, p.dppo_eps)
             valid = ~(((A > 0) & (diff > 0) & (bkl > p.eps_high)) | ((A < 0) & (diff < 0) & (bkl > p.eps_low)))
-        vf = valid.astype(np.float64)
-        metrics["pg_clipfrac"] = sum_count(1.0 - vf, m)
+        metrics["pg_clipfrac"] = sum_count((~valid).astype(float), m)
         if v in ("dppo_tv", "dppo_kl"):
             tr = r if p.clip_c is None else np.minimum(r, p.clip_c)
             over = np.zeros(r.shape, bool) if p.clip_c is None else r > p.clip_c
             metrics["pg_clipfrac_lower"] = sum_count((over & valid).astype(float), m)
-            return _neg_a_times(A, tr * lp * vf), _neg_a_times(A, tr * vf), metrics
-        return _neg_a_times(A, r * vf), _neg_a_times(A, r * vf) * k, metrics
+            trv = np.where(valid, tr, 0.0)  # a removed token contributes exactly 0, whatever r is
+            return _neg_a_times(A, trv * lp), _neg_a_times(A, trv), metrics
+        rv = np.where(valid, r, 0.0)
+        return _neg_a_times(A, rv), _neg_a_times(A, rv) * k, metrics
 
     if v == "clip_cov":
         L1, g1, L2, g2 = _ppo_clip(A, r, k, p.eps_low, p.eps_high)
@@ -317,7 +318,7 @@ def _diag(p, old, lp, A, m):
         cov = _cov(A, lp, m)
         cand = m & ~(L2 > L1) & (cov > p.clip_cov_lb) & (cov < p.clip_cov_ub)
         k_sel = max(int(p.clip_cov_ratio * nnz), 1)
-        sel = _selected(p, cand, k_sel, p.selected, m, "clip_cov")
+        sel = _selected(p, cand, k_sel, p.selected, "clip_cov")
         corr = 1.0 - sel.astype(np.float64)
         L, g = max_with_grad(L1, L2, g1, g2)
         metrics["pg_clipfrac"] = sum_count(sel.astype(float), m)
@@ -339,7 +340,7 @@ def _diag(p, old, lp, A, m):
                 cand = m & (cov == threshold)
                 above = m & (cov > threshold)
                 # the tied tokens at the k-th place: the engine's pick among them is not determined
-                _selected(p, cand, k_sel - int(above.sum()), None, m, "kl_cov")
+                _selected(p, cand, k_sel - int(above.sum()), None, "kl_cov")
             if p.selected is not None:
                 sel = as_mask(p.selected, m.shape, "cov_selected")
                 if int((sel & m).sum()) != k_sel or (sel & ~m).any():

@@ -379,8 +379,10 @@ def test_policy_loss_value_grad_metrics_vs_mpmath(variant, data, mode, pick):
         # term alone (a batch sum of 1e43-sized terms would drown a 1e-44 derivative at 50 digits)
         key = ij[0] if variant == "geo_mean" else ij
         w = M(1) / mask.shape[0] if variant == "geo_mean" else mp_agg_weight(mask, ok_mode, ij[0])
-        dref = w * mpmath.diff(lambda x: mp_policy_terms(variant, old, lp, A, mask, lp, p, perturb=(ij, x))[key],
-                               M(lp[ij]))
+        # sapo's gate σ(τ(r − 1)) is 1 − 1e-300 for large r: its derivative needs ~330 digits to resolve
+        with mpmath.workdps(360 if variant == "sapo" else DPS):
+            dref = w * mpmath.diff(lambda x: mp_policy_terms(variant, old, lp, A, mask, lp, p, perturb=(ij, x))[key],
+                                   M(lp[ij]))
         _, addends = addend_scales(variant, old, lp, A, mask, p, ij, base_terms[key])
         gscale = (abs(dref) if addends is None else w * addends) * cond_factor(old, lp, mask, ij)
         close(float(grad[ij]), dref, float(gscale), 64, f"{variant} {ok_mode} grad{ij}")
@@ -714,6 +716,23 @@ def test_extreme_log_ratios_are_exact_and_clipped_branches_have_zero_gradient():
     # GSPO: log s clamped at 10 → A < 0 costs e^{10}·|A|, gradient 0
     lg, _ = R.policy_loss([[-100.0]], [[0.0]], [[-1.0]], [[1]], variant="gspo", log_ratio_clamp=(None, 10))
     assert lg == math.exp(10)
+
+
+def test_rollout_is_weights_by_hand():
+    # gpg, token-sum: Σ −w·A·ℓ; geo_mean: the row loss times the geometric mean of the row's weights
+    lp = np.array([[-1.0, -2.0], [-0.5, -4.0]])
+    A = np.array([[1.0, -2.0], [3.0, 1.0]])
+    w = np.array([[4.0, 1.0], [0.5, 9.0]])
+    mask = np.array([[1, 1], [1, 0]], bool)
+    loss, _ = R.policy_loss(lp, lp, A, mask, variant="gpg", loss_agg_mode="token-sum", rollout_is_weights=w)
+    assert loss == 4.0 * 1.0 + 1.0 * -4.0 + 0.5 * 1.5
+    g = R.policy_loss_grad(lp, lp, A, mask, variant="gpg", loss_agg_mode="token-sum", rollout_is_weights=w)
+    assert np.array_equal(g, [[-4.0, 2.0], [-1.5, 0.0]])
+    lg, _ = R.policy_loss(lp, lp, A, mask, variant="geo_mean", rollout_is_weights=w)
+    # row 0: Ā = −0.5, ρ = 1, weights (4·1)^½ = 2 → 1.0; row 1: Ā = 3, weight 0.5 → −1.5; mean over 2 rows
+    assert lg == (1.0 - 1.5) / 2
+    with pytest.raises(ValueError, match=">= 0"):
+        R.policy_loss(lp, lp, A, mask, variant="gpg", rollout_is_weights=-w)
 
 
 def test_geo_mean_empty_rows_count_in_the_batch_mean():
