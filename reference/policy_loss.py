@@ -425,14 +425,16 @@ def _params(variant, loss_agg_mode, clip_ratio_low, clip_ratio_high, clip_ratio_
     def fin(name, x, positive=False, nonneg=False):
         x = float(x)
         if not math.isfinite(x) or (positive and x <= 0) or (nonneg and x < 0):
-            raise ValueError(f"{name} must be finite{' and > 0' if positive else ' and >= 0' if nonneg else ''}, got {x!r}")
+            cond = " and > 0" if positive else " and >= 0" if nonneg else ""
+            raise ValueError(f"{name} must be finite{cond}, got {x!r}")
         return x
 
     eps_low = fin("clip_ratio_low", clip_ratio_low, nonneg=True)
     eps_high = fin("clip_ratio_high", clip_ratio_high, nonneg=True)
     c = None if clip_ratio_c is None else fin("clip_ratio_c", clip_ratio_c, positive=True)
     if variant == "vanilla" and c is not None and c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO (verl asserts it), got {c!r}; None disables dual clip")
+        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO (verl asserts it), got {c!r}; "
+                         "None disables dual clip")
     if variant == "dro" and (dro_beta is None or not float(dro_beta) > 0):
         raise ValueError(f"dro needs dro_beta > 0 (verl raises too), got {dro_beta!r}")
     if variant == "clip_cov" and not float(clip_cov_ratio) > 0:
