@@ -6,12 +6,17 @@ in the self-tests (tests/test_reference_mpmath.py), which check every function a
 
 Modules: ``softmax_stats`` (logsumexp, token_logprobs, entropy, Σπ² and closed-form gradients),
 ``reductions`` (masked sum/count/mean/var/std/min/max, mergeable moments), ``loss_agg`` (agg_loss),
-``metrics`` (token_metrics), ``advantage`` (optimal_token_baseline).
+``metrics`` (token_metrics), ``advantage`` (optimal_token_baseline), ``kl`` (kl_estimator),
+``importance`` (importance_ratio), ``policy_loss`` (policy_loss and its variants), ``value_loss``
+(the clipped critic loss); the last four with closed-form gradients w.r.t. the log-probs / values.
 """
 
 from .advantage import optimal_token_baseline
+from .importance import IMPORTANCE_LEVELS, importance_ratio, importance_ratio_grad
+from .kl import KL_ESTIMATORS, kl_estimator, kl_estimator_grad
 from .loss_agg import LOSS_AGG_MODES, agg_loss, agg_loss_grad
 from .metrics import token_metrics
+from .policy_loss import POLICY_LOSS_VARIANTS, SumCount, policy_loss, policy_loss_grad
 from .reductions import (
     ChanMoments,
     Moments,
@@ -38,6 +43,7 @@ from .softmax_stats import (
     token_logprobs,
     token_logprobs_grad,
 )
+from .value_loss import value_loss, value_loss_grad
 
 __all__ = [
     # softmax statistics and their gradients
@@ -70,4 +76,17 @@ __all__ = [
     "agg_loss_grad",
     "token_metrics",
     "optimal_token_baseline",
+    # KL estimators, importance ratios, policy and value losses (with gradients)
+    "KL_ESTIMATORS",
+    "kl_estimator",
+    "kl_estimator_grad",
+    "IMPORTANCE_LEVELS",
+    "importance_ratio",
+    "importance_ratio_grad",
+    "POLICY_LOSS_VARIANTS",
+    "SumCount",
+    "policy_loss",
+    "policy_loss_grad",
+    "value_loss",
+    "value_loss_grad",
 ]
