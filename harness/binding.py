@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping
 
 from rlconform.harness.catalog import OPS
 from rlconform.harness.contracts import (  # noqa: F401 - re-exported: bindings import them from here
-    AggLoss, BatchInfo, BindingError, MetricPipeline, OpUnavailable, VariantNotProvided, signature_arity,
+    AggLoss, BatchInfo, BindingError, MetricPipeline, OpUnavailable, VariantNotProvided, Variants, signature_arity,
 )
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "MetricPipeline",
     "OpUnavailable",
     "VariantNotProvided",
+    "Variants",
 ]
 
 
@@ -154,6 +155,18 @@ def validate_impl(op: str, impl: Any, *, where: str = "binding") -> None:
     if info.kind == "metric_pipeline":
         if not isinstance(impl, MetricPipeline):
             raise BindingError(f"{where}: op 'metric_pipeline' must be a MetricPipeline, got {type(impl).__name__}")
+        return
+    if info.variants:
+        if not isinstance(impl, Variants):
+            raise BindingError(f"{where}: op {op!r} has variants ({', '.join(info.variants)}): bind it as "
+                               f"Variants({{variant: callable}}), got {type(impl).__name__}")
+        unknown = sorted(set(impl.impls) - set(info.variants))
+        if unknown:
+            raise BindingError(f"{where}: op {op!r} has no variant(s) {unknown}; the catalog knows "
+                               f"{', '.join(info.variants)} (list engine-only names in Variants.unchecked)")
+        for name, fn in impl.impls.items():
+            if not callable(fn):
+                raise BindingError(f"{where}: variant {name!r} of {op!r} must be callable, got {type(fn).__name__}")
         return
     if not callable(impl):
         raise BindingError(f"{where}: op {op!r} must be callable, got {type(impl).__name__}")

@@ -14,7 +14,7 @@ import inspect
 from typing import Any, Callable, Mapping, Sequence
 
 __all__ = ["AggLoss", "BatchInfo", "BindingError", "MetricPipeline", "OpUnavailable", "VariantNotProvided",
-           "signature_arity"]
+           "Variants", "signature_arity"]
 
 
 class BindingError(Exception):
@@ -131,6 +131,29 @@ class MetricPipeline:
     reduce_mini: Callable[[list], dict] | None = None
     emitted_to_final: Mapping[str, str] | None = None
     equal_micro_batches_per_rank: bool = False
+
+
+@dataclasses.dataclass
+class Variants:
+    """An engine's registry bound to a catalog op with variants (advantage estimators, policy losses, KL
+    estimators): ``impls`` maps a catalog variant name to a callable with the op's canonical signature;
+    ``unchecked`` maps every name the engine registers that the catalog cannot check to the reason (the
+    report lists them: a registered variant is bound or reported, never silently skipped).
+    """
+
+    impls: Mapping[str, Callable[..., Any]]
+    unchecked: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(self.impls)
+
+    def get(self, op: str, variant: str, engine: str = "engine") -> Callable[..., Any]:
+        """The callable of ``variant``; raises :class:`VariantNotProvided`."""
+        try:
+            return self.impls[variant]
+        except KeyError:
+            raise VariantNotProvided(op, variant, engine) from None
 
 
 def signature_arity(fn: Callable) -> tuple[int, int] | None:
