@@ -14,7 +14,8 @@ import math
 import torch
 
 from rlconform.harness import faithful as F
-from rlconform.harness.binding import AggLoss, Binding, MetricPipeline
+from rlconform.harness.binding import AggLoss, Binding, MetricPipeline, Variants
+from rlconform.harness.families import advantages as A
 
 
 def emit_sums(values: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -200,6 +201,14 @@ def dp_metric_all_reduce(local_values, local_mask, group):
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return float(t[0] / t[1]) if float(t[1]) else float("nan")
 
+def _outcome_estimator(estimator: str):
+    def outcome_advantage(token_level_rewards, response_mask, index, **extras):
+        return A.faithful_outcome_advantage(estimator, token_level_rewards, response_mask, index, **extras)
+
+    outcome_advantage.__qualname__ = f"reference.outcome_advantage[{estimator}]"
+    return outcome_advantage
+
+
 binding = Binding(
     name="reference",
     version=None,
@@ -223,6 +232,9 @@ binding = Binding(
         "vocab_parallel_sum_pi_squared": vocab_parallel_sum_pi_squared,
         "cp_masked_mean": cp_masked_mean,
         "dp_metric_all_reduce": dp_metric_all_reduce,
+        "outcome_advantage": Variants({e: _outcome_estimator(e) for e in A.ESTIMATORS}),
+        "gae": A.faithful_gae,
+        "masked_whiten": A.faithful_masked_whiten,
     },
     notes={"all": "dtype-faithful torch computations (rlconform.harness.faithful)"},
 )

@@ -1,0 +1,421 @@
+"""Advantage estimators, GAE and whitening: ``outcome_advantage`` (one variant per estimator), ``gae``,
+``masked_whiten``.
+
+Canonical signatures (torch in, torch out; ``index`` a NumPy int64 array of group ids, rows of a group
+need not be contiguous):
+
+==================  ===============================================================================
+op                  signature
+==================  ===============================================================================
+outcome_advantage   variant callable ``(token_level_rewards [B, T], response_mask [B, T], index [B],
+                    **extras) -> (advantages [B, T], returns [B, T])``; extras: ``reward_baselines [B]``
+                    (remax), ``reward_components [K, B, T]`` (gdpo). Bound as
+                    :class:`~rlconform.harness.contracts.Variants` (the engine's registry).
+gae                 ``(token_level_rewards [B, T], values [B, T], response_mask [B, T], gamma, lam)
+                    -> (advantages [B, T], returns [B, T])``
+masked_whiten       ``(values [B, T], mask [B, T], shift_mean: bool) -> [B, T]``
+==================  ===============================================================================
+
+The catalog's parameters, which a binding configures its engine with: ε = 1e-6 (on σ, unbiased group
+std), ``norm_adv_by_std`` True except for ``drgrpo``, γ = 1 for reinforce_plus_plus, GPG's f_norm = 1,
+GDPO's weights 1, whitening ε = 1e-8. The float64 references
+(:mod:`rlconform.reference.advantage_estimators`, :mod:`rlconform.reference.whitening`) define every
+degenerate case: a singleton or constant group gets advantage 0, whitening 0 or 1 valid tokens is
+defined, masked inputs are ignored whatever they hold and masked outputs are 0 (only unmasked outputs
+are compared). Each estimator is a variant (``grpo@uneven_groups``), so a fault in one is its own
+finding.
+
+Regimes: ``uneven_groups`` (group sizes 1–5 with singletons, shuffled index, rows of 0 to T tokens,
+outcome rewards at each row's last token) and ``near_constant`` (groups whose rewards are equal or differ
+by 1e-7 relative: where E[x²] − μ² cancels; cases.md family 14). The dtype-faithful path is the same
+formulas in float32 (float64 stays float64) with two-pass group statistics.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+import rlconform.reference as R
+from rlconform.harness import strategies as S
+from rlconform.harness.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.families import OpFamily
+from rlconform.harness.guards import InputGuard
+from rlconform.harness.opinfo import (
+    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
+    variant_regime,
+)
+from rlconform.harness.tensors import as_numpy, out_dtype, round_to, to_tensor
+
+ESTIMATORS = tuple(R.ESTIMATORS)
+EPSILON = 1e-6
+WHITEN_EPS = 1e-8
+DTYPES = ("float32", "float64")
+GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
+PROPS = (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE, MASK_INVARIANT)
+
+OPS = (
+    OpInfo("outcome_advantage", "advantage_estimator", None, PROPS,
+           {variant_regime(e, data): DTYPES for e in ESTIMATORS for data in ("uneven_groups", "near_constant")},
+           reference_function("outcome_advantage"),
+           source="outcome-reward advantage estimators (verl core_algos.register_adv_est, SkyRL "
+                  "AdvantageEstimatorRegistry); formulas and papers in reference.advantage_estimators.ESTIMATOR_DOCS",
+           family="advantages", variants=ESTIMATORS),
+    OpInfo("gae", "advantage", 5, PROPS, {"padded": DTYPES}, reference_function("gae"),
+           source="GAE (Schulman et al. 2016), whitened (verl compute_gae_advantage_return)", family="advantages"),
+    OpInfo("masked_whiten", "advantage", 3, PROPS,
+           {"padded": DTYPES, "few_tokens": DTYPES, "offset": DTYPES}, reference_function("masked_whiten"),
+           source="verl/SkyRL masked_whiten: (x − μ)·rsqrt(σ² + 1e-8), unbiased σ² over the batch",
+           family="advantages"),
+)
+
+
+# ------------------------------------------------------------------------------------- strategies
+@st.composite
+def _groups(draw, rng, max_groups: int = 4, max_size: int = 5):
+    n_groups = draw(st.integers(1, max_groups))
+    sizes = draw(st.lists(st.integers(1, max_size), min_size=n_groups, max_size=n_groups))
+    index = np.repeat(np.arange(n_groups), sizes)
+    if draw(st.booleans()):
+        rng.shuffle(index)
+    return index.astype(np.int64)
+
+
+@st.composite
+def outcome_inputs(draw, dtype: str, estimator: str, data: str):
+    """``{"token_level_rewards", "response_mask", "index", "garbage", [extras]}`` (see the module docstring)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    index = draw(_groups(rng))
+    b = index.size
+    t = draw(st.sampled_from([1, 3, 8, 32]))
+    lengths = rng.integers(0, t + 1, size=b)
+    if draw(st.booleans()):
+        lengths[rng.integers(0, b)] = 0
+    if draw(st.booleans()):
+        lengths = np.maximum(lengths, 1)
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    rewards = np.zeros((b, t))
+    last = np.maximum(lengths - 1, 0)
+    if data == "uneven_groups":
+        scores = rng.choice([0.0, 1.0, -1.0, 0.5, 0.95], size=b)
+        if draw(st.booleans()):
+            scores = scores + rng.standard_normal(b) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
+    else:  # near_constant: equal rewards per group, or 1e-7-relative differences around a base
+        base = draw(st.sampled_from([0.95, 1.0, -0.5, 3.0]))
+        spread = draw(st.sampled_from([0.0, 1e-7, 1e-6]))
+        scores = base * (1 + spread * rng.integers(-2, 3, size=b))
+        if draw(st.booleans()):  # cases.md row 14: [0, 0.95 × 7]
+            scores[index == index[0]] = 0.95
+            scores[0] = 0.0
+    rewards[np.arange(b), last] = np.where(lengths > 0, scores, 0.0)
+    out = {"token_level_rewards": S.round_to(rewards, dtype), "response_mask": mask, "index": index,
+           "garbage": draw(st.sampled_from(GARBAGE))}
+    if estimator == "remax":
+        out["reward_baselines"] = S.round_to(rng.choice([0.0, 0.5, 1.0], size=b) + rng.standard_normal(b) * 0.1,
+                                             dtype)
+    if estimator == "gdpo":
+        k = draw(st.integers(1, 3))
+        comps = np.zeros((k, b, t))
+        comps[:, np.arange(b), last] = rng.choice([0.0, 1.0, 0.5], size=(k, b)) * (lengths > 0)
+        out["reward_components"] = S.round_to(comps, dtype)
+    return out
+
+
+@st.composite
+def gae_inputs(draw, dtype: str):
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    b, t = draw(st.integers(1, 6)), draw(st.sampled_from([1, 4, 16, 64]))
+    lengths = rng.integers(0, t + 1, size=b)
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    rewards = np.zeros((b, t))
+    rewards[np.arange(b), np.maximum(lengths - 1, 0)] = rng.choice([0.0, 1.0, -1.0], size=b) * (lengths > 0)
+    if draw(st.booleans()):
+        rewards += rng.standard_normal((b, t)) * 0.01
+    values = rng.standard_normal((b, t)) * draw(st.sampled_from([0.1, 1.0]))
+    gamma, lam = draw(st.sampled_from([(1.0, 1.0), (0.99, 0.95), (1.0, 0.9)]))
+    return {"token_level_rewards": S.round_to(rewards, dtype), "values": S.round_to(values, dtype),
+            "response_mask": mask, "gamma": gamma, "lam": lam, "garbage": draw(st.sampled_from(GARBAGE))}
+
+
+@st.composite
+def whiten_inputs(draw, dtype: str, regime: str):
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    b, t = draw(st.integers(1, 6)), draw(st.sampled_from([1, 4, 16, 64]))
+    if regime == "few_tokens":  # 0 or 1 valid tokens in the whole batch
+        mask = np.zeros((b, t), bool)
+        if draw(st.booleans()):
+            mask[rng.integers(0, b), rng.integers(0, t)] = True
+    else:
+        mask = draw(S.masks((b, t), "padded", rng))
+    offset = 1e4 if regime == "offset" else 0.0
+    values = offset + rng.standard_normal((b, t)) * draw(st.sampled_from([1e-3, 1.0, 30.0]))
+    return {"values": S.round_to(values, dtype), "mask": mask, "shift_mean": draw(st.booleans()),
+            "garbage": draw(st.sampled_from(GARBAGE))}
+
+
+def strategy(op: OpInfo, dtype: str, regime: str):
+    if op.name == "outcome_advantage":
+        estimator, data = split_regime(regime)
+        return outcome_inputs(dtype, estimator, data)
+    if op.name == "gae":
+        return gae_inputs(dtype)
+    return whiten_inputs(dtype, regime)
+
+
+# ------------------------------------------------------------------------------------ faithful path
+def _zero(x):
+    return torch.zeros((), dtype=x.dtype)
+
+
+def faithful_masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """fp32 (fp64 stays) two-pass whitening over the unmasked entries; masked outputs 0; nnz ≤ 1 as the
+    reference defines it (σ² := 0)."""
+    cd = compute_dtype(values.dtype)
+    keep = mask != 0
+    x = torch.where(keep, values.to(cd), torch.zeros((), dtype=cd))
+    n = keep.sum()
+    if int(n) == 0:
+        return torch.zeros_like(x).to(values.dtype)
+    mean = x.sum() / n
+    dev = torch.where(keep, x - mean, torch.zeros((), dtype=cd))
+    var = (dev * dev).sum() / (n - 1) if int(n) > 1 else torch.zeros((), dtype=cd)
+    out = dev * torch.rsqrt(var + WHITEN_EPS)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(keep, out, torch.zeros((), dtype=cd)).to(values.dtype)
+
+
+def _suffix(x: torch.Tensor, keep: torch.Tensor, c: float) -> torch.Tensor:
+    """y_t = x_t + c·y_{t'} over unmasked positions (t' the next unmasked one); masked outputs 0."""
+    y = torch.zeros(x.shape[0], dtype=x.dtype)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[1] - 1, -1, -1):
+        y = torch.where(keep[:, t], x[:, t] + c * y, y)
+        out[:, t] = torch.where(keep[:, t], y, _zero(x))
+    return out
+
+
+def _group_rows(index) -> list:
+    groups: dict = {}
+    for i, g in enumerate(np.asarray(index).reshape(-1).tolist()):
+        groups.setdefault(g, []).append(i)
+    return [torch.tensor(rows) for rows in groups.values()]
+
+
+def _grpo(s: torch.Tensor, rows: torch.Tensor, norm: bool) -> torch.Tensor:
+    g = s[rows]
+    if g.numel() == 1:
+        return torch.zeros_like(g)
+    dev = g - g.mean()
+    if not norm:
+        return dev
+    std = torch.sqrt((dev * dev).sum() / (g.numel() - 1))
+    return dev / (std + EPSILON)
+
+
+def faithful_outcome_advantage(estimator: str, rewards: torch.Tensor, mask: torch.Tensor, index,
+                               reward_baselines=None, reward_components=None):
+    """The estimator in fp32 (fp64 stays) with two-pass group statistics: (advantages, returns) in the
+    rewards' dtype, masked outputs 0 (formulas: reference.advantage_estimators.ESTIMATOR_DOCS)."""
+    cd = compute_dtype(rewards.dtype)
+    keep = mask != 0
+    r = torch.where(keep, rewards.to(cd), torch.zeros((), dtype=cd))
+    lengths = keep.sum(-1)
+    b = r.shape[0]
+    if estimator == "remax":
+        ret = _suffix(r, keep, 1.0)
+        adv = torch.where(keep, ret - reward_baselines.to(cd)[:, None], torch.zeros((), dtype=cd))
+        return adv.to(rewards.dtype), ret.to(rewards.dtype)
+    if estimator == "reinforce_plus_plus":
+        ret = _suffix(r, keep, 1.0)
+        return faithful_masked_whiten(ret, keep).to(rewards.dtype), ret.to(rewards.dtype)
+    s = r.sum(-1)
+    groups = _group_rows(index)
+    a = torch.zeros(b, dtype=cd)
+    if estimator == "gdpo":
+        comps = reward_components if reward_components is not None else r[None]
+        for comp in comps:
+            sk = torch.where(keep, comp.to(cd), torch.zeros((), dtype=cd)).sum(-1)
+            for rows in groups:
+                a[rows] += _grpo(sk, rows, True)
+    for rows in groups:
+        g = s[rows]
+        n = g.numel()
+        if estimator == "gdpo":
+            break
+        if n == 1:
+            continue
+        mu = g.mean()
+        dev = g - mu
+        if estimator in ("grpo", "drgrpo"):
+            a[rows] = _grpo(s, rows, estimator == "grpo")
+        elif estimator == "rloo":
+            a[rows] = dev * n / (n - 1)
+        elif estimator == "opo":
+            w = lengths[rows].to(cd)
+            a[rows] = g - ((w * g).sum() / w.sum() if float(w.sum()) else torch.zeros((), dtype=cd))
+        elif estimator == "gpg":
+            alpha = b / max(int(torch.count_nonzero(s)), 1)
+            a[rows] = alpha * dev
+        elif estimator == "maxrl":
+            a[rows] = torch.where(dev == 0, torch.zeros((), dtype=cd), dev / (mu + EPSILON))
+        elif estimator == "grpo_passk":
+            top = torch.sort(g, descending=True).values
+            if top[0] > top[1]:
+                std = torch.sqrt((dev * dev).sum() / (n - 1))
+                out = torch.zeros_like(g)
+                out[int(torch.argmax(g))] = (top[0] - top[1]) / (std + EPSILON)
+                a[rows] = out
+        elif estimator == "reinforce_plus_plus_baseline":
+            a[rows] = dev
+        else:
+            raise ValueError(f"unknown estimator {estimator!r}")
+    adv = torch.where(keep, a[:, None].expand_as(r), torch.zeros((), dtype=cd))
+    if estimator in ("reinforce_plus_plus_baseline", "gdpo"):
+        adv = faithful_masked_whiten(adv, keep).to(cd)
+    return adv.to(rewards.dtype), adv.to(rewards.dtype)
+
+
+def faithful_gae(rewards, values, mask, gamma: float, lam: float):
+    """GAE over unmasked positions in fp32 (fp64 stays), whitened: (advantages, returns)."""
+    cd = compute_dtype(rewards.dtype)
+    keep = mask != 0
+    r = torch.where(keep, rewards.to(cd), torch.zeros((), dtype=cd))
+    v = torch.where(keep, values.to(cd), torch.zeros((), dtype=cd))
+    b, t = r.shape
+    a_next = torch.zeros(b, dtype=cd)
+    v_next = torch.zeros(b, dtype=cd)
+    adv = torch.zeros_like(r)
+    for i in range(t - 1, -1, -1):
+        delta = r[:, i] + gamma * v_next - v[:, i]
+        a_new = delta + gamma * lam * a_next
+        a_next = torch.where(keep[:, i], a_new, a_next)
+        v_next = torch.where(keep[:, i], v[:, i], v_next)
+        adv[:, i] = torch.where(keep[:, i], a_next, torch.zeros((), dtype=cd))
+    ret = torch.where(keep, adv + v, torch.zeros((), dtype=cd))
+    return faithful_masked_whiten(adv, keep).to(rewards.dtype), ret.to(rewards.dtype)
+
+
+# --------------------------------------------------------------------------------------- evaluate
+_TOKEN_INPUTS = {"outcome_advantage": ("token_level_rewards",), "gae": ("token_level_rewards", "values"),
+                 "masked_whiten": ("values",)}
+_MASK = {"outcome_advantage": "response_mask", "gae": "response_mask", "masked_whiten": "mask"}
+
+
+def _impl(binding, case):
+    impl = binding.resolve(case.op)
+    if case.op == "outcome_advantage":
+        estimator, _ = split_regime(case.regime)
+        return impl.get(case.op, estimator, binding.name), estimator
+    return impl, None
+
+
+def _call(case, fn, estimator, arrs: dict, dtype: str, *, guard=False):
+    """Call the engine on tensors made from ``arrs``; returns (outputs tuple, tensors given)."""
+    mask = torch.from_numpy(arrs[_MASK[case.op]].astype(bool))
+    t = {k: to_tensor(arrs[k], dtype) for k in _TOKEN_INPUTS[case.op]}
+    if case.op == "outcome_advantage":
+        extras = {k: to_tensor(arrs[k], dtype) for k in ("reward_baselines", "reward_components") if k in arrs}
+        given = dict(t, response_mask=mask, **extras)
+        out = call_engine(f"outcome_advantage[{estimator}]", fn, t["token_level_rewards"], mask,
+                          np.asarray(arrs["index"]), **extras)
+    elif case.op == "gae":
+        given = dict(t, response_mask=mask)
+        out = call_engine("gae", fn, t["token_level_rewards"], t["values"], mask, arrs["gamma"], arrs["lam"])
+    else:
+        given = dict(t, mask=mask)
+        out = call_engine("masked_whiten", fn, t["values"], mask, bool(arrs["shift_mean"]))
+        out = (out,)
+    return out, given
+
+
+def _reference(case, estimator, arrs):
+    mask = arrs[_MASK[case.op]].astype(bool)
+    if case.op == "outcome_advantage":
+        extras = {k: arrs[k] for k in ("reward_baselines", "reward_components") if k in arrs}
+        return R.outcome_advantage(arrs["token_level_rewards"], mask, arrs["index"], estimator=estimator,
+                                   epsilon=EPSILON, norm_adv_by_std=estimator != "drgrpo", **extras)
+    if case.op == "gae":
+        return R.gae(arrs["token_level_rewards"], arrs["values"], mask, arrs["gamma"], arrs["lam"])
+    return (R.masked_whiten(arrs["values"], mask, bool(arrs["shift_mean"])),)
+
+
+def _faithful(case, estimator, arrs, dtype):
+    mask = torch.from_numpy(arrs[_MASK[case.op]].astype(bool))
+    clean = {k: to_tensor(np.where(arrs[_MASK[case.op]], arrs[k], 0.0), dtype) for k in _TOKEN_INPUTS[case.op]}
+    if case.op == "outcome_advantage":
+        extras = {k: to_tensor(arrs[k], dtype) for k in ("reward_baselines", "reward_components") if k in arrs}
+        return faithful_outcome_advantage(estimator, clean["token_level_rewards"], mask, arrs["index"], **extras)
+    if case.op == "gae":
+        return faithful_gae(clean["token_level_rewards"], clean["values"], mask, arrs["gamma"], arrs["lam"])
+    return (faithful_masked_whiten(clean["values"], mask, bool(arrs["shift_mean"])),)
+
+
+_LABELS = {"outcome_advantage": ("advantages", "returns"), "gae": ("advantages", "returns"),
+           "masked_whiten": ("whitened",)}
+
+
+def _compare(case, outs, refs, fas, mask, dtype, suffix, ev) -> list[Compared]:
+    compared = []
+    if len(outs) != len(refs):
+        ev.problems.append(f"the engine returned {len(outs)} output(s), expected {len(refs)} "
+                           f"({', '.join(_LABELS[case.op])})")
+        return compared
+    for label, got, ref, fa in zip(_LABELS[case.op], outs, refs, fas):
+        problem = shape_problem(label + suffix, as_numpy(got), np.shape(ref))
+        if problem:
+            ev.problems.append(problem)
+            continue
+        odt = out_dtype(got, dtype)
+        compared.append(Compared(label + suffix, as_numpy(got), np.asarray(ref, np.float64),
+                                 as_numpy(round_to(fa, odt)), odt, "advantage", only_where=mask))
+    return compared
+
+
+def evaluate(binding, case) -> Evaluation:
+    fn, estimator = _impl(binding, case)
+    arrs = dict(case.inputs)
+    mname = _MASK[case.op]
+    arrs[mname] = np.asarray(arrs[mname]).astype(bool)
+    if case.property == MASK_INVARIANT and arrs[mname].all():  # garbage needs a masked position
+        arrs[mname] = arrs[mname].copy()
+        arrs[mname][-1, -1] = False
+    mask = arrs[mname]
+    ev = Evaluation()
+    if case.property == NON_DESTRUCTIVE:
+        tensors = {k: to_tensor(arrs[k], case.dtype) for k in _TOKEN_INPUTS[case.op]}
+        tensors[mname] = torch.from_numpy(mask)
+        guard = InputGuard(**tensors)
+        mask_t = tensors.pop(mname)
+        if case.op == "outcome_advantage":
+            extras = {k: to_tensor(arrs[k], case.dtype) for k in ("reward_baselines", "reward_components") if k in arrs}
+            call_engine(f"outcome_advantage[{estimator}]", fn, tensors["token_level_rewards"], mask_t,
+                        np.asarray(arrs["index"]), **extras)
+        elif case.op == "gae":
+            call_engine("gae", fn, tensors["token_level_rewards"], tensors["values"], mask_t, arrs["gamma"],
+                        arrs["lam"])
+        else:
+            call_engine("masked_whiten", fn, tensors["values"], mask_t, bool(arrs["shift_mean"]))
+        ev.mutations += [m.describe() for m in guard.check("forward")]
+        return ev
+    refs = _reference(case, estimator, arrs)
+    fas = _faithful(case, estimator, arrs, case.dtype)
+    outs, _ = _call(case, fn, estimator, arrs, case.dtype)
+    outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+    ev.values = _compare(case, outs, refs, fas, mask, case.dtype, "", ev)
+    if case.property == MASK_INVARIANT:
+        garbage = float(case.inputs.get("garbage", np.nan))
+        dirty = dict(arrs)
+        for k in _TOKEN_INPUTS[case.op]:
+            dirty[k] = np.where(mask, arrs[k], garbage)
+        outs, _ = _call(case, fn, estimator, dirty, case.dtype)
+        outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+        ev.alternatives.append((f"masked positions set to {garbage!r}",
+                                _compare(case, outs, refs, fas, mask, case.dtype, f" (masked = {garbage!r})", ev)))
+    return ev
+
+
+FAMILY = OpFamily("advantages", OPS, strategy, evaluate, order=55,
+                  doc="outcome-reward advantage estimators (a variant each), GAE and masked whitening")
