@@ -6,10 +6,13 @@ in the self-tests (tests/test_reference_mpmath.py), which check every function a
 
 Modules: ``softmax_stats`` (logsumexp, token_logprobs, entropy, Σπ² and closed-form gradients),
 ``reductions`` (masked sum/count/mean/var/std/min/max, mergeable moments), ``loss_agg`` (agg_loss),
-``metrics`` (token_metrics), ``advantage`` (optimal_token_baseline).
+``metrics`` (token_metrics), ``advantage`` (optimal_token_baseline), ``advantage_estimators``
+(outcome_advantage for every estimator variant, gae), ``whitening`` (masked_whiten with exact,
+mergeable global statistics).
 """
 
 from .advantage import optimal_token_baseline
+from .advantage_estimators import ESTIMATOR_DOCS, ESTIMATORS, NAN_SCOPE, gae, outcome_advantage
 from .loss_agg import LOSS_AGG_MODES, agg_loss
 from .metrics import token_metrics
 from .reductions import (
@@ -38,6 +41,7 @@ from .softmax_stats import (
     token_logprobs,
     token_logprobs_grad,
 )
+from .whitening import WHITEN_EPS, ExactMoments, exact_moments, masked_whiten, merge_exact_moments
 
 __all__ = [
     # softmax statistics and their gradients
@@ -69,4 +73,15 @@ __all__ = [
     "agg_loss",
     "token_metrics",
     "optimal_token_baseline",
+    # outcome-reward advantage estimators, GAE, whitening
+    "ESTIMATORS",
+    "ESTIMATOR_DOCS",
+    "NAN_SCOPE",
+    "outcome_advantage",
+    "gae",
+    "masked_whiten",
+    "WHITEN_EPS",
+    "ExactMoments",
+    "exact_moments",
+    "merge_exact_moments",
 ]
