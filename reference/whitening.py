@@ -10,10 +10,11 @@ moments=merged)`` whitens one rank's rows. ``reductions.Moments`` (floats) and
 ``reductions.ChanMoments`` are accepted as ``moments`` too and converted exactly.
 
 Source: verl 0.9.1 ``verl/utils/torch_functional.py::masked_whiten`` and SkyRL 0.4.0
-``skyrl/backends/skyrl_train/utils/ppo_utils.py::masked_whiten`` (identical code):
-``mean = masked_mean(x, m)`` (Σx / (nnz + 1e-8)), ``var = masked_var(x, m)`` (unbiased: mean of
-squared deviations × nnz/(nnz − 1)), ``whitened = (x − mean)·rsqrt(var + 1e-8)``,
-``+ mean`` if not ``shift_mean``.
+``skyrl/backends/skyrl_train/utils/ppo_utils.py::masked_whiten`` (the same code over different
+``masked_mean`` helpers): ``mean = masked_mean(x, m)``, ``var = masked_var(x, m)`` (unbiased: mean of
+squared deviations × nnz/(nnz − 1), ValueError for nnz ≤ 1), ``whitened = (x − mean)·rsqrt(var + 1e-8)``,
+``+ mean`` if not ``shift_mean``. verl's masked_mean is Σ where(m, x, 0)·m / (nnz + 1e-8); SkyRL's
+(torch_utils.masked_mean) is Σ x·m / max(nnz, 1), through which a NaN/inf at a masked position leaks.
 """
 
 from __future__ import annotations
@@ -164,8 +165,10 @@ def masked_whiten(values, mask, shift_mean: bool = True, *, eps: float = WHITEN_
         x − μ = 0 exactly, so any finite scale gives 0; σ² = 0 is also what a constant batch gives
         (σ² = 0 exactly: out = 0), so a one-token batch behaves like a constant batch.
       a non-finite unmasked entry: every unmasked output is NaN (the batch statistics are NaN).
-    Engines differ from this, on purpose here: μ is Σx/(nnz + 1e-8) there (a relative bias of
-    1e-8/nnz), and masked positions hold (x − μ)·rsqrt(...) there instead of 0.
+    Engines differ from this, on purpose here: verl's μ is Σx/(nnz + 1e-8) (a relative bias of
+    1e-8/nnz: a constant batch whitens to x·1e-4/nnz instead of 0 in float64); SkyRL's μ is Σx·m/nnz
+    (NaN/inf at a masked position poisons everything); both leave (x − μ)·rsqrt(σ² + 1e-8) at masked
+    positions instead of 0.
 
     Accuracy: μ and σ² are exact rationals; sqrt(σ² + eps) is within 1 ulp; x − μ is computed in
     double-double and divided once, so each output is within about 2 ulps of the exact value.
