@@ -6,12 +6,15 @@ in the self-tests (tests/test_reference_mpmath.py), which check every function a
 
 Modules: ``softmax_stats`` (logsumexp, token_logprobs, entropy, Σπ² and closed-form gradients),
 ``reductions`` (masked sum/count/mean/var/std/min/max, mergeable moments), ``loss_agg`` (agg_loss),
-``metrics`` (token_metrics), ``advantage`` (optimal_token_baseline), ``kl`` (kl_estimator),
-``importance`` (importance_ratio), ``policy_loss`` (policy_loss and its variants), ``value_loss``
-(the clipped critic loss); the last four with closed-form gradients w.r.t. the log-probs / values.
+``metrics`` (token_metrics), ``advantage`` (optimal_token_baseline), ``advantage_estimators``
+(outcome_advantage for every estimator variant, gae), ``whitening`` (masked_whiten with exact,
+mergeable global statistics), ``kl`` (kl_estimator), ``importance`` (importance_ratio),
+``policy_loss`` (policy_loss and its variants), ``value_loss`` (the clipped critic loss); the last four
+with closed-form gradients w.r.t. the log-probs / values.
 """
 
 from .advantage import optimal_token_baseline
+from .advantage_estimators import ESTIMATOR_DOCS, ESTIMATORS, NAN_SCOPE, gae, outcome_advantage
 from .importance import IMPORTANCE_LEVELS, importance_ratio, importance_ratio_grad
 from .kl import KL_ESTIMATORS, kl_estimator, kl_estimator_grad
 from .loss_agg import LOSS_AGG_MODES, agg_loss, agg_loss_grad
@@ -44,6 +47,7 @@ from .softmax_stats import (
     token_logprobs_grad,
 )
 from .value_loss import value_loss, value_loss_grad
+from .whitening import WHITEN_EPS, ExactMoments, exact_moments, masked_whiten, merge_exact_moments
 
 __all__ = [
     # softmax statistics and their gradients
@@ -89,4 +93,15 @@ __all__ = [
     "policy_loss_grad",
     "value_loss",
     "value_loss_grad",
+    # outcome-reward advantage estimators, GAE, whitening
+    "ESTIMATORS",
+    "ESTIMATOR_DOCS",
+    "NAN_SCOPE",
+    "outcome_advantage",
+    "gae",
+    "masked_whiten",
+    "WHITEN_EPS",
+    "ExactMoments",
+    "exact_moments",
+    "merge_exact_moments",
 ]
