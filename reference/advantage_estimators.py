@@ -24,8 +24,11 @@ Conventions shared by every variant (``S`` below):
      The unit (``NAN_SCOPE``) is the prompt group for group-normalised variants, the row for remax,
      and the whole batch for variants that end with batch whitening (a batch statistic cannot contain
      a NaN; cases.md row 18 is about the group-normalised variants).
-  S7 accuracy: every output within a few ulps of the exact value of the formula applied to the given
-     float64 inputs (double-double recurrences, exact rational statistics, one rounding at the end).
+  S7 accuracy, against the exact value of the formula on the given float64 inputs: group variants
+     within ~1.5 ulps (exact rational statistics, σ rounded once, one final rounding); returns and
+     remax advantages within 1 ulp + ~2^-100·Σ|r| (double-double recurrences); whitened outputs
+     within a few ulps + ~8 eps·max|x|/sqrt(σ² + 1e-8), x the values before whitening (their
+     rounding is amplified by the whitening where x is nearly constant).
 
 Where verl 0.9.1 and SkyRL 0.4.0 disagree with each other or with S1–S6, the docs say so; the
 engines' measured behaviour is in docs/notes/advantage-engines.md.
@@ -490,8 +493,9 @@ def gae(token_level_rewards, values, response_mask, gamma, lam, *, whiten: bool 
     Degenerate: 0 or 1 unmasked tokens in the batch: whitening as defined by ``masked_whiten`` (all
     zeros). A non-finite unmasked reward or value: that row's A and returns are NaN (row scope), and
     with ``whiten`` every unmasked advantage of the batch is NaN.
-    Accuracy: δ and the recurrence in double-double with γλ exact, so A and returns are within about
-    one ulp of the exact recurrence on the given floats (|inputs| ≤ 1e290).
+    Accuracy: δ and the recurrence in double-double with γλ exact, so A and returns are within one
+    ulp + ~2^-100·(Σ of the magnitudes of the terms) of the exact recurrence on the given floats
+    (|inputs| ≤ 1e290); whitened advantages add the whitening's error (``masked_whiten``).
     """
     r, mask = _rewards_and_mask(token_level_rewards, response_mask)
     r0, bad_r = _token_array(r, mask, "token_level_rewards")
