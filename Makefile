@@ -8,13 +8,19 @@ PYTEST_ARGS ?= -n 2
 
 .PHONY: setup engines browser check-verl check-reference test reports clean
 
+# pip's output goes to $(VENV)/rlconform-install.log (it holds local-index notices such as "Location …
+# is ignored", which are not errors); on a failure its last lines are printed.
+PIPLOG = $(VENV)/rlconform-install.log
+PIP    = $(PY) -m pip --disable-pip-version-check
+
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade "pip>=24"
+	@$(PIP) install -q --upgrade "pip>=24" >>$(PIPLOG) 2>&1 || (tail -n 30 $(PIPLOG); exit 1)
 
 # rlconform itself (editable) with its test extras
 $(VENV)/.rlconform-installed: $(PY) pyproject.toml install/constraints.txt
-	$(PY) -m pip install -q --disable-pip-version-check -c install/constraints.txt -e '.[test]'
+	@echo "[setup] installing rlconform (editable) and its test extras into $(VENV); pip log: $(PIPLOG)"
+	@$(PIP) install -q -c install/constraints.txt -e '.[test]' >>$(PIPLOG) 2>&1 || (tail -n 30 $(PIPLOG); exit 1)
 	@touch $@
 
 setup: $(VENV)/.rlconform-installed
@@ -33,9 +39,12 @@ check-reference: setup
 
 # Headless Chromium for tests/test_html_report.py (which skips, saying why, without it). Installed only
 # when missing, and only as root with apt-get (Debian's `chromium`); otherwise a note, not an error.
+# RLCONFORM_NO_APT=1 never installs it.
 browser:
 	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif [ -n "$$RLCONFORM_NO_APT" ]; then echo "note: RLCONFORM_NO_APT set: chromium not installed; the browser tests will skip"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "[browser] installing Debian's chromium with apt-get for the HTML report test (RLCONFORM_NO_APT=1 skips this)"; \
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
 	    >/dev/null || echo "note: could not install chromium; the browser tests will skip"; \
 	else echo "note: chromium not found (not root or no apt-get); the browser tests will skip"; fi

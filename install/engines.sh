@@ -42,7 +42,16 @@ case "$WHAT" in
   *) usage ;;
 esac
 
-pip_() { "$PY" -m pip --disable-pip-version-check "$@"; }
+# pip's output goes to a log, not the terminal: on success it holds only resolver notices (see above),
+# which read like failures ("ERROR: pip's dependency resolver ..."); on failure its tail is shown.
+LOG=${RLCONFORM_INSTALL_LOG:-$(dirname "$PY")/../rlconform-engines-install.log}
+pip_() {
+  if ! "$PY" -m pip --disable-pip-version-check "$@" >>"$LOG" 2>&1; then
+    echo "[engines] pip failed; the last lines of $LOG:" >&2
+    tail -n 30 "$LOG" >&2
+    exit 1
+  fi
+}
 
 # Offline check: are the engine pin and every `name==version` line of its requirement file installed?
 satisfied() {
@@ -78,6 +87,10 @@ for e in "${ENGINES[@]}"; do
   # The requirement files are fully pinned; --no-deps would also be correct, resolving keeps pip's
   # own consistency check.
   pip_ install -q -c "$CONSTRAINTS" -r "$HERE/$e.txt"
+  if grep -q "dependency conflicts\|requires tokenizers" "$LOG" 2>/dev/null; then
+    echo "[engines] $e: pip's dependency-conflict notices were ignored on purpose (what the engine declares but the"
+    echo "          bound modules do not import; see install/engines.sh); full pip output in $LOG"
+  fi
 done
 
 # Guard: torch must be the same CPU build, and no GPU stack may have come in.
