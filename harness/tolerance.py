@@ -53,17 +53,17 @@ destructive  ``non_destructive`` fails: an input changed, or a tensor saved  cor
 wrong        NaN/±inf where the exact value is finite and representable      one NaN poisons the whole
              (``finite_where_reference_finite``, or ``engine nan``/``inf``   update
              in a clause, or ``max_rel_err`` = inf)
-wrong        |E − R| / |R| ≥ ``WRONG_REL`` = 1e-2 at a representable          off by more than a percent:
-             reference (|R| > T: the reference is above the absolute floor   not rounding (bf16 has 2^-8 ≈
-             of its own tolerance) and |E − R| ≥ ``NEAR`` · T                 4e-3), a logic error
+wrong        |E − R| / |R| ≥ ``WRONG_REL`` = 1e-2 in a failing clause at a        off by more than a percent:
+             representable reference (|R| > T: above the absolute floor of   not rounding (bf16 has 2^-8 ≈
+             its own tolerance), and ``max_ratio`` ≥ ``NEAR``                  4e-3), a logic error
 wrong        a partition dependence |X − Y| / |R| > ``WRONG_PARTITION`` = 1 %   results depend on the DP/TP
-             (partition_invariant, mask_invariant), |R| > D and |X − Y| ≥     layout or on masked garbage
-             ``NEAR`` · D (D: the allowed difference)                          beyond rounding
+             (partition_invariant, mask_invariant), |R| > D, |X − Y| > D (D:   layout or on masked garbage
+             the allowed difference), and ``max_ratio`` ≥ ``NEAR``            beyond rounding
 imprecise    every other failure                                             beyond the tolerance, but by
                                                                               rounding-sized amounts
 ===========  ==============================================================  ================================
 
-``NEAR`` = 4: a clause within 4× of its tolerance is never ``wrong``, so a verdict that flips in the last
+``NEAR`` = 4: a finding whose worst example is within 4× of its tolerance is never ``wrong``, so a verdict that flips in the last
 bits (another summation order, a different example close to the boundary) can only move a finding between
 pass and ``imprecise``, never into ``wrong``. Relative errors at a reference below its tolerance (an
 exact 0, the entropy of a one-hot row) are not used: they measure the floor, not the engine.
