@@ -5,9 +5,11 @@
     rlconform fuzz --engine X [--op Y] --minutes N [--corpus DIR] [--db DIR]
     rlconform report DIR                       (re-render report.md and report.html from report.json)
     rlconform ledger DIR/report.json > xfails.txt
+    rlconform diff BASE HEAD [--fail-on wrong|imprecise] [--markdown FILE]   (what a pull request changes)
     rlconform list-ops | list-engines | --version
 
-Exit codes: 0 clean, 1 discrepancies (or crashes, unavailable ops, ledger entries that now pass), 2 usage
+Exit codes: 0 clean, 1 discrepancies (or crashes, unavailable ops, ledger entries that now pass; with
+``--fail-on wrong`` only ``wrong``/``destructive`` discrepancies and crashes count), 2 usage
 or binding error, 130 interrupted (Ctrl-C) before anything failed. A report already written is never
 removed; an interrupted run's report says it is incomplete.
 """
@@ -60,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-n", "--numprocesses", default=None, help="pytest-xdist workers (e.g. 2 or auto)")
     c.add_argument("--junitxml", default=None, help="also write JUnit XML here")
     c.add_argument("-q", "--quiet", action="store_true", help="only the summary")
+    # --- triage (issue 12) ---
+    c.add_argument("--fail-on", choices=["wrong", "imprecise"], default="imprecise",
+                   help="the least severe failing finding that turns the exit code red (default: %(default)s, "
+                        "any failing finding; wrong: only wrong and destructive ones; ledger entries that now "
+                        "pass and unavailable ops always do)")
 
     r = sub.add_parser("replay", help="re-run one saved case (a reproducer) and print the outcome")
     r.add_argument("case_file")
@@ -72,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     from rlconform.harness.fuzz import add_parser as add_fuzz_parser
 
     add_fuzz_parser(sub)
+
+    from rlconform.harness.diff import add_parser as add_diff_parser  # --- triage (issue 12) ---
+
+    add_diff_parser(sub)
 
     rp = sub.add_parser("report", help="re-render report.md and report.html from a report.json")
     rp.add_argument("out", help="a report folder (holding report.json), or the report.json itself")
@@ -198,11 +209,11 @@ def cmd_check(args) -> int:
     from rlconform.harness.summary import print_summary
 
     print_summary(doc)
-    from rlconform.harness.report import FAILING
+    from rlconform.harness.severity import fails  # --- triage (issue 12): --fail-on ---
 
     if any(f.get("binding_error") for f in doc["findings"]):
         return EXIT_USAGE
-    if any(f["status"] in FAILING for f in doc["findings"]):
+    if any(fails(f, args.fail_on) for f in doc["findings"]):
         return EXIT_DISCREPANCY
     if int(code) == 2:  # interrupted before anything failed
         return EXIT_INTERRUPTED
@@ -297,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_report(args)
     if args.command == "ledger":
         return cmd_ledger(args)
+    if args.command == "diff":  # --- triage (issue 12) ---
+        from rlconform.harness.diff import cmd_diff
+
+        return cmd_diff(args)
     return _usage_error(f"unknown command {args.command!r}")  # pragma: no cover
 
 

@@ -8,8 +8,10 @@ canvas (no pyplot, no global backend switch) and embedded as base64 ``data:`` UR
 * plots where a picture says more than the table: error against shard imbalance for the partition
   ops (``agg_loss``, ``metric_pipeline``; from each finding's bounded ``samples``), error / tolerance
   by dtype × logits regime for the softmax statistics (``matches_reference``), and examples run per op;
-* every non-pass finding with its message, worst input, reproducer command and traceback, then every
-  finding in a collapsed table.
+* first, the defects (``doc["defects"]``, :mod:`rlconform.harness.triage`) ranked by severity;
+* every non-pass finding with its severity, message, worst input, reproducer command and (crashes
+  only, its tail) traceback, then every finding in a collapsed table. The page stays under 500 KB
+  for verl 0.9.1's 130 failing findings: 80-dpi plots on a 64-colour palette, no pytest tracebacks.
 
 A small script checks that each plot decoded (``naturalWidth > 0``) and sets ``document.title`` to
 ``ok:N`` (``N`` plots) or ``error:...``; ``tests/test_html_report.py`` reads it in headless Chromium.
@@ -39,6 +41,10 @@ DTYPE_COLOR = {"float16": "#e8710a", "bfloat16": "#9334e6", "float32": "#1a73e8"
 PARTITION_OPS = ("agg_loss", "metric_pipeline")
 TOKEN_STATS = ("logsumexp", "token_logprobs", "entropy", "sum_pi_squared")
 ERR_FLOOR = 1e-18  # exact results are drawn on this line of the log axis
+PLOT_DPI = 80
+#: tracebacks shown on the page: crashes only (a discrepancy's traceback is pytest's own frames), tail only
+TRACEBACK_CHARS = 4000
+SEVERITY_COLOR = {"wrong": "#b3261e", "destructive": "#a142f4", "imprecise": "#e37400"}
 
 
 def _fmt(x) -> str:
@@ -60,8 +66,18 @@ def _png(fig) -> str:
 
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    fig.savefig(buf, format="png", dpi=PLOT_DPI, bbox_inches="tight")
+    data = buf.getvalue()
+    try:  # an adaptive 64-colour palette: the plots use a handful of colours; ~3× smaller (issue 12: < 500 KB)
+        from PIL import Image
+
+        img = Image.open(io.BytesIO(data)).convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT)
+        small = io.BytesIO()
+        img.save(small, format="PNG", optimize=True)
+        data = min(data, small.getvalue(), key=len)
+    except Exception:  # noqa: BLE001 - Pillow missing or too old: keep the full-colour PNG
+        pass
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
 def _figure(w: float, h: float):
@@ -264,6 +280,15 @@ examples per finding{% endif %} · python {{ run.python }} · torch {{ run.torch
 <div class="counts">{% for s in statuses %}<div class="count{% if not summary.get(s) %} zero{% endif %}"
  style="background: {{ colors[s] }}">{{ s }}<span>{{ summary.get(s, 0) }}</span></div>{% endfor %}</div>
 
+{% if defects %}<h2>defects ({{ defects|length }})</h2>
+<p class="muted">{{ triage_line }}. Findings that share op, property and failure signature (kind of wrong value ·
+input feature) across dtypes and regimes; most severe first; the reproducer is the smallest member's.</p>
+<table><tr><th>severity</th><th>op</th><th>property</th><th>signature</th><th>findings</th><th>reproduce (smallest)</th></tr>
+{% for d in defects %}<tr><td><span class="badge" style="background: {{ sev_colors[d.severity] }}">{{ d.severity }}</span></td>
+<td>{{ d.op }}</td><td>{{ d.property }}</td><td>{{ d.signature.kind }} · {{ d.signature.feature }}</td>
+<td>{% for m in d.members %}<a href="#{{ m }}">{{ m.split(".")[2:]|join(".") }}</a>{% if not loop.last %}, {% endif %}{% endfor %}</td>
+<td>{% if d.reproducer.command %}<code>{{ d.reproducer.command }}</code>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
+
 <h2>op × property × dtype</h2>
 <p class="muted">Worst status over the regimes of each cell, with how many regimes have it.</p>
 <table><tr><th>op</th><th>property</th>{% for d in dtypes %}<th>{{ d }}</th>{% endfor %}</tr>
@@ -278,14 +303,16 @@ examples per finding{% endif %} · python {{ run.python }} · torch {{ run.torch
 <h2>findings that do not pass ({{ bad|length }})</h2>
 {% if not bad %}<p>None: every finding passes.</p>{% endif %}
 {% for f in bad %}<div class="finding" id="{{ f.id }}" style="border-left-color: {{ colors[f.status] }}">
-<h3><span class="badge" style="background: {{ colors[f.status] }}">{{ f.status }}</span> <code>{{ f.id }}</code></h3>
+<h3><span class="badge" style="background: {{ colors[f.status] }}">{{ f.status }}</span>{% if f.severity %}
+<span class="badge" style="background: {{ sev_colors[f.severity] }}" title="{{ f.severity_reason }}">{{ f.severity }}</span>{% endif %}
+<code>{{ f.id }}</code></h3>
 <div class="nums">{{ f.examples }} examples{% if f.examples_to_first_failure %} (first failure at example
 {{ f.examples_to_first_failure }}){% endif %} · max abs err {{ fmt(f.max_abs_err) }} · max rel err
 {{ fmt(f.max_rel_err) }} · tolerance {{ fmt(f.tolerance) }}{% if f.xfail_listed %} · listed in the ledger{% endif %}</div>
 {% if f.message %}<pre>{{ f.message }}</pre>{% endif %}
 {% if f.worst_input %}<div>worst input:</div><pre>{{ f.worst_input }}</pre>{% endif %}
 {% if f.reproducer %}<div>reproduce:</div><pre class="cmd"><code>{{ f.reproducer.command }}</code></pre>{% endif %}
-{% if f.traceback %}<details><summary>traceback</summary><pre>{{ f.traceback }}</pre></details>{% endif %}
+{% if f.traceback and f.status == "crash" %}<details><summary>traceback (tail)</summary><pre>{{ f.traceback[-tb_chars:] }}</pre></details>{% endif %}
 </div>{% endfor %}
 
 <h2>all findings ({{ findings|length }})</h2>
@@ -333,7 +360,14 @@ def render_html(doc: dict) -> str:
         doc=doc, eng=doc.get("engine", {}), run=doc.get("run", {}), summary=doc.get("summary", {}),
         statuses=statuses, colors=STATUS_COLOR, dtypes=FLOAT_DTYPES, grid=_grid(findings),
         plots=make_plots(doc), bad=[f for f in findings if f["status"] != "pass"], findings=findings,
-        fmt=_fmt, ratio=_ratio_of)
+        fmt=_fmt, ratio=_ratio_of, defects=doc.get("defects") or [], sev_colors=SEVERITY_COLOR,
+        triage_line=_triage_line(doc), tb_chars=TRACEBACK_CHARS)
+
+
+def _triage_line(doc: dict) -> str:
+    from rlconform.harness.triage_md import counts_line
+
+    return counts_line(doc).replace("**", "")
 
 
 def write_html(doc: dict, path: str) -> str:

@@ -26,9 +26,13 @@ def register_profiles() -> None:
 
 def settings_for(profile: str, max_examples: int | None = None, database=None) -> settings:
     """The hypothesis settings of ``profile`` (dev|ci|nightly), optionally with ``max_examples`` and an
-    example ``database`` overridden."""
+    example ``database`` overridden. Also pins example generation to the seed
+    (:func:`rlconform.harness.determinism.pin_generation`)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    from rlconform.harness.determinism import pin_generation
+
+    pin_generation()  # the same examples wherever the engine, the binding or rlconform live (issue 12)
     register_profiles()
     base = settings.get_profile(f"rlconform-{profile}")
     kwargs = {}

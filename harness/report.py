@@ -15,7 +15,13 @@ Schema ``rlconform.report/1``::
                    "max_rel_err", "tolerance", "message", "worst_input", "reproducer": {"case_file",
                    "command"} | null, "traceback", "xfail_listed",
                    "max_ratio": worst error / tolerance (null: unbounded, a failure without a numeric bound),
-                   "samples": [{"imbalance", "abs_err", "rel_err", "ratio", "ok"}] | null}]}
+                   "samples": [{"imbalance", "abs_err", "rel_err", "ratio", "ok"}] | null,
+                   "severity": "wrong" | "destructive" | "imprecise" (failing findings only), "severity_reason"}],
+     "defects": [{"id", "severity", "op", "property", "signature": {"kind", "feature"}, "members",
+                  "dtypes", "regimes", "reproducer": {"finding", "case_file", "command", "input"}, "message"}],
+     "triage": {"defects": {severity: n}, "findings": {severity: n}}}
+
+``severity``, ``defects`` and ``triage``: :mod:`rlconform.harness.triage` (added by :func:`document`).
 
 ``samples`` (partition ops ``agg_loss`` / ``metric_pipeline``, properties ``matches_reference`` and
 ``partition_invariant`` only): at most 50 examples of the finding, failing ones first, with the shard
@@ -100,8 +106,12 @@ class ReportWriter:
     def document(self) -> dict:
         order = {s: i for i, s in enumerate(STATUSES)}
         findings = sorted(self.findings.values(), key=lambda f: (order.get(f["status"], 99), f["id"]))
-        return {"schema": SCHEMA, "tool": {"name": "rlconform", "version": tool_version()}, "engine": self.engine,
-                "run": self.run, "summary": self.summary(), "findings": findings}
+        doc = {"schema": SCHEMA, "tool": {"name": "rlconform", "version": tool_version()}, "engine": self.engine,
+               "run": self.run, "summary": self.summary(), "findings": findings}
+        # --- triage (issue 12): severities, defects --------------------------------------------------
+        from rlconform.harness.triage import annotate
+
+        return annotate(doc)
 
     def write(self, *, complete: bool | None = None) -> None:
         if complete is not None:
@@ -153,6 +163,10 @@ def render_markdown(doc: dict) -> str:
         " · ".join(f"{k}: **{v}**" for k, v in s.items() if v),
         "",
     ]
+    # --- triage (issue 12): the defects first, ranked by severity -------------------------------------
+    from rlconform.harness.triage_md import render_defects
+
+    lines += render_defects(doc)
     groups: dict[tuple, list] = {}
     for f in doc["findings"]:
         if f["status"] != "pass":
@@ -198,6 +212,9 @@ def rerender(out_dir: str) -> tuple[str, str]:
 
     with open(os.path.join(out_dir, "report.json")) as fh:
         doc = json.load(fh)
+    from rlconform.harness.triage import annotate
+
+    annotate(doc)  # reports written before severities existed get them too
     md = os.path.join(out_dir, "report.md")
     atomic_write(md, render_markdown(doc))
     html = write_html(doc, os.path.join(out_dir, "report.html"))

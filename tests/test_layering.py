@@ -23,7 +23,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = {"reference": "reference", "harness": "harness", "properties": "properties",
            "distributed_tests": "distributed_tests"}
-RUNNER = {"cli", "fuzz", "dispatch", "pytest_plugin", "report", "html_report", "summary", "xfails", "atomic_write"}
+RUNNER = {"cli", "fuzz", "dispatch", "pytest_plugin", "report", "html_report", "summary", "xfails", "atomic_write",
+          "severity", "triage", "triage_md", "diff"}
 RANK = {"reference": 0, "core": 1, "properties": 2, "distributed_tests": 2, "runner": 3}
 
 

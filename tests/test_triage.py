@@ -1,0 +1,95 @@
+"""Severity, defects and ``rlconform diff`` (issue 12) on findings in the report's own wording."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+
+from rlconform.harness.cli import main
+from rlconform.harness.severity import classify, fails
+from rlconform.harness.triage import annotate
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _f(fid, status="discrepancy", message="", ratio=None, **kw):
+    op, prop, dtype, regime = fid.split(".")
+    return {"id": fid, "op": op, "property": prop, "dtype": dtype, "regime": regime, "status": status,
+            "message": message, "max_ratio": ratio, "max_rel_err": 0.0, "worst_input": kw.pop("inp", "x"), **kw}
+
+
+HALF = "value: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, rel err 0.5, 64 ulp, tolerance 0.0256"
+
+
+def test_severity_rules():
+    assert classify(_f("a.matches_reference.float32.r", message=HALF, ratio=20.0))[0] == "wrong"
+    # the same clause, but the worst example within 4x of its tolerance: never wrong
+    assert classify(_f("a.matches_reference.float32.r", message=HALF, ratio=3.9))[0] == "imprecise"
+    zero = "advantages: engine 5.2e-09 vs reference 0.0 at flat index 0: abs err 5.2e-09, tolerance 1e-09"
+    assert classify(_f("a.matches_reference.float64.r", message=zero, ratio=5e8))[0] == "imprecise"
+    nan = "value: engine nan where the reference is finite (0.0) at flat index 0"
+    assert classify(_f("a.finite_where_reference_finite.float32.r", message=nan))[0] == "wrong"
+    assert classify(_f("a.non_destructive.float32.r", message="input 'logits' mutated during forward"))[0] == \
+        "destructive"
+    assert classify(_f("a.matches_reference.float32.r", message="value: no autograd graph on the output"))[0] == "wrong"
+    assert classify(_f("a.matches_reference.float32.r", status="crash",
+                       message="engine raised in entropy: RuntimeError: boom"))[0] == "wrong"
+    part = "unsharded (DP = 1) vs tokens per DP rank [1, 0]: 1.0 vs 0.5 at flat index 0 (reference 1.0, " \
+           "allowed difference 0.0513)"
+    assert classify(_f("a.partition_invariant.bfloat16.r", message=part, ratio=30.0))[0] == "wrong"
+
+
+def test_fail_on():
+    imprecise = annotate({"findings": [_f("a.matches_reference.float32.r", message=HALF, ratio=2.0)]})["findings"][0]
+    assert fails(imprecise, "imprecise") and not fails(imprecise, "wrong")
+    assert fails(_f("a.matches_reference.float32.r", status="xpass"), "wrong")
+    assert not fails(dict(imprecise, status="xfail"), "imprecise")
+
+
+def test_verl_report_borderline_findings_are_imprecise_and_defects_group_dtypes():
+    doc = annotate(json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text()))
+    by = {f["id"]: f for f in doc["findings"]}
+    assert all(f.get("severity") for f in doc["findings"] if f["status"] != "pass")
+    assert by["token_logprobs.matches_reference.float32.near_uniform_offset"]["severity"] == "imprecise"
+    assert by["agg_loss.matches_reference.float32.imbalanced_partitions"]["severity"] == "wrong"
+    nan = [d for d in doc["defects"] if d["op"] == "entropy" and d["property"] == "matches_reference"
+           and d["signature"]["kind"] == "NaN"]
+    assert len(nan) == 1 and len(nan[0]["dtypes"]) == 4
+    sizes = {m: len(by[m]["worst_input"]) for m in nan[0]["members"]}
+    assert sizes[nan[0]["reproducer"]["finding"]] == min(sizes.values())
+    ranks = [("wrong", "destructive", "imprecise").index(d["severity"]) for d in doc["defects"]]
+    assert ranks == sorted(ranks)
+    assert annotate(copy.deepcopy(doc))["defects"] == doc["defects"]
+
+
+def _write(path, findings):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "report.json").write_text(json.dumps({"engine": {"name": "e"}, "findings": findings}))
+    return str(path)
+
+
+def test_diff_new_fixed_and_exit_codes(tmp_path, capsys):
+    ok = _f("a.matches_reference.float32.r", status="pass")
+    base = _write(tmp_path / "base", [ok, _f("b.matches_reference.float32.r", message=HALF, ratio=2.0)])
+    assert main(["diff", base, base]) == 0
+    assert "No change" in capsys.readouterr().out
+    wrong = dict(ok, status="discrepancy", message=HALF, max_ratio=20.0)
+    head = _write(tmp_path / "head", [wrong, _f("b.matches_reference.float32.r", status="pass")])
+    assert main(["diff", base, head]) == 1
+    out = capsys.readouterr().out
+    assert "New defects" in out and "Fixed defects" in out and "a.matches_reference.float32.r" in out
+    soft = _write(tmp_path / "soft", [dict(wrong, max_ratio=2.0), _f("b.matches_reference.float32.r", status="pass")])
+    assert main(["diff", base, soft]) == 0
+    assert main(["diff", base, soft, "--fail-on", "imprecise"]) == 1
+
+
+def test_html_of_verl_report_is_under_500_kb(tmp_path):
+    import shutil
+
+    from rlconform.harness.report import rerender
+
+    shutil.copy(ROOT / "reports/verl-0.9.1/report.json", tmp_path / "report.json")
+    _, html = rerender(str(tmp_path))
+    text = pathlib.Path(html).read_text()
+    assert len(text.encode()) < 500_000 and "defects (" in text
