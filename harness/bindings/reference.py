@@ -15,6 +15,8 @@ import torch
 
 from rlconform.harness import faithful as F
 from rlconform.harness.binding import AggLoss, Binding, MetricPipeline
+from rlconform.harness.families import kl_estimator as _kl
+from rlconform.harness.families import policy_loss as _pl
 
 
 def emit_sums(values: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -223,6 +225,11 @@ binding = Binding(
         "vocab_parallel_sum_pi_squared": vocab_parallel_sum_pi_squared,
         "cp_masked_mean": cp_masked_mean,
         "dp_metric_all_reduce": dp_metric_all_reduce,
+        "kl_estimator": _kl.reference_variants(),
+        "policy_loss": _pl.reference_variants(),
     },
-    notes={"all": "dtype-faithful torch computations (rlconform.harness.faithful)"},
+    notes={"all": "dtype-faithful torch computations (rlconform.harness.faithful)",
+           "kl_estimator": "the float64 reference as an autograd op, rounded to the input dtype",
+           "policy_loss": "the float64 reference per micro-batch (global token-mean normaliser) as an autograd op, "
+                          "rounded to the input dtype; metrics folded token-weighted (sum/count)"},
 )
