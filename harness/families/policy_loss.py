@@ -310,6 +310,12 @@ def evaluate(binding, case) -> Evaluation:
     b = mask.shape[0]
     whole = [(0, b)]
     ev = Evaluation()
+    if variant in BATCH_GLOBAL and mask.any():
+        try:  # tied covariances at the k-th place: the engine's selection is not determined by the inputs
+            reference(variant, arrays["old_log_prob"], arrays["log_prob"], arrays["advantages"], mask)
+        except ValueError as exc:
+            ev.undefined = f"the reference is undefined here: {exc}"
+            return ev
     if case.property == NON_DESTRUCTIVE:
         t = {k: to_tensor(v, case.dtype) for k, v in arrays.items()}
         t["log_prob"].requires_grad_(True)
