@@ -39,7 +39,8 @@ from typing import Any, Callable, Mapping
 
 from rlconform.harness.catalog import OPS
 from rlconform.harness.contracts import (  # noqa: F401 - re-exported: bindings import them from here
-    AggLoss, BatchInfo, BindingError, MetricPipeline, OpUnavailable, VariantNotProvided, Variants, signature_arity,
+    AggLoss, BatchInfo, BindingError, LossVariants, MetricPipeline, OpUnavailable, VariantNotProvided, Variants,
+    signature_arity,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "Binding",
     "BindingError",
     "Lazy",
+    "LossVariants",
     "MetricPipeline",
     "OpUnavailable",
     "VariantNotProvided",

@@ -13,8 +13,8 @@ import dataclasses
 import inspect
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["AggLoss", "BatchInfo", "BindingError", "MetricPipeline", "OpUnavailable", "VariantNotProvided",
-           "Variants", "signature_arity"]
+__all__ = ["AggLoss", "BatchInfo", "BindingError", "LossVariants", "MetricPipeline", "OpUnavailable",
+           "VariantNotProvided", "Variants", "signature_arity"]
 
 
 class BindingError(Exception):
@@ -154,6 +154,22 @@ class Variants:
             return self.impls[variant]
         except KeyError:
             raise VariantNotProvided(op, variant, engine) from None
+
+
+@dataclasses.dataclass
+class LossVariants(Variants):
+    """A registry of losses that also log metrics per micro-batch (op ``policy_loss``).
+
+    ``impls`` / ``unchecked`` as :class:`Variants`; each callable is one micro-batch's call,
+    ``(old_log_prob, log_prob, advantages, response_mask, info: BatchInfo) -> (loss: 0-d tensor,
+    metrics: dict[str, float])`` with the catalog's metric names. Micro-batch losses are summed
+    (gradient accumulation). ``combine_metrics(parts: list[tuple[dict, int]]) -> dict`` is how the
+    engine folds the micro-batches' metric dicts into the logged one; each part comes with the
+    micro-batch's number of valid tokens (an engine that logs per-call means and averages them ignores
+    it; the token-weighted fold Σ mean·n / Σ n uses it).
+    """
+
+    combine_metrics: Callable[[list], dict] | None = None
 
 
 def signature_arity(fn: Callable) -> tuple[int, int] | None:

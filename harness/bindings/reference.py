@@ -16,6 +16,8 @@ import torch
 from rlconform.harness import faithful as F
 from rlconform.harness.binding import AggLoss, Binding, MetricPipeline, Variants
 from rlconform.harness.families import advantages as A
+from rlconform.harness.families import kl_estimator as _kl
+from rlconform.harness.families import policy_loss as _pl
 
 
 def emit_sums(values: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -235,6 +237,11 @@ binding = Binding(
         "outcome_advantage": Variants({e: _outcome_estimator(e) for e in A.ESTIMATORS}),
         "gae": A.faithful_gae,
         "masked_whiten": A.faithful_masked_whiten,
+        "kl_estimator": _kl.reference_variants(),
+        "policy_loss": _pl.reference_variants(),
     },
-    notes={"all": "dtype-faithful torch computations (rlconform.harness.faithful)"},
+    notes={"all": "dtype-faithful torch computations (rlconform.harness.faithful)",
+           "kl_estimator": "the float64 reference as an autograd op, rounded to the input dtype",
+           "policy_loss": "the float64 reference per micro-batch (global token-mean normaliser) as an autograd op, "
+                          "rounded to the input dtype; metrics folded token-weighted (sum/count)"},
 )

@@ -21,6 +21,12 @@ token_logprobs              ``utils.torch_utils.logprobs_from_logits(logits, lab
                             without flash-attn)
 masked_mean                 ``utils.torch_utils.masked_mean(values, mask)`` (``/ clamp(nnz, 1)``)
 masked_var                  ``utils.ppo_utils.masked_var(values, mask, unbiased)``
+kl_estimator                ``ppo_utils.compute_approx_kl(logprob, ref, loss_mask=mask,
+                            kl_estimator_type=k1|abs|k2|k3)``
+policy_loss                 every ``ppo_utils.PolicyLossRegistry`` entry (:func:`_policy_loss`):
+                            advantages pre-scaled for ``token_mean`` over the mini-batch, loss =
+                            the registered function's masked sum; metrics folded by
+                            ``worker_utils.reduce_metrics``
 ==========================  =======================================================================
 
 For the distributed tests, :func:`dp_all_reduce_metrics` runs SkyRL's real ``all_reduce_metrics``
@@ -264,6 +270,129 @@ def _agg_loss() -> AggLoss:
     return AggLoss(loss=loss, modes=tuple(SKYRL_MODES), micro_combine="sum", dp_combine="mean")
 
 
+# ------------------------------------------------------------------------ KL and policy losses
+def _kl_estimator():
+    """``ppo_utils.compute_approx_kl`` for each ``kl_estimator_type`` it accepts, with the loss mask."""
+    from rlconform.harness.binding import Variants
+
+    fn = _skyrl(PPO_UTILS, "compute_approx_kl")
+
+    def bind(name):
+        def kl(logprob, ref_logprob, mask):
+            return fn(logprob, ref_logprob, loss_mask=mask, kl_estimator_type=name)
+
+        kl.__qualname__ = f"skyrl.compute_approx_kl[{name}]"
+        return kl
+
+    return Variants({n: bind(n) for n in ("k1", "abs", "k2", "k3")})
+
+
+#: SkyRL registry name -> [(catalog variant, AlgorithmConfig overrides)]
+POLICY_LOSS_NAMES = {
+    "regular": [("ppo_clip", {})],
+    "dual_clip": [("vanilla", {})],
+    "gspo": [("gspo", {})],
+    "sapo": [("sapo", {})],
+    "cispo": [("cispo", {"cispo": {"cispo_eps_clip_low": 0.2, "cispo_eps_clip_high": 0.2}})],
+    "rollout_is": [("rollout_is", {})],
+    "dppo": [("dppo_binary_tv", {"dppo": {"dppo_type": "binary_tv", "delta_low": 0.2, "delta_high": 0.2}}),
+             ("dppo_binary_kl", {"dppo": {"dppo_type": "binary_kl", "delta_low": 0.2, "delta_high": 0.2}})],
+    "clip_cov": [("clip_cov", {"clip_cov": {"clip_ratio": 1.0, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0}})],
+    "kl_cov": [("kl_cov", {"kl_cov": {"kl_cov_frac": 0.2, "ppo_kl_coef": 1.0}})],
+    "cross_entropy": [("cross_entropy", {})],
+    "importance_sampling": [("importance_sampling", {})],
+}
+#: SkyRL metric key -> catalog key
+_METRIC_KEYS = {"clip_ratio": "pg_clipfrac", "cispo/ratio_mean": "ratio_mean",
+                "cispo/ratio_clamped_mean": "ratio_clamped_mean", "importance_ratio": "ratio_mean"}
+
+
+def _scale_for_minibatch(apply_reduction, values, mask, reduction, info):
+    """``apply_loss_reduction_to_advantages_minibatch`` on a micro-batch's rows followed by zero "context"
+    rows standing for the rest of the mini-batch (see :func:`_agg_loss`); the micro-batch's rows back."""
+    import torch
+
+    b, T = values.shape
+    local_nnz = int((mask != 0).sum())
+    ctx_rows = max(info.global_batch_size - b, 0)
+    ctx_nnz = max(int(info.global_nnz) - local_nnz, 0)
+    if reduction == "token_mean" and ctx_rows * T < ctx_nnz:
+        ctx_rows = math.ceil(ctx_nnz / max(T, 1))  # row count is irrelevant for token_mean
+    ctx_mask = torch.zeros(ctx_rows * T, dtype=mask.dtype, device=mask.device)
+    ctx_mask[:ctx_nnz] = 1
+    ctx_mask = ctx_mask.view(ctx_rows, T)
+    ctx_adv = torch.zeros(ctx_rows, T, dtype=values.dtype, device=values.device)
+    return apply_reduction(
+        advantages=torch.cat([values, ctx_adv]),
+        loss_mask=torch.cat([mask, ctx_mask]),
+        loss_reduction=reduction,
+        micro_batch_size=b,
+        max_seq_len=info.loss_scale_factor if info.loss_scale_factor is not None else T,
+    )[:b]
+
+
+def _policy_loss():
+    """Every loss of ``ppo_utils.PolicyLossRegistry`` (``list_available()`` at run time), bound to its
+    catalog variant(s) or listed unchecked.
+
+    As the trainer does: the advantages are pre-scaled for ``loss_reduction="token_mean"`` over the
+    mini-batch (``apply_loss_reduction_to_advantages_minibatch``, driven as in :func:`_agg_loss`), the
+    registered function returns the masked *sum* (``reduce_loss``), times ``dp_size`` (1). Config:
+    ``AlgorithmConfig(policy_loss_type=name)`` with the catalog's parameters (clip 0.2/0.2, c = 3, cispo
+    clip 0.2/0.2, dppo δ 0.2, clip_cov ratio 1, kl_cov frac 0.2 / coef 1). ``rollout_logprobs`` =
+    old_log_prob (rollout_is and dppo read the behaviour policy from it; no off-policy correction is
+    configured). The loss mask is passed in the log-probs' dtype. Metric keys are renamed to the
+    catalog's (``clip_ratio`` -> ``pg_clipfrac``, ...); micro-batch metrics fold with
+    ``worker_utils.reduce_metrics(..., sum_loss_metrics=True)`` (a mean of micro-batch means).
+    """
+    import dataclasses as dc
+
+    from rlconform.harness.binding import LossVariants
+
+    ppo_utils = _skyrl(PPO_UTILS)
+    worker_utils = _skyrl(WORKER_UTILS)
+    AlgorithmConfig = _skyrl("skyrl.train.config", "AlgorithmConfig")
+    registry = ppo_utils.PolicyLossRegistry
+
+    def config(name, overrides):
+        c = AlgorithmConfig(policy_loss_type=name, eps_clip_low=0.2, eps_clip_high=0.2, clip_ratio_c=3.0,
+                            loss_reduction="token_mean")
+        for k, v in overrides.items():
+            c = dc.replace(c, **{k: dc.replace(getattr(c, k), **v)})
+        return c
+
+    def bind(name, overrides):
+        fn = registry.get(name)
+        cfg = config(name, overrides)
+
+        def loss(old_log_prob, log_prob, advantages, response_mask, info):
+            m = response_mask.to(log_prob.dtype)
+            adv = _scale_for_minibatch(ppo_utils.apply_loss_reduction_to_advantages_minibatch, advantages, m,
+                                       "token_mean", info)
+            value, metrics = fn(log_prob, old_log_prob, adv, config=cfg, loss_mask=m,
+                                rollout_logprobs=old_log_prob)
+            return value * info.dp_size, {_METRIC_KEYS.get(k, k): v for k, v in metrics.items()}
+
+        loss.__qualname__ = f"skyrl.policy_loss[{name}]"
+        return loss
+
+    def combine_metrics(parts):
+        collected = defaultdict(list)
+        for metrics, _ in parts:
+            for k, v in metrics.items():
+                collected[k].append(v)
+        return worker_utils.reduce_metrics(collected, sum_loss_metrics=True)
+
+    impls, unchecked = {}, {}
+    for name in registry.list_available():
+        if name in POLICY_LOSS_NAMES:
+            for variant, overrides in POLICY_LOSS_NAMES[name]:
+                impls[variant] = bind(name, overrides)
+        else:
+            unchecked[name] = "registered in SkyRL; no catalog variant"
+    return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics)
+
+
 # ---------------------------------------------------------------------------------- token ops
 def _entropy():
     fn = _skyrl(TORCH_UTILS, "chunked_entropy_from_logits")
@@ -322,8 +451,14 @@ binding = Binding(
         "masked_mean": Lazy(loader=_masked_mean),
         "masked_var": Lazy(loader=_masked_var),
         "dp_metric_all_reduce": Lazy(loader=_dp_metric_all_reduce),
+        "kl_estimator": Lazy(loader=_kl_estimator),
+        "policy_loss": Lazy(loader=_policy_loss),
     },
     notes={
+        "kl_estimator": "ppo_utils.compute_approx_kl(loss_mask=mask, kl_estimator_type=k1|abs|k2|k3)",
+        "policy_loss": "ppo_utils.PolicyLossRegistry.get(name) for every registered name; advantages pre-scaled "
+        "by apply_loss_reduction_to_advantages_minibatch (token_mean, mini-batch scope); masked-sum loss; "
+        "metrics folded by worker_utils.reduce_metrics (mean of micro-batch means)",
         "metric_pipeline": "policy_entropy: torch_utils.masked_mean(...).item() per micro-batch -> "
         "worker_utils.reduce_metrics -> worker_utils.all_reduce_metrics (DP, float32 /world then SUM, simulated "
         "in-process) -> trainer reduce_metrics over mini-batches -> 'policy/' prefix",

@@ -27,6 +27,12 @@ optimal_token_baseline      ``core_algos.compute_optimal_token_baseline_advantag
                             passed as a NumPy array as verl's trainer does
 metric_pipeline             the path of ``actor/pg_clipfrac`` (and every ``pg_metrics`` entry):
                             see :func:`_metric_pipeline`
+kl_estimator                ``core_algos.kl_penalty(logprob, ref_logprob, name)`` for every name its
+                            ``kl_penalty_forward`` accepts (no mask: the worker aggregates afterwards);
+                            ``full`` (NotImplementedError) is listed unchecked
+policy_loss                 every entry of ``core_algos.POLICY_LOSS_REGISTRY`` via ``get_policy_loss_fn``
+                            (:func:`_policy_loss`), ``loss_agg_mode="token-mean"`` with the
+                            mini-batch's ``global_batch_info``; metrics folded as the worker does
 ==========================  =======================================================================
 
 Not bound: verl 0.9.1 has no ``logsumexp``, ``masked_std``, ``masked_min``/``max`` helper.
@@ -223,6 +229,101 @@ def _metric_pipeline() -> MetricPipeline:
     )
 
 
+# ------------------------------------------------------------------------ KL and policy losses
+#: verl's spellings of the KL estimators (``kl_penalty_forward``'s branches; each also with "+")
+KL_NAMES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+
+
+def _kl_estimator():
+    """``core_algos.kl_penalty`` for each name (straight-through ``+`` modes included): Variants."""
+    from verl.trainer.ppo import core_algos
+
+    from rlconform.harness.binding import Variants
+
+    def bind(name):
+        def kl(logprob, ref_logprob, mask):
+            return core_algos.kl_penalty(logprob, ref_logprob, name)  # verl's estimator takes no mask
+
+        kl.__qualname__ = f"verl.kl_penalty[{name}]"
+        return kl
+
+    names = KL_NAMES + tuple(n + "+" for n in KL_NAMES)
+    return Variants({n: bind(n) for n in names},
+                    unchecked={"full": "raises NotImplementedError in verl 0.9.1 (kl_penalty_forward)",
+                               "full+": "raises NotImplementedError in verl 0.9.1 (kl_penalty_forward)"})
+
+
+#: verl registry name -> catalog variant (rlconform.harness.families.policy_loss.VARIANTS)
+POLICY_LOSS_NAMES = {name: name for name in ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean",
+                                             "dro", "cispo", "dppo_tv", "dppo_kl")}
+POLICY_LOSS_UNCHECKED = {
+    "bypass_mode": "with the default rollout_correction (loss_type='ppo_clip', rollout_rs=None) the vanilla loss "
+    "(bound as 'vanilla'); its rejection sampling and rollout_corr/* metrics have no reference",
+}
+#: verl metric key (after stripping 'actor/') -> catalog key, per registry name when it differs
+_METRIC_KEYS = {"pg_clipfrac": "pg_clipfrac", "ppo_kl": "ppo_kl", "pg_clipfrac_lower": "pg_clipfrac_lower"}
+
+
+def _policy_loss():
+    """Every loss of ``core_algos.POLICY_LOSS_REGISTRY`` (read at run time): bound to its catalog variant,
+    or listed unchecked (a fork's new entry shows up unchecked).
+
+    Config: one ``ActorConfig`` per variant with the catalog's parameters (clip 0.2/0.2, clip_ratio_c 3,
+    τ 1.0/1.05, ``PolicyLossConfig(dro_beta=0.5, clip_cov_ratio=1.0, clip_cov_lb=1, clip_cov_ub=5,
+    kl_cov_ratio=0.2, ppo_kl_coef=1.0)``); each call sets ``config.global_batch_info`` as
+    ``losses.ppo_loss`` gets it (dp_size 1, batch_num_tokens = the mini-batch's valid tokens,
+    global_batch_size = its rows) and passes ``loss_agg_mode="token-mean"``. Metric keys lose their
+    ``actor/`` prefix (kl_cov's ``actor/ppo_kl`` is mean |Δ|: catalog ``ppo_kl_abs``). Micro-batch
+    metrics are folded as the FSDP worker does (:func:`_metric_pipeline`'s chain: ``Metric(MEAN)`` per
+    micro-batch, ``append_to_dict``, ``Metric.aggregate_dp``, ``reduce_metrics``): a mean of
+    micro-batch means.
+    """
+    from verl.trainer.ppo import core_algos
+    from verl.utils.metric import AggregationType, Metric
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    from rlconform.harness.binding import LossVariants
+
+    def config():
+        return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.2,
+                           clip_ratio_high=0.2, clip_ratio_c=3.0, tau_pos=1.0, tau_neg=1.05,
+                           policy_loss=PolicyLossConfig(dro_beta=0.5, clip_cov_ratio=1.0, clip_cov_lb=1.0,
+                                                        clip_cov_ub=5.0, kl_cov_ratio=0.2, ppo_kl_coef=1.0))
+
+    def bind(name):
+        fn = core_algos.get_policy_loss_fn(name)
+        cfg = config()
+        keys = dict(_METRIC_KEYS, ppo_kl="ppo_kl_abs") if name == "kl_cov" else _METRIC_KEYS
+
+        def loss(old_log_prob, log_prob, advantages, response_mask, info):
+            cfg.global_batch_info.update(dp_size=info.dp_size, batch_num_tokens=info.global_nnz,
+                                         global_batch_size=info.global_batch_size, loss_scale_factor=None)
+            value, metrics = fn(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
+                                response_mask=response_mask, loss_agg_mode="token-mean", config=cfg)
+            out = {}
+            for k, v in metrics.items():
+                short = k.removeprefix("actor/")
+                out[keys.get(short, short)] = v
+            return value, out
+
+        loss.__qualname__ = f"verl.policy_loss[{name}]"
+        return loss
+
+    def combine_metrics(parts):
+        pipe = _metric_pipeline()
+        micro = [Metric.from_dict(dict(m), aggregation=AggregationType.MEAN) for m, _ in parts]
+        final = pipe.finalize(pipe.reduce_mini([pipe.reduce_dp([pipe.reduce_micro(micro)])]))
+        return {k.removeprefix("actor/"): v for k, v in final.items()}
+
+    impls, unchecked = {}, {}
+    for name in sorted(core_algos.POLICY_LOSS_REGISTRY):
+        if name in POLICY_LOSS_NAMES:
+            impls[POLICY_LOSS_NAMES[name]] = bind(name)
+        else:
+            unchecked[name] = POLICY_LOSS_UNCHECKED.get(name, "registered in verl; no catalog variant")
+    return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics)
+
+
 # ------------------------------------------------------------------------- distributed (TP / DP)
 TPM = "verl.utils.megatron.tensor_parallel"
 
@@ -307,6 +408,8 @@ binding = Binding(
         "vocab_parallel_sum_pi_squared": _vocab_parallel("vocab_parallel_sum_pi_squared",
                                                          "vocab_parallel_sum_pi_squared"),
         "dp_metric_all_reduce": Lazy(loader=_dp_metric_all_reduce),
+        "kl_estimator": Lazy(loader=_kl_estimator),
+        "policy_loss": Lazy(loader=_policy_loss),
     },
     # verl computes Σπ² for the optimal token baseline only, as a detached statistic (compute_log_prob):
     # its gradient is not part of the contract (vocab_parallel_sum_pi_squared's raw all_reduce would make
@@ -336,5 +439,9 @@ binding = Binding(
         "(parallel_state TP group; plain dist.all_reduce inside autograd: its gradient sees local sums)",
         "dp_metric_all_reduce": "actor/pg_clipfrac on real DP ranks: masked_mean -> Metric(MEAN) -> "
         "allgather_dict_into_dict over the DP group -> Metric.aggregate_dp -> reduce_metrics",
+        "kl_estimator": "verl.trainer.ppo.core_algos.kl_penalty(logprob, ref_logprob, name) (no mask)",
+        "policy_loss": "core_algos.get_policy_loss_fn(name) for every POLICY_LOSS_REGISTRY entry, "
+        "loss_agg_mode='token-mean', global_batch_info of the mini-batch; micro-batch losses summed; metrics "
+        "Metric(MEAN) per micro-batch -> aggregate_dp -> reduce_metrics",
     },
 )

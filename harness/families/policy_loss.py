@@ -1,0 +1,362 @@
+"""Policy-gradient losses ``policy_loss``: the loss, its gradient w.r.t. the log-probs, and its metrics.
+
+Canonical form: a :class:`~rlconform.harness.contracts.LossVariants` registry whose callables are one
+micro-batch's call ``(old_log_prob [b, T], log_prob [b, T], advantages [b, T], response_mask [b, T]
+bool, info: BatchInfo) -> (loss 0-d, metrics: dict[str, float])``. Micro-batch losses are summed
+(gradient accumulation, one DP rank); the aggregation is the global **token-mean** (Σ L·m over the
+mini-batch / the mini-batch's valid tokens, verl's ``global_batch_info``), except ``geo_mean``
+(mean over the mini-batch's rows, as the reference defines it). Metrics (clip fraction ``pg_clipfrac``,
+approx KL ``ppo_kl``, ...) are means over valid tokens; the engine folds the micro-batches' dicts with
+its ``combine_metrics``. The reference is :func:`rlconform.reference.policy_loss` (and
+``policy_loss_grad``) with the variant's parameters in :data:`VARIANTS`: the engines' defaults and
+their documented numerical guards (the ±20 log-ratio clamp, GSPO's log s ≤ 10), so that an engine is
+compared with what it claims to compute (docs/notes/policy-loss-engines.md §1–2).
+
+Each variant is a finding dimension: regimes ``<variant>@moderate`` (|Δ| ≤ 1, padded rows, fp32 and
+fp64) and ``<variant>@extreme_log_ratios`` (a few tokens with Δ = ±100 in fp32, ±20 in bf16, where
+``exp`` overflows; fp32 and bf16). ``partition_invariant`` splits the rows into 2–4 micro-batches
+(loss, gradient and metrics must not change; ``clip_cov`` / ``kl_cov`` select tokens by a covariance
+over the call's tokens, batch-global by design, so they are not checked for it); ``mask_invariant``
+writes NaN, ±inf or 1e30 into every input at masked positions.
+
+Yardstick ("faithful" path): the float64 reference evaluated with log_prob perturbed by one rounding
+of the compute dtype (log_prob·(1 + ε), ε = 2⁻²⁴ for fp32 compute of fp32/bf16 inputs, 2⁻⁵³ for fp64),
+rounded to the engine's output dtype: what a correct fp32 computation can differ by, including exp's
+amplification of the log-ratio's rounding ((1 + |Δ|)·ε relative) and a token within that rounding of a
+clip threshold falling on the other side. bf16 engines are held to fp32 compute rounded to bf16, as
+everywhere in the catalog. Metrics are logged numbers: they are compared at float32 precision at most
+(an fp64 run's metrics pass through fp32 loggers). The reference engine binds :func:`faithful_loss`
+(the float64 reference per micro-batch as an autograd op).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+import rlconform.reference as R
+from rlconform.harness import strategies as S
+from rlconform.harness.contracts import BatchInfo, LossVariants
+from rlconform.harness.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.families import OpFamily
+from rlconform.harness.guards import InputGuard
+from rlconform.harness.opinfo import (
+    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
+    split_regime, variant_regime,
+)
+from rlconform.harness.tensors import as_numpy, out_dtype, to_tensor
+
+#: catalog variant -> keyword arguments of :func:`rlconform.reference.policy_loss` (besides the
+#: aggregation). Engine defaults (clip 0.2/0.2, dual-clip c = 3, SAPO τ 1.0/1.05, DRO β 0.5) and guards.
+VARIANTS = {
+    "vanilla": dict(variant="vanilla", clip_ratio_c=3.0, log_ratio_clamp=20),  # verl vanilla, SkyRL dual_clip
+    "ppo_clip": dict(variant="vanilla", clip_ratio_c=None, log_ratio_clamp=20),  # SkyRL regular
+    "gspo": dict(variant="gspo", log_ratio_clamp=(None, 10)),
+    "sapo": dict(variant="sapo", log_ratio_clamp=20),
+    "gpg": dict(variant="gpg"),
+    "cross_entropy": dict(variant="cross_entropy"),
+    "importance_sampling": dict(variant="importance_sampling"),
+    # every candidate selected (ratio 1): the engines' random choice among candidates is then determined
+    "clip_cov": dict(variant="clip_cov", clip_cov_ratio=1.0, clip_cov_lb=1.0, clip_cov_ub=5.0),
+    "kl_cov": dict(variant="kl_cov", kl_cov_ratio=0.2, ppo_kl_coef=1.0),  # SkyRL's defaults
+    "geo_mean": dict(variant="geo_mean"),
+    "dro": dict(variant="dro", dro_beta=0.5),
+    "cispo": dict(variant="cispo", log_ratio_clamp=20),
+    "dppo_tv": dict(variant="dppo_tv", clip_ratio_c=3.0, log_ratio_clamp=20),
+    "dppo_kl": dict(variant="dppo_kl", clip_ratio_c=3.0, log_ratio_clamp=20),
+    "dppo_binary_tv": dict(variant="dppo_binary_tv", log_ratio_clamp=20),
+    "dppo_binary_kl": dict(variant="dppo_binary_kl", log_ratio_clamp=20),
+    "rollout_is": dict(variant="rollout_is", log_ratio_clamp=20),
+}
+#: aggregation of every variant but geo_mean (which ignores it)
+LOSS_AGG_MODE = "token-mean"
+#: metrics an engine must log when the reference defines them (the others are compared when logged)
+REQUIRED_METRICS = ("pg_clipfrac",)
+#: variants whose token selection depends on the call's whole batch (not partition invariant by design)
+BATCH_GLOBAL = ("clip_cov", "kl_cov")
+GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
+EXTREME = {"float32": 100.0, "float64": 100.0, "bfloat16": 20.0, "float16": 20.0}
+
+_MODERATE = [variant_regime(v, "moderate") for v in VARIANTS]
+OPS = (
+    OpInfo("policy_loss", "policy_loss", None,
+           (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE, FINITE, MASK_INVARIANT),
+           {**{variant_regime(v, "moderate"): ("float32", "float64") for v in VARIANTS},
+            **{variant_regime(v, "extreme_log_ratios"): ("float32", "bfloat16") for v in VARIANTS}},
+           reference_function("policy_loss"), reference_function("policy_loss_grad"), differentiable=True,
+           source="verl 0.9.1 core_algos (register_policy_loss); SkyRL 0.4.0 ppo_utils.PolicyLossRegistry; "
+                  "papers in rlconform.reference.policy_loss",
+           family="policy_loss", variants=tuple(VARIANTS),
+           property_regimes={
+               PARTITION_INVARIANT: tuple(variant_regime(v, "moderate") for v in VARIANTS if v not in BATCH_GLOBAL),
+               NON_DESTRUCTIVE: tuple(_MODERATE),
+               MASK_INVARIANT: tuple(_MODERATE),
+               FINITE: tuple(variant_regime(v, "extreme_log_ratios") for v in VARIANTS),
+           }),
+)
+
+
+# ------------------------------------------------------------------------------------ inputs
+@st.composite
+def inputs(draw, dtype: str, variant: str, data: str):
+    """``{"old_log_prob", "log_prob", "advantages": [B, T] float64 (exact in dtype; log-probs ≤ 0),
+    "mask": [B, T] bool (right-padded rows, some empty), "partitions": 2 lists of micro-batch row
+    ranges, "garbage": float, "variant": str}``; B ≤ 8, T ≤ 64. Masked positions hold ordinary values
+    (a loss that sums them shows in the base run)."""
+    b = draw(st.integers(1, 8))
+    t = draw(st.sampled_from([1, 4, 16, 64]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    lengths = rng.integers(0, t + 1, size=b)
+    if draw(st.booleans()):
+        lengths[rng.integers(0, b)] = t
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    old = np.log(rng.uniform(0.05, 1.0, (b, t)))
+    delta = rng.uniform(-1.0, 1.0, (b, t)) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
+    if data == "extreme_log_ratios":
+        big = EXTREME[dtype]
+        hits = rng.random((b, t)) < draw(st.sampled_from([0.05, 0.3]))
+        hits[rng.integers(0, b), rng.integers(0, t)] = True
+        sign = rng.choice([-1.0, 1.0], size=(b, t))
+        delta = np.where(hits, sign * big, delta)
+        old = np.where(hits & (sign > 0), old - big - 0.5, old)  # keep log_prob = old + Δ ≤ 0
+    lp = old + delta
+    lp = np.where(lp > 0, old - np.abs(delta), lp)
+    adv = rng.standard_normal((b, t))
+    kind = draw(st.sampled_from(["token", "row", "zeros"]))
+    if variant in BATCH_GLOBAL:  # per-token advantages: no tied covariances (the selection is then determined)
+        kind = "token"
+    if kind == "row":  # GRPO: one advantage per sequence
+        adv = np.repeat(rng.standard_normal((b, 1)), t, axis=1)
+    elif kind == "zeros":
+        adv = np.where(rng.random((b, t)) < 0.3, 0.0, adv)
+    parts = []
+    for _ in range(2):
+        k = draw(st.integers(1, min(b, 4)))
+        parts.append(draw(S.composition(b, k)))
+    return {"old_log_prob": S.round_to(old, dtype), "log_prob": S.round_to(lp, dtype),
+            "advantages": S.round_to(adv, dtype), "mask": mask, "partitions": parts,
+            "garbage": draw(st.sampled_from(GARBAGE)), "variant": variant}
+
+
+def strategy(op: OpInfo, dtype: str, regime: str):
+    variant, data = split_regime(regime)
+    return inputs(dtype, variant, data)
+
+
+# ----------------------------------------------------------------------------- the reference
+def reference(variant: str, old, lp, adv, mask, *, agg: str = LOSS_AGG_MODE):
+    """(loss, gradient [B, T], metrics {key: SumCount}) of the float64 reference for a catalog variant."""
+    kw = dict(VARIANTS[variant], loss_agg_mode=agg)
+    loss, metrics = R.policy_loss(old, lp, adv, mask, **kw)
+    grad = R.policy_loss_grad(old, lp, adv, mask, **kw)
+    return loss, grad, metrics
+
+
+class _Faithful(torch.autograd.Function):
+    """The float64 reference of one micro-batch as an autograd op: value and closed-form gradient,
+    normalised by the mini-batch's totals (token-mean: Σ L·m / global nnz; geo_mean: Σ rows / global
+    rows), rounded to the log-probs' dtype."""
+
+    @staticmethod
+    def forward(ctx, log_prob, old, adv, mask, variant, info):
+        lp64, old64, adv64 = (as_numpy(x) for x in (log_prob, old, adv))
+        m = mask.detach().cpu().numpy().astype(bool)
+        if variant == "geo_mean":
+            loss, grad, metrics = reference(variant, old64, lp64, adv64, m)
+            scale = m.shape[0] / max(info.global_batch_size, 1)
+        else:
+            loss, grad, metrics = reference(variant, old64, lp64, adv64, m, agg="token-sum")
+            scale = 1.0 / max(info.global_nnz, 1)
+        ctx.grad = torch.from_numpy(grad * scale)
+        ctx.metrics = metrics
+        ctx.dtype = log_prob.dtype
+        return torch.tensor(loss * scale, dtype=torch.float64).to(log_prob.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (ctx.grad * grad_output.double()).to(ctx.dtype), None, None, None, None, None
+
+
+def faithful_loss(variant: str):
+    """The reference engine's binding of ``variant``: the float64 reference through :class:`_Faithful`;
+    metrics are per-call means (Python floats), folded token-weighted by :func:`token_weighted`."""
+
+    def loss(old_log_prob, log_prob, advantages, response_mask, info):
+        out = _Faithful.apply(log_prob, old_log_prob, advantages, response_mask, variant, info)
+        m = response_mask.detach().cpu().numpy().astype(bool)
+        _, _, metrics = reference(variant, as_numpy(old_log_prob), as_numpy(log_prob), as_numpy(advantages), m,
+                                  agg="token-sum") if m.any() else (None, None, {})
+        return out, {k: v.mean for k, v in metrics.items()}
+
+    loss.__qualname__ = f"reference.policy_loss[{variant}]"
+    return loss
+
+
+def token_weighted(parts: list) -> dict:
+    """Fold per-micro-batch metric means token-weighted: Σ mean·n / Σ n over the parts that logged the key
+    with n > 0 (sum/count, never a mean of means)."""
+    keys = sorted({k for metrics, _ in parts for k in metrics})
+    out = {}
+    for k in keys:
+        num = [float(metrics[k]) * n for metrics, n in parts if k in metrics and n > 0]
+        den = sum(n for metrics, n in parts if k in metrics and n > 0)
+        if den:
+            out[k] = math.fsum(num) / den
+    return out
+
+
+def reference_variants() -> LossVariants:
+    return LossVariants({v: faithful_loss(v) for v in VARIANTS}, combine_metrics=token_weighted)
+
+
+# ------------------------------------------------------------------------------ the engine run
+def _info(mask: np.ndarray) -> BatchInfo:
+    return BatchInfo(dp_size=1, global_nnz=int(mask.sum()), global_batch_size=int(mask.shape[0]),
+                     global_nonempty_seqs=int((mask.sum(-1) > 0).sum()), num_micro_batches=1)
+
+
+def run(impl: LossVariants, fn, arrays: dict, mask: np.ndarray, dtype: str, partition, ev: Evaluation):
+    """Drive ``fn`` over the micro-batches of ``partition``: (loss float, gradient [B, T] or None,
+    metrics dict, output dtype). A loss without autograd graph, or whose gradient does not reach
+    log_prob, is a problem."""
+    info = _info(mask)
+    info = BatchInfo(**{**info.__dict__, "num_micro_batches": len(partition)})
+    total, grad, parts, odt = [], np.zeros(mask.shape), [], dtype
+    for a, b in partition:
+        old = to_tensor(arrays["old_log_prob"][a:b], dtype)
+        lp = to_tensor(arrays["log_prob"][a:b], dtype).requires_grad_(True)
+        adv = to_tensor(arrays["advantages"][a:b], dtype)
+        m = torch.from_numpy(mask[a:b].copy())
+        loss, metrics = call_engine("policy_loss", fn, old, lp, adv, m, info)
+        odt = out_dtype(loss, dtype)
+        if as_numpy(loss).size != 1:
+            ev.problems.append(shape_problem("loss", as_numpy(loss), (), "expected a scalar") or "loss: not a scalar")
+            return None
+        total.append(float(as_numpy(loss).reshape(())))
+        parts.append((dict(metrics or {}), int(mask[a:b].sum())))
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            ev.problems.append("gradient: the loss has no autograd graph (requires_grad=False): no gradient "
+                               "reaches log_prob")
+            grad = None
+            continue
+        call_engine("policy_loss backward", loss.backward)
+        if lp.grad is None:
+            ev.problems.append("gradient: backward ran but no gradient reached log_prob")
+            grad = None
+        elif grad is not None:
+            grad[a:b] = as_numpy(lp.grad)
+    combine = impl.combine_metrics
+    if combine is None:
+        ev.problems.append("metrics: the binding declares no combine_metrics (how micro-batch metrics are folded)")
+        metrics = {}
+    else:
+        metrics = dict(call_engine("policy_loss combine_metrics", combine, parts))
+    return math.fsum(total), grad, metrics, odt
+
+
+def _round(x, dtype: str) -> np.ndarray:
+    return S.round_to(np.asarray(x, dtype=np.float64), dtype)
+
+
+#: relative rounding of the compute dtype (fp32 for every input dtype but fp64)
+COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-24, "float16": 2.0**-24}
+
+
+def yardstick(variant: str, arrays: dict, mask: np.ndarray, dtype: str, ref):
+    """The reference at log_prob·(1 + ε) (module doc); the reference itself where that is undefined."""
+    try:
+        return reference(variant, arrays["old_log_prob"], arrays["log_prob"] * (1.0 + COMPUTE_EPS[dtype]),
+                         arrays["advantages"], mask)
+    except ValueError:
+        return ref
+
+
+def _compared(label, out, ref, dtype, mask, ev, faithful) -> list[Compared]:
+    loss, grad, metrics, odt = out
+    r_loss, r_grad, r_metrics = ref
+    f_loss, f_grad, f_metrics = faithful
+    mdt = "float32" if odt == "float64" else odt
+    res = [Compared(f"{label}loss", np.float64(loss), np.float64(r_loss), _round(f_loss, odt), odt, "pipeline")]
+    for key in sorted(r_metrics):
+        want = r_metrics[key].mean
+        if math.isnan(want):
+            continue
+        if key not in metrics:
+            if key in REQUIRED_METRICS:
+                ev.problems.append(f"metric {key!r} missing: the engine logged {sorted(metrics)}")
+            continue
+        f_want = f_metrics[key].mean if key in f_metrics else want
+        res.append(Compared(f"{label}metric {key}", np.float64(float(metrics[key])), np.float64(want),
+                            _round(f_want, mdt), mdt, "pipeline"))
+    grads = []
+    if grad is not None:
+        grads.append(Compared(f"{label}gradient w.r.t. log_prob", grad, r_grad, _round(f_grad, odt), odt,
+                              "pipeline", only_where=mask))
+    return res, grads
+
+
+def evaluate(binding, case) -> Evaluation:
+    impl = binding.resolve("policy_loss")
+    variant = case.inputs["variant"]
+    fn = impl.get("policy_loss", variant, binding.name)
+    mask = case.inputs["mask"].astype(bool)
+    if case.property == MASK_INVARIANT and mask.all():  # garbage needs a masked position
+        mask = mask.copy()
+        mask[-1, -1] = False
+    arrays = {k: case.inputs[k] for k in ("old_log_prob", "log_prob", "advantages")}
+    b = mask.shape[0]
+    whole = [(0, b)]
+    ev = Evaluation()
+    if variant in BATCH_GLOBAL and mask.any():
+        try:  # tied covariances at the k-th place: the engine's selection is not determined by the inputs
+            reference(variant, arrays["old_log_prob"], arrays["log_prob"], arrays["advantages"], mask)
+        except ValueError as exc:
+            ev.undefined = f"the reference is undefined here: {exc}"
+            return ev
+    if case.property == NON_DESTRUCTIVE:
+        t = {k: to_tensor(v, case.dtype) for k, v in arrays.items()}
+        t["log_prob"].requires_grad_(True)
+        m = torch.from_numpy(mask.copy())
+        guard = InputGuard(response_mask=m, **t)
+        loss, _ = call_engine("policy_loss", fn, t["old_log_prob"], t["log_prob"], t["advantages"], m, _info(mask))
+        ev.mutations += [x.describe() for x in guard.check("forward")]
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            call_engine("policy_loss backward", loss.backward)
+            ev.mutations += [x.describe() for x in guard.check("backward")]
+        return ev
+    if not mask.any():
+        ev.undefined = "the token-mean policy loss of a mini-batch with no valid token is undefined"
+        return ev
+    try:
+        ref = reference(variant, arrays["old_log_prob"], arrays["log_prob"], arrays["advantages"], mask)
+    except ValueError as exc:
+        ev.undefined = f"the reference is undefined here: {exc}"
+        return ev
+    fa = yardstick(variant, arrays, mask, case.dtype, ref)
+    out = run(impl, fn, arrays, mask, case.dtype, whole, ev)
+    if out is None:
+        return ev
+    ev.values, ev.gradients = _compared("", out, ref, case.dtype, mask, ev, fa)
+    ev.base_label = "one micro-batch"
+    if case.property == PARTITION_INVARIANT:
+        for p in case.inputs["partitions"]:
+            label = f"micro-batches (nnz) {[int(mask[a:c].sum()) for a, c in p]}"
+            alt = run(impl, fn, arrays, mask, case.dtype, p, ev)
+            if alt is not None:
+                vals, grads = _compared(f"{label}: ", alt, ref, case.dtype, mask, ev, fa)
+                ev.alternatives.append((label, vals + grads))
+    elif case.property == MASK_INVARIANT:
+        garbage = float(case.inputs.get("garbage", np.nan))
+        dirty = {k: np.where(mask, v, garbage) for k, v in arrays.items()}
+        alt = run(impl, fn, dirty, mask, case.dtype, whole, ev)
+        if alt is not None:
+            vals, grads = _compared(f"masked = {garbage!r}: ", alt, ref, case.dtype, mask, ev, fa)
+            ev.alternatives.append((f"masked positions set to {garbage!r}", vals + grads))
+    return ev
+
+
+FAMILY = OpFamily("policy_loss", OPS, strategy, evaluate, order=60,
+                  doc="policy-gradient losses (PPO and successors): loss, gradient w.r.t. log_prob, metrics")

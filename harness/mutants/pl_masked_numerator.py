@@ -1,0 +1,22 @@
+"""Masked tokens in the numerator (cases.md family 15; issue 10 §5): the vanilla PPO loss sums the
+per-token loss over *every* position, padding included, and divides by the number of valid tokens, so
+padded tokens add to the loss and receive gradient (value and gradient both wrong)."""
+
+import torch
+
+from rlconform.harness.binding import LossVariants
+from rlconform.harness.families import policy_loss as PL
+from rlconform.harness.mutants._base import mutant
+
+_faithful = PL.faithful_loss("vanilla")
+
+
+def _vanilla(old_log_prob, log_prob, advantages, response_mask, info):
+    return _faithful(old_log_prob, log_prob, advantages, torch.ones_like(response_mask), info)
+
+
+_impls = {v: PL.faithful_loss(v) for v in PL.VARIANTS}
+_impls["vanilla"] = _vanilla
+EXPECTED = [("policy_loss", "matches_reference")]
+binding = mutant("pl_masked_numerator", __doc__,
+                 policy_loss=LossVariants(_impls, combine_metrics=PL.token_weighted))

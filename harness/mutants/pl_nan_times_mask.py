@@ -1,0 +1,23 @@
+"""NaN·0 at masked positions (cases.md family 17; issue 10 §3): the policy loss multiplies by the mask
+instead of selecting with it (``(loss_mat * mask).sum()``), so NaN or ±inf in the log-probs or
+advantages at padded positions turns the whole loss into NaN, although those positions are masked."""
+
+from rlconform.harness.binding import LossVariants
+from rlconform.harness.families import policy_loss as PL
+from rlconform.harness.mutants._base import mutant
+
+_faithful = PL.faithful_loss("vanilla")
+
+
+def _vanilla(old_log_prob, log_prob, advantages, response_mask, info):
+    loss, metrics = _faithful(old_log_prob, log_prob, advantages, response_mask, info)
+    pad = (~response_mask.bool()).to(log_prob.dtype)
+    leak = ((old_log_prob.detach() + advantages) * pad).sum() * 0.0  # NaN·0 = NaN, inf·0 = NaN
+    return loss + leak.to(loss.dtype), metrics
+
+
+_impls = {v: PL.faithful_loss(v) for v in PL.VARIANTS}
+_impls["vanilla"] = _vanilla
+EXPECTED = [("policy_loss", "mask_invariant")]
+binding = mutant("pl_nan_times_mask", __doc__,
+                 policy_loss=LossVariants(_impls, combine_metrics=PL.token_weighted))
