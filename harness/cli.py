@@ -6,6 +6,7 @@
     rlconform report DIR                       (re-render report.md and report.html from report.json)
     rlconform ledger DIR/report.json > xfails.txt
     rlconform diff BASE HEAD [--fail-on wrong|imprecise] [--markdown FILE]   (what a pull request changes)
+    rlconform bisect --engine-path CHECKOUT --good REV --bad REV CASE_FILE [--engine SPEC]   (issue 12 §4)
     rlconform list-ops | list-engines | --version
 
 Exit codes: 0 clean, 1 discrepancies (or crashes, unavailable ops, ledger entries that now pass; with
@@ -83,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     from rlconform.harness.diff import add_parser as add_diff_parser  # --- triage (issue 12) ---
 
     add_diff_parser(sub)
+
+    from rlconform.harness.bisect import add_parser as add_bisect_parser  # --- bisect (issue 12 §4) ---
+
+    add_bisect_parser(sub)
 
     rp = sub.add_parser("report", help="re-render report.md and report.html from a report.json")
     rp.add_argument("out", help="a report folder (holding report.json), or the report.json itself")
@@ -312,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         from rlconform.harness.diff import cmd_diff
 
         return cmd_diff(args)
+    if args.command == "bisect":  # --- bisect (issue 12 §4) ---
+        from rlconform.harness.bisect import cmd_bisect
+
+        return cmd_bisect(args)
     return _usage_error(f"unknown command {args.command!r}")  # pragma: no cover
 
 

@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = {"reference": "reference", "harness": "harness", "properties": "properties",
            "distributed_tests": "distributed_tests"}
 RUNNER = {"cli", "fuzz", "dispatch", "pytest_plugin", "report", "html_report", "summary", "xfails", "atomic_write",
-          "severity", "triage", "triage_md", "diff"}
+          "severity", "triage", "triage_md", "diff", "bisect"}
 RANK = {"reference": 0, "core": 1, "properties": 2, "distributed_tests": 2, "runner": 3}
 
 

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# rlconform on a pull request (issue 12 §5): check the PR's head and its base with the fork's ledger,
+# diff the two reports, and write the pull-request comment. Plain bash: runs the same locally and in CI
+# (.github/actions/rlconform/action.yml calls it).
+#
+#   ci/rlconform-pr.sh --engine SPEC (--base DIR | --base-ref REV) [--head DIR] [--xfails FILE]
+#                      [--out DIR] [--fail-on wrong|imprecise] [-- more `rlconform check` options]
+#
+#   --engine   verl | skyrl | megatron | module:attr (imported from the checkout) | file.py (a path
+#              inside the checkout); the checkout is the --engine-path of each check
+#   --head     the PR head's checkout (default: .)
+#   --base     the base's checkout; or --base-ref REV: a temporary `git worktree` of REV from --head's
+#              repository (needs the full history: actions/checkout with fetch-depth: 0)
+#   --xfails   the fork's ledger, a path inside --head; the same file is used for both checks
+#   --out      where the reports go (default: rlconform-ci): OUT/base/, OUT/head/ (report.json, .md,
+#              .html, cases/), OUT/comment.md (the PR comment), OUT/diff.json
+#   --fail-on  passed to `rlconform diff` (default: wrong)
+#
+# Environment: RLCONFORM_SKIP_INSTALL=1 uses the `rlconform` already on PATH; otherwise rlconform is
+# installed from this repository with `$PYTHON -m pip install $RLCONFORM_PIP_ARGS <repo>` (PYTHON
+# defaults to python3).
+# Exit code: that of `rlconform diff` (0 nothing new at or above --fail-on; 1 something new is), or 2 when a
+# check could not run (bad engine spec, engine does not import, missing ledger) or a usage error.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+engine="" head="." base="" base_ref="" xfails="" out="rlconform-ci" fail_on="wrong"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --engine) engine="$2"; shift 2 ;;
+    --head) head="$2"; shift 2 ;;
+    --base) base="$2"; shift 2 ;;
+    --base-ref) base_ref="$2"; shift 2 ;;
+    --xfails) xfails="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --fail-on) fail_on="$2"; shift 2 ;;
+    --) shift; break ;;
+    *) echo "rlconform-pr: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+die() { echo "rlconform-pr: error: $*" >&2; exit 2; }
+[ -n "$engine" ] || die "--engine SPEC is required"
+[ -n "$base" ] || [ -n "$base_ref" ] || die "give --base DIR or --base-ref REV"
+[ -d "$head" ] || die "--head $head is not a directory"
+head="$(cd "$head" && pwd)"
+mkdir -p "$out" && out="$(cd "$out" && pwd)"
+rm -rf "$out/base" "$out/head" "$out/comment.md" "$out/diff.json"
+
+if [ "${RLCONFORM_SKIP_INSTALL:-0}" != 1 ]; then
+  echo "rlconform-pr: installing rlconform from $(dirname "$here")"
+  # shellcheck disable=SC2086  # RLCONFORM_PIP_ARGS is a list of pip options
+  "${PYTHON:-python3}" -m pip install -q ${RLCONFORM_PIP_ARGS:-} "$(dirname "$here")" || die "pip install failed"
+fi
+command -v rlconform >/dev/null || die "no rlconform on PATH"
+
+cleanup=""
+if [ -z "$base" ]; then
+  base="$(mktemp -d "${RUNNER_TEMP:-${TMPDIR:-/tmp}}/rlconform-base.XXXXXX")"
+  git -C "$head" worktree add -q --detach "$base" "$base_ref" || die "cannot check out --base-ref $base_ref"
+  cleanup="$base"
+  trap 'git -C "$head" worktree remove --force "$cleanup" >/dev/null 2>&1' EXIT
+fi
+[ -d "$base" ] || die "--base $base is not a directory"
+base="$(cd "$base" && pwd)"
+
+ledger=()
+if [ -n "$xfails" ]; then
+  [ -f "$head/$xfails" ] || die "--xfails $xfails: no such file in $head"
+  ledger=(--xfails "$head/$xfails")
+fi
+
+# check SIDE CHECKOUT [check options]: a report in OUT/SIDE; returns check's exit code (0/1 are results,
+# 2+ errors). Both sides run from the same directory, so they replay the same ./rlconform-corpus if any.
+check() {
+  local side="$1" checkout="$2" spec="$engine"
+  shift 2
+  case "$spec" in *.py) spec="$checkout/$spec" ;; esac
+  echo "rlconform-pr: checking the $side ($checkout, $(git -C "$checkout" rev-parse --short HEAD 2>/dev/null || echo 'not git'))"
+  rlconform check --engine "$spec" --engine-path "$checkout" --out "$out/$side" "${ledger[@]}" -q "$@"
+}
+
+check base "$base" "$@"; base_rc=$?
+check head "$head" "$@"; head_rc=$?
+for side in base head; do
+  rc_var="${side}_rc"
+  if [ "${!rc_var}" -ge 2 ] || [ ! -f "$out/$side/report.json" ]; then
+    { echo "## rlconform: the $side could not be checked"; echo
+      echo "\`rlconform check\` exited ${!rc_var} on the $side; see the job's log."; } > "$out/comment.md"
+    die "the check of the $side exited ${!rc_var}"
+  fi
+done
+
+rlconform diff "$out/base" "$out/head" --fail-on "$fail_on" --markdown "$out/comment.md" --json "$out/diff.json"
+rc=$?
+echo "rlconform-pr: comment in $out/comment.md, report in $out/head/report.html (diff exit $rc)"
+exit "$rc"

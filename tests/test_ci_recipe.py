@@ -1,0 +1,131 @@
+"""The CI recipe's scripts (issue 12 §5), end to end on two checkouts of a small fork, without GitHub:
+ci/rlconform-pr.sh checks base and head and writes the PR comment; ci/rlconform-comment.sh posts it with
+`gh` (a stand-in here) or, locally, only says where it is. The action (.github/actions/rlconform) is
+only the glue that calls them."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PR = ROOT / "ci" / "rlconform-pr.sh"
+COMMENT = ROOT / "ci" / "rlconform-comment.sh"
+
+_spec = importlib.util.spec_from_file_location("toyfork", pathlib.Path(__file__).with_name("toyfork.py"))
+T = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(T)
+
+#: one property, one dtype, few examples: enough to see the wrong count, a few seconds per check
+CHECK_ARGS = ["--op", "masked_mean", "--property", "matches_reference", "--dtype", "float32", "--max-examples", "10"]
+LEDGER = "rlconform-xfails.txt"
+
+
+def env(**extra) -> dict:
+    """This interpreter's rlconform on PATH, no install, no GitHub."""
+    e = {k: v for k, v in os.environ.items() if k not in ("GH_TOKEN", "GITHUB_EVENT_PATH", "PR_NUMBER")}
+    e.update(PATH=os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", ""), RLCONFORM_SKIP_INSTALL="1",
+             **extra)
+    return e
+
+
+def run_pr(cwd, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(PR), "--engine", T.SPEC, "--xfails", LEDGER, *args, "--", *CHECK_ARGS],
+                          capture_output=True, text=True, cwd=cwd, env=env())
+
+
+@pytest.fixture
+def checkouts(tmp_path):
+    """(base, head): the fork's main (right) cloned, and its PR branch (a new wrong count) checked out."""
+    head = tmp_path / "fork"
+    T.make_fork(head, [("add masked_mean", T.RIGHT)])
+    (head / LEDGER).write_text("# the fork's known discrepancies\n")
+    T.commit(head, "ledger")
+    base = tmp_path / "base"
+    T.git(tmp_path, "clone", "-q", str(head), str(base))
+    T.git(head, "checkout", "-q", "-b", "pr")
+    T.write_ops(head, T.WRONG_COUNT)
+    T.commit(head, "speed up masked_mean")
+    return base, head
+
+
+@pytest.mark.slow
+def test_new_bug_in_the_head_is_commented_and_fails(tmp_path, checkouts):
+    base, head = checkouts
+    proc = run_pr(head, "--base", str(base), "--out", str(tmp_path / "ci"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    comment = (tmp_path / "ci" / "comment.md").read_text()
+    assert "### New defects" in comment and "masked_mean" in comment, comment
+    assert "new **wrong** `masked_mean.matches_reference.float32." in comment, comment
+    assert (tmp_path / "ci" / "head" / "report.html").is_file()
+    assert T.git(head, "status", "--porcelain") == "" and T.git(base, "status", "--porcelain") == ""
+
+
+@pytest.mark.slow
+def test_head_equal_to_base_passes(tmp_path, checkouts):
+    """--base-ref: the base is a temporary worktree of the same commit, removed afterwards."""
+    base, _ = checkouts
+    proc = run_pr(base, "--base-ref", "HEAD", "--out", str(tmp_path / "ci"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "No change" in (tmp_path / "ci" / "comment.md").read_text()
+    assert T.git(base, "worktree", "list").count("\n") == 0  # only the main worktree is left
+
+
+def test_usage_errors_exit_2(tmp_path, checkouts):
+    base, head = checkouts
+    missing = subprocess.run(["bash", str(PR), "--engine", T.SPEC, "--xfails", "no-such-ledger.txt", "--base",
+                              str(base)], capture_output=True, text=True, cwd=head, env=env())
+    assert missing.returncode == 2 and "no-such-ledger.txt" in missing.stderr
+    no_base = subprocess.run(["bash", str(PR), "--engine", T.SPEC], capture_output=True, text=True, cwd=head,
+                             env=env())
+    assert no_base.returncode == 2 and "--base" in no_base.stderr
+
+
+@pytest.mark.slow
+def test_binding_that_does_not_import_exits_2_with_a_comment(tmp_path, checkouts):
+    base, head = checkouts
+    T.write_ops(head, T.BROKEN_IMPORT)
+    T.commit(head, "wip")
+    proc = run_pr(head, "--base", str(base), "--out", str(tmp_path / "ci"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the head could not be checked" in (tmp_path / "ci" / "comment.md").read_text()
+
+
+def test_comment_is_posted_with_gh_or_only_located(tmp_path):
+    comment = tmp_path / "comment.md"
+    comment.write_text("## rlconform diff\n")
+    local = subprocess.run(["bash", str(COMMENT), str(comment)], capture_output=True, text=True, env=env())
+    assert local.returncode == 0 and "not posting" in local.stdout and str(comment) in local.stdout
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gh").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "gh.log"}\n')
+    (bin_dir / "gh").chmod(0o755)
+    event = tmp_path / "event.json"
+    event.write_text('{"pull_request": {"number": 7}}')
+    e = env(GH_TOKEN="x", GITHUB_EVENT_PATH=str(event))
+    e["PATH"] = f"{bin_dir}{os.pathsep}{e['PATH']}"
+    posted = subprocess.run(["bash", str(COMMENT), str(comment)], capture_output=True, text=True, env=e)
+    assert posted.returncode == 0, posted.stderr
+    assert (tmp_path / "gh.log").read_text().split("\n")[0] == f"pr comment 7 --body-file {comment} --edit-last"
+
+
+def test_action_calls_the_scripts():
+    """The composite action's run steps are the tested scripts, and the fork's lines in its header are
+    at most 10 and parse as a workflow that uses the action."""
+    yaml = pytest.importorskip("yaml")  # PyYAML: not a dependency of rlconform
+    text = (ROOT / ".github" / "actions" / "rlconform" / "action.yml").read_text()
+    action = yaml.safe_load(text)
+    runs = " ".join(s.get("run", "") for s in action["runs"]["steps"])
+    assert "ci/rlconform-pr.sh" in runs and "ci/rlconform-comment.sh" in runs
+    assert any(s.get("uses", "").startswith("actions/upload-artifact") for s in action["runs"]["steps"])
+    header = text.split("A fork adds (needs the full history):\n#\n", 1)[1].split("\nname:", 1)[0]
+    fork = "\n".join(line[4:] for line in header.splitlines())
+    assert len(fork.strip().splitlines()) <= 10
+    workflow = yaml.safe_load(fork)
+    assert workflow["jobs"]["rlconform"]["steps"][1]["uses"].endswith("/.github/actions/rlconform@main")
