@@ -330,10 +330,14 @@ def _algorithm_config(**fields):
 
 def _trainer_call(estimator: str, cfg, token_level_rewards, response_mask, index, values=None):
     """``ppo_utils.compute_advantages_and_returns`` exactly as ``RayPPOTrainer.compute_advantages_and_returns``
-    calls it (non-step-wise): ``index`` = ``metadata["uids"]`` (a list of str), γ, λ and
+    calls it (non-step-wise): ``response_mask`` int64 as the trainer holds it, ``index`` =
+    ``metadata["uids"]`` (a list of str), γ, λ and
     ``grpo_norm_by_std`` from the algorithm config."""
+    import torch
+
     fn = _skyrl(PPO_UTILS, "compute_advantages_and_returns")
-    return fn(token_level_rewards=token_level_rewards, response_mask=response_mask,
+    # dataset/preprocess.py builds response_mask as int64 (np.int64 -> torch.from_numpy)
+    return fn(token_level_rewards=token_level_rewards, response_mask=response_mask.to(torch.int64),
               index=[str(u) for u in index], adv_estimator=estimator, config=cfg, values=values,
               gamma=cfg.gamma, lambd=cfg.lambd, grpo_norm_by_std=cfg.grpo_norm_by_std)
 

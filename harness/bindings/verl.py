@@ -259,6 +259,15 @@ VERL_UNCHECKED = {
 VECTORIZED = {"grpo_vectorized": "grpo", "rloo_vectorized": "rloo"}
 
 
+def _trainer_mask(response_mask):
+    """``batch["response_mask"]`` as verl's trainer holds it: ``compute_response_mask`` slices the tokenizer's
+    int64 ``attention_mask`` (verl's gae and reinforce_plus_plus compute ``1 - response_mask``, which a bool
+    mask would make raise: a failure no trainer run can reach)."""
+    import torch
+
+    return response_mask.to(torch.int64)
+
+
 def _trainer_uids(index):
     """``non_tensor_batch["uid"]`` as verl's trainer holds it: an object ndarray of uid strings, one per row."""
     import numpy as np
@@ -288,12 +297,14 @@ def _verl_estimator(fn, name: str, variant: str, algo_config):
     """``outcome_advantage[variant]`` as ``ray_trainer.compute_advantage`` calls verl's ``name``: the GRPO
     branch passes ``norm_adv_by_std_in_grpo`` itself; every other estimator gets ``token_level_rewards``,
     ``response_mask``, ``config`` (AlgoConfig: γ = λ = 1, ``norm_adv_by_std_in_grpo``), ``index`` and, when
-    present, ``reward_baselines`` (remax) or ``non_tensor_batch`` / ``batch`` (gdpo). ε, f_norm are verl's
-    defaults (1e-6, 1.0: the catalog's)."""
+    present, ``reward_baselines`` (remax) or ``non_tensor_batch`` / ``batch`` (gdpo); the mask as the trainer
+    holds it (int64, :func:`_trainer_mask`), uids as an object array of str. ε, f_norm are verl's defaults
+    (1e-6, 1.0: the catalog's)."""
     norm = variant != "drgrpo"
 
     def outcome_advantage(token_level_rewards, response_mask, index, reward_baselines=None, reward_components=None):
         uids = _trainer_uids(index)
+        response_mask = _trainer_mask(response_mask)
         if name == "grpo":
             return fn(token_level_rewards=token_level_rewards, response_mask=response_mask, index=uids,
                       norm_adv_by_std_in_grpo=norm)
@@ -337,7 +348,7 @@ def _outcome_advantage(vectorized: bool = False):
 
 def _gae(fn):
     def gae(token_level_rewards, values, response_mask, gamma, lam):
-        return fn(token_level_rewards=token_level_rewards, values=values, response_mask=response_mask,
+        return fn(token_level_rewards=token_level_rewards, values=values, response_mask=_trainer_mask(response_mask),
                   gamma=gamma, lam=lam)
 
     gae.__qualname__ = "verl.gae"
