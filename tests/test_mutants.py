@@ -27,6 +27,12 @@ def expected(name: str) -> list[tuple[str, str]]:
     return importlib.import_module(f"rlconform.harness.mutants.{name}").EXPECTED
 
 
+def expected_crash(name: str) -> list[tuple[str, str]]:
+    """(op, property) pairs whose finding must be a ``crash``: a mutant of a "raises on a legal input"
+    family (cases.md 16) declares them in ``EXPECTED_CRASH``."""
+    return list(getattr(importlib.import_module(f"rlconform.harness.mutants.{name}"), "EXPECTED_CRASH", []))
+
+
 def test_mutant_zoo_covers_every_property():
     failed_by_some = {prop for name in MUTANTS for _, prop in expected(name)}
     assert set(PROPERTIES) <= failed_by_some, f"no mutant fails {set(PROPERTIES) - failed_by_some}"
@@ -39,10 +45,12 @@ def test_zoo_has_a_mutant_per_single_process_family():
 @pytest.mark.parametrize("name", MUTANTS)
 def test_mutant_is_caught(name, tmp_path):
     pairs = expected(name)
+    crash_pairs = expected_crash(name)
+    assert pairs or crash_pairs, f"mutants.{name} declares neither EXPECTED nor EXPECTED_CRASH"
     args = ["check", "--engine", f"mutants.{name}", "--out", str(tmp_path), "--profile", "ci", "-q"]
-    for op in sorted({op for op, _ in pairs}):
+    for op in sorted({op for op, _ in pairs + crash_pairs}):
         args += ["--op", op]
-    for prop in sorted({p for _, p in pairs}):
+    for prop in sorted({p for _, p in pairs + crash_pairs}):
         args += ["--property", prop]
     proc = run_cli(*args)
     assert proc.returncode == 1, f"mutants.{name} not caught (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -52,11 +60,15 @@ def test_mutant_is_caught(name, tmp_path):
     for op, prop in pairs:
         statuses = {f["status"] for f in doc["findings"] if f["op"] == op and f["property"] == prop}
         assert "discrepancy" in statuses, f"mutants.{name}: {op}.{prop} statuses {statuses}"
-    # every discrepancy comes with a reproducer that replays to the same verdict
-    bad = [f for f in doc["findings"] if f["status"] == "discrepancy"]
+    for op, prop in crash_pairs:
+        statuses = {f["status"] for f in doc["findings"] if f["op"] == op and f["property"] == prop}
+        assert "crash" in statuses, f"mutants.{name}: {op}.{prop} statuses {statuses} (expected a crash)"
+    # every discrepancy (or expected crash) comes with a reproducer that replays to the same verdict
+    verdict = "discrepancy" if pairs else "crash"
+    bad = [f for f in doc["findings"] if f["status"] == verdict]
     replay = run_cli("replay", bad[0]["reproducer"]["case_file"])
     assert replay.returncode == 1, replay.stdout + replay.stderr
-    assert "DISCREPANCY" in replay.stdout
+    assert verdict.upper() in replay.stdout
 
 
 def test_reference_engine_passes_everything(tmp_path):

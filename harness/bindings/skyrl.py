@@ -27,6 +27,11 @@ policy_loss                 every ``ppo_utils.PolicyLossRegistry`` entry (:func:
                             advantages pre-scaled for ``token_mean`` over the mini-batch, loss =
                             the registered function's masked sum; metrics folded by
                             ``worker_utils.reduce_metrics``
+outcome_advantage           ``ppo_utils.AdvantageEstimatorRegistry`` read at run time; each estimator
+                            called through ``ppo_utils.compute_advantages_and_returns`` as the trainer
+                            calls it (:func:`_trainer_call`); ``gae`` listed unchecked (its own op)
+gae                         the same call with ``adv_estimator="gae"``, γ and λ in the config
+masked_whiten               ``utils.ppo_utils.masked_whiten(values, mask, shift_mean)``
 ==========================  =======================================================================
 
 For the distributed tests, :func:`dp_all_reduce_metrics` runs SkyRL's real ``all_reduce_metrics``
@@ -440,6 +445,80 @@ def _masked_var():
     return masked_var
 
 
+# ---------------------------------------------------------------------------------- advantages
+#: SkyRL registry name -> the catalog variants of ``outcome_advantage`` it implements.
+SKYRL_ESTIMATORS = {"grpo": ("grpo", "drgrpo"), "rloo": ("rloo",), "maxrl": ("maxrl",),
+                    "reinforce++": ("reinforce_plus_plus",)}
+#: why a registered name is not a variant of ``outcome_advantage`` (anything else: "not in the catalog").
+SKYRL_UNCHECKED = {"gae": "a critic-value estimator: checked as op 'gae'"}
+
+
+def _algorithm_config(**fields):
+    return _skyrl("skyrl.train.config", "AlgorithmConfig")(**fields)
+
+
+def _trainer_call(estimator: str, cfg, token_level_rewards, response_mask, index, values=None):
+    """``ppo_utils.compute_advantages_and_returns`` exactly as ``RayPPOTrainer.compute_advantages_and_returns``
+    calls it (non-step-wise): ``response_mask`` int64 as the trainer holds it, ``index`` =
+    ``metadata["uids"]`` (a list of str), γ, λ and
+    ``grpo_norm_by_std`` from the algorithm config."""
+    import torch
+
+    fn = _skyrl(PPO_UTILS, "compute_advantages_and_returns")
+    # dataset/preprocess.py builds response_mask as int64 (np.int64 -> torch.from_numpy)
+    return fn(token_level_rewards=token_level_rewards, response_mask=response_mask.to(torch.int64),
+              index=[str(u) for u in index], adv_estimator=estimator, config=cfg, values=values,
+              gamma=cfg.gamma, lambd=cfg.lambd, grpo_norm_by_std=cfg.grpo_norm_by_std)
+
+
+def _skyrl_estimator(name: str, variant: str):
+    """``outcome_advantage[variant]`` through the trainer's call of registry entry ``name`` with
+    ``AlgorithmConfig(advantage_estimator=name, gamma=1, lambd=1, grpo_norm_by_std=variant != "drgrpo")``
+    (ε: the estimators' default 1e-6); no critic (``values=None``)."""
+    cfg = _algorithm_config(advantage_estimator=name, gamma=1.0, lambd=1.0, grpo_norm_by_std=variant != "drgrpo")
+
+    def outcome_advantage(token_level_rewards, response_mask, index):
+        return _trainer_call(name, cfg, token_level_rewards, response_mask, index)
+
+    outcome_advantage.__qualname__ = f"skyrl.outcome_advantage[{variant}]({name})"
+    return outcome_advantage
+
+
+def _outcome_advantage():
+    """``ppo_utils.AdvantageEstimatorRegistry.list_available()`` as read now: every name bound
+    (:data:`SKYRL_ESTIMATORS`) or listed unchecked with its reason."""
+    from rlconform.harness.binding import Variants
+
+    registry = _skyrl(PPO_UTILS, "AdvantageEstimatorRegistry")
+    impls, unchecked = {}, {}
+    for name in registry.list_available():
+        if name in SKYRL_ESTIMATORS:
+            impls.update({v: _skyrl_estimator(name, v) for v in SKYRL_ESTIMATORS[name]})
+        else:
+            unchecked[name] = SKYRL_UNCHECKED.get(name, "not in the catalog (a new or fork-only estimator)")
+    return Variants(impls, unchecked=unchecked)
+
+
+def _gae():
+    def gae(token_level_rewards, values, response_mask, gamma, lam):
+        cfg = _algorithm_config(advantage_estimator="gae", gamma=gamma, lambd=lam)
+        uids = [str(i) for i in range(token_level_rewards.shape[0])]
+        return _trainer_call("gae", cfg, token_level_rewards, response_mask, uids, values=values)
+
+    gae.__qualname__ = "skyrl.gae"
+    return gae
+
+
+def _masked_whiten():
+    fn = _skyrl(PPO_UTILS, "masked_whiten")
+
+    def masked_whiten(values, mask, shift_mean):
+        return fn(values, mask, shift_mean=shift_mean)
+
+    masked_whiten.__qualname__ = "skyrl.masked_whiten"
+    return masked_whiten
+
+
 binding = Binding(
     name="skyrl",
     version=_version(),
@@ -453,6 +532,9 @@ binding = Binding(
         "dp_metric_all_reduce": Lazy(loader=_dp_metric_all_reduce),
         "kl_estimator": Lazy(loader=_kl_estimator),
         "policy_loss": Lazy(loader=_policy_loss),
+        "outcome_advantage": Lazy(loader=_outcome_advantage),
+        "gae": Lazy(loader=_gae),
+        "masked_whiten": Lazy(loader=_masked_whiten),
     },
     notes={
         "kl_estimator": "ppo_utils.compute_approx_kl(loss_mask=mask, kl_estimator_type=k1|abs|k2|k3)",
@@ -472,5 +554,11 @@ binding = Binding(
         "dp_metric_all_reduce": "policy_entropy on real DP ranks: torch_utils.masked_mean(...).item() -> "
         "worker_utils.reduce_metrics -> worker_utils.all_reduce_metrics over the gloo DP group "
         "(DistributedStrategy.all_reduce: float32 /= world, SUM)",
+        "outcome_advantage": "ppo_utils.AdvantageEstimatorRegistry through ppo_utils.compute_advantages_and_returns "
+        "as the trainer calls it (uids as list of str, AlgorithmConfig gamma=1, lambd=1, grpo_norm_by_std; drgrpo = "
+        "grpo with grpo_norm_by_std=False; reinforce++ = reinforce_plus_plus)",
+        "gae": "ppo_utils.compute_advantages_and_returns(adv_estimator='gae', gamma, lambd) (no masked-position skipping)",
+        "masked_whiten": "ppo_utils.masked_whiten (torch_utils.masked_mean: / clamp(nnz, 1); masked_var raises for "
+        "nnz <= 1)",
     },
 )

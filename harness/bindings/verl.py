@@ -33,6 +33,13 @@ kl_estimator                ``core_algos.kl_penalty(logprob, ref_logprob, name)`
 policy_loss                 every entry of ``core_algos.POLICY_LOSS_REGISTRY`` via ``get_policy_loss_fn``
                             (:func:`_policy_loss`), ``loss_agg_mode="token-mean"`` with the
                             mini-batch's ``global_batch_info``; metrics folded as the worker does
+outcome_advantage           ``core_algos.ADV_ESTIMATOR_REGISTRY`` read at run time, each estimator called
+                            as ``ray_trainer.compute_advantage`` calls it (:func:`_verl_estimator`);
+                            names that are other ops or have no reference are listed unchecked
+                            (:data:`VERL_UNCHECKED`); ``grpo_vectorized`` / ``rloo_vectorized`` are
+                            bound by :data:`vectorized_binding`
+gae                         ``core_algos.compute_gae_advantage_return``
+masked_whiten               ``torch_functional.masked_whiten(values, mask, shift_mean)``
 ==========================  =======================================================================
 
 Not bound: verl 0.9.1 has no ``logsumexp``, ``masked_std``, ``masked_min``/``max`` helper.
@@ -60,6 +67,7 @@ its loss, so it has no CP reduction of its own (``cp_masked_mean``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 from itertools import chain
@@ -324,6 +332,138 @@ def _policy_loss():
     return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics)
 
 
+# ---------------------------------------------------------------------------------- advantages
+#: verl registry name -> the catalog variants of ``outcome_advantage`` it implements (the trainer's call).
+VERL_ESTIMATORS = {
+    "grpo": ("grpo", "drgrpo"),
+    "gdpo": ("gdpo",),
+    "grpo_passk": ("grpo_passk",),
+    "reinforce_plus_plus_baseline": ("reinforce_plus_plus_baseline",),
+    "rloo": ("rloo",),
+    "opo": ("opo",),
+    "reinforce_plus_plus": ("reinforce_plus_plus",),
+    "remax": ("remax",),
+    "gpg": ("gpg",),
+}
+_SECOND_IMPL = ("a second implementation of {plain} (scatter-based group statistics, verl.utils.groupwise); Variants maps one callable per catalog variant, so outcome_advantage[{plain}] is "
+                "the plain one here and this one is checked as {plain} by the engine "
+                "'rlconform.harness.bindings.verl:vectorized_binding'")
+#: why a registered name is not a variant of ``outcome_advantage`` (anything else registered: "not in the catalog").
+VERL_UNCHECKED = {
+    "gae": "a critic-value estimator: checked as op 'gae'",
+    "optimal_token_baseline": "needs old log-probs and Σπ²: checked as op 'optimal_token_baseline'",
+    "tir_optimal_token_baseline": "multi-turn optimal token baseline: no float64 reference in rlconform.reference",
+    "grpo_vectorized": _SECOND_IMPL.format(plain="grpo"),
+    "rloo_vectorized": _SECOND_IMPL.format(plain="rloo"),
+}
+#: the vectorized binding: the second implementations take the plain ones' variants.
+VECTORIZED = {"grpo_vectorized": "grpo", "rloo_vectorized": "rloo"}
+
+
+def _trainer_mask(response_mask):
+    """``batch["response_mask"]`` as verl's trainer holds it: ``compute_response_mask`` slices the tokenizer's
+    int64 ``attention_mask`` (verl's gae and reinforce_plus_plus compute ``1 - response_mask``, which a bool
+    mask would make raise: a failure no trainer run can reach)."""
+    import torch
+
+    return response_mask.to(torch.int64)
+
+
+def _trainer_uids(index):
+    """``non_tensor_batch["uid"]`` as verl's trainer holds it: an object ndarray of uid strings, one per row."""
+    import numpy as np
+
+    return np.array([str(u) for u in np.asarray(index).reshape(-1).tolist()], dtype=object)
+
+
+def _gdpo_inputs(reward_components, response_mask):
+    """What ``ray_trainer.compute_advantage`` passes GDPO: reward keys ``c0 .. c{K-1}`` in the config, one
+    per-row score per key in ``non_tensor_batch`` (what ``compute_score`` returned: the component's value
+    at the row's last valid token, the column verl writes it back to), and ``batch`` with ``prompts``
+    [B, 1] and the integer ``attention_mask`` [B, 1 + T] of right-padded rows."""
+    import numpy as np
+    import torch
+
+    b = response_mask.shape[0]
+    last = response_mask.long().sum(-1) - 1  # verl's valid_response_length (−1 → last column for an empty row)
+    keys = [f"c{k}" for k in range(reward_components.shape[0])]
+    non_tensor_batch = {key: np.array(comp[torch.arange(b), last].tolist()) for key, comp in
+                        zip(keys, reward_components)}
+    batch = {"prompts": torch.zeros(b, 1, dtype=torch.long),
+             "attention_mask": torch.cat([torch.ones(b, 1, dtype=torch.long), response_mask.long()], dim=1)}
+    return keys, non_tensor_batch, batch
+
+
+def _verl_estimator(fn, name: str, variant: str, algo_config):
+    """``outcome_advantage[variant]`` as ``ray_trainer.compute_advantage`` calls verl's ``name``: the GRPO
+    branch passes ``norm_adv_by_std_in_grpo`` itself; every other estimator gets ``token_level_rewards``,
+    ``response_mask``, ``config`` (AlgoConfig: γ = λ = 1, ``norm_adv_by_std_in_grpo``), ``index`` and, when
+    present, ``reward_baselines`` (remax) or ``non_tensor_batch`` / ``batch`` (gdpo); the mask as the trainer
+    holds it (int64, :func:`_trainer_mask`), uids as an object array of str. ε, f_norm are verl's defaults
+    (1e-6, 1.0: the catalog's)."""
+    norm = variant != "drgrpo"
+
+    def outcome_advantage(token_level_rewards, response_mask, index, reward_baselines=None, reward_components=None):
+        uids = _trainer_uids(index)
+        response_mask = _trainer_mask(response_mask)
+        if name == "grpo":
+            return fn(token_level_rewards=token_level_rewards, response_mask=response_mask, index=uids,
+                      norm_adv_by_std_in_grpo=norm)
+        cfg = dict(gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=norm)
+        kwargs = {}
+        if reward_baselines is not None:
+            kwargs["reward_baselines"] = reward_baselines
+        if name == "gdpo" and reward_components is not None:
+            keys, kwargs["non_tensor_batch"], kwargs["batch"] = _gdpo_inputs(reward_components, response_mask)
+            cfg.update(gdpo_reward_keys=keys, gdpo_reward_weights=[1.0] * len(keys))
+        return fn(token_level_rewards=token_level_rewards, response_mask=response_mask,
+                  config=algo_config(**cfg), index=uids, **kwargs)
+
+    outcome_advantage.__qualname__ = f"verl.outcome_advantage[{variant}]({name})"
+    return outcome_advantage
+
+
+def _outcome_advantage(vectorized: bool = False):
+    """verl's ``ADV_ESTIMATOR_REGISTRY`` as read now: every name bound (:data:`VERL_ESTIMATORS`) or listed
+    unchecked with its reason (a name this module does not know: a new or fork-only estimator)."""
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo import core_algos
+
+    from rlconform.harness.binding import Variants
+
+    names = dict(VERL_ESTIMATORS)
+    if vectorized:  # grpo_vectorized / rloo_vectorized take the variants of grpo / rloo
+        for vec, plain in VECTORIZED.items():
+            names[vec] = names.pop(plain)
+    impls, unchecked = {}, {}
+    for name in core_algos.ADV_ESTIMATOR_REGISTRY:
+        if name in names:
+            fn = core_algos.get_adv_estimator_fn(name)
+            impls.update({v: _verl_estimator(fn, name, v, AlgoConfig) for v in names[name]})
+        elif vectorized and name in VECTORIZED.values():
+            unchecked[name] = "the plain implementation: checked by engine 'verl'"
+        else:
+            unchecked[name] = VERL_UNCHECKED.get(name, "not in the catalog (a new or fork-only estimator)")
+    return Variants(impls, unchecked=unchecked)
+
+
+def _gae(fn):
+    def gae(token_level_rewards, values, response_mask, gamma, lam):
+        return fn(token_level_rewards=token_level_rewards, values=values, response_mask=_trainer_mask(response_mask),
+                  gamma=gamma, lam=lam)
+
+    gae.__qualname__ = "verl.gae"
+    return gae
+
+
+def _masked_whiten(fn):
+    def masked_whiten(values, mask, shift_mean):
+        return fn(values, mask, shift_mean=shift_mean)
+
+    masked_whiten.__qualname__ = "verl.masked_whiten"
+    return masked_whiten
+
+
 # ------------------------------------------------------------------------- distributed (TP / DP)
 TPM = "verl.utils.megatron.tensor_parallel"
 
@@ -402,6 +542,9 @@ binding = Binding(
             f"{CORE}:compute_optimal_token_baseline_advantage", adapt=_optimal_token_baseline
         ),
         "metric_pipeline": Lazy(loader=_metric_pipeline),
+        "outcome_advantage": Lazy(loader=_outcome_advantage),
+        "gae": Lazy(f"{CORE}:compute_gae_advantage_return", adapt=_gae),
+        "masked_whiten": Lazy(f"{TF}:masked_whiten", adapt=_masked_whiten),
         "vocab_parallel_token_logprobs": _vocab_parallel(
             "vocab_parallel_log_probs_from_logits", "vocab_parallel_token_logprobs", with_labels=True),
         "vocab_parallel_entropy": _vocab_parallel("vocab_parallel_entropy", "vocab_parallel_entropy"),
@@ -443,5 +586,22 @@ binding = Binding(
         "policy_loss": "core_algos.get_policy_loss_fn(name) for every POLICY_LOSS_REGISTRY entry, "
         "loss_agg_mode='token-mean', global_batch_info of the mini-batch; micro-batch losses summed; metrics "
         "Metric(MEAN) per micro-batch -> aggregate_dp -> reduce_metrics",
+        "outcome_advantage": "core_algos.ADV_ESTIMATOR_REGISTRY as ray_trainer.compute_advantage calls it (uids as an "
+        "object ndarray of str; AlgoConfig(gamma=1, lam=1, norm_adv_by_std_in_grpo); drgrpo = grpo with "
+        "norm_adv_by_std_in_grpo=False; gdpo components through non_tensor_batch/batch); *_vectorized: see "
+        "verl:vectorized_binding",
+        "gae": "core_algos.compute_gae_advantage_return (gamma, lam as floats)",
+        "masked_whiten": "verl.utils.torch_functional.masked_whiten (masked_mean with nnz + 1e-8; masked_var raises "
+        "for nnz <= 1)",
     },
+)
+
+#: verl with ``grpo_vectorized`` / ``rloo_vectorized`` bound as ``outcome_advantage[grpo|drgrpo]`` /
+#: ``[rloo]`` (the plain ones listed unchecked): ``--engine rlconform.harness.bindings.verl:vectorized_binding``.
+vectorized_binding = dataclasses.replace(
+    binding,
+    name="verl-vectorized",
+    ops={**binding.ops, "outcome_advantage": Lazy(loader=functools.partial(_outcome_advantage, vectorized=True))},
+    notes={**binding.notes, "outcome_advantage": "as engine 'verl', with grpo_vectorized for grpo/drgrpo (called "
+           "as the trainer's non-GRPO branch: norm_adv_by_std_in_grpo only in the config) and rloo_vectorized for rloo"},
 )
