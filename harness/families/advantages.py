@@ -25,8 +25,10 @@ defined, masked inputs are ignored whatever they hold and masked outputs are 0 (
 are compared). Each estimator is a variant (``grpo@uneven_groups``), so a fault in one is its own
 finding.
 
-Regimes: ``uneven_groups`` (group sizes 1–5 with singletons, shuffled index, rows of 0 to T tokens,
-outcome rewards at each row's last token) and ``near_constant`` (groups whose rewards are equal or differ
+Regimes: ``uneven_groups`` (group sizes 2–5, shuffled index, rows of 0 to T tokens, outcome rewards at
+each row's last token), ``singleton_groups`` (the same with at least one group of one row: the reference
+gives it 0, several engines its raw score, a convention kept apart so it never hides other faults) and
+``near_constant`` (groups whose rewards are equal or differ
 by 1e-7 relative: where E[x²] − μ² cancels; cases.md family 14). The dtype-faithful path is the same
 formulas in float32 (float64 stays float64) with two-pass group statistics.
 """
@@ -58,7 +60,8 @@ PROPS = (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE, MASK_INVARIANT)
 
 OPS = (
     OpInfo("outcome_advantage", "advantage_estimator", None, PROPS,
-           {variant_regime(e, data): DTYPES for e in ESTIMATORS for data in ("uneven_groups", "near_constant")},
+           {variant_regime(e, data): DTYPES for e in ESTIMATORS
+            for data in ("uneven_groups", "singleton_groups", "near_constant")},
            reference_function("outcome_advantage"),
            source="outcome-reward advantage estimators (verl core_algos.register_adv_est, SkyRL "
                   "AdvantageEstimatorRegistry); formulas and papers in reference.advantage_estimators.ESTIMATOR_DOCS",
@@ -74,9 +77,12 @@ OPS = (
 
 # ------------------------------------------------------------------------------------- strategies
 @st.composite
-def _groups(draw, rng, max_groups: int = 4, max_size: int = 5):
+def _groups(draw, rng, max_groups: int = 4, max_size: int = 5, singleton: bool = False):
+    """Group ids of uneven groups (sizes 2..max_size; with ``singleton``, at least one group of one row)."""
     n_groups = draw(st.integers(1, max_groups))
-    sizes = draw(st.lists(st.integers(1, max_size), min_size=n_groups, max_size=n_groups))
+    sizes = draw(st.lists(st.integers(2, max_size), min_size=n_groups, max_size=n_groups))
+    if singleton:
+        sizes[draw(st.integers(0, n_groups - 1))] = 1
     index = np.repeat(np.arange(n_groups), sizes)
     if draw(st.booleans()):
         rng.shuffle(index)
@@ -87,7 +93,7 @@ def _groups(draw, rng, max_groups: int = 4, max_size: int = 5):
 def outcome_inputs(draw, dtype: str, estimator: str, data: str):
     """``{"token_level_rewards", "response_mask", "index", "garbage", [extras]}`` (see the module docstring)."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    index = draw(_groups(rng))
+    index = draw(_groups(rng, singleton=data == "singleton_groups"))
     b = index.size
     t = draw(st.sampled_from([1, 3, 8, 32]))
     lengths = rng.integers(0, t + 1, size=b)
@@ -98,7 +104,7 @@ def outcome_inputs(draw, dtype: str, estimator: str, data: str):
     mask = np.arange(t)[None, :] < lengths[:, None]
     rewards = np.zeros((b, t))
     last = np.maximum(lengths - 1, 0)
-    if data == "uneven_groups":
+    if data in ("uneven_groups", "singleton_groups"):
         scores = rng.choice([0.0, 1.0, -1.0, 0.5, 0.95], size=b)
         if draw(st.booleans()):
             scores = scores + rng.standard_normal(b) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
