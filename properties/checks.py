@@ -19,6 +19,7 @@ import torch
 
 import rlconform.reference as R
 from rlconform.harness import faithful as F
+from rlconform.harness import torch_state  # [robust] see _call
 from rlconform.harness.binding import BatchInfo, Binding
 from rlconform.harness.catalog import (
     DISTRIBUTED_KINDS, FINITE, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE, PARTITION_INVARIANT, get_op,
@@ -74,7 +75,8 @@ class Outcome:
 
 def _call(where: str, fn: Callable, *args, **kwargs):
     try:
-        return fn(*args, **kwargs)
+        with torch_state.guard():  # [robust] restores torch's global state; raises TorchStateChanged (issue 14)
+            return fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - any engine error is a crash finding
         raise EngineCrash(where, exc) from exc
 
