@@ -23,6 +23,7 @@ import os
 import pickle
 import signal
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -49,8 +50,8 @@ class ChildDied(Exception):
 def describe_exit(exitcode: int | None, *, timed_out: bool = False, deadline_s: float | None = None) -> str:
     """Words for how a process running engine code ended (``exitcode`` as ``Popen.returncode``)."""
     if timed_out:
-        return (f"exceeded its deadline of {deadline_s:g} s (hung or too slow); its Python stack when it was "
-                "stopped is below" if deadline_s else "exceeded its deadline (hung or too slow)")
+        return (f"the engine exceeded the deadline of {deadline_s:g} s (hung or too slow; see its Python stack "
+                "when it was stopped)" if deadline_s else "the engine exceeded its deadline (hung or too slow)")
     if exitcode is None:
         return "the process running the engine died (exit status unknown)"
     if exitcode < 0:
@@ -77,21 +78,34 @@ def read_fault_log(path: str, offset: int = 0) -> tuple[str, bool]:
     return text[-20000:], TIMEOUT_MARK in text
 
 
-def arm_deadline(seconds: float | None, fault_file) -> None:
+_FAULT_FILE: list = []  # in a run_isolated child: its fault file (for arm_deadline without one)
+
+
+def arm_deadline(seconds: float | None, fault_file=None) -> None:
     """In the process running engines: after ``seconds``, faulthandler writes every thread's stack to
-    ``fault_file`` and exits the process (``None`` or 0 cancels)."""
+    ``fault_file`` (default: the fault file of this :func:`run_isolated` child) and exits the process
+    (``None`` or 0 cancels)."""
     import faulthandler
 
     faulthandler.cancel_dump_traceback_later()
-    if seconds:
+    fault_file = fault_file or (_FAULT_FILE[0] if _FAULT_FILE else None)
+    if seconds and fault_file is not None:
         faulthandler.dump_traceback_later(seconds, repeat=False, file=fault_file, exit=True)
 
 
-def _child(conn, fn, args, fault_path, deadline_s):
+def _child(conn, fn, args, fault_path, deadline_s, interruptible):
     import faulthandler
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills this process
+    if interruptible:  # the child stops cleanly on SIGINT / SIGTERM and tells an engine's KeyboardInterrupt apart
+        from rlconform.harness import interrupts
+
+        interrupts.install()
+    else:
+        from rlconform.harness import interrupts
+
+        interrupts.ignore_sigint()  # the parent handles Ctrl-C and kills this process
     fault_file = open(fault_path, "w", buffering=1)
+    _FAULT_FILE[:] = [fault_file]
     faulthandler.enable(file=fault_file, all_threads=True)
     arm_deadline(deadline_s, fault_file)
 
@@ -109,28 +123,52 @@ def _child(conn, fn, args, fault_path, deadline_s):
 
 
 def run_isolated(fn: Callable, args: tuple = (), *, deadline_s: float | None = None,
-                 on_event: Callable[[Any], None] | None = None) -> Any:
+                 on_event: Callable[[Any], None] | None = None, interruptible: bool = False,
+                 grace_s: float = 60.0) -> Any:
     """Run ``fn(*args, emit=emit)`` in a spawned child and return what it returns.
 
     Raises :class:`ChildDied` if the child ends without a result and ``RuntimeError`` (with the child's
     traceback) if ``fn`` raised. ``deadline_s`` bounds the child's whole run.
+
+    Ctrl-C in the parent: by default the child is killed and ``KeyboardInterrupt`` propagates. With
+    ``interruptible`` the child handles SIGINT itself (it gets one too, forwarded if only the parent
+    got it) and its result is still awaited, for at most ``grace_s`` seconds.
     """
     ctx = multiprocessing.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     fd, fault_path = tempfile.mkstemp(prefix="rlconform-fault-", suffix=".txt")
     os.close(fd)
-    p = ctx.Process(target=_child, args=(child_conn, fn, args, fault_path, deadline_s), daemon=True,
-                    name="rlconform-engine")
+    p = ctx.Process(target=_child, args=(child_conn, fn, args, fault_path, deadline_s, interruptible),
+                    daemon=True, name="rlconform-engine")
+    limit = {"give_up": None if not deadline_s else time.monotonic() + deadline_s + 30.0}
+    previous = {}
+
+    def forward(signum, frame):  # interruptible: record it, pass it on, keep waiting for the result
+        from rlconform.harness import interrupts
+
+        interrupts._received.append(signum)
+        try:
+            os.kill(p.pid, signal.SIGINT)
+        except OSError:
+            pass
+        limit["give_up"] = min(limit["give_up"] or float("inf"), time.monotonic() + grace_s)
+        limit["forwarded"] = True
+
     try:
         p.start()
         child_conn.close()
-        give_up = None if not deadline_s else time.monotonic() + deadline_s + 30.0
+        if interruptible and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, forward)
         while True:
+            give_up = limit["give_up"]
             left = None if give_up is None else max(0.0, give_up - time.monotonic())
             ready = multiprocessing.connection.wait([parent_conn, p.sentinel], timeout=left)
-            if not ready:  # faulthandler did not end it: kill it
+            if not ready:  # faulthandler did not end it (or it ignored the interrupt): kill it
                 p.kill()
                 p.join(5)
+                if limit.get("forwarded"):
+                    raise KeyboardInterrupt("the child did not stop within the grace period")
                 raise ChildDied(p.exitcode, read_fault_log(fault_path)[0], True, deadline_s)
             if parent_conn in ready:
                 try:
@@ -151,6 +189,8 @@ def run_isolated(fn: Callable, args: tuple = (), *, deadline_s: float | None = N
             stack, timed_out = read_fault_log(fault_path)
             raise ChildDied(p.exitcode, stack, timed_out, deadline_s)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if p.is_alive():
             p.kill()
             p.join(5)

@@ -329,9 +329,8 @@ def pytest_runtest_call(item):
         arm_deadline(state.deadline, state.fault_file)
     try:
         result = yield
-    except (KeyboardInterrupt, SystemExit) as exc:
-        if isinstance(exc, KeyboardInterrupt) and (interrupts.received() is not None
-                                                   or not (state.worker or interrupts.installed())):
+    except (KeyboardInterrupt, SystemExit) as exc:  # raised outside an example (import, corpus replay...)
+        if not interrupts.engine_raised(exc):
             raise  # a real interrupt (or one this process cannot tell apart from the engine's)
         rec.crashed()
         raise EngineAbort(exc) from exc
@@ -464,8 +463,6 @@ def pytest_handlecrashitem(crashitem, report, sched):
     fault, timed_out = read_fault_log(os.path.join(state.rundir, f"{wid}.fault")) if state.rundir else ("", False)
     inflight = read_inflight(os.path.join(state.rundir, f"{wid}.case")) if state.rundir else None
     description = describe_exit(code, timed_out=timed_out, deadline_s=state.deadline)
-    if not timed_out:
-        description = f"the worker process running this finding died: {description}"
     fid = m.group(1)
     b = state.binding
     try:

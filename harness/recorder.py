@@ -11,7 +11,7 @@ Status of a failed test, by the exceptions in it (groups walked):
 * ``discrepancy`` — a :class:`~rlconform.properties.checks.PropertyFailure` is among them;
 * ``crash`` — the engine's doing: :class:`~rlconform.properties.checks.EngineCrash` (it raised, or left
   torch's global state changed), :class:`~rlconform.properties.runner.CheckRaised` (its output broke
-  the check), :class:`EngineAbort` (it raised ``KeyboardInterrupt`` / ``SystemExit``),
+  the check), :class:`~rlconform.properties.runner.EngineAbort` (it raised ``KeyboardInterrupt`` / ``SystemExit``),
   :class:`FindingStateChanged`;
 * ``error`` — anything else: a harness-side problem (corrupt corpus file, strategy, hypothesis health
   check), never reported as the engine's crash.
@@ -24,19 +24,10 @@ import os
 import traceback
 
 from rlconform.properties.corpus import write_atomic
-from rlconform.properties.runner import replay_command
+from rlconform.properties.runner import EngineAbort, replay_command  # noqa: F401 (EngineAbort: re-exported)
 
 #: exception class names that are the engine's doing (checked by name: no import of every module)
 _CRASH_TYPES = ("EngineCrash", "CheckRaised", "EngineAbort", "FindingStateChanged", "RankFailure")
-
-
-class EngineAbort(Exception):
-    """The engine raised ``KeyboardInterrupt`` or ``SystemExit`` while no interrupt was received: the
-    finding's crash, not an interrupt of the run."""
-
-    def __init__(self, exc: BaseException):
-        super().__init__(f"the engine raised {type(exc).__name__}({str(exc)!r}) (no Ctrl-C or SIGTERM was "
-                         f"received: this is the engine's doing, not an interrupt of the run)")
 
 
 class FindingStateChanged(Exception):

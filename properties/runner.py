@@ -13,6 +13,8 @@ What a failure is, and what it costs:
 * a distributed case whose rank died, hung or raised (an ``EngineCrash`` caused by
   :class:`~rlconform.harness.pool.RankFailure`) is *not* shrunk: every replay would respawn the worker
   pool (seconds each) or wait out a deadline (minutes). The finding fails at once with that case;
+* an engine that raises ``KeyboardInterrupt`` / ``SystemExit`` (no interrupt received) is a crash
+  (:class:`EngineAbort`), not shrunk either;
 * an exception of the check itself on the engine's output (a returned object the harness cannot read)
   is an engine crash too (:class:`CheckRaised`); an error anywhere else (strategy, corpus) is the
   harness's, and is reported as such by the plugin, never as the engine's crash.
@@ -39,6 +41,15 @@ class CheckRaised(Exception):
     def __init__(self, case: Case, exc: BaseException):
         super().__init__(f"checking {case.finding_id} raised {type(exc).__name__}: {exc} (on what the engine "
                          f"returned: an output of an unexpected type or shape is the likely cause)")
+
+
+class EngineAbort(Exception):
+    """The engine raised ``KeyboardInterrupt`` or ``SystemExit`` while no interrupt was received (see
+    :func:`rlconform.harness.interrupts.engine_raised`): the finding's crash, not an interrupt of the run."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(f"the engine raised {type(exc).__name__}({str(exc)!r}) (no Ctrl-C or SIGTERM was "
+                         f"received: this is the engine's doing, not an interrupt of the run)")
 
 
 class NoShrink(BaseException):
@@ -94,6 +105,11 @@ def run_finding(binding, finding, rec, state, strategy, *, max_examples: int | N
             raise
         except (BindingError, OpUnavailable):
             raise
+        except (KeyboardInterrupt, SystemExit) as exc:
+            if not interrupts.engine_raised(exc):
+                raise
+            rec.crashed()
+            raise NoShrink(EngineAbort(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - see CheckRaised
             rec.crashed()
             raise CheckRaised(case, exc) from exc
