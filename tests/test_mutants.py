@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -54,7 +55,9 @@ def test_mutant_is_caught(name, tmp_path):
         assert "discrepancy" in statuses, f"mutants.{name}: {op}.{prop} statuses {statuses}"
     # every discrepancy comes with a reproducer that replays to the same verdict
     bad = [f for f in doc["findings"] if f["status"] == "discrepancy"]
-    replay = run_cli("replay", bad[0]["reproducer"]["case_file"])
+    command = shlex.split(bad[0]["reproducer"]["command"])  # the command the report prints, engine included
+    assert command[:2] == ["rlconform", "replay"] and command[command.index("--engine") + 1] == f"mutants.{name}"
+    replay = run_cli(*command[1:])
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert "DISCREPANCY" in replay.stdout
 
