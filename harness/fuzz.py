@@ -505,8 +505,11 @@ def cmd_fuzz(args) -> int:
         try:
             res = run_isolated(_fuzz_child, (dict(params),), interruptible=True, on_event=on_event)
         except ChildDied as exc:
+            from rlconform.harness.isolated import describe_exit
+
             tid = current.get("current")
             name = tid or "(before the first finding)"
+            exc.description = describe_exit(exc.exitcode, timed_out=exc.timed_out, deadline_s=args.timeout)
             print(f"rlconform fuzz: crash {name}: {exc.description}", file=sys.stderr)
             if exc.stack.strip():
                 print("    " + exc.stack.strip()[-3000:].replace("\n", "\n    "), file=sys.stderr)

@@ -63,8 +63,8 @@ def _set_cudnn(value: tuple[bool, bool, bool]) -> None:
 
 #: name -> (getter, setter): the global modes an engine call must leave as it found them
 MODES: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
+    "inference mode": (torch.is_inference_mode_enabled, _set_inference_mode),  # first: it sets grad mode too
     "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
-    "inference mode": (torch.is_inference_mode_enabled, _set_inference_mode),
     "default dtype": (torch.get_default_dtype, torch.set_default_dtype),
     "default device": (torch.get_default_device, torch.set_default_device),
     "deterministic algorithms (enabled, warn_only)": (
