@@ -236,6 +236,7 @@ def _state(config) -> State | None:
     return getattr(config, STATE_KEY, None)
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
 def pytest_configure_node(node):
     """xdist controller: tell each worker where its in-flight record and fault log go."""
     state = _state(node.config)
@@ -282,6 +283,7 @@ def pytest_collection_modifyitems(config, items):
     state.collected |= {m.group(1) for m in map(_FID.search, (i.nodeid for i in keep)) if m}
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
 def pytest_xdist_node_collection_finished(node, ids):
     state = _state(node.config)
     if state is not None:
@@ -422,12 +424,14 @@ def pytest_runtest_logreport(report):
     interrupts.check()  # an interrupt swallowed anywhere in this process ends the run here
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
 def pytest_testnodeready(node):
     state = _controller_state()
     if state is not None:
         state.nodes[node.gateway.id] = node
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
 def pytest_testnodedown(node, error):
     state = _controller_state()
     if state is not None:
@@ -448,6 +452,7 @@ def _exitcode(node) -> int | None:
         return popen.poll()
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
 def pytest_handlecrashitem(crashitem, report, sched):
     """xdist: the worker running ``crashitem`` died. Make that finding a ``crash`` with what is known."""
     state = _controller_state()
