@@ -115,6 +115,8 @@ class State:
         opt = config.getoption
         self.config = config
         self.worker = _is_worker(config)
+        if self.worker:  # before the engine loads: Ctrl-C is the controller's; a KeyboardInterrupt here the engine's
+            interrupts.ignore_sigint()
         self.controller = _is_controller(config)
         self.torch_baseline = torch_state.baseline()  # before the engine's modules are imported
         meta = opt("rlconform_engine_meta")
@@ -160,7 +162,6 @@ class State:
     def _start_worker(self, workerinput) -> None:
         from rlconform.harness.inflight import InflightWriter
 
-        interrupts.ignore_sigint()  # Ctrl-C is the controller's; a KeyboardInterrupt here is the engine's
         rundir = workerinput.get("rlconform_rundir")
         if rundir:
             wid = workerinput.get("workerid", f"pid{os.getpid()}")
@@ -187,7 +188,12 @@ class State:
                  "max_examples": self.settings.max_examples,
                  "command": opt("rlconform_command") or " ".join(sys.argv)},
         )
-        self.writer.write()
+        from rlconform.harness.report import ReportWriteError
+
+        try:
+            self.writer.write()
+        except ReportWriteError as exc:
+            raise pytest.UsageError(f"rlconform: {exc}") from None
 
     def expected(self) -> set[str]:
         """Finding ids the run must record to be complete: those collected, and (``rlconform check``,
@@ -238,10 +244,13 @@ def _state(config) -> State | None:
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook
 def pytest_configure_node(node):
-    """xdist controller: tell each worker where its in-flight record and fault log go."""
+    """xdist controller: tell each worker where its in-flight record and fault log go; track it from
+    now on (an interrupt kills it, even while it is still loading the engine)."""
     state = _state(node.config)
-    if state is not None and state.rundir:
-        node.workerinput["rlconform_rundir"] = state.rundir
+    if state is not None:
+        state.nodes[node.gateway.id] = node
+        if state.rundir:
+            node.workerinput["rlconform_rundir"] = state.rundir
 
 
 def pytest_generate_tests(metafunc):

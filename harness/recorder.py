@@ -138,7 +138,11 @@ class FindingRecorder:
             self.shrink_steps += 1
         inflight = getattr(self.state, "inflight", None)
         if inflight is not None:
-            inflight.example(case, {"id": self.id, "examples": self.examples, "shrink_steps": self.shrink_steps})
+            meta = {"id": self.id, "examples": self.examples, "shrink_steps": self.shrink_steps}
+            try:
+                inflight.example(case, meta)
+            except (TypeError, ValueError, OverflowError):  # an input the record cannot hold: no reproducer then
+                inflight.begin(self.id)
 
     def crashed(self) -> None:
         """The engine raised on the current case."""

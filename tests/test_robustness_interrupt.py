@@ -134,8 +134,9 @@ def test_an_interrupt_swallowed_in_a_gc_callback_is_still_seen():
         interrupts.reset()
 
 
-def _start(args, tmp_path, marker_env: str):
-    env = dict(os.environ, RLCONFORM_TEST_HANG_MARKER=str(tmp_path / "hanging"), RLCONFORM_TEST_MARKER=marker_env)
+def _start(args, tmp_path, marker_env: str, **extra_env):
+    env = dict(os.environ, RLCONFORM_TEST_HANG_MARKER=str(tmp_path / "hanging"), RLCONFORM_TEST_MARKER=marker_env,
+               **extra_env)
     return subprocess.Popen([sys.executable, "-m", "rlconform.harness.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
                             # a background job may inherit SIGINT ignored; the child must get the default
@@ -168,12 +169,14 @@ def test_ctrl_c_while_the_engine_hangs_ends_the_run_with_130(tmp_path):
     _wait_until(lambda: not _processes_with(marker), 30, "no process of the run to be left")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_an_interrupt_while_the_engine_loads_ends_with_130(tmp_path, sig):
+@pytest.mark.parametrize("sig,where", [(signal.SIGINT, "probe"), (signal.SIGTERM, "probe"), (signal.SIGINT, "worker")],
+                         ids=["SIGINT-probe", "SIGTERM-probe", "SIGINT-worker"])
+def test_an_interrupt_while_the_engine_loads_ends_with_130(tmp_path, sig, where):
+    """``probe``: while this process learns the binding's ops; ``worker``: while the workers start."""
     marker = uuid.uuid4().hex
-    proc = _start(["check", "--engine", os.path.join(BINDINGS, "slow_import.py"), "--out", str(tmp_path / "out")],
-                  tmp_path, marker)
+    proc = _start(["check", "--engine", os.path.join(BINDINGS, "slow_import.py"), "--op", "masked_sum", "--out",
+                   str(tmp_path / "out")], tmp_path, marker, RLCONFORM_TEST_HANG_IN=where)
     stdout, stderr = _interrupt(proc, tmp_path, sig)
     assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
-    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert "interrupted" in (stdout + stderr).lower() and "Traceback" not in stdout + stderr, stdout + stderr
     _wait_until(lambda: not _processes_with(marker), 30, "no process of the run to be left")
