@@ -513,9 +513,9 @@ def cmd_fuzz(args) -> int:
             print(f"rlconform fuzz: crash {name}: {exc.description}", file=sys.stderr)
             if exc.stack.strip():
                 print("    " + exc.stack.strip()[-3000:].replace("\n", "\n    "), file=sys.stderr)
-            if tid is None:  # loading the engine killed its process: nothing to go on with
-                crashed["(engine load)"] = exc.description
-                break
+            if tid is None:  # loading the engine killed its process: a binding error, nothing to go on with
+                print("rlconform: error: loading the engine ended its process (see above)", file=sys.stderr)
+                return EXIT_USAGE
             crashed[tid] = exc.description
             merged.setdefault(tid, {"id": tid})["status"] = "crash"
             merged[tid]["message"] = exc.description

@@ -21,7 +21,9 @@ Precedence when several happen in one case: died > raised > hung (a death is alw
 exception may be a peer's reaction to it; a hang is a reaction to either).
 
 No worker outlives the parent: each worker has a thread polling ``os.getppid()`` and exits when the
-parent is gone; a closed parent pipe also ends it; pools are closed ``atexit``.
+parent is gone; a closed parent pipe also ends it; pools are closed ``atexit``. An interrupt (Ctrl-C)
+or any error while the group is spawned, rendezvouses or runs a case tears the group down before it
+propagates, so multiprocessing's exit hook never waits on a rank.
 
 Usage::
 
