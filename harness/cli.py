@@ -331,6 +331,7 @@ def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, emi
     from rlconform.harness import torch_state
     from rlconform.harness.binding import BindingError, OpUnavailable
     from rlconform.harness.engines import load_engine
+    from rlconform.harness.pool import PoolStartupError
     from rlconform.properties.case import Case
     from rlconform.properties.checks import EngineCrash, run_check
 
@@ -348,6 +349,8 @@ def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, emi
         return {"kind": "usage", "message": f"op {case.op} is unavailable in engine {binding.spec}: {exc}"}
     except BindingError as exc:
         return {"kind": "usage", "message": str(exc)}
+    except PoolStartupError as exc:
+        return {"kind": "usage", "message": f"the worker pool could not start (not the engine's fault): {exc}"}
     except (KeyboardInterrupt, SystemExit) as exc:
         return {"kind": "crash", "message": f"the engine raised {type(exc).__name__}({str(exc)!r})",
                 "traceback": "", "spec": binding.spec}

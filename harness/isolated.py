@@ -120,6 +120,10 @@ def _child(conn, fn, args, fault_path, deadline_s, interruptible):
         conn.send_bytes(pickle.dumps(("ok", result)))
     conn.close()
     arm_deadline(None, fault_file)
+    import sys
+
+    if "rlconform.harness.pool" in sys.modules:  # a process of multiprocessing runs no atexit hooks: close
+        sys.modules["rlconform.harness.pool"].close_all_pools()  # the worker pools here, or its exit waits on them
 
 
 def run_isolated(fn: Callable, args: tuple = (), *, deadline_s: float | None = None,
@@ -138,8 +142,10 @@ def run_isolated(fn: Callable, args: tuple = (), *, deadline_s: float | None = N
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     fd, fault_path = tempfile.mkstemp(prefix="rlconform-fault-", suffix=".txt")
     os.close(fd)
+    # not a daemon: the child may start processes of its own (the worker pool of a distributed case); it
+    # is killed and joined below whatever happens
     p = ctx.Process(target=_child, args=(child_conn, fn, args, fault_path, deadline_s, interruptible),
-                    daemon=True, name="rlconform-engine")
+                    daemon=False, name="rlconform-engine")
     limit = {"give_up": None if not deadline_s else time.monotonic() + deadline_s + 30.0}
     previous = {}
 

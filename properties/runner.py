@@ -29,7 +29,7 @@ from hypothesis import given, seed, settings, target
 
 from rlconform.harness import interrupts
 from rlconform.harness.binding import BindingError, OpUnavailable
-from rlconform.harness.pool import RankFailure
+from rlconform.harness.pool import PoolStartupError, RankFailure
 from rlconform.properties.case import Case, CaseError
 from rlconform.properties.checks import EngineCrash, PropertyFailure, run_check
 from rlconform.properties.corpus import replay_corpus
@@ -103,7 +103,7 @@ def run_finding(binding, finding, rec, state, strategy, *, max_examples: int | N
             if isinstance(exc.__cause__, RankFailure):
                 raise NoShrink(exc) from exc
             raise
-        except (BindingError, OpUnavailable, CaseError):  # the binding's or the case's fault, not the engine's
+        except (BindingError, OpUnavailable, CaseError, PoolStartupError):  # not the engine's fault
             raise
         except (KeyboardInterrupt, SystemExit) as exc:
             if not interrupts.engine_raised(exc):
