@@ -9,10 +9,17 @@
     rlconform bisect --engine-path CHECKOUT --good REV --bad REV CASE_FILE [--engine SPEC]   (issue 12 §4)
     rlconform list-ops | list-engines | --version
 
-Exit codes: 0 clean, 1 discrepancies (or crashes, unavailable ops, ledger entries that now pass; with
-``--fail-on wrong`` only ``wrong``/``destructive`` discrepancies and crashes count), 2 usage
-or binding error, 130 interrupted (Ctrl-C) before anything failed. A report already written is never
-removed; an interrupted run's report says it is incomplete.
+Exit codes: 0 clean (every selected finding run and recorded, none failing), 1 discrepancies (or crashes,
+unavailable ops, ledger entries that now pass, or findings that were not run; with ``--fail-on wrong``
+only ``wrong`` / ``destructive`` discrepancies and crashes count), 2 usage, binding or
+harness error (the message says which; never a traceback), 130 interrupted (Ctrl-C, SIGTERM) before
+anything failed. A report already written is never removed; an interrupted run's report says it is
+incomplete.
+
+``check`` runs the engine only in pytest-xdist worker processes (``-n``, default 1); this process, which
+decides the exit code, loads no engine code (a binding given as a file or ``module:attr`` is loaded in a
+child process to learn its ops). ``replay`` runs the case in a child process too, with the engine named
+on its command line, never the one a case file names.
 """
 
 from __future__ import annotations
@@ -23,7 +30,13 @@ import os
 import sys
 import tempfile
 
+from rlconform.harness import interrupts
+
 EXIT_CLEAN, EXIT_DISCREPANCY, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: seconds one finding (check) or one case (replay) may take before its process is ended as hung
+DEFAULT_TIMEOUT_S = 900
+#: worker processes xdist may replace after they died (each death is that finding's crash)
+DEFAULT_MAX_WORKER_RESTART = 50
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,7 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--xfails", default=None, help="ledger of known discrepancies, one finding id per line")
     c.add_argument("--corpus", default=None, help="corpus of saved counterexamples to replay first "
                                                   "(default: ./rlconform-corpus if it exists)")
-    c.add_argument("-n", "--numprocesses", default=None, help="pytest-xdist workers (e.g. 2 or auto)")
+    c.add_argument("-n", "--numprocesses", type=_numprocesses, default="1",
+                   help="worker processes that run the engine (pytest-xdist; a number or auto; default 1)")
+    c.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S,
+                   help="seconds one finding may take before its worker is ended as hung (default %(default)s)")
+    c.add_argument("--max-worker-restart", type=_nonnegative_int, default=DEFAULT_MAX_WORKER_RESTART,
+                   help="worker processes that may die (each one a crash finding) before the run stops "
+                        "(default %(default)s)")
     c.add_argument("--junitxml", default=None, help="also write JUnit XML here")
     c.add_argument("-q", "--quiet", action="store_true", help="only the summary")
     # --- triage (issue 12) ---
@@ -71,8 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("replay", help="re-run one saved case (a reproducer) and print the outcome")
     r.add_argument("case_file")
-    r.add_argument("--engine", default=None, help="override the engine recorded in the case file")
-    r.add_argument("--engine-path", default=None)
+    r.add_argument("--engine", default=None, help="the engine to run the case on (default: $RLCONFORM_ENGINE or "
+                                                 "reference; never taken from the case file)")
+    r.add_argument("--engine-path", default=None, help="a fork's checkout, put first on sys.path")
+    r.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S,
+                   help="seconds the case may take before it is ended as hung (default %(default)s)")
 
     lg = sub.add_parser("ledger", help="print an xfails ledger listing the failing findings of a report")
     lg.add_argument("report", help="a report.json (or the folder holding it)")
@@ -107,6 +129,32 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _numprocesses(text: str) -> str:
+    if text in ("auto", "logical"):
+        return text
+    return str(_positive_int(text))
+
+
 def _engine_args(p) -> None:
     p.add_argument("--engine", default=None, help="reference | verl | skyrl | megatron | mutants.<family> | "
                                                  "module:attr | file.py (default: $RLCONFORM_ENGINE or reference)")
@@ -136,126 +184,257 @@ def cmd_list_engines() -> int:
     return EXIT_CLEAN
 
 
+def _is_builtin(spec: str) -> bool:
+    from rlconform.harness.engines import BUILTIN
+
+    return spec in BUILTIN or spec.startswith("mutants.")
+
+
+def _engine_metadata(spec: str, engine_path: str | None) -> dict:
+    """The engine's name, version, ops... A built-in binding (the harness's own code, every engine import
+    lazy) is read here; a user's binding runs code when imported, so it is loaded in a child process."""
+    from rlconform.harness.engines import engine_meta, load_engine, probe_engine
+
+    if _is_builtin(spec) and engine_path is None:
+        binding = load_engine(spec, None)
+        from rlconform.harness.catalog import OPS
+
+        if not any(OPS[op].variants for op in binding.provided_ops() if op in OPS):
+            return engine_meta(binding)
+    return probe_engine(spec, engine_path)  # variants are known only by resolving the engine's registries
+
+
 def cmd_check(args) -> int:
     import pytest
 
     from rlconform.harness.binding import BindingError
-    from rlconform.harness.engines import load_engine
-    from rlconform.harness.xfails import parse_xfails
-
     from rlconform.harness.catalog import FLOAT_DTYPES, OPS, PROPERTIES
+    from rlconform.harness.outdir import OutDirError, claim
+    from rlconform.harness.xfails import parse_xfails
+    from rlconform.properties.corpus import CorpusError, validate_corpus
 
-    try:  # fail fast, with exit code 2, on a bad engine, filter or ledger
-        binding = load_engine(args.engine, args.engine_path)
-        if args.xfails:
-            parse_xfails(args.xfails)
-    except BindingError as exc:
-        return _usage_error(str(exc))
     for flag, values, known in (("--op", args.op, OPS), ("--property", args.property, PROPERTIES),
                                 ("--dtype", args.dtype, FLOAT_DTYPES)):
         unknown = [v for v in values if v not in known]
         if unknown:
             return _usage_error(f"unknown {flag} {', '.join(unknown)}; choose from {', '.join(known)}")
-    missing = [op for op in args.op if op not in binding.provided_ops()]
-    if missing:
-        return _usage_error(f"engine {binding.spec!r} does not bind {', '.join(missing)}; it binds "
-                            f"{', '.join(binding.provided_ops())}")
-    selected = [(op.name, p, d) for op in OPS.values() if op.name in binding.provided_ops()
-                for p, d, _ in op.findings()
-                if (not args.op or op.name in args.op) and (not args.property or p in args.property)
-                and (not args.dtype or d in args.dtype)]
-    if not selected:
-        return _usage_error("no finding matches the filters (a property may not apply to the op, or the op "
-                            "not to the dtype); see `rlconform list-ops`")
-    spec = binding.spec
+    if args.xfails:
+        warnings: list[str] = []
+        try:
+            parse_xfails(args.xfails, warnings=warnings)
+        except BindingError as exc:
+            return _usage_error(str(exc))
+        for w in warnings:
+            print(f"rlconform: warning: {w}", file=sys.stderr)
     corpus = args.corpus
     if corpus is None and os.path.isdir("rlconform-corpus"):
         corpus = "rlconform-corpus"
-    with tempfile.TemporaryDirectory() as tmp:
-        ini = os.path.join(tmp, "pytest.ini")
-        with open(ini, "w") as fh:
-            fh.write("[pytest]\naddopts =\n")
-        argv = [
-            *_test_dirs(), "-c", ini, "--rootdir", tmp, "--import-mode=importlib", "-p", "no:cacheprovider",
-            "-p", "rlconform.harness.pytest_plugin", "--rlconform-engine", spec,
-            "--rlconform-out", args.out, "--rlconform-profile", args.profile,
-            "--rlconform-command", " ".join(["rlconform"] + sys.argv[1:]),
-            "-q" if not args.quiet else "-qq", "--no-header", "-rN", "--tb=no",
-        ]
-        if args.engine_path:
-            argv += ["--rlconform-engine-path", args.engine_path]
-        for flag, values in (("--rlconform-op", args.op), ("--rlconform-property", args.property),
-                             ("--rlconform-dtype", args.dtype)):
-            for v in values:
-                argv += [flag, v]
-        if args.max_examples is not None:
-            argv += ["--rlconform-max-examples", str(args.max_examples)]
-        if args.seed is not None:
-            argv += ["--rlconform-seed", str(args.seed)]
-        if args.xfails:
-            argv += ["--rlconform-xfails", os.path.abspath(args.xfails)]
-        if corpus:
-            argv += ["--rlconform-corpus", os.path.abspath(corpus)]
-        if args.numprocesses:
-            argv += ["-n", str(args.numprocesses)]
-        if args.junitxml:
-            argv += ["--junitxml", os.path.abspath(args.junitxml)]
-        env_engine = os.environ.pop("RLCONFORM_ENGINE", None)
-        try:
-            code = pytest.main(argv)
-        finally:
-            if env_engine is not None:
-                os.environ["RLCONFORM_ENGINE"] = env_engine
-    report_path = os.path.join(args.out, "report.json")
-    if int(code) in (3, 4) or not os.path.exists(report_path):
-        return _usage_error(f"the check could not run (pytest exit code {int(code)}); see the messages above")
-    with open(report_path) as fh:
-        doc = json.load(fh)
+    try:
+        validate_corpus(corpus)
+    except CorpusError as exc:
+        return _usage_error(str(exc))
+    spec = args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference"
+    try:
+        meta = _engine_metadata(spec, args.engine_path)
+    except BindingError as exc:
+        return _usage_error(str(exc))
+    provided = meta["ops"]
+    missing = [op for op in args.op if op not in provided]
+    if missing:
+        return _usage_error(f"engine {meta['spec']!r} does not bind {', '.join(missing)}; it binds "
+                            f"{', '.join(provided)}")
+    from rlconform.harness.selection import selected_findings
+
+    if not selected_findings(provided, args.op, args.property, args.dtype, variants=meta.get("variants")):
+        return _usage_error("no finding matches the filters (a property may not apply to the op, or the op "
+                            "not to the dtype); see `rlconform list-ops`")
+    try:
+        out = claim(args.out)
+    except OutDirError as exc:
+        return _usage_error(str(exc))
+    try:
+        with tempfile.TemporaryDirectory(prefix="rlconform-check-") as tmp:
+            code = _run_pytest(args, meta, corpus, tmp, pytest)
+            return _verdict(args, code)
+    finally:
+        out.release()
+        if interrupts.received() is not None:
+            from rlconform.harness.isolated import kill_children
+
+            kill_children()
+
+
+def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
+    ini = os.path.join(tmp, "pytest.ini")
+    with open(ini, "w") as fh:
+        fh.write("[pytest]\naddopts =\n")
+    meta_path = os.path.join(tmp, "engine.json")
+    with open(meta_path, "w") as fh:
+        json.dump(meta, fh)
+    argv = [
+        *_test_dirs(), "-c", ini, "--rootdir", tmp, "--import-mode=importlib", "-p", "no:cacheprovider",
+        "-p", "rlconform.harness.pytest_plugin", "--rlconform-engine", meta["spec"],
+        "--rlconform-engine-meta", meta_path, "--rlconform-out-claimed",
+        "--rlconform-out", os.path.abspath(args.out), "--rlconform-profile", args.profile,
+        "--rlconform-command", " ".join(["rlconform"] + sys.argv[1:]),
+        "--rlconform-deadline", str(args.timeout),
+        "-n", str(args.numprocesses), "--max-worker-restart", str(args.max_worker_restart),
+        "-q" if not args.quiet else "-qq", "--no-header", "-rN", "--tb=no",
+    ]
+    if args.engine_path:
+        argv += ["--rlconform-engine-path", os.path.abspath(args.engine_path)]
+    for flag, values in (("--rlconform-op", args.op), ("--rlconform-property", args.property),
+                         ("--rlconform-dtype", args.dtype)):
+        for v in values:
+            argv += [flag, v]
+    if args.max_examples is not None:
+        argv += ["--rlconform-max-examples", str(args.max_examples)]
+    if args.seed is not None:
+        argv += ["--rlconform-seed", str(args.seed)]
+    if args.xfails:
+        argv += ["--rlconform-xfails", os.path.abspath(args.xfails)]
+    if corpus:
+        argv += ["--rlconform-corpus", os.path.abspath(corpus)]
+    if args.junitxml:
+        argv += ["--junitxml", os.path.abspath(args.junitxml)]
+    env_engine = os.environ.pop("RLCONFORM_ENGINE", None)
+    try:
+        return int(pytest.main(argv))
+    finally:
+        if env_engine is not None:
+            os.environ["RLCONFORM_ENGINE"] = env_engine
+
+
+def _verdict(args, code: int) -> int:
+    """The exit code, from what the plugin recorded (never from anything an engine could set)."""
+    from rlconform.harness import pytest_plugin
+    from rlconform.harness.severity import fails  # --- triage (issue 12): --fail-on ---
     from rlconform.harness.summary import print_summary
 
+    result = pytest_plugin._CONTROLLER_STATE.pop("result", None)
+    if result is None:
+        if interrupts.received() is not None:
+            print("rlconform: interrupted while starting; no finding was run", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        return _usage_error(f"the check could not run (pytest exit code {code}); see the messages above")
+    report_path = os.path.join(args.out, "report.json")
+    try:
+        with open(report_path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError) as exc:
+        return _usage_error(result["error"] or f"cannot read back the report {report_path}: {exc}")
     print_summary(doc)
-    from rlconform.harness.severity import fails  # --- triage (issue 12): --fail-on ---
-
+    if result["error"]:
+        return _usage_error(result["error"])
+    statuses = {f["status"] for f in doc["findings"]}
     if any(f.get("binding_error") for f in doc["findings"]):
+        return EXIT_USAGE
+    if "error" in statuses:
+        print("rlconform: error: the harness could not check some findings (status `error`, not the engine's "
+              "fault); see their messages in the report", file=sys.stderr)
         return EXIT_USAGE
     if any(fails(f, args.fail_on) for f in doc["findings"]):
         return EXIT_DISCREPANCY
-    if int(code) == 2:  # interrupted before anything failed
+    if result["interrupted"]:
         return EXIT_INTERRUPTED
+    if result["not_run"]:
+        print(f"rlconform: {len(result['not_run'])} selected finding(s) were not run (e.g. "
+              f"{result['not_run'][0]}): the run is incomplete", file=sys.stderr)
+        return EXIT_DISCREPANCY
+    if code not in (0, 1):
+        return _usage_error(f"the check ended abnormally (pytest exit code {code}); see the messages above")
     return EXIT_CLEAN
 
 
-def cmd_replay(args) -> int:
-    from rlconform.harness.binding import BindingError
+def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, emit=None) -> dict:
+    """In the child process: load the engine, check the case, return what happened (data only)."""
+    from rlconform.harness import torch_state
+    from rlconform.harness.binding import BindingError, OpUnavailable
     from rlconform.harness.engines import load_engine
+    from rlconform.harness.pool import PoolStartupError
     from rlconform.properties.case import Case
     from rlconform.harness.dispatch import run_check
     from rlconform.harness.evaluation import EngineCrash
 
+    case = Case.from_json(case_doc)
     try:
-        with open(args.case_file) as fh:
-            doc = json.load(fh)
-        case = Case.from_json(doc)
-    except (OSError, ValueError, KeyError) as exc:
-        return _usage_error(f"cannot read case file {args.case_file}: {exc}")
-    recorded = doc.get("engine") or {}
-    try:
-        binding = load_engine(args.engine or recorded.get("spec"), args.engine_path or recorded.get("path"))
+        binding = load_engine(spec, engine_path)
     except BindingError as exc:
-        return _usage_error(str(exc))
-    print(f"replaying {case.finding_id} on engine {binding.spec}")
-    print(f"  input: {case.summary()}")
+        return {"kind": "usage", "message": str(exc)}
+    before = torch_state.snapshot()
     try:
         outcome = run_check(binding, case)
     except EngineCrash as exc:
-        print(f"CRASH: {exc}\n{exc.engine_traceback}")
-        return EXIT_DISCREPANCY
+        return {"kind": "crash", "message": str(exc), "traceback": exc.engine_traceback, "spec": binding.spec}
+    except OpUnavailable as exc:
+        return {"kind": "usage", "message": f"op {case.op} is unavailable in engine {binding.spec}: {exc}"}
     except BindingError as exc:
-        return _usage_error(str(exc))
-    if outcome.ok:
-        print(f"PASS: max abs err {outcome.max_abs_err:.3g}, max rel err {outcome.max_rel_err:.3g}")
+        return {"kind": "usage", "message": str(exc)}
+    except PoolStartupError as exc:
+        return {"kind": "usage", "message": f"the worker pool could not start (not the engine's fault): {exc}"}
+    except (KeyboardInterrupt, SystemExit) as exc:
+        return {"kind": "crash", "message": f"the engine raised {type(exc).__name__}({str(exc)!r})",
+                "traceback": "", "spec": binding.spec}
+    except Exception as exc:  # noqa: BLE001 - the check raised on what the engine returned
+        import traceback
+
+        return {"kind": "crash", "spec": binding.spec, "traceback": traceback.format_exc(),
+                "message": f"checking the case raised {type(exc).__name__}: {exc} (on what the engine returned)"}
+    changed = torch_state.changes(before, torch_state.snapshot())
+    if changed:
+        return {"kind": "crash", "spec": binding.spec, "traceback": "",
+                "message": "torch's global state changed while checking the case: " + "; ".join(changed)}
+    return {"kind": "pass" if outcome.ok else "discrepancy", "message": outcome.message, "spec": binding.spec,
+            "max_abs_err": outcome.max_abs_err, "max_rel_err": outcome.max_rel_err}
+
+
+def cmd_replay(args) -> int:
+    from rlconform.properties.case import CaseError, load_case
+
+    try:
+        case = load_case(args.case_file)
+        with open(args.case_file, "rb") as fh:
+            doc = json.loads(fh.read().decode("utf-8"))
+    except OSError as exc:
+        return _usage_error(f"cannot read case file {args.case_file}: {exc.strerror or exc}")
+    except CaseError as exc:
+        return _usage_error(f"bad case file {args.case_file}: {exc}")
+    recorded = doc.get("engine") if isinstance(doc.get("engine"), dict) else {}
+    spec = args.engine or os.environ.get("RLCONFORM_ENGINE")
+    if spec is None:
+        named = recorded.get("spec")
+        if named not in (None, "reference"):
+            return _usage_error(
+                f"case file {args.case_file} was recorded with engine {named!r}; replay never runs an engine "
+                f"named by a case file. To run it on that engine, say so: rlconform replay {args.case_file} "
+                f"--engine {named}" + (f" --engine-path {recorded['path']}" if recorded.get("path") else ""))
+        spec = "reference"
+    print(f"replaying {case.finding_id} on engine {spec}")
+    print(f"  input: {case.summary()}")
+    from rlconform.harness.pool import in_torchrun
+
+    if in_torchrun():  # each rank is already a process of torchrun's: run in place
+        result = _replay_child(spec, args.engine_path, case.to_json())
+    else:
+        from rlconform.harness.isolated import ChildDied, run_isolated
+
+        try:
+            result = run_isolated(_replay_child, (spec, args.engine_path, case.to_json()), deadline_s=args.timeout)
+        except ChildDied as exc:
+            print(f"CRASH: {exc.description}" + (f"\n{exc.stack.strip()}" if exc.stack.strip() else ""))
+            return EXIT_DISCREPANCY
+        except RuntimeError as exc:
+            return _usage_error(f"replay failed in the harness (not the engine): {str(exc).strip().splitlines()[-1]}")
+    kind = result["kind"]
+    if kind == "usage":
+        return _usage_error(result["message"])
+    if kind == "crash":
+        print(f"CRASH: {result['message']}\n{result.get('traceback') or ''}".rstrip())
+        return EXIT_DISCREPANCY
+    if kind == "pass":
+        print(f"PASS: max abs err {result['max_abs_err']:.3g}, max rel err {result['max_rel_err']:.3g}")
         return EXIT_CLEAN
-    print(f"DISCREPANCY:\n  {outcome.message.strip()}".replace("\n", "\n  "))
+    print(f"DISCREPANCY:\n  {result['message'].strip()}".replace("\n", "\n  "))
     return EXIT_DISCREPANCY
 
 
@@ -292,6 +471,19 @@ def cmd_report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; Ctrl-C or SIGTERM at any moment ends it with exit code 130 and no traceback."""
+    installed = interrupts.install()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("rlconform: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        if installed:
+            interrupts.uninstall()
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -311,8 +503,6 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_fuzz(args)
     if args.command == "report":
         return cmd_report(args)
-    if args.command == "ledger":
-        return cmd_ledger(args)
     if args.command == "diff":  # --- triage (issue 12) ---
         from rlconform.harness.diff import cmd_diff
 
@@ -321,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
         from rlconform.harness.bisect import cmd_bisect
 
         return cmd_bisect(args)
+    if args.command == "ledger":
+        return cmd_ledger(args)
     return _usage_error(f"unknown command {args.command!r}")  # pragma: no cover
 
 

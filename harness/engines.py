@@ -161,3 +161,69 @@ def load_engine(spec: str | None = None, engine_path: str | None = None) -> Bind
         binding.revision = _git_revision(engine_path)
     binding.spec = spec
     return binding
+
+
+def engine_meta(binding: Binding, *, variants: bool = False) -> dict:
+    """What the process that writes the report needs of an engine (no code): name, spec, version, path,
+    revision and the ops it binds; with ``variants`` (in a child process: it resolves the ops that have
+    variants, importing the engine), ``variants`` (op -> the catalog variants it provides, None for an op
+    that cannot be resolved: its findings then report it unavailable) and ``variant_record`` (for the
+    report: per op, the variants checked, not provided, and registered but unchecked, with why)."""
+    meta = {"name": binding.name, "spec": binding.spec, "version": binding.version, "path": binding.path,
+            "revision": binding.revision, "ops": list(binding.provided_ops())}
+    if variants:
+        meta["variants"], meta["variant_record"] = variant_info(binding)
+    return meta
+
+
+def variant_info(binding: Binding) -> tuple[dict, dict]:
+    """(op -> provided variants or None, op -> {checked, not_provided, unchecked}) for the binding's ops
+    that have variants."""
+    from rlconform.harness.binding import OpUnavailable
+    from rlconform.harness.catalog import OPS
+
+    provided, record = {}, {}
+    for name in binding.provided_ops():
+        op = OPS.get(name)
+        if op is None or not op.variants:
+            continue
+        try:
+            got = binding.provided_variants(name)
+            unchecked = binding.unchecked_variants(name)
+        except (OpUnavailable, BindingError):
+            provided[name] = None
+            continue
+        provided[name] = None if got is None else [v for v in op.variants if v in set(got)]
+        record[name] = {
+            "checked": [v for v in op.variants if got is None or v in set(got)],
+            "not_provided": [v for v in op.variants if got is not None and v not in set(got)],
+            "unchecked": {str(k): str(v) for k, v in unchecked.items()},
+        }
+    return provided, record
+
+
+def _probe(spec: str | None, engine_path: str | None, emit=None) -> dict:
+    """In a child process: load the engine and return :func:`engine_meta`, or ``{"error": message}``."""
+    try:
+        return engine_meta(load_engine(spec, engine_path), variants=True)
+    except BindingError as exc:
+        return {"error": str(exc)}
+
+
+def probe_engine(spec: str | None, engine_path: str | None = None, *, deadline_s: float = 600.0) -> dict:
+    """Load the engine in a child process (a binding module runs code when imported: it must not run in
+    the process that decides the exit code) and return :func:`engine_meta`. Raise :class:`BindingError`
+    if it cannot be loaded, or if loading it killed or hung its process."""
+    from rlconform.harness.isolated import ChildDied, run_isolated
+
+    try:
+        meta = run_isolated(_probe, (spec, engine_path), deadline_s=deadline_s)
+    except ChildDied as exc:
+        raise BindingError(f"loading engine {spec or os.environ.get('RLCONFORM_ENGINE') or 'reference'!r}: "
+                           f"{exc.description}" + (f"\n{exc.stack.strip()}" if exc.stack.strip() else "")) from None
+    except RuntimeError as exc:  # the loader itself raised something else: say so, without a traceback
+        last = str(exc).strip().splitlines()[-1:] or ["?"]
+        raise BindingError(f"loading engine {spec!r} failed: {last[0]}") from None
+    if "error" in meta:
+        raise BindingError(meta["error"])
+    return meta

@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rlconform.harness import torch_state
+
 
 class EngineCrash(Exception):
     """The engine raised while computing a case. ``engine_traceback`` holds its traceback text."""
@@ -30,9 +32,13 @@ class EngineCrash(Exception):
 
 
 def call_engine(where: str, fn: Callable, *args, **kwargs):
-    """Call an engine function; anything it raises becomes :class:`EngineCrash` naming ``where``."""
+    """Call an engine function; anything it raises becomes :class:`EngineCrash` naming ``where``. Torch's
+    process-global state (grad mode, default dtype, deterministic / anomaly modes, threads, ...) is
+    restored after the call, and a call that changed it is a crash naming what changed
+    (:mod:`rlconform.harness.torch_state`, issue 14)."""
     try:
-        return fn(*args, **kwargs)
+        with torch_state.guard():
+            return fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - any engine error is a crash finding
         raise EngineCrash(where, exc) from exc
 

@@ -18,9 +18,16 @@ to ``--shrink-seconds``, possibly past the budget) and saved under ``<corpus>/<f
 ``rlconform-corpus/``), which ``rlconform check`` replays before drawing new examples.
 
 Ctrl-C (or SIGTERM) stops at once and keeps what was found (a counterexample being shrunk is saved as
-shrunk so far).
-Exit codes: 0 no counterexample, 1 counterexamples (new, or saved ones that still fail), 2 usage or
-binding error.
+shrunk so far); an interrupt something swallowed (hypothesis' gc callback) is noticed at the next example.
+
+The engine runs in a child process (:func:`rlconform.harness.isolated.run_isolated`), never in the process
+that decides the exit code: when the engine ends its process (``os._exit``, a signal, the OOM killer) or
+hangs past ``--timeout`` seconds in one example, the finding being fuzzed is reported as a crash (with
+how the process ended and its stack) and fuzzing goes on in a fresh child for the rest of the budget.
+An engine that raises ``KeyboardInterrupt`` / ``SystemExit`` gets a counterexample like any crash.
+
+Exit codes: 0 no counterexample, 1 counterexamples (new, or saved ones that still fail) or findings
+whose engine crashed its process, 2 usage or binding error, 130 interrupted before anything was found.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ import random
 import sys
 import time
 
-EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+EXIT_CLEAN, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEFAULT_TIMEOUT_S = 900  # seconds one example may take before the engine is considered hung
 DEFAULT_DB = ".rlconform-fuzz-db"
 DEFAULT_CORPUS = "rlconform-corpus"
 ROUND0_EXAMPLES = 4      # examples per finding in the first, breadth-first round
@@ -85,19 +93,25 @@ def select_targets(binding, ops=(), properties=(), dtypes=()) -> list[Target]:
     op its properties, and within a property its regimes, so that round 0 looks at every op × property
     × regime early."""
     from rlconform.harness.catalog import OPS
+    from rlconform.harness.selection import selected_findings
 
+    variants = None
+    if hasattr(binding, "provided_variants"):  # a loaded binding: resolve its registries
+        from rlconform.harness.engines import variant_info
+
+        variants = variant_info(binding)[0]
+    chosen = selected_findings(binding.provided_ops(), ops, properties, dtypes, variants=variants)
     per_op = []
-    provided = set(binding.provided_ops())
     for op in OPS.values():
-        if op.name not in provided or (ops and op.name not in ops):
-            continue
-        per_regime: dict[str, list[str]] = {}
-        for dtype, regime in op.cases():
-            if not dtypes or dtype in dtypes:
-                per_regime.setdefault(regime, []).append(dtype)
-        cases = _interleave([[(d, r) for d in ds] for r, ds in per_regime.items()])
-        per_prop = [[Target(op.name, prop, d, r) for d, r in cases] for prop in op.properties
-                    if not properties or prop in properties]
+        mine = [f for f in chosen if f[0] == op.name]
+        per_prop = []
+        for prop in op.properties:
+            per_regime: dict[str, list[str]] = {}
+            for _, p, dtype, regime in mine:
+                if p == prop:
+                    per_regime.setdefault(regime, []).append(dtype)
+            cases = _interleave([[(d, r) for d in ds] for r, ds in per_regime.items()])
+            per_prop.append([Target(op.name, prop, d, r) for d, r in cases])
         ts = _interleave(per_prop)
         if ts:
             per_op.append(ts)
@@ -108,7 +122,8 @@ class Fuzzer:
     """Round-robin fuzzing of ``targets`` against ``binding`` for ``seconds`` of wall time."""
 
     def __init__(self, binding, targets: list[Target], *, seconds: float, corpus: str, db: str | None,
-                 seed: int | None = None, shrink_seconds: float | None = None, on_found=None, on_tick=None):
+                 seed: int | None = None, shrink_seconds: float | None = None, on_found=None, on_tick=None,
+                 on_current=None, example_timeout: float | None = None):
         self.binding = binding
         self.targets = targets
         self.budget = float(seconds)
@@ -119,6 +134,8 @@ class Fuzzer:
         self.seeded = seed is not None
         self.on_found = on_found or (lambda t: None)
         self.on_tick = on_tick or (lambda: None)
+        self.on_current = on_current or (lambda t: None)  # the finding now fuzzed (a crash is blamed on it)
+        self.example_timeout = example_timeout
         self.total_examples = 0
         self.round = 0
         self.current: Target | None = None
@@ -190,19 +207,27 @@ class Fuzzer:
                 t.status, t.message = seen[t.op]
 
     def _replay_corpus(self) -> None:
+        from rlconform.harness import interrupts
         from rlconform.properties.case import load_case
         from rlconform.harness.dispatch import run_check
         from rlconform.harness.evaluation import EngineCrash
         from rlconform.properties.corpus import corpus_files
+        from rlconform.properties.runner import EngineAbort
 
         for t in self.live():
             for path in corpus_files(self.corpus, t.id):
+                self.current = t
+                self.on_current(t)
                 try:
                     case = load_case(path)
                     outcome = run_check(self.binding, case)
                     bad, msg = not outcome.ok, outcome.message
                 except EngineCrash as exc:
                     bad, msg = True, str(exc)
+                except (KeyboardInterrupt, SystemExit) as exc:
+                    if not interrupts.engine_raised(exc):
+                        raise
+                    bad, msg = True, f"crash: {EngineAbort(exc)}"
                 except (OSError, ValueError, KeyError) as exc:
                     print(f"rlconform fuzz: skipping unreadable corpus file {path}: {exc}", file=sys.stderr)
                     continue
@@ -222,22 +247,35 @@ class Fuzzer:
         from rlconform.harness.evaluation import EngineCrash
         from rlconform.properties.checks import PropertyFailure
 
+        from rlconform.harness import interrupts
+        from rlconform.harness.isolated import arm_deadline
+        from rlconform.properties.runner import EngineAbort
+
         state = {"fail": None, "message": "", "deadline": deadline}
         self.current = t
+        self.on_current(t)
         start = time.monotonic()
 
         def run(inputs):
+            interrupts.check()  # an interrupt swallowed somewhere (hypothesis' gc callback) stops here
             now = time.monotonic()
             if now > state["deadline"]:
                 raise _Stop()
             case = Case(t.op, t.prop, t.dtype, t.regime, inputs)
             t.examples += 1
             self.total_examples += 1
+            arm_deadline(self.example_timeout)  # a hung engine ends this process: the supervisor reports it
             try:
                 outcome = run_check(self.binding, case)
             except EngineCrash as exc:
                 self._failed(t, state, case, f"crash: {exc}")
                 raise
+            except (KeyboardInterrupt, SystemExit) as exc:
+                if not interrupts.engine_raised(exc):
+                    raise
+                abort = EngineAbort(exc)
+                self._failed(t, state, case, f"crash: {abort}")
+                raise EngineCrash(f"{t.op}", abort) from exc
             finally:
                 self.on_tick()
             t.best_ratio = max(t.best_ratio, outcome.ratio)
@@ -267,6 +305,7 @@ class Fuzzer:
                 t.status = "error"
                 t.message = f"{type(exc).__name__}: {exc}"[:2000]
         finally:
+            arm_deadline(None)
             t.seconds += time.monotonic() - start
         if state["fail"] is not None:
             self._save(t, state)
@@ -317,6 +356,8 @@ def add_parser(sub) -> None:
     f.add_argument("--shrink-seconds", type=float, default=None,
                    help="time to shrink one counterexample (default: a quarter of the budget, 5–60 s)")
     f.add_argument("--stats", default=None, help="also write per-finding statistics as JSON here")
+    f.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help="seconds one example may take before the engine is considered hung (default %(default)s)")
     f.add_argument("-q", "--quiet", action="store_true", help="no live progress display")
 
 
@@ -390,12 +431,58 @@ def _print_summary(console, fz: Fuzzer, spec: str) -> None:
         console.print(f"      rlconform replay {t.saved} --engine {spec}", highlight=False)
 
 
-def cmd_fuzz(args) -> int:
+def _fuzz_child(params: dict, emit=None) -> dict:
+    """In the child process: load the engine, fuzz the selected findings not in ``params["exclude"]``
+    for ``params["seconds"]``, print as the command does; return the targets (as dicts) and counters."""
     from rich.console import Console
     from rich.live import Live
 
     from rlconform.harness.binding import BindingError
     from rlconform.harness.engines import load_engine
+
+    emit = emit or (lambda obj: None)
+    try:
+        binding = load_engine(params["engine"], params["engine_path"])
+    except BindingError as exc:
+        return {"usage": str(exc)}
+    targets = [t for t in select_targets(binding, params["op"], params["property"], params["dtype"])
+               if t.id not in params["exclude"]]
+    if not targets:
+        return {"usage": None if params["exclude"] else
+                "the selection holds no finding of this engine (see `rlconform list-ops`)",
+                "targets": [], "spec": binding.spec}
+    console = Console(soft_wrap=True)  # long paths and commands stay on one line (copy-pasteable)
+    spec = binding.spec
+
+    def on_found(t: Target) -> None:
+        tag = "new counterexample" if t.new else "counterexample (saved earlier, still fails)"
+        console.print(f"[bold red]{tag}[/] {t.id}: {t.saved}", highlight=False)
+        emit({"found": {**dataclasses.asdict(t), "id": t.id,
+                        "best_ratio": t.best_ratio if math.isfinite(t.best_ratio) else None}})
+
+    fz = Fuzzer(binding, targets, seconds=params["seconds"], corpus=params["corpus"], db=params["db"],
+                seed=params["seed"], shrink_seconds=params["shrink_seconds"], on_found=on_found,
+                on_current=lambda t: emit({"current": t.id}), example_timeout=params["timeout"])
+    if not params["exclude"]:
+        console.print(f"rlconform fuzz {spec}: {len(targets)} findings, budget {params['seconds']:.0f} s, corpus "
+                      f"{params['corpus']}/, database {params['db']}/", highlight=False)
+    if params["quiet"] or not console.is_terminal:
+        fz.run()
+    else:
+        with Live(console=console, refresh_per_second=4, transient=True,
+                  get_renderable=lambda: _progress(fz, spec)):
+            fz.run()
+    _print_summary(console, fz, spec)
+    return {"spec": spec, "interrupted": fz.interrupted, "examples": fz.total_examples, "rounds": fz.round + 1,
+            "seconds": fz.elapsed(),
+            "targets": [{**dataclasses.asdict(t), "id": t.id,
+                         "best_ratio": t.best_ratio if math.isfinite(t.best_ratio) else None} for t in fz.targets]}
+
+
+def cmd_fuzz(args) -> int:
+    """Supervise fuzzing children: each runs the engine; the verdict is decided here."""
+    from rlconform.harness import interrupts
+    from rlconform.harness.isolated import ChildDied, run_isolated
 
     err = _validate(args)
     if err:
@@ -405,51 +492,79 @@ def cmd_fuzz(args) -> int:
     if not seconds > 0:
         print("rlconform: error: the budget must be positive", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        binding = load_engine(args.engine, args.engine_path)
-    except BindingError as exc:
-        print(f"rlconform: error: {exc}", file=sys.stderr)
+    if not args.timeout > 0:
+        print("rlconform: error: --timeout must be positive", file=sys.stderr)
         return EXIT_USAGE
-    targets = select_targets(binding, args.op, args.property, args.dtype)
-    if not targets:
-        print("rlconform: error: the selection holds no finding of this engine (see `rlconform list-ops`)",
-              file=sys.stderr)
-        return EXIT_USAGE
-    console = Console(soft_wrap=True)  # long paths and commands stay on one line (copy-pasteable)
-    spec = binding.spec
+    t0 = time.monotonic()
+    params = {"engine": args.engine, "engine_path": args.engine_path, "op": args.op, "property": args.property,
+              "dtype": args.dtype, "corpus": args.corpus, "db": args.db, "seed": args.seed,
+              "shrink_seconds": args.shrink_seconds, "timeout": args.timeout, "quiet": args.quiet, "exclude": []}
+    merged: dict[str, dict] = {}
+    crashed: dict[str, str] = {}
+    runs, interrupted = [], False
+    while True:
+        current: dict = {}
 
-    def on_found(t: Target) -> None:
-        tag = "new counterexample" if t.new else "counterexample (saved earlier, still fails)"
-        console.print(f"[bold red]{tag}[/] {t.id}: {t.saved}", highlight=False)
+        def on_event(ev: dict) -> None:
+            if "found" in ev:  # kept even if this child dies later
+                merged[ev["found"]["id"]] = ev["found"]
+            current.update({k: v for k, v in ev.items() if k == "current"})
 
-    fz = Fuzzer(binding, targets, seconds=seconds, corpus=args.corpus, db=args.db, seed=args.seed,
-                shrink_seconds=args.shrink_seconds, on_found=on_found)
-    console.print(f"rlconform fuzz {spec}: {len(targets)} findings, budget {seconds:.0f} s, corpus {args.corpus}/, "
-                  f"database {args.db}/", highlight=False)
-    import signal
+        params["seconds"] = seconds - (time.monotonic() - t0)
+        try:
+            res = run_isolated(_fuzz_child, (dict(params),), interruptible=True, on_event=on_event)
+        except ChildDied as exc:
+            from rlconform.harness.isolated import describe_exit
 
-    def on_term(signum, frame):  # `timeout`, `kill`: stop like Ctrl-C, keeping what was found
-        raise KeyboardInterrupt
-
-    old_term = signal.signal(signal.SIGTERM, on_term)
-    try:
-        if args.quiet or not console.is_terminal:
-            fz.run()
-        else:
-            with Live(console=console, refresh_per_second=4, transient=True,
-                      get_renderable=lambda: _progress(fz, spec)):
-                fz.run()
-    finally:
-        signal.signal(signal.SIGTERM, old_term)
-    _print_summary(console, fz, spec)
+            tid = current.get("current")
+            name = tid or "(before the first finding)"
+            exc.description = describe_exit(exc.exitcode, timed_out=exc.timed_out, deadline_s=args.timeout)
+            print(f"rlconform fuzz: crash {name}: {exc.description}", file=sys.stderr)
+            if exc.stack.strip():
+                print("    " + exc.stack.strip()[-3000:].replace("\n", "\n    "), file=sys.stderr)
+            if tid is None:  # loading the engine killed its process: a binding error, nothing to go on with
+                print("rlconform: error: loading the engine ended its process (see above)", file=sys.stderr)
+                return EXIT_USAGE
+            crashed[tid] = exc.description
+            merged.setdefault(tid, {"id": tid})["status"] = "crash"
+            merged[tid]["message"] = exc.description
+            params["exclude"] = sorted(set(params["exclude"]) | {tid} |
+                                       {i for i, t in merged.items() if t.get("status") in ("found", "known")})
+            if interrupts.received() is not None or seconds - (time.monotonic() - t0) <= 1.0:
+                interrupted = interrupts.received() is not None
+                break
+            print(f"rlconform fuzz: going on without {tid} in a fresh process", file=sys.stderr)
+            continue
+        except RuntimeError as exc:
+            print(f"rlconform: error: fuzzing failed in the harness (not the engine): "
+                  f"{str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+            return EXIT_USAGE
+        if res.get("usage"):
+            print(f"rlconform: error: {res['usage']}", file=sys.stderr)
+            return EXIT_USAGE
+        runs.append(res)
+        for t in res.get("targets", []):
+            old = merged.get(t["id"])
+            if old is not None and old.get("status") in ("crash", "found", "known") and t.get("status") == "live":
+                continue
+            if old is not None:
+                t["examples"] = t.get("examples", 0) + old.get("examples", 0)
+                t["seconds"] = t.get("seconds", 0.0) + old.get("seconds", 0.0)
+            merged[t["id"]] = t
+        interrupted = bool(res.get("interrupted")) or interrupts.received() is not None
+        break
+    if crashed:
+        print(f"rlconform fuzz: {len(crashed)} finding(s) crashed the process running the engine: "
+              + ", ".join(crashed), file=sys.stderr)
     if args.stats:
-        doc = {"engine": spec, "seconds": fz.elapsed(), "budget": seconds, "examples": fz.total_examples,
-               "interrupted": fz.interrupted, "rounds": fz.round + 1,
-               "targets": [{**dataclasses.asdict(t), "id": t.id,
-                            "best_ratio": t.best_ratio if math.isfinite(t.best_ratio) else None}
-                           for t in fz.targets]}
+        doc = {"engine": runs[-1].get("spec") if runs else args.engine, "seconds": time.monotonic() - t0,
+               "budget": seconds, "examples": sum(r.get("examples", 0) for r in runs), "interrupted": interrupted,
+               "rounds": sum(r.get("rounds", 0) for r in runs), "targets": list(merged.values())}
         with open(args.stats, "w") as fh:
             json.dump(doc, fh, indent=1)
-    if any(t.status == "error" and t.message.startswith("binding error") for t in fz.targets):
+    if any(t.get("status") == "error" and (t.get("message") or "").startswith("binding error")
+           for t in merged.values()):
         return EXIT_USAGE
-    return EXIT_FOUND if any(t.status in ("found", "known") for t in fz.targets) else EXIT_CLEAN
+    if crashed or any(t.get("status") in ("found", "known") for t in merged.values()):
+        return EXIT_FOUND
+    return EXIT_INTERRUPTED if interrupted else EXIT_CLEAN

@@ -21,7 +21,9 @@ Precedence when several happen in one case: died > raised > hung (a death is alw
 exception may be a peer's reaction to it; a hang is a reaction to either).
 
 No worker outlives the parent: each worker has a thread polling ``os.getppid()`` and exits when the
-parent is gone; a closed parent pipe also ends it; pools are closed ``atexit``.
+parent is gone; a closed parent pipe also ends it; pools are closed ``atexit``. An interrupt (Ctrl-C)
+or any error while the group is spawned, rendezvouses or runs a case tears the group down before it
+propagates, so multiprocessing's exit hook never waits on a rank.
 
 Usage::
 
@@ -259,6 +261,8 @@ class WorkerPool:
             self._kill(procs)
             for c in conns:
                 c.close()
+            if not isinstance(e, Exception):  # an interrupt stays an interrupt
+                raise
             raise PoolStartupError(f"could not spawn workers: {e}") from e
         finally:
             for k, v in saved.items():
@@ -268,6 +272,15 @@ class WorkerPool:
                     os.environ[k] = v
 
         gen = _Generation(procs, conns, store, stack_paths, index)
+        try:
+            return self._rendezvous(gen, t0)
+        except BaseException:  # Ctrl-C or an error mid-rendezvous: no worker may outlive it
+            self._teardown(gen)
+            raise
+
+    def _rendezvous(self, gen: _Generation, t0: float) -> _Generation:
+        """Wait until every rank of ``gen`` reported ready; raise :class:`PoolStartupError` otherwise."""
+        procs, conns = gen.procs, gen.conns
         ready: set[int] = set()
         errors: dict[int, str] = {}
         deadline = t0 + self.startup_timeout_s
@@ -316,7 +329,6 @@ class WorkerPool:
                     errors[r] = "did not finish rendezvous (" + (
                         f"start-up timeout {self.startup_timeout_s:.0f} s)" if not errors else "aborted after another rank failed)"
                     )
-            self._teardown(gen)
             msg = "\n".join(f"--- rank {r} ---\n{errors[r].rstrip()}" for r in sorted(errors))
             raise PoolStartupError(
                 f"WorkerPool(world_size={self.world_size}, backend={self.backend!r}) failed to start:\n{msg}"
@@ -405,15 +417,14 @@ class WorkerPool:
             seq = self._seq
             # Pickle everything before sending anything: an unpicklable case never reaches a rank.
             msgs = [pickle.dumps(("run", seq, fn, p), protocol=pickle.HIGHEST_PROTOCOL) for p in per_rank]
-            self.start()
-            gen = self._gen
             try:
-                return self._run_case(gen, seq, msgs, timeout)
+                self.start()  # inside the try: an interrupt during start-up tears down what was started
+                return self._run_case(self._gen, seq, msgs, timeout)
             except RankFailure:
                 raise
             except BaseException:  # e.g. KeyboardInterrupt mid-case: the ranks' state is unknown
-                if self._gen is gen:
-                    self._gen = None
+                gen, self._gen = self._gen, None
+                if gen is not None:
                     self._teardown(gen)
                 raise
 

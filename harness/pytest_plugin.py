@@ -5,23 +5,53 @@ Loaded by ``rlconform check`` (``-p rlconform.harness.pytest_plugin``); usable d
     pytest -p rlconform.harness.pytest_plugin --rlconform-engine verl --pyargs rlconform.properties
 
 Every test id is a finding id (``op.property.dtype.regime``). After each test the finding is added to
-``report.json`` (rewritten atomically), so an interrupted run keeps what it found. Works under
-pytest-xdist (``-n``): workers send findings through ``user_properties``; the controller writes.
+``report.json`` (rewritten atomically), so an interrupted run keeps what it found.
+
+Process isolation (issue 14). Under pytest-xdist (``-n N``; ``rlconform check`` always uses it) the
+engines run only in the workers; the controller collects nothing, runs nothing of the engine, and
+writes the report:
+
+* a worker that dies (``os._exit``, a signal, the OOM killer, the per-finding deadline) fails the finding
+  it was running as a ``crash`` naming the exit code or signal, its Python stack (faulthandler) and the
+  example in flight (its reproducer; see :mod:`rlconform.harness.inflight`); xdist starts a fresh
+  worker for the rest (``--max-worker-restart``);
+* workers ignore SIGINT, so a ``KeyboardInterrupt`` or ``SystemExit`` in a worker is the engine's: a
+  crash of that finding (:class:`~rlconform.harness.recorder.EngineAbort`), not an interrupt of the run;
+* every finding starts from the torch state the worker had before loading the engine; a finding that
+  leaves it changed is a crash naming what changed (:mod:`rlconform.harness.torch_state`), and the
+  state is restored for the next;
+* a per-finding deadline (``--rlconform-deadline``, default :data:`DEFAULT_DEADLINE_S` s) ends a hung
+  worker with its stacks;
+* the controller records real interrupts (:mod:`rlconform.harness.interrupts`), also ones swallowed
+  somewhere, kills the workers at once on Ctrl-C, and marks the report complete only when the run was
+  not interrupted and every selected finding was recorded (``run.not_run`` lists the others).
+
+Without xdist (``-n 0`` or none) the engine runs in the pytest process itself, as any pytest plugin's
+tests do; ``rlconform check`` never does that.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
+import re
 import sys
-import traceback
+import tempfile
 
 import pytest
 
+from rlconform.harness import interrupts, torch_state
 from rlconform.harness.binding import BindingError
+from rlconform.harness.selection import selected_findings
+from rlconform.harness.recorder import (
+    EngineAbort, FindingRecorder, FindingStateChanged, classify, crash_message, dead_process_entry,
+    error_message, finding_entry, format_traceback,
+)
 
 STATE_KEY = "_rlconform_state"
+#: seconds one finding may take in a worker before it is considered hung
+DEFAULT_DEADLINE_S = 900.0
+_FID = re.compile(r"\[([A-Za-z0-9_]+\.[a-z_]+\.[a-z0-9]+\.[A-Za-z0-9_]+)\]$")
 
 
 def pytest_addoption(parser):
@@ -36,9 +66,14 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-op", action="append", default=[], help="only these ops (repeatable)")
     g.addoption("--rlconform-property", action="append", default=[], help="only these properties (repeatable)")
     g.addoption("--rlconform-dtype", action="append", default=[], help="only these dtypes (repeatable)")
-    g.addoption("--rlconform-corpus", default=None, help="corpus folder of saved counterexamples, replayed first")
+    g.addoption("--rlconform-corpus", default=None, help="folder of saved counterexamples to replay first")
     g.addoption("--rlconform-database", default=None, help="persistent hypothesis example database folder")
+    g.addoption("--rlconform-deadline", type=float, default=DEFAULT_DEADLINE_S,
+                help="seconds one finding may take in an xdist worker before the worker is ended as hung "
+                     "(0: no deadline)")
     g.addoption("--rlconform-command", default=None, help=argparse_suppress())
+    g.addoption("--rlconform-engine-meta", default=None, help=argparse_suppress())
+    g.addoption("--rlconform-out-claimed", action="store_true", default=False, help=argparse_suppress())
 
 
 def argparse_suppress():
@@ -47,8 +82,32 @@ def argparse_suppress():
     return argparse.SUPPRESS
 
 
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _is_controller(config) -> bool:
+    """The xdist controller: it schedules findings on workers and runs none itself."""
+    return not _is_worker(config) and getattr(config.option, "dist", "no") != "no"
+
+
+class _EngineInfo:
+    """The engine as the controller knows it (from ``--rlconform-engine-meta``): data, no code."""
+
+    def __init__(self, meta: dict):
+        self.name, self.spec, self.version = meta["name"], meta["spec"], meta.get("version")
+        self.path, self.revision = meta.get("path"), meta.get("revision")
+        self._ops = list(meta["ops"])
+        self.variants = meta.get("variants") or {}
+        self.variant_record = meta.get("variant_record") or {}
+
+    def provided_ops(self) -> list[str]:
+        return list(self._ops)
+
+
 class State:
-    """Per-session state: the binding, selection filters, ledger, settings and (controller only) writer."""
+    """Per-session state: the binding, selection filters, ledger, settings; in the controller the
+    report writer and the bookkeeping of findings; in a worker the in-flight record and deadline."""
 
     def __init__(self, config):
         from rlconform.harness.engines import load_engine
@@ -56,13 +115,27 @@ class State:
         from rlconform.harness.xfails import parse_xfails
 
         opt = config.getoption
-        self.binding = load_engine(opt("rlconform_engine"), opt("rlconform_engine_path"))
+        self.config = config
+        self.worker = _is_worker(config)
+        if self.worker:  # before the engine loads: Ctrl-C is the controller's; a KeyboardInterrupt here the engine's
+            interrupts.ignore_sigint()
+        self.controller = _is_controller(config)
+        self.torch_baseline = torch_state.baseline()  # before the engine's modules are imported
+        meta = opt("rlconform_engine_meta")
+        if self.controller and meta:
+            with open(meta) as fh:
+                self.binding = _EngineInfo(json.load(fh))
+        else:
+            self.binding = load_engine(opt("rlconform_engine"), opt("rlconform_engine_path"))
+            torch_state.restore(self.torch_baseline)
+        self.from_cli = bool(meta)
         self.ops = set(opt("rlconform_op"))
         self.properties = set(opt("rlconform_property"))
         self.dtypes = set(opt("rlconform_dtype"))
         self.xfails = parse_xfails(opt("rlconform_xfails")) if opt("rlconform_xfails") else {}
         self.out = os.path.abspath(opt("rlconform_out"))
         self.corpus = opt("rlconform_corpus")
+        self.deadline = opt("rlconform_deadline") or None
         database = None
         if opt("rlconform_database"):
             from hypothesis.database import DirectoryBasedExampleDatabase
@@ -74,74 +147,133 @@ class State:
             from hypothesis import settings as hsettings
 
             self.settings = hsettings(self.settings, derandomize=False)
+        self._variants = None
+        self._variant_record = None
+        self.inflight = None
+        self.fault_file = None
         self.writer = None
-        self._variants: dict = {}
-        if not hasattr(config, "workerinput"):
-            from rlconform.harness.report import ReportWriter
+        self.outdir = None
+        self.rundir = None
+        self.nodes: dict = {}  # controller: live xdist workers by id
+        self.collected: set[str] = set()
+        self.error: str | None = None  # a harness error that ended the run (e.g. the report cannot be written)
+        if self.worker:
+            self._start_worker(config.workerinput)
+        else:
+            self._start_writer(opt)
 
-            b = self.binding
-            self.writer = ReportWriter(
-                self.out,
-                engine={"name": b.name, "spec": b.spec, "version": b.version, "path": b.path, "revision": b.revision,
-                        "variants": self.variant_record()},
-                run={"profile": opt("rlconform_profile"), "seed": self.seed,
-                     "max_examples": self.settings.max_examples,
-                     "command": opt("rlconform_command") or " ".join(sys.argv)},
-            )
-            self.writer.write()
+    # -- worker ------------------------------------------------------------------------------------
+    def _start_worker(self, workerinput) -> None:
+        from rlconform.harness.inflight import InflightWriter
 
-    def provided_variants(self, op) -> set | None:
-        """The variants of catalog op ``op`` (an OpInfo) the binding provides; None when the op has no
-        variants or cannot be resolved (its findings then report it unavailable)."""
-        from rlconform.harness.binding import BindingError, OpUnavailable
+        rundir = workerinput.get("rlconform_rundir")
+        if rundir:
+            wid = workerinput.get("workerid", f"pid{os.getpid()}")
+            self.inflight = InflightWriter(os.path.join(rundir, f"{wid}.case"))
+            self.fault_file = open(os.path.join(rundir, f"{wid}.fault"), "w", buffering=1)
 
-        if not op.variants:
-            return None
-        if op.name not in self._variants:
+    # -- controller (or a single process) ----------------------------------------------------------
+    def _start_writer(self, opt) -> None:
+        from rlconform.harness.outdir import OutDirError, claim
+        from rlconform.harness.report import ReportWriter
+
+        if not opt("rlconform_out_claimed"):  # `rlconform check` claims the folder before starting pytest
             try:
-                got = self.binding.provided_variants(op.name)
-                unchecked = self.binding.unchecked_variants(op.name)
-            except (OpUnavailable, BindingError):
-                got, unchecked = None, {}
-            self._variants[op.name] = (None if got is None else set(got), unchecked)
-        return self._variants[op.name][0]
+                self.outdir = claim(self.out)
+            except OutDirError as exc:
+                raise pytest.UsageError(f"rlconform: {exc}") from None
+        if self.controller:
+            self.rundir = tempfile.mkdtemp(prefix="rlconform-run-")
+        b = self.binding
+        self.writer = ReportWriter(
+            self.out,
+            engine={"name": b.name, "spec": b.spec, "version": b.version, "path": b.path, "revision": b.revision,
+                    "variants": self.variant_record()},
+            run={"profile": opt("rlconform_profile"), "seed": self.seed,
+                 "max_examples": self.settings.max_examples,
+                 "command": opt("rlconform_command") or " ".join(sys.argv)},
+        )
+        from rlconform.harness.report import ReportWriteError
+
+        try:
+            self.writer.write()
+        except ReportWriteError as exc:
+            raise pytest.UsageError(f"rlconform: {exc}") from None
+
+    def variants(self) -> dict:
+        """op -> the variants the engine provides (None: all, or the op cannot be resolved): from the
+        engine's metadata in the controller, by resolving the op in a worker or a single process."""
+        if isinstance(self.binding, _EngineInfo):
+            return self.binding.variants
+        if self._variants is None:
+            from rlconform.harness.engines import variant_info
+
+            self._variants, self._variant_record = variant_info(self.binding)
+        return self._variants
 
     def variant_record(self) -> dict:
-        """For the report: per op with variants, which the catalog checks, which the engine does not
-        provide, and which the engine registers that the catalog cannot check (with why)."""
-        from rlconform.harness.catalog import OPS
+        if isinstance(self.binding, _EngineInfo):
+            return self.binding.variant_record
+        self.variants()
+        return self._variant_record
 
-        record = {}
-        for op in OPS.values():
-            if not op.variants or op.name not in self.binding.provided_ops() or (self.ops and op.name not in self.ops):
-                continue
-            provided = self.provided_variants(op)
-            unchecked = self._variants[op.name][1]
-            record[op.name] = {
-                "checked": [v for v in op.variants if provided is None or v in provided],
-                "not_provided": [v for v in op.variants if provided is not None and v not in provided],
-                "unchecked": dict(unchecked),
-            }
-        return record
+    def expected(self) -> set[str]:
+        """Finding ids the run must record to be complete: those collected, and (``rlconform check``,
+        which runs every test folder) every finding the filters select."""
+        ids = set(self.collected)
+        if self.from_cli:
+            ids |= {".".join(f) for f in selected_findings(self.binding.provided_ops(), self.ops, self.properties,
+                                                            self.dtypes, variants=self.variants())}
+        return ids
 
-    def selected(self, op: str, prop: str, dtype: str) -> bool:
-        return ((not self.ops or op in self.ops) and (not self.properties or prop in self.properties)
-                and (not self.dtypes or dtype in self.dtypes))
+    def close(self) -> None:
+        if self.inflight is not None:
+            self.inflight.close()
+        if self.outdir is not None:
+            self.outdir.release()
+        if self.rundir:
+            import shutil
+
+            shutil.rmtree(self.rundir, ignore_errors=True)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "rlconform_distributed(flag): generic property test over the catalog ops "
                             "that are (True) or are not (False) checked on distributed ranks")
-    if not config.getoption("rlconform_engine", None) and not os.environ.get("RLCONFORM_ENGINE"):
+    if not config.getoption("rlconform_engine", None) and not os.environ.get("RLCONFORM_ENGINE") \
+            and not config.getoption("rlconform_engine_meta", None):
         return
+    if not _is_worker(config):
+        config._rlconform_own_handlers = interrupts.install()
     try:
         setattr(config, STATE_KEY, State(config))
     except BindingError as exc:
         raise pytest.UsageError(f"rlconform: {exc}") from None
 
 
+def pytest_unconfigure(config):
+    state = _state(config)
+    if state is not None:
+        state.close()
+        if _CONTROLLER_STATE.get("state") is state:
+            del _CONTROLLER_STATE["state"]
+    if getattr(config, "_rlconform_own_handlers", False):
+        interrupts.uninstall()
+
+
 def _state(config) -> State | None:
     return getattr(config, STATE_KEY, None)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
+def pytest_configure_node(node):
+    """xdist controller: tell each worker where its in-flight record and fault log go; track it from
+    now on (an interrupt kills it, even while it is still loading the engine)."""
+    state = _state(node.config)
+    if state is not None:
+        state.nodes[node.gateway.id] = node
+        if state.rundir:
+            node.workerinput["rlconform_rundir"] = state.rundir
 
 
 def pytest_generate_tests(metafunc):
@@ -152,25 +284,15 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("rlconform_case", [pytest.param(None, marks=pytest.mark.skip(
             reason="no engine selected (--rlconform-engine)"))], ids=["no-engine"])
         return
-    from rlconform.harness.catalog import OPS, split_regime
-
     marker = metafunc.definition.get_closest_marker("rlconform_distributed")
     distributed = marker.args[0] if marker else None
-    provided = set(state.binding.provided_ops())
     params = []
-    for op in OPS.values():
-        if op.name not in provided or (distributed is not None and op.distributed != distributed):
-            continue
-        variants = state.provided_variants(op)
-        for prop, dtype, regime in op.findings():
-            if True:
-                if variants is not None and split_regime(regime)[0] not in variants:
-                    continue  # listed in the report's engine record as not provided
-                if state.selected(op.name, prop, dtype):
-                    fid = f"{op.name}.{prop}.{dtype}.{regime}"
-                    marks = [pytest.mark.xfail(strict=True, reason=f"listed in xfails ledger: {state.xfails[fid]}")] \
-                        if fid in state.xfails else []
-                    params.append(pytest.param((op.name, prop, dtype, regime), id=fid, marks=marks))
+    for finding in selected_findings(state.binding.provided_ops(), state.ops, state.properties, state.dtypes,
+                                     distributed=distributed, variants=state.variants()):
+        fid = ".".join(finding)
+        marks = [pytest.mark.xfail(strict=True, reason=f"listed in xfails ledger: {state.xfails[fid]}")] \
+            if fid in state.xfails else []
+        params.append(pytest.param(finding, id=fid, marks=marks))
     if not params:  # deselected in pytest_collection_modifyitems: no finding, no testcase
         params = [pytest.param(None, id="none")]
     metafunc.parametrize("rlconform_case", params)
@@ -178,7 +300,8 @@ def pytest_generate_tests(metafunc):
 
 def pytest_collection_modifyitems(config, items):
     """Drop the placeholder items of generic tests for which the binding provides no op."""
-    if _state(config) is None:
+    state = _state(config)
+    if state is None:
         return
     keep, drop = [], []
     for item in items:
@@ -190,6 +313,14 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    state.collected |= {m.group(1) for m in map(_FID.search, (i.nodeid for i in keep)) if m}
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
+def pytest_xdist_node_collection_finished(node, ids):
+    state = _state(node.config)
+    if state is not None:
+        state.collected |= {m.group(1) for m in map(_FID.search, ids) if m}
 
 
 @pytest.fixture
@@ -205,133 +336,6 @@ def rlconform_binding(rlconform_state):
     return rlconform_state.binding
 
 
-def shard_imbalance(case) -> float | None:
-    """max shard nnz / max(1, min shard nnz) over the leaf shards (micro-batches) of each partition of a
-    pipeline case, worst partition of the example; None for ops without partitions."""
-    inputs = case.inputs if isinstance(case.inputs, dict) else {}
-    partitions, mask = inputs.get("partitions"), inputs.get("mask")
-    if partitions is None or mask is None:
-        return None
-    from rlconform.harness.families.agg_loss import partition_rows
-
-    worst = None
-    for p in partitions:
-        nnz = [int(mask[a:b].sum()) for a, b in partition_rows(p)]
-        if nnz:
-            r = max(nnz) / max(1, min(nnz))
-            worst = r if worst is None else max(worst, r)
-    return worst
-
-
-class SampleReservoir:
-    """A bounded sample of per-example points ``{"imbalance", "abs_err", "rel_err", "ratio", "ok"}`` of a
-    partition op (``report.json`` finding field ``samples``; ``report.html`` plots error against shard
-    imbalance). Failing examples are kept first (up to half the cap), passing ones by reservoir
-    sampling with a fixed seed. ``ratio`` is error / tolerance, None where it is infinite."""
-
-    CAP = 50
-
-    def __init__(self, cap: int = CAP):
-        import random
-
-        self.cap = cap
-        self.fails: list[dict] = []
-        self.passes: list[dict] = []
-        self.seen_passes = 0
-        self._rng = random.Random(0)
-
-    def offer(self, case, outcome) -> None:
-        if case.property not in ("matches_reference", "partition_invariant"):  # no error to plot
-            return
-        imb = shard_imbalance(case)
-        if imb is None:
-            return
-        ratio = float(outcome.ratio)
-        point = {"imbalance": imb, "abs_err": float(outcome.max_abs_err), "rel_err": float(outcome.max_rel_err),
-                 "ratio": ratio if math.isfinite(ratio) else None, "ok": bool(outcome.ok)}
-        if not outcome.ok:  # shrinking replays many near-identical failures: keep distinct ones
-            if len(self.fails) < self.cap // 2 and point not in self.fails:
-                self.fails.append(point)
-            return
-        self.seen_passes += 1
-        room = self.cap - len(self.fails)
-        if len(self.passes) < room:
-            self.passes.append(point)
-        else:
-            j = self._rng.randrange(self.seen_passes)
-            if j < room:
-                self.passes[j] = point
-
-    def as_list(self) -> list[dict] | None:
-        return (self.fails + self.passes[: self.cap - len(self.fails)]) or None
-
-
-class FindingRecorder:
-    """Collects the examples of one finding: counts, worst errors, and the failing (shrunk) case."""
-
-    def __init__(self, state: State, case_id: str):
-        self.state = state
-        self.id = case_id
-        self.examples = 0
-        self.max_abs_err = 0.0
-        self.max_rel_err = 0.0
-        self.tolerance = None
-        self.current = None
-        self.failing = None
-        self.first_failure_at = None  # examples run until the first failing one (before shrinking)
-        self.shrink_steps = 0
-        self._best_ratio = -1.0
-        self.message = ""
-        self.unavailable_detail = None
-        self.binding_error = None
-        self.max_ratio = 0.0  # worst error / tolerance seen (> 1: a discrepancy)
-        self.samples = SampleReservoir()
-
-    def start(self, case) -> None:
-        """A new call of the check: counted as an example until the first failure, after that as a
-        shrinking step (hypothesis replays variants of the failing input)."""
-        self.current = case
-        if self.first_failure_at is None:
-            self.examples += 1
-        else:
-            self.shrink_steps += 1
-
-    def crashed(self) -> None:
-        """The engine raised on the current case."""
-        self.failing = self.current
-        if self.first_failure_at is None:
-            self.first_failure_at = self.examples
-
-    def observe(self, outcome) -> None:
-        self.max_abs_err = max(self.max_abs_err, outcome.max_abs_err)
-        self.max_rel_err = max(self.max_rel_err, outcome.max_rel_err)
-        self.max_ratio = max(self.max_ratio, outcome.ratio)
-        if self.current is not None:
-            self.samples.offer(self.current, outcome)
-        if not outcome.ok:  # the tolerance reported is the one the (last, shrunk) failure exceeded
-            self.failing = self.current
-            self.message = outcome.message
-            self.tolerance = outcome.tolerance or self.tolerance
-            if self.first_failure_at is None:
-                self.first_failure_at = self.examples
-        elif self.failing is None and outcome.tolerance and outcome.ratio >= self._best_ratio:
-            self._best_ratio, self.tolerance = outcome.ratio, outcome.tolerance
-
-    def save_reproducer(self) -> dict | None:
-        case = self.failing or self.current
-        if case is None:
-            return None
-        folder = os.path.join(self.state.out, "cases")
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"{self.id}.json")
-        doc = case.to_json()
-        b = self.state.binding
-        doc["engine"] = {"spec": b.spec, "path": b.path}
-        with open(path, "w") as fh:
-            json.dump(doc, fh)
-        return {"case_file": path, "command": f"rlconform replay {os.path.relpath(path)}"}
-
-
 @pytest.fixture
 def rlconform_finding(request, rlconform_state):
     rec = FindingRecorder(rlconform_state, request.node.callspec.id if hasattr(request.node, "callspec") else request.node.name)
@@ -339,38 +343,43 @@ def rlconform_finding(request, rlconform_state):
     return rec
 
 
-def _classify(excinfo) -> str:
-    """discrepancy if any failure in the (possibly grouped) exception is a PropertyFailure, crash if
-    the engine raised (EngineCrash) or anything else went wrong."""
-    from rlconform.properties.checks import PropertyFailure
-
-    exc = excinfo.value if excinfo is not None else None
-    pending, found = [exc], set()
-    while pending:
-        e = pending.pop()
-        if isinstance(e, PropertyFailure):
-            found.add("discrepancy")
-        elif isinstance(e, BaseExceptionGroup):
-            pending.extend(e.exceptions)
-        else:
-            found.add("crash")
-    return "discrepancy" if "discrepancy" in found else "crash"
+# ------------------------------------------------------------------------------------------------
+# the process that runs the engine: one finding
 
 
-def _crash_message(exc: BaseException) -> str:
-    """The engine's own error when it is inside (possibly grouped, possibly flaky) hypothesis errors."""
-    from rlconform.harness.evaluation import EngineCrash
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Around one finding: known torch state in, deadline armed, in-flight record kept; an engine's
+    ``KeyboardInterrupt``/``SystemExit`` becomes its crash; torch state it left changed, a crash."""
+    rec: FindingRecorder | None = getattr(item, "_rlconform_recorder", None)
+    if rec is None:
+        return (yield)
+    state = rec.state
+    from rlconform.harness.isolated import arm_deadline
 
-    pending = [exc]
-    while pending:
-        e = pending.pop(0)
-        if isinstance(e, EngineCrash):
-            flaky = " (it did not fail again when hypothesis replayed the case)" if exc is not e and \
-                type(exc).__name__ == "FlakyFailure" else ""
-            return f"{e}{flaky}"[:4000]
-        if isinstance(e, BaseExceptionGroup):
-            pending.extend(e.exceptions)
-    return f"{type(exc).__name__}: {exc}"[:4000]
+    torch_state.restore(state.torch_baseline)
+    if state.inflight is not None:
+        state.inflight.begin(rec.id)
+    if state.worker and state.fault_file is not None:
+        arm_deadline(state.deadline, state.fault_file)
+    try:
+        result = yield
+    except (KeyboardInterrupt, SystemExit) as exc:  # raised outside an example (import, corpus replay...)
+        if not interrupts.engine_raised(exc):
+            raise  # a real interrupt (or one this process cannot tell apart from the engine's)
+        rec.crashed()
+        raise EngineAbort(exc) from exc
+    finally:
+        if state.worker and state.fault_file is not None:
+            arm_deadline(None, state.fault_file)
+        changed = torch_state.changes(state.torch_baseline, torch_state.snapshot())
+        torch_state.restore(state.torch_baseline)
+        if state.inflight is not None:
+            state.inflight.end()
+    if changed:
+        rec.crashed()
+        raise FindingStateChanged(changed)
+    return result
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -380,43 +389,36 @@ def pytest_runtest_makereport(item, call):
     rec: FindingRecorder | None = getattr(item, "_rlconform_recorder", None)
     if rec is None or report.when != "call" and not (report.when == "setup" and report.failed):
         return
-    op, prop, dtype, regime = item.callspec.params["rlconform_case"]
+    params = item.callspec.params["rlconform_case"]
     listed = rec.id in rec.state.xfails
     tb = None
+    exc = call.excinfo.value if call.excinfo is not None else None
     if rec.unavailable_detail is not None:
         status = "xfail" if listed else "unavailable"
     elif hasattr(report, "wasxfail") and report.skipped:
-        status = "xfail"
+        status = "error" if classify(exc) == "error" else "xfail"
     elif report.passed and listed:
         status = "xpass"
     elif report.passed:
         status = "pass"
-    elif report.failed and listed:  # strict xfail that passed shows as failed
+    elif report.failed and listed and exc is None:  # strict xfail that passed shows as failed
         status = "xpass"
     else:
-        status = _classify(call.excinfo)
-        tb = "".join(traceback.format_exception(call.excinfo.value))[-30000:] if call.excinfo else None
+        status = classify(exc)
+        if status != "error" and listed:
+            status = "xfail"
+        tb = format_traceback(exc) if exc is not None else None
     if status == "xpass":
         rec.message = "listed in the xfails ledger but now passes: remove it from the ledger"
-    elif status == "crash" and call.excinfo is not None and not rec.message:
-        rec.message = _crash_message(call.excinfo.value)
+    elif status == "error" and exc is not None:
+        rec.message = error_message(exc)
+        tb = format_traceback(exc)
+    elif status in ("crash", "xfail") and exc is not None and classify(exc) == "crash" and not rec.message:
+        rec.message = crash_message(exc)
     if status == "xfail" and not rec.message:
         rec.message = str(getattr(report, "wasxfail", ""))
     reproducer = rec.save_reproducer() if status in ("discrepancy", "crash", "xfail") else None
-    finding = {
-        "id": rec.id, "op": op, "property": prop, "dtype": dtype, "regime": regime, "status": status,
-        "examples": rec.examples,
-        "examples_to_first_failure": rec.first_failure_at,
-        "shrink_steps": rec.shrink_steps,
-        "max_abs_err": rec.max_abs_err, "max_rel_err": rec.max_rel_err,
-        "tolerance": rec.tolerance, "message": rec.unavailable_detail or rec.message,
-        "worst_input": (rec.failing or rec.current).summary() if status in ("discrepancy", "crash", "xfail")
-        and (rec.failing or rec.current) else None,
-        "reproducer": reproducer, "traceback": tb, "xfail_listed": listed,
-        "binding_error": rec.binding_error,
-        "max_ratio": rec.max_ratio if math.isfinite(rec.max_ratio) else None,
-        "samples": rec.samples.as_list(),
-    }
+    finding = finding_entry(rec, params, status, tb, reproducer)
     report.user_properties.append(("rlconform_finding", finding))
     # JUnit XML (--junitxml) writes the *teardown* report's user_properties, which are copied from the
     # item: give it scalar properties (the finding dict would be written as its str())
@@ -427,13 +429,87 @@ def pytest_runtest_makereport(item, call):
             item.user_properties.append((f"rlconform_{name}", value))
 
 
+# ------------------------------------------------------------------------------------------------
+# the process that writes the report
+
+
+class _StopRun(KeyboardInterrupt):
+    """Ends the run from a hook (pytest and xdist stop on a KeyboardInterrupt); ``State.error`` says why."""
+
+
+def _controller_state() -> State | None:
+    return _CONTROLLER_STATE.get("state")
+
+
 def pytest_runtest_logreport(report):
-    state = _CONTROLLER_STATE.get("state")
+    state = _controller_state()
     if state is None or state.writer is None:
         return
+    from rlconform.harness.report import ReportWriteError
+
     for name, value in report.user_properties:
         if name == "rlconform_finding":
-            state.writer.add(value)
+            try:
+                state.writer.add(value)
+            except ReportWriteError as exc:
+                state.error = str(exc)
+                raise _StopRun(state.error) from None
+    interrupts.check()  # an interrupt swallowed anywhere in this process ends the run here
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
+def pytest_testnodeready(node):
+    state = _controller_state()
+    if state is not None:
+        state.nodes[node.gateway.id] = node
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
+def pytest_testnodedown(node, error):
+    state = _controller_state()
+    if state is not None:
+        state.nodes.pop(node.gateway.id, None)
+
+
+def _popen(node):
+    return getattr(getattr(node.gateway, "_io", None), "popen", None)
+
+
+def _exitcode(node) -> int | None:
+    popen = _popen(node)
+    if popen is None:
+        return None
+    try:
+        return popen.wait(timeout=10)
+    except Exception:  # noqa: BLE001 - still running or not ours to wait for
+        return popen.poll()
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook
+def pytest_handlecrashitem(crashitem, report, sched):
+    """xdist: the worker running ``crashitem`` died. Make that finding a ``crash`` with what is known."""
+    state = _controller_state()
+    m = _FID.search(crashitem)
+    if state is None or m is None:
+        return
+    from rlconform.harness.inflight import read_inflight
+    from rlconform.harness.isolated import describe_exit, read_fault_log
+
+    node = report.node
+    wid = node.gateway.id
+    code = _exitcode(node)
+    fault, timed_out = read_fault_log(os.path.join(state.rundir, f"{wid}.fault")) if state.rundir else ("", False)
+    inflight = read_inflight(os.path.join(state.rundir, f"{wid}.case")) if state.rundir else None
+    description = describe_exit(code, timed_out=timed_out, deadline_s=state.deadline)
+    fid = m.group(1)
+    b = state.binding
+    try:
+        entry = dead_process_entry(fid, fid in state.xfails, description, fault, inflight, state.out, b.spec, b.path)
+    except Exception as exc:  # noqa: BLE001 - a crash finding without a reproducer is better than none
+        entry = dead_process_entry(fid, fid in state.xfails, description + f" (reproducer not saved: {exc})",
+                                   fault, None, state.out, b.spec, b.path)
+    report.user_properties.append(("rlconform_finding", entry))
+    report.longrepr = f"{crashitem}: {description}"
 
 
 _CONTROLLER_STATE: dict = {}
@@ -442,12 +518,45 @@ _CONTROLLER_STATE: dict = {}
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session):
     state = _state(session.config)
-    if state is not None:
+    if state is None:
+        return
+    if not state.worker:
         _CONTROLLER_STATE["state"] = state
+    elif state.fault_file is not None:  # after pytest's own faulthandler set-up, which writes to stderr
+        import faulthandler
+
+        faulthandler.enable(file=state.fault_file, all_threads=True)
 
 
+def _kill_workers(state: State) -> None:
+    for node in list(state.nodes.values()):
+        popen = _popen(node)
+        if popen is not None and popen.poll() is None:
+            try:
+                popen.kill()
+            except OSError:
+                pass
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     state = _state(session.config)
-    if state is not None and state.writer is not None:
-        interrupted = exitstatus in (2,)  # pytest.ExitCode.INTERRUPTED
-        state.writer.write(complete=not interrupted)
+    if state is None or state.writer is None:
+        return
+    interrupted = interrupts.received() is not None or (exitstatus == 2 and state.error is None)
+    if interrupted or state.error:
+        _kill_workers(state)  # before xdist's own teardown, which would wait for a busy worker
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None and hasattr(tr, "_report_keyboardinterrupt"):
+            tr._report_keyboardinterrupt = lambda: None  # the summary says what happened, without a traceback
+    recorded = set(state.writer.findings)
+    not_run = sorted(state.expected() - recorded)
+    state.writer.run["not_run"] = not_run
+    state.writer.run["interrupted"] = interrupted
+    from rlconform.harness.report import ReportWriteError
+
+    try:
+        state.writer.write(complete=not interrupted and not not_run and state.error is None)
+    except ReportWriteError as exc:
+        state.error = state.error or str(exc)
+    _CONTROLLER_STATE["result"] = {"interrupted": interrupted, "not_run": not_run, "error": state.error}

@@ -9,8 +9,10 @@ Schema ``rlconform.report/1``::
 
     {"schema": "rlconform.report/1", "tool": {"name", "version"},
      "engine": {"name", "spec", "version", "path", "revision"},
-     "run": {"started", "finished", "complete", "profile", "seed", "command", "python", "torch"},
-     "summary": {"pass": n, "discrepancy": n, "crash": n, "unavailable": n, "xfail": n, "xpass": n},
+     "run": {"started", "finished", "complete", "profile", "seed", "command", "python", "torch",
+             "not_run": [finding ids selected but never run (a run that ended early), when known],
+             "interrupted": true when Ctrl-C / SIGTERM ended it},
+     "summary": {"pass": n, "discrepancy": n, "crash": n, "error": n, "unavailable": n, "xfail": n, "xpass": n},
      "findings": [{"id", "op", "property", "dtype", "regime", "status", "examples", "max_abs_err",
                    "max_rel_err", "tolerance", "message", "worst_input", "reproducer": {"case_file",
                    "command"} | null, "traceback", "xfail_listed",
@@ -27,9 +29,15 @@ Schema ``rlconform.report/1``::
 ``partition_invariant`` only): at most 50 examples of the finding, failing ones first, with the shard
 imbalance of the example (max shard nnz / max(1, min shard nnz), worst partition) and its errors.
 
-Status: ``pass``, ``discrepancy``, ``crash`` (the engine raised), ``unavailable`` (the op could not be
-loaded), ``xfail`` (a discrepancy listed in the ``--xfails`` ledger), ``xpass`` (listed but now
+Status: ``pass``, ``discrepancy``, ``crash`` (the engine raised, killed or hung its process, or left
+torch's global state changed), ``error`` (the harness could not check the finding — a corrupt corpus
+file, a strategy or plugin error — never the engine's fault; exit code 2), ``unavailable`` (the op could
+not be loaded), ``xfail`` (a discrepancy listed in the ``--xfails`` ledger), ``xpass`` (listed but now
 passes: remove it from the ledger; counts as a failure).
+
+``complete`` is true only when the run ended normally *and* every selected finding was recorded.
+A report that cannot be written (disk full, unwritable folder, out of memory) raises
+:class:`ReportWriteError`.
 """
 
 from __future__ import annotations
@@ -43,9 +51,13 @@ from importlib import metadata
 from rlconform.harness.atomic_write import atomic_write
 
 SCHEMA = "rlconform.report/1"
-STATUSES = ("discrepancy", "crash", "xpass", "unavailable", "xfail", "pass")
+STATUSES = ("discrepancy", "crash", "error", "xpass", "unavailable", "xfail", "pass")
 #: statuses that make a run red: an unavailable op too (a renamed or broken function must not pass CI)
-FAILING = ("discrepancy", "crash", "xpass", "unavailable")
+FAILING = ("discrepancy", "crash", "error", "xpass", "unavailable")
+
+
+class ReportWriteError(Exception):
+    """The report could not be written; the message names the file and the reason."""
 
 
 def tool_version() -> str:
@@ -114,12 +126,18 @@ class ReportWriter:
         return annotate(doc)
 
     def write(self, *, complete: bool | None = None) -> None:
+        """Rewrite report.json and report.md (and, when the run ends, report.html); raise
+        :class:`ReportWriteError` if they cannot be written."""
         if complete is not None:
             self.run["complete"] = complete
             self.run["finished"] = _now()
-        doc = self.document()
-        _atomic_write(self.json_path, json.dumps(doc, indent=1, default=str) + "\n")
-        _atomic_write(self.md_path, render_markdown(doc))
+        try:
+            doc = self.document()
+            _atomic_write(self.json_path, json.dumps(doc, indent=1, default=str) + "\n")
+            _atomic_write(self.md_path, render_markdown(doc))
+        except (OSError, MemoryError) as exc:
+            what = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ReportWriteError(f"cannot write the report in {self.out_dir}: {what}") from exc
         if complete is not None:  # the plots take ~1 s: render report.html once, when the run ends
             self.write_html(doc)
 
@@ -158,7 +176,10 @@ def render_markdown(doc: dict) -> str:
         f"engine spec `{eng.get('spec')}`" + (f", path `{eng['path']}`" if eng.get("path") else "")
         + (f", revision `{eng['revision']}`" if eng.get("revision") else "")
         + f"; rlconform {doc['tool']['version']}; "
-        + ("complete run" if doc["run"].get("complete") else "**incomplete run** (interrupted or still running)"),
+        + ("complete run" if doc["run"].get("complete") else "**incomplete run** (" + (
+            "interrupted" if doc["run"].get("interrupted") else
+            f"{len(doc['run']['not_run'])} selected finding(s) not run" if doc["run"].get("not_run") else
+            "interrupted or still running") + ")"),
         "",
         " · ".join(f"{k}: **{v}**" for k, v in s.items() if v),
         "",

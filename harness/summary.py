@@ -7,11 +7,11 @@ from rich.table import Table
 
 from rlconform.harness.catalog import FLOAT_DTYPES
 
-_ORDER = ("crash", "discrepancy", "xpass", "unavailable", "xfail", "pass")
-_STYLE = {"crash": "bold red", "discrepancy": "bold red", "xpass": "bold magenta", "unavailable": "yellow",
-          "xfail": "cyan", "pass": "green"}
-_SHORT = {"crash": "CRASH", "discrepancy": "FAIL", "xpass": "XPASS", "unavailable": "n/a", "xfail": "xfail",
-          "pass": "ok"}
+_ORDER = ("crash", "discrepancy", "error", "xpass", "unavailable", "xfail", "pass")
+_STYLE = {"crash": "bold red", "discrepancy": "bold red", "error": "bold yellow", "xpass": "bold magenta",
+          "unavailable": "yellow", "xfail": "cyan", "pass": "green"}
+_SHORT = {"crash": "CRASH", "discrepancy": "FAIL", "error": "ERROR", "xpass": "XPASS", "unavailable": "n/a",
+          "xfail": "xfail", "pass": "ok"}
 
 
 def print_summary(doc: dict, console: Console | None = None) -> None:
@@ -43,8 +43,12 @@ def print_summary(doc: dict, console: Console | None = None) -> None:
     s = doc["summary"]
     console.print("  ".join(f"{k}: {v}" for k, v in s.items() if v) or "no findings")
     if not doc["run"].get("complete"):
-        console.print("[bold yellow]INCOMPLETE RUN[/] (interrupted): the report holds the findings made so far")
-    bad = [f for f in doc["findings"] if f["status"] in ("discrepancy", "crash", "xpass", "unavailable")]
+        not_run = doc["run"].get("not_run") or []
+        why = "interrupted" if doc["run"].get("interrupted") or not not_run else \
+            f"{len(not_run)} selected finding(s) not run, e.g. {not_run[0]}"
+        console.print(f"[bold yellow]INCOMPLETE RUN[/] ({why}): the report holds the findings made so far",
+                      highlight=False)
+    bad = [f for f in doc["findings"] if f["status"] in ("discrepancy", "crash", "error", "xpass", "unavailable")]
     for f in bad[:12]:
         first = (f.get("message") or "").strip().splitlines()[:1]
         console.print(f"[{_STYLE[f['status']]}]{f['status']}[/] {f['id']}: {first[0] if first else ''}"[:400],

@@ -1,7 +1,9 @@
 """The adopter's ledger of known discrepancies (``--xfails FILE``).
 
 One finding id per line (``op.property.dtype.regime``, as printed in reports), ``#`` starts a comment,
-blank lines are ignored. A listed finding that fails is reported ``xfail``; one that now passes is
+blank lines are ignored. The file is UTF-8 (a byte-order mark, as some editors write, is accepted); a
+file that is not UTF-8 is an :class:`XfailsError` naming the line. A finding listed twice is accepted
+with a warning naming both lines (``warnings``). A listed finding that fails is reported ``xfail``; one that now passes is
 reported ``xpass`` and fails the run, so the ledger is kept honest (array-api-tests style).
 """
 
@@ -19,14 +21,23 @@ class XfailsError(BindingError):
     """The ledger is malformed; the message names the file and line."""
 
 
-def parse_xfails(path: str, extra_ops: tuple[str, ...] = ()) -> dict[str, str]:
-    """Return ``{finding id: comment}``; raise :class:`XfailsError` naming ``path:line`` on a bad line."""
+def parse_xfails(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str] | None = None) -> dict[str, str]:
+    """Return ``{finding id: comment}``; raise :class:`XfailsError` naming ``path:line`` on a bad line.
+    Duplicate lines are appended to ``warnings`` (when given) as ``path:line: ...`` messages."""
     try:
-        with open(path) as fh:
-            lines = fh.read().splitlines()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError as exc:
-        raise XfailsError(f"cannot read xfails file {path}: {exc.strerror}") from exc
+        raise XfailsError(f"cannot read xfails file {path}: {exc.strerror or exc}") from exc
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise XfailsError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the ledger as "
+                          f"UTF-8") from None
+    lines = text.splitlines()
     out: dict[str, str] = {}
+    first_line: dict[str, int] = {}
     for n, raw in enumerate(lines, 1):
         text, _, comment = raw.partition("#")
         text = text.strip()
@@ -52,5 +63,11 @@ def parse_xfails(path: str, extra_ops: tuple[str, ...] = ()) -> dict[str, str]:
                                   f"(one of {', '.join(info.regimes)})")
             if dtype not in info.regimes[regime]:
                 raise XfailsError(f"{path}:{n}: regime {regime!r} of {op!r} is not checked in {dtype}")
+        if text in first_line:
+            if warnings is not None:
+                warnings.append(f"{path}:{n}: {text} is listed again (first on line {first_line[text]}); "
+                                f"the duplicate line is ignored")
+            continue
+        first_line[text] = n
         out[text] = comment.strip()
     return out

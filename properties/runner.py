@@ -5,25 +5,80 @@ Resolves the op (an unavailable one is skipped and recorded), replays the corpus
 counterexamples first, then draws examples, records each outcome in the finding recorder, climbs the
 error/tolerance ratio with ``target()`` and raises :class:`PropertyFailure` with a uniform message and
 a reproducer command.
+
+What a failure is, and what it costs:
+
+* a discrepancy (:class:`PropertyFailure`) and an engine that raised (:class:`EngineCrash`) are shrunk
+  by hypothesis as usual;
+* a distributed case whose rank died, hung or raised (an ``EngineCrash`` caused by
+  :class:`~rlconform.harness.pool.RankFailure`) is *not* shrunk: every replay would respawn the worker
+  pool (seconds each) or wait out a deadline (minutes). The finding fails at once with that case;
+* an engine that raises ``KeyboardInterrupt`` / ``SystemExit`` (no interrupt received) is a crash
+  (:class:`EngineAbort`), not shrunk either;
+* an exception of the check itself on the engine's output (a returned object the harness cannot read)
+  is an engine crash too (:class:`CheckRaised`); an error anywhere else (strategy, corpus) is the
+  harness's, and is reported as such by the plugin, never as the engine's crash.
 """
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 from hypothesis import given, seed, settings, target
 
-from rlconform.harness.binding import BindingError, OpUnavailable
+from rlconform.harness import interrupts
+from rlconform.harness.binding import BindingError, OpUnavailable, VariantNotProvided
 from rlconform.harness.evaluation import EngineCrash
-from rlconform.properties.case import Case
+from rlconform.harness.pool import PoolStartupError, RankFailure
+from rlconform.properties.case import Case, CaseError
 from rlconform.properties.checks import PropertyFailure
 from rlconform.properties.corpus import replay_corpus
 
 
+class CheckRaised(Exception):
+    """The check raised (not the engine's call itself) while handling what the engine returned."""
+
+    def __init__(self, case: Case, exc: BaseException):
+        super().__init__(f"checking {case.finding_id} raised {type(exc).__name__}: {exc} (on what the engine "
+                         f"returned: an output of an unexpected type or shape is the likely cause)")
+
+
+class EngineAbort(Exception):
+    """The engine raised ``KeyboardInterrupt`` or ``SystemExit`` while no interrupt was received (see
+    :func:`rlconform.harness.interrupts.engine_raised`): the finding's crash, not an interrupt of the run."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(f"the engine raised {type(exc).__name__}({str(exc)!r}) (no Ctrl-C or SIGTERM was "
+                         f"received: this is the engine's doing, not an interrupt of the run)")
+
+
+class NoShrink(BaseException):
+    """Carries a failure past hypothesis without shrinking it (hypothesis only catches ``Exception``,
+    ``SystemExit`` and ``GeneratorExit``); :func:`run_finding` re-raises ``failure``."""
+
+    def __init__(self, failure: BaseException):
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+def replay_command(case_file: str, spec: str | None, engine_path: str | None = None) -> str:
+    """The one command that re-runs a saved case on the engine it failed on (``replay`` never takes the
+    engine from the case file)."""
+    cmd = ["rlconform", "replay", case_file]
+    if spec:
+        cmd += ["--engine", spec]
+    if engine_path:
+        cmd += ["--engine-path", engine_path]
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
 def failure_message(rec, case: Case, message: str) -> str:
     """The uniform failure text: finding id, engine, what failed, the input, the reproducer."""
-    return (f"{case.finding_id}: discrepancy (engine {rec.state.binding.spec})\n  {message.strip()}\n"
+    b = rec.state.binding
+    return (f"{case.finding_id}: discrepancy (engine {b.spec})\n  {message.strip()}\n"
             f"  input: {case.summary()}\n"
-            f"  reproduce: rlconform replay {rec.state.out}/cases/{case.finding_id}.json")
+            f"  reproduce: {replay_command(f'{rec.state.out}/cases/{case.finding_id}.json', b.spec, b.path)}")
 
 
 def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: int | None = None) -> None:
@@ -42,18 +97,29 @@ def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: 
         pytest.skip(str(exc))
 
     def check_one(case: Case):
+        interrupts.check()  # an interrupt something swallowed (e.g. hypothesis' gc callback) stops here
         rec.start(case)
         try:
             outcome = check(binding, case)
-        except EngineCrash:
+        except EngineCrash as exc:
             rec.crashed()
+            if isinstance(exc.__cause__, RankFailure):
+                raise NoShrink(exc) from exc
             raise
+        except (BindingError, OpUnavailable, VariantNotProvided, CaseError, PoolStartupError):  # not the engine's fault
+            raise
+        except (KeyboardInterrupt, SystemExit) as exc:
+            if not interrupts.engine_raised(exc):
+                raise
+            rec.crashed()
+            raise NoShrink(EngineAbort(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - see CheckRaised
+            rec.crashed()
+            raise CheckRaised(case, exc) from exc
         rec.observe(outcome)
         if not outcome.ok:
             raise PropertyFailure(failure_message(rec, case, outcome.message))
         return outcome
-
-    replay_corpus(state.corpus, rec.id, check_one)
 
     hsettings = state.settings
     if max_examples is not None:
@@ -69,4 +135,8 @@ def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: 
     run.hypothesis.inner_test._hypothesis_internal_add_digest = rec.id.encode()
     if state.seed is not None:
         run = seed(state.seed)(run)
-    run()
+    try:
+        replay_corpus(state.corpus, rec.id, check_one)
+        run()
+    except NoShrink as exc:
+        raise exc.failure

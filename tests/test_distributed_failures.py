@@ -90,6 +90,8 @@ def test_hung_and_killed_ranks_fail_their_cases_and_the_run_completes(tmp_path):
         assert "--- rank 0 ---" in f["traceback"] and "--- rank 1 ---" in f["traceback"], f["traceback"][-2000:]
     assert "hung" in hung["message"] and "failing_ranks.py" in hung["traceback"]  # the hung frame
     assert "died" in died["message"] and "SIGKILL" in died["traceback"]
+    # a rank failure is not shrunk: each replay would respawn the pool (or wait out the deadline)
+    assert hung["shrink_steps"] == 0 and died["shrink_steps"] == 0, (hung["shrink_steps"], died["shrink_steps"])
     # the rest of the run completed: every other finding was checked and passes
     others = [f for f in doc["findings"] if f["status"] != "crash"]
     assert others and all(f["status"] == "pass" for f in others)

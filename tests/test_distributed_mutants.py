@@ -216,7 +216,8 @@ def test_a_case_runs_unchanged_under_torchrun(tmp_path):
     path.write_text(json.dumps(doc))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "--module", "rlconform.harness.cli",
-                           "replay", str(path)], capture_output=True, text=True, timeout=300, env=env)
+                           "replay", str(path), "--engine", "mutants.cp_count_not_reduced"],
+                          capture_output=True, text=True, timeout=300, env=env)
     out = proc.stdout + proc.stderr
     assert out.count("DISCREPANCY") == 2, out[-3000:]  # both ranks evaluate the gathered results
     assert "engine 2.0 vs reference 1.0" in out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -66,7 +67,9 @@ def test_mutant_is_caught(name, tmp_path):
     # every discrepancy (or expected crash) comes with a reproducer that replays to the same verdict
     verdict = "discrepancy" if pairs else "crash"
     bad = [f for f in doc["findings"] if f["status"] == verdict]
-    replay = run_cli("replay", bad[0]["reproducer"]["case_file"])
+    command = shlex.split(bad[0]["reproducer"]["command"])  # the command the report prints, engine included
+    assert command[:2] == ["rlconform", "replay"] and command[command.index("--engine") + 1] == f"mutants.{name}"
+    replay = run_cli(*command[1:])
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert verdict.upper() in replay.stdout
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,11 +34,12 @@ def test_report_schema_and_reproducer(tmp_path):
     assert REQUIRED <= set(finding)
     assert finding["status"] == "discrepancy" and finding["max_abs_err"] > 0
     assert os.path.exists(finding["reproducer"]["case_file"])
-    assert finding["reproducer"]["command"].startswith("rlconform replay ")
+    command = shlex.split(finding["reproducer"]["command"])
+    assert command[:2] == ["rlconform", "replay"] and "--engine" in command  # replay never trusts the case's engine
     md = (out / "report.md").read_text()
     assert "discrepancy" in md and "metric_pipeline" in md
     # the reproducer replays to the same verdict, and a fixed engine passes it
-    assert cli("replay", finding["reproducer"]["case_file"]).returncode == 1
+    assert cli(*command[1:]).returncode == 1
     fixed = cli("replay", finding["reproducer"]["case_file"], "--engine", "reference")
     assert fixed.returncode == 0 and "PASS" in fixed.stdout
 

@@ -1,0 +1,101 @@
+"""Kinds 4 and 8 of issue 14: one report folder, one run; and no leftovers of another run in it.
+
+* a second run on a folder that a run holds (the ``fcntl`` lock of :mod:`rlconform.harness.outdir`)
+  stops at once with a clear error (exit 2) naming the holder;
+* ``--out`` that is a file, or cannot be created: exit 2 with a message, no traceback;
+* a reused folder loses the previous run's ``report.*``, reproducers and ``.tmp-*`` files (what a
+  killed run leaves), and keeps everything else;
+* a failed atomic write leaves no ``.tmp-*`` file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from rlconform.harness.cli import main
+from rlconform.harness.outdir import OutDirError, claim
+
+
+def test_a_held_folder_is_refused_with_the_holders_pid(tmp_path, capsys):
+    out = tmp_path / "out"
+    with claim(str(out)):
+        with pytest.raises(OutDirError, match=f"pid {os.getpid()}"):
+            claim(str(out))
+        code = main(["check", "--engine", "reference", "--op", "masked_sum", "--out", str(out)])
+        err = capsys.readouterr().err
+        assert code == 2 and "another rlconform run" in err and str(os.getpid()) in err
+    with claim(str(out)):  # released: usable again
+        pass
+
+
+def test_out_that_is_a_file_or_cannot_be_created(tmp_path, capsys):
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    assert main(["check", "--op", "masked_sum", "--out", str(f)]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert main(["check", "--op", "masked_sum", "--out", str(f / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot create the report folder" in err and "Traceback" not in err
+
+
+def test_a_reused_folder_keeps_nothing_of_the_previous_run(tmp_path):
+    out = tmp_path / "out"
+    (out / "cases").mkdir(parents=True)
+    old_case = out / "cases" / "entropy.matches_reference.float32.moderate.json"
+    old_case.write_text("{}")
+    (out / "report.html").write_text("<html>OLD RUN</html>")
+    (out / "report.json").write_text("{}")
+    (out / ".tmp-abc123report.json").write_text("{")  # what a kill during an atomic write leaves
+    (out / "notes.txt").write_text("mine")
+    (out / "cases" / "README").write_text("mine too")
+    with claim(str(out)):
+        pass
+    assert not old_case.exists() and not (out / ".tmp-abc123report.json").exists()
+    assert not (out / "report.html").exists() and not (out / "report.json").exists()
+    assert (out / "notes.txt").read_text() == "mine" and (out / "cases" / "README").exists()
+
+
+def test_a_failed_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from rlconform.harness import report as R
+
+    writer = R.ReportWriter(str(tmp_path), engine={"spec": "x"}, run={})
+
+    def no_space(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(R.os, "replace", no_space)
+    with pytest.raises(R.ReportWriteError, match="No space left on device"):
+        writer.write()
+    monkeypatch.undo()
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")] == []
+
+
+def test_memory_error_while_writing_the_report_is_a_report_error(tmp_path, monkeypatch):
+    from rlconform.harness import report as R
+
+    writer = R.ReportWriter(str(tmp_path), engine={"spec": "x"}, run={})
+
+    def out_of_memory(doc):
+        raise MemoryError
+
+    monkeypatch.setattr(R, "render_markdown", out_of_memory)
+    with pytest.raises(R.ReportWriteError, match="MemoryError"):
+        writer.write()
+
+
+@pytest.mark.slow
+def test_a_check_in_a_reused_folder_reports_only_itself(tmp_path):
+    out = tmp_path / "out"
+    (out / "cases").mkdir(parents=True)
+    (out / "cases" / "entropy.matches_reference.float32.moderate.json").write_text("{}")
+    (out / "report.html").write_text("<html>OLD RUN</html>")
+    code = main(["check", "--engine", "reference", "--op", "masked_sum", "--property", "matches_reference",
+                 "--dtype", "float64", "--max-examples", "2", "--out", str(out), "-q"])
+    assert code == 0
+    doc = json.loads((out / "report.json").read_text())
+    assert {f["op"] for f in doc["findings"]} == {"masked_sum"} and doc["run"]["complete"]
+    assert "OLD RUN" not in (out / "report.html").read_text()
+    assert not (out / "cases").exists()

@@ -1,0 +1,86 @@
+"""Kind 6 of issue 14: a hung or dying engine costs one deadline per finding, not one per example or per
+shrink step.
+
+* ``check --timeout S``: a finding whose engine hangs ends its worker after S seconds (faulthandler) and
+  is a crash saying so, with the engine's stack; the run goes on;
+* ``fuzz --timeout S``: the same for one example;
+* a distributed case whose ranks died, hung or raised is not shrunk (each replay would respawn the
+  worker pool or wait out a deadline): the finding fails on that first case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+
+BINDINGS = os.path.join(os.path.dirname(__file__), "bindings")
+HANG = os.path.join(BINDINGS, "hang.py")
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=900)
+
+
+@pytest.mark.slow
+def test_a_hung_finding_ends_at_its_deadline_with_the_engines_stack(tmp_path):
+    out = tmp_path / "out"
+    proc = cli("check", "--engine", HANG, "--op", "masked_mean", "--property", "matches_reference", "--dtype",
+               "float64", "--max-examples", "2", "--timeout", "5", "--out", str(out), "-q")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["run"]["complete"]
+    hung = next(f for f in doc["findings"] if f["regime"] == "all_off")
+    assert hung["status"] == "crash" and "exceeded the deadline of 5 s" in hung["message"]
+    assert "hang.py" in hung["traceback"] and "masked_mean" in hung["traceback"]  # where it hung
+    assert hung["examples"] == 1 and hung["reproducer"] is not None
+    assert {f["status"] for f in doc["findings"] if f is not hung} <= {"pass", "crash"}  # and the run went on
+
+
+def test_fuzz_reports_an_example_that_hangs(tmp_path):
+    proc = cli("fuzz", "--engine", HANG, "--op", "masked_mean", "--property", "matches_reference", "--dtype",
+               "float64", "--seconds", "3", "--timeout", "3", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "exceeded the deadline of 3 s" in proc.stderr and "hang.py" in proc.stderr
+
+
+class _State:
+    def __init__(self, out):
+        from hypothesis import HealthCheck, settings
+
+        self.settings = settings(max_examples=20, database=None, deadline=None, derandomize=True,
+                                 suppress_health_check=list(HealthCheck))
+        self.corpus, self.seed, self.out, self.xfails, self.inflight = None, None, out, {}, None
+        self.binding = type("B", (), {"spec": "fake", "path": None, "resolve": lambda self, op: None})()
+
+
+def test_a_rank_failure_is_not_shrunk(tmp_path, monkeypatch):
+    from rlconform.harness.pool import RankFailure
+    from rlconform.harness.recorder import FindingRecorder
+    from rlconform.properties import runner
+    from rlconform.properties.checks import EngineCrash
+
+    calls = []
+
+    def run_check(binding, case):  # every example "kills a rank"
+        calls.append(case)
+        try:
+            raise RankFailure("died", {0: "killed", 1: "completed"}, [0], 0.1)
+        except RankFailure as exc:
+            raise EngineCrash("vocab_parallel_entropy", exc) from exc
+
+    monkeypatch.setattr(runner, "run_check", run_check)
+    state = _State(str(tmp_path))
+    fid = ("cp_masked_mean", "matches_reference", "float32", "cp2_padded")
+    rec = FindingRecorder(state, ".".join(fid))
+    strategy = st.fixed_dictionaries({"values": st.just(np.ones((2, 4))), "n": st.integers(0, 1000)})
+    with pytest.raises(EngineCrash):
+        runner.run_finding(state.binding, fid, rec, state, strategy)
+    assert len(calls) == 1 and rec.examples == 1 and rec.shrink_steps == 0
+    assert rec.failing is calls[0]
