@@ -409,10 +409,15 @@ def cmd_replay(args) -> int:
                 f"named by a case file. To run it on that engine, say so: rlconform replay {args.case_file} "
                 f"--engine {named}" + (f" --engine-path {recorded['path']}" if recorded.get("path") else ""))
         spec = "reference"
-    print(f"replaying {case.finding_id} on engine {spec}")
-    print(f"  input: {case.summary()}")
     from rlconform.harness.pool import in_torchrun
 
+    if in_torchrun() and int(os.environ.get("RANK", "0")) != 0:
+        # every rank runs the case (it holds its shard of the collectives); only rank 0 prints the verdict and
+        # carries it in its exit code, so torchrun reports one failing rank, not one per rank (issue 15)
+        result = _replay_child(spec, args.engine_path, case.to_json())
+        return EXIT_USAGE if result["kind"] == "usage" else EXIT_CLEAN
+    print(f"replaying {case.finding_id} on engine {spec}")
+    print(f"  input: {case.summary()}")
     if in_torchrun():  # each rank is already a process of torchrun's: run in place
         result = _replay_child(spec, args.engine_path, case.to_json())
     else:
