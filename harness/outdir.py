@@ -22,7 +22,7 @@ __all__ = ["LOCK_NAME", "OutDir", "OutDirError", "claim"]
 
 LOCK_NAME = ".rlconform.lock"
 REPORT_FILES = ("report.json", "report.md", "report.html")
-_CASE_FILE = re.compile(r"^[A-Za-z0-9_]+\.[a-z_]+\.[a-z0-9]+\.[A-Za-z0-9_]+\.json$")
+_CASE_FILE = re.compile(r"^[A-Za-z0-9_]+\.[a-z_]+\.[a-z0-9]+\.[A-Za-z0-9_@+\-]+\.json$")
 _TMP_FILE = re.compile(r"^\.tmp-.*(report\.(json|md|html)|\.json)$")
 
 
