@@ -5,6 +5,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 OUT    ?= rlconform-report
 PYTEST_ARGS ?= -n 2
+# two engine worker processes for the checks (2 cores); override with CHECK_ARGS=...
+CHECK_ARGS ?= -n 2
 
 .PHONY: setup engines browser check-verl check-reference test reports clean
 
