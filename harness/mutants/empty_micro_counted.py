@@ -17,4 +17,4 @@ def _loss(loss_mat, mask, mode, info):
 
 
 EXPECTED = [("agg_loss", "partition_invariant")]
-binding = mutant("empty_micro_counted", __doc__, agg_loss=AggLoss(loss=_loss, micro_combine="mean", dp_combine="mean"))
+binding = mutant("empty_micro_counted", __doc__, agg_loss=AggLoss(loss=_loss, modes=("token-mean",), micro_combine="mean", dp_combine="mean"))

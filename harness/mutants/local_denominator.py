@@ -16,4 +16,4 @@ def _loss(loss_mat, mask, mode, info):
 
 
 EXPECTED = [("agg_loss", "matches_reference")]
-binding = mutant("local_denominator", __doc__, agg_loss=AggLoss(loss=_loss, micro_combine="sum", dp_combine="mean"))
+binding = mutant("local_denominator", __doc__, agg_loss=AggLoss(loss=_loss, modes=("token-mean",), micro_combine="sum", dp_combine="mean"))

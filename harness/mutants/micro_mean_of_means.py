@@ -25,4 +25,4 @@ def _mean_of_nonempty(values):
 
 EXPECTED = [("agg_loss", "matches_reference"), ("agg_loss", "partition_invariant")]
 binding = mutant("micro_mean_of_means", __doc__,
-                 agg_loss=AggLoss(loss=_loss, micro_combine=_mean_of_nonempty, dp_combine="mean"))
+                 agg_loss=AggLoss(loss=_loss, modes=("token-mean",), micro_combine=_mean_of_nonempty, dp_combine="mean"))

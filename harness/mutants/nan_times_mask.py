@@ -25,4 +25,4 @@ def _loss(loss_mat, mask, mode, info):
 
 EXPECTED = [("masked_mean", "mask_invariant"), ("agg_loss", "mask_invariant")]
 binding = mutant("nan_times_mask", __doc__, masked_mean=masked_mean,
-                 agg_loss=AggLoss(loss=_loss, micro_combine="sum", dp_combine="mean"))
+                 agg_loss=AggLoss(loss=_loss, modes=("token-mean",), micro_combine="sum", dp_combine="mean"))
