@@ -75,9 +75,12 @@ def test_mutant_is_caught(name, tmp_path):
 
 
 def test_reference_engine_passes_everything(tmp_path):
-    proc = run_cli("check", "--engine", "reference", "--out", str(tmp_path), "--profile", "ci", "-q", "-n", "2")
+    # every finding of the catalog (about 1400) with a few examples each: the full CI profile of the reference
+    # engine runs in `make reports`-sized time, not in the self-tests (benchmarks and the nightly profile do it)
+    proc = run_cli("check", "--engine", "reference", "--out", str(tmp_path), "--profile", "ci", "--max-examples", "4",
+                   "-q", "-n", "2")
     with open(tmp_path / "report.json") as fh:
         doc = json.load(fh)
     bad = [f"{f['id']}: {f['status']}: {f['message'][:300]}" for f in doc["findings"] if f["status"] != "pass"]
     assert proc.returncode == 0 and not bad, "\n".join(bad) + proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert doc["summary"]["pass"] >= 500
+    assert doc["summary"]["pass"] >= 1000
