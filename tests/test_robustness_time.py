@@ -64,7 +64,7 @@ def test_a_rank_failure_is_not_shrunk(tmp_path, monkeypatch):
     from rlconform.harness.pool import RankFailure
     from rlconform.harness.recorder import FindingRecorder
     from rlconform.properties import runner
-    from rlconform.properties.checks import EngineCrash
+    from rlconform.harness.evaluation import EngineCrash
 
     calls = []
 
@@ -75,12 +75,11 @@ def test_a_rank_failure_is_not_shrunk(tmp_path, monkeypatch):
         except RankFailure as exc:
             raise EngineCrash("vocab_parallel_entropy", exc) from exc
 
-    monkeypatch.setattr(runner, "run_check", run_check)
     state = _State(str(tmp_path))
     fid = ("cp_masked_mean", "matches_reference", "float32", "cp2_padded")
     rec = FindingRecorder(state, ".".join(fid))
     strategy = st.fixed_dictionaries({"values": st.just(np.ones((2, 4))), "n": st.integers(0, 1000)})
     with pytest.raises(EngineCrash):
-        runner.run_finding(state.binding, fid, rec, state, strategy)
+        runner.run_finding(state.binding, fid, rec, state, strategy, check=run_check)
     assert len(calls) == 1 and rec.examples == 1 and rec.shrink_steps == 0
     assert rec.failing is calls[0]
