@@ -43,7 +43,10 @@ TOKEN_STATS = ("logsumexp", "token_logprobs", "entropy", "sum_pi_squared")
 ERR_FLOOR = 1e-18  # exact results are drawn on this line of the log axis
 PLOT_DPI = 80
 #: tracebacks shown on the page: crashes only (a discrepancy's traceback is pytest's own frames), tail only
-TRACEBACK_CHARS = 4000
+TRACEBACK_CHARS = 1200
+#: a finding card shows at most this much of its message and worst input (the full text is in report.json):
+#: keeps report.html of a real engine's ~1000 findings one page under 500 KB
+MESSAGE_CHARS = 240
 SEVERITY_COLOR = {"wrong": "#b3261e", "destructive": "#a142f4", "imprecise": "#e37400"}
 
 
@@ -309,8 +312,8 @@ input feature) across dtypes and regimes; most severe first; the reproducer is t
 <div class="nums">{{ f.examples }} examples{% if f.examples_to_first_failure %} (first failure at example
 {{ f.examples_to_first_failure }}){% endif %} · max abs err {{ fmt(f.max_abs_err) }} · max rel err
 {{ fmt(f.max_rel_err) }} · tolerance {{ fmt(f.tolerance) }}{% if f.xfail_listed %} · listed in the ledger{% endif %}</div>
-{% if f.message %}<pre>{{ f.message }}</pre>{% endif %}
-{% if f.worst_input %}<div>worst input:</div><pre>{{ f.worst_input }}</pre>{% endif %}
+{% if f.message %}<pre>{{ f.message | truncate(msg_chars, True, " …(full text in report.json)") }}</pre>{% endif %}
+{% if f.worst_input %}<div>worst input:</div><pre>{{ f.worst_input | truncate(msg_chars, True, " …") }}</pre>{% endif %}
 {% if f.reproducer %}<div>reproduce:</div><pre class="cmd"><code>{{ f.reproducer.command }}</code></pre>{% endif %}
 {% if f.traceback and f.status == "crash" %}<details><summary>traceback (tail)</summary><pre>{{ f.traceback[-tb_chars:] }}</pre></details>{% endif %}
 </div>{% endfor %}
@@ -361,7 +364,7 @@ def render_html(doc: dict) -> str:
         statuses=statuses, colors=STATUS_COLOR, dtypes=FLOAT_DTYPES, grid=_grid(findings),
         plots=make_plots(doc), bad=[f for f in findings if f["status"] != "pass"], findings=findings,
         fmt=_fmt, ratio=_ratio_of, defects=doc.get("defects") or [], sev_colors=SEVERITY_COLOR,
-        triage_line=_triage_line(doc), tb_chars=TRACEBACK_CHARS)
+        triage_line=_triage_line(doc), tb_chars=TRACEBACK_CHARS, msg_chars=MESSAGE_CHARS)
 
 
 def _triage_line(doc: dict) -> str:
