@@ -479,6 +479,26 @@ def _fuzz_child(params: dict, emit=None) -> dict:
                          "best_ratio": t.best_ratio if math.isfinite(t.best_ratio) else None} for t in fz.targets]}
 
 
+_RANK = {"crash": 3, "found": 2, "known": 2, "error": 1, "unavailable": 1}
+
+
+def _merge_runs(per_run: list[dict[str, dict]]) -> dict[str, dict]:
+    """One entry per finding over the children that fuzzed it: examples and seconds added up; the
+    status a crash, else a counterexample, else the last child's."""
+    merged: dict[str, dict] = {}
+    for run in per_run:
+        for tid, t in run.items():
+            old = merged.get(tid)
+            if old is None:
+                merged[tid] = dict(t)
+                continue
+            new = dict(t) if _RANK.get(t.get("status"), 0) >= _RANK.get(old.get("status"), 0) else dict(old)
+            new["examples"] = (old.get("examples") or 0) + (t.get("examples") or 0)
+            new["seconds"] = (old.get("seconds") or 0.0) + (t.get("seconds") or 0.0)
+            merged[tid] = new
+    return merged
+
+
 def cmd_fuzz(args) -> int:
     """Supervise fuzzing children: each runs the engine; the verdict is decided here."""
     from rlconform.harness import interrupts
@@ -499,16 +519,19 @@ def cmd_fuzz(args) -> int:
     params = {"engine": args.engine, "engine_path": args.engine_path, "op": args.op, "property": args.property,
               "dtype": args.dtype, "corpus": args.corpus, "db": args.db, "seed": args.seed,
               "shrink_seconds": args.shrink_seconds, "timeout": args.timeout, "quiet": args.quiet, "exclude": []}
-    merged: dict[str, dict] = {}
+    per_run: list[dict[str, dict]] = []  # what each child reported, finding id -> target (as a dict)
     crashed: dict[str, str] = {}
     runs, interrupted = [], False
     while True:
         current: dict = {}
+        seen: dict[str, dict] = {}
+        per_run.append(seen)
 
-        def on_event(ev: dict) -> None:
+        def on_event(ev: dict, seen=seen, current=current) -> None:
             if "found" in ev:  # kept even if this child dies later
-                merged[ev["found"]["id"]] = ev["found"]
-            current.update({k: v for k, v in ev.items() if k == "current"})
+                seen[ev["found"]["id"]] = ev["found"]
+            if "current" in ev:
+                current["current"] = ev["current"]
 
         params["seconds"] = seconds - (time.monotonic() - t0)
         try:
@@ -526,10 +549,9 @@ def cmd_fuzz(args) -> int:
                 print("rlconform: error: loading the engine ended its process (see above)", file=sys.stderr)
                 return EXIT_USAGE
             crashed[tid] = exc.description
-            merged.setdefault(tid, {"id": tid})["status"] = "crash"
-            merged[tid]["message"] = exc.description
-            params["exclude"] = sorted(set(params["exclude"]) | {tid} |
-                                       {i for i, t in merged.items() if t.get("status") in ("found", "known")})
+            seen[tid] = {"id": tid, "status": "crash", "message": exc.description}
+            done = {i for run in per_run for i, t in run.items() if t.get("status") in ("found", "known", "crash")}
+            params["exclude"] = sorted(set(params["exclude"]) | done)
             if interrupts.received() is not None or seconds - (time.monotonic() - t0) <= 1.0:
                 interrupted = interrupts.received() is not None
                 break
@@ -543,16 +565,10 @@ def cmd_fuzz(args) -> int:
             print(f"rlconform: error: {res['usage']}", file=sys.stderr)
             return EXIT_USAGE
         runs.append(res)
-        for t in res.get("targets", []):
-            old = merged.get(t["id"])
-            if old is not None and old.get("status") in ("crash", "found", "known") and t.get("status") == "live":
-                continue
-            if old is not None:
-                t["examples"] = t.get("examples", 0) + old.get("examples", 0)
-                t["seconds"] = t.get("seconds", 0.0) + old.get("seconds", 0.0)
-            merged[t["id"]] = t
+        seen.update({t["id"]: t for t in res.get("targets", [])})  # the child's final word on each finding
         interrupted = bool(res.get("interrupted")) or interrupts.received() is not None
         break
+    merged = _merge_runs(per_run)
     if crashed:
         print(f"rlconform fuzz: {len(crashed)} finding(s) crashed the process running the engine: "
               + ", ".join(crashed), file=sys.stderr)

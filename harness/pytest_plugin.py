@@ -16,7 +16,7 @@ writes the report:
   example in flight (its reproducer; see :mod:`rlconform.harness.inflight`); xdist starts a fresh
   worker for the rest (``--max-worker-restart``);
 * workers ignore SIGINT, so a ``KeyboardInterrupt`` or ``SystemExit`` in a worker is the engine's: a
-  crash of that finding (:class:`~rlconform.harness.recorder.EngineAbort`), not an interrupt of the run;
+  crash of that finding (:class:`~rlconform.properties.runner.EngineAbort`), not an interrupt of the run;
 * every finding starts from the torch state the worker had before loading the engine; a finding that
   leaves it changed is a crash naming what changed (:mod:`rlconform.harness.torch_state`), and the
   state is restored for the next;
