@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from rlconform.harness import faithful as F
+from rlconform.harness import torch_state
 from rlconform.harness import strategies as S
 from rlconform.harness.evaluation import Compared, Evaluation, EngineCrash, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
@@ -92,11 +93,14 @@ def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev:
             f"contract, bind it with Binding(forward_only={{{op.name!r}}})")
         return False
     try:
-        (out.to(torch.float64) * grad_out).sum().backward()
+        with torch_state.guard():  # the engine's backward runs here: it may not leave global state changed either
+            (out.to(torch.float64) * grad_out).sum().backward()
     except RuntimeError as exc:
         if saved_producer and ("inplace" in str(exc) or "modified" in str(exc)):
             ev.mutations.append(f"a producer that saved the logits for backward could not backprop: {exc}")
             return False
+        raise EngineCrash(f"{op.name} backward", exc) from exc
+    except Exception as exc:  # noqa: BLE001 - e.g. TorchStateChanged: the engine's fault
         raise EngineCrash(f"{op.name} backward", exc) from exc
     if leaf_or_none is not None and leaf_or_none.grad is None:
         ev.problems.append("gradient: backward ran but no gradient reached the logits (the graph is cut)")
