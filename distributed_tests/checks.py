@@ -41,14 +41,15 @@ from rlconform.distributed_tests import ranks as K
 from rlconform.harness.layout import Layout, parse_regime, row_chunks, zigzag_index
 from rlconform.harness import faithful as F
 from rlconform.harness.binding import Binding, BindingError
-from rlconform.harness.catalog import MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, get_op
+from rlconform.harness.catalog import MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, get_op
 from rlconform.harness.evaluation import Compared, EngineCrash, Evaluation
 from rlconform.harness.pool import RankFailure, get_pool, in_torchrun
 from rlconform.harness.tensors import to_tensor
 from rlconform.properties.case import Case
 from rlconform.properties.generic import JUDGES, Outcome
 
-__all__ = ["EVALUATORS", "evaluate_context_parallel", "evaluate_dp_metric", "evaluate_vocab_parallel", "run_check",
+__all__ = ["EVALUATORS", "evaluate_context_parallel", "evaluate_dp_metric", "evaluate_dp_whiten",
+           "evaluate_vocab_parallel", "run_check",
            "run_ranks"]
 
 #: deadline of one case on the ranks, ``RLCONFORM_DIST_DEADLINE_S`` (the first call of verl's vocab-parallel
@@ -358,6 +359,91 @@ def evaluate_dp_metric(binding: Binding, case: Case) -> Evaluation:
     return ev
 
 
+# ---------------------------------------------------------------------------------- DP whitening
+def evaluate_dp_whiten(binding: Binding, case: Case) -> Evaluation:
+    """``dp_masked_whiten`` on the DP ranks of the regime's layout: each rank whitens the rows of its
+    split; the ranks' rows, in order, are compared with ``masked_whiten`` of the whole batch (float64
+    reference, fp32 two-pass faithful path) at unmasked positions. ``partition_invariant``: a second
+    split of the rows and the unsharded run (DP = 1, rank 0 holds every row); ``mask_invariant``: the
+    same split with every masked position overwritten by ``case.inputs["garbage"]``;
+    ``non_destructive``: every rank's values and mask bit-identical after the call."""
+    from rlconform.harness.families.advantages import faithful_masked_whiten
+    from rlconform.reference import masked_whiten
+
+    layout, _ = parse_regime(case.regime)
+    binding.resolve(case.op)
+    values64 = np.asarray(case.inputs["values"], dtype=np.float64)
+    mask = np.asarray(case.inputs["mask"], dtype=bool)
+    shift_mean = bool(case.inputs["shift_mean"])
+    partitions = case.inputs["partitions"]
+    world = layout.world
+    prop = case.property
+    ev = Evaluation()
+    if prop not in get_op(case.op).properties:
+        raise ValueError(f"property {prop!r} does not apply to {case.op}")
+    garbage = float(case.inputs.get("garbage", np.nan))
+    dirty = np.where(mask, values64, garbage)
+    # (label, values, split) of each run every rank takes part in
+    runs = [("split", values64, partitions[0])]
+    if prop == PARTITION_INVARIANT:
+        runs.append(("second split", values64, partitions[1]))
+    if prop == MASK_INVARIANT:
+        runs.append((f"masked positions set to {garbage!r}", dirty, partitions[0]))
+    desc = K.engine_desc(binding)
+    payloads = []
+    for rank in range(world):
+        _, _, d = layout.coords(rank)
+        rank_runs = [{"layout": layout.as_dict(), "group": "dp",
+                      "data": {"values": vals[split[d][0]:split[d][1]], "mask": mask[split[d][0]:split[d][1]]}}
+                     for _, vals, split in runs]
+        if prop == PARTITION_INVARIANT:
+            rank_runs.append({"layout": _unsharded(world).as_dict(), "group": "tp",
+                              "data": {"values": values64, "mask": mask} if rank == 0 else None})
+        payloads.append({"engine": desc, "op": case.op, "dtype": case.dtype, "group": "dp",
+                         "mode": "guard" if prop == NON_DESTRUCTIVE else "value", "runs": rank_runs,
+                         "args": [shift_mean]})
+    results = run_ranks(world, K.token_reduction_rank, payloads, f"{case.op} on {layout.name} ({world} ranks)")
+    if prop == NON_DESTRUCTIVE or any(r[0] is None for r in results):
+        _messages(ev, layout, [r[0] for r in results])
+        return ev
+    ref = masked_whiten(values64, mask, shift_mean)
+    faithful = K.to_numpy(faithful_masked_whiten(to_tensor(values64, case.dtype), torch.from_numpy(mask), shift_mean))
+
+    def nnz(split):
+        return [int(mask[a:b].sum()) for a, b in split]
+
+    def assembled(i: int, split, label: str) -> list:
+        """Run ``i``'s outputs of every DP rank, rows in order, as one Compared (the splits differ, so
+        partitions compare whole batches)."""
+        parts = []
+        for d, (a, b) in enumerate(split):
+            res = results[layout.rank(0, 0, d)][i]
+            got = np.asarray(res["out"], dtype=np.float64)
+            if got.shape != values64[a:b].shape:
+                ev.problems.append(f"{label}: DP rank {d} returned shape {got.shape} for its rows {a}:{b}, "
+                                   f"expected {values64[a:b].shape}")
+                return []
+            parts.append(got)
+        name = f"{label} (rows per DP rank {', '.join(f'{a}:{b}' for a, b in split)}; tokens {nnz(split)})"
+        return [Compared(name, np.concatenate(parts), ref, faithful, results[0][i]["out_dtype"], "advantage",
+                         only_where=mask)]
+
+    ev.values = assembled(0, partitions[0], layout.name)
+    if prop == PARTITION_INVARIANT:
+        ev.base_label = f"tokens per DP rank {nnz(partitions[0])}"
+        ev.alternatives.append(("second split", assembled(1, partitions[1], "second split")))
+        res = results[0][2]
+        got = np.asarray(res["out"], dtype=np.float64)
+        if got.shape != values64.shape:
+            ev.problems.append(f"unsharded (DP = 1): the engine returned shape {got.shape}, expected {values64.shape}")
+        else:
+            ev.alternatives.append(("unsharded (DP = 1)", [Compared("unsharded (DP = 1)", got, ref, faithful,
+                                                                    res["out_dtype"], "advantage", only_where=mask)]))
+    if prop == MASK_INVARIANT:
+        ev.alternatives.append((runs[1][0], assembled(1, partitions[0], runs[1][0])))
+    return ev
+
+
 def _scalar(out, ev: Evaluation) -> np.ndarray:
     a = np.asarray(out, dtype=np.float64)
     if a.size != 1:
@@ -371,6 +457,7 @@ EVALUATORS = {
     "vocab_parallel": evaluate_vocab_parallel,
     "context_parallel": evaluate_context_parallel,
     "dp_metric": evaluate_dp_metric,
+    "dp_whiten": evaluate_dp_whiten,
 }
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from rlconform.harness import torch_state
 from rlconform.harness.layout import Layout
 
 _BINDINGS: dict = {}
@@ -251,8 +252,9 @@ def vocab_parallel_rank(ctx, payload: dict) -> list:
         if run["data"] is None:
             results.append(None)
             continue
-        results.append(_vp_compute(mode, op, fn, entropy, groups["tp"], run["data"], payload["dtype"],
-                                   op in binding.forward_only))
+        with torch_state.guard():  # an engine call (forward or backward) that changes torch's global state fails
+            results.append(_vp_compute(mode, op, fn, entropy, groups["tp"], run["data"], payload["dtype"],
+                                       op in binding.forward_only))
     return results
 
 
@@ -266,8 +268,10 @@ def _token_args(data: dict, dtype: str):
 
 
 def token_reduction_rank(ctx, payload: dict) -> list:
-    """Case function of the CP and DP checks: ``fn(local_values, local_mask, group)`` where group is
-    this rank's ``payload["group"]`` ("cp" or "dp") group of each run's layout."""
+    """Case function of the CP and DP checks: ``fn(local_values, local_mask, group, *payload["args"])``
+    where group is this rank's ``payload["group"]`` ("cp" or "dp") group of each run's layout. Each call
+    runs under :func:`rlconform.harness.torch_state.guard` (a call that changes torch's global state fails
+    on its rank)."""
     from rlconform.harness.guards import InputGuard
 
     binding = load_binding(payload["engine"])
@@ -282,12 +286,15 @@ def token_reduction_rank(ctx, payload: dict) -> list:
             continue
         values, mask = _token_args(data, payload["dtype"])
         group = groups[run.get("group", payload["group"])]
+        args = tuple(payload.get("args", ()))
         if payload["mode"] == "guard":
             guard = InputGuard(values=values, mask=mask)
-            fn(values, mask, group)
+            with torch_state.guard():
+                fn(values, mask, group, *args)
             results.append({"messages": [m.describe() for m in guard.check("forward")]})
         else:
-            out = fn(values, mask, group)
+            with torch_state.guard():
+                out = fn(values, mask, group, *args)
             results.append({"out": to_numpy(out), "out_dtype": dtype_name(out, payload["dtype"]),
                             "out_type": type(out).__module__ + "." + type(out).__name__})
     return results

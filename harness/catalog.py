@@ -15,9 +15,13 @@ reductions              masked_sum/count/mean/var/std/min/max (values [B, T], ma
 agg_loss                agg_loss (AggLoss; every loss_agg_mode a variant; value and gradient)
 metric_pipeline         metric_pipeline (MetricPipeline -> dict of token-weighted statistics)
 optimal_token_baseline  optimal_token_baseline (rewards, mask, index, old_log_probs, Σπ² -> adv, returns)
+advantages              outcome_advantage (an estimator per variant), gae, masked_whiten
+kl_estimator            kl_estimator (a KL penalty / estimator name per variant; value and gradient)
+policy_loss             policy_loss (a registered loss per variant; value, gradient, metrics)
 vocab_parallel          vocab_parallel_token_logprobs / _entropy / _sum_pi_squared (TP ranks)
 context_parallel        cp_masked_mean (CP ranks, Megatron load-balanced chunks)
 dp_metric               dp_metric_all_reduce (DP ranks)
+dp_whiten               dp_masked_whiten (DP ranks: statistics global over the DP group)
 ======================  ==========================================================================
 
 Regime names: a data regime (``moderate``, ``padded``), a distributed layout and data regime

@@ -203,6 +203,33 @@ def dp_metric_all_reduce(local_values, local_mask, group):
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return float(t[0] / t[1]) if float(t[1]) else float("nan")
 
+def dp_masked_whiten(local_values, local_mask, group, shift_mean=True):
+    """Whitening with statistics global over the DP ``group``, two passes (issue 9): the masked sum and
+    nnz all-reduced (SUM), then the sum of squared deviations from the global mean all-reduced, divided
+    once by nnz − 1 (unbiased; σ² := 0 when nnz ≤ 1, as the reference defines it). [b, T], [b, T], group,
+    bool -> [b, T] (the values' dtype; fp32 arithmetic for 16-bit inputs; masked outputs 0)."""
+    import torch.distributed as dist
+
+    cd = F.compute_dtype(local_values.dtype)
+    keep = local_mask != 0
+    zero = torch.zeros((), dtype=cd)
+    x = torch.where(keep, local_values.detach().to(cd), zero)
+    t = torch.stack([x.sum(), keep.sum().to(cd)])
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    n = t[1]
+    if float(n) == 0:
+        return torch.zeros_like(x).to(local_values.dtype)
+    mean = t[0] / n
+    dev = torch.where(keep, x - mean, zero)
+    ss = (dev * dev).sum()
+    dist.all_reduce(ss, op=dist.ReduceOp.SUM, group=group)
+    var = ss / (n - 1) if float(n) > 1 else zero
+    out = dev * torch.rsqrt(var + A.WHITEN_EPS)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(keep, out, zero).to(local_values.dtype)
+
+
 def _outcome_estimator(estimator: str):
     def outcome_advantage(token_level_rewards, response_mask, index, **extras):
         return A.faithful_outcome_advantage(estimator, token_level_rewards, response_mask, index, **extras)
@@ -234,6 +261,7 @@ binding = Binding(
         "vocab_parallel_sum_pi_squared": vocab_parallel_sum_pi_squared,
         "cp_masked_mean": cp_masked_mean,
         "dp_metric_all_reduce": dp_metric_all_reduce,
+        "dp_masked_whiten": dp_masked_whiten,
         "outcome_advantage": Variants({e: _outcome_estimator(e) for e in A.ESTIMATORS}),
         "gae": A.faithful_gae,
         "masked_whiten": A.faithful_masked_whiten,

@@ -1,0 +1,97 @@
+"""``dp_masked_whiten`` on gloo DP ranks (issue 9): the reference engine passes each property on the
+small case of the mutant's docstring, each DP-whitening mutant fails the property it names with the
+numbers it states, and the float64 reference of one DP rank's rows (merged exact moments) is the same
+for every split. (tests/test_mutants.py runs the mutants through `rlconform check` under the CI profile.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlconform.distributed_tests.checks import run_check
+from rlconform.harness.engines import load_engine
+from rlconform.properties.case import Case
+from rlconform.reference import masked_whiten
+from rlconform.reference.whitening import exact_moments, merge_exact_moments
+
+pytestmark = pytest.mark.distributed
+
+
+def lone_row_case(prop: str, garbage: float = float("nan")) -> Case:
+    """Three rows of rewards ≈ 1 on DP rank 0, one row ≈ 0 on DP rank 1 (4 tokens each, 2 padded)."""
+    values = np.array([[1.0, 1.25, 0.0, 0.0], [0.75, 1.0, 0.0, 0.0], [1.0, 1.5, 0.0, 0.0], [0.0, 0.25, 0.0, 0.0]])
+    mask = np.zeros((4, 4), bool)
+    mask[:, :2] = True
+    return Case("dp_masked_whiten", prop, "float32", "dp2_imbalanced",
+                {"values": values, "mask": mask, "shift_mean": True, "garbage": garbage,
+                 "partitions": [[[0, 3], [3, 4]], [[0, 1], [1, 4]]]})
+
+
+@pytest.mark.parametrize("prop", ["matches_reference", "partition_invariant", "mask_invariant", "non_destructive"])
+def test_reference_engine_passes(prop):
+    outcome = run_check(load_engine("reference"), lone_row_case(prop))
+    assert outcome.ok, outcome.message
+
+
+def test_local_statistics_are_caught():
+    m = load_engine("mutants.dp_local_whiten")
+    outcome = run_check(m, lone_row_case("matches_reference"))
+    assert not outcome.ok
+    # the lone row whitened with its own statistics: ±0.707 instead of about −1.7 / −1.2
+    exact = masked_whiten(lone_row_case("x").inputs["values"], lone_row_case("x").inputs["mask"])
+    assert exact[3, 0] < -1.5 and "dp2 (rows per DP rank 0:3, 3:4" in outcome.message, outcome.message
+    outcome = run_check(m, lone_row_case("partition_invariant"))
+    assert not outcome.ok and ("unsharded (DP = 1)" in outcome.message or "second split" in outcome.message), \
+        outcome.message
+    assert run_check(m, lone_row_case("non_destructive")).ok  # the fault is in the values, not the inputs
+
+
+def test_one_pass_variance_is_caught_at_an_offset():
+    case = lone_row_case("matches_reference")
+    case.inputs["values"] = 1e4 + case.inputs["values"] * 1e-2  # spread 1e-2 around 1e4: Σx² cancels in fp32
+    outcome = run_check(load_engine("mutants.dp_one_pass_variance"), case)
+    assert not outcome.ok, outcome.message
+    assert run_check(load_engine("reference"), case).ok
+
+
+LEAKY_BINDING = '''
+import torch
+import torch.distributed as dist
+
+from rlconform.harness.mutants._base import mutant
+
+
+def dp_masked_whiten(local_values, local_mask, group, shift_mean=True):
+    """Masked sums as Σ x·mask (NaN·0 = NaN, inf·0 = NaN): right on clean inputs, poisoned by garbage."""
+    x, m = local_values.double(), local_mask.double()
+    t = torch.stack([(x * m).sum(), m.sum()])
+    dist.all_reduce(t, group=group)
+    mean = t[0] / t[1]
+    d = (x - mean) * m
+    ss = (d * d).sum()
+    dist.all_reduce(ss, group=group)
+    return ((x - mean) * torch.rsqrt(ss / (t[1] - 1) + 1e-8)).to(local_values.dtype)
+
+
+binding = mutant("leaky_whiten", "masked sums as sum(x * mask) over DP", dp_masked_whiten=dp_masked_whiten)
+'''
+
+
+def test_garbage_at_masked_positions_is_caught(tmp_path):
+    path = tmp_path / "leaky_whiten.py"
+    path.write_text(LEAKY_BINDING)
+    engine = load_engine(str(path))  # the ranks re-load it by this path
+    assert run_check(engine, lone_row_case("matches_reference")).ok
+    outcome = run_check(engine, lone_row_case("mask_invariant", garbage=float("inf")))
+    assert not outcome.ok and "masked positions set to inf" in outcome.message, outcome.message
+
+
+def test_reference_of_a_rank_is_split_independent():
+    case = lone_row_case("x")
+    v, m = case.inputs["values"], case.inputs["mask"]
+    whole = masked_whiten(v, m)
+    for split in ([0, 3, 4], [0, 1, 4], [0, 2, 4]):
+        parts = [exact_moments(v[a:b], m[a:b]) for a, b in zip(split, split[1:])]
+        merged = merge_exact_moments(parts)
+        rows = np.concatenate([masked_whiten(v[a:b], m[a:b], moments=merged) for a, b in zip(split, split[1:])])
+        assert np.array_equal(rows, whole)
