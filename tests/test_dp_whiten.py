@@ -95,3 +95,32 @@ def test_reference_of_a_rank_is_split_independent():
         merged = merge_exact_moments(parts)
         rows = np.concatenate([masked_whiten(v[a:b], m[a:b], moments=merged) for a, b in zip(split, split[1:])])
         assert np.array_equal(rows, whole)
+
+
+STATE_BINDING = '''
+import torch
+
+from rlconform.harness.bindings.reference import dp_masked_whiten as exact
+from rlconform.harness.mutants._base import mutant
+
+
+def dp_masked_whiten(local_values, local_mask, group, shift_mean=True):
+    torch.set_grad_enabled(False)  # leaks into every later computation of the rank
+    return exact(local_values, local_mask, group, shift_mean)
+
+
+binding = mutant("grad_off_whiten", "turns grad mode off on the ranks", dp_masked_whiten=dp_masked_whiten)
+'''
+
+
+def test_a_rank_side_call_that_changes_torch_state_is_a_crash(tmp_path):
+    """Issue 14 on the ranks: an engine call that flips global torch state fails its finding (with what
+    changed), and the next case on the same pool starts from the restored state."""
+    from rlconform.harness.evaluation import EngineCrash
+
+    path = tmp_path / "grad_off_whiten.py"
+    path.write_text(STATE_BINDING)
+    with pytest.raises(EngineCrash) as info:
+        run_check(load_engine(str(path)), lone_row_case("matches_reference"))
+    assert "grad mode: True -> False" in info.value.engine_traceback, info.value.engine_traceback[-2000:]
+    assert run_check(load_engine("reference"), lone_row_case("matches_reference")).ok
