@@ -420,16 +420,26 @@ def cmd_replay(args) -> int:
     print(f"  input: {case.summary()}")
     if in_torchrun():  # each rank is already a process of torchrun's: run in place
         result = _replay_child(spec, args.engine_path, case.to_json())
-    else:
-        from rlconform.harness.isolated import ChildDied, run_isolated
+        code = _print_replay_result(result)
+        if code == EXIT_DISCREPANCY:
+            print(f"rlconform: rank 0 exits {code} with this verdict (every other rank exits 0); torchrun reports "
+                  f"that below as a ChildFailedError of rank 0 — the verdict above, not a crash of the harness",
+                  flush=True)
+        return code
+    from rlconform.harness.isolated import ChildDied, run_isolated
 
-        try:
-            result = run_isolated(_replay_child, (spec, args.engine_path, case.to_json()), deadline_s=args.timeout)
-        except ChildDied as exc:
-            print(f"CRASH: {exc.description}" + (f"\n{exc.stack.strip()}" if exc.stack.strip() else ""))
-            return EXIT_DISCREPANCY
-        except RuntimeError as exc:
-            return _usage_error(f"replay failed in the harness (not the engine): {str(exc).strip().splitlines()[-1]}")
+    try:
+        result = run_isolated(_replay_child, (spec, args.engine_path, case.to_json()), deadline_s=args.timeout)
+    except ChildDied as exc:
+        print(f"CRASH: {exc.description}" + (f"\n{exc.stack.strip()}" if exc.stack.strip() else ""))
+        return EXIT_DISCREPANCY
+    except RuntimeError as exc:
+        return _usage_error(f"replay failed in the harness (not the engine): {str(exc).strip().splitlines()[-1]}")
+    return _print_replay_result(result)
+
+
+def _print_replay_result(result: dict) -> int:
+    """Print a replay's verdict (PASS / DISCREPANCY / CRASH) and return its exit code."""
     kind = result["kind"]
     if kind == "usage":
         return _usage_error(result["message"])
