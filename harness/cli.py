@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--profile", default="ci", choices=["dev", "ci", "nightly"], help="hypothesis profile")
     c.add_argument("--max-examples", type=_positive_int, default=None,
                    help="examples per finding (overrides the profile)")
+    c.add_argument("--max-shrinks", type=int, default=None,
+                   help="shrinking steps per failing finding (default: 50 in the ci profile, none for a finding "
+                        "the --xfails ledger lists, no limit in nightly; negative: no limit)")
     c.add_argument("--seed", type=int, default=None, help="random seed (disables derandomization)")
     c.add_argument("--xfails", default=None, help="ledger of known discrepancies, one finding id per line")
     c.add_argument("--corpus", default=None, help="corpus of saved counterexamples to replay first "
@@ -289,6 +292,8 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
             argv += [flag, v]
     if args.max_examples is not None:
         argv += ["--rlconform-max-examples", str(args.max_examples)]
+    if args.max_shrinks is not None:
+        argv += ["--rlconform-max-shrinks", str(args.max_shrinks)]
     if args.seed is not None:
         argv += ["--rlconform-seed", str(args.seed)]
     if args.xfails:

@@ -26,6 +26,12 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 VARIANT_SEP = "@"
 
 
+#: a finding id ``op.property.dtype.regime`` (the regime may be ``variant@data``; variant names hold
+#: letters, digits, ``_``, ``-`` and ``+``): groups op, property, dtype, regime. Every parser of finding
+#: ids (the xfails ledger, the pytest plugin's node ids, case file names) uses this one pattern.
+FINDING_ID = r"([A-Za-z0-9_]+)\.([a-z_]+)\.([a-z0-9]+)\.([A-Za-z0-9_@+\-]+)"
+
+
 def variant_regime(variant: str, data: str) -> str:
     """The regime name of ``variant`` under data regime ``data`` (``variant@data``)."""
     return f"{variant}{VARIANT_SEP}{data}"

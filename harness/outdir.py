@@ -18,11 +18,13 @@ import fcntl
 import os
 import re
 
+from rlconform.harness.opinfo import FINDING_ID
+
 __all__ = ["LOCK_NAME", "OutDir", "OutDirError", "claim"]
 
 LOCK_NAME = ".rlconform.lock"
 REPORT_FILES = ("report.json", "report.md", "report.html")
-_CASE_FILE = re.compile(r"^[A-Za-z0-9_]+\.[a-z_]+\.[a-z0-9]+\.[A-Za-z0-9_@+\-]+\.json$")
+_CASE_FILE = re.compile(rf"^{FINDING_ID}\.json$")
 _TMP_FILE = re.compile(r"^\.tmp-.*(report\.(json|md|html)|\.json)$")
 
 

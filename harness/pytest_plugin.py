@@ -42,6 +42,7 @@ import pytest
 
 from rlconform.harness import interrupts, torch_state
 from rlconform.harness.binding import BindingError
+from rlconform.harness.opinfo import FINDING_ID
 from rlconform.harness.selection import selected_findings
 from rlconform.harness.recorder import (
     EngineAbort, FindingRecorder, FindingStateChanged, classify, crash_message, dead_process_entry,
@@ -51,7 +52,7 @@ from rlconform.harness.recorder import (
 STATE_KEY = "_rlconform_state"
 #: seconds one finding may take in a worker before it is considered hung
 DEFAULT_DEADLINE_S = 900.0
-_FID = re.compile(r"\[([A-Za-z0-9_]+\.[a-z_]+\.[a-z0-9]+\.[A-Za-z0-9_]+)\]$")
+_FID = re.compile(rf"\[({FINDING_ID})\]$")
 
 
 def pytest_addoption(parser):
@@ -61,6 +62,8 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-out", default="rlconform-report", help="report directory")
     g.addoption("--rlconform-profile", default="ci", help="hypothesis profile: dev | ci | nightly")
     g.addoption("--rlconform-max-examples", type=int, default=None)
+    g.addoption("--rlconform-max-shrinks", type=int, default=None,
+                help="shrinking steps per failing finding (negative: no limit; default: by profile, 0 if ledger-listed)")
     g.addoption("--rlconform-seed", type=int, default=None)
     g.addoption("--rlconform-xfails", default=None, help="ledger of known discrepancies (finding ids)")
     g.addoption("--rlconform-op", action="append", default=[], help="only these ops (repeatable)")
@@ -141,6 +144,8 @@ class State:
             from hypothesis.database import DirectoryBasedExampleDatabase
 
             database = DirectoryBasedExampleDatabase(opt("rlconform_database"))
+        self.max_shrinks = opt("rlconform_max_shrinks")
+        self.profile = opt("rlconform_profile")
         self.seed = opt("rlconform_seed")
         self.settings = settings_for(opt("rlconform_profile"), opt("rlconform_max_examples"), database)
         if self.seed is not None:
@@ -191,6 +196,7 @@ class State:
                     "variants": self.variant_record()},
             run={"profile": opt("rlconform_profile"), "seed": self.seed,
                  "max_examples": self.settings.max_examples,
+                 "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},
                  "command": opt("rlconform_command") or " ".join(sys.argv)},
         )
         from rlconform.harness.report import ReportWriteError
@@ -199,6 +205,17 @@ class State:
             self.writer.write()
         except ReportWriteError as exc:
             raise pytest.UsageError(f"rlconform: {exc}") from None
+
+    def shrink_budget(self, finding_id: str) -> int | None:
+        """Shrinking steps this finding may take (:func:`rlconform.harness.profiles.shrink_budget`)."""
+        from rlconform.harness.profiles import shrink_budget
+
+        return shrink_budget(self.profile, finding_id in self.xfails, self.max_shrinks)
+
+    def shrink_budget_listed(self) -> int | None:
+        from rlconform.harness.profiles import shrink_budget
+
+        return shrink_budget(self.profile, True, self.max_shrinks)
 
     def variants(self) -> dict:
         """op -> the variants the engine provides (None: all, or the op cannot be resolved): from the

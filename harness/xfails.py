@@ -13,8 +13,9 @@ import re
 
 from rlconform.harness.binding import BindingError
 from rlconform.harness.catalog import FLOAT_DTYPES, OPS, PROPERTIES
+from rlconform.harness.opinfo import FINDING_ID
 
-_ID = re.compile(r"^([A-Za-z0-9_]+)\.([a-z_]+)\.([a-z0-9]+)\.([A-Za-z0-9_]+)$")
+_ID = re.compile(f"^{FINDING_ID}$")
 
 
 class XfailsError(BindingError):

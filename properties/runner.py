@@ -9,7 +9,9 @@ a reproducer command.
 What a failure is, and what it costs:
 
 * a discrepancy (:class:`PropertyFailure`) and an engine that raised (:class:`EngineCrash`) are shrunk
-  by hypothesis as usual;
+  by hypothesis, within the finding's shrinking budget (``state.shrink_budget(finding_id)``, see
+  :func:`rlconform.harness.profiles.shrink_budget`: none for a finding the xfails ledger lists); past it
+  the smallest failure found so far is the finding's failure and reproducer;
 * a distributed case whose rank died, hung or raised (an ``EngineCrash`` caused by
   :class:`~rlconform.harness.pool.RankFailure`) is *not* shrunk: every replay would respawn the worker
   pool (seconds each) or wait out a deadline (minutes). The finding fails at once with that case;
@@ -96,8 +98,14 @@ def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: 
         rec.binding_error = str(exc)
         pytest.skip(str(exc))
 
+    budget = getattr(state, "shrink_budget", None)
+    max_shrinks = budget(rec.id) if callable(budget) else None
+    last: dict = {"failure": None}  # the latest (hence smallest) failure hypothesis accepted
+
     def check_one(case: Case):
         interrupts.check()  # an interrupt something swallowed (e.g. hypothesis' gc callback) stops here
+        if last["failure"] is not None and max_shrinks is not None and rec.shrink_steps >= max_shrinks:
+            raise NoShrink(last["failure"])  # shrinking budget spent: the smallest failure so far stands
         rec.start(case)
         try:
             outcome = check(binding, case)
@@ -105,6 +113,7 @@ def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: 
             rec.crashed()
             if isinstance(exc.__cause__, RankFailure):
                 raise NoShrink(exc) from exc
+            last["failure"] = exc
             raise
         except (BindingError, OpUnavailable, VariantNotProvided, CaseError, PoolStartupError):  # not the engine's fault
             raise
@@ -115,10 +124,12 @@ def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: 
             raise NoShrink(EngineAbort(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - see CheckRaised
             rec.crashed()
-            raise CheckRaised(case, exc) from exc
+            last["failure"] = CheckRaised(case, exc)
+            raise last["failure"] from exc
         rec.observe(outcome)
         if not outcome.ok:
-            raise PropertyFailure(failure_message(rec, case, outcome.message))
+            last["failure"] = PropertyFailure(failure_message(rec, case, outcome.message))
+            raise last["failure"]
         return outcome
 
     hsettings = state.settings
