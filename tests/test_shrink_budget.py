@@ -1,0 +1,46 @@
+"""The shrinking budget: a failing finding shrinks at most ``--max-shrinks`` steps (by profile: 50 in
+``ci``), not at all when the xfails ledger lists it, and its status never depends on the budget."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from rlconform.harness.profiles import MAX_SHRINKS, shrink_budget
+
+FINDING = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
+
+
+def check(tmp_path, name, *extra):
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "mutants.naive_entropy",
+                           "--op", "entropy", "--property", "finite_where_reference_finite", "--dtype", "float32",
+                           "--out", str(out), "-q", "--max-examples", "5", *extra], capture_output=True, text=True, timeout=900)
+    doc = json.loads((out / "report.json").read_text())
+    return proc, next(f for f in doc["findings"] if f["id"] == FINDING), doc
+
+
+def test_budget_by_profile_and_ledger():
+    assert shrink_budget("ci", listed=False) == MAX_SHRINKS["ci"] == 50
+    assert shrink_budget("ci", listed=True) == 0
+    assert shrink_budget("nightly", listed=False) is None
+    assert shrink_budget("ci", listed=True, override=7) == 7 and shrink_budget("ci", False, override=-1) is None
+
+
+def test_max_shrinks_caps_shrinking_and_keeps_the_verdict(tmp_path):
+    proc, full, _ = check(tmp_path, "full", "--max-shrinks", "-1")
+    assert proc.returncode == 1 and full["status"] == "discrepancy" and full["shrink_steps"] > 3, full["shrink_steps"]
+    proc, capped, doc = check(tmp_path, "capped", "--max-shrinks", "3")
+    assert proc.returncode == 1 and capped["status"] == "discrepancy"
+    assert capped["shrink_steps"] <= 3 and capped["reproducer"], capped
+    assert doc["run"]["max_shrinks"] == {"per_finding": 3, "ledger_listed": 3}
+
+
+def test_a_listed_finding_is_not_shrunk(tmp_path):
+    ledger = tmp_path / "xfails.txt"
+    ledger.write_text(f"{FINDING}  # known\n")
+    proc, listed, doc = check(tmp_path, "listed", "--xfails", str(ledger))
+    assert proc.returncode == 0 and listed["status"] == "xfail", proc.stdout[-2000:]
+    assert listed["shrink_steps"] == 0 and listed["reproducer"], listed
+    assert doc["run"]["max_shrinks"] == {"per_finding": 50, "ledger_listed": 0}
