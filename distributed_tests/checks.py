@@ -117,7 +117,12 @@ def _messages(ev: Evaluation, layout: Layout, results: list) -> None:
 
 
 # --------------------------------------------------------------------------------- vocab parallel
-def _vp_shard(x: np.ndarray, labels, g: np.ndarray, layout: Layout, rank: int) -> dict:
+def _vp_params(inputs: dict) -> tuple:
+    """Scalar parameters an op takes after its labels (the label smoothing α of the smoothed log-probs)."""
+    return (float(inputs["label_smoothing"]),) if "label_smoothing" in inputs else ()
+
+
+def _vp_shard(x: np.ndarray, labels, g: np.ndarray, layout: Layout, rank: int, params: tuple = ()) -> dict:
     t, c, _ = layout.coords(rank)
     if layout.cp > 1:
         rows = row_chunks(x.shape[0], layout.cp)[c]
@@ -127,6 +132,8 @@ def _vp_shard(x: np.ndarray, labels, g: np.ndarray, layout: Layout, rank: int) -
     out = {"logits": np.ascontiguousarray(x[..., t * vl:(t + 1) * vl]), "grad_output": np.ascontiguousarray(g)}
     if labels is not None:
         out["labels"] = np.ascontiguousarray(labels)  # global vocab ids
+    if params:
+        out["params"] = list(params)
     return out
 
 
@@ -153,9 +160,9 @@ def _vp_assemble(results: list, layout: Layout, expect_grad: bool, ev: Evaluatio
     return values, grad, r0["out_dtype"], r0["grad_dtype"]
 
 
-def _vp_faithful(base: str, x: torch.Tensor, labels, g: torch.Tensor):
+def _vp_faithful(base: str, x: torch.Tensor, labels, g: torch.Tensor, params: tuple = ()):
     leaf = x.detach().clone().requires_grad_(True)
-    args = (leaf, torch.from_numpy(labels).long()) if labels is not None else (leaf,)
+    args = ((leaf, torch.from_numpy(labels).long()) if labels is not None else (leaf,)) + params
     out = getattr(F, base)(*args)
     (out.to(torch.float64) * g).sum().backward()
     return out.detach(), leaf.grad.detach()
@@ -174,6 +181,7 @@ def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
     labels = np.asarray(labels, dtype=np.int64) if labels is not None else None
     g64 = case.inputs.get("grad_output")
     g64 = np.ones(x64.shape[:-1]) if g64 is None else np.asarray(g64, dtype=np.float64)
+    params = _vp_params(case.inputs)
     if x64.shape[-1] % layout.tp:
         raise ValueError(f"vocab size {x64.shape[-1]} is not padded to a multiple of tp = {layout.tp}")
     prop = case.property
@@ -191,10 +199,11 @@ def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
     desc = K.engine_desc(binding)
     payloads = []
     for rank in range(world):
-        runs = [{"layout": layout.as_dict(), "data": _vp_shard(x64, labels, g64, layout, rank)}]
+        runs = [{"layout": layout.as_dict(), "data": _vp_shard(x64, labels, g64, layout, rank, params)}]
         if len(layouts) > 1:
             runs.append({"layout": layouts[1].as_dict(),
-                         "data": {"logits": x64, "grad_output": g64, **({"labels": labels} if labels is not None else {})}
+                         "data": {"logits": x64, "grad_output": g64, "params": list(params),
+                                  **({"labels": labels} if labels is not None else {})}
                          if rank == 0 else None})
         payloads.append({"engine": desc, "op": case.op, "dtype": case.dtype, "mode": mode, "runs": runs})
     results = run_ranks(world, K.vocab_parallel_rank, payloads, f"{case.op} on {layout.name} ({world} ranks)")
@@ -203,9 +212,9 @@ def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
         _messages(ev, layout, [r[0] for r in results])
         return ev
 
-    ref = info.reference(x64, labels) if labels is not None else info.reference(x64)
+    ref = info.reference(x64, labels, *params) if labels is not None else info.reference(x64, *params)
     x = to_tensor(x64, case.dtype)
-    f_out, f_grad = _vp_faithful(base, x, labels, torch.from_numpy(g64))
+    f_out, f_grad = _vp_faithful(base, x, labels, torch.from_numpy(g64), params)
     expect_grad = info.differentiable and case.op not in binding.forward_only
     if any(r[0] is None for r in results):
         _messages(ev, layout, [r[0] for r in results])
@@ -216,8 +225,8 @@ def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
     f_out_np = K.to_numpy(f_out.to(K._torch_dtype(out_dtype)))
     ref_grad = None
     if grad is not None:
-        ref_grad = (info.reference_grad(x64, labels, grad_output=g64) if labels is not None
-                    else info.reference_grad(x64, grad_output=g64))
+        ref_grad = (info.reference_grad(x64, labels, *params, grad_output=g64) if labels is not None
+                    else info.reference_grad(x64, *params, grad_output=g64))
         f_grad_np = K.to_numpy(f_grad.to(K._torch_dtype(grad_dtype)))
     what = f"{base} read after vocab_parallel_entropy forward+backward" if after else base
 

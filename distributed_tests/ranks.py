@@ -148,9 +148,10 @@ def _bits(t) -> np.ndarray:
 def _vp_args(op: str, data: dict):
     import torch
 
+    params = tuple(float(p) for p in data.get("params", ()))  # e.g. the label smoothing α, after the labels
     if op.endswith("token_logprobs"):
-        return (torch.from_numpy(np.asarray(data["labels"], dtype=np.int64)),)
-    return ()
+        return (torch.from_numpy(np.asarray(data["labels"], dtype=np.int64)),) + params
+    return params
 
 
 def _value_result(out, leaf, dtype: str) -> dict:

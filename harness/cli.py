@@ -283,6 +283,7 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
         "--rlconform-deadline", str(args.timeout),
         "-n", str(args.numprocesses), "--max-worker-restart", str(args.max_worker_restart),
         "-q" if not args.quiet else "-qq", "--no-header", "-rN", "--tb=no",
+        "-W", "ignore::pytest.PytestAssertRewriteWarning",  # hypothesis is imported before pytest starts
     ]
     if args.engine_path:
         argv += ["--rlconform-engine-path", os.path.abspath(args.engine_path)]

@@ -16,8 +16,8 @@ import torch
 
 __all__ = [
     "agg_loss_micro", "compute_dtype", "entropy", "logsumexp", "masked_count", "masked_max", "masked_mean",
-    "masked_min", "masked_std", "masked_sum", "masked_var", "optimal_token_baseline", "sum_pi_squared",
-    "token_logprobs",
+    "masked_min", "masked_std", "masked_sum", "masked_var", "optimal_token_baseline", "smoothed_token_logprobs",
+    "sum_pi_squared", "token_logprobs",
 ]
 
 
@@ -39,6 +39,14 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[labels]: [..., V], int [...] -> [...], dtype of ``logits``."""
     logp = torch.log_softmax(_up(logits), dim=-1)
     return logp.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1).to(logits.dtype)
+
+
+def smoothed_token_logprobs(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """(1 − α)·log p_y + α·mean_v log p_v (minus PyTorch's label-smoothed cross-entropy): [..., V], int
+    [...], float -> [...], dtype of ``logits``."""
+    logp = torch.log_softmax(_up(logits), dim=-1)
+    tlp = logp.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+    return ((1.0 - label_smoothing) * tlp + label_smoothing * logp.mean(-1)).to(logits.dtype)
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ in the self-tests (tests/test_reference_mpmath.py), which check every function a
 
 Modules: ``softmax_stats`` (logsumexp, token_logprobs, entropy, Σπ² and closed-form gradients),
 ``reductions`` (masked sum/count/mean/var/std/min/max, mergeable moments), ``loss_agg`` (agg_loss),
-``metrics`` (token_metrics), ``advantage`` (optimal_token_baseline), ``advantage_estimators``
+``label_smoothing`` (smoothed_token_logprobs and its gradient), ``metrics`` (token_metrics), ``advantage`` (optimal_token_baseline), ``advantage_estimators``
 (outcome_advantage for every estimator variant, gae), ``whitening`` (masked_whiten with exact,
 mergeable global statistics), ``kl`` (kl_estimator), ``importance`` (importance_ratio),
 ``policy_loss`` (policy_loss and its variants), ``value_loss`` (the clipped critic loss); the last four
@@ -17,6 +17,7 @@ from .advantage import optimal_token_baseline
 from .advantage_estimators import ESTIMATOR_DOCS, ESTIMATORS, NAN_SCOPE, gae, outcome_advantage
 from .importance import IMPORTANCE_LEVELS, importance_ratio, importance_ratio_grad
 from .kl import KL_ESTIMATORS, kl_estimator, kl_estimator_grad
+from .label_smoothing import smoothed_token_logprobs, smoothed_token_logprobs_grad
 from .loss_agg import LOSS_AGG_MODES, agg_loss, agg_loss_grad
 from .metrics import token_metrics
 from .policy_loss import POLICY_LOSS_VARIANTS, SumCount, policy_loss, policy_loss_grad
@@ -59,6 +60,8 @@ __all__ = [
     "token_logprobs_grad",
     "entropy_grad",
     "sum_pi_squared_grad",
+    "smoothed_token_logprobs",
+    "smoothed_token_logprobs_grad",
     # masked reductions and moments
     "masked_sum",
     "masked_count",

@@ -9,6 +9,9 @@ token_logprobs                  ``-megatron.core.tensor_parallel.vocab_parallel_
                                 group (TP = 1: the whole vocab on one rank)
 vocab_parallel_token_logprobs   the same on the caller's TP ``group`` (each rank passes its
                                 contiguous vocab shard; for the distributed tests)
+smoothed_token_logprobs         ``-vocab_parallel_cross_entropy(logits, labels, α·(V−1)/V, tp_group=G)``
+                                (Megatron's label_smoothing is over the V − 1 other classes)
+vocab_parallel_smoothed_...     the same on the TP ``group``, V = local vocab × TP size
 ==============================  ===================================================================
 
 The adapter passes the caller's tensor as is: Megatron's forward calls ``.float()`` (a no-op for
@@ -114,16 +117,53 @@ def _vocab_parallel_token_logprobs():
     return vocab_parallel_token_logprobs
 
 
+def megatron_smoothing(label_smoothing: float, vocab: int) -> float:
+    """Megatron's ``label_smoothing`` argument for the catalog's α (PyTorch's convention, α over all V
+    classes): Megatron spreads its α_M over the V − 1 other classes (NeMo's convention), i.e. it uses
+    α = α_M·V/(V − 1), so α_M = α·(V − 1)/V with V the whole vocab."""
+    return float(label_smoothing) * (vocab - 1) / vocab
+
+
+def _smoothed_token_logprobs():
+    vocab_parallel_cross_entropy = import_megatron(TP).vocab_parallel_cross_entropy
+
+    def smoothed_token_logprobs(logits, labels, label_smoothing):
+        alpha = megatron_smoothing(label_smoothing, logits.shape[-1])
+        return -vocab_parallel_cross_entropy(logits, labels, alpha, tp_group=single_rank_group())
+
+    smoothed_token_logprobs.__qualname__ = "megatron.smoothed_token_logprobs"
+    return smoothed_token_logprobs
+
+
+def _vocab_parallel_smoothed_token_logprobs():
+    import torch.distributed as dist
+
+    vocab_parallel_cross_entropy = import_megatron(TP).vocab_parallel_cross_entropy
+
+    def vocab_parallel_smoothed_token_logprobs(local_logits, labels, label_smoothing, group):
+        alpha = megatron_smoothing(label_smoothing, local_logits.shape[-1] * dist.get_world_size(group))
+        return -vocab_parallel_cross_entropy(local_logits, labels, alpha, tp_group=group)
+
+    vocab_parallel_smoothed_token_logprobs.__qualname__ = "megatron.vocab_parallel_smoothed_token_logprobs"
+    return vocab_parallel_smoothed_token_logprobs
+
+
 binding = Binding(
     name="megatron",
     version=_version(),
     ops={
         "token_logprobs": Lazy(loader=_token_logprobs),
         "vocab_parallel_token_logprobs": Lazy(loader=_vocab_parallel_token_logprobs),
+        "smoothed_token_logprobs": Lazy(loader=_smoothed_token_logprobs),
+        "vocab_parallel_smoothed_token_logprobs": Lazy(loader=_vocab_parallel_smoothed_token_logprobs),
     },
     notes={
         "token_logprobs": "-megatron.core.tensor_parallel.vocab_parallel_cross_entropy(logits, labels, 0.0, "
         "tp_group=<world-size-1 gloo group>); fp32 logits are overwritten with the softmax in place; output float32",
         "vocab_parallel_token_logprobs": "-vocab_parallel_cross_entropy(local_logits, labels, 0.0, tp_group=group)",
+        "smoothed_token_logprobs": "-vocab_parallel_cross_entropy(logits, labels, α·(V−1)/V, tp_group=<world-size-1 "
+        "group>): Megatron spreads its label_smoothing over the V−1 other classes; converted to α over all V",
+        "vocab_parallel_smoothed_token_logprobs": "-vocab_parallel_cross_entropy(local_logits, labels, α·(V−1)/V, "
+        "tp_group=group), V = the whole vocab (local size × TP)",
     },
 )

@@ -122,6 +122,41 @@ class _VPTokenLogprobs(torch.autograd.Function):
         return g.to(ctx.in_dtype), None, None
 
 
+class _VPSmoothedTokenLogprobs(torch.autograd.Function):
+    """(1 − α)·log p_y + α·mean_v log p_v with the label's logit, Σ exp and Σ (x − m) all-reduced over the
+    TP group, V the whole vocab (every shard's size × the group size)."""
+
+    @staticmethod
+    def forward(ctx, local_logits, labels, label_smoothing, group):
+        import torch.distributed as dist
+
+        x = local_logits.detach().to(F.compute_dtype(local_logits.dtype))
+        shifted, e, s = _vp_shift(x, group)
+        v_local = x.shape[-1]
+        vocab = v_local * dist.get_world_size(group)
+        start = dist.get_rank(group) * v_local
+        lab = labels.long()
+        here = (lab >= start) & (lab < start + v_local)
+        idx = torch.where(here, lab - start, torch.zeros_like(lab))
+        picked = torch.where(here, shifted.gather(-1, idx.unsqueeze(-1)).squeeze(-1), torch.zeros((), dtype=x.dtype))
+        total = shifted.sum(-1)
+        both = torch.stack([picked, total])
+        dist.all_reduce(both, op=dist.ReduceOp.SUM, group=group)
+        log_s = s.squeeze(-1).log()
+        a = float(label_smoothing)
+        out = (1.0 - a) * (both[0] - log_s) + a * (both[1] / vocab - log_s)
+        ctx.save_for_backward(e / s, idx, here)
+        ctx.alpha, ctx.vocab, ctx.in_dtype = a, vocab, local_logits.dtype
+        return out.to(local_logits.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        p, idx, here = ctx.saved_tensors
+        onehot = torch.zeros_like(p).scatter_(-1, idx.unsqueeze(-1), here.unsqueeze(-1).to(p.dtype))
+        g = ((1.0 - ctx.alpha) * onehot + ctx.alpha / ctx.vocab - p) * grad.to(p.dtype).unsqueeze(-1)
+        return g.to(ctx.in_dtype), None, None, None
+
+
 class _VPEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local_logits, group):
@@ -168,6 +203,12 @@ class _VPSumPiSquared(torch.autograd.Function):
 def vocab_parallel_token_logprobs(local_logits, labels, group):
     """log p_y over TP vocab shards: [..., V/tp], int [...] (global ids), group -> [...] on every rank."""
     return _VPTokenLogprobs.apply(local_logits, labels, group)
+
+
+def vocab_parallel_smoothed_token_logprobs(local_logits, labels, label_smoothing, group):
+    """Minus the label-smoothed cross-entropy over TP vocab shards: [..., V/tp], int [...] (global ids),
+    α, group -> [...] on every rank (PyTorch's convention: α over all V classes)."""
+    return _VPSmoothedTokenLogprobs.apply(local_logits, labels, label_smoothing, group)
 
 
 def vocab_parallel_entropy(local_logits, group):
@@ -246,6 +287,7 @@ binding = Binding(
         "token_logprobs": F.token_logprobs,
         "entropy": F.entropy,
         "sum_pi_squared": F.sum_pi_squared,
+        "smoothed_token_logprobs": F.smoothed_token_logprobs,
         "masked_sum": F.masked_sum,
         "masked_count": F.masked_count,
         "masked_mean": F.masked_mean,
@@ -257,6 +299,7 @@ binding = Binding(
         "metric_pipeline": sum_count_pipeline,
         "optimal_token_baseline": F.optimal_token_baseline,
         "vocab_parallel_token_logprobs": vocab_parallel_token_logprobs,
+        "vocab_parallel_smoothed_token_logprobs": vocab_parallel_smoothed_token_logprobs,
         "vocab_parallel_entropy": vocab_parallel_entropy,
         "vocab_parallel_sum_pi_squared": vocab_parallel_sum_pi_squared,
         "cp_masked_mean": cp_masked_mean,

@@ -2,7 +2,8 @@
 
 Canonical signatures (torch in, torch out): ``logsumexp(logits [..., V]) -> [...]``,
 ``token_logprobs(logits [..., V], labels int64 [...]) -> [...]``, ``entropy(logits) -> [...]``,
-``sum_pi_squared(logits) -> [...]`` (Σπ²). Any float dtype in; a ``-inf`` logit is a legal masked vocab
+``sum_pi_squared(logits) -> [...]`` (Σπ²), ``smoothed_token_logprobs(logits, labels, label_smoothing: float)
+-> [...]`` (minus a label-smoothed cross-entropy, PyTorch's convention; issue 11 §3). Any float dtype in; a ``-inf`` logit is a legal masked vocab
 entry (p = 0, 0·log 0 = 0). Gradients are compared with the closed forms of :mod:`rlconform.reference`
 (d log p_y = e_y − p; dH = −p ⊙ (log p + H); dΣπ² = 2p ⊙ (p − Σπ²)) for a random ``grad_output``.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from hypothesis import strategies as st
 
 from rlconform.harness import faithful as F
 from rlconform.harness import torch_state
@@ -37,8 +39,14 @@ LOGITS_REGIMES = {
 }
 
 
-def _op(name: str, arity: int, source: str) -> OpInfo:
-    return OpInfo(name, "token_stat", arity, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE), LOGITS_REGIMES,
+#: label smoothing is smoothed over every vocab entry, so a ``-inf``-padded vocab is no input for it
+SMOOTHED_REGIMES = {k: v for k, v in LOGITS_REGIMES.items() if k != "neg_inf_padded"}
+#: the label smoothing α drawn for the smoothed ops (PyTorch convention: α spread over all V classes)
+LABEL_SMOOTHING = (0.1, 0.01, 0.5, 0.9)
+
+
+def _op(name: str, arity: int, source: str, regimes=None) -> OpInfo:
+    return OpInfo(name, "token_stat", arity, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE), regimes or LOGITS_REGIMES,
                   reference_function(name), reference_function(name + "_grad"), differentiable=True,
                   source=source, family="token_stats")
 
@@ -48,22 +56,34 @@ OPS = (
     _op("token_logprobs", 2, "log softmax(x)_y; d/dx = e_y − p"),
     _op("entropy", 1, "H = logsumexp(x) − Σ p x; dH = −p ⊙ (log p + H)"),
     _op("sum_pi_squared", 1, "Σπ² (verl PR #6153); dΣπ² = 2p ⊙ (p − Σπ²)"),
+    _op("smoothed_token_logprobs", 3, "(1 − α)·log p_y + α·mean_v log p_v = −F.cross_entropy(label_smoothing=α) "
+        "(Megatron vocab_parallel_cross_entropy with α·(V − 1)/V); d/dx = (1 − α)e_y + α/V − p (issue 11 §3)",
+        SMOOTHED_REGIMES),
 )
 
 
 def strategy(op: OpInfo, dtype: str, regime: str):
-    return S.logits(dtype, regime, with_labels=True)
+    logits = S.logits(dtype, regime, with_labels=True)
+    if "smoothed" in op.name:
+        return st.builds(lambda d, a: dict(d, label_smoothing=a), logits, st.sampled_from(LABEL_SMOOTHING))
+    return logits
 
 
 def engine_args(op: str, logits: torch.Tensor, inputs: dict) -> tuple:
-    """The canonical positional arguments of ``op`` (labels only for token_logprobs)."""
-    if op == "token_logprobs":
-        return (logits, torch.from_numpy(inputs["labels"]).long())
+    """The canonical positional arguments of ``op`` (labels for the token log-probs, then the label
+    smoothing α for the smoothed one)."""
+    if op.endswith("token_logprobs"):
+        labels = torch.from_numpy(inputs["labels"]).long()
+        if "smoothed" in op:
+            return (logits, labels, float(inputs["label_smoothing"]))
+        return (logits, labels)
     return (logits,)
 
 
 def _reference(op: OpInfo, inputs: dict, logits64: np.ndarray, grad_out: np.ndarray | None):
-    extra = (inputs["labels"],) if op.name == "token_logprobs" else ()
+    extra = (inputs["labels"],) if op.name.endswith("token_logprobs") else ()
+    if "smoothed" in op.name:
+        extra += (float(inputs["label_smoothing"]),)
     if grad_out is None:
         return op.reference(logits64, *extra)
     return op.reference_grad(logits64, *extra, grad_output=grad_out)

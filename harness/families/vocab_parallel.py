@@ -1,7 +1,8 @@
 """Vocab-parallel token statistics on TP ranks: ``vocab_parallel_token_logprobs``,
 ``vocab_parallel_entropy``, ``vocab_parallel_sum_pi_squared`` (checked by :mod:`rlconform.distributed_tests`).
 
-Per-rank signature: ``(local_logits [..., V/tp], [labels int64 [...],] group) -> [...]``. TP rank ``t``
+Per-rank signature: ``(local_logits [..., V/tp], [labels int64 [...], [label_smoothing: float,]] group) -> [...]``
+(``vocab_parallel_smoothed_token_logprobs`` takes the label smoothing α after the labels). TP rank ``t``
 holds the contiguous vocab shard ``[t·V/tp, (t+1)·V/tp)``; V is padded with ``-inf`` to a multiple of tp
 (Megatron pads V to a multiple of TP); every rank returns the full-vocab statistic; gradients are w.r.t.
 the local shard (the loss is replicated on the TP ranks, Megatron's convention).
@@ -32,14 +33,16 @@ VOCAB_PARALLEL_REGIMES = {
     "tp2_fp16_extreme": ("float16",),
     "tp2cp2_moderate": ("float32",),
 }
+#: the label-smoothed log-probs: smoothing runs over every vocab entry, so no ``-inf``-padded vocab
+SMOOTHED_REGIMES = {k: v for k, v in VOCAB_PARALLEL_REGIMES.items() if "neg_inf_padded" not in k}
 #: Σπ² only: the value read after a vocab-parallel entropy forward + backward (seed 002, family 12).
 ORDER_REGIMES = {"tp2_after_entropy": FLOAT_DTYPES, "tp4_after_entropy": ("float32",)}
 #: data regimes that are not logits regimes, and the logits regime they draw
 _LOGITS_ALIASES = {"after_entropy": "moderate"}
 
 
-def _op(base: str, arity: int, source: str, extra_regimes=None) -> OpInfo:
-    regimes = dict(VOCAB_PARALLEL_REGIMES, **(extra_regimes or {}))
+def _op(base: str, arity: int, source: str, extra_regimes=None, regimes=None) -> OpInfo:
+    regimes = dict(regimes or VOCAB_PARALLEL_REGIMES, **(extra_regimes or {}))
     return OpInfo(f"vocab_parallel_{base}", "vocab_parallel", arity,
                   (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE), regimes, reference_function(base),
                   reference_function(base + "_grad"), differentiable=True, source=source,
@@ -52,6 +55,9 @@ OPS = (
     _op("entropy", 2, "H over TP vocab shards: all-reduce MAX, SUM exp, SUM p·x (verl vocab_parallel_entropy)"),
     _op("sum_pi_squared", 2, "Σπ² over TP vocab shards: all-reduce MAX, SUM exp, SUM exp² "
         "(verl PR #6153, non-destructive)", ORDER_REGIMES),
+    _op("smoothed_token_logprobs", 4, "(1 − α)·log p_y + α·mean_v log p_v over TP vocab shards: the mean runs over "
+        "the whole vocab, V is the whole vocab's size (Megatron vocab_parallel_cross_entropy(label_smoothing); "
+        "a per-shard mean or V is the classic TP fault, issue 11 §3)", regimes=SMOOTHED_REGIMES),
 )
 
 
@@ -70,6 +76,8 @@ def inputs(draw, op: str, dtype: str, regime: str):
         sizes = S.VOCAB_SIZES
     else:
         sizes = tuple(sorted({-(-v // layout.tp) * layout.tp for v in S.VOCAB_SIZES}))
+    if "smoothed" in op:  # Megatron pads V to a multiple of 128·TP: a label-smoothed shard holds ≥ 2 entries
+        sizes = tuple(v for v in sizes if v >= 2 * layout.tp) or (2 * layout.tp,)
     d = draw(S.logits(dtype, logits_regime, with_labels=with_labels, vocab_sizes=sizes))
     x, g = d["logits"], d["grad_output"]
     labels = d.get("labels")
@@ -84,6 +92,10 @@ def inputs(draw, op: str, dtype: str, regime: str):
     out = {"logits": S.pad_vocab(x, layout.tp), "grad_output": g, "vocab": int(v)}
     if labels is not None:
         out["labels"] = labels
+    if "smoothed" in op:
+        from rlconform.harness.families.token_stats import LABEL_SMOOTHING
+
+        out["label_smoothing"] = draw(st.sampled_from(LABEL_SMOOTHING))
     return out
 
 
