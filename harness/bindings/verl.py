@@ -72,7 +72,7 @@ import functools
 import importlib.metadata
 from itertools import chain
 
-from rlconform.harness.binding import AggLoss, Binding, Lazy, MetricPipeline
+from rlconform.harness.binding import AggLoss, Binding, Coverage, Lazy, MetricPipeline
 
 TF = "verl.utils.torch_functional"
 CORE = "verl.trainer.ppo.core_algos"
@@ -605,3 +605,59 @@ vectorized_binding = dataclasses.replace(
     notes={**binding.notes, "outcome_advantage": "as engine 'verl', with grpo_vectorized for grpo/drgrpo (called "
            "as the trainer's non-GRPO branch: norm_adv_by_std_in_grpo only in the config) and rloo_vectorized for rloo"},
 )
+
+
+# ------------------------------------------------------------------------------------ coverage
+#: verl's numerics modules (issue 11): every public function there is bound or justified in NOT_BOUND
+NUMERICS_MODULES = (TF, "verl.utils.experimental.torch_functional", CORE, "verl.utils.metric", TPM,
+                    "verl.workers.utils.losses")
+
+
+def _import(name: str):
+    """verl's Megatron helpers import megatron-core, which needs :func:`._compat.import_megatron`'s shim."""
+    import importlib
+
+    if "megatron" in name:
+        from ._compat import import_megatron
+
+        return import_megatron(name)
+    return importlib.import_module(name)
+
+
+def _policy_loss_registry():
+    from verl.trainer.ppo import core_algos
+
+    return dict(core_algos.POLICY_LOSS_REGISTRY)
+
+
+def _adv_estimator_registry():
+    from verl.trainer.ppo import core_algos
+
+    return dict(core_algos.ADV_ESTIMATOR_REGISTRY)
+
+
+def _kl_modes():
+    """The names ``core_algos.kl_penalty`` accepts, read from the engine's code: the strings
+    ``kl_penalty_forward`` compares its ``kl_penalty`` argument with, each also with the ``+`` suffix
+    (``kl_penalty`` strips it and adds the straight-through k2 gradient)."""
+    from verl.trainer.ppo import core_algos
+
+    from rlconform.harness.coverage import compared_strings
+
+    base = compared_strings(core_algos.kl_penalty_forward, "kl_penalty")
+    return {name: None for name in base + [b + "+" for b in base]}
+
+
+NOT_BOUND: dict[str, str] = {}
+
+COVERAGE = Coverage(
+    modules=NUMERICS_MODULES,
+    registries={f"{CORE}.POLICY_LOSS_REGISTRY": _policy_loss_registry,
+                f"{CORE}.ADV_ESTIMATOR_REGISTRY": _adv_estimator_registry,
+                f"{CORE}.kl_penalty modes": _kl_modes},
+    registry_ops={f"{CORE}.POLICY_LOSS_REGISTRY": "policy_loss", f"{CORE}.ADV_ESTIMATOR_REGISTRY": "outcome_advantage",
+                  f"{CORE}.kl_penalty modes": "kl_estimator"},
+    not_bound=NOT_BOUND,
+    importer=_import,
+)
+binding.coverage = vectorized_binding.coverage = COVERAGE
