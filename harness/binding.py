@@ -91,17 +91,18 @@ class Coverage:
     ``modules``: the engine's numerics modules (a package stands for all its submodules); every public
     function, method and class defined there is listed. ``registries``: display name (conventionally
     ``module.REGISTRY``) -> zero-argument loader returning ``{entry name: callable or None}`` as the
-    engine holds it now. ``registry_ops``: registry -> the catalog op whose variants it feeds (an entry
-    whose callable the binding does not hold is bound when that op's implementation captures the entry's
-    name). ``not_bound``: qualified item name -> why it is not bound (e.g. "not numerics: a
-    tensor reshaping utility", "no catalog op yet: issue N"). ``importer``: imports a module by name
-    (default ``importlib.import_module``; an engine that needs an import shim passes its own).
+    engine holds it now. ``registry_ops``: registry -> the catalog op (or tuple of ops) it feeds: an
+    entry whose callable the binding does not hold (or shares with another entry) is bound when an
+    implementation of that op holds the entry's name in its closure. ``not_bound``: qualified item name
+    (a module that cannot be imported: its name) -> why it is not bound (e.g. "not numerics: a tensor
+    reshaping utility", "no catalog op yet: issue N"). ``importer``: imports a module by name (default
+    ``importlib.import_module``; an engine that needs an import shim passes its own).
     """
 
     modules: tuple[str, ...]
     registries: Mapping[str, Callable[[], Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
     not_bound: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    registry_ops: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    registry_ops: Mapping[str, str | tuple[str, ...]] = dataclasses.field(default_factory=dict)
     importer: Callable[[str], Any] | None = None
 
 

@@ -313,10 +313,10 @@ def _reached(item: Item, label: str, reach: _Reach) -> bool:
             getattr(sys.modules.get(m), cls.__name__, None) is cls for m in reach.modules)
         return class_reached and meth in reach.names | reach.strings
     if item.kind == "registry entry":
-        entry_name, value, op = item.obj
-        if value is not None and callable(value) and reach.has(value):
+        entry_name, value, ops, shared = item.obj
+        if value is not None and not shared and reach.has(value):
             return True
-        return op is not None and label.split("[")[0] == op and entry_name in reach.cell_strings
+        return label.split("[")[0] in ops and entry_name in reach.cell_strings
     obj = item.obj
     if reach.has(obj):
         return True
@@ -325,9 +325,17 @@ def _reached(item: Item, label: str, reach: _Reach) -> bool:
     return any(getattr(sys.modules.get(m), item.short, None) is obj for m in reach.modules)
 
 
-def _registry_items(key: str, loader: Callable[[], Mapping[str, Any]], op: str | None) -> list[Item]:
-    entries = loader()
-    return [Item(f"{key}[{name!r}]", key, repr(name), "registry entry", obj=(name, value, op))
+def _registry_items(key: str, loader: Callable[[], Mapping[str, Any]], ops) -> list[Item]:
+    """One item per entry; ``obj`` = (entry name, callable or None, the ops it feeds, whether another entry
+    holds the same callable: then only the entry's name in an adapter's closure tells which one is bound)."""
+    entries = dict(loader())
+    ops = (ops,) if isinstance(ops, str) else tuple(ops or ())
+    counts: dict[int, int] = {}
+    for value in entries.values():
+        if value is not None:
+            counts[id(_unwrap(value))] = counts.get(id(_unwrap(value)), 0) + 1
+    return [Item(f"{key}[{name!r}]", key, repr(name), "registry entry",
+                 obj=(name, value, ops, value is not None and counts[id(_unwrap(value))] > 1))
             for name, value in entries.items()]
 
 
@@ -396,7 +404,9 @@ def inventory(binding) -> Inventory:
             if item.name in spec.not_bound:
                 stale.append(f"{item.name} is bound ({', '.join(item.bound_to)}) but not_bound justifies it")
         elif item.name in spec.not_bound:
-            item.status, item.reason = "justified", spec.not_bound[item.name]
+            why = spec.not_bound[item.name]
+            item.status = "justified"
+            item.reason = f"{why} ({item.reason})" if item.kind == "module" else why
         else:
             item.status = "unbound"
     for entry in (it for it in items if it.kind == "registry entry" and it.status == "justified"):
