@@ -13,6 +13,9 @@ registry; each item is then
 * ``unbound``: neither. A function a fork adds to a numerics module is ``unbound`` until it is bound
   or justified (``rlconform coverage --strict`` exits non-zero then).
 
+A numerics module that cannot be imported is an item of its own (kind ``module``) and an error; its
+public items are then read from its source file (:func:`source_items`), so they are still listed.
+
 Bound-ness is derived from the binding's implementations, so it cannot go stale. Each implementation
 (for an op with variants, each variant's callable; for ``agg_loss`` / ``metric_pipeline``, every
 callable of the contract) is *walked*: the adapter functions of the binding (any code that is neither
@@ -39,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import inspect
 import os
 import pkgutil
@@ -48,7 +52,8 @@ import traceback
 import types
 from typing import Any, Callable, Mapping
 
-__all__ = ["Item", "Inventory", "STATUSES", "compared_strings", "coverage_record", "inventory", "module_items"]
+__all__ = ["Item", "Inventory", "STATUSES", "compared_strings", "coverage_record", "inventory", "module_items",
+           "source_items"]
 
 #: statuses, in the order the table lists them
 STATUSES = ("unbound", "bound", "justified")
@@ -144,14 +149,40 @@ def module_items(mod: types.ModuleType) -> list[Item]:
     return items
 
 
-def _expand(name: str, importer: Callable[[str], types.ModuleType]) -> list[types.ModuleType]:
-    """``name`` and, for a package, every submodule (recursively)."""
+def source_items(name: str) -> list[Item]:
+    """The items of a module that cannot be imported, read from its source file (top-level public ``def`` /
+    ``class``, public methods): listed so that a function a fork adds there is still seen; nothing can be
+    bound to them (no objects). ``[]`` when the source cannot be found or parsed."""
+    import ast
+
+    try:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        with open(origin, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), origin)
+    except Exception:  # noqa: BLE001 - a parent package that fails to import, no source, a syntax error
+        return []
+    items = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+            items.append(Item(f"{name}.{node.name}", name, node.name, "function"))
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            methods = [m.name for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and not m.name.startswith("_")]
+            items += [Item(f"{name}.{node.name}.{m}", name, f"{node.name}.{m}", "method") for m in methods]
+            if not methods:
+                items.append(Item(f"{name}.{node.name}", name, node.name, "class"))
+    return items
+
+
+def _module_names(name: str, importer: Callable[[str], types.ModuleType]) -> list[str]:
+    """``name`` and, for a package, every submodule (recursively, without importing them: each is imported
+    on its own, so one that fails does not hide the others). Raises when ``name`` itself cannot be imported."""
     mod = importer(name)
-    mods = [mod]
+    names = [name]
     if hasattr(mod, "__path__"):
-        for info in sorted(pkgutil.walk_packages(mod.__path__, prefix=name + "."), key=lambda i: i.name):
-            mods.append(importer(info.name))
-    return mods
+        names += sorted(i.name for i in pkgutil.walk_packages(mod.__path__, prefix=name + ".", onerror=lambda _: None))
+    return names
 
 
 def compared_strings(fn: Callable, param: str) -> list[str]:
@@ -301,7 +332,7 @@ def _targets(binding, op: str) -> list[tuple[str, Any]]:
 
 
 def _reached(item: Item, label: str, reach: _Reach) -> bool:
-    if item.kind == "module":
+    if item.kind == "module" or item.obj is None:  # an unimportable module, or an item read from its source
         return False
     if item.kind == "method":
         cls, meth, bound = item.obj
@@ -353,15 +384,22 @@ def inventory(binding) -> Inventory:
     items: list[Item] = []
     errors: list[str] = []
     modules: list[str] = []
-    for name in spec.modules:
+    for top in spec.modules:
         try:
-            mods = _expand(name, importer)
-        except Exception as exc:  # noqa: BLE001 - an engine module that does not import is a finding of the table
-            last = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
-            items.append(Item(name, name, name, "module", reason=f"cannot import: {last}"))
-            errors.append(f"module {name}: {last}")
-            continue
-        for mod in mods:
+            names = _module_names(top, importer)
+        except Exception:  # noqa: BLE001 - reported below, as the module's own item
+            names = [top]
+        for name in names:
+            try:
+                mod = importer(name)
+            except Exception as exc:  # noqa: BLE001 - an engine module that does not import is a finding of the table
+                last = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
+                read = source_items(name)
+                items.append(Item(name, name, name, "module", reason=f"cannot import: {last}" + (
+                    f"; its {len(read)} public items are listed from the source" if read else "")))
+                items += read
+                errors.append(f"module {name}: {last}")
+                continue
             modules.append(mod.__name__)
             items += module_items(mod)
     for key, loader in spec.registries.items():

@@ -237,6 +237,20 @@ def test_stale_justifications_are_reported(fake_engine):
     assert _by_name(inv)[f"{NUMERICS}.masked_mean"].status == "bound"
 
 
+def test_a_submodule_that_does_not_import_is_listed_from_its_source(fake_engine, tmp_path):
+    (tmp_path / ENGINE / "broken.py").write_text(
+        "import fakeeng_cov_not_installed\n\n\ndef broken_mean(values, mask):\n    return values.mean()\n\n\n"
+        "class Reducer:\n    def reduce(self, x):\n        return x\n")
+    inv = inventory(_binding())
+    items = _by_name(inv)
+    module = items[f"{ENGINE}.broken"]
+    assert module.kind == "module" and module.status == "unbound" and "fakeeng_cov_not_installed" in module.reason
+    assert items[f"{ENGINE}.broken.broken_mean"].status == "unbound"  # read from the source: still listed
+    assert items[f"{ENGINE}.broken.Reducer.reduce"].kind == "method"
+    assert items[f"{NUMERICS}.masked_mean"].status == "bound"  # the package's other modules are unaffected
+    assert any(e.startswith(f"module {ENGINE}.broken") for e in inv.errors)
+
+
 def test_an_unimportable_module_is_an_item_and_an_unresolvable_op_an_error(fake_engine):
     b = _binding()
     b.coverage = Coverage(modules=(ENGINE, "fakeeng_cov_missing"), registries=b.coverage.registries,

@@ -642,10 +642,40 @@ NOT_BOUND: dict[str, str] = {
     f"{WORKER_UTILS}.BaseBatchIterator.batch_to_experience": "not numerics: repackages a TensorBatch as an "
     "Experience",
     f"{WORKER_UTILS}.get_inference_weight_prefix": "not numerics: a weight-name prefix for weight sync",
-    # ---- trainer_utils
-    TRAINER_UTILS: "the trainer's metric finalisation (finalize_minibatch_rollout_logprob_diff_std rewrites only the "
-    "minibatch_rollout_logprobs_abs_diff_* keys, not the metric the pipeline checks); the module needs torchdata, "
-    "absent from this environment, so its functions cannot be listed",
+    # ---- trainer_utils (needs torchdata, absent here: its items are read from the source file)
+    TRAINER_UTILS: "the trainer's utilities, metric finalisation among them; it needs torchdata, absent from this "
+    "environment, so nothing in it can be bound here (its items are listed from the source)",
+    f"{TRAINER_UTILS}.finalize_minibatch_rollout_logprob_diff_std": "no catalog op yet: a std rebuilt from "
+    "mean-reduced moments, sqrt(max(0, E[x²] − E[x]²)) after reduce_metrics averaged the per-micro-batch moments "
+    "(cancellation, and a mean of means: metric family, issue 11 part 4); the module does not import here",
+    f"{TRAINER_UTILS}.calculate_per_dataset_metrics": "evaluation metrics (avg score, pass@n per data source) from "
+    "generator outputs: no catalog op yet (reward statistics, not the training objective)",
+    f"{TRAINER_UTILS}.get_intra_group_completion_time_std_cv": "not numerics of the objective: std / CV of "
+    "rollout completion times (wall-clock telemetry)",
+    f"{TRAINER_UTILS}.get_group_completion_metrics": "not numerics of the objective: completion-time mean / p90 / "
+    "max (wall-clock telemetry)",
+    f"{TRAINER_UTILS}.zero_variance_filter": "no catalog op yet: drops prompt groups whose rewards have zero "
+    "variance (DAPO dynamic sampling: a selection of groups, advantage family, issue 9)",
+    f"{TRAINER_UTILS}.handle_dynamic_sampling": "no catalog op yet: DAPO dynamic sampling driver (filter / replace "
+    "groups by reward variance; a selection step, advantage family, issue 9)",
+    f"{TRAINER_UTILS}.handle_filter_sampling": "no catalog op yet: dynamic sampling by filtering (see "
+    "handle_dynamic_sampling)",
+    f"{TRAINER_UTILS}.handle_replace_sampling": "no catalog op yet: dynamic sampling by replacing zero-variance "
+    "groups with good ones (see handle_dynamic_sampling)",
+    f"{TRAINER_UTILS}.get_bad_sample_replacements": "not numerics: picks replacement uids for dynamic sampling",
+    f"{TRAINER_UTILS}.filter_generator_output": "not numerics: keeps the given rows of a generator output",
+    f"{TRAINER_UTILS}.validate_generator_output": "not numerics: shape / field checks of a generator output",
+    f"{TRAINER_UTILS}.DynamicSamplingState": "not numerics: a TypedDict of dynamic-sampling state",
+    f"{TRAINER_UTILS}.ResumeMode": "not numerics: checkpoint resume enum",
+    f"{TRAINER_UTILS}.build_dataloader": "not numerics: builds the StatefulDataLoader",
+    f"{TRAINER_UTILS}.cleanup_old_checkpoints": "not numerics: checkpoint housekeeping",
+    f"{TRAINER_UTILS}.list_checkpoint_dirs": "not numerics: checkpoint housekeeping",
+    f"{TRAINER_UTILS}.extract_step_from_path": "not numerics: checkpoint housekeeping",
+    f"{TRAINER_UTILS}.validate_consistency_for_latest_checkpoint": "not numerics: checkpoint housekeeping",
+    f"{TRAINER_UTILS}.dump_per_dataset_eval_results": "not numerics: writes evaluation results to disk",
+    f"{TRAINER_UTILS}.sanitize_data_source": "not numerics: metric-key sanitising",
+    f"{TRAINER_UTILS}.get_node_ids": "not numerics: Ray node discovery",
+    f"{TRAINER_UTILS}.run_on_each_node": "not numerics: Ray task fan-out",
 }
 
 COVERAGE = Coverage(
