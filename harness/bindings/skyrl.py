@@ -373,7 +373,8 @@ def _policy_loss():
         def loss(old_log_prob, log_prob, advantages, response_mask, info):
             # the registry entry this variant runs (``regular`` and ``dual_clip`` share one function and differ
             # only in the config's policy_loss_type; the coverage table tells them apart by this name)
-            assert cfg.policy_loss_type == name, (cfg.policy_loss_type, name)
+            if cfg.policy_loss_type != name:
+                raise RuntimeError(f"config for {cfg.policy_loss_type!r} bound to registry entry {name!r}")
             m = response_mask.to(log_prob.dtype)
             adv = _scale_for_minibatch(ppo_utils.apply_loss_reduction_to_advantages_minibatch, advantages, m,
                                        "token_mean", info)
