@@ -67,7 +67,8 @@ class Item:
     ``verl.utils.metric.utils.Metric.aggregate_dp``, ``...core_algos.POLICY_LOSS_REGISTRY['vanilla']``),
     the key of the binding's ``not_bound`` table; ``module``: the module (or registry) it belongs to;
     ``short``: the name within it; ``kind``: ``function`` | ``method`` | ``class`` | ``registry entry`` |
-    ``module`` (a numerics module that could not be imported); ``status``: one of :data:`STATUSES`;
+    ``module`` (a numerics module that could not be imported) | ``registry`` (one that could not be
+    read); ``status``: one of :data:`STATUSES`;
     ``bound_to``: op labels (``op`` or ``op[variant]``); ``reason``: why not bound (justified items) or
     what failed.
     """
@@ -332,7 +333,7 @@ def _targets(binding, op: str) -> list[tuple[str, Any]]:
 
 
 def _reached(item: Item, label: str, reach: _Reach) -> bool:
-    if item.kind == "module" or item.obj is None:  # an unimportable module, or an item read from its source
+    if item.obj is None:  # an unimportable module or registry, or an item read from a module's source
         return False
     if item.kind == "method":
         cls, meth, bound = item.obj
@@ -384,12 +385,16 @@ def inventory(binding) -> Inventory:
     items: list[Item] = []
     errors: list[str] = []
     modules: list[str] = []
+    seen: set[str] = set()
     for top in spec.modules:
         try:
             names = _module_names(top, importer)
         except Exception:  # noqa: BLE001 - reported below, as the module's own item
             names = [top]
         for name in names:
+            if name in seen:  # a package and one of its submodules both declared
+                continue
+            seen.add(name)
             try:
                 mod = importer(name)
             except Exception as exc:  # noqa: BLE001 - an engine module that does not import is a finding of the table
@@ -407,7 +412,7 @@ def inventory(binding) -> Inventory:
             items += _registry_items(key, loader, spec.registry_ops.get(key))
         except Exception as exc:  # noqa: BLE001
             last = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
-            items.append(Item(key, key, key, "module", reason=f"cannot read the registry: {last}"))
+            items.append(Item(key, key, key, "registry", reason=f"cannot read the registry: {last}"))
             errors.append(f"registry {key}: {last}")
     engine_roots = frozenset(m.split(".")[0] for m in spec.modules)
     reaches: list[tuple[str, _Reach]] = []
@@ -444,7 +449,7 @@ def inventory(binding) -> Inventory:
         elif item.name in spec.not_bound:
             why = spec.not_bound[item.name]
             item.status = "justified"
-            item.reason = f"{why} ({item.reason})" if item.kind == "module" else why
+            item.reason = f"{why} ({item.reason})" if item.kind in ("module", "registry") else why
         else:
             item.status = "unbound"
     for entry in (it for it in items if it.kind == "registry entry" and it.status == "justified"):
