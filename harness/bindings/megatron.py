@@ -146,14 +146,14 @@ _FUSED_STEP = ("a step of fused_vocab_parallel_cross_entropy (not bound: no cata
                "vocab_parallel_token_logprobs implementation, issue 11 part 2)")
 _SCHEDULE = ("not numerics on its own: pipeline-schedule plumbing (send / receive, activation buffers, micro-batch "
              "order); the loss arithmetic it runs is forward_step_calc_loss")
-_LOSS_SCALING = ("no catalog op yet: runs the micro-batches and, with calculate_per_token_loss, all-reduces the token "
-                 "count (total_num_tokens) that finalize_model_grads divides the gradients by; the agg_loss / "
-                 "context-parallel family (issue 11 part 5)")
+_LOSS_SCALING = ("no catalog op yet: runs the micro-batches, sums their token counts (total_num_tokens) and hands them "
+                 "to finalize_model_grads, which all-reduces them over DP x CP and divides the gradients by them "
+                 "(calculate_per_token_loss); the agg_loss / context-parallel family (issue 11 part 5)")
 #: every public function of :data:`NUMERICS_MODULES` that no op binds, with why (issue 11)
 NOT_BOUND: dict[str, str] = {
     f"{_CE}.VocabParallelCrossEntropy.calculate_logits_max": _STEP,
     f"{_CE}.VocabParallelCrossEntropy.calculate_predicted_logits": _STEP,
-    f"{_CE}.VocabParallelCrossEntropy.calculate_cross_entropy_loss": _STEP + " (label smoothing: issue 11 part 3)",
+    f"{_CE}.VocabParallelCrossEntropy.calculate_cross_entropy_loss": _STEP,
     f"{_CE}.VocabParallelCrossEntropy.prepare_gradient_calculation_operands": _STEP,
     f"{_CE}.VocabParallelCrossEntropy.calculate_gradients": _STEP,
     f"{_TPU}.VocabUtility.vocab_range_from_per_partition_vocab_size": "called by _VocabParallelCrossEntropy.forward "

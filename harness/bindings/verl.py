@@ -656,8 +656,8 @@ _MCORE_CFG = _NOT_NUMERICS + "builds Megatron ModelParallelConfig / parallel-lay
 #: reuse the reasons the report gives for unchecked variants.
 NOT_BOUND: dict[str, str] = {
     # ---- verl.utils.torch_functional
-    f"{TF}.gather_from_labels": "called by logprobs_from_logits_naive / the v2 path (bound through token_logprobs): "
-    "torch.gather on the last dim, no arithmetic of its own",
+    f"{TF}.gather_from_labels": "torch.gather on the last dim (no arithmetic of its own); called by "
+    "logprobs_from_logits_naive (not bound, see there)",
     f"{TF}.logprobs_from_logits_v2": "called by logprobs_from_logits (bound as token_logprobs) whenever flash-attn is "
     "absent (this CPU build): every token_logprobs finding runs it; not bound on its own",
     f"{TF}.logprobs_from_logits_flash_attn": "called by logprobs_from_logits when flash-attn is installed (CUDA "
