@@ -131,15 +131,19 @@ binding = Binding(
 
 # ------------------------------------------------------------------------------------ coverage
 #: megatron-core's numerics modules (issue 11): the vocab-parallel cross-entropy and what it calls
-#: (``tensor_parallel.utils.VocabUtility``), the fused variant, and the pipeline schedules, whose
-#: ``forward_step_calc_loss`` scales the loss by the context-parallel size and the number of micro-batches
+#: (``tensor_parallel.utils.VocabUtility``), the fused variant, and the context-parallel loss helpers: the
+#: pipeline schedules, whose ``forward_step_calc_loss`` scales the loss by the CP size and the number of
+#: micro-batches, and ``finalize_model_grads``, which divides the gradients by the token count all-reduced
+#: over DP x CP
 NUMERICS_MODULES = ("megatron.core.tensor_parallel.cross_entropy", "megatron.core.tensor_parallel.utils",
-                    "megatron.core.fusions.fused_cross_entropy", "megatron.core.pipeline_parallel.schedules")
+                    "megatron.core.fusions.fused_cross_entropy", "megatron.core.pipeline_parallel.schedules",
+                    "megatron.core.distributed.finalize_model_grads")
 
 _CE = "megatron.core.tensor_parallel.cross_entropy"
 _FUSED = "megatron.core.fusions.fused_cross_entropy"
 _SCHED = "megatron.core.pipeline_parallel.schedules"
 _TPU = "megatron.core.tensor_parallel.utils"
+_FMG = "megatron.core.distributed.finalize_model_grads"
 _STEP = ("a step of _VocabParallelCrossEntropy.forward / backward, called by vocab_parallel_cross_entropy (bound as "
          "token_logprobs and vocab_parallel_token_logprobs): checked through it, not on its own")
 _FUSED_STEP = ("a step of fused_vocab_parallel_cross_entropy (not bound: no catalog op yet for a second "
@@ -192,6 +196,11 @@ NOT_BOUND: dict[str, str] = {
     f"{_SCHED}.get_schedule_table": _SCHEDULE,
     f"{_SCHED}.get_tensor_device": _SCHEDULE,
     f"{_SCHED}.get_tensor_shapes": _SCHEDULE,
+    f"{_FMG}.finalize_model_grads": "no catalog op yet: the per-token gradient normalisation (num_tokens broadcast "
+    "from the last PP stage, all-reduced over DP x CP, gradients scaled by 1 / clamp(num_tokens, 1)) after the DP "
+    "gradient all-reduce; the agg_loss / context-parallel family (issue 11 part 5)",
+    f"{_FMG}.reset_model_temporary_tensors": "not numerics: zeroes per-step MoE router "
+    "temporaries (expert token counts, global aux-loss trackers)",
 }
 
 binding.coverage = Coverage(modules=NUMERICS_MODULES, not_bound=NOT_BOUND, importer=import_megatron)
