@@ -47,6 +47,7 @@ __all__ = [
     "AggLoss",
     "BatchInfo",
     "Binding",
+    "Coverage",
     "BindingError",
     "Lazy",
     "LossVariants",
@@ -83,6 +84,28 @@ class Lazy:
         return self.adapt(obj) if self.adapt is not None else obj
 
 
+@dataclasses.dataclass(frozen=True)
+class Coverage:
+    """What of the engine the coverage table inventories (:mod:`rlconform.harness.coverage`).
+
+    ``modules``: the engine's numerics modules (a package stands for all its submodules); every public
+    function, method and class defined there is listed. ``registries``: display name (conventionally
+    ``module.REGISTRY``) -> zero-argument loader returning ``{entry name: callable or None}`` as the
+    engine holds it now. ``registry_ops``: registry -> the catalog op (or tuple of ops) it feeds: an
+    entry whose callable the binding does not hold (or shares with another entry) is bound when an
+    implementation of that op holds the entry's name in its closure. ``not_bound``: qualified item name
+    (a module that cannot be imported: its name) -> why it is not bound (e.g. "not numerics: a tensor
+    reshaping utility", "no catalog op yet: issue N"). ``importer``: imports a module by name (default
+    ``importlib.import_module``; an engine that needs an import shim passes its own).
+    """
+
+    modules: tuple[str, ...]
+    registries: Mapping[str, Callable[[], Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
+    not_bound: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    registry_ops: Mapping[str, str | tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    importer: Callable[[str], Any] | None = None
+
+
 @dataclasses.dataclass
 class Binding:
     """An engine bound to the catalog.
@@ -93,6 +116,8 @@ class Binding:
     ``spec``: the ``--engine`` value it was loaded from (set by the loader; used in reproducers).
     ``forward_only``: ops whose gradient is not part of the engine's contract (e.g. a statistic always
     computed detached): their values are checked, their gradients are not.
+    ``coverage``: the engine's numerics modules, registries and justifications for the coverage table
+    (:class:`Coverage`; ``None``: the binding declares none).
     """
 
     name: str
@@ -103,6 +128,7 @@ class Binding:
     notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     spec: str | None = None
     forward_only: frozenset = frozenset()
+    coverage: Coverage | None = None
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def provided_ops(self) -> list[str]:

@@ -7,6 +7,7 @@
     rlconform ledger DIR/report.json > xfails.txt
     rlconform diff BASE HEAD [--fail-on wrong|imprecise] [--markdown FILE]   (what a pull request changes)
     rlconform bisect --engine-path CHECKOUT --good REV --bad REV CASE_FILE [--engine SPEC]   (issue 12 §4)
+    rlconform coverage --engine X [--format table|md|json] [--strict]   (the engine's numerics: bound or not)
     rlconform list-ops | list-engines | --version
 
 Exit codes: 0 clean (every selected finding run and recorded, none failing), 1 discrepancies (or crashes,
@@ -114,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bisect_parser(sub)
 
+    cv = sub.add_parser("coverage", help="inventory the engine's numerics: every public function bound to an op, "
+                        "justified, or unbound (issue 11)")
+    _engine_args(cv)
+    cv.add_argument("--format", choices=["table", "md", "json"], default=None,
+                    help="table (rich), md (Markdown, as reports/<engine>/coverage.md) or json "
+                    "(default: table on a terminal, md otherwise)")
+    cv.add_argument("--strict", action="store_true",
+                    help="exit 1 when an item is unbound (neither bound nor justified): for a fork's CI")
+    cv.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S,
+                    help="seconds the engine's import may take (default: %(default)s)")
+
     rp = sub.add_parser("report", help="re-render report.md and report.html from a report.json")
     rp.add_argument("out", help="a report folder (holding report.json), or the report.json itself")
 
@@ -202,9 +214,10 @@ def _engine_metadata(spec: str, engine_path: str | None) -> dict:
         binding = load_engine(spec, None)
         from rlconform.harness.catalog import OPS
 
-        if not any(OPS[op].variants for op in binding.provided_ops() if op in OPS):
+        if binding.coverage is None and not any(OPS[op].variants for op in binding.provided_ops() if op in OPS):
             return engine_meta(binding)
-    return probe_engine(spec, engine_path)  # variants are known only by resolving the engine's registries
+    # variants and the coverage table are known only by importing the engine: in a child process
+    return probe_engine(spec, engine_path)
 
 
 def cmd_check(args) -> int:
@@ -459,6 +472,58 @@ def _print_replay_result(result: dict) -> int:
     return EXIT_DISCREPANCY
 
 
+def _coverage_child(spec: str | None, engine_path: str | None, emit=None) -> dict:
+    """In a child process: load the engine and build its coverage table (data only), or ``{"error": ...}``."""
+    from rlconform.harness.binding import BindingError
+    from rlconform.harness.coverage import coverage_record
+    from rlconform.harness.engines import load_engine
+
+    try:
+        binding = load_engine(spec, engine_path)
+    except BindingError as exc:
+        return {"error": str(exc)}
+    if binding.coverage is None:
+        return {"error": f"engine {binding.spec!r} declares no coverage (Binding.coverage: its numerics modules, "
+                         f"registries and NOT_BOUND justifications)"}
+    record = coverage_record(binding)
+    record["spec"] = binding.spec
+    return record
+
+
+def cmd_coverage(args) -> int:
+    """Print the engine's coverage table; exit 1 with ``--strict`` when an item is unbound."""
+    from rlconform.harness.coverage_md import print_table, render_markdown
+    from rlconform.harness.isolated import ChildDied, run_isolated
+
+    spec = args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference"
+    try:
+        record = run_isolated(_coverage_child, (spec, args.engine_path), deadline_s=args.timeout)
+    except ChildDied as exc:
+        return _usage_error(f"loading engine {spec!r}: {exc.description}")
+    except RuntimeError as exc:
+        return _usage_error(f"the coverage table could not be built: {str(exc).strip().splitlines()[-1]}")
+    if "error" in record:
+        return _usage_error(record["error"])
+    fmt = args.format or ("table" if sys.stdout.isatty() else "md")
+    if fmt == "json":
+        print(json.dumps(record, indent=1))
+    elif fmt == "md":
+        command = f"rlconform coverage --engine {spec} --format md"
+        sys.stdout.write(render_markdown(record, command=command))
+    else:
+        print_table(record)
+    for e in record.get("errors") or []:
+        print(f"rlconform: warning: {e}", file=sys.stderr)
+    for e in record.get("stale") or []:
+        print(f"rlconform: warning: stale justification: {e}", file=sys.stderr)
+    unbound = record["counts"].get("unbound", 0)
+    if args.strict and unbound:
+        print(f"rlconform: {unbound} item(s) of the engine's numerics are unbound (neither bound to an op nor "
+              f"justified in the binding's NOT_BOUND table)", file=sys.stderr)
+        return EXIT_DISCREPANCY
+    return EXIT_CLEAN
+
+
 def cmd_ledger(args) -> int:
     path = os.path.join(args.report, "report.json") if os.path.isdir(args.report) else args.report
     try:
@@ -534,6 +599,8 @@ def _main(argv: list[str] | None = None) -> int:
         return cmd_bisect(args)
     if args.command == "ledger":
         return cmd_ledger(args)
+    if args.command == "coverage":
+        return cmd_coverage(args)
     return _usage_error(f"unknown command {args.command!r}")  # pragma: no cover
 
 

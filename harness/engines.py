@@ -168,11 +168,16 @@ def engine_meta(binding: Binding, *, variants: bool = False) -> dict:
     revision and the ops it binds; with ``variants`` (in a child process: it resolves the ops that have
     variants, importing the engine), ``variants`` (op -> the catalog variants it provides, None for an op
     that cannot be resolved: its findings then report it unavailable) and ``variant_record`` (for the
-    report: per op, the variants checked, not provided, and registered but unchecked, with why)."""
+    report: per op, the variants checked, not provided, and registered but unchecked, with why) and
+    ``coverage`` (the coverage table, :func:`rlconform.harness.coverage.coverage_record`; None when the
+    binding declares none)."""
     meta = {"name": binding.name, "spec": binding.spec, "version": binding.version, "path": binding.path,
             "revision": binding.revision, "ops": list(binding.provided_ops())}
     if variants:
         meta["variants"], meta["variant_record"] = variant_info(binding)
+        from rlconform.harness.coverage import coverage_record
+
+        meta["coverage"] = coverage_record(binding)
     return meta
 
 

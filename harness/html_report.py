@@ -283,6 +283,8 @@ examples per finding{% endif %} · python {{ run.python }} · torch {{ run.torch
 <div class="counts">{% for s in statuses %}<div class="count{% if not summary.get(s) %} zero{% endif %}"
  style="background: {{ colors[s] }}">{{ s }}<span>{{ summary.get(s, 0) }}</span></div>{% endfor %}</div>
 
+{% if coverage %}<p class="muted">coverage of the engine's numerics: {{ coverage }}</p>{% endif %}
+
 {% if defects %}<h2>defects ({{ defects|length }})</h2>
 <p class="muted">{{ triage_line }}. Findings that share op, property and failure signature (kind of wrong value ·
 input feature) across dtypes and regimes; most severe first; the reproducer is the smallest member's.</p>
@@ -364,7 +366,14 @@ def render_html(doc: dict) -> str:
         statuses=statuses, colors=STATUS_COLOR, dtypes=FLOAT_DTYPES, grid=_grid(findings),
         plots=make_plots(doc), bad=[f for f in findings if f["status"] != "pass"], findings=findings,
         fmt=_fmt, ratio=_ratio_of, defects=doc.get("defects") or [], sev_colors=SEVERITY_COLOR,
-        triage_line=_triage_line(doc), tb_chars=TRACEBACK_CHARS, msg_chars=MESSAGE_CHARS)
+        triage_line=_triage_line(doc), tb_chars=TRACEBACK_CHARS, msg_chars=MESSAGE_CHARS,
+        coverage=_coverage_line(doc))
+
+
+def _coverage_line(doc: dict) -> str | None:
+    from rlconform.harness.coverage_md import counts_line
+
+    return counts_line(doc["coverage"]) if doc.get("coverage") else None
 
 
 def _triage_line(doc: dict) -> str:

@@ -103,6 +103,7 @@ class _EngineInfo:
         self._ops = list(meta["ops"])
         self.variants = meta.get("variants") or {}
         self.variant_record = meta.get("variant_record") or {}
+        self.coverage = meta.get("coverage")  # the coverage table (issue 11), built in the probe's child process
 
     def provided_ops(self) -> list[str]:
         return list(self._ops)
@@ -198,6 +199,9 @@ class State:
                  "max_examples": self.settings.max_examples,
                  "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},
                  "command": opt("rlconform_command") or " ".join(sys.argv)},
+            # the coverage table comes with `rlconform check` (built where the engine is imported); a bare
+            # pytest run does not build it
+            coverage=getattr(b, "coverage", None) if isinstance(b, _EngineInfo) else None,
         )
         from rlconform.harness.report import ReportWriteError
 

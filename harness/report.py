@@ -21,7 +21,13 @@ Schema ``rlconform.report/1``::
                    "severity": "wrong" | "destructive" | "imprecise" (failing findings only), "severity_reason"}],
      "defects": [{"id", "severity", "op", "property", "signature": {"kind", "feature"}, "members",
                   "dtypes", "regimes", "reproducer": {"finding", "case_file", "command", "input"}, "message"}],
-     "triage": {"defects": {severity: n}, "findings": {severity: n}}}
+     "triage": {"defects": {severity: n}, "findings": {severity: n}},
+     "coverage": {"engine", "version", "modules", "counts": {"unbound", "bound", "justified"},
+                  "items": [{"name", "module", "short", "kind", "status", "bound_to", "reason"}],
+                  "errors", "stale"}   (``rlconform check`` only, when the binding declares one)}
+
+``coverage``: :mod:`rlconform.harness.coverage` (issue 11): every public function of the engine's numerics
+modules and every registry entry, bound to an op, justified, or unbound.
 
 ``severity``, ``defects`` and ``triage``: :mod:`rlconform.harness.triage` (added by :func:`document`).
 
@@ -81,12 +87,13 @@ class ReportWriter:
     its findings are kept and new ones replace those with the same id.
     """
 
-    def __init__(self, out_dir: str, engine: dict, run: dict, *, resume: bool = False):
+    def __init__(self, out_dir: str, engine: dict, run: dict, *, resume: bool = False, coverage: dict | None = None):
         self.out_dir = out_dir
         self.json_path = os.path.join(out_dir, "report.json")
         self.md_path = os.path.join(out_dir, "report.md")
         self.html_path = os.path.join(out_dir, "report.html")
         self.engine = engine
+        self.coverage = coverage
         self.run = {"started": _now(), "finished": None, "complete": False, "python": platform.python_version(),
                     **run}
         try:
@@ -120,6 +127,8 @@ class ReportWriter:
         findings = sorted(self.findings.values(), key=lambda f: (order.get(f["status"], 99), f["id"]))
         doc = {"schema": SCHEMA, "tool": {"name": "rlconform", "version": tool_version()}, "engine": self.engine,
                "run": self.run, "summary": self.summary(), "findings": findings}
+        if self.coverage is not None:  # --- coverage table (issue 11) ---
+            doc["coverage"] = self.coverage
         # --- triage (issue 12): severities, defects --------------------------------------------------
         from rlconform.harness.triage import annotate
 
@@ -224,6 +233,12 @@ def render_markdown(doc: dict) -> str:
             lines.append(entry)
         lines.append("</details>\n")
     lines.append(f"{s.get('pass', 0)} finding(s) pass.")
+    # --- coverage table (issue 11): counts and what is unbound ------------------------------------------
+    from rlconform.harness.coverage_md import render_section
+
+    section = render_section(doc.get("coverage"), eng.get("spec"))
+    if section:
+        lines += [""] + section
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,8 @@ for spec in "verl verl-0.9.1" "skyrl skyrl-0.4.0" "megatron megatron-core-0.19.2
   rc=$?
   if [ "$rc" -ge 2 ]; then echo "[reports] $engine: check failed to run (exit $rc)" >&2; status=2; continue; fi
   "$RL" ledger "$dir/report.json" > "$dir/xfails.txt"
+  "$RL" coverage --engine "$engine" --format md > "$dir/coverage.md" \
+    || { echo "[reports] $engine: coverage table failed" >&2; status=2; }
   echo "[reports] $engine: $dir (exit $rc)"
 done
 exit $status

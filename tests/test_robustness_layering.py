@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 CORE = ["rlconform.harness.torch_state", "rlconform.harness.interrupts", "rlconform.harness.isolated",
-        "rlconform.harness.selection", "rlconform.harness.pool", "rlconform.harness.engines"]
+        "rlconform.harness.selection", "rlconform.harness.pool", "rlconform.harness.engines",
+        "rlconform.harness.coverage"]
 ABOVE = ("rlconform.properties", "rlconform.distributed_tests", "rlconform.harness.cli", "rlconform.harness.fuzz",
          "rlconform.harness.pytest_plugin", "rlconform.harness.report", "rlconform.harness.recorder",
-         "rlconform.harness.inflight", "rlconform.harness.outdir")
+         "rlconform.harness.inflight", "rlconform.harness.outdir", "rlconform.harness.coverage_md")
 
 PROBE = """
 import importlib, json, sys

@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import threading
 
-from rlconform.harness.binding import Binding, Lazy
+from rlconform.harness.binding import Binding, Coverage, Lazy
 
 from ._compat import import_megatron
 
@@ -167,3 +167,80 @@ binding = Binding(
         "tp_group=group), V = the whole vocab (local size × TP)",
     },
 )
+
+
+# ------------------------------------------------------------------------------------ coverage
+#: megatron-core's numerics modules (issue 11): the vocab-parallel cross-entropy and what it calls
+#: (``tensor_parallel.utils.VocabUtility``), the fused variant, and the context-parallel loss helpers: the
+#: pipeline schedules, whose ``forward_step_calc_loss`` scales the loss by the CP size and the number of
+#: micro-batches, and ``finalize_model_grads``, which divides the gradients by the token count all-reduced
+#: over DP x CP
+NUMERICS_MODULES = ("megatron.core.tensor_parallel.cross_entropy", "megatron.core.tensor_parallel.utils",
+                    "megatron.core.fusions.fused_cross_entropy", "megatron.core.pipeline_parallel.schedules",
+                    "megatron.core.distributed.finalize_model_grads")
+
+_CE = "megatron.core.tensor_parallel.cross_entropy"
+_FUSED = "megatron.core.fusions.fused_cross_entropy"
+_SCHED = "megatron.core.pipeline_parallel.schedules"
+_TPU = "megatron.core.tensor_parallel.utils"
+_FMG = "megatron.core.distributed.finalize_model_grads"
+_STEP = ("a step of _VocabParallelCrossEntropy.forward / backward, called by vocab_parallel_cross_entropy (bound as "
+         "token_logprobs and vocab_parallel_token_logprobs): checked through it, not on its own")
+_FUSED_STEP = ("a step of fused_vocab_parallel_cross_entropy (not bound: no catalog op yet for a second "
+               "vocab_parallel_token_logprobs implementation, issue 11 part 2)")
+_SCHEDULE = ("not numerics on its own: pipeline-schedule plumbing (send / receive, activation buffers, micro-batch "
+             "order); the loss arithmetic it runs is forward_step_calc_loss")
+_LOSS_SCALING = ("no catalog op yet: runs the micro-batches, sums their token counts (total_num_tokens) and hands them "
+                 "to finalize_model_grads, which all-reduces them over DP x CP and divides the gradients by them "
+                 "(calculate_per_token_loss); the agg_loss / context-parallel family (issue 11 part 5)")
+#: every public function of :data:`NUMERICS_MODULES` that no op binds, with why (issue 11)
+NOT_BOUND: dict[str, str] = {
+    f"{_CE}.VocabParallelCrossEntropy.calculate_logits_max": _STEP,
+    f"{_CE}.VocabParallelCrossEntropy.calculate_predicted_logits": _STEP,
+    f"{_CE}.VocabParallelCrossEntropy.calculate_cross_entropy_loss": _STEP,
+    f"{_CE}.VocabParallelCrossEntropy.prepare_gradient_calculation_operands": _STEP,
+    f"{_CE}.VocabParallelCrossEntropy.calculate_gradients": _STEP,
+    f"{_TPU}.VocabUtility.vocab_range_from_per_partition_vocab_size": "called by _VocabParallelCrossEntropy.forward "
+    "(bound through vocab_parallel_token_logprobs): the rank's vocab range [rank·V/tp, (rank+1)·V/tp), integer "
+    "arithmetic checked through the TP layouts",
+    f"{_TPU}.VocabUtility.vocab_range_from_global_vocab_size": "integer vocab range of a rank from the global vocab "
+    "size; not called by the cross-entropy path (it uses the per-partition form)",
+    f"{_TPU}.split_tensor_along_last_dim": "not numerics: splits a tensor into views along the last dim",
+    f"{_TPU}.split_tensor_into_1d_equal_chunks": "not numerics: the rank's slice of a flattened tensor",
+    f"{_TPU}.gather_split_1d_tensor": "not numerics: all-gather of 1-D chunks (data movement)",
+    f"{_FUSED}.fused_vocab_parallel_cross_entropy": "no catalog op yet for a second vocab_parallel_token_logprobs "
+    "implementation (jit-fused steps, same contract as vocab_parallel_cross_entropy without label smoothing): "
+    "issue 11 part 2",
+    f"{_FUSED}.calculate_logits_max": _FUSED_STEP,
+    f"{_FUSED}.calculate_predicted_logits": _FUSED_STEP,
+    f"{_FUSED}.calculate_cross_entropy_loss": _FUSED_STEP,
+    f"{_FUSED}.calculate_gradients": _FUSED_STEP,
+    f"{_SCHED}.forward_step_calc_loss": "no catalog op yet: the context-parallel / micro-batch loss scaling (a "
+    "2-output loss_func: loss × cp_size / num_microbatches; a 3-output one: loss / clamp(num_tokens, 1) / "
+    "num_microbatches unless calculate_per_token_loss); the context-parallel family (issue 11 part 5)",
+    f"{_SCHED}.forward_step": "runs the model forward and forward_step_calc_loss (justified); no arithmetic of its own",
+    f"{_SCHED}.backward_step": "not numerics on its own: torch.autograd.backward on the scaled loss with the "
+    "received output gradient",
+    f"{_SCHED}.backward_step_multimodule": "not numerics on its own: backward_step for multi-module pipelines",
+    f"{_SCHED}.custom_backward": "not numerics on its own: calls the autograd engine directly (skips the "
+    "shape check of torch.autograd.backward)",
+    f"{_SCHED}.forward_backward_no_pipelining": _LOSS_SCALING,
+    f"{_SCHED}.forward_backward_pipelining_with_interleaving": _LOSS_SCALING,
+    f"{_SCHED}.forward_backward_pipelining_without_interleaving": _LOSS_SCALING,
+    f"{_SCHED}.get_forward_backward_func": "not numerics: picks the schedule function",
+    f"{_SCHED}.deallocate_output_tensor": _SCHEDULE,
+    f"{_SCHED}.check_first_val_step": _SCHEDULE,
+    f"{_SCHED}.clear_embedding_activation_buffer": _SCHEDULE,
+    f"{_SCHED}.finish_embedding_wgrad_compute": _SCHEDULE,
+    f"{_SCHED}.get_pp_rank_microbatches": _SCHEDULE,
+    f"{_SCHED}.get_schedule_table": _SCHEDULE,
+    f"{_SCHED}.get_tensor_device": _SCHEDULE,
+    f"{_SCHED}.get_tensor_shapes": _SCHEDULE,
+    f"{_FMG}.finalize_model_grads": "no catalog op yet: the per-token gradient normalisation (num_tokens broadcast "
+    "from the last PP stage, all-reduced over DP x CP, gradients scaled by 1 / clamp(num_tokens, 1)) after the DP "
+    "gradient all-reduce; the agg_loss / context-parallel family (issue 11 part 5)",
+    f"{_FMG}.reset_model_temporary_tensors": "not numerics: zeroes per-step MoE router "
+    "temporaries (expert token counts, global aux-loss trackers)",
+}
+
+binding.coverage = Coverage(modules=NUMERICS_MODULES, not_bound=NOT_BOUND, importer=import_megatron)

@@ -45,7 +45,7 @@ import importlib.metadata
 import math
 from collections import defaultdict
 
-from rlconform.harness.binding import AggLoss, Binding, Lazy, MetricPipeline
+from rlconform.harness.binding import AggLoss, Binding, Coverage, Lazy, MetricPipeline
 
 from ._compat import import_skyrl, skyrl_cuda_device_on_cpu
 
@@ -371,6 +371,10 @@ def _policy_loss():
         cfg = config(name, overrides)
 
         def loss(old_log_prob, log_prob, advantages, response_mask, info):
+            # the registry entry this variant runs (``regular`` and ``dual_clip`` share one function and differ
+            # only in the config's policy_loss_type; the coverage table tells them apart by this name)
+            if cfg.policy_loss_type != name:
+                raise RuntimeError(f"config for {cfg.policy_loss_type!r} bound to registry entry {name!r}")
             m = response_mask.to(log_prob.dtype)
             adv = _scale_for_minibatch(ppo_utils.apply_loss_reduction_to_advantages_minibatch, advantages, m,
                                        "token_mean", info)
@@ -500,10 +504,12 @@ def _outcome_advantage():
 
 
 def _gae():
+    estimator = "gae"  # the AdvantageEstimatorRegistry entry (held in the closure: the coverage table reads it)
+
     def gae(token_level_rewards, values, response_mask, gamma, lam):
-        cfg = _algorithm_config(advantage_estimator="gae", gamma=gamma, lambd=lam)
+        cfg = _algorithm_config(advantage_estimator=estimator, gamma=gamma, lambd=lam)
         uids = [str(i) for i in range(token_level_rewards.shape[0])]
-        return _trainer_call("gae", cfg, token_level_rewards, response_mask, uids, values=values)
+        return _trainer_call(estimator, cfg, token_level_rewards, response_mask, uids, values=values)
 
     gae.__qualname__ = "skyrl.gae"
     return gae
@@ -562,3 +568,126 @@ binding = Binding(
         "nnz <= 1)",
     },
 )
+
+
+# ------------------------------------------------------------------------------------ coverage
+TRAINER_UTILS = "skyrl.train.utils.trainer_utils"
+#: SkyRL's numerics modules (issue 11): ppo_utils, worker_utils (micro-batch and DP metric reduction),
+#: torch_utils (token statistics) and trainer_utils (the trainer's metric finalisation)
+NUMERICS_MODULES = (PPO_UTILS, WORKER_UTILS, TORCH_UTILS, TRAINER_UTILS)
+
+
+def _registry(name: str):
+    def load():
+        registry = _skyrl(PPO_UTILS, name)
+        return {n: registry.get(n) for n in registry.list_available()}
+
+    load.__qualname__ = f"skyrl.{name}"
+    return load
+
+
+def _kl_modes():
+    """The ``kl_estimator_type`` names ``ppo_utils.compute_approx_kl`` accepts, read from its code."""
+    from rlconform.harness.coverage import compared_strings
+
+    return {n: None for n in compared_strings(_skyrl(PPO_UTILS, "compute_approx_kl"), "kl_estimator_type")}
+
+
+_REGISTRY_PLUMBING = "not numerics: registry plumbing (registration, lookup, Ray-actor synchronisation); the entries " \
+    "are listed as registry entries"
+_BATCHING = "not numerics: micro-batch iteration / reordering of TensorBatch rows (the partitions the catalog's " \
+    "partition properties enumerate)"
+#: every public function of :data:`NUMERICS_MODULES` that no op binds, with why (issue 11)
+NOT_BOUND: dict[str, str] = {
+    # ---- ppo_utils
+    f"{PPO_UTILS}.AdaptiveKLController.update": "no catalog op yet: the adaptive KL coefficient (Ziegler et al. "
+    "2019, proportional controller on the observed KL; KL / loss family, issue 10)",
+    f"{PPO_UTILS}.FixedKLController.update": "not numerics: a no-op, the coefficient stays fixed",
+    f"{PPO_UTILS}.get_kl_controller": "not numerics: builds a KL controller from the config",
+    f"{PPO_UTILS}.AdvantageEstimator": "not numerics: the enum of estimator names (the registry entries are listed)",
+    f"{PPO_UTILS}.PolicyLossType": "not numerics: the enum of policy-loss names (the registry entries are listed)",
+    f"{PPO_UTILS}.AdvantageEstimatorRegistry.repopulate_registry": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.PolicyLossRegistry.repopulate_registry": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.BaseFunctionRegistry.get": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.BaseFunctionRegistry.list_available": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.BaseFunctionRegistry.register": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.BaseFunctionRegistry.repopulate": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.BaseFunctionRegistry.reset": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.BaseFunctionRegistry.sync_with_actor": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.BaseFunctionRegistry.unregister": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.register_advantage_estimator": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.register_policy_loss": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.repopulate_all_registries": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.sync_registries": _REGISTRY_PLUMBING,
+    f"{PPO_UTILS}.ppo_critic_loss": "no catalog op yet: the clipped value loss and its clip fraction (op "
+    "value_loss, issue 10 part 4)",
+    # ---- torch_utils
+    f"{TORCH_UTILS}.logprobs_from_logits_v2": "called by logprobs_from_logits (bound as token_logprobs) whenever "
+    "the flash-attn kernel is not used (every CPU run): every token_logprobs finding runs it; not bound on its own",
+    f"{TORCH_UTILS}.logprobs_from_logits_flash_attn": "called by logprobs_from_logits for CUDA logits with "
+    "flash-attn installed; unreachable on the CPU machines the reports are made on",
+    f"{TORCH_UTILS}.safe_exp_delta": "called by the bound policy losses (importance ratio exp(clamp(Δ, ±20)) in "
+    "float32, cast back); no catalog op yet for the ratio itself (importance_ratio, issue 10 part 4)",
+    f"{TORCH_UTILS}.chunked_cross_entropy_from_log_probs": "no catalog op yet for entropy from log-probs (a "
+    "second entropy implementation, input log-probs instead of logits; issue 11 part 2); no caller in SkyRL 0.4.0",
+    # ---- worker_utils
+    f"{WORKER_UTILS}.compute_minibatch_rollout_logprob_diff_metrics": "no catalog pipeline emits it yet: "
+    "per-micro-batch |log π − log μ| mean / max / std metrics, folded by reduce_metrics and the trainer's "
+    "finalize_minibatch_rollout_logprob_diff_std (metric family, issue 11 part 4)",
+    f"{WORKER_UTILS}.get_microbatch_iterator": _BATCHING,
+    f"{WORKER_UTILS}.BaseBatchIterator.reorder_and_combine_batches": _BATCHING,
+    f"{WORKER_UTILS}.BatchIterator.reorder_and_combine_batches": _BATCHING,
+    f"{WORKER_UTILS}.SampleBasedBatchIterator.reorder_and_combine_batches": _BATCHING,
+    f"{WORKER_UTILS}.TokenBasedBatchIterator.reorder_and_combine_batches": _BATCHING,
+    f"{WORKER_UTILS}.TokenBasedBatchIterator.reorder_and_combine_items": _BATCHING,
+    f"{WORKER_UTILS}.BaseBatchIterator.batch_to_experience": "not numerics: repackages a TensorBatch as an "
+    "Experience",
+    f"{WORKER_UTILS}.get_inference_weight_prefix": "not numerics: a weight-name prefix for weight sync",
+    # ---- trainer_utils (needs torchdata, absent here: its items are read from the source file)
+    TRAINER_UTILS: "the trainer's utilities, metric finalisation among them; it needs torchdata, absent from this "
+    "environment, so nothing in it can be bound here (its items are listed from the source)",
+    f"{TRAINER_UTILS}.finalize_minibatch_rollout_logprob_diff_std": "no catalog op yet: a std rebuilt from "
+    "mean-reduced moments, sqrt(max(0, E[x²] − E[x]²)) after reduce_metrics averaged the per-micro-batch moments "
+    "(cancellation, and a mean of means: metric family, issue 11 part 4); the module does not import here",
+    f"{TRAINER_UTILS}.calculate_per_dataset_metrics": "evaluation metrics (avg score, pass@n per data source) from "
+    "generator outputs: no catalog op yet (reward statistics, not the training objective)",
+    f"{TRAINER_UTILS}.get_intra_group_completion_time_std_cv": "not numerics of the objective: std / CV of "
+    "rollout completion times (wall-clock telemetry)",
+    f"{TRAINER_UTILS}.get_group_completion_metrics": "not numerics of the objective: completion-time mean / p90 / "
+    "max (wall-clock telemetry)",
+    f"{TRAINER_UTILS}.zero_variance_filter": "no catalog op yet: drops prompt groups whose rewards have zero "
+    "variance (DAPO dynamic sampling: a selection of groups, advantage family, issue 9)",
+    f"{TRAINER_UTILS}.handle_dynamic_sampling": "no catalog op yet: DAPO dynamic sampling driver (filter / replace "
+    "groups by reward variance; a selection step, advantage family, issue 9)",
+    f"{TRAINER_UTILS}.handle_filter_sampling": "no catalog op yet: dynamic sampling by filtering (see "
+    "handle_dynamic_sampling)",
+    f"{TRAINER_UTILS}.handle_replace_sampling": "no catalog op yet: dynamic sampling by replacing zero-variance "
+    "groups with good ones (see handle_dynamic_sampling)",
+    f"{TRAINER_UTILS}.get_bad_sample_replacements": "not numerics: picks replacement uids for dynamic sampling",
+    f"{TRAINER_UTILS}.filter_generator_output": "not numerics: keeps the given rows of a generator output",
+    f"{TRAINER_UTILS}.validate_generator_output": "not numerics: shape / field checks of a generator output",
+    f"{TRAINER_UTILS}.DynamicSamplingState": "not numerics: a TypedDict of dynamic-sampling state",
+    f"{TRAINER_UTILS}.ResumeMode": "not numerics: checkpoint resume enum",
+    f"{TRAINER_UTILS}.build_dataloader": "not numerics: builds the StatefulDataLoader",
+    f"{TRAINER_UTILS}.cleanup_old_checkpoints": "not numerics: checkpoint housekeeping",
+    f"{TRAINER_UTILS}.list_checkpoint_dirs": "not numerics: checkpoint housekeeping",
+    f"{TRAINER_UTILS}.extract_step_from_path": "not numerics: checkpoint housekeeping",
+    f"{TRAINER_UTILS}.validate_consistency_for_latest_checkpoint": "not numerics: checkpoint housekeeping",
+    f"{TRAINER_UTILS}.dump_per_dataset_eval_results": "not numerics: writes evaluation results to disk",
+    f"{TRAINER_UTILS}.sanitize_data_source": "not numerics: metric-key sanitising",
+    f"{TRAINER_UTILS}.get_node_ids": "not numerics: Ray node discovery",
+    f"{TRAINER_UTILS}.run_on_each_node": "not numerics: Ray task fan-out",
+}
+
+COVERAGE = Coverage(
+    modules=NUMERICS_MODULES,
+    registries={f"{PPO_UTILS}.PolicyLossRegistry": _registry("PolicyLossRegistry"),
+                f"{PPO_UTILS}.AdvantageEstimatorRegistry": _registry("AdvantageEstimatorRegistry"),
+                f"{PPO_UTILS}.compute_approx_kl modes": _kl_modes},
+    registry_ops={f"{PPO_UTILS}.PolicyLossRegistry": "policy_loss",
+                  f"{PPO_UTILS}.AdvantageEstimatorRegistry": ("outcome_advantage", "gae"),
+                  f"{PPO_UTILS}.compute_approx_kl modes": "kl_estimator"},
+    not_bound=NOT_BOUND,
+    importer=import_skyrl,
+)
+binding.coverage = COVERAGE

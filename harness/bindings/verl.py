@@ -72,7 +72,7 @@ import functools
 import importlib.metadata
 from itertools import chain
 
-from rlconform.harness.binding import AggLoss, Binding, Lazy, MetricPipeline
+from rlconform.harness.binding import AggLoss, Binding, Coverage, Lazy, MetricPipeline
 
 TF = "verl.utils.torch_functional"
 CORE = "verl.trainer.ppo.core_algos"
@@ -240,6 +240,9 @@ def _metric_pipeline() -> MetricPipeline:
 # ------------------------------------------------------------------------ KL and policy losses
 #: verl's spellings of the KL estimators (``kl_penalty_forward``'s branches; each also with "+")
 KL_NAMES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+#: names ``kl_penalty`` knows that are not checked, with why
+KL_UNCHECKED = {"full": "raises NotImplementedError in verl 0.9.1 (kl_penalty_forward)",
+                "full+": "raises NotImplementedError in verl 0.9.1 (kl_penalty_forward)"}
 
 
 def _kl_estimator():
@@ -256,9 +259,7 @@ def _kl_estimator():
         return kl
 
     names = KL_NAMES + tuple(n + "+" for n in KL_NAMES)
-    return Variants({n: bind(n) for n in names},
-                    unchecked={"full": "raises NotImplementedError in verl 0.9.1 (kl_penalty_forward)",
-                               "full+": "raises NotImplementedError in verl 0.9.1 (kl_penalty_forward)"})
+    return Variants({n: bind(n) for n in names}, unchecked=dict(KL_UNCHECKED))
 
 
 #: verl registry name -> catalog variant (rlconform.harness.families.policy_loss.VARIANTS)
@@ -605,3 +606,188 @@ vectorized_binding = dataclasses.replace(
     notes={**binding.notes, "outcome_advantage": "as engine 'verl', with grpo_vectorized for grpo/drgrpo (called "
            "as the trainer's non-GRPO branch: norm_adv_by_std_in_grpo only in the config) and rloo_vectorized for rloo"},
 )
+
+
+# ------------------------------------------------------------------------------------ coverage
+#: verl's numerics modules (issue 11): every public function there is bound or justified in NOT_BOUND
+NUMERICS_MODULES = (TF, "verl.utils.experimental.torch_functional", CORE, "verl.utils.metric", TPM,
+                    "verl.workers.utils.losses")
+
+
+def _import(name: str):
+    """verl's Megatron helpers import megatron-core, which needs :func:`._compat.import_megatron`'s shim."""
+    import importlib
+
+    if "megatron" in name:
+        from ._compat import import_megatron
+
+        return import_megatron(name)
+    return importlib.import_module(name)
+
+
+def _policy_loss_registry():
+    from verl.trainer.ppo import core_algos
+
+    return dict(core_algos.POLICY_LOSS_REGISTRY)
+
+
+def _adv_estimator_registry():
+    from verl.trainer.ppo import core_algos
+
+    return dict(core_algos.ADV_ESTIMATOR_REGISTRY)
+
+
+def _kl_modes():
+    """The names ``core_algos.kl_penalty`` accepts, read from the engine's code: the strings
+    ``kl_penalty_forward`` compares its ``kl_penalty`` argument with, each also with the ``+`` suffix
+    (``kl_penalty`` strips it and adds the straight-through k2 gradient)."""
+    from verl.trainer.ppo import core_algos
+
+    from rlconform.harness.coverage import compared_strings
+
+    base = compared_strings(core_algos.kl_penalty_forward, "kl_penalty")
+    return {name: None for name in base + [b + "+" for b in base]}
+
+
+_NOT_NUMERICS = "not numerics: "
+_LR = "optimizer-side, outside the RL objective: a learning-rate schedule (LambdaLR); no catalog op"
+_MCORE_CFG = _NOT_NUMERICS + "builds Megatron ModelParallelConfig / parallel-layer keyword arguments"
+#: every public function of :data:`NUMERICS_MODULES` that no op binds, with why (issue 11). Registry entries
+#: reuse the reasons the report gives for unchecked variants.
+NOT_BOUND: dict[str, str] = {
+    # ---- verl.utils.torch_functional
+    f"{TF}.gather_from_labels": "torch.gather on the last dim (no arithmetic of its own); called by "
+    "logprobs_from_logits_naive (not bound, see there)",
+    f"{TF}.logprobs_from_logits_v2": "called by logprobs_from_logits (bound as token_logprobs) whenever flash-attn is "
+    "absent (this CPU build): every token_logprobs finding runs it; not bound on its own",
+    f"{TF}.logprobs_from_logits_flash_attn": "called by logprobs_from_logits when flash-attn is installed (CUDA "
+    "only); unreachable on the CPU machines the reports are made on",
+    f"{TF}.logprobs_from_logits_torch_npu": "called by logprobs_from_logits on Ascend NPUs (torch_npu); unreachable "
+    "on CPU",
+    f"{TF}.logprobs_from_logits_naive": "no catalog op yet for a second token_logprobs implementation: variants of "
+    "an op are checked as that op (issue 11 part 2)",
+    f"{TF}.entropy_from_logits_with_chunking": "no catalog op yet for a second entropy implementation (engine "
+    "option entropy_from_logits_with_chunking; 2-D only, fp32 output): issue 11 part 2",
+    f"{TF}.clip_by_value": "elementwise torch.max(torch.min(x, hi), lo); called by compute_value_loss (not bound): "
+    "no reduction or rounding of its own",
+    f"{TF}.distributed_masked_mean": "no catalog op yet: a masked mean all-reduced over the default (world) group "
+    "(the DP / CP masked-mean family, catalog cp_masked_mean takes a group; issue 11 part 5)",
+    f"{TF}.distributed_mean_max_min_std": "no catalog op yet: mean / max / min / std all-reduced over the default "
+    "group (the distributed metric family; issue 11 part 4)",
+    f"{TF}.allgather_dict_tensors": _NOT_NUMERICS + "all_gather of a dict of tensors and concatenation (data "
+    "movement, no arithmetic)",
+    f"{TF}.broadcast_dict_tensor": _NOT_NUMERICS + "broadcast of a dict of tensors",
+    f"{TF}.split_dict_tensor_into_batches": _NOT_NUMERICS + "splits a TensorDict into batches",
+    f"{TF}.expand_as_nested": _NOT_NUMERICS + "repeats a per-sequence tensor into a nested (jagged) layout",
+    f"{TF}.get_response_mask": _NOT_NUMERICS + "builds the 0/1 response mask from EOS positions",
+    f"{TF}.pad_2d_list_to_length": _NOT_NUMERICS + "pads token-id lists",
+    f"{TF}.pad_sequence_to_length": _NOT_NUMERICS + "pads a tensor to a length",
+    f"{TF}.postprocess_data": _NOT_NUMERICS + "tokenizer output padding / truncation",
+    f"{TF}.tokenize_and_postprocess_data": _NOT_NUMERICS + "tokenization",
+    f"{TF}.remove_pad_token": _NOT_NUMERICS + "strips padding from token ids",
+    f"{TF}.get_unpad_data": _NOT_NUMERICS + "cu_seqlens / indices for flash-attn varlen",
+    f"{TF}.prepare_decoder_attention_mask": _NOT_NUMERICS + "builds the causal attention mask",
+    f"{TF}.log_probs_from_logits_response": "slices response logits and labels, then calls logprobs_from_logits "
+    "(bound as token_logprobs); the slicing is layout, not arithmetic",
+    f"{TF}.log_probs_from_logits_response_rmpad": "unpad / roll / pad around logprobs_from_logits (bound as "
+    "token_logprobs); needs flash_attn.bert_padding (CUDA): unreachable on CPU",
+    f"{TF}.log_probs_from_logits_all_rmpad": "pad around logprobs_from_logits (bound as token_logprobs); needs "
+    "flash-attn or NPU pad_input: unreachable on CPU",
+    f"{TF}.post_process_logits": "divides logits by the temperature in place (the sampling temperature); no catalog "
+    "op yet for temperature scaling (a token-statistic input transform)",
+    f"{TF}.compute_grad_norm": "optimizer-side, outside the RL objective: the global gradient L2 norm (logged); no "
+    "catalog op",
+    f"{TF}.get_cosine_schedule_with_warmup": _LR,
+    f"{TF}.get_constant_schedule_with_warmup": _LR,
+    f"{TF}.get_wsd_schedule_with_warmup": _LR,
+    f"{TF}.check_device_is_available": _NOT_NUMERICS + "a device-availability context manager",
+    f"{TF}.use_original_torch_compile": _NOT_NUMERICS + "a context manager restoring torch.compile",
+    # ---- verl.utils.experimental.torch_functional
+    "verl.utils.experimental.torch_functional.FusedLinearForPPO.forward": "no catalog op yet: fused-linear "
+    "log-probs / entropy from hidden states and the LM-head weight, in chunks (issue 11 part 2)",
+    "verl.utils.experimental.torch_functional.FusedLinearForPPOFunction.forward": "no catalog op yet: the autograd "
+    "Function under FusedLinearForPPO (fused-linear family, issue 11 part 2)",
+    "verl.utils.experimental.torch_functional.FusedLinearForPPOFunction.backward": "no catalog op yet: the chunked "
+    "backward of FusedLinearForPPO (fused-linear family, issue 11 part 2)",
+    # ---- verl.trainer.ppo.core_algos
+    f"{CORE}.AdvantageEstimator": _NOT_NUMERICS + "the enum of estimator names (the registry entries are listed "
+    "separately)",
+    f"{CORE}.register_adv_est": _NOT_NUMERICS + "the registration decorator of ADV_ESTIMATOR_REGISTRY",
+    f"{CORE}.get_adv_estimator_fn": _NOT_NUMERICS + "registry lookup (the binding calls it to fetch each estimator)",
+    f"{CORE}.register_policy_loss": _NOT_NUMERICS + "the registration decorator of POLICY_LOSS_REGISTRY",
+    f"{CORE}.get_policy_loss_fn": _NOT_NUMERICS + "registry lookup (the binding calls it to fetch each loss)",
+    f"{CORE}.AdaptiveKLController.update": "no catalog op yet: the adaptive KL coefficient (Ziegler et al. 2019, "
+    "proportional controller on the observed KL; KL / loss family, issue 10)",
+    f"{CORE}.FixedKLController.update": _NOT_NUMERICS + "a no-op: the coefficient stays fixed",
+    f"{CORE}.get_kl_controller": _NOT_NUMERICS + "builds a KL controller from the config",
+    f"{CORE}.kl_penalty_forward": "called by kl_penalty (bound as kl_estimator[*]) for every mode; the modes are "
+    "listed as 'kl_penalty modes' entries",
+    f"{CORE}.compute_rewards": "no catalog op yet: token rewards minus kl_ratio · (log π_old − log π_ref) (k1 KL "
+    "in the reward; KL family, issue 10)",
+    f"{CORE}.compute_entropy_loss": "entropy_from_logits (bound as entropy) then agg_loss (bound as agg_loss); the "
+    "composition has no op of its own ('for backward compatibility' per its docstring)",
+    f"{CORE}.compute_value_loss": "no catalog op yet: the clipped value loss (op value_loss, issue 10 part 4)",
+    f"{CORE}.compute_policy_loss": "deprecated in verl 0.9.1 (@deprecated -> compute_policy_loss_vanilla, bound as "
+    "policy_loss[vanilla]); not in POLICY_LOSS_REGISTRY",
+    f"{CORE}.compute_policy_loss_reinforce": "called by compute_policy_loss_bypass_mode for "
+    "rollout_correction.loss_type='reinforce' (not the default); no catalog variant yet for REINFORCE with "
+    "rollout IS weights (policy-loss family, issue 10)",
+    f"{CORE}.compute_pf_ppo_reweight_data": "no catalog op yet: PF-PPO score-weighted resampling of a batch "
+    "(a sampling step on a DataProto, not a tensor formula the catalog models)",
+    # ---- verl.utils.metric
+    "verl.utils.metric.utils.Metric.append": "called by Metric.__init__ / extend, which the bound metric_pipeline "
+    "runs (Metric.from_dict, append_to_dict): reached through it, not bound on its own",
+    "verl.utils.metric.utils.Metric.extend": "called by Metric.append for a Metric value (append_to_dict over "
+    "micro-batches in the bound metric_pipeline)",
+    "verl.utils.metric.utils.Metric.init_list": "called by verl.utils.py_functional.append_to_dict in the bound "
+    "metric_pipeline: an empty Metric of the same aggregation",
+    "verl.utils.metric.utils.Metric.aggregate": "no catalog pipeline calls it yet: the single-rank reduction "
+    "(mean / sum / min / max of one Metric); metric_pipeline binds the aggregate_dp path (issue 11 part 4: every "
+    "statistic the reducer handles)",
+    # ---- verl.utils.megatron.tensor_parallel
+    f"{TPM}.update_kwargs_with_config": _MCORE_CFG,
+    f"{TPM}.get_default_kwargs_for_model_parallel_config": _MCORE_CFG,
+    f"{TPM}.get_default_model_parallel_config": _MCORE_CFG,
+    f"{TPM}.get_common_default_kwargs_for_parallel_linear": _MCORE_CFG,
+    f"{TPM}.get_default_kwargs_for_column_parallel_linear": _MCORE_CFG,
+    f"{TPM}.get_default_kwargs_for_row_parallel_linear": _MCORE_CFG,
+    f"{TPM}.get_default_kwargs_for_parallel_embedding": _MCORE_CFG,
+    f"{TPM}.is_tensor_parallel_param": _NOT_NUMERICS + "reads a parameter attribute",
+    f"{TPM}.get_tensor_parallel_partition_dim": _NOT_NUMERICS + "reads a parameter attribute",
+    f"{TPM}.get_tensor_parallel_partition_stride": _NOT_NUMERICS + "reads a parameter attribute",
+    f"{TPM}.vocab_parallel_entropy_with_chunking": "no catalog op yet for a second vocab_parallel_entropy "
+    "implementation (chunks along dim 1 through the same _VocabParallelEntropy; float32 output buffer): "
+    "issue 11 part 2",
+    f"{TPM}.vocab_parallel_log_probs_from_logits_response_rmpad": "unpad / roll / pad around "
+    "vocab_parallel_log_probs_from_logits (bound as vocab_parallel_token_logprobs); needs flash-attn: "
+    "unreachable on CPU",
+    # ---- verl.workers.utils.losses
+    "verl.workers.utils.losses.ppo_loss": "the worker's loss wrapper (model-output TensorDict in, unpadding, "
+    "global_batch_info, policy loss + entropy + KL terms): its arithmetic is bound piecewise, agg_loss and "
+    "policy_loss are driven as it calls them; the wrapper itself has no catalog op",
+    "verl.workers.utils.losses.sft_loss": "no catalog op yet: the SFT negative log-likelihood over a TensorDict "
+    "(token-mean over the DP group); the RL catalog has no supervised loss",
+    "verl.workers.utils.losses.value_loss": "the critic wrapper around compute_value_loss: no catalog op yet "
+    "(value_loss, issue 10 part 4)",
+}
+NOT_BOUND.update({f"{CORE}.POLICY_LOSS_REGISTRY[{k!r}]": v for k, v in POLICY_LOSS_UNCHECKED.items()})
+NOT_BOUND.update({f"{CORE}.ADV_ESTIMATOR_REGISTRY[{k!r}]": v for k, v in VERL_UNCHECKED.items()
+                  if k not in ("gae", "optimal_token_baseline")})  # those two are ops of their own: bound
+NOT_BOUND.update({f"{CORE}.kl_penalty modes[{k!r}]": v for k, v in KL_UNCHECKED.items()})
+
+COVERAGE = Coverage(
+    modules=NUMERICS_MODULES,
+    registries={f"{CORE}.POLICY_LOSS_REGISTRY": _policy_loss_registry,
+                f"{CORE}.ADV_ESTIMATOR_REGISTRY": _adv_estimator_registry,
+                f"{CORE}.kl_penalty modes": _kl_modes},
+    registry_ops={f"{CORE}.POLICY_LOSS_REGISTRY": "policy_loss", f"{CORE}.ADV_ESTIMATOR_REGISTRY": "outcome_advantage",
+                  f"{CORE}.kl_penalty modes": "kl_estimator"},
+    not_bound=NOT_BOUND,
+    importer=_import,
+)
+binding.coverage = COVERAGE
+#: verl:vectorized_binding binds the *_vectorized estimators in place of the plain ones
+vectorized_binding.coverage = dataclasses.replace(COVERAGE, not_bound={
+    **{k: v for k, v in NOT_BOUND.items() if not k.endswith(tuple(f"[{vec!r}]" for vec in VECTORIZED))},
+    **{f"{CORE}.ADV_ESTIMATOR_REGISTRY[{plain!r}]": "the plain implementation: checked by engine 'verl'"
+       for plain in VECTORIZED.values()}})
