@@ -26,9 +26,12 @@ Sources: OpenAI baselines ppo2 (clipped value loss); verl 0.9.1 ``core_algos.com
 Regimes ``<variant>@moderate`` (values O(1), padded rows, some empty; fp32, fp64) and
 ``<variant>@large_errors`` (a few tokens with |v − R| up to 1e15 in fp32, 1e10 in bf16: squares near
 the top of the range; fp32, bf16). ``mask_invariant`` writes NaN, ±inf or 1e30 into every input at
-masked positions. Yardstick: the float64 reference with vpreds moved away from the returns by one fp32
-rounding of the operands, ε·(|v| + |v_old| + |R|) (what ``v − R`` and the clip can lose in fp32), rounded
-to the engine's output dtype; metrics are compared at float32 precision at most.
+masked positions. Yardstick (per element, the farther from the reference of two correct computations):
+the float64 reference with vpreds moved away from the returns by one fp32 rounding of the operands,
+ε·(|v| + |v_old| + |R|), and the textbook formula computed in fp32 (:func:`fp32_path`: where |R| ≫
+|v − v_clip| fp32 rounds the two squared errors to a tie, torch.maximum splits the gradient and the clip
+decision is lost; a correct fp32 engine does the same). Rounded to the engine's output dtype; metrics are
+compared at float32 precision at most.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from rlconform.harness.opinfo import (
     split_regime, variant_regime,
 )
 from rlconform.harness.tensors import as_numpy, out_dtype, to_tensor
+from rlconform.reference._policy_common import agg_weights
 
 CLIPRANGE_VALUE = 0.2
 #: catalog variant -> (cliprange_value, loss_agg_mode)
@@ -236,14 +240,54 @@ def _round(x, dtype: str) -> np.ndarray:
     return S.round_to(np.asarray(x, dtype=np.float64), dtype)
 
 
+def fp32_path(variant: str, arrays: dict, mask: np.ndarray, dtype: str):
+    """The textbook formula in the compute dtype (fp32; fp64 for fp64): masked positions zeroed first,
+    ``torch.clamp``, ``torch.maximum`` (a tie of the two terms, which fp32 rounding creates when |R| ≫ |v −
+    v_clip|, splits the gradient), per-token weights of the aggregation in float64. (loss, gradient,
+    metrics) like :func:`reference`."""
+    eps, mode = VARIANTS[variant]
+    cd = torch.float64 if dtype == "float64" else torch.float32
+    m = torch.from_numpy(mask)
+    z = torch.zeros((), dtype=cd)
+    v64, old64, ret64 = (np.where(mask, arrays[k], 0.0) for k in ARRAYS)
+    v = torch.from_numpy(v64).to(cd).requires_grad_(True)
+    v_old, ret = torch.from_numpy(old64).to(cd), torch.from_numpy(ret64).to(cd)
+    l1 = (v - ret) ** 2
+    metrics = {}
+    if eps is None:
+        per_token = l1
+    else:
+        l2 = (torch.clamp(v, v_old - eps, v_old + eps) - ret) ** 2
+        per_token = torch.maximum(l1, l2)
+        clipped = ((l2 > l1) & m).double().sum().item()
+        metrics["vf_clipfrac"] = R.SumCount(clipped, int(mask.sum()))
+    w = torch.from_numpy(agg_weights(mask, mode, mask.shape[-1]))
+    loss = 0.5 * (torch.where(m, per_token, z).double() * w).sum()
+    loss.backward()
+    return float(loss), as_numpy(v.grad), metrics
+
+
 def yardstick(variant: str, arrays: dict, mask: np.ndarray, dtype: str, ref):
-    """The reference at vpreds shifted by ε·(|v| + |v_old| + |R|) away from the returns (module doc)."""
+    """Per element the farther from the reference of two correct computations (module doc): the reference
+    at vpreds shifted by ε·(|v| + |v_old| + |R|) away from the returns, and :func:`fp32_path`."""
     v, v_old, ret = arrays["vpreds"], arrays["values"], arrays["returns"]
     shifted = v + COMPUTE_EPS[dtype] * (np.abs(v) + np.abs(v_old) + np.abs(ret)) * np.sign(v - ret)
     try:
-        return reference(variant, shifted, v_old, ret, mask)
+        a = reference(variant, shifted, v_old, ret, mask)
     except ValueError:
-        return ref
+        a = ref
+    b = fp32_path(variant, arrays, mask, dtype)
+
+    def far(x, y, r):
+        x, y, r = (np.asarray(t, dtype=np.float64) for t in (x, y, r))
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.where(np.abs(y - r) > np.abs(x - r), y, x)
+
+    metrics = dict(a[2])
+    for k, sc in b[2].items():
+        if k in metrics and k in ref[2] and abs(sc.mean - ref[2][k].mean) > abs(metrics[k].mean - ref[2][k].mean):
+            metrics[k] = sc
+    return float(far(a[0], b[0], ref[0])), far(a[1], b[1], ref[1]), metrics
 
 
 def _compared(label, out, ref, mask, ev, faithful):
