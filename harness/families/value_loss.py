@@ -264,7 +264,7 @@ def fp32_path(variant: str, arrays: dict, mask: np.ndarray, dtype: str):
     w = torch.from_numpy(agg_weights(mask, mode, mask.shape[-1]))
     loss = 0.5 * (torch.where(m, per_token, z).double() * w).sum()
     loss.backward()
-    return float(loss), as_numpy(v.grad), metrics
+    return float(loss.detach()), as_numpy(v.grad), metrics
 
 
 def yardstick(variant: str, arrays: dict, mask: np.ndarray, dtype: str, ref):
