@@ -189,3 +189,47 @@ def test_skyrl_value_loss_and_tis_bound_completely():
     fields = {f.name for f in dataclasses.fields(import_skyrl("skyrl.train.config").OffPolicyCorrectionConfig)}
     for name in fields - set(skyrl._TIS_FIELDS):
         assert ir.unchecked[f"off_policy_correction.{name}"]
+
+
+# ------------------------------------------------------------- engine findings pinned on small inputs
+@pytest.mark.engines
+def test_skyrl_sequence_tis_leaks_nan_from_masked_positions():
+    """SkyRL ``compute_tis_ratio(tis_ratio_type="sequence")`` sums ``Δ * loss_mask``: NaN at a padded
+    position makes the row's weight NaN (verl's ``masked_sum`` selects and stays finite)."""
+    from rlconform.harness.bindings import skyrl, verl
+
+    lp = torch.tensor([[-0.5, float("nan")]])
+    old = torch.tensor([[-0.6, -0.2]])
+    mask = torch.tensor([[True, False]])
+    assert torch.isnan(skyrl.binding.resolve("importance_ratio").get("i", "sequence_tis")(lp, old, mask)[0, 0])
+    w = verl.binding.resolve("importance_ratio").get("i", "sequence_tis")(lp, old, mask)
+    assert float(w[0, 0]) == pytest.approx(math.exp(0.1), rel=1e-6)
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("engine", ["verl", "skyrl"])
+def test_vf_clipfrac_is_a_mean_of_micro_batch_means(engine):
+    """Both critics log the clip fraction per micro-batch and average the micro-batches' values: micro-batch A
+    clips 1 of 1 token, B 0 of 3 -> 1/2 logged, 1/4 is the mini-batch's clip fraction."""
+    import importlib
+
+    impl = importlib.import_module(f"rlconform.harness.bindings.{engine}").binding.resolve("value_loss")
+    assert impl.combine_metrics([({"vf_clipfrac": 1.0}, 1), ({"vf_clipfrac": 0.0}, 3)])["vf_clipfrac"] == 0.5
+
+
+@pytest.mark.engines
+def test_skyrl_vf_clipfrac_counts_a_token_inside_the_clip_range():
+    """SkyRL writes v_clip = v_old + clamp(v − v_old, ±ε): in fp32 that is v + 1 ulp here, so a token 0.04
+    inside the clip range counts as clipped (verl's clip_by_value returns v itself)."""
+    from rlconform.harness.bindings import skyrl, verl
+    from rlconform.harness.contracts import BatchInfo
+
+    v = torch.tensor([[0.028250733390450478]])
+    old = torch.tensor([[-0.013210486620664597]])
+    ret = torch.tensor([[0.013831793330609798]])
+    mask = torch.tensor([[True]])
+    info = BatchInfo(dp_size=1, global_nnz=1, global_batch_size=1, global_nonempty_seqs=1, num_micro_batches=1,
+                     loss_scale_factor=1.0)
+    _, sky = skyrl.binding.resolve("value_loss").get("v", "seq-mean-token-mean")(v, old, ret, mask, info)
+    _, ver = verl.binding.resolve("value_loss").get("v", "seq-mean-token-mean")(v, old, ret, mask, info)
+    assert sky["vf_clipfrac"] == 1.0 and ver["vf_clipfrac"] == 0.0
