@@ -233,3 +233,16 @@ def test_skyrl_vf_clipfrac_counts_a_token_inside_the_clip_range():
     _, sky = skyrl.binding.resolve("value_loss").get("v", "seq-mean-token-mean")(v, old, ret, mask, info)
     _, ver = verl.binding.resolve("value_loss").get("v", "seq-mean-token-mean")(v, old, ret, mask, info)
     assert sky["vf_clipfrac"] == 1.0 and ver["vf_clipfrac"] == 0.0
+
+
+@pytest.mark.engines
+def test_verl_is_metrics_divide_by_zero_when_every_weight_is_zero():
+    """verl ``compute_is_metrics``' effective sample size is ``1.0 / masked_mean(w_norm²).item()``: a batch whose
+    applied IS weights are all 0 raises ZeroDivisionError — IcePop rejecting every token (fp32 here), or
+    e^-20 underflowing fp16 (found by importance_ratio.finite_where_reference_finite.float16)."""
+    from verl.trainer.ppo import rollout_corr_helper as rc
+
+    old, rollout, mask = torch.tensor([[-0.1, -0.2]]), torch.tensor([[-3.0, -4.0]]), torch.tensor([[True, True]])
+    with pytest.raises(ZeroDivisionError):
+        rc.compute_rollout_correction_and_rejection_mask(old, rollout, mask, rollout_is="token",
+                                                         rollout_is_threshold="0.5_5.0")

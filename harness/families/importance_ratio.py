@@ -28,7 +28,8 @@ Sources: Schulman et al. 2017 (PPO ratio); Zheng et al. 2025, arXiv:2507.18071 e
 ``utils/off_policy_correction_utils.compute_tis_ratio``.
 
 Regimes ``<variant>@moderate`` (|Δ| ≤ 1; fp32, fp64) and ``<variant>@extreme_log_ratios`` (Δ = ±100 in
-fp32, ±20 in bf16: the clamp decides; gradients must stay finite). ``mask_invariant`` writes NaN, ±inf
+fp32, ±20 in bf16 and fp16, where e^20 > 65504 overflows fp16 even after the ±20 clamp: the clamp and the
+cap decide; gradients must stay finite where the exact one is finite and representable). ``mask_invariant`` writes NaN, ±inf
 or 1e30 at masked positions of both inputs. Yardstick (faithful): the reference with every valid
 log-ratio shifted by one fp32 rounding of its operands, ε·(|log_prob| + |old_log_prob|) (ε = 2⁻²⁴, 2⁻⁵³
 for fp64), the same sign at every token (so a sequence's sum carries n such roundings): what a
@@ -71,7 +72,7 @@ _MODERATE = tuple(variant_regime(v, "moderate") for v in VARIANTS)
 OPS = (
     OpInfo("importance_ratio", "importance_ratio", None, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE, MASK_INVARIANT),
            {**{variant_regime(v, "moderate"): ("float32", "float64") for v in VARIANTS},
-            **{variant_regime(v, "extreme_log_ratios"): ("float32", "bfloat16") for v in VARIANTS}},
+            **{variant_regime(v, "extreme_log_ratios"): ("float32", "bfloat16", "float16") for v in VARIANTS}},
            reference_function("importance_ratio"), reference_function("importance_ratio_grad"), differentiable=True,
            source="PPO ratio; GSPO arXiv:2507.18071 eq. 7; TIS (Yao et al. 2025); verl rollout_corr_helper."
                   "compute_rollout_correction_weights; SkyRL off_policy_correction_utils.compute_tis_ratio",
