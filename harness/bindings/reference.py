@@ -16,8 +16,10 @@ import torch
 from rlconform.harness import faithful as F
 from rlconform.harness.binding import AggLoss, Binding, MetricPipeline, Variants
 from rlconform.harness.families import advantages as A
+from rlconform.harness.families import importance_ratio as _ir
 from rlconform.harness.families import kl_estimator as _kl
 from rlconform.harness.families import policy_loss as _pl
+from rlconform.harness.families import value_loss as _vl
 
 
 def emit_sums(values: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -310,9 +312,14 @@ binding = Binding(
         "masked_whiten": A.faithful_masked_whiten,
         "kl_estimator": _kl.reference_variants(),
         "policy_loss": _pl.reference_variants(),
+        "importance_ratio": _ir.reference_variants(),
+        "value_loss": _vl.reference_variants(),
     },
     notes={"all": "dtype-faithful torch computations (rlconform.harness.faithful)",
            "kl_estimator": "the float64 reference as an autograd op, rounded to the input dtype",
            "policy_loss": "the float64 reference per micro-batch (global token-mean normaliser) as an autograd op, "
-                          "rounded to the input dtype; metrics folded token-weighted (sum/count)"},
+                          "rounded to the input dtype; metrics folded token-weighted (sum/count)",
+           "importance_ratio": "the float64 reference as an autograd op, rounded to the input dtype",
+           "value_loss": "the float64 reference per micro-batch (each row's token sum weighted by the mini-batch's "
+                         "normaliser) as an autograd op, rounded to the input dtype; vf_clipfrac folded token-weighted"},
 )

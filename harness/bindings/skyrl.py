@@ -27,6 +27,10 @@ policy_loss                 every ``ppo_utils.PolicyLossRegistry`` entry (:func:
                             advantages pre-scaled for ``token_mean`` over the mini-batch, loss =
                             the registered function's masked sum; metrics folded by
                             ``worker_utils.reduce_metrics``
+value_loss                  ``ppo_utils.ppo_critic_loss`` x ``b / B`` per micro-batch (:func:`_value_loss`):
+                            variants ``seq-mean-token-mean`` (value_clip 0.2) and ``unclipped``
+importance_ratio            ``off_policy_correction_utils.compute_tis_ratio`` token / sequence TIS
+                            (:func:`_importance_ratio`; forward-only)
 outcome_advantage           ``ppo_utils.AdvantageEstimatorRegistry`` read at run time; each estimator
                             called through ``ppo_utils.compute_advantages_and_returns`` as the trainer
                             calls it (:func:`_trainer_call`); ``gae`` listed unchecked (its own op)
@@ -403,6 +407,84 @@ def _policy_loss():
 
 
 # ---------------------------------------------------------------------------------- token ops
+# ---------------------------------------------------------------------- value loss, TIS ratios
+#: catalog variant of ``value_loss`` -> SkyRL ``AlgorithmConfig.value_clip`` (SkyRL's only aggregation is the
+#: mean over the micro-batch's rows of per-row token means: catalog ``seq-mean-token-mean``)
+VALUE_LOSS_VARIANTS = {"seq-mean-token-mean": 0.2, "unclipped": None}
+
+
+def _value_loss():
+    """``ppo_utils.ppo_critic_loss(values, old_values, returns, config, loss_mask)`` as
+    ``CriticWorkerBase._forward_backward_micro`` calls it: the loss is ½·(1/b)·Σ_rows masked row means of
+    the micro-batch (empty rows count 0), scaled by ``microbatch_weight = b / B`` (token-based batching;
+    the fixed-size path divides the accumulated gradient by the number of micro-batches instead, the
+    same for equal micro-batches). ``values_clipfrac`` (catalog ``vf_clipfrac``: a token mean over the
+    micro-batch) is folded by ``worker_utils.reduce_metrics`` (a mean of micro-batch means). The loss mask
+    is passed in vpreds' dtype, as the trainer holds it."""
+    import dataclasses as dc
+
+    from rlconform.harness.binding import LossVariants
+
+    fn = _skyrl(PPO_UTILS, "ppo_critic_loss")
+    worker_utils = _skyrl(WORKER_UTILS)
+    AlgorithmConfig = _skyrl("skyrl.train.config", "AlgorithmConfig")
+
+    def bind(variant, clip):
+        cfg = dc.replace(AlgorithmConfig(), value_clip=clip)
+
+        def value_loss(vpreds, values, returns, response_mask, info):
+            m = response_mask.to(vpreds.dtype)
+            loss, clipfrac = fn(vpreds, values, returns, config=cfg, loss_mask=m)
+            loss = loss * (vpreds.shape[0] / max(info.global_batch_size, 1))
+            return loss, ({} if clipfrac is None else {"vf_clipfrac": clipfrac})
+
+        value_loss.__qualname__ = f"skyrl.ppo_critic_loss[value_clip={clip}]"
+        return value_loss
+
+    def combine_metrics(parts):
+        collected = defaultdict(list)
+        for metrics, _ in parts:
+            for k, v in metrics.items():
+                collected[k].append(v)
+        return worker_utils.reduce_metrics(collected)
+
+    return LossVariants({v: bind(v, clip) for v, clip in VALUE_LOSS_VARIANTS.items()},
+                        combine_metrics=combine_metrics)
+
+
+#: catalog variant of ``importance_ratio`` -> SkyRL ``off_policy_correction.tis_ratio_type``
+TIS_VARIANTS = {"token_tis": "token", "sequence_tis": "sequence"}
+#: OffPolicyCorrectionConfig fields that configure the TIS weight itself (every other field is a mask)
+_TIS_FIELDS = ("tis_ratio_type", "token_tis_ratio_clip_high", "sequence_tis_ratio_clip_high")
+
+
+def _importance_ratio():
+    """``off_policy_correction_utils.compute_tis_ratio(old_log_probs, rollout_logprobs, loss_mask,
+    tis_ratio_type, off_policy_correction)`` with ``old_log_probs`` = the catalog's log_prob,
+    ``rollout_logprobs`` = its old_log_prob, the default caps (token 2.0, sequence 5.0); the sequence
+    ratio ([B, 1]) is broadcast over the row (how ``apply_off_policy_correction`` multiplies it). The
+    weights are detached by design (forward-only). Every other ``OffPolicyCorrectionConfig`` field (read
+    at run time: sequence / outlier-token / token masks) is listed unchecked."""
+    import dataclasses as dc
+
+    from rlconform.harness.binding import Variants
+
+    fn = _skyrl("skyrl.backends.skyrl_train.utils.off_policy_correction_utils", "compute_tis_ratio")
+    cfg = _skyrl("skyrl.train.config", "OffPolicyCorrectionConfig")()
+
+    def bind(kind):
+        def importance_ratio(log_prob, old_log_prob, mask):
+            ratio, _ = fn(log_prob, old_log_prob, mask.to(log_prob.dtype), kind, cfg)
+            return ratio.expand_as(log_prob)
+
+        importance_ratio.__qualname__ = f"skyrl.compute_tis_ratio[{kind}]"
+        return importance_ratio
+
+    unchecked = {f"off_policy_correction.{f.name}": "a rejection mask (sequences/tokens dropped), not an IS weight: "
+                 "no reference" for f in dc.fields(cfg) if f.name not in _TIS_FIELDS}
+    return Variants({v: bind(k) for v, k in TIS_VARIANTS.items()}, unchecked=unchecked)
+
+
 def _entropy():
     fn = _skyrl(TORCH_UTILS, "chunked_entropy_from_logits")
 
@@ -538,11 +620,19 @@ binding = Binding(
         "dp_metric_all_reduce": Lazy(loader=_dp_metric_all_reduce),
         "kl_estimator": Lazy(loader=_kl_estimator),
         "policy_loss": Lazy(loader=_policy_loss),
+        "value_loss": Lazy(loader=_value_loss),
+        "importance_ratio": Lazy(loader=_importance_ratio),
         "outcome_advantage": Lazy(loader=_outcome_advantage),
         "gae": Lazy(loader=_gae),
         "masked_whiten": Lazy(loader=_masked_whiten),
     },
+    # compute_tis_ratio detaches its weights by design: their gradient is not part of the contract.
+    forward_only=frozenset({"importance_ratio"}),
     notes={
+        "value_loss": "ppo_utils.ppo_critic_loss (value_clip 0.2 or None; 1/2 mean over the micro-batch's rows of "
+        "masked row means) x b/B (microbatch_weight); values_clipfrac folded by worker_utils.reduce_metrics",
+        "importance_ratio": "off_policy_correction_utils.compute_tis_ratio(token|sequence, clip_high 2.0|5.0; "
+        "detached: forward-only)",
         "kl_estimator": "ppo_utils.compute_approx_kl(loss_mask=mask, kl_estimator_type=k1|abs|k2|k3)",
         "policy_loss": "ppo_utils.PolicyLossRegistry.get(name) for every registered name; advantages pre-scaled "
         "by apply_loss_reduction_to_advantages_minibatch (token_mean, mini-batch scope); masked-sum loss; "

@@ -30,6 +30,11 @@ metric_pipeline             the path of ``actor/pg_clipfrac`` (and every ``pg_me
 kl_estimator                ``core_algos.kl_penalty(logprob, ref_logprob, name)`` for every name its
                             ``kl_penalty_forward`` accepts (no mask: the worker aggregates afterwards);
                             ``full`` (NotImplementedError) is listed unchecked
+value_loss                  ``core_algos.compute_value_loss`` per micro-batch with the mini-batch's
+                            normalisers (:func:`_value_loss`); ``critic/vf_clipfrac`` folded as the
+                            worker does
+importance_ratio            ``rollout_corr_helper.compute_rollout_correction_and_rejection_mask``
+                            IS weights, token / sequence TIS (:func:`_importance_ratio`; forward-only)
 policy_loss                 every entry of ``core_algos.POLICY_LOSS_REGISTRY`` via ``get_policy_loss_fn``
                             (:func:`_policy_loss`), ``loss_agg_mode="token-mean"`` with the
                             mini-batch's ``global_batch_info``; metrics folded as the worker does
@@ -333,6 +338,81 @@ def _policy_loss():
     return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics)
 
 
+# ---------------------------------------------------------------------- value loss, IS weights
+def _value_loss():
+    """``core_algos.compute_value_loss`` as ``verl.workers.utils.losses.value_loss`` calls it, per micro-batch:
+    ``loss_agg_mode`` = the catalog variant, ``cliprange_value`` = 0.2 (the catalog's; verl's
+    ``CriticConfig`` default is 0.5), ``dp_size`` / ``batch_num_tokens`` / ``global_batch_size`` from the
+    mini-batch (every sequence, empty ones included, as for the actor), ``loss_scale_factor`` =
+    ``info.loss_scale_factor``. Micro-batch losses are summed (FSDP gradient accumulation).
+    ``critic/vf_clipfrac`` is a plain float per micro-batch, folded as every worker metric
+    (``append_to_dict`` -> allgather -> ``reduce_metrics``: a mean of micro-batch means).
+    ``unclipped`` is not provided: ``compute_value_loss`` always clips (``clip_by_value``)."""
+    from verl.trainer.ppo import core_algos
+
+    from rlconform.harness.binding import LossVariants
+    from rlconform.harness.families.value_loss import CLIPRANGE_VALUE, VARIANTS
+
+    fn = core_algos.compute_value_loss
+
+    def bind(mode):
+        def value_loss(vpreds, values, returns, response_mask, info):
+            loss, clipfrac = fn(vpreds=vpreds, returns=returns, values=values, response_mask=response_mask,
+                                cliprange_value=CLIPRANGE_VALUE, loss_agg_mode=mode, dp_size=info.dp_size,
+                                batch_num_tokens=info.global_nnz, global_batch_size=info.global_batch_size,
+                                loss_scale_factor=info.loss_scale_factor)
+            return loss, {"vf_clipfrac": clipfrac.detach().item()}
+
+        value_loss.__qualname__ = f"verl.compute_value_loss[{mode}]"
+        return value_loss
+
+    def combine_metrics(parts):
+        pipe = _metric_pipeline()
+        micro = [dict(m) for m, _ in parts]
+        final = pipe.finalize(pipe.reduce_mini([pipe.reduce_dp([pipe.reduce_micro(micro)])]))
+        return {k.removeprefix("actor/"): v for k, v in final.items()}  # the pipeline's rename_dict
+
+    impls = {v: bind(mode) for v, (eps, mode) in VARIANTS.items() if eps is not None}
+    return LossVariants(impls, combine_metrics=combine_metrics)
+
+
+#: catalog variant of ``importance_ratio`` -> (verl ``rollout_is``, ``rollout_is_threshold``)
+ROLLOUT_IS = {"token_tis": ("token", 2.0), "sequence_tis": ("sequence", 5.0)}
+
+
+def _importance_ratio():
+    """verl's rollout-correction IS weights: ``rollout_corr_helper.compute_rollout_correction_and_rejection_mask``
+    (the entry point the trainer and ``apply_bypass_mode`` call) with ``old_log_prob`` = the catalog's
+    log_prob, ``rollout_log_prob`` = its old_log_prob, ``rollout_is`` token / sequence and a TIS threshold
+    (2.0 / 5.0), no batch normalisation, no rejection sampling; the weights are
+    ``proto.batch["rollout_is_weights"]`` (detached by design: the op is forward-only for verl).
+    IcePop thresholds, batch normalisation and every rejection-sampling option
+    (``SUPPORTED_ROLLOUT_RS_OPTIONS``, read at run time) are listed unchecked."""
+    from verl.trainer.ppo import rollout_corr_helper as rc
+
+    from rlconform.harness.binding import Variants
+
+    fn = rc.compute_rollout_correction_and_rejection_mask
+
+    def bind(level, threshold):
+        def importance_ratio(log_prob, old_log_prob, mask):
+            proto, _, _ = fn(old_log_prob=log_prob, rollout_log_prob=old_log_prob, response_mask=mask,
+                             rollout_is=level, rollout_is_threshold=threshold)
+            return proto.batch["rollout_is_weights"]
+
+        importance_ratio.__qualname__ = f"verl.rollout_is_weights[{level}, {threshold}]"
+        return importance_ratio
+
+    unchecked = {
+        "icepop": "rollout_is_threshold='lower_upper' zeroes weights outside [lower, upper] (IcePop): no reference",
+        "batch_normalize": "rollout_is_batch_normalize=True rescales the weights to mean 1 over the batch: "
+                           "no reference",
+    }
+    for name in sorted(getattr(rc, "SUPPORTED_ROLLOUT_RS_OPTIONS", ())):
+        unchecked[f"rollout_rs={name}"] = "a rejection-sampling mask, not an IS weight: no reference"
+    return Variants({v: bind(*spec) for v, spec in ROLLOUT_IS.items()}, unchecked=unchecked)
+
+
 # ---------------------------------------------------------------------------------- advantages
 #: verl registry name -> the catalog variants of ``outcome_advantage`` it implements (the trainer's call).
 VERL_ESTIMATORS = {
@@ -554,11 +634,15 @@ binding = Binding(
         "dp_metric_all_reduce": Lazy(loader=_dp_metric_all_reduce),
         "kl_estimator": Lazy(loader=_kl_estimator),
         "policy_loss": Lazy(loader=_policy_loss),
+        "value_loss": Lazy(loader=_value_loss),
+        "importance_ratio": Lazy(loader=_importance_ratio),
     },
     # verl computes Σπ² for the optimal token baseline only, as a detached statistic (compute_log_prob):
     # its gradient is not part of the contract (vocab_parallel_sum_pi_squared's raw all_reduce would make
     # it wrong at TP > 1), so only values are checked.
-    forward_only=frozenset({"sum_pi_squared", "vocab_parallel_sum_pi_squared"}),
+    # The rollout-correction IS weights are detached by design ("IS weights change the measure, not the
+    # objective", rollout_corr_helper): their gradient is not part of the contract.
+    forward_only=frozenset({"sum_pi_squared", "vocab_parallel_sum_pi_squared", "importance_ratio"}),
     notes={
         "entropy": "verl.utils.torch_functional.entropy_from_logits. Not bound: entropy_from_logits_with_chunking "
         "(engine option; 2-D only, fp32 output, per-chunk .float()).",
@@ -587,6 +671,12 @@ binding = Binding(
         "policy_loss": "core_algos.get_policy_loss_fn(name) for every POLICY_LOSS_REGISTRY entry, "
         "loss_agg_mode='token-mean', global_batch_info of the mini-batch; micro-batch losses summed; metrics "
         "Metric(MEAN) per micro-batch -> aggregate_dp -> reduce_metrics",
+        "value_loss": "core_algos.compute_value_loss(vpreds, returns, values, mask, cliprange_value=0.2, loss_agg_mode, "
+        "dp_size, batch_num_tokens, global_batch_size, loss_scale_factor) per micro-batch, summed; critic/vf_clipfrac "
+        "(a float per micro-batch) -> append_to_dict -> reduce_metrics (mean of micro-batch means)",
+        "importance_ratio": "rollout_corr_helper.compute_rollout_correction_and_rejection_mask(old_log_prob=log_prob, "
+        "rollout_log_prob=old_log_prob, rollout_is=token|sequence, rollout_is_threshold=2.0|5.0) -> "
+        "rollout_is_weights (detached: forward-only)",
         "outcome_advantage": "core_algos.ADV_ESTIMATOR_REGISTRY as ray_trainer.compute_advantage calls it (uids as an "
         "object ndarray of str; AlgoConfig(gamma=1, lam=1, norm_adv_by_std_in_grpo); drgrpo = grpo with "
         "norm_adv_by_std_in_grpo=False; gdpo components through non_tensor_batch/batch); *_vectorized: see "

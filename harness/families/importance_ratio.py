@@ -1,0 +1,224 @@
+"""Importance ratios ``importance_ratio``: token-level, sequence-level (product / GSPO geometric mean),
+truncated (TIS) or not, with the engines' ±20 log-ratio clamp; value and gradient w.r.t. the log-probs.
+
+Canonical form: a :class:`~rlconform.harness.contracts.Variants` registry, one callable per catalog
+variant ``(log_prob [B, T], old_log_prob [B, T], mask [B, T] bool) -> ratio [B, T]`` (the sequence
+levels broadcast the row's value over its tokens). ``log_prob`` is the numerator policy (verl's
+rollout correction: the training policy's ``old_log_prob``; SkyRL's TIS: ``old_log_probs``),
+``old_log_prob`` the denominator (the rollout policy's log-probs). Only valid tokens are compared.
+The gradient is that of Σ_valid ratio (the output backpropagated with the mask as ``grad_output``),
+compared with :func:`rlconform.reference.importance_ratio_grad`; engines that detach their IS weights
+by design (verl ``rollout_corr_helper``, SkyRL ``compute_tis_ratio``) bind the op ``forward_only``.
+
+==========================  ================================  =============================================
+variant                     reference kwargs                  engines
+==========================  ================================  =============================================
+``token``                   level token, clamp ±20            the PPO ratio inside the engines' losses
+``token_tis``               token, clamp ±20, cap 2.0         verl rollout_is="token" (threshold 2.0);
+                                                              SkyRL tis_ratio_type="token" (clip_high 2.0)
+``sequence_product``        sequence_product, clamp ±20       (verl/SkyRL only expose it truncated)
+``sequence_tis``            sequence_product, clamp ±20,      verl rollout_is="sequence" (threshold 5.0);
+                            cap 5.0                           SkyRL tis_ratio_type="sequence" (clip_high 5.0)
+``sequence_geometric``      sequence_geometric, log s ≤ 10    GSPO's sequence ratio (inline in the gspo losses)
+==========================  ================================  =============================================
+
+Sources: Schulman et al. 2017 (PPO ratio); Zheng et al. 2025, arXiv:2507.18071 eq. 7 (GSPO); Yao et al.
+2025, "Your efficient RL framework secretly brings you off-policy RL training" (TIS); verl 0.9.1
+``trainer/ppo/rollout_corr_helper.compute_rollout_correction_weights``; SkyRL 0.4.0
+``utils/off_policy_correction_utils.compute_tis_ratio``.
+
+Regimes ``<variant>@moderate`` (|Δ| ≤ 1; fp32, fp64) and ``<variant>@extreme_log_ratios`` (Δ = ±100 in
+fp32, ±20 in bf16 and fp16, where e^20 > 65504 overflows fp16 even after the ±20 clamp: the clamp and the
+cap decide; gradients must stay finite where the exact one is finite and representable). ``mask_invariant`` writes NaN, ±inf
+or 1e30 at masked positions of both inputs. Yardstick (faithful): the reference with every valid
+log-ratio shifted by one fp32 rounding of its operands, ε·(|log_prob| + |old_log_prob|) (ε = 2⁻²⁴, 2⁻⁵³
+for fp64), the same sign at every token (so a sequence's sum carries n such roundings): what a
+correct fp32 computation can differ by, exp's amplification included; bf16 engines are held to fp32
+compute rounded to bf16, as everywhere in the catalog.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+import rlconform.reference as R
+from rlconform.harness import strategies as S
+from rlconform.harness.contracts import Variants
+from rlconform.harness.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.families import OpFamily
+from rlconform.harness.guards import InputGuard
+from rlconform.harness.opinfo import (
+    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
+    variant_regime,
+)
+from rlconform.harness.tensors import as_numpy, out_dtype, to_tensor
+
+#: catalog variant -> keyword arguments of :func:`rlconform.reference.importance_ratio`
+VARIANTS = {
+    "token": dict(level="token", log_ratio_clamp=20),
+    "token_tis": dict(level="token", log_ratio_clamp=20, cap=2.0),
+    "sequence_product": dict(level="sequence_product", log_ratio_clamp=20),
+    "sequence_tis": dict(level="sequence_product", log_ratio_clamp=20, cap=5.0),
+    "sequence_geometric": dict(level="sequence_geometric", log_ratio_clamp=(None, 10)),
+}
+GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
+EXTREME = {"float32": 100.0, "float64": 100.0, "bfloat16": 20.0, "float16": 20.0}
+#: relative rounding of the compute dtype (fp32 for every input dtype but fp64)
+COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-24, "float16": 2.0**-24}
+_MODERATE = tuple(variant_regime(v, "moderate") for v in VARIANTS)
+
+OPS = (
+    OpInfo("importance_ratio", "importance_ratio", None, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE, MASK_INVARIANT),
+           {**{variant_regime(v, "moderate"): ("float32", "float64") for v in VARIANTS},
+            **{variant_regime(v, "extreme_log_ratios"): ("float32", "bfloat16", "float16") for v in VARIANTS}},
+           reference_function("importance_ratio"), reference_function("importance_ratio_grad"), differentiable=True,
+           source="PPO ratio; GSPO arXiv:2507.18071 eq. 7; TIS (Yao et al. 2025); verl rollout_corr_helper."
+                  "compute_rollout_correction_weights; SkyRL off_policy_correction_utils.compute_tis_ratio",
+           family="importance_ratio", variants=tuple(VARIANTS),
+           property_regimes={NON_DESTRUCTIVE: _MODERATE, MASK_INVARIANT: _MODERATE,
+                             FINITE: tuple(variant_regime(v, "extreme_log_ratios") for v in VARIANTS)}),
+)
+
+
+@st.composite
+def inputs(draw, dtype: str, variant: str, data: str):
+    """``{"log_prob", "old_log_prob": [B, T] float64 exact in dtype (≤ 0), "mask": [B, T] bool (right-padded
+    rows, at least one valid token), "garbage", "variant"}``, B ≤ 8, T ≤ 64."""
+    b = draw(st.integers(1, 8))
+    t = draw(st.sampled_from([1, 4, 16, 64]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    lengths = rng.integers(0, t + 1, size=b)
+    lengths[rng.integers(0, b)] = rng.integers(1, t + 1)
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    old = np.log(rng.uniform(0.05, 1.0, (b, t)))
+    delta = rng.uniform(-1.0, 1.0, (b, t)) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
+    if data == "extreme_log_ratios":
+        big = EXTREME[dtype]
+        hits = rng.random((b, t)) < draw(st.sampled_from([0.05, 0.3]))
+        hits[rng.integers(0, b), rng.integers(0, t)] = True
+        sign = rng.choice([-1.0, 1.0], size=(b, t))
+        delta = np.where(hits, sign * big, delta)
+        old = np.where(hits & (sign > 0), old - big - 0.5, old)  # keep log_prob = old + Δ ≤ 0
+    lp = old + delta
+    lp = np.where(lp > 0, old - np.abs(delta), lp)
+    return {"log_prob": S.round_to(lp, dtype), "old_log_prob": S.round_to(old, dtype), "mask": mask,
+            "garbage": draw(st.sampled_from(GARBAGE)), "variant": variant}
+
+
+def strategy(op: OpInfo, dtype: str, regime: str):
+    variant, data = split_regime(regime)
+    return inputs(dtype, variant, data)
+
+
+def reference(variant: str, lp, old, mask):
+    """(ratio [B, T], gradient of Σ_valid ratio w.r.t. log_prob [B, T]) of the float64 reference."""
+    kw = VARIANTS[variant]
+    return R.importance_ratio(lp, old, mask, **kw), R.importance_ratio_grad(lp, old, mask, **kw)
+
+
+def yardstick(variant: str, lp, old, mask, dtype: str):
+    """The reference with each valid log-ratio shifted by ε·(|log_prob| + |old_log_prob|) (module doc)."""
+    shift = COMPUTE_EPS[dtype] * (np.abs(np.where(mask, lp, 0.0)) + np.abs(np.where(mask, old, 0.0)))
+    return reference(variant, np.where(mask, lp + shift, lp), old, mask)
+
+
+class _Faithful(torch.autograd.Function):
+    """The float64 reference as an autograd op, rounded to the input dtype (masked entries 0)."""
+
+    @staticmethod
+    def forward(ctx, log_prob, old_log_prob, mask, variant):
+        m = mask.detach().cpu().numpy().astype(bool)
+        ratio, _ = reference(variant, as_numpy(log_prob), as_numpy(old_log_prob), m)
+        ctx.args = (as_numpy(log_prob), as_numpy(old_log_prob), m, variant)
+        ctx.dtype = log_prob.dtype
+        return torch.from_numpy(ratio).to(log_prob.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        lp, old, m, variant = ctx.args
+        g = R.importance_ratio_grad(lp, old, m, grad_output=grad_output.detach().double().cpu().numpy(),
+                                    **VARIANTS[variant])
+        return torch.from_numpy(g).to(ctx.dtype), None, None, None
+
+
+def faithful(variant: str):
+    """The reference engine's ``variant``: :class:`_Faithful`."""
+
+    def importance_ratio(log_prob, old_log_prob, mask):
+        return _Faithful.apply(log_prob, old_log_prob, mask, variant)
+
+    importance_ratio.__qualname__ = f"reference.importance_ratio[{variant}]"
+    return importance_ratio
+
+
+def reference_variants() -> Variants:
+    return Variants({v: faithful(v) for v in VARIANTS})
+
+
+def _run(binding, fn, lp64, old64, mask, dtype, label, refs, fa, ev) -> list[Compared]:
+    """Call the engine, backpropagate the mask (unless the binding is forward-only for the op)."""
+    lp = to_tensor(lp64, dtype).requires_grad_(True)
+    old = to_tensor(old64, dtype)
+    m = torch.from_numpy(mask.copy())
+    out = call_engine("importance_ratio", fn, lp, old, m)
+    problem = shape_problem(f"{label}ratio", as_numpy(out), mask.shape)
+    if problem:
+        ev.problems.append(problem)
+        return []
+    odt = out_dtype(out, dtype)
+    res = [Compared(f"{label}ratio", as_numpy(out), refs[0], S.round_to(fa[0], odt), odt, "pipeline",
+                    only_where=mask)]
+    if "importance_ratio" in binding.forward_only:
+        return res
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        ev.problems.append(f"{label}gradient: the ratio has no autograd graph: no gradient reaches log_prob "
+                           "(bind the op forward_only if the engine detaches it by design)")
+        return res
+    call_engine("importance_ratio backward", out.backward, m.to(out.dtype))
+    if lp.grad is None:
+        ev.problems.append(f"{label}gradient: backward ran but no gradient reached log_prob")
+        return res
+    res.append(Compared(f"{label}gradient w.r.t. log_prob", as_numpy(lp.grad), refs[1], S.round_to(fa[1], odt),
+                        odt, "pipeline", only_where=mask))
+    return res
+
+
+def evaluate(binding, case) -> Evaluation:
+    variant = case.inputs["variant"]
+    fn = binding.resolve("importance_ratio").get("importance_ratio", variant, binding.name)
+    mask = case.inputs["mask"].astype(bool)
+    if case.property == MASK_INVARIANT and mask.all():
+        mask = mask.copy()
+        mask[-1, -1] = False
+    lp64, old64 = case.inputs["log_prob"], case.inputs["old_log_prob"]
+    ev = Evaluation()
+    if not mask.any():
+        ev.undefined = "no valid token: no ratio is defined"
+        return ev
+    if case.property == NON_DESTRUCTIVE:
+        lp, old = to_tensor(lp64, case.dtype).requires_grad_(True), to_tensor(old64, case.dtype)
+        m = torch.from_numpy(mask.copy())
+        guard = InputGuard(log_prob=lp, old_log_prob=old, mask=m)
+        out = call_engine("importance_ratio", fn, lp, old, m)
+        ev.mutations += [x.describe() for x in guard.check("forward")]
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            call_engine("importance_ratio backward", out.backward, m.to(out.dtype))
+            ev.mutations += [x.describe() for x in guard.check("backward")]
+        return ev
+    refs = reference(variant, lp64, old64, mask)
+    fa = yardstick(variant, lp64, old64, mask, case.dtype)
+    split = _run(binding, fn, lp64, old64, mask, case.dtype, "", refs, fa, ev)
+    ev.values = [c for c in split if "gradient" not in c.label]
+    ev.gradients = [c for c in split if "gradient" in c.label]
+    if case.property == MASK_INVARIANT:
+        garbage = float(case.inputs.get("garbage", np.nan))
+        alt = _run(binding, fn, np.where(mask, lp64, garbage), np.where(mask, old64, garbage), mask, case.dtype,
+                   f"masked = {garbage!r}: ", refs, fa, ev)
+        ev.alternatives.append((f"masked positions set to {garbage!r}", alt))
+    return ev
+
+
+FAMILY = OpFamily("importance_ratio", OPS, strategy, evaluate, order=57,
+                  doc="importance ratios: token / sequence (product, GSPO geometric mean), truncated (TIS)")

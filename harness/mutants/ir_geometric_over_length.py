@@ -1,0 +1,23 @@
+"""GSPO's geometric mean over the padded length (cases.md family 15, wrong denominator; issue 10 §4): the
+sequence ratio exp(Σ_t Δ_t / n) divides the row's log-ratio sum by the padded length T instead of the
+row's number of valid tokens n, so every padded row gets a ratio pulled towards 1."""
+
+import torch
+
+from rlconform.harness.binding import Variants
+from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.mutants._base import mutant
+
+
+def _sequence_geometric(log_prob, old_log_prob, mask):
+    cd = compute_dtype(log_prob.dtype)
+    m = mask.bool()
+    z = torch.zeros((), dtype=cd)
+    delta = torch.where(m, log_prob.to(cd) - old_log_prob.to(cd), z)
+    log_s = (delta.sum(-1, keepdim=True) / mask.shape[-1]).clamp(max=10.0)
+    return torch.where(m, torch.exp(log_s), z).to(log_prob.dtype)
+
+
+EXPECTED = [("importance_ratio", "matches_reference")]
+binding = mutant("ir_geometric_over_length", __doc__,
+                 importance_ratio=Variants({"sequence_geometric": _sequence_geometric}))
