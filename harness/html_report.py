@@ -43,6 +43,7 @@ import markupsafe
 
 from rlconform.harness.atomic_write import atomic_write
 from rlconform.harness.catalog import FLOAT_DTYPES, LOGITS_REGIMES
+from rlconform.harness.measures import error_text, number_text
 
 STATUS_ORDER = ("crash", "discrepancy", "error", "xpass", "unavailable", "xfail", "pass")
 STATUS_COLOR = {"crash": "#b3261e", "discrepancy": "#d93025", "error": "#5f6368", "xpass": "#a142f4",
@@ -63,16 +64,7 @@ MESSAGE_CHARS = 240
 SEVERITY_COLOR = {"wrong": "#b3261e", "destructive": "#a142f4", "imprecise": "#e37400"}
 
 
-def _fmt(x) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "NaN"
-        if math.isinf(x):
-            return "∞" if x > 0 else "-∞"
-        return f"{x:.3g}"
-    return str(x)
+_fmt = number_text
 
 
 # ------------------------------------------------------------------------------------------------
@@ -374,7 +366,7 @@ Messages, worst inputs and crash tracebacks of every finding: the table of all f
 <table><tr><th>dtype.regime</th><th>status</th><th>severity</th><th>examples</th><th>first failure</th><th>max abs err</th>
 <th>max rel err</th><th>tolerance</th><th>error / tolerance</th></tr>
 {% for g in bad_groups %}<tr class="grp" id="{{ g.key }}-m"><th colspan="9">{% if g.key %}<a href="#{{ g.key }}">{{ g.key }}</a> {% endif %}{{ g.title }}</th></tr>
-{% for f in g.findings %}<tr id="{{ f.id }}" class="s-{{ f.status }}"><td>{{ f.short }}{% if f.odd_cmd %}<br><code>{{ f.odd_cmd }}</code>{% endif %}<td>{{ f.status }}<td>{{ f.severity or "" }}<td>{{ f.examples }}<td>{{ f.first or "" }}<td>{{ fmt(f.max_abs_err) }}<td>{{ fmt(f.max_rel_err) }}<td>{{ fmt(f.tolerance) }}<td>{{ fmt(ratio(f)) }}
+{% for f in g.findings %}<tr id="{{ f.id }}" class="s-{{ f.status }}"><td>{{ f.short }}{% if f.odd_cmd %}<br><code>{{ f.odd_cmd }}</code>{% endif %}<td>{{ f.status }}<td>{{ f.severity or "" }}<td>{{ f.examples }}<td>{{ f.first or "" }}<td>{{ err(f) }}<td>{{ err(f, "max_rel_err") }}<td>{{ fmt(f.tolerance) }}<td>{{ fmt(ratio(f)) }}
 {% endfor %}{% endfor %}</table>{% endif %}
 
 <h2>all findings ({{ findings|length }})</h2>
@@ -517,7 +509,7 @@ def findings_blob(findings: list[dict]) -> str:
         if sev and f.get("severity_reason"):
             sev += ": " + f["severity_reason"]
         rows.append([f["id"], f["status"], sev, f"{ex} (first failure: {first})" if first else _fmt(ex),
-                     _fmt(f.get("max_abs_err")), _fmt(f.get("max_rel_err")), _fmt(f.get("tolerance")),
+                     error_text(f), error_text(f, "max_rel_err"), _fmt(f.get("tolerance")),
                      _fmt(_ratio_of(f)), _details(f)])
     raw = json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     return base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
@@ -564,7 +556,8 @@ def render_html(doc: dict) -> str:
     return TEMPLATE.render(
         doc=doc, eng=doc.get("engine", {}), run=doc.get("run", {}), summary=doc.get("summary", {}),
         statuses=list(STATUS_ORDER), colors=STATUS_COLOR, dtypes=FLOAT_DTYPES, grid=_grid(findings),
-        plots=make_plots(doc), findings=findings, fmt=_fmt, ratio=_ratio_of, sev_colors=SEVERITY_COLOR,
+        plots=make_plots(doc), findings=findings, fmt=_fmt, err=error_text, ratio=_ratio_of,
+        sev_colors=SEVERITY_COLOR,
         triage_line=_triage_line(doc), msg_chars=MESSAGE_CHARS, script=markupsafe.Markup(SCRIPT),
         columns=COLUMNS, blob=findings_blob(findings), **_page_parts(doc))
 
