@@ -3,7 +3,7 @@ next ``rlconform check`` in the same folder replays the saved case before drawin
 on it; Ctrl-C stops cleanly and keeps what was found; usage errors exit 2.
 
 No test here needs a wall-clock budget met (issue 15): a run that must find something has an example
-budget (``--max-examples``, ``--seed``), and the time limits left are upper bounds (``--shrink-seconds``
+budget (``--max-examples``), and the time limits left are upper bounds (``--shrink-seconds``
 only bounds how small a saved case is) or catch hangs."""
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def cli(*args, cwd, timeout=600):
 
 
 # mutant, the op and property that fuzz should break (narrowed to keep the test short); each breaks on the
-# first few examples of at least one finding, so 12 examples per finding (seeded) find it on any machine
+# first few examples of at least one finding (in 12 examples per finding, a miss is below 1e-6 for each), on any
+# machine. Not seeded: ``--seed`` turns hypothesis' example database off, and the test checks the database
 FAMILIES = [
     ("naive_entropy", "entropy", "finite_where_reference_finite"),
     ("mean_of_shard_means", "metric_pipeline", "partition_invariant"),
@@ -38,7 +39,7 @@ FAMILIES = [
 @pytest.mark.parametrize("family,op,prop", FAMILIES, ids=[f[0] for f in FAMILIES])
 def test_fuzz_saves_counterexample_and_check_replays_it(tmp_path, family, op, prop):
     engine = f"mutants.{family}"
-    proc = cli("fuzz", "--engine", engine, "--op", op, "--property", prop, "--max-examples", "12", "--seed", "0",
+    proc = cli("fuzz", "--engine", engine, "--op", op, "--property", prop, "--max-examples", "12",
                "--shrink-seconds", "5", "--stats", "s.json", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "new counterexample" in proc.stdout
@@ -78,7 +79,7 @@ def test_fuzz_saves_counterexample_and_check_replays_it(tmp_path, family, op, pr
 
     # a second fuzz run knows it: nothing new saved, still exit 1
     again = cli("fuzz", "--engine", engine, "--op", op, "--property", prop, "--dtype", case.dtype,
-                "--max-examples", "1", "--seed", "0", "--shrink-seconds", "5", cwd=tmp_path)
+                "--max-examples", "1", "--shrink-seconds", "5", cwd=tmp_path)
     assert again.returncode == 1
     assert "saved earlier, still fails" in again.stdout
     assert sorted(glob.glob(str(tmp_path / "rlconform-corpus" / case.finding_id / "*.json"))) == \
@@ -92,8 +93,7 @@ def test_counterexample_is_shrunk_when_the_database_holds_a_clean_run(tmp_path):
     without a clock."""
     sel = ["--op", "metric_pipeline", "--property", "matches_reference", "--dtype", "float32"]
     assert cli("fuzz", "--engine", "reference", *sel, "--seconds", "6", cwd=tmp_path).returncode == 0
-    proc = cli("fuzz", "--engine", "mutants.mean_of_shard_means", *sel, "--max-examples", "12", "--seed", "0",
-               cwd=tmp_path)
+    proc = cli("fuzz", "--engine", "mutants.mean_of_shard_means", *sel, "--max-examples", "30", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (path,) = glob.glob(str(tmp_path / "rlconform-corpus" / "*" / "*.json"))
     case = load_case(path)
