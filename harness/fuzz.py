@@ -379,7 +379,8 @@ def add_parser(sub) -> None:
     f.add_argument("--db", default=DEFAULT_DB, help="persistent hypothesis example database (default: %(default)s)")
     f.add_argument("--seed", type=int, default=None, help="random seed")
     f.add_argument("--shrink-seconds", type=float, default=None,
-                   help="time to shrink one counterexample (default: a quarter of the budget, 5–60 s)")
+                   help="time to shrink one counterexample (default: a quarter of the budget, 5–60 s; with "
+                        "--max-examples and no time budget, hypothesis' own limits only)")
     f.add_argument("--stats", default=None, help="also write per-finding statistics as JSON here")
     f.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds one example may take before the engine is considered hung (default %(default)s)")

@@ -175,7 +175,7 @@ def test_check_replay_report_of_the_default_folder(scratch):
     concrete = replay.replace("<finding id>", bad["id"]).replace("--engine verl", f"--engine {doc['engine']['spec']}")
     assert (scratch / shlex.split(concrete)[2]).exists()  # the README's path is where check wrote the case
     proc = _run(concrete, scratch)
-    assert proc.returncode == 1 and "FAIL" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "DISCREPANCY" in proc.stdout, proc.stdout + proc.stderr
 
     for name in ("report.md", "report.html"):
         os.remove(out / name)
@@ -217,6 +217,8 @@ def test_torchrun_pool_example(scratch):
 WRITTEN = {
     ".venv/rlconform-install.log": "make setup (Makefile: PIPLOG)",
     ".venv/rlconform-engines-install.log": "make engines",
+    "rlconform-report": "rlconform check (the default --out; test_check_replay_report_of_the_default_folder)",
+    "rlconform-report/verl": "make check-verl (Makefile: --out $(OUT)/verl)",
     "rlconform-report/verl/report.json": "make check-verl (Makefile: --out $(OUT)/verl)",
     "rlconform-ci/comment.md": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
     "rlconform-ci/head/report.html": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
