@@ -272,7 +272,12 @@ window.addEventListener("load", function () {
   if (bad) { document.title = "error:" + bad; return; }
   expandFindings().then(function () {
     if (!failed()) document.title = "ok:" + document.querySelectorAll("img.plot").length;
-  }, function (e) { document.title = "error:findings table: " + e; });
+  }, function (e) {
+    document.title = "error:findings table: " + e;
+    var row = document.getElementById("all-findings").insertRow(), cell = row.insertCell();
+    cell.colSpan = 9;
+    cell.textContent = "This browser could not expand the table (" + e + "); report.json holds every finding.";
+  });
 });
 """
 
