@@ -1,7 +1,7 @@
 """The layering is one-way and has no import circle (issue 9, part 1):
 
     runner             harness: cli, fuzz, dispatch, pytest plugin (recorder, inflight), report writers,
-                       severity / triage / diff / bisect
+                       severity / triage / measures / diff / bisect
       ↓
     checks             properties/, distributed_tests/ (distributed_tests may use properties, not back)
       ↓
@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = {"reference": "reference", "harness": "harness", "properties": "properties",
            "distributed_tests": "distributed_tests"}
 RUNNER = {"cli", "fuzz", "dispatch", "pytest_plugin", "report", "html_report", "summary", "xfails", "atomic_write",
-          "severity", "triage", "triage_md", "diff", "bisect", "recorder", "inflight"}
+          "severity", "triage", "triage_md", "measures", "diff", "bisect", "recorder", "inflight"}
 RANK = {"reference": 0, "core": 1, "properties": 2, "distributed_tests": 2, "runner": 3}
 
 
