@@ -370,7 +370,7 @@ do not pass).</p>
 Messages, worst inputs and crash tracebacks of every finding: the table of all findings (below) and report.json.</p>
 <table><tr><th>dtype.regime</th><th>status</th><th>severity</th><th>examples</th><th>first failure</th><th>max abs err</th>
 <th>max rel err</th><th>tolerance</th><th>error / tolerance</th></tr>
-{% for g in bad_groups %}<tr class="grp" id="{{ g.key }}-m"><th colspan="9">{% if g.key %}<a href="#{{ g.key }}">{{ g.key }}</a> {% endif %}{{ g.title }}</th></tr>
+{% for g in bad_groups %}<tr class="grp"{% if g.key %} id="{{ g.key }}-m"{% endif %}><th colspan="9">{% if g.key %}<a href="#{{ g.key }}">{{ g.key }}</a> {% endif %}{{ g.title }}</th></tr>
 {% for f in g.findings %}<tr id="{{ f.id }}" class="s-{{ f.status }}"><td>{{ f.short }}{% if f.odd_cmd %}<br><code>{{ f.odd_cmd }}</code>{% endif %}<td>{{ f.status }}<td>{{ f.severity or "" }}<td>{{ f.examples }}<td>{{ f.first or "" }}<td>{{ err(f) }}<td>{{ err(f, "max_rel_err") }}<td>{{ fmt(f.tolerance) }}<td>{{ fmt(ratio(f)) }}
 {% endfor %}{% endfor %}</table>{% endif %}
 
