@@ -64,7 +64,7 @@ PLAN: dict[str, tuple] = {
         ("skip", "a real-engine check of a fork checkout only the reader has (tests/test_engine_path.py)"),
     "rlconform check --engine my_binding.py": ("run", ["--max-examples", "3"]),
     "rlconform check --engine mutants.mean_of_shard_means":
-        ("run", ["--op", "metric_pipeline", "--max-examples", "3"]),
+        ("run", ["--op", "metric_pipeline", "--property", "matches_reference", "--max-examples", "5"]),
     "rlconform replay rlconform-report/cases/<finding id>.json --engine verl":
         ("run", "a failing finding of the report above, on the engine that produced it (verl: a real engine)"),
     "rlconform report rlconform-report": ("run", []),
