@@ -207,6 +207,7 @@ def test_fuzzing_transcript(scratch):
         assert by_id[i]["status"] == "discrepancy" and by_id[i]["examples_to_first_failure"] == 1, by_id[i]
 
 
+@pytest.mark.distributed
 def test_torchrun_pool_example(scratch):
     cmd = next(c for c in PLAN if c.startswith("torchrun --nproc-per-node 2 -m rlconform.harness.pool"))
     proc = _run(cmd, scratch)
