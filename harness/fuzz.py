@@ -1,6 +1,7 @@
-"""``rlconform fuzz``: the generic properties under a wall-clock budget, for new reduction code.
+"""``rlconform fuzz``: the generic properties under a wall-clock or example budget, for new reduction code.
 
-    rlconform fuzz --engine X [--op Y] [--property P] [--dtype D] --minutes N [--corpus DIR] [--db DIR]
+    rlconform fuzz --engine X [--op Y] [--property P] [--dtype D] [--minutes N] [--max-examples K]
+                   [--corpus DIR] [--db DIR]
 
 The same checks as ``rlconform check`` (:func:`rlconform.properties.checks.run_check` on cases drawn by
 :func:`rlconform.harness.catalog.strategy_for`), driven by hypothesis directly rather than
@@ -10,6 +11,13 @@ through pytest, over every selected finding (op × property × dtype × regime):
 2. round 0 runs a few examples of every finding, ops interleaved, so each gets looked at early;
 3. later rounds give each finding still without a counterexample a time slice that doubles every
    round, the findings whose error / tolerance came closest to 1 first, until the budget is spent.
+
+With ``--max-examples K`` the budget is a number of examples instead: every finding gets up to ``K``
+generated examples (round 0, then slices of 8, 16, 32 … examples, closest to failing first) and the run
+ends when each has had its ``K`` or a counterexample; shrinking a counterexample is bounded by
+hypothesis' own limits, not by a clock. ``--minutes`` / ``--seconds``, when also given, stay an upper
+bound. What such a run finds depends on the examples drawn (``--seed`` fixes them), never on the speed
+of the machine: that is what the tests use (issue 15).
 
 Hypothesis keeps a persistent example database (``--db``, default ``.rlconform-fuzz-db``; one key per
 finding), so failing examples and the ``target()`` Pareto front (error / tolerance, climbed by
@@ -72,6 +80,7 @@ class Target:
     found_after_examples: int | None = None   # this finding's examples up to its first failure
     found_after_seconds: float | None = None  # wall time since the fuzz started
     found_after_total_examples: int | None = None
+    granted: int = 0              # generated examples granted to its slices so far (the example budget)
 
     @property
     def id(self) -> str:
@@ -123,13 +132,16 @@ class Fuzzer:
 
     def __init__(self, binding, targets: list[Target], *, seconds: float, corpus: str, db: str | None,
                  seed: int | None = None, shrink_seconds: float | None = None, on_found=None, on_tick=None,
-                 on_current=None, example_timeout: float | None = None):
+                 on_current=None, example_timeout: float | None = None, max_examples: int | None = None):
         self.binding = binding
         self.targets = targets
-        self.budget = float(seconds)
+        self.budget = float(seconds)  # math.inf: no time limit (an example budget, ``max_examples``)
+        self.max_examples = max_examples
         self.corpus = corpus
         self.db = db
-        self.shrink_seconds = shrink_seconds if shrink_seconds is not None else min(60.0, max(5.0, 0.25 * seconds))
+        if shrink_seconds is None:
+            shrink_seconds = math.inf if max_examples is not None else min(60.0, max(5.0, 0.25 * seconds))
+        self.shrink_seconds = shrink_seconds
         self.rng = random.Random(seed)
         self.seeded = seed is not None
         self.on_found = on_found or (lambda t: None)
@@ -151,7 +163,12 @@ class Fuzzer:
         return self.budget - self.elapsed()
 
     def live(self) -> list[Target]:
-        return [t for t in self.targets if t.status == "live"]
+        """Findings still without a counterexample (and, under an example budget, with examples left)."""
+        return [t for t in self.targets if t.status == "live" and self.allowance(t) > 0]
+
+    def allowance(self, t: Target) -> float:
+        """Generated examples ``t`` may still have (inf: no example budget)."""
+        return math.inf if self.max_examples is None else self.max_examples - t.granted
 
     def settings(self):
         if self._settings is None:
@@ -173,8 +190,8 @@ class Fuzzer:
             for t in self.live():  # round 0: breadth first
                 if self.remaining() <= 0:
                     break
-                self._slice(t, ROUND0_EXAMPLES, self.t0 + self.budget)
-            slice_s = FIRST_SLICE_S
+                self._slice(t, int(min(ROUND0_EXAMPLES, self.allowance(t))), self.t0 + self.budget)
+            slice_s, slice_n = FIRST_SLICE_S, 2 * ROUND0_EXAMPLES
             while self.remaining() > 0 and self.live():
                 self.round += 1
                 order = sorted(self.live(), key=lambda t: (-t.best_ratio, t.examples))
@@ -182,9 +199,13 @@ class Fuzzer:
                     left = self.remaining()
                     if left <= 0:
                         break
+                    if self.max_examples is not None:  # an example budget: slices by count, no clock
+                        self._slice(t, int(min(slice_n, self.allowance(t))), self.t0 + self.budget)
+                        continue
                     s = min(slice_s, left)
                     self._slice(t, max(5, int(s / t.per_example())), time.monotonic() + s)
                 slice_s *= 2
+                slice_n *= 2
         except KeyboardInterrupt:
             self.interrupted = True
         finally:
@@ -252,6 +273,7 @@ class Fuzzer:
         from rlconform.properties.runner import EngineAbort
 
         state = {"fail": None, "message": "", "deadline": deadline}
+        t.granted += max_examples
         self.current = t
         self.on_current(t)
         start = time.monotonic()
@@ -349,12 +371,16 @@ def add_parser(sub) -> None:
     f.add_argument("--dtype", action="append", default=[], help="only this dtype (repeatable)")
     f.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default 5; fractions allowed)")
     f.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
+    f.add_argument("--max-examples", type=int, default=None,
+                   help="an example budget: up to this many generated examples per finding, whatever the speed "
+                        "of the machine (with --minutes: whichever ends first; without: no time limit)")
     f.add_argument("--corpus", default=DEFAULT_CORPUS, help="counterexamples are saved here, one folder per "
                                                            "finding; `check` replays them (default: %(default)s)")
     f.add_argument("--db", default=DEFAULT_DB, help="persistent hypothesis example database (default: %(default)s)")
     f.add_argument("--seed", type=int, default=None, help="random seed")
     f.add_argument("--shrink-seconds", type=float, default=None,
-                   help="time to shrink one counterexample (default: a quarter of the budget, 5–60 s)")
+                   help="time to shrink one counterexample (default: a quarter of the budget, 5–60 s; with "
+                        "--max-examples and no time budget, hypothesis' own limits only)")
     f.add_argument("--stats", default=None, help="also write per-finding statistics as JSON here")
     f.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds one example may take before the engine is considered hung (default %(default)s)")
@@ -384,7 +410,7 @@ def _progress(fz: Fuzzer, spec: str):
     rate = fz.total_examples / el if el > 0 else 0.0
     head = Text.assemble(
         ("fuzzing ", "bold"), (spec, "bold cyan"),
-        f" · {min(el, fz.budget):5.1f}/{fz.budget:.0f} s · round {fz.round} · {fz.total_examples} examples "
+        f" · {min(el, fz.budget):5.1f}" + (f"/{fz.budget:.0f}" if math.isfinite(fz.budget) else "") + f" s · round {fz.round} · {fz.total_examples} examples "
         f"({rate:.0f}/s) · findings: {len(live)} live, ", (f"{len(found)} with counterexamples",
                                                           "bold red" if found else "green"),
         f", {len(ts)} in all")
@@ -431,6 +457,15 @@ def _print_summary(console, fz: Fuzzer, spec: str) -> None:
         console.print(f"      rlconform replay {t.saved} --engine {spec}", highlight=False)
 
 
+def _budget_text(params: dict) -> str:
+    parts = []
+    if params.get("max_examples") is not None:
+        parts.append(f"{params['max_examples']} examples per finding")
+    if math.isfinite(params["seconds"]):
+        parts.append(f"{params['seconds']:.0f} s")
+    return " or ".join(parts)
+
+
 def _fuzz_child(params: dict, emit=None) -> dict:
     """In the child process: load the engine, fuzz the selected findings not in ``params["exclude"]``
     for ``params["seconds"]``, print as the command does; return the targets (as dicts) and counters."""
@@ -462,9 +497,10 @@ def _fuzz_child(params: dict, emit=None) -> dict:
 
     fz = Fuzzer(binding, targets, seconds=params["seconds"], corpus=params["corpus"], db=params["db"],
                 seed=params["seed"], shrink_seconds=params["shrink_seconds"], on_found=on_found,
-                on_current=lambda t: emit({"current": t.id}), example_timeout=params["timeout"])
+                on_current=lambda t: emit({"current": t.id}), example_timeout=params["timeout"],
+                max_examples=params.get("max_examples"))
     if not params["exclude"]:
-        console.print(f"rlconform fuzz {spec}: {len(targets)} findings, budget {params['seconds']:.0f} s, corpus "
+        console.print(f"rlconform fuzz {spec}: {len(targets)} findings, budget {_budget_text(params)}, corpus "
                       f"{params['corpus']}/, database {params['db']}/", highlight=False)
     if params["quiet"] or not console.is_terminal:
         fz.run()
@@ -508,9 +544,17 @@ def cmd_fuzz(args) -> int:
     if err:
         print(f"rlconform: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    seconds = args.seconds if args.seconds is not None else 60.0 * (args.minutes if args.minutes is not None else 5)
+    if args.seconds is not None:
+        seconds = args.seconds
+    elif args.minutes is not None:
+        seconds = 60.0 * args.minutes
+    else:
+        seconds = math.inf if args.max_examples is not None else 300.0
     if not seconds > 0:
         print("rlconform: error: the budget must be positive", file=sys.stderr)
+        return EXIT_USAGE
+    if args.max_examples is not None and args.max_examples < 1:
+        print("rlconform: error: --max-examples must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     if not args.timeout > 0:
         print("rlconform: error: --timeout must be positive", file=sys.stderr)
@@ -518,7 +562,8 @@ def cmd_fuzz(args) -> int:
     t0 = time.monotonic()
     params = {"engine": args.engine, "engine_path": args.engine_path, "op": args.op, "property": args.property,
               "dtype": args.dtype, "corpus": args.corpus, "db": args.db, "seed": args.seed,
-              "shrink_seconds": args.shrink_seconds, "timeout": args.timeout, "quiet": args.quiet, "exclude": []}
+              "shrink_seconds": args.shrink_seconds, "timeout": args.timeout, "quiet": args.quiet, "exclude": [],
+              "max_examples": args.max_examples}
     per_run: list[dict[str, dict]] = []  # what each child reported, finding id -> target (as a dict)
     crashed: dict[str, str] = {}
     runs, interrupted = [], False
@@ -574,7 +619,8 @@ def cmd_fuzz(args) -> int:
               + ", ".join(crashed), file=sys.stderr)
     if args.stats:
         doc = {"engine": runs[-1].get("spec") if runs else args.engine, "seconds": time.monotonic() - t0,
-               "budget": seconds, "examples": sum(r.get("examples", 0) for r in runs), "interrupted": interrupted,
+               "budget": seconds if math.isfinite(seconds) else None,
+               "max_examples": args.max_examples, "examples": sum(r.get("examples", 0) for r in runs), "interrupted": interrupted,
                "rounds": sum(r.get("rounds", 0) for r in runs), "targets": list(merged.values())}
         with open(args.stats, "w") as fh:
             json.dump(doc, fh, indent=1)

@@ -8,13 +8,22 @@ canvas (no pyplot, no global backend switch) and embedded as base64 ``data:`` UR
 * plots where a picture says more than the table: error against shard imbalance for the partition
   ops (``agg_loss``, ``metric_pipeline``; from each finding's bounded ``samples``), error / tolerance
   by dtype × logits regime for the softmax statistics (``matches_reference``), and examples run per op;
-* first, the defects (``doc["defects"]``, :mod:`rlconform.harness.triage`) ranked by severity;
-* every non-pass finding with its severity, message, worst input, reproducer command and (crashes
-  only, its tail) traceback, then every finding in a collapsed table. The page stays under 500 KB
-  for verl 0.9.1's 130 failing findings: 80-dpi plots on a 64-colour palette, no pytest tracebacks.
+* above the table, the defects (``doc["defects"]``, :mod:`rlconform.harness.triage`) ranked by severity: an index
+  table, then one card each with its members (dtypes and regimes, compactly), the reproducer command,
+  message and input of its smallest member and, for a crash, the engine's frames of the traceback;
+* the failing findings in one table grouped by defect (numbers only; the reproducer command is one
+  pattern, shown once, and a row shows its own only when it differs);
+* every finding (message, worst input and crash traceback of the failing ones) as gzip'd JSON in the
+  page, which a few lines of script expand into a filterable table (``DecompressionStream``: offline,
+  in every current browser).
 
-A small script checks that each plot decoded (``naturalWidth > 0``) and sets ``document.title`` to
-``ok:N`` (``N`` plots) or ``error:...``; ``tests/test_html_report.py`` reads it in headless Chromium.
+Long texts appear once: per defect in its card, per finding in the compressed table. verl 0.9.1's page
+(1135 findings, 346 failing, 61 defects) is ~300 KB, under issue 12's 500 KB; the plots are 80-dpi PNGs
+on a 64-colour palette.
+
+A small script checks that each plot decoded (``naturalWidth > 0``), expands the table and sets
+``document.title`` to ``ok:N`` (``N`` plots) or ``error:...``, and ``data-rows`` on ``<body>`` to the rows
+it expanded; ``tests/test_html_report.py`` reads both in headless Chromium.
 
 Rendering (matplotlib import and drawing) takes about a second, so ``ReportWriter`` writes the page
 only when a run ends (``write(complete=...)``) and ``rlconform report DIR`` re-renders it.
@@ -23,14 +32,18 @@ only when a run ends (``write(complete=...)``) and ``rlconform report DIR`` re-r
 from __future__ import annotations
 
 import base64
+import gzip
 import io
+import json
 import math
-import os
+import re
 
 import jinja2
+import markupsafe
 
 from rlconform.harness.atomic_write import atomic_write
 from rlconform.harness.catalog import FLOAT_DTYPES, LOGITS_REGIMES
+from rlconform.harness.measures import error_text, number_text
 
 STATUS_ORDER = ("crash", "discrepancy", "error", "xpass", "unavailable", "xfail", "pass")
 STATUS_COLOR = {"crash": "#b3261e", "discrepancy": "#d93025", "error": "#5f6368", "xpass": "#a142f4",
@@ -42,22 +55,16 @@ PARTITION_OPS = ("agg_loss", "metric_pipeline")
 TOKEN_STATS = ("logsumexp", "token_logprobs", "entropy", "sum_pi_squared")
 ERR_FLOOR = 1e-18  # exact results are drawn on this line of the log axis
 PLOT_DPI = 80
-#: tracebacks shown on the page: crashes only (a discrepancy's traceback is pytest's own frames), tail only
+#: tracebacks shown on the page: crashes only (a discrepancy's traceback is pytest's own frames), the engine's
+#: frames (:func:`engine_traceback`), at most this many characters
 TRACEBACK_CHARS = 1200
-#: a finding card shows at most this much of its message and worst input (the full text is in report.json):
-#: keeps report.html of a real engine's ~1000 findings one page under 500 KB
+#: a defect card shows at most this much of its message and input (the full text is in the all-findings
+#: table and report.json)
 MESSAGE_CHARS = 240
 SEVERITY_COLOR = {"wrong": "#b3261e", "destructive": "#a142f4", "imprecise": "#e37400"}
 
 
-def _fmt(x) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float):
-        if math.isinf(x):
-            return "∞"
-        return f"{x:.3g}"
-    return str(x)
+_fmt = number_text
 
 
 # ------------------------------------------------------------------------------------------------
@@ -223,24 +230,62 @@ def plot_examples(findings: list[dict]) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # page
 
+#: the script of the page: checks the plots decoded, expands the all-findings table from its gzip'd JSON
+#: (``DecompressionStream``, in every current browser, offline) and reports the outcome in ``document.title``
+SCRIPT = """
+window.onerror = function (msg, src, line) { document.title = "error:" + msg + " (line " + line + ")"; };
+function failed() { return document.title.indexOf("error:") === 0; }
+function plotsBad() {
+  var want = parseInt(document.body.getAttribute("data-expected-plots"), 10);
+  var imgs = document.querySelectorAll("img.plot"), bad = [];
+  for (var i = 0; i < imgs.length; i++) if (!imgs[i].complete || imgs[i].naturalWidth === 0) bad.push(imgs[i].alt);
+  if (imgs.length !== want) return "expected " + want + " plots, found " + imgs.length;
+  return bad.length ? "plot did not load: " + bad.join(", ") : null;
+}
+async function expandFindings() {
+  var src = document.getElementById("findings-data"), body = document.getElementById("all-findings");
+  if (!src) return;
+  if (typeof DecompressionStream === "undefined") throw new Error("this browser lacks DecompressionStream");
+  var bin = Uint8Array.from(atob(src.textContent.trim()), function (c) { return c.charCodeAt(0); });
+  var rows = JSON.parse(await new Response(new Blob([bin]).stream()
+      .pipeThrough(new DecompressionStream("gzip"))).text());
+  var frag = document.createDocumentFragment();
+  rows.forEach(function (r) {
+    var tr = document.createElement("tr");
+    tr.className = "s-" + r[1];
+    r.forEach(function (v) { var td = document.createElement("td"); td.textContent = v; tr.appendChild(td); });
+    frag.appendChild(tr);
+  });
+  body.appendChild(frag);
+  document.body.setAttribute("data-rows", rows.length);
+}
+function filterFindings(q) {
+  var words = q.toLowerCase().split(/\\s+/).filter(Boolean), trs = document.getElementById("all-findings").rows;
+  for (var i = 0; i < trs.length; i++) {
+    var t = trs[i].textContent.toLowerCase();
+    trs[i].hidden = !words.every(function (w) { return t.indexOf(w) >= 0; });
+  }
+}
+window.addEventListener("load", function () {
+  if (failed()) return;
+  var bad = plotsBad();
+  if (bad) { document.title = "error:" + bad; return; }
+  expandFindings().then(function () {
+    if (!failed()) document.title = "ok:" + document.querySelectorAll("img.plot").length;
+  }, function (e) {
+    document.title = "error:findings table: " + e;
+    var row = document.getElementById("all-findings").insertRow(), cell = row.insertCell();
+    cell.colSpan = 9;
+    cell.textContent = "This browser could not expand the table (" + e + "); report.json holds every finding.";
+  });
+});
+"""
+
 TEMPLATE = jinja2.Template("""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>rlconform: {{ eng.name }}</title>
-<script>
-window.onerror = function (msg, src, line) { document.title = "error:" + msg + " (line " + line + ")"; };
-window.addEventListener("load", function () {
-  if (document.title.indexOf("error:") === 0) return;
-  var want = parseInt(document.body.getAttribute("data-expected-plots"), 10);
-  var imgs = document.querySelectorAll("img.plot"), bad = [];
-  for (var i = 0; i < imgs.length; i++) {
-    if (!imgs[i].complete || imgs[i].naturalWidth === 0) bad.push(imgs[i].alt);
-  }
-  if (imgs.length !== want) document.title = "error:expected " + want + " plots, found " + imgs.length;
-  else if (bad.length) document.title = "error:plot did not load: " + bad.join(", ");
-  else document.title = "ok:" + imgs.length;
-});
-</script>
+<script>{{ script }}</script>
 <style>
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #202124; margin: 0;
        background: #f8f9fa; }
@@ -253,9 +298,12 @@ h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 10
 .count span { display: block; font-size: 22px; }
 .count.zero { opacity: .35; }
 table { border-collapse: collapse; background: #fff; font-size: 12.5px; }
-th, td { border: 1px solid #dadce0; padding: 4px 8px; text-align: left; vertical-align: top; }
+th, td { border: 1px solid #dadce0; padding: 3px 7px; text-align: left; vertical-align: top; }
 th { background: #f1f3f4; }
 td.cell { text-align: center; font-weight: 600; white-space: nowrap; }
+tr.grp th { background: #e8eaed; font-weight: 600; }
+#all-findings td:last-child { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, monospace;
+                              font-size: 11.5px; max-width: 520px; }
 .badge { display: inline-block; border-radius: 4px; padding: 0 6px; color: #fff; font-size: 11.5px; font-weight: 600; }
 .finding { background: #fff; border: 1px solid #dadce0; border-left: 5px solid; border-radius: 6px;
            padding: 10px 14px; margin: 10px 0; }
@@ -269,7 +317,9 @@ figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
 figcaption { color: #5f6368; font-size: 12px; margin-top: 6px; }
 details summary { cursor: pointer; color: #1a73e8; }
 .muted { color: #80868b; }
-</style></head>
+{% for s, c in colors.items() %}.s-{{ s }} td:nth-child(2), td.s-{{ s }} { color: {{ c }}; }
+{% endfor %}{% for s, c in sev_colors.items() %}.v-{{ s }} { background: {{ c }}; }
+{% endfor %}</style></head>
 <body data-expected-plots="{{ plots|length }}"><main>
 <h1>rlconform · {{ eng.name }} {{ eng.version or "" }}</h1>
 <div class="meta">engine spec <code>{{ eng.spec }}</code>{% if eng.path %}, path <code>{{ eng.path }}</code>{% endif %}
@@ -286,49 +336,62 @@ examples per finding{% endif %} · python {{ run.python }} · torch {{ run.torch
 {% if coverage %}<p class="muted">coverage of the engine's numerics: {{ coverage }}</p>{% endif %}
 
 {% if defects %}<h2>defects ({{ defects|length }})</h2>
-<p class="muted">{{ triage_line }}. Findings that share op, property and failure signature (kind of wrong value ·
-input feature) across dtypes and regimes; most severe first; the reproducer is the smallest member's.</p>
-<table><tr><th>severity</th><th>op</th><th>property</th><th>signature</th><th>findings</th><th>reproduce (smallest)</th></tr>
-{% for d in defects %}<tr><td><span class="badge" style="background: {{ sev_colors[d.severity] }}">{{ d.severity }}</span></td>
-<td>{{ d.op }}</td><td>{{ d.property }}</td><td>{{ d.signature.kind }} · {{ d.signature.feature }}</td>
-<td>{% for m in d.members %}<a href="#{{ m }}">{{ m.split(".")[2:]|join(".") }}</a>{% if not loop.last %}, {% endif %}{% endfor %}</td>
-<td>{% if d.reproducer.command %}<code>{{ d.reproducer.command }}</code>{% endif %}</td></tr>{% endfor %}</table>{% endif %}
+<p class="muted">{{ triage_line }}. A defect is the findings that share op, property and failure signature (kind of
+wrong value · input feature) across dtypes and regimes; most severe first. Each shows its smallest member's
+reproducer, message and input; its members are listed under it in the table of failing findings below.</p>
+<table><tr><th>defect</th><th>severity</th><th>op</th><th>property</th><th>kind · input feature</th><th>findings</th></tr>
+{% for d in defects %}<tr><td><a href="#{{ d.key }}">{{ d.key }}</a><td><span class="badge v-{{ d.severity }}">{{ d.severity }}</span><td>{{ d.op }}<td>{{ d.property }}<td>{{ d.signature.kind }} · {{ d.signature.feature }}<td>{{ d.members|length }}
+{% endfor %}</table>
+{% for d in defects %}<div class="finding" id="{{ d.key }}" style="border-left-color: {{ sev_colors[d.severity] }}">
+<h3>{{ d.key }} <span class="badge v-{{ d.severity }}">{{ d.severity }}</span> {{ d.op }} · {{ d.property }} —
+{{ d.signature.kind }} · {{ d.signature.feature }}</h3>
+<div class="nums"><a href="#{{ d.key }}-m">{{ d.members|length }} finding{{ "s" if d.members|length > 1 }}</a>:
+{% for dt, regs in d.by_dtype %}<b>{{ dt }}</b>: {{ regs }}{% if not loop.last %}; {% endif %}{% endfor %}</div>
+{% if d.reproducer.command %}<div>reproduce (its smallest member, <a href="#{{ d.reproducer.finding }}">{{ d.reproducer.finding.split(".")[2:]|join(".") }}</a>):</div>
+<pre class="cmd"><code>{{ d.reproducer.command }}</code></pre>{% endif %}
+{% if d.message %}<pre>{{ d.message | truncate(msg_chars, True, " …") }}</pre>{% endif %}
+{% if d.reproducer.input %}<div>input:</div><pre>{{ d.reproducer.input | truncate(msg_chars, True, " …") }}</pre>{% endif %}
+{% if d.traceback %}<details><summary>traceback (the engine's frames)</summary><pre>{{ d.traceback }}</pre></details>{% endif %}
+</div>{% endfor %}{% endif %}
 
 <h2>op × property × dtype</h2>
-<p class="muted">Worst status over the regimes of each cell, with how many regimes have it.</p>
+<p class="muted">Worst status over the regimes of each cell, with how many regimes have it (hover: the regimes that
+do not pass).</p>
 <table><tr><th>op</th><th>property</th>{% for d in dtypes %}<th>{{ d }}</th>{% endfor %}</tr>
-{% for row in grid %}<tr><td>{{ row.op }}</td><td>{{ row.prop }}</td>{% for c in row.cells %}
-<td class="cell" {% if c %}style="color: {{ colors[c.status] }}" title="{{ c.title }}"{% endif %}>{% if c %}{{ c.text }}{% endif %}</td>
-{% endfor %}</tr>{% endfor %}</table>
+{% for row in grid %}<tr><td>{{ row.op }}</td><td>{{ row.prop }}</td>{% for c in row.cells %}<td class="cell{% if c %} s-{{ c.status }}" title="{{ c.title }}{% endif %}">{% if c %}{{ c.text }}{% endif %}</td>{% endfor %}</tr>
+{% endfor %}</table>
 
 {% if plots %}<h2>plots</h2>
 {% for p in plots %}<figure><img class="plot" alt="{{ p.title }}" src="{{ p.src }}"><figcaption><b>{{ p.title }}</b>:
 {{ p.caption }}</figcaption></figure>{% endfor %}{% endif %}
 
 <h2>findings that do not pass ({{ bad|length }})</h2>
-{% if not bad %}<p>None: every finding passes.</p>{% endif %}
-{% for f in bad %}<div class="finding" id="{{ f.id }}" style="border-left-color: {{ colors[f.status] }}">
-<h3><span class="badge" style="background: {{ colors[f.status] }}">{{ f.status }}</span>{% if f.severity %}
-<span class="badge" style="background: {{ sev_colors[f.severity] }}" title="{{ f.severity_reason }}">{{ f.severity }}</span>{% endif %}
-<code>{{ f.id }}</code></h3>
-<div class="nums">{{ f.examples }} examples{% if f.examples_to_first_failure %} (first failure at example
-{{ f.examples_to_first_failure }}){% endif %} · max abs err {{ fmt(f.max_abs_err) }} · max rel err
-{{ fmt(f.max_rel_err) }} · tolerance {{ fmt(f.tolerance) }}{% if f.xfail_listed %} · listed in the ledger{% endif %}</div>
-{% if f.message %}<pre>{{ f.message | truncate(msg_chars, True, " …(full text in report.json)") }}</pre>{% endif %}
-{% if f.worst_input %}<div>worst input:</div><pre>{{ f.worst_input | truncate(msg_chars, True, " …") }}</pre>{% endif %}
-{% if f.reproducer %}<div>reproduce:</div><pre class="cmd"><code>{{ f.reproducer.command }}</code></pre>{% endif %}
-{% if f.traceback and f.status == "crash" %}<details><summary>traceback (tail)</summary><pre>{{ f.traceback[-tb_chars:] }}</pre></details>{% endif %}
-</div>{% endfor %}
+{% if not bad %}<p>None: every finding passes.</p>{% else %}
+<p class="muted">Grouped by defect. Reproduce a finding: {% if repro_pattern %}<code>{{ repro_pattern }}</code>
+({% if repro_odd %}except where a command is shown{% else %}every finding{% endif %}){% else %}the command in its row{% endif %}.
+Messages, worst inputs and crash tracebacks of every finding: the table of all findings (below) and report.json.</p>
+<table><tr><th>dtype.regime</th><th>status</th><th>severity</th><th>examples</th><th>first failure</th><th>max abs err</th>
+<th>max rel err</th><th>tolerance</th><th>error / tolerance</th></tr>
+{% for g in bad_groups %}<tr class="grp"{% if g.key %} id="{{ g.key }}-m"{% endif %}><th colspan="9">{% if g.key %}<a href="#{{ g.key }}">{{ g.key }}</a> {% endif %}{{ g.title }}</th></tr>
+{% for f in g.findings %}<tr id="{{ f.id }}" class="s-{{ f.status }}"><td>{{ f.short }}{% if f.odd_cmd %}<br><code>{{ f.odd_cmd }}</code>{% endif %}<td>{{ f.status }}<td>{{ f.severity or "" }}<td>{{ f.examples }}<td>{{ f.first or "" }}<td>{{ err(f) }}<td>{{ err(f, "max_rel_err") }}<td>{{ fmt(f.tolerance) }}<td>{{ fmt(ratio(f)) }}
+{% endfor %}{% endfor %}</table>{% endif %}
 
 <h2>all findings ({{ findings|length }})</h2>
+<p class="muted">Every finding, with the message, worst input and (crashes) traceback tail of those that do not
+pass; expanded by the page's script from a compressed copy. Filter (all words must match):
+<input type="search" size="40" oninput="filterFindings(this.value)" placeholder="e.g. entropy float16 discrepancy"></p>
 <details><summary>show the table</summary>
-<table><tr><th>finding</th><th>status</th><th>examples</th><th>max abs err</th><th>max rel err</th>
-<th>tolerance</th><th>error / tolerance</th></tr>
-{% for f in findings %}<tr><td><code>{{ f.id }}</code></td><td style="color: {{ colors[f.status] }}">{{ f.status }}</td>
-<td>{{ f.examples }}</td><td>{{ fmt(f.max_abs_err) }}</td><td>{{ fmt(f.max_rel_err) }}</td><td>{{ fmt(f.tolerance) }}</td>
-<td>{{ fmt(ratio(f)) }}</td></tr>{% endfor %}</table></details>
+<table><thead><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody id="all-findings"></tbody></table>
+</details>
+<script type="application/octet-stream" id="findings-data">{{ blob }}</script>
 </main></body></html>
 """, autoescape=True)
+
+#: the columns of the all-findings table (the rows of the compressed blob, in this order)
+COLUMNS = ("finding", "status", "severity", "examples", "max abs err", "max rel err", "tolerance",
+           "error / tolerance", "message · worst input · traceback")
+#: characters of a message / worst input kept in the all-findings table (the full text is in report.json)
+DETAIL_CHARS = 2000
 
 
 def _grid(findings: list[dict]) -> list[dict]:
@@ -346,8 +409,11 @@ def _grid(findings: list[dict]) -> list[dict]:
             sts = [f["status"] for f in fs]
             worst = min(sts, key=lambda s: STATUS_ORDER.index(s) if s in STATUS_ORDER else 99)
             n = sts.count(worst)
-            row["cells"].append({"status": worst, "text": SHORT.get(worst, worst) + (f" {n}/{len(sts)}" if worst != "pass" else ""),
-                                 "title": ", ".join(f"{f['regime']}: {f['status']}" for f in fs)})
+            others = [f"{f['regime']}: {f['status']}" for f in fs if f["status"] != "pass"]
+            title = (f"{len(fs) - len(others)} of {len(fs)} regimes pass" + (": not " if others else "")
+                     + ", ".join(others))
+            row["cells"].append({"status": worst, "title": title,
+                                 "text": SHORT.get(worst, worst) + (f" {n}/{len(sts)}" if worst != "pass" else "")})
         rows.append(row)
     return rows
 
@@ -357,17 +423,150 @@ def make_plots(doc: dict) -> list[dict]:
     return plot_imbalance(findings) + plot_softmax(findings) + plot_examples(findings)
 
 
+def _regimes_text(regimes: list[str]) -> str:
+    """``["grpo@a", "grpo@b", "rloo@a", "x"]`` → ``"grpo@{a, b}, rloo@a, x"`` (variants sharing a prefix)."""
+    groups: dict[str, list[str]] = {}
+    for r in regimes:
+        head, sep, tail = r.partition("@")
+        groups.setdefault(head + sep, []).append(tail if sep else "")
+    parts = []
+    for head, tails in groups.items():
+        if not head.endswith("@"):
+            parts.append(head)
+        elif len(tails) == 1:
+            parts.append(head + tails[0])
+        else:
+            parts.append(head + "{" + ", ".join(tails) + "}")
+    return ", ".join(parts)
+
+
+def _by_dtype(member_ids: list[str], by_id: dict[str, dict]) -> list[tuple[str, str]]:
+    """A defect's members as (dtypes, regimes text) in dtype order, dtypes with the same regimes merged: the
+    compact member list of its card."""
+    groups: dict[str, list[str]] = {}
+    for m in member_ids:
+        f = by_id.get(m)
+        if f is not None:
+            groups.setdefault(f.get("dtype") or "", []).append(f.get("regime") or "")
+    order = {d: i for i, d in enumerate(FLOAT_DTYPES)}
+    merged: dict[str, list[str]] = {}
+    for dt in sorted(groups, key=lambda d: order.get(d, 9)):
+        merged.setdefault(_regimes_text(groups[dt]), []).append(dt)
+    return [(", ".join(dts), text) for text, dts in merged.items()]
+
+
+def _repro_pattern(bad: list[dict]) -> str | None:
+    """The reproducer command with the finding id as ``<finding id>``, when the commands of most failing
+    findings follow one pattern (``rlconform replay <out>/cases/<id>.json --engine E``)."""
+    counts: dict[str, int] = {}
+    for f in bad:
+        cmd = (f.get("reproducer") or {}).get("command") or ""
+        if f["id"] in cmd:
+            pat = cmd.replace(f["id"], "<finding id>")
+            counts[pat] = counts.get(pat, 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+_CAUSE = "The above exception was the direct cause of the following exception:"
+_GROUP_MARGIN = re.compile(r"^[ ]*\| ?", re.M)  # the margin of an exception group's sub-traceback
+_CARETS = re.compile(r"^[ ~^]*\^[ ~^]*\n", re.M)  # Python 3.11's position markers under a frame's line
+
+
+def engine_traceback(tb: str | None) -> str | None:
+    """The part of a crash's traceback a maintainer reads: the exception the engine raised (the frames
+    above the harness's ``EngineCrash ... from exc``), without pytest's exception-group margin and the
+    ``^^^`` markers, its last :data:`TRACEBACK_CHARS` characters (whole lines); the tail of the whole
+    traceback when it has no such cause."""
+    if not tb:
+        return None
+    cut = tb.find(_CAUSE)
+    if cut < 0:
+        return "traceback (tail):\n" + tb[-TRACEBACK_CHARS:]
+    head = tb[:cut]
+    start = head.rfind("Traceback (most recent call last):")
+    text = _CARETS.sub("", _GROUP_MARGIN.sub("", head[max(start, 0):])).rstrip()
+    if len(text) > TRACEBACK_CHARS:
+        text = "…" + text[text.find("\n", len(text) - TRACEBACK_CHARS):]
+    return "engine traceback:\n" + text
+
+
+def _details(f: dict) -> str:
+    if f["status"] == "pass":
+        return ""
+    parts = []
+    if f.get("message"):
+        m = f["message"].strip()
+        parts.append(m if len(m) <= DETAIL_CHARS else m[:DETAIL_CHARS] + " …(full text in report.json)")
+    if f.get("worst_input"):
+        w = f["worst_input"]
+        parts.append("worst input: " + (w if len(w) <= DETAIL_CHARS else w[:DETAIL_CHARS] + " …"))
+    if f.get("traceback") and f["status"] == "crash":
+        parts.append(engine_traceback(f["traceback"]))
+    return "\n".join(parts)
+
+
+def findings_blob(findings: list[dict]) -> str:
+    """Every finding as one row of :data:`COLUMNS`, JSON, gzip'd (mtime 0: the same report gives the same
+    page), base64: what the page's script expands into the all-findings table."""
+    rows = []
+    for f in findings:
+        ex = f.get("examples")
+        first = f.get("examples_to_first_failure")
+        sev = f.get("severity") or ""
+        if sev and f.get("severity_reason"):
+            sev += ": " + f["severity_reason"]
+        rows.append([f["id"], f["status"], sev, f"{ex} (first failure: {first})" if first else _fmt(ex),
+                     error_text(f), error_text(f, "max_rel_err"), _fmt(f.get("tolerance")),
+                     _fmt(_ratio_of(f)), _details(f)])
+    raw = json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
+
+
+def read_blob(html: str) -> list[list[str]]:
+    """The rows of the all-findings table of a rendered page (the inverse of :func:`findings_blob`; tests)."""
+    m = re.search(r'<script type="application/octet-stream" id="findings-data">([^<]*)</script>', html)
+    return json.loads(gzip.decompress(base64.b64decode(m.group(1))).decode("utf-8"))
+
+
+def _page_parts(doc: dict) -> dict:
+    findings = doc.get("findings", [])
+    by_id = {f["id"]: f for f in findings}
+    bad = [f for f in findings if f["status"] != "pass"]
+    pattern = _repro_pattern(bad)
+    defects, owner = [], {}
+    for n, d in enumerate(doc.get("defects") or [], 1):
+        key = f"D{n}"
+        rep = by_id.get((d.get("reproducer") or {}).get("finding") or "", {})
+        tb = engine_traceback(rep.get("traceback")) if rep.get("status") == "crash" else None
+        defects.append(dict(d, key=key, by_dtype=_by_dtype(d["members"], by_id), traceback=tb))
+        for m in d["members"]:
+            owner.setdefault(m, (key, d))
+    groups: dict[str, dict] = {}
+    for f in bad:
+        key, d = owner.get(f["id"], ("", None))
+        title = (f"{d['op']} · {d['property']} — {d['signature']['kind']} · {d['signature']['feature']}" if d
+                 else f"{f['op']} · {f['property']} (in no defect)")
+        g = groups.setdefault(key + "|" + (title if not d else ""), {"key": key, "title": title, "findings": []})
+        cmd = (f.get("reproducer") or {}).get("command")
+        odd = cmd if cmd and (pattern is None or cmd != pattern.replace("<finding id>", f["id"])) else None
+        g["findings"].append(dict(f, short=f"{f.get('dtype')}.{f.get('regime')}", odd_cmd=odd,
+                                  first=f.get("examples_to_first_failure")))
+    rank = {d["key"]: i for i, d in enumerate(defects)}
+    bad_groups = sorted(groups.values(), key=lambda g: (rank.get(g["key"], len(rank)), g["title"]))
+    return {"defects": defects, "bad": bad, "bad_groups": bad_groups, "repro_pattern": pattern,
+            "repro_odd": any(f["odd_cmd"] for g in bad_groups for f in g["findings"])}
+
+
 def render_html(doc: dict) -> str:
     """The page for a report document (the ``report.json`` dict)."""
     findings = doc.get("findings", [])
-    statuses = [s for s in STATUS_ORDER]
     return TEMPLATE.render(
         doc=doc, eng=doc.get("engine", {}), run=doc.get("run", {}), summary=doc.get("summary", {}),
-        statuses=statuses, colors=STATUS_COLOR, dtypes=FLOAT_DTYPES, grid=_grid(findings),
-        plots=make_plots(doc), bad=[f for f in findings if f["status"] != "pass"], findings=findings,
-        fmt=_fmt, ratio=_ratio_of, defects=doc.get("defects") or [], sev_colors=SEVERITY_COLOR,
-        triage_line=_triage_line(doc), tb_chars=TRACEBACK_CHARS, msg_chars=MESSAGE_CHARS,
-        coverage=_coverage_line(doc))
+        statuses=list(STATUS_ORDER), colors=STATUS_COLOR, dtypes=FLOAT_DTYPES, grid=_grid(findings),
+        plots=make_plots(doc), findings=findings, fmt=_fmt, err=error_text, ratio=_ratio_of,
+        sev_colors=SEVERITY_COLOR,
+        triage_line=_triage_line(doc), msg_chars=MESSAGE_CHARS, script=markupsafe.Markup(SCRIPT),
+        columns=COLUMNS, blob=findings_blob(findings), coverage=_coverage_line(doc), **_page_parts(doc))
 
 
 def _coverage_line(doc: dict) -> str | None:

@@ -161,14 +161,6 @@ class ReportWriter:
             print(f"rlconform: could not render {self.html_path}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _fmt(x) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float):
-        return f"{x:.3g}"
-    return str(x)
-
-
 #: GitHub refuses comments over 65,536 characters
 MARKDOWN_LIMIT = 60_000
 
@@ -194,6 +186,7 @@ def render_markdown(doc: dict) -> str:
         "",
     ]
     # --- triage (issue 12): the defects first, ranked by severity -------------------------------------
+    from rlconform.harness.measures import error_text
     from rlconform.harness.triage_md import render_defects
 
     lines += render_defects(doc)
@@ -216,7 +209,7 @@ def render_markdown(doc: dict) -> str:
             rep = w.get("reproducer") or {}
             lines.append(
                 f"| {k[0]} | {k[1]} | {k[2]} | {len(fs)} | {', '.join(sorted({f['dtype'] for f in fs}))} | "
-                f"{', '.join(sorted({f['regime'] for f in fs}))} | {_fmt(w.get('max_abs_err'))} | "
+                f"{', '.join(sorted({f['regime'] for f in fs}))} | {error_text(w)} | "
                 + (f"`{rep['command']}`" if rep.get("command") else "") + " |")
         lines += ["", "<details><summary>one example per row</summary>\n"]
         budget = MARKDOWN_LIMIT - sum(len(x) + 1 for x in lines) - 400

@@ -95,7 +95,9 @@ def test_hung_and_killed_ranks_fail_their_cases_and_the_run_completes(tmp_path):
     # the rest of the run completed: every other finding was checked and passes
     others = [f for f in doc["findings"] if f["status"] != "crash"]
     assert others and all(f["status"] == "pass" for f in others)
-    # each failure cost about one deadline, not the collective timeout of every case
-    assert elapsed < 300
+    # the hung case was ended by its deadline (8 s), not by the collective timeout (20 s); how long the run
+    # took is not asserted (a loaded machine is slow, never wrong)
+    assert "deadline 8 s" in hung["message"] + hung["traceback"], hung["message"]
+    assert elapsed > 0
     time.sleep(1.0)
     assert _processes_with(marker) == [], "worker processes outlived the run"

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from rlconform.harness.html_report import render_html
+from rlconform.harness.html_report import engine_traceback, read_blob, render_html
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -24,8 +24,9 @@ def _browser() -> str | None:
     return next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
 
 
-def load_in_browser(html_path: str) -> tuple[str, list[str]]:
-    """Load the page headless; return (document.title after load, console messages)."""
+def load_in_browser(html_path: str, dom: list | None = None) -> tuple[str, list[str]]:
+    """Load the page headless; return (document.title after load, console messages); the DOM after the
+    page's script ran is appended to ``dom`` when given."""
     exe = _browser()
     if exe is None:
         pytest.skip("headless Chromium not found (install it: `make browser`, or apt-get install -y chromium)")
@@ -37,6 +38,8 @@ def load_in_browser(html_path: str) -> tuple[str, list[str]]:
     m = re.search(r"<title>(.*?)</title>", proc.stdout, re.S)
     console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
     assert m, f"chromium dumped no DOM (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+    if dom is not None:
+        dom.append(proc.stdout)
     return m.group(1), console
 
 
@@ -68,12 +71,27 @@ def test_check_writes_a_self_contained_html_report(pipeline_report):
     # error-vs-imbalance plot and examples per op
     assert expected_plots(html) == 2 and html.count('<img class="plot"') == 2
     assert "metric_pipeline: error against shard imbalance" in html
-    # every non-pass finding with its message, worst input and reproducer command
+    # every non-pass finding has a row; its reproducer command is the page's pattern or shown in its row
     bad = [f for f in doc["findings"] if f["status"] != "pass"]
     assert bad
+    pattern = re.search(r"Reproduce a finding: <code>(.*?)</code>", html).group(1).replace("&lt;", "<")
+    pattern = pattern.replace("&gt;", ">")
     for f in bad:
         assert f'id="{f["id"]}"' in html
-        assert f["reproducer"]["command"] in html
+        cmd = f["reproducer"]["command"]
+        assert cmd == pattern.replace("<finding id>", f["id"]) or cmd in html
+    # every finding, with the message and worst input of the failing ones, in the compressed table
+    rows = {r[0]: r for r in read_blob(html)}
+    assert set(rows) == {f["id"] for f in doc["findings"]}
+    for f in bad:
+        assert rows[f["id"]][1] == f["status"]
+        assert f["message"].strip()[:200] in rows[f["id"]][-1] and f["worst_input"][:200] in rows[f["id"]][-1]
+    # every defect: its card with the smallest member's reproducer command
+    assert doc["defects"]
+    for n, d in enumerate(doc["defects"], 1):
+        card = html[html.index(f'id="D{n}"'):]
+        card = card[:card.index("</div>\n<")] if "</div>\n<" in card else card
+        assert d["reproducer"]["command"] in html and f"{len(d['members'])} finding" in card
     # the samples behind the plot: bounded, with the imbalance of each example
     for f in doc["findings"]:
         if f["property"] in ("matches_reference", "partition_invariant"):
@@ -93,9 +111,47 @@ def test_report_command_rerenders(pipeline_report):
 
 def test_html_loads_in_chromium_without_errors(pipeline_report):
     html = (pipeline_report / "report.html").read_text()
-    title, console = load_in_browser(str(pipeline_report / "report.html"))
+    dom = []
+    title, console = load_in_browser(str(pipeline_report / "report.html"), dom)
     assert console == [], console
     assert title == f"ok:{expected_plots(html)}", title
+    # the script expanded every finding into the all-findings table
+    n = len(json.loads((pipeline_report / "report.json").read_text())["findings"])
+    assert f'data-rows="{n}"' in dom[0]
+    assert dom[0].count('<tr class="s-') >= n
+
+
+def test_browser_check_catches_a_broken_findings_table(pipeline_report, tmp_path):
+    """The browser check can fail: a findings table that does not decompress turns the title into an error."""
+    html = (pipeline_report / "report.html").read_text()
+    broken = re.sub(r'(id="findings-data">)[^<]+', r"\1H4sIAAAAAAAAA3N0cgYAAAD//w==", html, count=1)
+    path = tmp_path / "broken.html"
+    path.write_text(broken)
+    title, _ = load_in_browser(str(path))
+    assert title.startswith("error:findings table"), title
+
+
+def test_crash_traceback_shows_the_engines_frames():
+    """A crash's traceback on the page is the engine's exception (above the harness's ``raise ... from``),
+    without the exception-group margin and the ``^^^`` markers; a traceback without a cause keeps its tail."""
+    tb = ("Traceback (most recent call last):\n  File \"pytest.py\", line 1, in run\n"
+          "  +-+---------------- 1 ----------------\n"
+          "    | Traceback (most recent call last):\n"
+          "    |   File \"/site-packages/verl/utils/torch_functional.py\", line 319, in masked_var\n"
+          "    |     raise ValueError(\"At least one element in the mask has to be 1.\")\n"
+          "    |     ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+          "    | ValueError: At least one element in the mask has to be 1.\n    | \n"
+          "    | The above exception was the direct cause of the following exception:\n    | \n"
+          "    | Traceback (most recent call last):\n    |   File \"harness/evaluation.py\", line 43\n"
+          "    | EngineCrash: engine raised\n")
+    text = engine_traceback(tb)
+    assert text.splitlines() == [
+        "engine traceback:", "Traceback (most recent call last):",
+        '  File "/site-packages/verl/utils/torch_functional.py", line 319, in masked_var',
+        '    raise ValueError("At least one element in the mask has to be 1.")',
+        "ValueError: At least one element in the mask has to be 1."]
+    assert engine_traceback("x" * 5000 + "end").endswith("x" * 100 + "end")
+    assert engine_traceback(None) is None
 
 
 def test_browser_check_catches_a_broken_plot(pipeline_report, tmp_path):

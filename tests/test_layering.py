@@ -1,7 +1,7 @@
 """The layering is one-way and has no import circle (issue 9, part 1):
 
     runner             harness: cli, fuzz, dispatch, pytest plugin (recorder, inflight), report writers
-                       (coverage_md among them), severity / triage / diff / bisect
+                       (coverage_md among them), severity / triage / measures / diff / bisect
       ↓
     checks             properties/, distributed_tests/ (distributed_tests may use properties, not back)
       ↓
@@ -26,7 +26,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = {"reference": "reference", "harness": "harness", "properties": "properties",
            "distributed_tests": "distributed_tests"}
 RUNNER = {"cli", "fuzz", "dispatch", "pytest_plugin", "report", "html_report", "summary", "xfails", "atomic_write",
-          "severity", "triage", "triage_md", "diff", "bisect", "recorder", "inflight", "coverage_md"}
+          "severity", "triage", "triage_md", "diff", "bisect", "recorder", "inflight", "coverage_md",
+          "measures"}
 RANK = {"reference": 0, "core": 1, "properties": 2, "distributed_tests": 2, "runner": 3}
 
 

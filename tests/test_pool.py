@@ -28,10 +28,14 @@ pytestmark = pytest.mark.distributed
 
 DTYPES = ["float16", "bfloat16", "float32", "float64"]
 HANG_DEADLINE_S = 3.0
-SLACK_S = 4.0  # stack dump (<= 1 s) + kill grace (0.5 s) + scheduling on 2 busy cores
+#: a failure must be noticed at once, not at its deadline: failures other than a hang get this deadline, and
+#: must be reported in less than half of it, a margin no load makes up (issue 15: no wall-clock budget tests)
+FAILURE_DEADLINE_S = 120.0
+#: only catches a hang that was never ended: a loaded machine may take long to dump stacks and kill
+SLACK_S = 60.0
 
 
-def _wait_gone(pids, within_s=5.0):
+def _wait_gone(pids, within_s=60.0):
     end = time.monotonic() + within_s
     while time.monotonic() < end:
         alive = [p for p in pids if _pid_alive(p)]
@@ -52,7 +56,7 @@ def pool4():
     yield p
     pids = p.pids
     p.close()
-    assert _wait_gone(pids, 1.0) == []
+    assert _wait_gone(pids) == []
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -112,7 +116,7 @@ def _expect_failure(pool, fn, payload, timeout_s):
     assert all(err.tracebacks[r].strip() for r in range(pool.world_size))
     for r in range(pool.world_size):
         assert f"--- rank {r} ---" in str(err)
-    assert _wait_gone(old, 2.0) == []  # the old group is already gone
+    assert _wait_gone(old) == []  # the old group ends (killed when the case failed)
     # the next case on the same pool succeeds, on a fresh group
     assert [o["rank"] for o in pool.run(pc.rank_info, None)] == list(range(pool.world_size))
     assert set(pool.pids).isdisjoint(old)
@@ -128,28 +132,28 @@ def test_hung_rank(pool2):
 
 
 def test_sigkilled_rank(pool2):
-    err, elapsed = _expect_failure(pool2, pc.sigkill_on, {"rank": 0}, 30.0)
+    err, elapsed = _expect_failure(pool2, pc.sigkill_on, {"rank": 0}, FAILURE_DEADLINE_S)
     assert err.kind == "died" and err.failed_ranks == [0]
-    assert elapsed < 3.0, elapsed  # noticed at once, not at the deadline
+    assert elapsed < FAILURE_DEADLINE_S / 2, elapsed  # noticed at once, not at the deadline
     assert "SIGKILL" in err.tracebacks[0]
     # rank 1 was in an all_reduce with the dead peer: its error or its stack
     assert "all_reduce" in err.tracebacks[1] or "Traceback" in err.tracebacks[1]
 
 
 def test_raising_rank(pool2):
-    err, elapsed = _expect_failure(pool2, pc.raise_on, {"rank": 1, "msg": "boom-7f3a"}, 30.0)
+    err, elapsed = _expect_failure(pool2, pc.raise_on, {"rank": 1, "msg": "boom-7f3a"}, FAILURE_DEADLINE_S)
     assert err.kind == "raised" and err.failed_ranks == [1]
     assert "ValueError: boom-7f3a" in err.tracebacks[1] and "raise_on" in err.tracebacks[1]
     assert "all_reduce" in err.tracebacks[0]  # rank 0 was blocked waiting for it
-    assert elapsed < 4.0, elapsed
+    assert elapsed < FAILURE_DEADLINE_S / 2, elapsed
 
 
 def test_segfault_and_exit(pool4):
     err, _ = _expect_failure(pool4, pc.segv_on, {"rank": 2}, 30.0)
     assert err.kind == "died" and err.failed_ranks == [2]
     assert "SIGSEGV" in err.tracebacks[2] and "segv_on" in err.tracebacks[2]  # faulthandler crash dump
-    err, elapsed = _expect_failure(pool4, pc.exit_on, {"rank": 3, "code": 9}, 30.0)
-    assert err.kind == "died" and "exit code 9" in err.tracebacks[3] and elapsed < 3.0
+    err, elapsed = _expect_failure(pool4, pc.exit_on, {"rank": 3, "code": 9}, FAILURE_DEADLINE_S)
+    assert err.kind == "died" and "exit code 9" in err.tracebacks[3] and elapsed < FAILURE_DEADLINE_S / 2
 
 
 def test_close_kills_and_is_idempotent():
@@ -172,7 +176,7 @@ def test_get_pool_cache_and_close_all():
     a.run(pc.rank_info, None)
     pids = a.pids
     close_all_pools()
-    assert _wait_gone(pids, 1.0) == []
+    assert _wait_gone(pids) == []
     assert get_pool(2) is not a
 
 
@@ -211,9 +215,8 @@ def test_workers_die_with_parent(tmp_path, mode):
     pids = [int(x) for x in proc.stdout.split()]
     assert len(pids) == 2
     t0 = time.monotonic()
-    alive = _wait_gone(pids, 5.0)
-    assert alive == [], f"workers {alive} outlived their parent"
-    assert time.monotonic() - t0 < 5.0
+    alive = _wait_gone(pids)
+    assert alive == [], f"workers {alive} outlived their parent (waited {time.monotonic() - t0:.0f} s)"
 
 
 def test_run_under_torchrun_env(tmp_path):
