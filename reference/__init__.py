@@ -5,6 +5,7 @@ arrays or Python numbers out; compensated / exactly rounded sums; no torch impor
 in the self-tests (tests/test_reference_mpmath.py), which check every function and gradient at 50 digits.
 
 Modules: ``softmax_stats`` (logsumexp, token_logprobs, entropy, Σπ² and closed-form gradients),
+``fused_stats`` (``token_stats``: the four of them and their gradients from one fused float64 pass),
 ``reductions`` (masked sum/count/mean/var/std/min/max, mergeable moments), ``loss_agg`` (agg_loss),
 ``metrics`` (token_metrics), ``advantage`` (optimal_token_baseline), ``advantage_estimators``
 (outcome_advantage for every estimator variant, gae), ``whitening`` (masked_whiten with exact,
@@ -36,6 +37,7 @@ from .reductions import (
     moments,
     moments_to_mean_var,
 )
+from .fused_stats import token_stats
 from .softmax_stats import (
     entropy,
     entropy_grad,
@@ -59,6 +61,7 @@ __all__ = [
     "token_logprobs_grad",
     "entropy_grad",
     "sum_pi_squared_grad",
+    "token_stats",
     # masked reductions and moments
     "masked_sum",
     "masked_count",
