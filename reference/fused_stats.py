@@ -81,12 +81,13 @@ _TORCH_OK = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, 
 _TORCH_INT = ("torch.bool", "torch.uint8", "torch.int8", "torch.int16", "torch.int32", "torch.int64")
 
 
-def _chunk_rows(n_rows: int, vocab: int, itemsize: int, workers: int = 1) -> int:
-    """Rows per chunk: the working set of all ``workers`` ≤ min(_MAX_CHUNK_BYTES, _INPUT_FRACTION × input
-    bytes), ≥ 1 row."""
-    per_row = vocab * 8 * _WORK_ARRAYS * workers
+def _plan(n_rows: int, vocab: int, itemsize: int, threads: int) -> tuple[int, int]:
+    """(workers, rows per chunk): the working set of all workers stays ≤ min(_MAX_CHUNK_BYTES,
+    _INPUT_FRACTION × input bytes); at least one worker with one row (the floor for tiny inputs)."""
+    per_row = vocab * 8 * _WORK_ARRAYS
     budget = min(_MAX_CHUNK_BYTES, int(_INPUT_FRACTION * n_rows * vocab * itemsize))
-    return max(1, min(max(n_rows, 1), budget // per_row))
+    workers = max(1, min(threads, n_rows, budget // per_row))
+    return workers, max(1, min(max(n_rows, 1), budget // (per_row * workers)))
 
 
 def _grad_names(grads, with_labels: bool) -> tuple[str, ...]:
@@ -200,9 +201,8 @@ def token_stats(logits, labels=None, grads: bool | Iterable[str] = False, grad_o
     lab_t = None if lab is None else torch.from_numpy(lab.astype(np.int64))
     g_t = None if g is None else torch.tensor(g, dtype=f64)
 
-    workers = max(1, min(torch.get_num_threads(), n))
-    step = _chunk_rows(n, vocab, x2.element_size() if isinstance(x2, torch.Tensor) else x2.dtype.itemsize,
-                       workers)
+    itemsize = x2.element_size() if isinstance(x2, torch.Tensor) else x2.dtype.itemsize
+    workers, step = _plan(n, vocab, itemsize, torch.get_num_threads())
     starts = range(0, n, step)
     workers = min(workers, len(starts))
     pool = queue.SimpleQueue()  # one set of chunk buffers per worker thread

@@ -179,7 +179,10 @@ def test_chunks_and_threads_do_not_change_the_result(monkeypatch):
     labels = rng.integers(0, 300, 37)
     full = R.token_stats(x, labels, grads=True)
     threads = torch.get_num_threads()
-    monkeypatch.setattr(FS, "_MAX_CHUNK_BYTES", 1)  # one row per chunk
+    # budget for exactly 3 one-row chunks at a time: up to 3 worker threads, each on one row
+    monkeypatch.setattr(FS, "_MAX_CHUNK_BYTES", 3 * 300 * 8 * FS._WORK_ARRAYS)
+    monkeypatch.setattr(FS, "_INPUT_FRACTION", 10.0)
+    assert FS._plan(37, 300, 4, 3) == (3, 1) and FS._plan(37, 300, 4, 1) == (1, 3)
     for n in (1, 3):
         torch.set_num_threads(n)
         try:
