@@ -69,12 +69,46 @@ def _reference(op: OpInfo, inputs: dict, logits64: np.ndarray, grad_out: np.ndar
     return op.reference_grad(logits64, *extra, grad_output=grad_out)
 
 
+#: Inputs above this many bytes run the faithful path in row chunks (real shapes; CI inputs never do).
+FAITHFUL_CHUNK_ABOVE = 64 << 20
+#: A chunk is at most this many bytes of the input, and at most 1/32 of it: the fp32 path keeps about
+#: 8 chunk-sized tensors alive (upcast, log-softmax, p, products, their gradients), so its extra memory
+#: stays ≤ 25 % of the input (issue 13, part 3; measured by benchmarks/bench_reference.py).
+FAITHFUL_CHUNK_BYTES = 32 << 20
+
+
 def faithful(op: str, x: torch.Tensor, inputs: dict, grad_out: torch.Tensor):
-    """The fp32 path (:mod:`rlconform.harness.faithful`): value and gradient for ``grad_out``."""
-    leaf = x.detach().clone().requires_grad_(True)
-    out = getattr(F, op)(*engine_args(op, leaf, inputs))
-    (out.to(torch.float64) * grad_out).sum().backward()
-    return out.detach(), leaf.grad.detach()
+    """The fp32 path (:mod:`rlconform.harness.faithful`): value and gradient for ``grad_out``.
+
+    x: logits ``[..., V]`` (any float dtype; never written); grad_out: float64 ``[...]``. Returns
+    (value ``[...]``, gradient ``[..., V]``), both of x's dtype. Inputs over ``FAITHFUL_CHUNK_ABOVE`` bytes
+    run in chunks of rows (each row's softmax is independent of the others), each chunk a leaf that
+    views x, so that the extra memory is a few chunks rather than several copies of the logits.
+    """
+    if x.dim() < 2 or x.numel() * x.element_size() <= FAITHFUL_CHUNK_ABOVE:
+        leaf = x.detach().clone().requires_grad_(True)
+        out = getattr(F, op)(*engine_args(op, leaf, inputs))
+        (out.to(torch.float64) * grad_out).sum().backward()
+        return out.detach(), leaf.grad.detach()
+    vocab = x.shape[-1]
+    x2 = x.detach().reshape(-1, vocab)
+    n = x2.shape[0]
+    g2 = grad_out.reshape(-1)
+    labels = np.asarray(inputs["labels"]).reshape(-1) if "labels" in inputs else None
+    row_bytes = vocab * x.element_size()
+    step = max(1, min(FAITHFUL_CHUNK_BYTES, x.numel() * x.element_size() // 32) // row_bytes)
+    value = torch.empty(n, dtype=x.dtype)
+    grad = torch.empty(n, vocab, dtype=x.dtype)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        leaf = x2[r0:r1].detach().requires_grad_(True)  # a view of x: no copy
+        chunk_inputs = {} if labels is None else {"labels": labels[r0:r1]}
+        out = getattr(F, op)(*engine_args(op, leaf, chunk_inputs))
+        (out.to(torch.float64) * g2[r0:r1]).sum().backward()
+        value[r0:r1] = out.detach()
+        grad[r0:r1] = leaf.grad
+        del leaf, out
+    return value.reshape(x.shape[:-1]), grad.reshape(x.shape)
 
 
 def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev: Evaluation, *, saved_producer=False):
