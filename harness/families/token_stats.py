@@ -72,9 +72,11 @@ def _reference(op: OpInfo, inputs: dict, logits64: np.ndarray, grad_out: np.ndar
 #: Inputs above this many bytes run the faithful path in row chunks (real shapes; CI inputs never do).
 FAITHFUL_CHUNK_ABOVE = 64 << 20
 #: A chunk is at most this many bytes of the input, and at most 1/32 of it: the fp32 path keeps about
-#: 8 chunk-sized tensors alive (upcast, log-softmax, p, products, their gradients), so its extra memory
-#: stays ≤ 25 % of the input (issue 13, part 3; measured by benchmarks/bench_reference.py).
-FAITHFUL_CHUNK_BYTES = 32 << 20
+#: 8 chunk-sized tensors alive (upcast, log-softmax, p, products, their gradients), and small chunks
+#: also keep glibc's heap from holding on to freed chunk-sized blocks (with 32 MiB chunks a
+#: [1024, 151936] fp32 entropy kept 0.48× the input; with 4 MiB 0.09×), so its extra memory stays well
+#: under 25 % of the input (issue 13, part 3; measured by benchmarks/bench_reference.py).
+FAITHFUL_CHUNK_BYTES = 4 << 20
 
 
 def faithful(op: str, x: torch.Tensor, inputs: dict, grad_out: torch.Tensor):
