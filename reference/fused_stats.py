@@ -26,28 +26,32 @@ Algorithm (per chunk of rows, float64 throughout; the formulas of softmax_stats)
 
 Accuracy (u = 2**-53; checked against mpmath at 50 digits and against softmax_stats in
 tests/test_reference_fused.py)
-    Each sum Σ_v a_v of non-negative terms is computed as pairwise sums whose first level (a_v + a_w,
-    one rounding each) is plain and whose higher levels carry the TwoSum error of every addition (Sum2
-    of Ogita, Rump & Oishi 2005, pairwise): relative error ≤ u (first level) + u (final rounding) +
-    O(log2(V)·u²). The statistics therefore keep the bounds of the separate references:
-    token_logprobs, entropy, Σπ² a few u relative; logsumexp a few u of |m| + log s; gradients a few u
+    Each sum Σ_v a_v of non-negative terms (t, Σ e·(−d), Σ e²) is split error-free against a power of
+    two σ ≥ V·max_v a_v (ExtractScalar, Rump-Ogita-Oishi 2008; see ``_sum_nonneg``): the high parts add
+    up exactly in any order, the low parts are below ulp(σ)/2, so the sum's relative error is ≤ 2u
+    whatever torch's summation order and thread count. The statistics therefore keep the bounds of the
+    separate references (whose compensated sums are ≤ ~1u): token_logprobs, entropy, Σπ² a few u
+    relative (mpmath tests at 4u, 8u for H); logsumexp a few u of |m| + log s; gradients a few u
     relative per element for d lse and d log p_y, and |err_v| ≲ 8u·p_v·(|log p_v| + H) and
     ≲ 8u·2p_v·(p_v + Σπ²) for dH and dΣπ² (differences that cross zero). Values may differ from the
-    separate references in the last bits (torch's exp vs NumPy's, a different summation tree), never by
-    more than the sum of the two bounds.
+    separate references in the last bits (torch's exp vs NumPy's, other sums), never by more than the
+    sum of the two bounds.
 
 Memory and time
-    Rows run in chunks whose float64 working set (``_WORK_ARRAYS`` arrays of ``rows × V``) stays under
-    ``_MAX_CHUNK_BYTES`` and ``_INPUT_FRACTION`` of the input's size (≥ 1 row), so a ``[T, 151936]``
-    fp32 input needs well under 25 % of its size in extra memory. Gradients allocate their own float64
-    ``[..., V]`` outputs (each 2× an fp32 input) and no other full-size array. torch runs with the
-    threads it has (``torch.get_num_threads()``); nothing global is changed.
+    Rows run in chunks; the float64 working set of all chunks in flight (``_WORK_ARRAYS`` arrays of
+    ``rows × V`` each) stays under ``_MAX_CHUNK_BYTES`` and ``_INPUT_FRACTION`` of the input's size
+    (≥ one row), so a ``[T, 151936]`` fp32 input needs ≤ 25 % of its size in extra memory (measured:
+    benchmarks/results/bench_reference.md). About 25 elementwise passes and one ``exp`` per element.
+    With ``torch.get_num_threads()`` = k > 1, k Python threads each run a chunk with torch
+    single-threaded (no OpenMP barrier per op, which costs a scheduler slice each on a busy machine);
+    torch's thread count is set to 1 meanwhile and restored afterwards. Gradients allocate their own
+    float64 ``[..., V]`` outputs (each 2× an fp32 input) and no other full-size array.
 
 Sources: the formulas and their sources are those of :mod:`rlconform.reference.softmax_stats` (torch
 ``logsumexp``; verl ``logprobs_from_logits``, ``entropy_from_logits``,
 ``calculate_sum_pi_squared_from_logits`` (verl PR #6153); Megatron ``vocab_parallel_cross_entropy``,
-``vocab_parallel_entropy``); Sum2: Ogita, Rump & Oishi, "Accurate sum and dot product", SIAM J. Sci.
-Comput. 26(6), 2005; TwoSum: Knuth, TAOCP vol. 2, §4.2.2.
+``vocab_parallel_entropy``); ExtractScalar: Rump, Ogita & Oishi, "Accurate floating-point summation
+part I: faithful rounding", SIAM J. Sci. Comput. 31(1), 2008; TwoSum: Knuth, TAOCP vol. 2, §4.2.2.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import rlconform.reference as R
 from rlconform.harness import faithful as F
 from rlconform.harness import torch_state
 from rlconform.harness import strategies as S
@@ -62,8 +63,18 @@ def engine_args(op: str, logits: torch.Tensor, inputs: dict) -> tuple:
     return (logits,)
 
 
+#: Logits with at least this many elements get their reference from the fused float64 pass
+#: (:func:`rlconform.reference.token_stats`: one chunked pass, value and gradient together; issue 13);
+#: smaller ones (every CI case: V ≤ 4096, ≤ 6 rows) from the separate NumPy references, as before.
+FUSED_REFERENCE_ABOVE = 1 << 20
+
+
 def _reference(op: OpInfo, inputs: dict, logits64: np.ndarray, grad_out: np.ndarray | None):
     extra = (inputs["labels"],) if op.name == "token_logprobs" else ()
+    if np.size(logits64) >= FUSED_REFERENCE_ABOVE:
+        grads = False if grad_out is None else (op.name,)
+        out = R.token_stats(logits64, *extra, grads=grads, grad_output=grad_out)
+        return out[op.name if grad_out is None else op.name + "_grad"]
     if grad_out is None:
         return op.reference(logits64, *extra)
     return op.reference_grad(logits64, *extra, grad_output=grad_out)
