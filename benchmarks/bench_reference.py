@@ -195,7 +195,11 @@ def _markdown(doc: dict) -> str:
     lines += ["", "fused = `rlconform.reference.token_stats(x, labels)`; verl4 = verl 0.9.1 `entropy_from_logits`, "
               "`logprobs_from_logits`, `calculate_sum_pi_squared_from_logits`, `torch.logsumexp`; faithful = the "
               "token_stats family's fp32 path, value and gradient of the four statistics one after another; "
-              "guard = `InputGuard(logits, labels)` + two checks.", ""]
+              "guard = `InputGuard(logits, labels)` + two checks.", "",
+              "Load matters: with the machine oversubscribed (load average well above the CPU count) verl's "
+              "OpenMP-parallel ops wait at a barrier for a descheduled thread in every op, while the fused pass "
+              "runs one single-threaded torch per chunk and thread, so such runs flatter the ratio; the runs at "
+              "load ≲ 2 are the fair comparison.", ""]
     return "\n".join(lines)
 
 

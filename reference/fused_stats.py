@@ -228,11 +228,12 @@ def token_stats(logits, labels=None, grads: bool | Iterable[str] = False, grad_o
         # a shared (oversubscribed) machine costs a scheduler slice each. Restored afterwards.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
+        ex = ThreadPoolExecutor(workers)
         try:
-            with ThreadPoolExecutor(workers) as ex:
-                for _ in ex.map(chunk, starts):  # in order: the first bad chunk's error is raised
-                    pass
-        finally:
+            for _ in ex.map(chunk, starts):  # in order: the first bad chunk's error is raised
+                pass
+        finally:  # an error or an interrupt: the chunks not started yet are dropped
+            ex.shutdown(wait=True, cancel_futures=True)
             torch.set_num_threads(threads)
 
     out = {k: v.numpy().reshape(lead) for k, v in stats.items()}
