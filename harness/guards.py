@@ -8,21 +8,38 @@ altered data and autograd may refuse to backprop through an op that saved the te
 :class:`InputGuard` snapshots tensors (``clone`` of the bits, ``_version``), and :meth:`check`
 reports every tensor whose bits (``torch.equal`` on the raw bytes, so NaN positions and signed zeros
 count) or version counter changed. No tolerance is ever applied.
+
+Memory: one copy of the bits per tensor up to ``EXACT_MAX_BYTES`` (the values shown in a report are
+read back from it). A larger tensor — logits at real shapes, ``[4096, 151936]`` fp32 is 2.5 GB — is
+snapshotted as SHA-256 digests of its raw bytes in blocks of ``BLOCK_BYTES`` (32 bytes per MiB, hashed
+on as many threads as torch has), so the guard never doubles memory (issue 13, part 3); a change is
+then located to its blocks, and the report gives the values found there now (the old ones are gone).
+A change that keeps every digest would need a SHA-256 collision.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-__all__ = ["InputGuard", "Mutation", "SavesOutputIdentity", "produce"]
+__all__ = ["BLOCK_BYTES", "EXACT_MAX_BYTES", "InputGuard", "Mutation", "SavesOutputIdentity", "produce"]
+
+#: Tensors up to this size (bytes) are snapshotted as an exact copy of their bits; larger ones as digests.
+EXACT_MAX_BYTES = 64 << 20
+#: Bytes per SHA-256 digest for large tensors.
+BLOCK_BYTES = 1 << 20
 
 
 @dataclasses.dataclass
 class Mutation:
     """One input found altered: ``name``, ``stage`` ('forward'/'backward'), ``bits_changed``,
-    ``version_before``/``version_after``, ``changed_elements``, a ``sample`` of (index, before, after)."""
+    ``version_before``/``version_after``, ``changed_elements``, a ``sample`` of (index, before, after).
+    For a tensor guarded by digests (larger than ``EXACT_MAX_BYTES``): ``changed_blocks`` blocks of
+    ``block_elements`` elements differ, ``changed_elements`` is −1 and ``sample`` holds (index, value now)
+    at the start of the first changed block."""
 
     name: str
     stage: str
@@ -31,10 +48,16 @@ class Mutation:
     version_after: int
     changed_elements: int
     sample: list
+    changed_blocks: int = 0
+    block_elements: int = 0
 
     def describe(self) -> str:
         parts = []
-        if self.bits_changed:
+        if self.bits_changed and self.changed_blocks:
+            parts.append(f"the bits of {self.changed_blocks} block(s) of {self.block_elements} elements changed "
+                         f"(SHA-256 digests of a large input), now e.g. " + ", ".join(
+                             f"[{i}] {a!r}" for i, a in self.sample))
+        elif self.bits_changed:
             parts.append(f"{self.changed_elements} element(s) changed, e.g. " + ", ".join(
                 f"[{i}] {b!r} -> {a!r}" for i, b, a in self.sample))
         if self.version_after != self.version_before:
@@ -51,33 +74,80 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _digests(t: torch.Tensor) -> tuple[list[bytes], int]:
+    """(SHA-256 digest of each ``BLOCK_BYTES`` block of ``t``'s raw bytes in row-major order, elements
+    per block). Works on a CPU copy one block at a time when ``t`` is not a contiguous CPU tensor."""
+    flat = t.detach().reshape(-1)  # a view when t is contiguous
+    per = max(1, BLOCK_BYTES // max(1, t.element_size()))
+    starts = range(0, flat.numel(), per)
+
+    def one(i):
+        blk = _bits(flat[i:i + per]).cpu()
+        return hashlib.sha256(memoryview(blk.numpy()).cast("B")).digest()  # hashlib releases the GIL
+
+    workers = max(1, min(torch.get_num_threads(), len(starts)))
+    if workers == 1:
+        return [one(i) for i in starts], per
+    with ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(one, starts)), per
+
+
 class InputGuard:
-    """Snapshot of named tensors; ``check(stage)`` lists :class:`Mutation` s since the snapshot."""
+    """Snapshot of named tensors; ``check(stage)`` lists :class:`Mutation` s since the snapshot.
+
+    Extra memory: one copy of each tensor's bits up to ``EXACT_MAX_BYTES``, else 32 bytes per
+    ``BLOCK_BYTES`` (digests). Raises nothing; non-tensor arguments are ignored.
+    """
 
     def __init__(self, **tensors: torch.Tensor):
         self._tensors = {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)}
-        self._bits = {k: _bits(v).clone() for k, v in self._tensors.items()}
-        self._values = {k: v.detach().clone() for k, v in self._tensors.items()}
+        self._bits, self._digests = {}, {}
+        for k, v in self._tensors.items():
+            if v.numel() * v.element_size() > EXACT_MAX_BYTES:
+                self._digests[k] = _digests(v)
+            else:
+                self._bits[k] = _bits(v).clone()
         self._versions = {k: v._version for k, v in self._tensors.items()}
 
     def check(self, stage: str) -> list[Mutation]:
         found = []
         for name, t in self._tensors.items():
+            version = t._version
+            if name in self._digests:
+                m = self._check_digests(name, t, stage, version)
+                if m is not None:
+                    found.append(m)
+                continue
             now_bits = _bits(t)
             same_shape = now_bits.shape == self._bits[name].shape
             bits_changed = (not same_shape) or not torch.equal(now_bits, self._bits[name])
-            version = t._version
             if bits_changed or version != self._versions[name]:
                 sample, n_changed = [], 0
                 if bits_changed and same_shape:
                     diff = (now_bits != self._bits[name]).reshape(-1)
                     n_changed = int(diff.sum())
                     idx = torch.nonzero(diff).reshape(-1)[:3].tolist()
-                    before = self._values[name].reshape(-1)
+                    before = self._bits[name].view(t.dtype).reshape(-1) if t.is_floating_point() or t.is_complex() \
+                        else self._bits[name].reshape(-1)
                     after = t.detach().reshape(-1)
                     sample = [(i, float(before[i]), float(after[i])) for i in idx]
                 found.append(Mutation(name, stage, bits_changed, self._versions[name], version, n_changed, sample))
         return found
+
+    def _check_digests(self, name, t, stage, version):
+        old, per = self._digests[name]
+        new, _ = _digests(t) if t.numel() * t.element_size() > 0 else ([], per)
+        changed = [i for i, (a, b) in enumerate(zip(old, new)) if a != b] + list(range(min(len(old), len(new)),
+                                                                                      max(len(old), len(new))))
+        if not changed and version == self._versions[name]:
+            return None
+        sample = []
+        if changed:
+            flat = t.detach().reshape(-1)
+            i0 = changed[0] * per
+            sample = [(i, float(flat[i])) for i in range(i0, min(i0 + 3, flat.numel()))]
+        return Mutation(name, stage, bool(changed), self._versions[name], version, -1 if changed else 0, sample,
+                        changed_blocks=len(changed), block_elements=per)
 
 
 class SavesOutputIdentity(torch.autograd.Function):

@@ -5,8 +5,10 @@ arrays or Python numbers out; compensated / exactly rounded sums; no torch impor
 in the self-tests (tests/test_reference_mpmath.py), which check every function and gradient at 50 digits.
 
 Modules: ``softmax_stats`` (logsumexp, token_logprobs, entropy, Σπ² and closed-form gradients),
+``fused_stats`` (``token_stats``: the four of them and their gradients from one fused float64 pass),
 ``reductions`` (masked sum/count/mean/var/std/min/max, mergeable moments), ``loss_agg`` (agg_loss),
-``label_smoothing`` (smoothed_token_logprobs and its gradient), ``metrics`` (token_metrics), ``advantage`` (optimal_token_baseline), ``advantage_estimators``
+``label_smoothing`` (smoothed_token_logprobs and its gradient), ``metrics`` (token_metrics),
+``advantage`` (optimal_token_baseline), ``advantage_estimators``
 (outcome_advantage for every estimator variant, gae), ``whitening`` (masked_whiten with exact,
 mergeable global statistics), ``kl`` (kl_estimator), ``importance`` (importance_ratio),
 ``policy_loss`` (policy_loss and its variants), ``value_loss`` (the clipped critic loss); the last four
@@ -37,6 +39,7 @@ from .reductions import (
     moments,
     moments_to_mean_var,
 )
+from .fused_stats import token_stats
 from .softmax_stats import (
     entropy,
     entropy_grad,
@@ -62,6 +65,7 @@ __all__ = [
     "sum_pi_squared_grad",
     "smoothed_token_logprobs",
     "smoothed_token_logprobs_grad",
+    "token_stats",
     # masked reductions and moments
     "masked_sum",
     "masked_count",

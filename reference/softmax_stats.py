@@ -36,7 +36,9 @@ Memory and time
     Rows of the flattened ``[N, V]`` are processed in chunks sized from V and the input's itemsize: the
     float64 working set of a chunk (about ``_WORK_ARRAYS`` arrays of ``rows × V``) is kept under both
     ``_MAX_CHUNK_BYTES`` and ``_INPUT_FRACTION`` of the input's own size, so a ``[4096, 151936]`` fp32
-    input needs far less than 25 % of its size in extra memory (see benchmarks/bench_reference.py).
+    input needs far less than 25 % of its size in extra memory (``benchmarks/bench_reference.py --mem-what
+    separate``; benchmarks/results/reference.json). For all four statistics of the same logits at once,
+    ``fused_stats.token_stats`` is one torch float64 pass, several times faster.
     The input is never modified and, if C-contiguous, never copied as a whole. Gradients allocate
     their float64 ``[..., V]`` output (2× the size of an fp32 input) and no other full-size array.
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+import rlconform.reference as R
 from rlconform.harness import faithful as F
 from rlconform.harness import torch_state
 from rlconform.harness import strategies as S
@@ -80,21 +81,67 @@ def engine_args(op: str, logits: torch.Tensor, inputs: dict) -> tuple:
     return (logits,)
 
 
+#: Logits with at least this many elements get their reference from the fused float64 pass
+#: (:func:`rlconform.reference.token_stats`: one chunked pass, value and gradient together; issue 13);
+#: smaller ones (every CI case: V ≤ 4096, ≤ 6 rows) from the separate NumPy references, as before.
+FUSED_REFERENCE_ABOVE = 1 << 20
+
+
 def _reference(op: OpInfo, inputs: dict, logits64: np.ndarray, grad_out: np.ndarray | None):
     extra = (inputs["labels"],) if op.name.endswith("token_logprobs") else ()
     if "smoothed" in op.name:
         extra += (float(inputs["label_smoothing"]),)
+    if np.size(logits64) >= FUSED_REFERENCE_ABOVE and "smoothed" not in op.name:
+        grads = False if grad_out is None else (op.name,)
+        out = R.token_stats(logits64, *extra, grads=grads, grad_output=grad_out)
+        return out[op.name if grad_out is None else op.name + "_grad"]
     if grad_out is None:
         return op.reference(logits64, *extra)
     return op.reference_grad(logits64, *extra, grad_output=grad_out)
 
 
+#: Inputs above this many bytes run the faithful path in row chunks (real shapes; CI inputs never do).
+FAITHFUL_CHUNK_ABOVE = 64 << 20
+#: A chunk is at most this many bytes of the input, and at most 1/32 of it: the fp32 path keeps about
+#: 8 chunk-sized tensors alive (upcast, log-softmax, p, products, their gradients), and small chunks
+#: also keep glibc's heap from holding on to freed chunk-sized blocks (with 32 MiB chunks a
+#: [1024, 151936] fp32 entropy kept 0.48× the input; with 4 MiB 0.09×), so its extra memory stays well
+#: under 25 % of the input (issue 13, part 3; measured by benchmarks/bench_reference.py).
+FAITHFUL_CHUNK_BYTES = 4 << 20
+
+
 def faithful(op: str, x: torch.Tensor, inputs: dict, grad_out: torch.Tensor):
-    """The fp32 path (:mod:`rlconform.harness.faithful`): value and gradient for ``grad_out``."""
-    leaf = x.detach().clone().requires_grad_(True)
-    out = getattr(F, op)(*engine_args(op, leaf, inputs))
-    (out.to(torch.float64) * grad_out).sum().backward()
-    return out.detach(), leaf.grad.detach()
+    """The fp32 path (:mod:`rlconform.harness.faithful`): value and gradient for ``grad_out``.
+
+    x: logits ``[..., V]`` (any float dtype; never written); grad_out: float64 ``[...]``. Returns
+    (value ``[...]``, gradient ``[..., V]``), both of x's dtype. Inputs over ``FAITHFUL_CHUNK_ABOVE`` bytes
+    run in chunks of rows (each row's softmax is independent of the others), each chunk a leaf that
+    views x, so that the extra memory is a few chunks rather than several copies of the logits.
+    """
+    if x.dim() < 2 or x.numel() * x.element_size() <= FAITHFUL_CHUNK_ABOVE:
+        leaf = x.detach().clone().requires_grad_(True)
+        out = getattr(F, op)(*engine_args(op, leaf, inputs))
+        (out.to(torch.float64) * grad_out).sum().backward()
+        return out.detach(), leaf.grad.detach()
+    vocab = x.shape[-1]
+    x2 = x.detach().reshape(-1, vocab)
+    n = x2.shape[0]
+    g2 = grad_out.reshape(-1)
+    labels = np.asarray(inputs["labels"]).reshape(-1) if "labels" in inputs else None
+    row_bytes = vocab * x.element_size()
+    step = max(1, min(FAITHFUL_CHUNK_BYTES, x.numel() * x.element_size() // 32) // row_bytes)
+    value = torch.empty(n, dtype=x.dtype)
+    grad = torch.empty(n, vocab, dtype=x.dtype)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        leaf = x2[r0:r1].detach().requires_grad_(True)  # a view of x: no copy
+        chunk_inputs = {} if labels is None else {"labels": labels[r0:r1]}
+        out = getattr(F, op)(*engine_args(op, leaf, chunk_inputs))
+        (out.to(torch.float64) * g2[r0:r1]).sum().backward()
+        value[r0:r1] = out.detach()
+        grad[r0:r1] = leaf.grad
+        del leaf, out
+    return value.reshape(x.shape[:-1]), grad.reshape(x.shape)
 
 
 def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev: Evaluation, *, saved_producer=False):
