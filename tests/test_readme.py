@@ -70,6 +70,8 @@ PLAN: dict[str, tuple] = {
     "rlconform report rlconform-report": ("run", []),
     "rlconform fuzz --engine my_binding.py --minutes 10": ("run", ["--max-examples", "4", "--dtype", "float32"]),
     "rlconform list-ops | list-engines | --version": ("run", "each of the three"),
+    "rlconform coverage --engine verl [--strict]":
+        ("skip", "imports the real engine; tests/test_coverage.py runs the command, --strict included"),
     "rlconform fuzz --engine X [--op Y] [--property P] [--dtype D] [--minutes N] [--max-examples K] [--corpus DIR] "
     "[--db DIR] [--seed S]":
         ("skip", "a synopsis; its options are tested in tests/test_fuzz.py"),
