@@ -709,8 +709,6 @@ NOT_BOUND: dict[str, str] = {
     f"{PPO_UTILS}.register_policy_loss": _REGISTRY_PLUMBING,
     f"{PPO_UTILS}.repopulate_all_registries": _REGISTRY_PLUMBING,
     f"{PPO_UTILS}.sync_registries": _REGISTRY_PLUMBING,
-    f"{PPO_UTILS}.ppo_critic_loss": "no catalog op yet: the clipped value loss and its clip fraction (op "
-    "value_loss, issue 10 part 4)",
     # ---- torch_utils
     f"{TORCH_UTILS}.logprobs_from_logits_v2": "called by logprobs_from_logits (bound as token_logprobs) whenever "
     "the flash-attn kernel is not used (every CPU run): every token_logprobs finding runs it; not bound on its own",

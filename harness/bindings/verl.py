@@ -758,7 +758,8 @@ NOT_BOUND: dict[str, str] = {
     "an op are checked as that op (issue 11 part 2)",
     f"{TF}.entropy_from_logits_with_chunking": "no catalog op yet for a second entropy implementation (engine "
     "option entropy_from_logits_with_chunking; 2-D only, fp32 output): issue 11 part 2",
-    f"{TF}.clip_by_value": "elementwise torch.max(torch.min(x, hi), lo); called by compute_value_loss (not bound): "
+    f"{TF}.clip_by_value": "elementwise torch.max(torch.min(x, hi), lo); called by compute_value_loss (bound as "
+    "value_loss): "
     "no reduction or rounding of its own",
     f"{TF}.distributed_masked_mean": "no catalog op yet: a masked mean all-reduced over the default (world) group "
     "(the DP / CP masked-mean family, catalog cp_masked_mean takes a group; issue 11 part 5)",
@@ -816,7 +817,6 @@ NOT_BOUND: dict[str, str] = {
     "in the reward; KL family, issue 10)",
     f"{CORE}.compute_entropy_loss": "entropy_from_logits (bound as entropy) then agg_loss (bound as agg_loss); the "
     "composition has no op of its own ('for backward compatibility' per its docstring)",
-    f"{CORE}.compute_value_loss": "no catalog op yet: the clipped value loss (op value_loss, issue 10 part 4)",
     f"{CORE}.compute_policy_loss": "deprecated in verl 0.9.1 (@deprecated -> compute_policy_loss_vanilla, bound as "
     "policy_loss[vanilla]); not in POLICY_LOSS_REGISTRY",
     f"{CORE}.compute_policy_loss_reinforce": "called by compute_policy_loss_bypass_mode for "
@@ -857,8 +857,8 @@ NOT_BOUND: dict[str, str] = {
     "policy_loss are driven as it calls them; the wrapper itself has no catalog op",
     "verl.workers.utils.losses.sft_loss": "no catalog op yet: the SFT negative log-likelihood over a TensorDict "
     "(token-mean over the DP group); the RL catalog has no supervised loss",
-    "verl.workers.utils.losses.value_loss": "the critic wrapper around compute_value_loss: no catalog op yet "
-    "(value_loss, issue 10 part 4)",
+    "verl.workers.utils.losses.value_loss": "the critic wrapper around compute_value_loss (bound as value_loss, "
+    "driven per micro-batch as this wrapper calls it): a TensorDict adapter with no arithmetic of its own",
 }
 NOT_BOUND.update({f"{CORE}.POLICY_LOSS_REGISTRY[{k!r}]": v for k, v in POLICY_LOSS_UNCHECKED.items()})
 NOT_BOUND.update({f"{CORE}.ADV_ESTIMATOR_REGISTRY[{k!r}]": v for k, v in VERL_UNCHECKED.items()
