@@ -224,7 +224,7 @@ def test_a_case_runs_unchanged_under_torchrun(tmp_path):
     assert out.count("DISCREPANCY") == 1, out[-3000:]  # rank 0 prints the gathered results once
     assert "CP rank 0" in out and "CP rank 1" in out, out[-3000:]  # ... of every rank
     assert "engine 2.0 vs reference 1.0" in out
-    assert "rank 0 exits 1 with this verdict" in out and "<NO_OTHER_FAILURES>" in out, out[-3000:]
+    assert "rank 0 exits 1 with this verdict" in out, out[-3000:]  # (torchrun may SIGTERM the other rank first)
     assert proc.returncode != 0
 
 
