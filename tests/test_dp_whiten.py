@@ -17,6 +17,16 @@ from rlconform.reference.whitening import exact_moments, merge_exact_moments
 pytestmark = pytest.mark.distributed
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_worker_outlives_the_module():
+    """The session's gloo pool is closed after this module: its ranks must not outlive it into other
+    tests of the same xdist worker (tests/test_robustness_interrupt.py counts this process's children)."""
+    yield
+    from rlconform.harness.pool import close_all_pools
+
+    close_all_pools()
+
+
 def lone_row_case(prop: str, garbage: float = float("nan")) -> Case:
     """Three rows of rewards ≈ 1 on DP rank 0, one row ≈ 0 on DP rank 1 (4 tokens each, 2 padded)."""
     values = np.array([[1.0, 1.25, 0.0, 0.0], [0.75, 1.0, 0.0, 0.0], [1.0, 1.5, 0.0, 0.0], [0.0, 0.25, 0.0, 0.0]])

@@ -17,6 +17,16 @@ from rlconform.properties.case import Case
 from rlconform.reference import smoothed_token_logprobs, smoothed_token_logprobs_grad
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_worker_outlives_the_module():
+    """The session's gloo pool is closed after this module: its ranks must not outlive it into other
+    tests of the same xdist worker (tests/test_robustness_interrupt.py counts this process's children)."""
+    yield
+    from rlconform.harness.pool import close_all_pools
+
+    close_all_pools()
+
+
 def exact(row, label, alpha):
     mpmath.mp.dps = 50
     r = [mpmath.mpf(float(v)) for v in row]
