@@ -29,7 +29,15 @@ def test_chunked_faithful_equals_one_shot(monkeypatch, op, dtype):
     assert torch.equal(v0, v1) and torch.equal(g0, g1)
 
 
-@pytest.mark.parametrize("op", TS.OPS, ids=lambda o: o.name)
+#: the four statistics the fused pass computes (the label-smoothed log-probs keep their own reference)
+FUSED_OPS = [o for o in TS.OPS if o.name in ("logsumexp", "token_logprobs", "entropy", "sum_pi_squared")]
+
+
+def test_fused_ops_are_the_four_statistics():
+    assert len(FUSED_OPS) == 4
+
+
+@pytest.mark.parametrize("op", FUSED_OPS, ids=lambda o: o.name)
 def test_fused_reference_above_the_threshold(monkeypatch, op):
     rng = np.random.default_rng(2)
     logits = rng.standard_normal((3, 2, 500)) * 7
