@@ -117,11 +117,6 @@ def _messages(ev: Evaluation, layout: Layout, results: list) -> None:
 
 
 # --------------------------------------------------------------------------------- vocab parallel
-def _vp_params(inputs: dict) -> tuple:
-    """Scalar parameters an op takes after its labels (the label smoothing α of the smoothed log-probs)."""
-    return (float(inputs["label_smoothing"]),) if "label_smoothing" in inputs else ()
-
-
 def _vp_shard(x: np.ndarray, labels, g: np.ndarray, layout: Layout, rank: int, params: tuple = ()) -> dict:
     t, c, _ = layout.coords(rank)
     if layout.cp > 1:
@@ -181,7 +176,7 @@ def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
     labels = np.asarray(labels, dtype=np.int64) if labels is not None else None
     g64 = case.inputs.get("grad_output")
     g64 = np.ones(x64.shape[:-1]) if g64 is None else np.asarray(g64, dtype=np.float64)
-    params = _vp_params(case.inputs)
+    params = get_op(case.op).parameter_values(case.inputs)  # scalar parameters after the labels
     if x64.shape[-1] % layout.tp:
         raise ValueError(f"vocab size {x64.shape[-1]} is not padded to a multiple of tp = {layout.tp}")
     prop = case.property
