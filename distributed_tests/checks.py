@@ -260,8 +260,16 @@ def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
 
 # ------------------------------------------------------------------------------- context parallel
 def evaluate_context_parallel(binding: Binding, case: Case) -> Evaluation:
+    """``cp_masked_mean`` on the CP ranks of the regime's layout (Megatron's load-balanced chunks), against
+    the float64 token-mean of the whole sequence. An op whose adapter declares ``rlconform_world_group``
+    (verl's ``distributed_masked_mean``: it reduces over the default group, not the group it is given)
+    takes part in every collective on every rank: in the unsharded run (CP = 1, rank 0 holds the whole
+    sequence) the other ranks pass an empty shard ``[B, 0]`` instead of sitting the call out."""
     layout, _ = parse_regime(case.regime)
-    binding.resolve(case.op)
+    world_group = K.uses_world_group(binding.resolve(case.op))
+    if world_group and layout.dp > 1:
+        raise BindingError(f"{case.op} of engine {binding.name!r} reduces over the default (world) group: a layout "
+                           f"with DP > 1 ({layout.name}) would mix DP ranks into its CP mean")
     values64 = np.asarray(case.inputs["values"], dtype=np.float64)
     mask = np.asarray(case.inputs["mask"], dtype=bool)
     world = layout.world
@@ -280,8 +288,9 @@ def evaluate_context_parallel(binding: Binding, case: Case) -> Evaluation:
         shards.append(shard)
         runs = [{"layout": layout.as_dict(), "data": shard}]
         if prop == PARTITION_INVARIANT:
+            idle = ({"values": values64[:, :0], "mask": mask[:, :0]} if world_group else None)
             runs.append({"layout": _unsharded(world).as_dict(),
-                         "data": {"values": values64, "mask": mask} if rank == 0 else None})
+                         "data": {"values": values64, "mask": mask} if rank == 0 else idle})
         payloads.append({"engine": desc, "op": case.op, "dtype": case.dtype, "group": "cp",
                          "mode": "guard" if prop == NON_DESTRUCTIVE else "value", "runs": runs})
     results = run_ranks(world, K.token_reduction_rank, payloads, f"{case.op} on {layout.name} ({world} ranks)")
