@@ -700,9 +700,9 @@ binding = Binding(
         "(parallel_state TP group; plain dist.all_reduce inside autograd: its gradient sees local sums)",
         "dp_metric_all_reduce": "actor/pg_clipfrac on real DP ranks: masked_mean -> Metric(MEAN) -> "
         "allgather_dict_into_dict over the DP group -> Metric.aggregate_dp -> reduce_metrics",
-        "cp_masked_mean": "verl.utils.torch_functional.distributed_masked_mean(values, mask.to(values.dtype)) on the CP "
-        "ranks: masked sum and count all-reduced over the default (world) group (the job's world = the CP group, with "
-        "TP ranks holding the same shard); the mask in the values' dtype as rollout_corr_helper passes it",
+        "cp_masked_mean": "verl.utils.torch_functional.distributed_masked_mean(values, mask.to(values.dtype)) on the "
+        "CP ranks: masked sum and count all-reduced over the default (world) group (the job's world = the CP group, "
+        "with TP ranks holding the same shard); the mask in the values' dtype as rollout_corr_helper passes it",
         "kl_estimator": "verl.trainer.ppo.core_algos.kl_penalty(logprob, ref_logprob, name) (no mask)",
         "policy_loss": "core_algos.get_policy_loss_fn(name) for every POLICY_LOSS_REGISTRY entry, "
         "loss_agg_mode='token-mean', global_batch_info of the mini-batch; micro-batch losses summed; metrics "
