@@ -614,25 +614,21 @@ def _dp_metric_all_reduce():
 def _cp_masked_mean():
     """``verl.utils.torch_functional.distributed_masked_mean(local_tensor, local_mask)`` as ``cp_masked_mean``:
     ``Σ(x·mask)`` and ``Σ mask`` each ``all_reduce``d (SUM) over the *default* (world) process group, then one
-    division, in the values' dtype. The mask is passed as the values' dtype, as its only caller does
-    (``rollout_corr_helper.compute_rollout_correction_weights`` batch normalisation of the IS weights:
-    ``response_mask.to(dtype=rollout_is_weights.dtype)``), so 16-bit counts round as they do there.
+    division, in the values' dtype. The mask is passed in the values' dtype, as both its call sites do
+    (``rollout_corr_helper.compute_rollout_correction_weights``, batch normalisation of the IS weights:
+    ``response_mask.to(dtype=rollout_is_weights.dtype)`` per token, ``(...> 0).to(dtype=...)`` per
+    sequence), so 16-bit counts round as they do there.
 
     verl takes no group: it reduces over every rank of the job. The adapter carries
     ``rlconform_world_group = True``; the distributed checks then run it only on layouts whose world is the
     CP group times ranks holding the same shard (a CP regime's TP ranks: both sums scale by ``tp``, the
     ratio does not), and in the unsharded run give the idle ranks an empty shard, so every rank of the world
-    takes part in the collective. The ``group`` the harness passes must be a subgroup of that world."""
-    import torch.distributed as dist
-
+    takes part in the collective (a layout with DP ranks is refused there)."""
     from verl.utils import torch_functional as verl_F
 
     fn = verl_F.distributed_masked_mean
 
-    def cp_masked_mean(local_values, local_mask, group):
-        if dist.get_world_size(group) > dist.get_world_size():
-            raise RuntimeError("verl's distributed_masked_mean reduces over the default group; the caller's group "
-                               "is larger than that world")
+    def cp_masked_mean(local_values, local_mask, group):  # group unused: verl reduces over the default group
         return fn(local_values, local_mask.to(local_values.dtype))
 
     cp_masked_mean.__qualname__ = "verl.cp_masked_mean"
