@@ -121,6 +121,10 @@ class MetricPipeline:
     number of micro-batches (verl's ``same_micro_num_in_dp``); partitions are regularised to that.
     ``emit`` may take a third argument ``info`` (dict: mini_batch, dp_rank, dp_size, micro_batch,
     num_micro_batches).
+    ``wrap`` (optional): ``(key, value) -> object`` how a worker hands one logged number to the reducer
+    (verl: ``Metric(aggregation of key, value)``); when given, ``emit`` returns plain numbers, the
+    ``metric_statistics`` op turns each into the value type of the case (Python number, 0-d tensor,
+    NumPy scalar) and then calls ``wrap``; without it the values reach the reducer as emitted.
     """
 
     emit: Callable[..., dict]
@@ -131,6 +135,7 @@ class MetricPipeline:
     reduce_mini: Callable[[list], dict] | None = None
     emitted_to_final: Mapping[str, str] | None = None
     equal_micro_batches_per_rank: bool = False
+    wrap: Callable[[str, Any], Any] | None = None
 
 
 @dataclasses.dataclass

@@ -64,11 +64,17 @@ class Compared:
 
 @dataclasses.dataclass
 class MetricFlow:
-    """A metric pipeline's run: ``emitted`` keys, the ``final`` dict, ``emitted_to_final`` key mapping."""
+    """A metric pipeline's run: ``emitted`` keys, the ``final`` dict, ``emitted_to_final`` key mapping;
+    ``emitted_values``: key -> one value as it was handed to the reducer (its type is what the final value
+    must not narrow); ``integral``: final keys whose statistic is an integer (a token count, a length);
+    ``printed``: what the pipeline wrote to stdout / stderr (a value printed instead of logged)."""
 
     emitted: set
     final: dict
     emitted_to_final: dict
+    emitted_values: dict = dataclasses.field(default_factory=dict)
+    integral: frozenset = frozenset()
+    printed: str = ""
 
 
 @dataclasses.dataclass

@@ -79,6 +79,9 @@ class OpInfo:
     #: each under ``inputs[name]``; the engine call, the reference and the faithful path all receive them
     #: from :meth:`parameter_values`, so a parameterised op needs no special case anywhere.
     parameters: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    #: regime -> cap on examples (and on shrinking steps) per finding, for a regime whose one example is
+    #: expensive (``metric_statistics@large_counts`` builds 2²⁴-token tensors); the profile's number when lower
+    example_caps: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def parameter_values(self, inputs: dict) -> tuple:
         """The case's values of this op's scalar parameters, in signature order (Python scalars).

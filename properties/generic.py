@@ -11,7 +11,8 @@ partition_invariant            each alternative partition's results differ from 
 non_destructive                no input changed (bitwise, version counters), after forward and backward
 finite_where_reference_finite  no NaN/inf (values or gradients) where the reference is finite and
                                representable in the output dtype
-metric_integrity               every emitted metric key reaches the final dict as a number
+metric_integrity               every emitted metric key reaches the final dict (not dropped, not printed
+                               instead) as a number of a type that keeps what was emitted
 mask_invariant                 garbage (NaN, ±inf, 1e30) at masked positions changes neither the values nor
                                the gradients of the unmasked result (judged like partition_invariant)
 =============================  ============================================================================
@@ -174,7 +175,42 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
 
 
+#: NumPy scalar types narrower than float64: a value logged as one of them lost precision on the way
+_NARROW_FLOATS = (np.float32, np.float16)
+
+
+def _type_name(x: Any) -> str:
+    return f"{type(x).__module__}.{type(x).__name__}"
+
+
+def _is_integer_typed(x: Any) -> bool:
+    """An integer as a trainer logs it: Python int, NumPy integer, integer 0-d tensor (by duck typing)."""
+    if isinstance(x, (bool, np.bool_)):
+        return False
+    if isinstance(x, (int, np.integer)):
+        return True
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and getattr(dtype, "is_floating_point", True) is False and "int" in str(dtype)
+
+
+def _is_wide_float_typed(x: Any) -> bool:
+    """A float64-precision value: Python float, NumPy float64, float64 0-d tensor."""
+    if isinstance(x, (float, np.float64)):
+        return True
+    return str(getattr(x, "dtype", "")) == "torch.float64"
+
+
+def _printed_line(printed: str, key: str) -> str | None:
+    for line in printed.splitlines():
+        if key in line:
+            return line.strip()[:200]
+    return None
+
+
 def metric_integrity(ev: Evaluation) -> Outcome:
+    """Every emitted key reaches the final dict (not dropped, not printed instead of logged) as a real
+    number whose type keeps what was emitted: an integer statistic stays an integer (int, NumPy integer,
+    or an integral float64), a float64 value is not narrowed to float32 / float16."""
     outcome = _start(ev)
     flow = ev.metrics
     if flow is None or not flow.emitted:
@@ -182,13 +218,23 @@ def metric_integrity(ev: Evaluation) -> Outcome:
         return outcome
     for key in sorted(flow.emitted):
         target = flow.emitted_to_final.get(key, key)
+        emitted = flow.emitted_values.get(key)
         if target not in flow.final:
-            outcome.fail(f"emitted key {key!r} never reached the final dict as {target!r} "
-                         f"(final keys: {sorted(flow.final)})")
-        elif not _is_number(flow.final[target]):
-            value = flow.final[target]
-            outcome.fail(f"final {target!r} is a {type(value).__module__}.{type(value).__name__}, "
-                         f"not a number: {value!r}")
+            line = _printed_line(flow.printed, key) if flow.printed else None
+            how = f"was printed instead of logged ({line!r})" if line else "never reached the final dict"
+            outcome.fail(f"emitted key {key!r} {how} as {target!r} (final keys: {sorted(flow.final)})")
+            continue
+        value = flow.final[target]
+        if not _is_number(value):
+            outcome.fail(f"final {target!r} is a {_type_name(value)}, not a number: {value!r}")
+        elif target in flow.integral and not (isinstance(value, (int, np.integer)) or (
+                _is_wide_float_typed(value) and math.isfinite(value) and float(value).is_integer())):
+            outcome.fail(f"final {target!r} changed in type: an integer statistic logged as {_type_name(value)} "
+                         f"{value!r} (emitted as {_type_name(emitted)})")
+        elif isinstance(value, _NARROW_FLOATS) and emitted is not None and (
+                _is_wide_float_typed(emitted) or _is_integer_typed(emitted)):
+            outcome.fail(f"final {target!r} changed in type: {_type_name(value)} {value!r} from a value emitted as "
+                         f"{_type_name(emitted)} (narrowed below float64)")
     return outcome
 
 

@@ -83,10 +83,13 @@ def failure_message(rec, case: Case, message: str) -> str:
             f"  reproduce: {replay_command(f'{rec.state.out}/cases/{case.finding_id}.json', b.spec, b.path)}")
 
 
-def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: int | None = None) -> None:
+def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: int | None = None,
+                shrink_cap: int | None = None) -> None:
     """Check one finding ``(op, property, dtype, regime)`` of ``binding`` with inputs from ``strategy``;
     ``check(binding, case) -> Outcome`` judges one case (:func:`rlconform.properties.checks.run_check`,
-    or :func:`rlconform.distributed_tests.checks.run_check` for the distributed families)."""
+    or :func:`rlconform.distributed_tests.checks.run_check` for the distributed families).
+    ``max_examples`` / ``shrink_cap``: caps on the profile's examples and shrinking steps (an expensive
+    regime, :attr:`OpInfo.example_caps`)."""
     op, prop, dtype, regime = finding
     try:
         binding.resolve(op)
@@ -100,6 +103,8 @@ def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: 
 
     budget = getattr(state, "shrink_budget", None)
     max_shrinks = budget(rec.id) if callable(budget) else None
+    if shrink_cap is not None:
+        max_shrinks = shrink_cap if max_shrinks is None else min(max_shrinks, shrink_cap)
     last: dict = {"failure": None}  # the latest (hence smallest) failure hypothesis accepted
 
     def check_one(case: Case):

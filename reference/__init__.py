@@ -7,7 +7,7 @@ in the self-tests (tests/test_reference_mpmath.py), which check every function a
 Modules: ``softmax_stats`` (logsumexp, token_logprobs, entropy, Σπ² and closed-form gradients),
 ``fused_stats`` (``token_stats``: the four of them and their gradients from one fused float64 pass),
 ``reductions`` (masked sum/count/mean/var/std/min/max, mergeable moments), ``loss_agg`` (agg_loss),
-``label_smoothing`` (smoothed_token_logprobs and its gradient), ``metrics`` (token_metrics),
+``label_smoothing`` (smoothed_token_logprobs and its gradient), ``metrics`` (token_metrics, metric_statistics),
 ``advantage`` (optimal_token_baseline), ``advantage_estimators``
 (outcome_advantage for every estimator variant, gae), ``whitening`` (masked_whiten with exact,
 mergeable global statistics), ``kl`` (kl_estimator), ``importance`` (importance_ratio),
@@ -21,7 +21,7 @@ from .importance import IMPORTANCE_LEVELS, importance_ratio, importance_ratio_gr
 from .kl import KL_ESTIMATORS, kl_estimator, kl_estimator_grad
 from .label_smoothing import smoothed_token_logprobs, smoothed_token_logprobs_grad
 from .loss_agg import LOSS_AGG_MODES, agg_loss, agg_loss_grad
-from .metrics import token_metrics
+from .metrics import INTEGER_STATISTICS, metric_statistics, token_metrics
 from .policy_loss import POLICY_LOSS_VARIANTS, SumCount, policy_loss, policy_loss_grad
 from .reductions import (
     ChanMoments,
@@ -86,6 +86,8 @@ __all__ = [
     "agg_loss",
     "agg_loss_grad",
     "token_metrics",
+    "metric_statistics",
+    "INTEGER_STATISTICS",
     "optimal_token_baseline",
     # KL estimators, importance ratios, policy and value losses (with gradients)
     "KL_ESTIMATORS",

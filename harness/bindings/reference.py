@@ -73,6 +73,79 @@ sum_count_pipeline = MetricPipeline(
     stats={"mean": "x_mean", "std": "x_std", "min": "x_min", "max": "x_max"},
 )
 
+
+# ------------------------------------------------------------------------------ metric statistics
+def as_number(x):
+    """A logged value as a Python number, whatever type a trainer emitted it as (Python float / int, 0-d
+    tensor, NumPy scalar): integers stay ``int`` (exact at any size), floats become ``float``."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise ValueError(f"a logged metric must be a scalar, got a tensor of shape {tuple(x.shape)}")
+        return x.item()
+    if hasattr(x, "item") and not isinstance(x, (int, float)):
+        return x.item()  # NumPy scalar
+    return x
+
+
+def emit_statistics(values: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Per-micro-batch partials of every statistic: token sum (float64), count (int), min / max over the
+    unmasked tokens only (±inf, the identities, for a micro-batch without tokens), and the sequence
+    lengths' sum, min, max and number (ints)."""
+    m = mask.detach().to(torch.bool)
+    v = values.detach()
+    lengths = m.sum(-1)
+    n = int(lengths.sum())
+    return {
+        "x_sum": float(torch.where(m, v, 0).sum(dtype=torch.float64)),
+        "x_count": n,
+        "x_min": float(torch.where(m, v, math.inf).min()) if n else math.inf,
+        "x_max": float(torch.where(m, v, -math.inf).max()) if n else -math.inf,
+        "len_sum": int(lengths.sum()),
+        "len_min": int(lengths.min()),
+        "len_max": int(lengths.max()),
+        "n_seq": int(m.shape[0]),
+    }
+
+
+def reduce_statistics(parts: list[dict]) -> dict:
+    """Sums of sums (``math.fsum`` for floats, exact ``int`` addition for integers), min of mins, max of
+    maxes; every value converted by :func:`as_number` first, so no value type is dropped."""
+    keys = {k for p in parts for k in p}
+    out = {}
+    for k in sorted(keys):
+        vals = [as_number(p[k]) for p in parts if k in p]
+        if k.endswith("_min"):
+            out[k] = min(vals)
+        elif k.endswith("_max"):
+            out[k] = max(vals)
+        elif all(isinstance(x, int) for x in vals):
+            out[k] = sum(vals)
+        else:
+            out[k] = math.fsum(vals)
+    return out
+
+
+def finalize_statistics(d: dict) -> dict:
+    """Divide once: x_mean = Σx / count, len_mean = Σ lengths / n_seq."""
+    out = {k: as_number(v) for k, v in d.items()}
+    if out.get("x_count"):
+        out["x_mean"] = out["x_sum"] / out["x_count"]
+    if out.get("n_seq"):
+        out["len_mean"] = out["len_sum"] / out["n_seq"]
+    return out
+
+
+STATISTIC_KEYS = {"mean": "x_mean", "min": "x_min", "max": "x_max", "sum": "x_sum", "count": "x_count",
+                  "len_mean": "len_mean", "len_min": "len_min", "len_max": "len_max", "n_seq": "n_seq"}
+
+statistics_pipeline = MetricPipeline(
+    emit=emit_statistics,
+    reduce_micro=reduce_statistics,
+    reduce_dp=reduce_statistics,
+    finalize=finalize_statistics,
+    stats=STATISTIC_KEYS,
+)
+
 global_agg_loss = AggLoss(loss=F.agg_loss_micro, micro_combine="sum", dp_combine="mean")
 
 
@@ -300,6 +373,7 @@ binding = Binding(
         "masked_max": F.masked_max,
         "agg_loss": global_agg_loss,
         "metric_pipeline": sum_count_pipeline,
+        "metric_statistics": statistics_pipeline,
         "optimal_token_baseline": F.optimal_token_baseline,
         "vocab_parallel_token_logprobs": vocab_parallel_token_logprobs,
         "vocab_parallel_smoothed_token_logprobs": vocab_parallel_smoothed_token_logprobs,

@@ -78,6 +78,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.metadata
+import math
 from itertools import chain
 
 from rlconform.harness.binding import AggLoss, Binding, Coverage, Lazy, MetricPipeline
@@ -243,6 +244,72 @@ def _metric_pipeline() -> MetricPipeline:
         emitted_to_final={PG_KEY: PG_KEY},
         equal_micro_batches_per_rank=True,  # prepare_micro_batches(same_micro_num_in_dp=True)
     )
+
+
+# ------------------------------------------------------------------------------ metric statistics
+#: catalog statistic -> (verl metric key, AggregationType member). After ``Metric.aggregate_dp`` the values
+#: are floats that ``reduce_metrics`` folds over mini-batches by key *name* ("max" / "min" in the key:
+#: np.max / np.min, else np.mean), so only the MIN / MAX keys hold "min" / "max".
+VERL_STATISTICS = {
+    "mean": ("actor/x/mean", "MEAN"), "min": ("actor/x/min", "MIN"), "max": ("actor/x/max", "MAX"),
+    "sum": ("actor/x/sum", "SUM"), "count": ("actor/x/num_tokens", "SUM"),
+    "len_mean": ("actor/response_length/mean", "MEAN"), "len_min": ("actor/response_length/min", "MIN"),
+    "len_max": ("actor/response_length/max", "MAX"), "n_seq": ("actor/response_length/num_seqs", "SUM"),
+}
+
+
+def _metric_statistics() -> MetricPipeline:
+    """Every ``AggregationType`` of verl's typed metrics (MEAN, SUM, MIN, MAX) through the worker's
+    reducer: :func:`_metric_pipeline`'s chain (``append_to_dict`` over micro-batches, the DP gather and
+    ``Metric.aggregate_dp``, ``append_to_dict`` over mini-batches, ``rename_dict`` + ``reduce_metrics``).
+
+    * emit (per micro-batch, plain numbers; ``wrap`` builds ``Metric(aggregation, value)`` from each, as
+      ``losses.ppo_loss`` does): the token mean as ``core_algos`` logs it
+      (``verl_F.masked_mean(...).detach().item()``); min / max by
+      ``verl.trainer.distillation.losses.compute_distillation_loss_range`` (``values[mask].min() / .max()``:
+      it raises on a micro-batch without tokens, which then logs ±inf, the identities of min / max); sum
+      (``verl_F.masked_sum``), token count and number of sequences as SUM metrics **times the DP size**: verl's
+      SUM is "sum over micro-batches, mean over DP ranks" (``aggregate_dp``), built for losses that carry the
+      DP factor (``agg_loss(..., dp_size)``; ``losses.ppo_loss`` picks SUM when ``dp_size > 1``), so a value
+      logged with SUM must carry it too; sequence lengths as ``metric_utils._compute_response_info`` computes
+      them (``response_mask.sum(-1).float()``) with their mean / min / max ``.item()``.
+    * the value type of the case reaches ``Metric.append`` (which turns a 0-d tensor into ``.item()`` and
+      rejects anything not int / float / Tensor / ndarray).
+    """
+    import torch
+    import verl.utils.torch_functional as verl_F
+    from verl.trainer.distillation.losses import compute_distillation_loss_range
+    from verl.utils.metric import AggregationType, Metric
+
+    pipe = _metric_pipeline()
+    aggregation = {key: AggregationType[agg] for key, agg in VERL_STATISTICS.values()}
+    k = {stat: key for stat, (key, _) in VERL_STATISTICS.items()}
+
+    def emit(values, mask, info):
+        dp = info["dp_size"]
+        response_mask = mask.bool()
+        out = {k["mean"]: verl_F.masked_mean(values, response_mask).detach().item()}
+        if bool(response_mask.any()):
+            rng = compute_distillation_loss_range(values, response_mask)
+            out[k["min"]] = rng["distillation/loss_min"].values[0]
+            out[k["max"]] = rng["distillation/loss_max"].values[0]
+        else:
+            out[k["min"]], out[k["max"]] = math.inf, -math.inf
+        out[k["sum"]] = verl_F.masked_sum(values, response_mask).detach().item() * dp
+        out[k["count"]] = int(response_mask.sum().item()) * dp
+        response_length = response_mask.sum(-1).float()
+        out[k["len_mean"]] = torch.mean(response_length).detach().item()
+        out[k["len_min"]] = torch.min(response_length).detach().item()
+        out[k["len_max"]] = torch.max(response_length).detach().item()
+        out[k["n_seq"]] = int(response_mask.shape[0]) * dp
+        return out
+
+    def wrap(key, value):
+        return Metric(aggregation=aggregation[key], value=value)
+
+    return MetricPipeline(
+        emit=emit, reduce_micro=pipe.reduce_micro, reduce_dp=pipe.reduce_dp, reduce_mini=pipe.reduce_mini,
+        finalize=pipe.finalize, stats=dict(k), equal_micro_batches_per_rank=True, wrap=wrap)
 
 
 # ------------------------------------------------------------------------ KL and policy losses
@@ -651,6 +718,7 @@ binding = Binding(
             f"{CORE}:compute_optimal_token_baseline_advantage", adapt=_optimal_token_baseline
         ),
         "metric_pipeline": Lazy(loader=_metric_pipeline),
+        "metric_statistics": Lazy(loader=_metric_statistics),
         "outcome_advantage": Lazy(loader=_outcome_advantage),
         "gae": Lazy(f"{CORE}:compute_gae_advantage_return", adapt=_gae),
         "masked_whiten": Lazy(f"{TF}:masked_whiten", adapt=_masked_whiten),
@@ -687,6 +755,9 @@ binding = Binding(
         "optimal_token_baseline": "verl.trainer.ppo.core_algos.compute_optimal_token_baseline_advantage (defaults)",
         "metric_pipeline": "actor/pg_clipfrac: masked_mean per micro-batch -> Metric(MEAN) -> append_to_dict -> "
         "allgather + Metric.aggregate_dp -> append_to_dict over mini-batches -> rename_dict + reduce_metrics",
+        "metric_statistics": "Metric(MEAN | SUM | MIN | MAX) per micro-batch (token mean by masked_mean, min / max by "
+        "distillation compute_distillation_loss_range, sum / counts x dp_size for SUM, response lengths as "
+        "metric_utils) -> append_to_dict -> allgather + Metric.aggregate_dp -> reduce_metrics",
         "vocab_parallel_token_logprobs": "verl.utils.megatron.tensor_parallel.vocab_parallel_log_probs_from_logits "
         "(= -megatron vocab_parallel_cross_entropy on parallel_state's TP group; fp32 shards overwritten in place)",
         "vocab_parallel_entropy": "verl.utils.megatron.tensor_parallel.vocab_parallel_entropy (parallel_state TP group; "
