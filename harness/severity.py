@@ -96,7 +96,7 @@ def classify(finding: dict) -> tuple[str | None, str]:
     if prop == "non_destructive":
         return "destructive", ("an input changed" if "mutated" in low
                                else "a tensor saved for backward was modified in place")
-    if prop == "metric_integrity":
+    if prop == "metric_integrity" or "missing from the final dict" in msg:
         return "wrong", "a metric is lost or malformed on its way to the final dict"
     nf = nonfinite_where_finite(finding)
     if nf:

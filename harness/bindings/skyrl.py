@@ -218,6 +218,61 @@ def _metric_pipeline() -> MetricPipeline:
     )
 
 
+# ------------------------------------------------------------------------------ metric statistics
+#: catalog statistic -> SkyRL metric key. SkyRL's reducers pick the statistic by key: ``_max`` -> max,
+#: ``_min`` -> min, ``loss`` / ``_loss`` -> sum (worker level, ``sum_loss_metrics=True``: over micro-batches
+#: and over DP; the trainer then averages mini-batches), anything else -> mean. The token min / max / mean
+#: are ``compute_minibatch_rollout_logprob_diff_metrics``'s own keys; a sum or a count can only be logged
+#: under the ``_loss`` convention (SkyRL has no other summing key).
+SKYRL_STATISTICS = {
+    "mean": "minibatch_rollout_logprobs_abs_diff_mean", "min": "minibatch_rollout_logprobs_abs_diff_min",
+    "max": "minibatch_rollout_logprobs_abs_diff_max", "sum": "token_sum_loss", "count": "num_tokens_loss",
+    "len_mean": "response_length_mean", "len_min": "response_length_min", "len_max": "response_length_max",
+    "n_seq": "num_seqs_loss",
+}
+
+
+def _metric_statistics() -> MetricPipeline:
+    """Every statistic SkyRL 0.4.0's metric reducers handle, along :func:`_metric_pipeline`'s path
+    (``reduce_metrics(sum_loss_metrics=True)`` over micro-batches, the real ``all_reduce_metrics`` over DP
+    with :class:`_InProcessDPStrategy`, the trainer's ``reduce_metrics`` over mini-batches, ``policy/``).
+
+    * emit: ``worker_utils.compute_minibatch_rollout_logprob_diff_metrics(action_log_probs=values,
+      rollout_logprobs=0, loss_mask)`` — the engine's per-micro-batch token mean, ``sq_mean``, min and max
+      of ``|Δ log π|`` (= the non-negative values), the loss mask in the values' dtype as the trainer holds
+      it; a token sum in SkyRL's masked idiom (``(values * loss_mask).sum().item()``, the numerator of
+      ``torch_utils.masked_mean``; SkyRL has no masked sum), the token count and the number of sequences
+      (``int``), sequence lengths' mean / min / max (``loss_mask`` row sums).
+    * the value type of the case is what the reducers receive (``reduce_metrics`` keeps only ``int`` /
+      ``float`` values and prints the others; ``strategy.all_reduce`` turns every number into
+      ``torch.Tensor([v])``, float32).
+    """
+    worker_utils = _skyrl(WORKER_UTILS)
+    pipe = _metric_pipeline()
+    emitter = worker_utils.compute_minibatch_rollout_logprob_diff_metrics
+    k = SKYRL_STATISTICS
+
+    def emit(values, mask):
+        import torch
+
+        loss_mask = mask.to(values.dtype)
+        out = dict(emitter(values, torch.zeros_like(values), loss_mask))
+        out[k["sum"]] = (values * loss_mask).sum().item()
+        out[k["count"]] = int(mask.bool().sum().item())
+        lengths = mask.bool().sum(-1)
+        out[k["len_mean"]] = lengths.double().mean().item()
+        out[k["len_min"]] = int(lengths.min().item())
+        out[k["len_max"]] = int(lengths.max().item())
+        out[k["n_seq"]] = int(mask.shape[0])
+        return out
+
+    sq_mean = "minibatch_rollout_logprobs_abs_diff_sq_mean"
+    return MetricPipeline(
+        emit=emit, reduce_micro=pipe.reduce_micro, reduce_dp=pipe.reduce_dp, reduce_mini=pipe.reduce_mini,
+        finalize=pipe.finalize, stats={stat: f"policy/{key}" for stat, key in k.items()},
+        emitted_to_final={key: f"policy/{key}" for key in list(k.values()) + [sq_mean]})
+
+
 # ------------------------------------------------------------------------------------ agg_loss
 #: catalog mode -> SkyRL ``trainer.algorithm.loss_reduction``. SkyRL has no token-sum or
 #: seq-mean-token-sum; its "token_mean_legacy" (per-micro-batch token mean, averaged) and
@@ -612,6 +667,7 @@ binding = Binding(
     version=_version(),
     ops={
         "metric_pipeline": Lazy(loader=_metric_pipeline),
+        "metric_statistics": Lazy(loader=_metric_statistics),
         "agg_loss": Lazy(loader=_agg_loss),
         "entropy": Lazy(loader=_entropy),
         "token_logprobs": Lazy(loader=_token_logprobs),
@@ -637,6 +693,10 @@ binding = Binding(
         "policy_loss": "ppo_utils.PolicyLossRegistry.get(name) for every registered name; advantages pre-scaled "
         "by apply_loss_reduction_to_advantages_minibatch (token_mean, mini-batch scope); masked-sum loss; "
         "metrics folded by worker_utils.reduce_metrics (mean of micro-batch means)",
+        "metric_statistics": "compute_minibatch_rollout_logprob_diff_metrics (mean / sq_mean / _min / _max) plus "
+        "token sum, count, number of sequences (_loss keys: the summing convention) and response lengths "
+        "(_mean / _min / _max) per micro-batch -> the metric_pipeline path (reduce_metrics, all_reduce_metrics, "
+        "trainer reduce_metrics, 'policy/')",
         "metric_pipeline": "policy_entropy: torch_utils.masked_mean(...).item() per micro-batch -> "
         "worker_utils.reduce_metrics -> worker_utils.all_reduce_metrics (DP, float32 /world then SUM, simulated "
         "in-process) -> trainer reduce_metrics over mini-batches -> 'policy/' prefix",
@@ -719,9 +779,6 @@ NOT_BOUND: dict[str, str] = {
     f"{TORCH_UTILS}.chunked_cross_entropy_from_log_probs": "no catalog op yet for entropy from log-probs (a "
     "second entropy implementation, input log-probs instead of logits; issue 11 part 2); no caller in SkyRL 0.4.0",
     # ---- worker_utils
-    f"{WORKER_UTILS}.compute_minibatch_rollout_logprob_diff_metrics": "no catalog pipeline emits it yet: "
-    "per-micro-batch |log π − log μ| mean / max / std metrics, folded by reduce_metrics and the trainer's "
-    "finalize_minibatch_rollout_logprob_diff_std (metric family, issue 11 part 4)",
     f"{WORKER_UTILS}.get_microbatch_iterator": _BATCHING,
     f"{WORKER_UTILS}.BaseBatchIterator.reorder_and_combine_batches": _BATCHING,
     f"{WORKER_UTILS}.BatchIterator.reorder_and_combine_batches": _BATCHING,

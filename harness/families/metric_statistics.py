@@ -86,10 +86,12 @@ def small_inputs(draw, dtype: str):
 
 @st.composite
 def large_inputs(draw, dtype: str):
-    """Row-constant values ``[B]`` ≥ 0, row lengths summing to more than 2²⁴, maybe one empty row."""
+    """Row-constant values ``[B]`` ≥ 0, row lengths summing to an odd number above 2²⁴, maybe one empty row."""
     b = draw(st.integers(2, 6))
     t_big = -(-LARGE_TOKENS // b) + 2048
     lengths = [t_big - draw(st.integers(0, 1024)) for _ in range(b)]
+    if sum(lengths) % 2 == 0:  # an odd count above 2²⁴ is not a float32 number: carrying it in float32 shows
+        lengths[-1] -= 1
     if draw(st.booleans()):
         lengths.insert(draw(st.integers(0, b)), 0)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))

@@ -1,0 +1,19 @@
+"""Issue 11 part 4: the trainer logs every metric as a NumPy float32 (``np.float32(v)``, as an array
+``.astype(np.float32)`` would): an integer count becomes a float32 and a float64 value loses 29 bits —
+the value changed in type on its way to the logger."""
+
+import dataclasses
+
+import numpy as np
+
+from rlconform.harness.bindings.reference import finalize_statistics, statistics_pipeline
+from rlconform.harness.mutants._base import mutant
+
+
+def _finalize(d):
+    return {k: np.float32(v) for k, v in finalize_statistics(d).items()}
+
+
+EXPECTED = [("metric_statistics", "metric_integrity")]
+binding = mutant("ms_narrowed_type", __doc__, metric_statistics=dataclasses.replace(
+    statistics_pipeline, finalize=_finalize))
