@@ -864,8 +864,9 @@ NOT_BOUND: dict[str, str] = {
     f"{TF}.clip_by_value": "elementwise torch.max(torch.min(x, hi), lo); called by compute_value_loss (bound as "
     "value_loss): "
     "no reduction or rounding of its own",
-    f"{TF}.distributed_mean_max_min_std": "no catalog op yet: mean / max / min / std all-reduced over the default "
-    "group (the distributed metric family; issue 11 part 4)",
+    f"{TF}.distributed_mean_max_min_std": "no catalog op yet: mean / max / min / std of already-selected values "
+    "(no mask) all-reduced over the default (world) group; the distributed metric family binds DP reductions "
+    "through a group (dp_metric_all_reduce); a world-group statistics op is left open (issue 11 part 4)",
     f"{TF}.allgather_dict_tensors": _NOT_NUMERICS + "all_gather of a dict of tensors and concatenation (data "
     "movement, no arithmetic)",
     f"{TF}.broadcast_dict_tensor": _NOT_NUMERICS + "broadcast of a dict of tensors",
@@ -927,14 +928,16 @@ NOT_BOUND: dict[str, str] = {
     "(a sampling step on a DataProto, not a tensor formula the catalog models)",
     # ---- verl.utils.metric
     "verl.utils.metric.utils.Metric.append": "called by Metric.__init__ / extend, which the bound metric_pipeline "
-    "runs (Metric.from_dict, append_to_dict): reached through it, not bound on its own",
+    "and metric_statistics run (Metric.from_dict, Metric(aggregation, value) with every value type, append_to_dict): "
+    "reached through them, not bound on its own",
     "verl.utils.metric.utils.Metric.extend": "called by Metric.append for a Metric value (append_to_dict over "
     "micro-batches in the bound metric_pipeline)",
     "verl.utils.metric.utils.Metric.init_list": "called by verl.utils.py_functional.append_to_dict in the bound "
     "metric_pipeline: an empty Metric of the same aggregation",
-    "verl.utils.metric.utils.Metric.aggregate": "no catalog pipeline calls it yet: the single-rank reduction "
-    "(mean / sum / min / max of one Metric); metric_pipeline binds the aggregate_dp path (issue 11 part 4: every "
-    "statistic the reducer handles)",
+    "verl.utils.metric.utils.Metric.aggregate": "not reached on the worker path: Metric.aggregate_dp (bound: "
+    "metric_pipeline, metric_statistics) folds every Metric before reduce_metrics, which calls aggregate only for "
+    "a Metric that skipped the DP gather; both run the same Metric._aggregate (np.mean / np.sum / np.min / np.max), "
+    "checked for all four AggregationTypes by metric_statistics through aggregate_dp",
     # ---- verl.utils.megatron.tensor_parallel
     f"{TPM}.update_kwargs_with_config": _MCORE_CFG,
     f"{TPM}.get_default_kwargs_for_model_parallel_config": _MCORE_CFG,
