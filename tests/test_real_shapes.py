@@ -1,0 +1,196 @@
+"""The ``real_shapes`` regime (issue 13 §1): nightly-only selection, generator descriptions in case files,
+the generator path at small V (a test hook), and the mutant only real shapes catch.
+
+No real-size check runs here: the token-stat tests shrink V (``REAL_VOCABS``) and T (``REAL_ROWS``) by
+monkeypatch; the mutant test keeps V = 151 936 with 2 rows (seconds). The one real-size measurement is in
+benchmarks/results/real_shapes.md.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+
+from rlconform.harness.catalog import OPS
+from rlconform.harness.engines import load_engine
+from rlconform.harness.families import token_stats as TS
+from rlconform.harness.generated import GeneratorError, LogitsGen
+from rlconform.harness.profiles import heavy_settings, profile_only
+from rlconform.harness.selection import selected_findings
+from rlconform.properties.case import Case, CaseError, decode_record, encode_record, load_case, save_case
+from rlconform.properties.checks import run_check
+
+TOKEN_OPS = ("logsumexp", "token_logprobs", "entropy", "sum_pi_squared")
+PROPS = ("matches_reference", "non_destructive", "finite_where_reference_finite")
+
+
+def draw(strategy, n: int) -> list:
+    got = []
+
+    @settings(max_examples=n, derandomize=True, database=None, suppress_health_check=list(HealthCheck),
+              phases=(Phase.explicit, Phase.generate))
+    @given(strategy)
+    def collect(x):
+        got.append(x)
+
+    collect()
+    return got[:n]
+
+
+@pytest.fixture
+def small(monkeypatch):
+    """The test hook: real_shapes at V = 1000 / 257 and 3–5 rows, chunks of 2 rows."""
+    monkeypatch.setattr(TS, "REAL_VOCABS", (1000, 257))
+    monkeypatch.setattr(TS, "REAL_ROWS", (5, 3))
+    monkeypatch.setattr(TS, "REAL_CHUNK_BYTES", 2 * 8 * 1000)
+
+
+def test_only_nightly_selects_real_shapes():
+    ops = list(OPS)
+    for profile in ("dev", "ci", None):
+        assert not [f for f in selected_findings(ops, profile=profile) if "real_shapes" in f[3]], profile
+    nightly = [f for f in selected_findings(ops, profile="nightly") if f[3] == "real_shapes"]
+    assert {(op, p, d) for op, p, d, _ in nightly} == {(op, p, d) for op in TOKEN_OPS for p in PROPS
+                                                      for d in ("bfloat16", "float32")}
+    # the CI selection is the same as before the regime existed: every other finding is in both
+    ci = set(selected_findings(ops, profile="ci"))
+    assert ci == set(selected_findings(ops, profile="nightly")) - set(nightly)
+    assert selected_findings(ops, profile="nightly", regimes=["real_shapes"]) == nightly
+    assert OPS["entropy"].regime_profiles("real_shapes") == ("nightly",)
+    assert "real_shapes" not in OPS["smoothed_token_logprobs"].regimes
+
+
+def test_list_ops_and_report_name_the_profile(capsys):
+    from rlconform.harness.cli import cmd_list_ops
+    from rlconform.harness.recorder import _with_profiles
+    from rlconform.harness.report import _profile_lines
+
+    cmd_list_ops()
+    assert "real_shapes (nightly profile only)" in capsys.readouterr().out
+    entry = _with_profiles({"regime": "real_shapes"})
+    assert entry["profiles"] == ["nightly"] and "profiles" not in _with_profiles({"regime": "moderate"})
+    lines = _profile_lines({"run": {"profile": "nightly"}, "findings": [entry, {"regime": "moderate"}]})
+    assert lines[0] == "profile `nightly`; regimes only this profile adds: real_shapes (1 findings)"
+    assert _profile_lines({"run": {"profile": "ci"}, "findings": [{"regime": "moderate"}]})[0] == "profile `ci`"
+
+
+def test_real_shapes_findings_run_few_derandomized_examples_unshrunk():
+    base = settings(max_examples=500, derandomize=False)
+    heavy = heavy_settings(base, "real_shapes", seeded=False)
+    assert heavy.max_examples == 2 and heavy.derandomize and Phase.shrink not in heavy.phases
+    assert heavy_settings(settings(max_examples=1), "tp2_real_shapes", seeded=False).max_examples == 1
+    assert heavy_settings(base, "moderate", seeded=False) is base
+    assert profile_only("token-mean@real_shapes") == ("nightly",) and profile_only("peaked") is None
+
+
+def test_generator_rows_are_independent_of_the_range():
+    gen = LogitsGen(7, (6, 300), peak=20.0, tail_scale=2.5, decay=0.5, offset=-3.0, head_tokens=3)
+    full = gen.materialise("float32")
+    assert full.shape == (6, 300) and full.dtype == torch.float32
+    assert torch.equal(gen.rows("float32", 2, 5), full[2:5])
+    assert torch.equal(gen.materialise("bfloat16"), full.to(torch.bfloat16))
+    assert torch.equal(LogitsGen(7, (6, 300), 20.0, 2.5, 0.5, -3.0, 3).materialise("float32"), full)
+    assert not torch.equal(LogitsGen(8, (6, 300), 20.0, 2.5, 0.5, -3.0, 3).materialise("float32"), full)
+    # a peaked head: the top head token is the row's argmax when the peak dwarfs the tail
+    assert (full.argmax(-1).numpy() == gen.head()[:, 0]).all()
+
+
+def test_case_stores_the_description_and_round_trips(small, tmp_path):
+    inp = draw(TS.real_logits(), 1)[0]
+    assert isinstance(inp["logits"], LogitsGen)
+    case = Case("entropy", "matches_reference", "float32", "real_shapes", inp)
+    path = tmp_path / "case.json"
+    save_case(case, path)
+    doc = json.loads(path.read_text())
+    assert doc["inputs"]["logits"]["generated"] == "logits/peaked_tail"  # a description, not the tensor
+    back = load_case(path)
+    assert back.inputs["logits"] == inp["logits"]
+    assert np.array_equal(back.inputs["labels"], inp["labels"])
+    assert torch.equal(back.inputs["logits"].materialise("float32"), inp["logits"].materialise("float32"))
+    rec, meta = decode_record(encode_record(case, {"examples": 1}))
+    assert rec.inputs["logits"] == inp["logits"] and meta == {"examples": 1}
+    assert "LogitsGen(logits/peaked_tail" in case.summary()
+    # replaying the loaded case gives the same verdict and numbers
+    ref = load_engine("reference", None)
+    a, b = run_check(ref, case), run_check(ref, back)
+    assert a.ok and b.ok and a.max_abs_err == b.max_abs_err
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"generated": "logits/other"}, "unknown generator"),
+    ({"shape": [0, 5]}, "positive"),
+    ({"shape": [4]}, "[T, V]"),
+    ({"seed": -1}, "seed"),
+    ({"peak": "nan"}, "peak"),
+    ({"peak": "0x1p+2000"}, "peak"),
+    ({"head_tokens": 99}, "head_tokens"),
+    ({"extra": 1}, "unknown generator fields"),
+])
+def test_malformed_description_is_a_case_error(small, tmp_path, bad, why):
+    inp = draw(TS.real_logits(), 1)[0]
+    doc = Case("entropy", "matches_reference", "float32", "real_shapes", inp).to_json()
+    doc["inputs"]["logits"].update(bad)
+    with pytest.raises(CaseError, match="generator description") as info:
+        Case.from_json(doc)
+    assert why in str(info.value)
+    with pytest.raises(GeneratorError):
+        LogitsGen.from_json(doc["inputs"]["logits"])
+
+
+def test_labels_must_fit_the_generated_shape(small):
+    inp = draw(TS.real_logits(), 1)[0]
+    doc = Case("token_logprobs", "matches_reference", "float32", "real_shapes", inp).to_json()
+    doc["inputs"]["labels"]["data"][0] = inp["logits"].vocab
+    with pytest.raises(CaseError, match="outside the vocabulary"):
+        Case.from_json(doc)
+
+
+def test_generator_path_small(small):
+    """Every real_shapes finding of the reference engine passes on the generator path (chunked: 2 rows a chunk)."""
+    ref = load_engine("reference", None)
+    for inp in draw(TS.real_logits(), 2):
+        for op in TOKEN_OPS:
+            for dtype in ("bfloat16", "float32"):
+                for prop in PROPS:
+                    out = run_check(ref, Case(op, prop, dtype, "real_shapes", inp))
+                    assert out.ok, (op, dtype, prop, out.message)
+
+
+def test_generator_path_catches_a_wrong_engine(small):
+    """The chunked comparison sees an error in any chunk (here: the last row's gradient of a wrong entropy)."""
+    from rlconform.harness.binding import Binding
+    from rlconform.harness.bindings.reference import binding as reference
+
+    def entropy(logits):
+        h = reference.ops["entropy"](logits)
+        bump = torch.zeros_like(h)
+        bump[-1] = 1.0
+        return h + bump * (logits[..., 0] - logits[..., 0].detach())  # right value, wrong gradient in the last row
+
+    wrong = Binding(name="wrong", ops=dict(reference.ops, entropy=entropy))
+    inp = draw(TS.real_logits(), 1)[0]
+    out = run_check(wrong, Case("entropy", "matches_reference", "float32", "real_shapes", inp))
+    assert not out.ok and "gradient (rows" in out.message
+
+
+def test_split_vocab_mutant_is_caught_only_at_real_vocab(monkeypatch):
+    """mutants.split_vocab_bf16_workspace: exact below its 32 768-entry tile (every CI regime, and V = 4096
+    here), off by ~1e-3 at V = 151 936 / 128 256 (2 rows: seconds). The reference passes the same cases."""
+    mutant = load_engine("mutants.split_vocab_bf16_workspace", None)
+    ref = load_engine("reference", None)
+    monkeypatch.setattr(TS, "REAL_ROWS", (2,))
+    for inp in draw(TS.real_logits(), 2):
+        assert inp["logits"].vocab in (151936, 128256)
+        for op in ("logsumexp", "entropy"):
+            case = Case(op, "matches_reference", "float32", "real_shapes", inp)
+            assert run_check(ref, case).ok
+            out = run_check(mutant, case)
+            assert not out.ok and out.ratio > 4, out.message
+    monkeypatch.setattr(TS, "REAL_VOCABS", (4096,))
+    inp = draw(TS.real_logits(), 1)[0]
+    for op in ("logsumexp", "entropy"):
+        assert run_check(mutant, Case(op, "matches_reference", "float32", "real_shapes", inp)).ok
