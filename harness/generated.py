@@ -145,5 +145,104 @@ class LogitsGen:
                 f"head_tokens={self.head_tokens})")
 
 
-def is_generated(v) -> bool:
-    return isinstance(v, LogitsGen)
+TOKENS_KIND = "tokens/padded_normal"
+#: every row of a TokensGen is at most this long (a sequence), and the batch at most this many tokens
+MAX_SEQUENCE = 1 << 16
+MAX_TOKENS = 1 << 26
+
+
+@dataclasses.dataclass(frozen=True)
+class TokensGen:
+    """Token values ``[B, T]`` and a right-padded mask described by a seed (``real_shapes`` of the
+    reductions: sequences up to 32 768 tokens, more than 2^24 tokens in all).
+
+    values = offset + scale · z, z ~ N(0, 1) (NumPy ``default_rng(seed)``, float32), rounded to the dtype
+    under test; the mask keeps every row whole except ``short_rows`` rows (the last ones) of a random
+    length in [0, T] (NumPy ``default_rng(seed + 1)``), so nnz is close to B·T."""
+
+    seed: int
+    shape: tuple[int, int]
+    scale: float = 1.0
+    offset: float = 0.0
+    short_rows: int = 1
+
+    def __post_init__(self):
+        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**32):
+            raise GeneratorError(f"seed must be an integer in [0, 2**32), not {self.seed!r}")
+        if len(self.shape) != 2 or not all(isinstance(d, int) and d > 0 for d in self.shape):
+            raise GeneratorError(f"shape must be [B, T] with positive integers, not {list(self.shape)}")
+        if self.shape[1] > MAX_SEQUENCE or math.prod(self.shape) > MAX_TOKENS:
+            raise GeneratorError(f"shape {list(self.shape)}: at most {MAX_SEQUENCE} tokens a row and {MAX_TOKENS} "
+                                 "in all")
+        for name in ("scale", "offset"):
+            v = getattr(self, name)
+            if not (isinstance(v, float) and math.isfinite(v) and abs(v) <= 1e4):
+                raise GeneratorError(f"{name} must be a finite float of magnitude ≤ 1e4, not {v!r}")
+        if not (isinstance(self.short_rows, int) and 0 <= self.short_rows <= self.shape[0]):
+            raise GeneratorError(f"short_rows must be an integer in [0, B], not {self.short_rows!r}")
+
+    def lengths(self) -> np.ndarray:
+        b, t = self.shape
+        out = np.full(b, t, dtype=np.int64)
+        if self.short_rows:
+            out[b - self.short_rows:] = np.random.default_rng(self.seed + 1).integers(0, t + 1, size=self.short_rows)
+        return out
+
+    def nnz(self) -> int:
+        return int(self.lengths().sum())
+
+    def materialise(self, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+        """(values float64 ``[B, T]`` exactly representable in ``dtype``, mask bool ``[B, T]``)."""
+        z = np.random.default_rng(self.seed).standard_normal(self.shape, dtype=np.float32)
+        x = torch.from_numpy(z).mul_(self.scale).add_(self.offset)
+        values = x.to(_TORCH[dtype]).to(torch.float64).numpy()
+        del z, x
+        mask = np.arange(self.shape[1])[None, :] < self.lengths()[:, None]
+        return values, mask
+
+    def to_json(self) -> dict:
+        return {"generated": TOKENS_KIND, "seed": self.seed, "shape": list(self.shape), "scale": self.scale.hex(),
+                "offset": self.offset.hex(), "short_rows": self.short_rows}
+
+    @classmethod
+    def from_json(cls, obj) -> "TokensGen":
+        extra = set(obj) - {"generated", "seed", "shape", "scale", "offset", "short_rows"}
+        if extra:
+            raise GeneratorError(f"unknown generator fields {sorted(extra)}")
+        shape = _int_list(obj.get("shape"))
+        kw = {name: _hex(obj, name) for name in ("scale", "offset")}
+        seed, short = obj.get("seed"), obj.get("short_rows")
+        if isinstance(seed, bool) or isinstance(short, bool):
+            raise GeneratorError("'seed' and 'short_rows' are integers")
+        return cls(seed=seed, shape=tuple(shape), short_rows=short, **kw)
+
+    def __repr__(self) -> str:
+        return (f"TokensGen({TOKENS_KIND}, seed={self.seed}, shape={list(self.shape)}, scale={self.scale:.3g}, "
+                f"offset={self.offset:.3g}, short_rows={self.short_rows}, nnz={self.nnz()})")
+
+
+def _int_list(shape) -> list:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise GeneratorError(f"'shape' must be a list of integers, not {shape!r:.60}")
+    return shape
+
+
+def _hex(obj: dict, name: str) -> float:
+    raw = obj.get(name)
+    try:
+        return float.fromhex(raw)
+    except (TypeError, ValueError, OverflowError):
+        raise GeneratorError(f"{name!r} must be a float.hex() string, not {raw!r:.40}") from None
+
+
+#: generator kind -> class (the ``generated`` field of a description)
+KINDS = {KIND: LogitsGen, TOKENS_KIND: TokensGen}
+GENERATED = (LogitsGen, TokensGen)
+
+
+def from_json(obj):
+    """A generator description (``{"generated": kind, ...}``) -> its object; :class:`GeneratorError`."""
+    kind = obj.get("generated") if isinstance(obj, dict) else None
+    if kind not in KINDS:
+        raise GeneratorError(f"unknown generator {kind!r:.60} (known: {', '.join(KINDS)})")
+    return KINDS[kind].from_json(obj)

@@ -4,8 +4,8 @@ A :class:`Case` names the op, property, dtype and regime, and carries the concre
 NumPy arrays whose values are exactly representable in ``dtype`` (so the engine and the reference see
 the same numbers), integer arrays, partitions (nested lists of ``[start, stop)`` row ranges) and
 scalars. It serialises to JSON losslessly (floats via ``float.hex``). Logits at real shapes are not
-stored but described (:class:`~rlconform.harness.generated.LogitsGen`: seed, shape, distribution
-parameters; the ``real_shapes`` regime): the case file holds the description, the check materialises it.
+stored but described (:class:`~rlconform.harness.generated.LogitsGen`, ``TokensGen``: seed, shape,
+distribution parameters; the ``real_shapes`` regime): the case file holds the description, the check materialises it.
 
 Case files travel in pull requests and corpora, so :meth:`Case.from_json` treats them as untrusted data:
 anything but one JSON object of schema ``rlconform.case/1`` naming a catalog op, one of its properties,
@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from rlconform.harness.generated import GeneratorError, LogitsGen
+from rlconform.harness.generated import GENERATED, GeneratorError, LogitsGen
+from rlconform.harness.generated import from_json as generated_from_json
 
 SCHEMA = "rlconform.case/1"
 
@@ -173,7 +174,7 @@ def _check_partition(p: Any, n_rows: int | None, where: str) -> None:
 
 
 def _encode(v: Any) -> Any:
-    if isinstance(v, LogitsGen):
+    if isinstance(v, GENERATED):
         return v.to_json()
     if isinstance(v, np.ndarray):
         if v.dtype.kind == "f":
@@ -244,9 +245,9 @@ def _decode(v: Any) -> Any:
     return v
 
 
-def _generated(v: dict) -> LogitsGen:
+def _generated(v: dict):
     try:
-        return LogitsGen.from_json(v)
+        return generated_from_json(v)
     except GeneratorError as exc:
         raise CaseError(f"generator description: {exc}") from None
 
@@ -282,7 +283,7 @@ def encode_record(case: Case, meta: dict) -> bytes:
     arrays: list[bytes] = []
 
     def enc(v):
-        if isinstance(v, LogitsGen):
+        if isinstance(v, GENERATED):
             return v.to_json()
         if isinstance(v, np.ndarray):
             kind = "float64" if v.dtype.kind == "f" else "bool" if v.dtype.kind == "b" else "int64"

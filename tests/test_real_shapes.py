@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from rlconform.harness.catalog import OPS
 from rlconform.harness.engines import load_engine
+from rlconform.harness.families import reductions as RD
 from rlconform.harness.families import token_stats as TS
-from rlconform.harness.generated import GeneratorError, LogitsGen
+from rlconform.harness.generated import GeneratorError, LogitsGen, TokensGen
 from rlconform.harness.profiles import heavy_settings, profile_only
 from rlconform.harness.selection import selected_findings
 from rlconform.properties.case import Case, CaseError, decode_record, encode_record, load_case, save_case
@@ -54,8 +55,11 @@ def test_only_nightly_selects_real_shapes():
     for profile in ("dev", "ci", None):
         assert not [f for f in selected_findings(ops, profile=profile) if "real_shapes" in f[3]], profile
     nightly = [f for f in selected_findings(ops, profile="nightly") if f[3] == "real_shapes"]
+    reductions = [op for op in OPS if OPS[op].family == "reductions"]
     assert {(op, p, d) for op, p, d, _ in nightly} == {(op, p, d) for op in TOKEN_OPS for p in PROPS
-                                                      for d in ("bfloat16", "float32")}
+                                                      for d in ("bfloat16", "float32")} | {
+        (op, p, d) for op in reductions for p in ("matches_reference", "non_destructive", "finite_where_reference_finite")
+        for d in ("bfloat16", "float32")}
     # the CI selection is the same as before the regime existed: every other finding is in both
     ci = set(selected_findings(ops, profile="ci"))
     assert ci == set(selected_findings(ops, profile="nightly")) - set(nightly)
@@ -194,3 +198,50 @@ def test_split_vocab_mutant_is_caught_only_at_real_vocab(monkeypatch):
     inp = draw(TS.real_logits(), 1)[0]
     for op in ("logsumexp", "entropy"):
         assert run_check(mutant, Case(op, "matches_reference", "float32", "real_shapes", inp)).ok
+
+
+# --- reductions: > 2^24 tokens, sequences up to 32 768 ------------------------------------------------
+
+
+def test_real_reduction_cases_exceed_2_to_the_24_tokens():
+    """Every drawn real_shapes reduction case has > 2^24 unmasked tokens in rows of ≤ 32 768 (computed from
+    the description: nothing is materialised)."""
+    for inp in draw(RD.real_inputs(), 20):
+        gen = inp["tokens"]
+        assert gen.nnz() > 1 << 24 and gen.shape[1] in (32768, 8192) and gen.shape[1] <= 32768
+
+
+def test_reduction_generator_path_small(monkeypatch, tmp_path):
+    monkeypatch.setattr(RD, "REAL_SEQUENCES", (64, 17))
+    monkeypatch.setattr(RD, "REAL_MIN_TOKENS", 500)
+    ref = load_engine("reference", None)
+    mutant = load_engine("mutants.fp32_token_counter", None)  # exact below 2^24 tokens
+    for inp in draw(RD.real_inputs(), 2):
+        gen = inp["tokens"]
+        values, mask = gen.materialise("bfloat16")
+        assert values.shape == gen.shape and int(mask.sum()) == gen.nnz() > 500
+        assert np.array_equal(values, torch.from_numpy(values).to(torch.bfloat16).double().numpy())
+        for op in [o for o in OPS if OPS[o].family == "reductions"]:
+            for dtype in ("bfloat16", "float32"):
+                for prop in ("matches_reference", "non_destructive", "finite_where_reference_finite"):
+                    case = Case(op, prop, dtype, "real_shapes", inp)
+                    assert run_check(ref, case).ok, (op, dtype, prop)
+                    if op in ("masked_count", "masked_mean"):
+                        assert run_check(mutant, case).ok, (op, dtype, prop)
+        path = tmp_path / "case.json"
+        save_case(Case("masked_mean", "matches_reference", "float32", "real_shapes", inp), path)
+        assert path.stat().st_size < 2000 and load_case(path).inputs["tokens"] == gen
+
+
+def test_fp32_token_counter_mutant_is_the_saturating_counter():
+    """The mutant's count is what a float32 counter incremented by 1.0 per token reaches (checked with
+    float16, whose counter saturates at 2^11, by incrementing it token by token)."""
+    from rlconform.harness.mutants import fp32_token_counter as M
+
+    assert float(np.float32(M.SATURATION) + np.float32(1.0)) == M.SATURATION
+    c = np.float16(0)
+    for _ in range(2100):
+        c = np.float16(c + np.float16(1))
+    assert float(c) == 2048.0  # the same saturation one level down: 2^11 for float16's 11-bit significand
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    assert float(M.masked_count(mask)) == 15.0
