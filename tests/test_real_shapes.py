@@ -54,16 +54,22 @@ def test_only_nightly_selects_real_shapes():
     ops = list(OPS)
     for profile in ("dev", "ci", None):
         assert not [f for f in selected_findings(ops, profile=profile) if "real_shapes" in f[3]], profile
-    nightly = [f for f in selected_findings(ops, profile="nightly") if f[3] == "real_shapes"]
-    reductions = [op for op in OPS if OPS[op].family == "reductions"]
+    every = selected_findings(ops, profile="nightly")
+    nightly = [f for f in every if f[3] == "real_shapes" and f[0] in TOKEN_OPS]
     assert {(op, p, d) for op, p, d, _ in nightly} == {(op, p, d) for op in TOKEN_OPS for p in PROPS
-                                                      for d in ("bfloat16", "float32")} | {
-        (op, p, d) for op in reductions for p in ("matches_reference", "non_destructive", "finite_where_reference_finite")
-        for d in ("bfloat16", "float32")}
+                                                      for d in ("bfloat16", "float32")}
+    reductions = {(op, p, d) for op, p, d, r in every if r == "real_shapes" and OPS[op].family == "reductions"}
+    assert reductions == {(op, p, d) for op in OPS if OPS[op].family == "reductions"
+                          for p in ("matches_reference", "non_destructive", "finite_where_reference_finite")
+                          for d in ("bfloat16", "float32")}
+    assert {(op, p, d) for op, p, d, r in every if r == "tp2_real_shapes"} == {
+        (op, p, d) for op in OPS if OPS[op].family == "vocab_parallel"
+        for p in ("matches_reference", "partition_invariant", "non_destructive") for d in ("bfloat16", "float32")}
+    real = [f for f in every if "real_shapes" in f[3]]
+    assert {f[3] for f in real} == {"real_shapes", "tp2_real_shapes"}
     # the CI selection is the same as before the regime existed: every other finding is in both
-    ci = set(selected_findings(ops, profile="ci"))
-    assert ci == set(selected_findings(ops, profile="nightly")) - set(nightly)
-    assert selected_findings(ops, profile="nightly", regimes=["real_shapes"]) == nightly
+    assert set(selected_findings(ops, profile="ci")) == set(every) - set(real)
+    assert selected_findings(ops, profile="nightly", regimes=["real_shapes"]) == real
     assert OPS["entropy"].regime_profiles("real_shapes") == ("nightly",)
     assert "real_shapes" not in OPS["smoothed_token_logprobs"].regimes
 
@@ -245,3 +251,25 @@ def test_fp32_token_counter_mutant_is_the_saturating_counter():
     assert float(c) == 2048.0  # the same saturation one level down: 2^11 for float16's 11-bit significand
     mask = torch.ones(3, 5, dtype=torch.bool)
     assert float(M.masked_count(mask)) == 15.0
+
+
+# --- vocab-parallel shards under TP = 2 ---------------------------------------------------------------
+
+
+def test_vocab_parallel_generator_path_small(monkeypatch):
+    """tp2_real_shapes at a small V (the test hook): the shards of a generated tensor on 2 gloo ranks."""
+    from rlconform.distributed_tests.checks import run_check as run_distributed
+    from rlconform.harness.catalog import strategy_for
+    from rlconform.harness.pool import close_all_pools
+
+    monkeypatch.setattr(TS, "REAL_VOCABS", (1000,))
+    ref = load_engine("reference", None)
+    try:
+        for op in ("vocab_parallel_entropy", "vocab_parallel_token_logprobs"):
+            inp = draw(strategy_for(op, "float32", "tp2_real_shapes"), 1)[0]
+            assert isinstance(inp["logits"], LogitsGen) and inp["vocab"] == 1000
+            for prop in ("matches_reference", "partition_invariant", "non_destructive"):
+                out = run_distributed(ref, Case(op, prop, "float32", "tp2_real_shapes", inp))
+                assert out.ok, (op, prop, out.message)
+    finally:
+        close_all_pools()
