@@ -65,6 +65,8 @@ def test_only_nightly_selects_real_shapes():
     assert {(op, p, d) for op, p, d, r in every if r == "tp2_real_shapes"} == {
         (op, p, d) for op in OPS if OPS[op].family == "vocab_parallel"
         for p in ("matches_reference", "partition_invariant", "non_destructive") for d in ("bfloat16", "float32")}
+    assert {(op, p, d) for op, p, d, r in every if r == "real_shapes" and op == "metric_pipeline"} == {
+        ("metric_pipeline", p, d) for p in OPS["metric_pipeline"].properties for d in ("bfloat16", "float32")}
     real = [f for f in every if "real_shapes" in f[3]]
     assert {f[3] for f in real} == {"real_shapes", "tp2_real_shapes"}
     # the CI selection is the same as before the regime existed: every other finding is in both
@@ -251,6 +253,21 @@ def test_fp32_token_counter_mutant_is_the_saturating_counter():
     assert float(c) == 2048.0  # the same saturation one level down: 2^11 for float16's 11-bit significand
     mask = torch.ones(3, 5, dtype=torch.bool)
     assert float(M.masked_count(mask)) == 15.0
+
+
+def test_metric_pipeline_generator_path_small(monkeypatch):
+    """metric_pipeline real_shapes at a small size (the test hook): the reference pipeline passes every
+    property on the generated batch split by nested partitions."""
+    monkeypatch.setattr(RD, "REAL_SEQUENCES", (64,))
+    monkeypatch.setattr(RD, "REAL_MIN_TOKENS", 600)
+    from rlconform.harness.catalog import strategy_for
+
+    ref = load_engine("reference", None)
+    for inp in draw(strategy_for("metric_pipeline", "float32", "real_shapes"), 2):
+        assert isinstance(inp["tokens"], TokensGen)
+        for prop in OPS["metric_pipeline"].properties:
+            case = Case("metric_pipeline", prop, "float32", "real_shapes", inp)
+            assert run_check(ref, case).ok, prop
 
 
 # --- vocab-parallel shards under TP = 2 ---------------------------------------------------------------
