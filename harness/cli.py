@@ -193,6 +193,8 @@ def cmd_list_ops() -> int:
                    for r in op.regimes]
         print(f"{op.name:24s} {op.kind:16s} properties: {', '.join(op.properties)}")
         print(f"{'':24s} {'':16s} regimes: {', '.join(regimes)}; dtypes: {', '.join(dtypes)}")
+        for name, values in op.parameters.items():
+            print(f"{'':24s} {'':16s} parameter {name}: {', '.join(map(str, values))}")
     return EXIT_CLEAN
 
 
