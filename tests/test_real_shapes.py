@@ -290,3 +290,14 @@ def test_vocab_parallel_generator_path_small(monkeypatch):
                 assert out.ok, (op, prop, out.message)
     finally:
         close_all_pools()
+
+
+def test_check_under_ci_has_no_real_shapes(tmp_path):
+    """`rlconform check --profile ci --regime real_shapes` selects nothing: a usage error naming the profile."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "reference",
+                           "--profile", "ci", "--regime", "real_shapes", "--op", "entropy", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "another --profile" in proc.stderr, proc.stderr
