@@ -301,3 +301,44 @@ def test_check_under_ci_has_no_real_shapes(tmp_path):
                            "--profile", "ci", "--regime", "real_shapes", "--op", "entropy", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "another --profile" in proc.stderr, proc.stderr
+
+
+class _State:
+    def __init__(self, out, max_examples):
+        self.settings = settings(max_examples=max_examples, database=None, deadline=None,
+                                 suppress_health_check=list(HealthCheck))
+        self.corpus, self.seed, self.out, self.xfails, self.inflight = None, None, out, {}, None
+        self.binding = type("B", (), {"spec": "fake", "path": None, "resolve": lambda self, op: None})()
+
+    def shrink_budget(self, finding_id):
+        return None  # nightly: no limit, except what the regime itself says
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_run_finding_gives_real_shapes_two_examples_and_no_shrinking(small, tmp_path, fails):
+    """Under the nightly profile (500 examples, unlimited shrinking) a real_shapes finding runs 2 examples
+    (derandomized: the same two every run) and a failure is reported as found, not shrunk."""
+    from rlconform.harness.recorder import FindingRecorder
+    from rlconform.properties import runner
+    from rlconform.properties.checks import PropertyFailure
+    from rlconform.properties.generic import Outcome
+
+    seen = []
+
+    def check(binding, case):
+        seen.append(case.inputs["logits"])
+        return Outcome(not fails, "wrong" if fails else "", ratio=2.0 if fails else 0.5)
+
+    fid = ("entropy", "matches_reference", "float32", "real_shapes")
+    for attempt in range(2):
+        state = _State(str(tmp_path), 500)
+        rec = FindingRecorder(state, ".".join(fid))
+        if fails:
+            with pytest.raises(PropertyFailure):
+                runner.run_finding(state.binding, fid, rec, state, TS.real_logits(), check=check)
+            assert rec.examples == 1 and rec.shrink_steps == 0
+        else:
+            runner.run_finding(state.binding, fid, rec, state, TS.real_logits(), check=check)
+            assert rec.examples == 2
+    half = len(seen) // 2
+    assert seen[:half] == seen[half:]  # derandomized
