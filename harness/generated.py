@@ -7,7 +7,8 @@ case runs, directly in the dtype under test (:meth:`LogitsGen.materialise`, buil
 in float32, so no float64 copy of the logits ever exists), and any range of rows can be regenerated on
 its own (:meth:`LogitsGen.rows`): the float64 reference and the faithful path read the logits in row
 chunks, regenerated, instead of holding a second copy. The same description gives the same tensor on
-every machine (torch's CPU Philox-free generator ``mt19937`` per row, NumPy ``PCG64`` for the head).
+every machine with the same torch version (torch's CPU generator, mt19937, seeded per row; NumPy's
+``PCG64`` for the head tokens).
 
 Distribution ``peaked_tail`` (realistic LM logits: a peaked head over a long tail): row ``i`` is
 

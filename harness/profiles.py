@@ -1,5 +1,6 @@
 """Hypothesis profiles: ``dev`` (fast, local), ``ci`` (derandomized; inherits hypothesis' own ``ci``
-profile), ``nightly`` (many examples). ``--max-examples`` and ``--seed`` override per run.
+profile), ``nightly`` (many examples, and the profile-only ``real_shapes`` regime: :data:`PROFILE_ONLY_REGIMES`).
+``--max-examples`` and ``--seed`` override per run.
 
 Numbers of examples are per finding (op × property × dtype × regime); the CI profile is sized so that
 ``rlconform check --engine reference`` runs in a few minutes on 2 cores and every mutant family is
