@@ -43,6 +43,7 @@ from rlconform.harness import faithful as F
 from rlconform.harness.binding import Binding, BindingError
 from rlconform.harness.catalog import MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, get_op
 from rlconform.harness.evaluation import Compared, EngineCrash, Evaluation
+from rlconform.harness.generated import LogitsGen
 from rlconform.harness.pool import RankFailure, get_pool, in_torchrun
 from rlconform.harness.tensors import to_tensor
 from rlconform.properties.case import Case
@@ -171,7 +172,10 @@ def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
     binding.resolve(case.op)  # OpUnavailable / BindingError surface here, in the parent
     if after and "vocab_parallel_entropy" in binding.ops:
         binding.resolve("vocab_parallel_entropy")
-    x64 = np.asarray(case.inputs["logits"], dtype=np.float64)
+    x64 = case.inputs["logits"]
+    if isinstance(x64, LogitsGen):  # tp2_real_shapes: a few rows at real V, materialised in the case's dtype
+        x64 = x64.materialise(case.dtype).to(torch.float64).numpy()
+    x64 = np.asarray(x64, dtype=np.float64)
     labels = case.inputs.get("labels")
     labels = np.asarray(labels, dtype=np.int64) if labels is not None else None
     g64 = case.inputs.get("grad_output")

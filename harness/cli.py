@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--op", action="append", default=[], help="only this op (repeatable)")
     c.add_argument("--property", action="append", default=[], help="only this property (repeatable)")
     c.add_argument("--dtype", action="append", default=[], help="only this dtype (repeatable)")
+    c.add_argument("--regime", action="append", default=[],
+                   help="only this regime (repeatable; a data regime such as real_shapes also selects "
+                        "variant@real_shapes and tp2_real_shapes)")
     c.add_argument("--profile", default="ci", choices=["dev", "ci", "nightly"], help="hypothesis profile")
     c.add_argument("--max-examples", type=_positive_int, default=None,
                    help="examples per finding (overrides the profile)")
@@ -186,8 +189,10 @@ def cmd_list_ops() -> int:
 
     for op in OPS.values():
         dtypes = sorted({d for d, _ in op.cases()})
+        regimes = [r + (f" ({'/'.join(op.regime_profiles(r))} profile only)" if op.regime_profiles(r) else "")
+                   for r in op.regimes]
         print(f"{op.name:24s} {op.kind:16s} properties: {', '.join(op.properties)}")
-        print(f"{'':24s} {'':16s} regimes: {', '.join(op.regimes)}; dtypes: {', '.join(dtypes)}")
+        print(f"{'':24s} {'':16s} regimes: {', '.join(regimes)}; dtypes: {', '.join(dtypes)}")
         for name, values in op.parameters.items():
             print(f"{'':24s} {'':16s} parameter {name}: {', '.join(map(str, values))}")
     return EXIT_CLEAN
@@ -263,9 +268,11 @@ def cmd_check(args) -> int:
                             f"{', '.join(provided)}")
     from rlconform.harness.selection import selected_findings
 
-    if not selected_findings(provided, args.op, args.property, args.dtype, variants=meta.get("variants")):
+    if not selected_findings(provided, args.op, args.property, args.dtype, variants=meta.get("variants"),
+                             profile=args.profile, regimes=args.regime):
         return _usage_error("no finding matches the filters (a property may not apply to the op, or the op "
-                            "not to the dtype); see `rlconform list-ops`")
+                            "not to the dtype, or the regime is added by another --profile); see "
+                            "`rlconform list-ops`")
     try:
         out = claim(args.out)
     except OutDirError as exc:
@@ -303,7 +310,7 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
     if args.engine_path:
         argv += ["--rlconform-engine-path", os.path.abspath(args.engine_path)]
     for flag, values in (("--rlconform-op", args.op), ("--rlconform-property", args.property),
-                         ("--rlconform-dtype", args.dtype)):
+                         ("--rlconform-dtype", args.dtype), ("--rlconform-regime", args.regime)):
         for v in values:
             argv += [flag, v]
     if args.max_examples is not None:

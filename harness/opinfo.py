@@ -94,20 +94,33 @@ class OpInfo:
             value = inputs[name]
             out.append(value.item() if hasattr(value, "item") else value)
         return tuple(out)
+    #: profile-only regimes: regime -> the profiles that add it (e.g. ``real_shapes`` -> ``("nightly",)``);
+    #: a regime not listed is in every profile. A profile-only regime is a catalog regime like any other
+    #: (case files and ledgers may name it), but a run of another profile does not select it.
+    profile_regimes: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
-    def cases(self, prop: str | None = None):
-        """Yield every (dtype, regime) pair this op is checked under (for ``prop``, when given)."""
+    def regime_profiles(self, regime: str) -> tuple[str, ...] | None:
+        """The profiles that add ``regime`` (None: every profile has it)."""
+        return self.profile_regimes.get(regime)
+
+    def cases(self, prop: str | None = None, profile: str | None = None):
+        """Yield every (dtype, regime) pair this op is checked under (for ``prop``, when given) in
+        ``profile``; ``profile=None``: the regimes every profile has (no profile-only regime)."""
         only = self.property_regimes.get(prop) if prop is not None else None
         for regime, dtypes in self.regimes.items():
             if only is not None and regime not in only:
                 continue
+            adds = self.profile_regimes.get(regime)
+            if adds is not None and profile not in adds:
+                continue
             for dtype in dtypes:
                 yield dtype, regime
 
-    def findings(self):
-        """Yield every (property, dtype, regime) this op is checked under."""
+    def findings(self, profile: str | None = None):
+        """Yield every (property, dtype, regime) this op is checked under in ``profile`` (None: the
+        findings every profile has)."""
         for prop in self.properties:
-            for dtype, regime in self.cases(prop):
+            for dtype, regime in self.cases(prop, profile):
                 yield prop, dtype, regime
 
 

@@ -1,5 +1,6 @@
 """Hypothesis profiles: ``dev`` (fast, local), ``ci`` (derandomized; inherits hypothesis' own ``ci``
-profile), ``nightly`` (many examples). ``--max-examples`` and ``--seed`` override per run.
+profile), ``nightly`` (many examples, and the profile-only ``real_shapes`` regime: :data:`PROFILE_ONLY_REGIMES`).
+``--max-examples`` and ``--seed`` override per run.
 
 Numbers of examples are per finding (op × property × dtype × regime); the CI profile is sized so that
 ``rlconform check --engine reference`` runs in a few minutes on 2 cores and every mutant family is
@@ -11,6 +12,16 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings
 
 PROFILES = {"dev": 8, "ci": 20, "nightly": 500}
+
+#: Profile-only regimes (issue 13 §1): regime (data part) -> the profiles that add it. ``real_shapes``
+#: (logits at V = 151 936 / 128 256, T up to 4096; reductions over > 2^24 tokens) exists only in
+#: ``nightly``: ``dev`` and ``ci`` keep their cost, and under them the regime is not in the selection at all.
+PROFILE_ONLY_REGIMES = {"real_shapes": ("nightly",)}
+#: examples per finding of a profile-only regime at real sizes (each is seconds to a minute of CPU and up
+#: to several GB): derandomized, never shrunk (a shrink step would cost as much as an example, and the
+#: description of a failing example is already small), at most this many whatever the profile says
+#: (``--max-examples`` may lower it)
+REAL_SHAPES_EXAMPLES = 2
 
 #: shrinking steps a failing finding may take per profile (None: hypothesis' own limit). Shrinking is
 #: where a failing run spends its time (verl's CI-profile run: 15 500 examples, ~25 000 shrinking steps,
@@ -40,6 +51,36 @@ def shrink_budget(profile: str, listed: bool, override: int | None = None) -> in
     if override is not None:
         return None if override < 0 else override
     return KNOWN_SHRINKS if listed else MAX_SHRINKS[profile]
+
+
+def profile_only(regime: str) -> tuple[str, ...] | None:
+    """The profiles that add ``regime`` (matched on its data part: ``real_shapes``,
+    ``tp2_real_shapes``, ``token-mean@real_shapes``), or None when every profile has it."""
+    data = regime.split("@", 1)[-1]
+    for name, profiles in PROFILE_ONLY_REGIMES.items():
+        if data == name or data.endswith("_" + name):
+            return profiles
+    return None
+
+
+def profile_regimes(regimes) -> dict[str, tuple[str, ...]]:
+    """``OpInfo.profile_regimes`` for an op with ``regimes``: each profile-only one -> its profiles."""
+    return {r: p for r in regimes if (p := profile_only(r)) is not None}
+
+
+def heavy_settings(base: settings, regime: str, seeded: bool) -> settings:
+    """``base`` for a finding of ``regime``: unchanged for an ordinary regime; for a profile-only regime
+    at real sizes at most :data:`REAL_SHAPES_EXAMPLES` examples, no shrinking and no target phase,
+    derandomized unless the run is ``seeded`` (``--seed``)."""
+    if profile_only(regime) is None:
+        return base
+    from hypothesis import Phase
+
+    kw = {"max_examples": max(1, min(base.max_examples, REAL_SHAPES_EXAMPLES)),
+          "phases": (Phase.explicit, Phase.reuse, Phase.generate)}
+    if not seeded:
+        kw.update(derandomize=True, database=None)
+    return settings(base, **kw)
 
 
 def settings_for(profile: str, max_examples: int | None = None, database=None) -> settings:

@@ -69,6 +69,7 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-op", action="append", default=[], help="only these ops (repeatable)")
     g.addoption("--rlconform-property", action="append", default=[], help="only these properties (repeatable)")
     g.addoption("--rlconform-dtype", action="append", default=[], help="only these dtypes (repeatable)")
+    g.addoption("--rlconform-regime", action="append", default=[], help="only these regimes (repeatable)")
     g.addoption("--rlconform-corpus", default=None, help="folder of saved counterexamples to replay first")
     g.addoption("--rlconform-database", default=None, help="persistent hypothesis example database folder")
     g.addoption("--rlconform-deadline", type=float, default=DEFAULT_DEADLINE_S,
@@ -136,6 +137,7 @@ class State:
         self.ops = set(opt("rlconform_op"))
         self.properties = set(opt("rlconform_property"))
         self.dtypes = set(opt("rlconform_dtype"))
+        self.regimes = set(opt("rlconform_regime"))
         self.xfails = parse_xfails(opt("rlconform_xfails")) if opt("rlconform_xfails") else {}
         self.out = os.path.abspath(opt("rlconform_out"))
         self.corpus = opt("rlconform_corpus")
@@ -244,7 +246,8 @@ class State:
         ids = set(self.collected)
         if self.from_cli:
             ids |= {".".join(f) for f in selected_findings(self.binding.provided_ops(), self.ops, self.properties,
-                                                            self.dtypes, variants=self.variants())}
+                                                            self.dtypes, variants=self.variants(),
+                                                            profile=self.profile, regimes=self.regimes)}
         return ids
 
     def close(self) -> None:
@@ -309,7 +312,8 @@ def pytest_generate_tests(metafunc):
     distributed = marker.args[0] if marker else None
     params = []
     for finding in selected_findings(state.binding.provided_ops(), state.ops, state.properties, state.dtypes,
-                                     distributed=distributed, variants=state.variants()):
+                                     distributed=distributed, variants=state.variants(), profile=state.profile,
+                                     regimes=state.regimes):
         fid = ".".join(finding)
         marks = [pytest.mark.xfail(strict=True, reason=f"listed in xfails ledger: {state.xfails[fid]}")] \
             if fid in state.xfails else []

@@ -230,6 +230,22 @@ def finding_entry(rec: FindingRecorder, params: tuple, status: str, tb: str | No
     op, prop, dtype, regime = params
     failing = status in ("discrepancy", "crash", "xfail")
     case = rec.failing or rec.current
+    entry = _finding_entry(rec, params, status, tb, reproducer, failing, case)
+    return _with_profiles(entry)
+
+
+def _with_profiles(entry: dict) -> dict:
+    """``entry`` with ``profiles`` (the profiles that add its regime) when its regime is profile-only."""
+    from rlconform.harness.profiles import profile_only
+
+    profiles = profile_only(entry["regime"])
+    if profiles:
+        entry["profiles"] = list(profiles)
+    return entry
+
+
+def _finding_entry(rec, params, status, tb, reproducer, failing, case) -> dict:
+    op, prop, dtype, regime = params
     return {
         "id": rec.id, "op": op, "property": prop, "dtype": dtype, "regime": regime, "status": status,
         "examples": rec.examples,
@@ -264,7 +280,7 @@ def dead_process_entry(fid: str, listed: bool, description: str, fault_text: str
     if case is None and inflight is not None and inflight.problem and inflight.finding_id == fid:
         message += f"; no reproducer: {inflight.problem}"
     reproducer = save_reproducer(out, fid, case, spec, engine_path) if case is not None else None
-    return {
+    return _with_profiles({
         "id": fid, "op": op, "property": prop, "dtype": dtype, "regime": regime,
         "status": "xfail" if listed else "crash",
         "examples": examples, "examples_to_first_failure": examples or None, "shrink_steps": int(meta.get("shrink_steps") or 0),
@@ -272,4 +288,4 @@ def dead_process_entry(fid: str, listed: bool, description: str, fault_text: str
         "worst_input": case.summary() if case is not None else None, "reproducer": reproducer,
         "traceback": fault_text.strip() or None, "xfail_listed": listed, "binding_error": None,
         "max_ratio": None, "samples": None,
-    }
+    })

@@ -18,6 +18,8 @@ Schema ``rlconform.report/1``::
                    "command"} | null, "traceback", "xfail_listed",
                    "max_ratio": worst error / tolerance (null: unbounded, a failure without a numeric bound),
                    "samples": [{"imbalance", "abs_err", "rel_err", "ratio", "ok"}] | null,
+                   "profiles": [the profiles that add this finding's regime] (profile-only regimes only,
+                   e.g. ``real_shapes``: ["nightly"]; absent otherwise),
                    "severity": "wrong" | "destructive" | "imprecise" (failing findings only), "severity_reason"}],
      "defects": [{"id", "severity", "op", "property", "signature": {"kind", "feature"}, "members",
                   "dtypes", "regimes", "reproducer": {"finding", "case_file", "command", "input"}, "message"}],
@@ -165,6 +167,21 @@ class ReportWriter:
 MARKDOWN_LIMIT = 60_000
 
 
+def _profile_lines(doc: dict) -> list[str]:
+    """The run's profile, and the profile-only regimes (issue 13: ``real_shapes`` in ``nightly``) it added."""
+    profile = doc.get("run", {}).get("profile")
+    if not profile:
+        return []
+    added: dict[str, int] = {}
+    for f in doc["findings"]:
+        if f.get("profiles"):
+            added[f["regime"]] = added.get(f["regime"], 0) + 1
+    text = f"profile `{profile}`"
+    if added:
+        text += "; regimes only this profile adds: " + ", ".join(f"{r} ({n} findings)" for r, n in sorted(added.items()))
+    return [text, ""]
+
+
 def render_markdown(doc: dict) -> str:
     """A summary fit for a pull-request comment: counts, then one row per status × op × property with the
     dtypes and regimes it covers (failing groups first), then one worst example per group. Stays under
@@ -185,6 +202,7 @@ def render_markdown(doc: dict) -> str:
         " · ".join(f"{k}: **{v}**" for k, v in s.items() if v),
         "",
     ]
+    lines += _profile_lines(doc)
     # --- triage (issue 12): the defects first, ranked by severity -------------------------------------
     from rlconform.harness.measures import error_text
     from rlconform.harness.triage_md import render_defects

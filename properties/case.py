@@ -3,7 +3,9 @@
 A :class:`Case` names the op, property, dtype and regime, and carries the concrete inputs as float64
 NumPy arrays whose values are exactly representable in ``dtype`` (so the engine and the reference see
 the same numbers), integer arrays, partitions (nested lists of ``[start, stop)`` row ranges) and
-scalars. It serialises to JSON losslessly (floats via ``float.hex``).
+scalars. It serialises to JSON losslessly (floats via ``float.hex``). Logits at real shapes are not
+stored but described (:class:`~rlconform.harness.generated.LogitsGen`, ``TokensGen``: seed, shape,
+distribution parameters; the ``real_shapes`` regime): the case file holds the description, the check materialises it.
 
 Case files travel in pull requests and corpora, so :meth:`Case.from_json` treats them as untrusted data:
 anything but one JSON object of schema ``rlconform.case/1`` naming a catalog op, one of its properties,
@@ -27,6 +29,9 @@ import zlib
 from typing import Any
 
 import numpy as np
+
+from rlconform.harness.generated import GENERATED, GeneratorError, LogitsGen
+from rlconform.harness.generated import from_json as generated_from_json
 
 SCHEMA = "rlconform.case/1"
 
@@ -134,7 +139,7 @@ def validate_inputs(case: Case) -> None:
             raise CaseError(f"input {k!r} has the empty shape {list(v.shape)}: every array of a case has at "
                             "least one dimension and one element")
     logits = inp.get("logits")
-    if isinstance(logits, np.ndarray):
+    if isinstance(logits, (np.ndarray, LogitsGen)):
         for k in ("labels", "grad_output"):
             v = inp.get(k)
             if isinstance(v, np.ndarray) and v.shape != logits.shape[:-1]:
@@ -169,6 +174,8 @@ def _check_partition(p: Any, n_rows: int | None, where: str) -> None:
 
 
 def _encode(v: Any) -> Any:
+    if isinstance(v, GENERATED):
+        return v.to_json()
     if isinstance(v, np.ndarray):
         if v.dtype.kind == "f":
             return {"ndarray": "float64", "shape": list(v.shape), "hex": [float(x).hex() for x in v.reshape(-1)]}
@@ -229,11 +236,20 @@ def _decode(v: Any) -> Any:
             raise CaseError("integer outside int64") from None
     if isinstance(v, dict) and "float" in v:
         return _fromhex(v["float"])
+    if isinstance(v, dict) and "generated" in v:
+        return _generated(v)
     if isinstance(v, dict):
         raise CaseError(f"unknown encoded value with keys {sorted(v)[:5]}")
     if isinstance(v, list):
         return [_decode(x) for x in v]
     return v
+
+
+def _generated(v: dict):
+    try:
+        return generated_from_json(v)
+    except GeneratorError as exc:
+        raise CaseError(f"generator description: {exc}") from None
 
 
 def save_case(case: Case, path) -> None:
@@ -267,6 +283,8 @@ def encode_record(case: Case, meta: dict) -> bytes:
     arrays: list[bytes] = []
 
     def enc(v):
+        if isinstance(v, GENERATED):
+            return v.to_json()
         if isinstance(v, np.ndarray):
             kind = "float64" if v.dtype.kind == "f" else "bool" if v.dtype.kind == "b" else "int64"
             arrays.append(np.ascontiguousarray(v, dtype=_ARRAY_KINDS[kind]).tobytes())
@@ -312,6 +330,8 @@ def decode_record(data: bytes) -> tuple[Case, dict]:
             return np.frombuffer(body[a:b], dtype=_ARRAY_KINDS[v["kind"]]).reshape(shape).copy()
         if isinstance(v, dict) and "float" in v:
             return _fromhex(v["float"])
+        if isinstance(v, dict) and "generated" in v:
+            return _generated(v)
         if isinstance(v, list):
             return [dec(x) for x in v]
         return v

@@ -33,6 +33,7 @@ from rlconform.harness import interrupts
 from rlconform.harness.binding import BindingError, OpUnavailable, VariantNotProvided
 from rlconform.harness.evaluation import EngineCrash
 from rlconform.harness.pool import PoolStartupError, RankFailure
+from rlconform.harness.profiles import heavy_settings, profile_only
 from rlconform.properties.case import Case, CaseError
 from rlconform.properties.checks import PropertyFailure
 from rlconform.properties.corpus import replay_corpus
@@ -105,6 +106,8 @@ def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: 
     max_shrinks = budget(rec.id) if callable(budget) else None
     if shrink_cap is not None:
         max_shrinks = shrink_cap if max_shrinks is None else min(max_shrinks, shrink_cap)
+    if profile_only(regime) is not None:  # real sizes: a few derandomized examples, never shrunk
+        max_shrinks = 0
     last: dict = {"failure": None}  # the latest (hence smallest) failure hypothesis accepted
 
     def check_one(case: Case):
@@ -137,7 +140,7 @@ def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: 
             raise last["failure"]
         return outcome
 
-    hsettings = state.settings
+    hsettings = heavy_settings(state.settings, regime, getattr(state, "seed", None) is not None)
     if max_examples is not None:
         hsettings = settings(hsettings, max_examples=max(1, min(hsettings.max_examples, max_examples)))
 

@@ -47,6 +47,20 @@ def test_zoo_has_a_mutant_per_single_process_family():
 def test_mutant_is_caught(name, tmp_path):
     pairs = expected(name)
     crash_pairs = expected_crash(name)
+    real = list(getattr(importlib.import_module(f"rlconform.harness.mutants.{name}"), "EXPECTED_REAL_SHAPES", []))
+    if real and not pairs and not crash_pairs:
+        # a fault that only exists at real sizes: the CI profile's regimes of its ops pass (it is caught by
+        # the nightly profile's real_shapes regime: tests/test_real_shapes.py)
+        args = ["check", "--engine", f"mutants.{name}", "--out", str(tmp_path), "--profile", "ci", "-q",
+                "--dtype", "float32"]
+        for op, prop in real:
+            args += ["--op", op, "--property", prop]
+        proc = run_cli(*args)
+        assert proc.returncode == 0, f"mutants.{name} fails the CI regimes:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        with open(tmp_path / "report.json") as fh:
+            doc = json.load(fh)
+        assert doc["summary"]["pass"] >= 2 * len(real) and all(f["regime"] != "real_shapes" for f in doc["findings"])
+        return
     assert pairs or crash_pairs, f"mutants.{name} declares neither EXPECTED nor EXPECTED_CRASH"
     args = ["check", "--engine", f"mutants.{name}", "--out", str(tmp_path), "--profile", "ci", "-q"]
     for op in sorted({op for op, _ in pairs + crash_pairs}):

@@ -6,6 +6,10 @@ token-weighted mean, population std, min and max over every unmasked token of th
 (:func:`rlconform.reference.token_metrics`; SkyRL issue #1822 and seed 000: a mean of per-shard means is
 exact only when shards are balanced). Partitions nest mini-batches → DP ranks → micro-batches, with
 0-token and fully masked shards and imbalance up to 1:10⁴.
+
+``real_shapes`` (``nightly`` profile only; issue 13 §1): the global batch of the reductions' real_shapes
+(sequences of 32 768 or 8192 tokens, more than 2^24 unmasked tokens; a seeded
+:class:`~rlconform.harness.generated.TokensGen`), split by nested partitions of its rows.
 """
 
 from __future__ import annotations
@@ -23,19 +27,23 @@ from rlconform.harness import strategies as S
 from rlconform.harness.evaluation import Compared, Evaluation, MetricFlow, call_engine
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families.agg_loss import describe_partition, equalize_micro_batches
+from rlconform.harness.generated import TokensGen
+from rlconform.harness.profiles import profile_regimes
 from rlconform.harness.opinfo import (
     MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, PARTITION_INVARIANT, OpInfo, reference_function,
 )
 from rlconform.harness.tensors import as_numpy, to_tensor
 
 PARTITION_REGIMES = {"imbalanced_partitions": ("float32", "float64", "bfloat16")}
+REGIMES = dict(PARTITION_REGIMES, real_shapes=("float32", "bfloat16"))
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
 
 OPS = (
     OpInfo("metric_pipeline", "metric_pipeline", None,
-           (MATCHES_REFERENCE, PARTITION_INVARIANT, METRIC_INTEGRITY, MASK_INVARIANT), PARTITION_REGIMES,
+           (MATCHES_REFERENCE, PARTITION_INVARIANT, METRIC_INTEGRITY, MASK_INVARIANT), REGIMES,
            reference_function("token_metrics"),
-           source="token-weighted statistics over all unmasked tokens (SkyRL issue #1822)", family="metric_pipeline"),
+           source="token-weighted statistics over all unmasked tokens (SkyRL issue #1822)", family="metric_pipeline",
+           profile_regimes=profile_regimes(REGIMES)),
 )
 
 
@@ -48,7 +56,20 @@ def inputs(draw, dtype: str):
     return data
 
 
+@st.composite
+def real_inputs(draw):
+    """``{"tokens": TokensGen, "partitions", "garbage"}`` at real sizes (see the module doc)."""
+    from rlconform.harness.families.reductions import real_inputs as real_tokens
+
+    data = {"tokens": draw(real_tokens())["tokens"]}
+    data["partitions"] = draw(S.nested_partitions(data["tokens"].shape[0], mini_batches=True))
+    data["garbage"] = draw(st.sampled_from(GARBAGE))
+    return data
+
+
 def strategy(op: OpInfo, dtype: str, regime: str):
+    if regime == "real_shapes":
+        return real_inputs()
     return inputs(dtype)
 
 
@@ -111,7 +132,10 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
 
 def evaluate(binding, case) -> Evaluation:
     mp = binding.resolve("metric_pipeline")
-    values64, mask_np = case.inputs["values"], case.inputs["mask"].astype(bool)
+    if isinstance(case.inputs.get("tokens"), TokensGen):  # real_shapes: materialised from its seed
+        values64, mask_np = case.inputs["tokens"].materialise(case.dtype)
+    else:
+        values64, mask_np = case.inputs["values"], case.inputs["mask"].astype(bool)
     if case.property == MASK_INVARIANT and mask_np.all():  # garbage needs a masked position
         mask_np = mask_np.copy()
         mask_np[-1, -1] = False

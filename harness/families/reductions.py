@@ -6,7 +6,10 @@ Canonical signatures: ``(values [B, T], mask [B, T]) -> 0-d`` (``masked_count(ma
 (:mod:`rlconform.reference.reductions`). A reduction over no tokens is undefined (NaN in the
 reference) except the sum (0) and the count (0): there any result, or a loud error, is accepted.
 
-Regimes are mask regimes (``all_on``, ``padded``, ``random``, ``all_off``). ``mask_invariant``
+Regimes are mask regimes (``all_on``, ``padded``, ``random``, ``all_off``), and ``real_shapes``
+(``nightly`` profile only; issue 13 §1): sequences of up to 32 768 tokens, more than 2^24 unmasked tokens
+in all (where an fp32 count or a float32 running sum stops being exact), described by a seed
+(:class:`~rlconform.harness.generated.TokensGen`; ~150 MB of float64 values when materialised). ``mask_invariant``
 overwrites the masked positions with NaN, ±inf or 1e30 (a reduction computed as ``Σ values·mask``
 turns NaN·0 into NaN).
 """
@@ -21,22 +24,32 @@ from rlconform.harness import faithful as F
 from rlconform.harness import strategies as S
 from rlconform.harness.evaluation import Compared, EngineCrash, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
+from rlconform.harness.generated import TokensGen
 from rlconform.harness.guards import InputGuard
 from rlconform.harness.opinfo import (
     FINITE, FLOAT_DTYPES, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function,
 )
+from rlconform.harness.profiles import profile_regimes
 from rlconform.harness.tensors import as_numpy, out_dtype, round_to, to_tensor
 
 #: Mask regimes for token reductions.
 MASK_REGIMES = {name: FLOAT_DTYPES for name in ("all_on", "padded", "random", "all_off")}
+#: the profile-only regime at real sizes (issue 13 §1)
+REAL_SHAPES = "real_shapes"
+REGIMES = dict(MASK_REGIMES, **{REAL_SHAPES: ("float32", "bfloat16")})
+#: sequence lengths of real_shapes (the first is the first, derandomized, example's); tests shrink them
+REAL_SEQUENCES = (32768, 8192)
+#: real_shapes batches hold more than this many unmasked tokens (2^24: float32's last exact integer + 1)
+REAL_MIN_TOKENS = 1 << 24
 #: what mask_invariant writes into masked positions (each example draws one)
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30, -1e30)
 
 
 def _op(name: str, arity: int, source: str) -> OpInfo:
     props = (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE) + ((MASK_INVARIANT,) if name != "masked_count" else ())
-    return OpInfo(name, "reduction", arity, props, MASK_REGIMES, reference_function(name), source=source,
-                  family="reductions", property_regimes={MASK_INVARIANT: ("padded", "random")})
+    return OpInfo(name, "reduction", arity, props, REGIMES, reference_function(name), source=source,
+                  family="reductions", property_regimes={MASK_INVARIANT: ("padded", "random")},
+                  profile_regimes=profile_regimes(REGIMES))
 
 
 OPS = (
@@ -60,7 +73,22 @@ def inputs(draw, dtype: str, regime: str):
             "unbiased": draw(st.booleans()), "garbage": draw(st.sampled_from(GARBAGE))}
 
 
+@st.composite
+def real_inputs(draw):
+    """``{"tokens": TokensGen [B, T], "unbiased": bool}``: rows of T ∈ REAL_SEQUENCES tokens, B rows so that
+    more than ``REAL_MIN_TOKENS`` tokens stay unmasked (the short rows are extra rows)."""
+    t = draw(st.sampled_from(REAL_SEQUENCES))
+    short = draw(st.integers(1, 4))
+    extra = draw(st.integers(1, 3))
+    b = -(-REAL_MIN_TOKENS // t) + extra + short
+    gen = TokensGen(draw(st.integers(0, 2**32 - 1)), (b, t), scale=draw(st.sampled_from([1.0, 30.0, 1e-3])),
+                    offset=draw(st.sampled_from([-5.0, 100.0, 0.0])), short_rows=short)
+    return {"tokens": gen, "unbiased": draw(st.booleans())}
+
+
 def strategy(op: OpInfo, dtype: str, regime: str):
+    if regime == REAL_SHAPES:
+        return real_inputs()
     return inputs(dtype, regime)
 
 
@@ -97,7 +125,10 @@ def _run(fn, op: str, values64: np.ndarray, mask_np: np.ndarray, inputs: dict, d
 def evaluate(binding, case) -> Evaluation:
     op = next(o for o in OPS if o.name == case.op)
     fn = binding.resolve(case.op)
-    values64, mask_np = case.inputs["values"], case.inputs["mask"].astype(bool)
+    if isinstance(case.inputs.get("tokens"), TokensGen):  # real_shapes: materialised from its seed
+        values64, mask_np = case.inputs["tokens"].materialise(case.dtype)
+    else:
+        values64, mask_np = case.inputs["values"], case.inputs["mask"].astype(bool)
     if case.property == MASK_INVARIANT and mask_np.all():  # garbage needs a masked position
         mask_np = mask_np.copy()
         mask_np[-1, -1] = False

@@ -9,12 +9,20 @@ entry (p = 0, 0·log 0 = 0). Gradients are compared with the closed forms of :mo
 
 Regimes: ``moderate`` (scale 0.1–30), ``peaked``, ``near_uniform_offset`` (±1e4), ``neg_inf_padded``,
 ``fp16_extreme`` (near ±65504), ``bf16_coarse``; see :func:`rlconform.harness.strategies.logits`.
+``real_shapes`` (``nightly`` profile only; issue 13 §1): ``[T, V]`` logits with V ∈ {151 936, 128 256}
+(Qwen, Llama 3), T up to 4096, bf16 and fp32, a peaked head over a long Gaussian tail, described by a
+seed (:class:`~rlconform.harness.generated.LogitsGen`) and materialised in the dtype under test when the
+case runs; the reference and the faithful path read it back in row chunks (:func:`_evaluate_generated`).
+The label-smoothed op has no ``real_shapes`` regime (the fused reference does not cover it).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
+from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness import faithful as F
@@ -22,11 +30,14 @@ from rlconform.harness import torch_state
 from rlconform.harness import strategies as S
 from rlconform.harness.evaluation import Compared, Evaluation, EngineCrash, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
+from rlconform.harness.generated import LogitsGen
 from rlconform.harness.guards import InputGuard, produce
 from rlconform.harness.opinfo import (
     FINITE, FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function,
 )
+from rlconform.harness.profiles import profile_regimes
 from rlconform.harness.tensors import as_numpy, out_dtype, round_to, to_tensor
+from rlconform.harness.tolerance import compare
 
 #: Logits regimes (see :func:`rlconform.harness.strategies.logits`), with the dtypes each applies to.
 LOGITS_REGIMES = {
@@ -41,14 +52,27 @@ LOGITS_REGIMES = {
 
 #: label smoothing is smoothed over every vocab entry, so a ``-inf``-padded vocab is no input for it
 SMOOTHED_REGIMES = {k: v for k, v in LOGITS_REGIMES.items() if k != "neg_inf_padded"}
+
+#: the profile-only regime at real shapes (issue 13 §1; :data:`rlconform.harness.profiles.PROFILE_ONLY_REGIMES`)
+REAL_SHAPES = "real_shapes"
+REAL_SHAPES_DTYPES = ("bfloat16", "float32")
+#: real vocab sizes: Qwen 2/2.5/3 (151 936), Llama 3 (128 256). Tests shrink these (monkeypatch) to run the
+#: generator path in seconds; a real-size check never runs inside the self-tests.
+REAL_VOCABS = (151936, 128256)
+#: tokens per case (rows of logits); the first is the first, derandomized, example's
+REAL_ROWS = (1024, 4096, 256, 1)
+#: rows of one chunk of the reference/faithful pass over generated logits: ≤ this many bytes of float64
+REAL_CHUNK_BYTES = 32 << 20
 #: the label smoothing α drawn for the smoothed ops (PyTorch convention: α spread over all V classes)
 LABEL_SMOOTHING = (0.1, 0.01, 0.5, 0.9)
 
 
 def _op(name: str, arity: int, source: str, regimes=None, parameters=None) -> OpInfo:
-    return OpInfo(name, "token_stat", arity, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE), regimes or LOGITS_REGIMES,
+    regimes = regimes or dict(LOGITS_REGIMES, **{REAL_SHAPES: REAL_SHAPES_DTYPES})
+    return OpInfo(name, "token_stat", arity, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE), regimes,
                   reference_function(name), reference_function(name + "_grad"), differentiable=True,
-                  source=source, family="token_stats", parameters=parameters or {})
+                  source=source, family="token_stats", parameters=parameters or {},
+                  profile_regimes=profile_regimes(regimes))
 
 
 OPS = (
@@ -62,7 +86,25 @@ OPS = (
 )
 
 
+@st.composite
+def real_logits(draw, vocabs=None, rows=None):
+    """``{"logits": LogitsGen [T, V], "labels": int64 [T], "grad_output": float64 [T]}`` at real shapes.
+
+    Labels are the row's top head token half of the time (a sampled response token), else uniform over V."""
+    seed = draw(st.integers(0, 2**32 - 1))
+    v = draw(st.sampled_from(vocabs or REAL_VOCABS))
+    t = draw(st.sampled_from(rows or REAL_ROWS))
+    gen = LogitsGen(seed, (t, v), peak=draw(st.floats(8.0, 30.0)), tail_scale=draw(st.floats(1.0, 4.0)),
+                    decay=draw(st.sampled_from([0.5, 0.9, 0.2])), offset=draw(st.sampled_from([0.0, -15.0, 30.0])),
+                    head_tokens=draw(st.integers(1, min(4, v))))
+    rng = np.random.default_rng(seed ^ 0x5EED)
+    labels = np.where(rng.random(t) < 0.5, gen.head()[:, 0], rng.integers(0, v, size=t)).astype(np.int64)
+    return {"logits": gen, "labels": labels, "grad_output": rng.uniform(-1.0, 1.0, size=t)}
+
+
 def strategy(op: OpInfo, dtype: str, regime: str):
+    if regime == REAL_SHAPES:
+        return S.with_parameters(op, real_logits())
     return S.with_parameters(op, S.logits(dtype, regime, with_labels=True))
 
 
@@ -166,9 +208,81 @@ def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev:
     return True
 
 
+def _chunk_inputs(inputs: dict, r0: int, r1: int) -> dict:
+    """The inputs of rows [r0, r1): the labels sliced, the scalar parameters kept."""
+    return dict(inputs, labels=np.asarray(inputs["labels"])[r0:r1]) if "labels" in inputs else inputs
+
+
+def _evaluate_generated(op: OpInfo, fn, binding, case) -> Evaluation:
+    """A case whose logits are a :class:`LogitsGen` (``real_shapes``): the engine sees the whole tensor,
+    materialised once in the dtype under test; the float64 reference (:func:`rlconform.reference.token_stats`)
+    and the faithful path run over row chunks regenerated from the seed (never a float64 copy of the
+    logits, never a second copy of the engine's input: an engine that wrote into its input cannot move the
+    reference either). Values are compared whole ([T]); the gradient chunk by chunk, the chunk with the
+    worst error / tolerance kept for the judgment (any failing element fails it)."""
+    gen = case.inputs["logits"]
+    t, vocab = gen.shape
+    grad_out64 = np.asarray(case.inputs["grad_output"], dtype=np.float64)
+    ev = Evaluation()
+    if case.property == NON_DESTRUCTIVE:
+        leaf = gen.materialise(case.dtype).requires_grad_(True)
+        logits = produce(leaf)
+        args = engine_args(op, logits, case.inputs)
+        guard = InputGuard(logits=logits, **({"labels": args[1]} if len(args) > 1 else {}))
+        out = call_engine(f"{case.op} forward", fn, *args)
+        ev.mutations += [m.describe() for m in guard.check("forward")]
+        if backward(op, binding, out, leaf, torch.from_numpy(grad_out64), ev, saved_producer=True):
+            ev.mutations += [m.describe() for m in guard.check("backward")]
+        return ev
+
+    leaf = gen.materialise(case.dtype).requires_grad_(True)
+    out = call_engine(f"{case.op} forward", fn, *engine_args(op, leaf, case.inputs))
+    value = as_numpy(out)
+    problem = shape_problem("value", value, (t,), f"logits {[t, vocab]} -> one value per token")
+    if problem:
+        ev.problems.append(problem)
+        return ev
+    odt = out_dtype(out, case.dtype)
+    grad = leaf.grad if backward(op, binding, out, leaf, torch.from_numpy(grad_out64), ev) else None
+    del out, leaf  # the engine's graph and input: only its gradient stays
+    if grad is not None:
+        problem = shape_problem("gradient", grad, (t, vocab))
+        if problem:
+            ev.problems.append(problem)
+            grad = None
+    gdt = out_dtype(grad, case.dtype) if grad is not None else None
+    ref_v, f_v = np.empty(t), np.empty(t)
+    worst: tuple[float, Compared] | None = None
+    step = max(1, REAL_CHUNK_BYTES // (8 * vocab))
+    for r0 in range(0, t, step):
+        r1 = min(t, r0 + step)
+        xc = gen.rows(case.dtype, r0, r1)
+        extra = _chunk_inputs(case.inputs, r0, r1)
+        labels = (extra["labels"],) if op.name.endswith("token_logprobs") else ()
+        stats = R.token_stats(xc, *labels, grads=(op.name,) if grad is not None else False,
+                              grad_output=grad_out64[r0:r1])
+        ref_v[r0:r1] = stats[op.name]
+        f_out, f_grad = faithful(op, xc, extra, torch.from_numpy(grad_out64[r0:r1]))
+        f_v[r0:r1] = as_numpy(round_to(f_out, odt))
+        if grad is not None:
+            c = Compared(f"gradient (rows {r0}:{r1} of {t}, the chunk of worst error / tolerance)",
+                         as_numpy(grad[r0:r1]), stats[op.name + "_grad"], as_numpy(round_to(f_grad, gdt)), gdt,
+                         "token_stat")
+            ratio = compare(c.engine, c.reference, c.faithful, dtype=gdt, kind="token_stat").worst_ratio
+            if worst is None or ratio > worst[0] or (math.isnan(ratio) and not math.isnan(worst[0])):
+                worst = (ratio, c)
+        del xc, stats, f_out, f_grad
+    ev.values.append(Compared("value", value.reshape(t), ref_v, f_v, odt, "token_stat"))
+    if worst is not None:
+        ev.gradients.append(worst[1])
+    return ev
+
+
 def evaluate(binding, case) -> Evaluation:
     op = next(o for o in OPS if o.name == case.op)
     fn = binding.resolve(case.op)
+    if isinstance(case.inputs["logits"], LogitsGen):
+        return _evaluate_generated(op, fn, binding, case)
     logits64 = case.inputs["logits"]
     x = to_tensor(logits64, case.dtype)
     grad_out64 = case.inputs.get("grad_output")

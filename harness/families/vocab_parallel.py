@@ -9,6 +9,12 @@ the local shard (the loss is replicated on the TP ranks, Megatron's convention).
 
 Regimes are ``<layout>_<logits regime>`` (layouts tp2, tp4, tp2cp2); ``tp{2,4}_after_entropy`` (Σπ²
 only) reads Σπ² after a vocab-parallel entropy forward + backward on the same logits (seed 002).
+``tp2_real_shapes`` (``nightly`` profile only; issue 13 §1): the vocab shards of V = 151 936 / 128 256
+under TP = 2 (75 968 / 64 128 entries a rank), T ≤ 8 rows, bf16 and fp32, logits described by a seed
+(:class:`~rlconform.harness.generated.LogitsGen`, materialised when the case runs). Only TP = 2 and a few
+rows: every case ships the float64 shards to gloo ranks over pickled pipes and the 2-core CI machine runs
+both ranks; the shard size (what a per-rank fp32 accumulation over V/tp sees) is the real one, and
+TP = 4 shards (37 984 / 32 064) lie between TP = 2's and the CI regimes' sizes.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from rlconform.harness import strategies as S
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families.token_stats import LABEL_SMOOTHING
 from rlconform.harness.layout import parse_regime
+from rlconform.harness.profiles import profile_regimes
 from rlconform.harness.opinfo import (
     FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
 )
@@ -33,7 +40,10 @@ VOCAB_PARALLEL_REGIMES = {
     "tp4_neg_inf_padded": ("float32", "bfloat16"),
     "tp2_fp16_extreme": ("float16",),
     "tp2cp2_moderate": ("float32",),
+    "tp2_real_shapes": ("float32", "bfloat16"),
 }
+#: rows of a tp2_real_shapes case (the first is the first, derandomized, example's)
+REAL_ROWS = (8, 2)
 #: the label-smoothed log-probs: smoothing runs over every vocab entry, so no ``-inf``-padded vocab
 SMOOTHED_REGIMES = {k: v for k, v in VOCAB_PARALLEL_REGIMES.items() if "neg_inf_padded" not in k}
 #: Σπ² only: the value read after a vocab-parallel entropy forward + backward (seed 002, family 12).
@@ -47,7 +57,8 @@ def _op(base: str, arity: int, source: str, extra_regimes=None, regimes=None, pa
     return OpInfo(f"vocab_parallel_{base}", "vocab_parallel", arity,
                   (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE), regimes, reference_function(base),
                   reference_function(base + "_grad"), differentiable=True, source=source,
-                  family="vocab_parallel", distributed=True, parameters=parameters or {})
+                  family="vocab_parallel", distributed=True, parameters=parameters or {},
+                  profile_regimes=profile_regimes(regimes))
 
 
 OPS = (
@@ -73,6 +84,16 @@ def inputs(draw, op: OpInfo, dtype: str, regime: str):
     tokens are flattened to ``[N, V]`` rows (at least one per CP rank) and split over the CP ranks."""
     layout, data = parse_regime(regime)
     with_labels = op.name.endswith("token_logprobs")
+    if data == "real_shapes":
+        from rlconform.harness.families.token_stats import real_logits
+
+        d = draw(real_logits(rows=REAL_ROWS))
+        out = {"logits": d["logits"], "grad_output": d["grad_output"], "vocab": d["logits"].vocab}
+        if with_labels:
+            out["labels"] = d["labels"]
+        for name, values in op.parameters.items():
+            out[name] = draw(st.sampled_from(values))
+        return out
     logits_regime = _LOGITS_ALIASES.get(data, data)
     if logits_regime == "neg_inf_padded":
         sizes = S.VOCAB_SIZES
