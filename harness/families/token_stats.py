@@ -9,6 +9,12 @@ entry (p = 0, 0·log 0 = 0). Gradients are compared with the closed forms of :mo
 
 Regimes: ``moderate`` (scale 0.1–30), ``peaked``, ``near_uniform_offset`` (±1e4), ``neg_inf_padded``,
 ``fp16_extreme`` (near ±65504), ``bf16_coarse``; see :func:`rlconform.harness.strategies.logits`.
+
+Alternative implementations (issue 11 part 2, :data:`IMPLEMENTATIONS`): ``entropy`` ``chunked`` (rows in
+chunks of ``chunk_size``), ``token_logprobs`` ``naive`` (log_softmax then gather) and ``rowwise``
+(x_y − logsumexp(x) one row at a time). Each is checked under ``impl@data`` regimes against the same
+reference with the same properties, in every input rank its binding declares, with its declared output
+dtype (:mod:`rlconform.harness.impl_contract`); a chunked one on row counts around its chunk boundaries.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from rlconform.harness import strategies as S
 from rlconform.harness.evaluation import Compared, Evaluation, EngineCrash, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
 from rlconform.harness.guards import InputGuard, produce
+from rlconform.harness import impl_contract as IC
 from rlconform.harness.opinfo import (
-    FINITE, FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function,
+    FINITE, FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, implementation_regimes, reference_function,
+    split_regime,
 )
 from rlconform.harness.tensors import as_numpy, out_dtype, round_to, to_tensor
 
@@ -46,10 +54,23 @@ SMOOTHED_REGIMES = {k: v for k, v in LOGITS_REGIMES.items() if k != "neg_inf_pad
 LABEL_SMOOTHING = (0.1, 0.01, 0.5, 0.9)
 
 
+#: alternative implementations the catalog knows, per op (issue 11 part 2): name -> what it is
+IMPLEMENTATIONS = {
+    "entropy": {"chunked": "rows in chunks of chunk_size, each chunk's entropy written into an output buffer "
+                           "(verl entropy_from_logits_with_chunking)"},
+    "token_logprobs": {"naive": "log_softmax over the vocab, then gather the label (verl logprobs_from_logits_naive)",
+                       "rowwise": "x_y − logsumexp(x), the logsumexp one row at a time (verl logprobs_from_logits_v2)"},
+}
+#: the implementations that take a chunk size (their cases are drawn around chunk boundaries)
+CHUNKED = ("chunked",)
+
+
 def _op(name: str, arity: int, source: str, regimes=None) -> OpInfo:
-    return OpInfo(name, "token_stat", arity, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE), regimes or LOGITS_REGIMES,
+    impls = IMPLEMENTATIONS.get(name, {})
+    return OpInfo(name, "token_stat", arity, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE),
+                  implementation_regimes(regimes or LOGITS_REGIMES, impls),
                   reference_function(name), reference_function(name + "_grad"), differentiable=True,
-                  source=source, family="token_stats")
+                  source=source, family="token_stats", implementations=dict(impls))
 
 
 OPS = (
@@ -63,8 +84,18 @@ OPS = (
 )
 
 
+@st.composite
+def _chunked_logits(draw, dtype: str, data: str):
+    """Logits ``[rows, V]`` with rows around a chunk boundary, and the ``chunk_size``."""
+    chunk, rows = draw(IC.chunked_rows())
+    vocab = IC.LARGE_CHUNK_VOCAB if rows > 64 else S.VOCAB_SIZES
+    d = draw(S.logits(dtype, data, with_labels=True, batch_shapes=[(rows,)], vocab_sizes=vocab))
+    return dict(d, chunk_size=chunk)
+
+
 def strategy(op: OpInfo, dtype: str, regime: str):
-    logits = S.logits(dtype, regime, with_labels=True)
+    impl, regime = split_regime(regime)
+    logits = _chunked_logits(dtype, regime) if impl in CHUNKED else S.logits(dtype, regime, with_labels=True)
     if "smoothed" in op.name:
         return st.builds(lambda d, a: dict(d, label_smoothing=a), logits, st.sampled_from(LABEL_SMOOTHING))
     return logits
@@ -175,8 +206,94 @@ def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev:
     return True
 
 
+def _flat_inputs(inputs: dict) -> dict:
+    """``inputs`` with the logits as ``[N, V]`` and labels / grad_output as ``[N]``."""
+    v = inputs["logits"].shape[-1]
+    out = dict(inputs, logits=inputs["logits"].reshape(-1, v))
+    for key in ("labels", "grad_output"):
+        if key in inputs:
+            out[key] = np.asarray(inputs[key]).reshape(-1)
+    return out
+
+
+def _shaped(inputs: dict, batch: tuple) -> dict:
+    """Flat ``inputs`` (:func:`_flat_inputs`) presented with batch shape ``batch``."""
+    v = inputs["logits"].shape[-1]
+    out = dict(inputs, logits=inputs["logits"].reshape(batch + (v,)))
+    for key in ("labels", "grad_output"):
+        if key in inputs:
+            out[key] = inputs[key].reshape(batch)
+    return out
+
+
+def _evaluate_implementation(op: OpInfo, binding, case, name: str) -> Evaluation:
+    """An alternative implementation ``name`` of the op (issue 11 part 2): the same data in every rank the
+    implementation's contract allows, each answer (value, gradient) compared with the reference; an output
+    dtype or a rank that breaks the contract is a problem."""
+    impl = binding.resolve_implementation(case.op, name)
+    kwargs = {impl.chunk_arg: int(case.inputs["chunk_size"])} if impl.chunk_arg else {}
+    flat = _flat_inputs(case.inputs)
+    if "grad_output" not in flat:
+        flat["grad_output"] = np.ones(flat["logits"].shape[0])
+    n = flat["logits"].shape[0]
+    ev = Evaluation()
+    where = f"{case.op}@{name} forward" + (f" ({impl.chunk_arg}={kwargs[impl.chunk_arg]})" if kwargs else "")
+    if case.property == NON_DESTRUCTIVE:
+        shaped = _shaped(flat, IC.rank_shape(n, impl.ranks[0]))
+        leaf = to_tensor(shaped["logits"], case.dtype).clone().requires_grad_(True)
+        logits = produce(leaf)
+        args = engine_args(case.op, logits, shaped)
+        guard = InputGuard(logits=logits, **({"labels": args[1]} if len(args) > 1 else {}))
+        out = call_engine(where, impl.fn, *args, **kwargs)
+        ev.mutations += [m.describe() for m in guard.check("forward")]
+        if backward(op, binding, out, leaf, torch.from_numpy(shaped["grad_output"]), ev, saved_producer=True):
+            ev.mutations += [m.describe() for m in guard.check("backward")]
+        return ev
+    ref = _reference(op, flat, flat["logits"], None)
+    ref_grad = None
+    f_out, f_grad = faithful(case.op, to_tensor(flat["logits"], case.dtype), flat, torch.from_numpy(flat["grad_output"]))
+    for rank in impl.ranks:
+        batch = IC.rank_shape(n, rank)
+        shaped = _shaped(flat, batch)
+        leaf = to_tensor(shaped["logits"], case.dtype).clone().requires_grad_(True)
+        try:
+            out = call_engine(where, impl.fn, *engine_args(case.op, leaf, shaped), **kwargs)
+        except EngineCrash as exc:
+            if rank == impl.ranks[0]:
+                raise
+            ev.problems.append(IC.rank_problem(rank, shaped["logits"].shape, impl, exc))
+            continue
+        label = f"value (rank {rank})"
+        problem = shape_problem(label, as_numpy(out), batch, f"logits {tuple(shaped['logits'].shape)} -> one value "
+                                "per token")
+        if problem:
+            ev.problems.append(problem)
+            continue
+        odt = out_dtype(out, case.dtype)
+        problem = IC.dtype_problem(f"{case.op}@{name}'s output", odt, case.dtype, impl)
+        if problem and problem not in ev.problems:  # the same dtype in every rank: said once
+            ev.problems.append(problem)
+        grad = leaf.grad if backward(op, binding, out, leaf, torch.from_numpy(shaped["grad_output"]), ev) else None
+        ev.values.append(Compared(label, as_numpy(out).reshape(-1), np.asarray(ref, np.float64),
+                                  as_numpy(round_to(f_out, odt)), odt, "token_stat"))
+        if grad is not None:
+            gdt = out_dtype(grad, case.dtype)
+            if ref_grad is None:
+                ref_grad = _reference(op, flat, flat["logits"], flat["grad_output"])
+            problem = shape_problem(f"gradient (rank {rank})", as_numpy(grad), shaped["logits"].shape)
+            if problem:
+                ev.problems.append(problem)
+            else:
+                ev.gradients.append(Compared(f"gradient (rank {rank})", as_numpy(grad).reshape(n, -1), ref_grad,
+                                             as_numpy(round_to(f_grad, gdt)), gdt, "token_stat"))
+    return ev
+
+
 def evaluate(binding, case) -> Evaluation:
     op = next(o for o in OPS if o.name == case.op)
+    name, _ = split_regime(case.regime)
+    if name is not None:
+        return _evaluate_implementation(op, binding, case, name)
     fn = binding.resolve(case.op)
     logits64 = case.inputs["logits"]
     x = to_tensor(logits64, case.dtype)
