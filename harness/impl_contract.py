@@ -61,3 +61,29 @@ def rank_problem(rank: int, shape: tuple, impl, exc: BaseException) -> str:
     cause = exc.__cause__ or exc
     return (f"contract: a rank-{rank} input {tuple(shape)} (its docstring allows ranks "
             f"{', '.join(map(str, impl.ranks))}) raised {type(cause).__name__}: {str(cause).strip()[:300]}")
+
+
+def settle_crashes(crashes: list, impl, problems: list) -> None:
+    """After trying every declared rank: ``crashes`` holds (rank, input shape, EngineCrash) of those that
+    raised. If every rank raised, the first crash is raised (a crash finding); otherwise each is a contract
+    problem appended to ``problems`` (the ranks that ran are compared as usual)."""
+    if not crashes:
+        return
+    if len(crashes) == len(impl.ranks):
+        if len(crashes) == 1:
+            raise crashes[0][2]
+        from rlconform.harness.evaluation import EngineCrash
+
+        parts = [f"rank-{rank} input {tuple(shape)}: {_last_line(exc)}" for rank, shape, exc in crashes]
+        crash = EngineCrash("every input rank its docstring allows", RuntimeError("; ".join(parts)))
+        crash.engine_traceback = "\n".join(getattr(exc, "engine_traceback", "") for _, _, exc in crashes)
+        raise crash
+    problems += [rank_problem(rank, shape, impl, exc) for rank, shape, exc in crashes]
+
+
+def _last_line(exc: BaseException) -> str:
+    """The engine's own error of an EngineCrash (its last traceback line), else the exception text."""
+    tb = getattr(exc, "engine_traceback", "") or ""
+    lines = [ln for ln in tb.strip().splitlines() if ln.strip() and not ln.startswith(" ")]
+    errors = [ln for ln in lines if "Error" in ln.split(":")[0]]
+    return (errors[-1] if errors else str(exc)).strip()[:300]

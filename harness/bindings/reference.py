@@ -298,8 +298,15 @@ def fused_linear_token_stats(hidden, weight, labels, temperature, chunk_size):
     return lp.to(hidden.dtype), ent.to(hidden.dtype)
 
 
+def vocab_parallel_entropy_chunked(local_logits, group, chunk_size=2048):
+    """:func:`vocab_parallel_entropy` in chunks of ``chunk_size`` along dim 0, concatenated."""
+    return torch.cat([vocab_parallel_entropy(local_logits[i:i + chunk_size], group)
+                      for i in range(0, local_logits.shape[0], chunk_size)])
+
+
 #: the reference's alternative implementations (issue 11 part 2): ranks 2 and 3, the input's dtype out
 IMPLEMENTATIONS = {
+    "vocab_parallel_entropy": {"chunked": Implementation(vocab_parallel_entropy_chunked, chunk_arg="chunk_size")},
     "entropy": {"chunked": Implementation(chunked_entropy, chunk_arg="chunk_size")},
     "token_logprobs": {"naive": Implementation(F.token_logprobs), "rowwise": Implementation(rowwise_token_logprobs)},
 }

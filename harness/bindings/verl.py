@@ -67,7 +67,8 @@ dp_metric_all_reduce           ``actor/pg_clipfrac`` with the real ``allgather_d
 
 ``fused_linear_token_stats`` = ``experimental.torch_functional.FusedLinearForPPO`` (:func:`_fused_linear`).
 
-The three vocab-parallel functions take no group: they read Megatron's ``parallel_state`` TP group.
+``vocab_parallel_entropy@chunked`` = ``tensor_parallel.vocab_parallel_entropy_with_chunking`` (chunk_size
+passed through). The vocab-parallel functions take no group: they read Megatron's ``parallel_state`` TP group.
 Their adapters carry ``rlconform_parallel_state = True``, so the distributed tests initialise
 ``megatron.core.parallel_state`` for the layout on every rank and pass its TP group; the adapter checks
 that it got exactly that group. Not bound: verl gathers CP shards (``postprocess_packed_seqs``) before
@@ -568,15 +569,20 @@ def _require_tp_group(ps, group, fn_name: str) -> None:
                            f"{group!r} is not that group ({current!r}): initialise parallel_state for the layout")
 
 
-def _vocab_parallel(name: str, op: str, with_labels: bool = False):
-    """Loader of verl's ``tensor_parallel.<name>`` as the canonical ``vocab_parallel_*`` op."""
+def _vocab_parallel(name: str, op: str, with_labels: bool = False, chunked: bool = False):
+    """Loader of verl's ``tensor_parallel.<name>`` as the canonical ``vocab_parallel_*`` op (``chunked``: the
+    function takes ``chunk_size``, passed through)."""
 
     def loader():
         from ._compat import import_megatron
 
         fn = getattr(import_megatron(TPM), name)
         ps = _megatron_parallel_state()
-        if with_labels:
+        if chunked:
+            def impl(local_logits, group, chunk_size=2048):
+                _require_tp_group(ps, group, name)
+                return fn(local_logits, chunk_size=chunk_size)
+        elif with_labels:
             def impl(local_logits, labels, group):
                 _require_tp_group(ps, group, name)
                 return fn(local_logits, labels)
@@ -648,6 +654,14 @@ IMPLEMENTATIONS = {
         "chunked": Implementation(Lazy(f"{TF}:entropy_from_logits_with_chunking"), ranks=(2,), out_dtype="float32",
                                   chunk_arg="chunk_size",
                                   doc="logits (batch_size, vocab_size); 'Converts chunks to float32'"),
+    },
+    "vocab_parallel_entropy": {
+        # "vocab_parallel_logits: (batch_size, seq_len, vocab_size // tp_size) or (total_nnz, vocab_size // tp_size)
+        # ... Returns: (batch_size, seq_len)": ranks 2 and 3; no dtype documented: the input's. Chunks along dim 1.
+        "chunked": Implementation(_vocab_parallel("vocab_parallel_entropy_with_chunking", "vocab_parallel_entropy",
+                                                  chunked=True), ranks=(2, 3), chunk_arg="chunk_size",
+                                  doc="(batch_size, seq_len, vocab_size // tp_size) or (total_nnz, vocab_size // "
+                                  "tp_size)"),
     },
     "token_logprobs": {
         # "logits: Model output logits of shape (..., vocab_size)": any rank; log_softmax in the input dtype
@@ -898,9 +912,6 @@ NOT_BOUND: dict[str, str] = {
     f"{TPM}.is_tensor_parallel_param": _NOT_NUMERICS + "reads a parameter attribute",
     f"{TPM}.get_tensor_parallel_partition_dim": _NOT_NUMERICS + "reads a parameter attribute",
     f"{TPM}.get_tensor_parallel_partition_stride": _NOT_NUMERICS + "reads a parameter attribute",
-    f"{TPM}.vocab_parallel_entropy_with_chunking": "no catalog op yet for a second vocab_parallel_entropy "
-    "implementation (chunks along dim 1 through the same _VocabParallelEntropy; float32 output buffer): "
-    "issue 11 part 2",
     f"{TPM}.vocab_parallel_log_probs_from_logits_response_rmpad": "unpad / roll / pad around "
     "vocab_parallel_log_probs_from_logits (bound as vocab_parallel_token_logprobs); needs flash-attn: "
     "unreachable on CPU",

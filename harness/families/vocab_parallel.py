@@ -9,6 +9,12 @@ the local shard (the loss is replicated on the TP ranks, Megatron's convention).
 
 Regimes are ``<layout>_<logits regime>`` (layouts tp2, tp4, tp2cp2); ``tp{2,4}_after_entropy`` (Σπ²
 only) reads Σπ² after a vocab-parallel entropy forward + backward on the same logits (seed 002).
+
+Alternative implementations (issue 11 part 2): ``vocab_parallel_entropy`` ``chunked`` (tokens in chunks
+of ``chunk_size``; verl ``vocab_parallel_entropy_with_chunking``) under ``chunked@<layout>_<data>`` for
+the TP-only layouts, rows drawn around chunk boundaries, every input rank its binding declares, its
+declared output dtype; ``matches_reference`` and ``non_destructive`` (the TP-partition invariance is
+the default implementation's finding).
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
+from rlconform.harness import impl_contract as IC
 from rlconform.harness import strategies as S
 from rlconform.harness.families import OpFamily
 from rlconform.harness.layout import parse_regime
 from rlconform.harness.opinfo import (
-    FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
+    FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, implementation_regimes,
+    reference_function, split_regime,
 )
 
 VOCAB_PARALLEL_REGIMES = {
@@ -41,12 +49,26 @@ ORDER_REGIMES = {"tp2_after_entropy": FLOAT_DTYPES, "tp4_after_entropy": ("float
 _LOGITS_ALIASES = {"after_entropy": "moderate"}
 
 
+#: alternative implementations per op (issue 11 part 2): name -> what it is
+IMPLEMENTATIONS = {
+    "vocab_parallel_entropy": {"chunked": "tokens in chunks of chunk_size through the same vocab-parallel entropy, "
+                                          "written into an output buffer (verl vocab_parallel_entropy_with_chunking)"},
+}
+#: chunk sizes of the chunked implementations: small ones and 2048 (verl's default; its callers pass no other)
+VP_CHUNK_SIZES = (1, 2, 3, 2048)
+
+
 def _op(base: str, arity: int, source: str, extra_regimes=None, regimes=None) -> OpInfo:
+    name = f"vocab_parallel_{base}"
     regimes = dict(regimes or VOCAB_PARALLEL_REGIMES, **(extra_regimes or {}))
-    return OpInfo(f"vocab_parallel_{base}", "vocab_parallel", arity,
-                  (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE), regimes, reference_function(base),
+    impls = IMPLEMENTATIONS.get(name, {})
+    tp_only = {k: v for k, v in regimes.items() if "cp" not in k.split("_")[0]}
+    all_regimes = dict(regimes, **implementation_regimes(tp_only, impls))
+    return OpInfo(name, "vocab_parallel", arity,
+                  (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE), all_regimes, reference_function(base),
                   reference_function(base + "_grad"), differentiable=True, source=source,
-                  family="vocab_parallel", distributed=True)
+                  family="vocab_parallel", distributed=True, implementations=dict(impls),
+                  property_regimes={PARTITION_INVARIANT: tuple(regimes)} if impls else {})
 
 
 OPS = (
@@ -69,6 +91,7 @@ def inputs(draw, op: str, dtype: str, regime: str):
     multiple of TP, so a TP rank may hold a shard that is all ``-inf``; the other regimes draw V rounded
     up to a multiple of TP with finite logits, so each regime isolates one difficulty. With CP the
     tokens are flattened to ``[N, V]`` rows (at least one per CP rank) and split over the CP ranks."""
+    impl, regime = split_regime(regime)
     layout, data = parse_regime(regime)
     with_labels = op.endswith("token_logprobs")
     logits_regime = _LOGITS_ALIASES.get(data, data)
@@ -78,7 +101,14 @@ def inputs(draw, op: str, dtype: str, regime: str):
         sizes = tuple(sorted({-(-v // layout.tp) * layout.tp for v in S.VOCAB_SIZES}))
     if "smoothed" in op:  # Megatron pads V to a multiple of 128·TP: a label-smoothed shard holds ≥ 2 entries
         sizes = tuple(v for v in sizes if v >= 2 * layout.tp) or (2 * layout.tp,)
-    d = draw(S.logits(dtype, logits_regime, with_labels=with_labels, vocab_sizes=sizes))
+    chunk = None
+    if impl is not None:  # a chunked implementation: [rows, V] with rows around a chunk boundary
+        chunk, rows = draw(IC.chunked_rows(VP_CHUNK_SIZES))
+        if rows > 64:
+            sizes = tuple(sorted({-(-v // layout.tp) * layout.tp for v in IC.LARGE_CHUNK_VOCAB}))
+        d = draw(S.logits(dtype, logits_regime, with_labels=with_labels, vocab_sizes=sizes, batch_shapes=[(rows,)]))
+    else:
+        d = draw(S.logits(dtype, logits_regime, with_labels=with_labels, vocab_sizes=sizes))
     x, g = d["logits"], d["grad_output"]
     labels = d.get("labels")
     v = x.shape[-1]
@@ -90,6 +120,8 @@ def inputs(draw, op: str, dtype: str, regime: str):
             x, g = np.tile(x, (reps, 1)), np.tile(g, reps)
             labels = np.tile(labels, reps) if labels is not None else None
     out = {"logits": S.pad_vocab(x, layout.tp), "grad_output": g, "vocab": int(v)}
+    if chunk is not None:
+        out["chunk_size"] = chunk
     if labels is not None:
         out["labels"] = labels
     if "smoothed" in op:
