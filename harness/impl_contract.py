@@ -58,9 +58,8 @@ def dtype_problem(label: str, got_dtype: str, input_dtype: str, impl, output: st
 
 def rank_problem(rank: int, shape: tuple, impl, exc: BaseException) -> str:
     """The problem message of a declared input rank the implementation cannot take."""
-    cause = exc.__cause__ or exc
     return (f"contract: a rank-{rank} input {tuple(shape)} (its docstring allows ranks "
-            f"{', '.join(map(str, impl.ranks))}) raised {type(cause).__name__}: {str(cause).strip()[:300]}")
+            f"{', '.join(map(str, impl.ranks))}) raised {_last_line(exc)}")
 
 
 def settle_crashes(crashes: list, impl, problems: list) -> None:
@@ -82,7 +81,8 @@ def settle_crashes(crashes: list, impl, problems: list) -> None:
 
 
 def _last_line(exc: BaseException) -> str:
-    """The engine's own error of an EngineCrash (its last traceback line), else the exception text."""
+    """The engine's own error of an EngineCrash (the last ``SomeError: ...`` line of its traceback, which on
+    gloo ranks holds every rank's), else the exception text."""
     tb = getattr(exc, "engine_traceback", "") or ""
     lines = [ln for ln in tb.strip().splitlines() if ln.strip() and not ln.startswith(" ")]
     errors = [ln for ln in lines if "Error" in ln.split(":")[0]]
