@@ -212,3 +212,16 @@ def test_verl_fused_linear_float64_entropy_has_float32_precision():
     assert err.max() < 1e-5
     out = run_check(verl, fused_case("matches_reference", "float64", 3, chunk=2, seed=int(rng.integers(100))))
     assert not out.ok and "entropy (rank 2)" in out.message
+
+
+def test_skyrl_and_megatron_declare_their_implementations():
+    assert load_engine("reference").provided_implementations("vocab_parallel_token_logprobs") == ("fused",)
+    if importlib.util.find_spec("skyrl") is not None:
+        skyrl = load_engine("skyrl")
+        assert skyrl.provided_implementations("token_logprobs") == ("rowwise",)
+        validate_binding(skyrl, "test")
+    if importlib.util.find_spec("megatron") is not None:
+        megatron = load_engine("megatron")
+        fused = megatron.implementations["vocab_parallel_token_logprobs"]["fused"]
+        assert fused.ranks == (3,) and fused.out_dtype == "input"
+        validate_binding(megatron, "test")

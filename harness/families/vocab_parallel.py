@@ -11,9 +11,10 @@ Regimes are ``<layout>_<logits regime>`` (layouts tp2, tp4, tp2cp2); ``tp{2,4}_a
 only) reads Σπ² after a vocab-parallel entropy forward + backward on the same logits (seed 002).
 
 Alternative implementations (issue 11 part 2): ``vocab_parallel_entropy`` ``chunked`` (tokens in chunks
-of ``chunk_size``; verl ``vocab_parallel_entropy_with_chunking``) under ``chunked@<layout>_<data>`` for
-the TP-only layouts, rows drawn around chunk boundaries, every input rank its binding declares, its
-declared output dtype; ``matches_reference`` and ``non_destructive`` (the TP-partition invariance is
+of ``chunk_size``; verl ``vocab_parallel_entropy_with_chunking``; rows drawn around chunk boundaries) and
+``vocab_parallel_token_logprobs`` ``fused`` (Megatron-core ``fused_vocab_parallel_cross_entropy``) under
+``impl@<layout>_<data>`` for the TP-only layouts, every input rank its binding declares, its declared
+output dtype; ``matches_reference`` and ``non_destructive`` (the TP-partition invariance is
 the default implementation's finding).
 """
 
@@ -53,7 +54,11 @@ _LOGITS_ALIASES = {"after_entropy": "moderate"}
 IMPLEMENTATIONS = {
     "vocab_parallel_entropy": {"chunked": "tokens in chunks of chunk_size through the same vocab-parallel entropy, "
                                           "written into an output buffer (verl vocab_parallel_entropy_with_chunking)"},
+    "vocab_parallel_token_logprobs": {"fused": "the vocab-parallel cross-entropy with jit-fused steps (Megatron-core "
+                                               "fused_vocab_parallel_cross_entropy)"},
 }
+#: the implementations that take a chunk size (their cases are drawn around chunk boundaries)
+CHUNKED = ("chunked",)
 #: chunk sizes of the chunked implementations: small ones and 2048 (verl's default; its callers pass no other)
 VP_CHUNK_SIZES = (1, 2, 3, 2048)
 
@@ -102,7 +107,7 @@ def inputs(draw, op: str, dtype: str, regime: str):
     if "smoothed" in op:  # Megatron pads V to a multiple of 128·TP: a label-smoothed shard holds ≥ 2 entries
         sizes = tuple(v for v in sizes if v >= 2 * layout.tp) or (2 * layout.tp,)
     chunk = None
-    if impl is not None:  # a chunked implementation: [rows, V] with rows around a chunk boundary
+    if impl in CHUNKED:  # a chunked implementation: [rows, V] with rows around a chunk boundary
         chunk, rows = draw(IC.chunked_rows(VP_CHUNK_SIZES))
         if rows > 64:
             sizes = tuple(sorted({-(-v // layout.tp) * layout.tp for v in IC.LARGE_CHUNK_VOCAB}))
