@@ -129,7 +129,7 @@ def mem_worker(what: str, rows: int, vocab: int, seed: int) -> dict:
         def fn(x, labels):
             grad_out = torch.ones(rows, dtype=torch.float64)
             outs = []
-            for op in ("logsumexp", "token_logprobs", "entropy", "sum_pi_squared"):
+            for op in (o for o in TS.OPS if o.name in ("logsumexp", "token_logprobs", "entropy", "sum_pi_squared")):
                 v, g = TS.faithful(op, x, {"labels": labels.numpy()}, grad_out)
                 outs.append(v)
                 del g

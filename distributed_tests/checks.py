@@ -117,11 +117,6 @@ def _messages(ev: Evaluation, layout: Layout, results: list) -> None:
 
 
 # --------------------------------------------------------------------------------- vocab parallel
-def _vp_params(inputs: dict) -> tuple:
-    """Scalar parameters an op takes after its labels (the label smoothing α of the smoothed log-probs)."""
-    return (float(inputs["label_smoothing"]),) if "label_smoothing" in inputs else ()
-
-
 def _vp_shard(x: np.ndarray, labels, g: np.ndarray, layout: Layout, rank: int, params: tuple = ()) -> dict:
     t, c, _ = layout.coords(rank)
     if layout.cp > 1:
@@ -254,7 +249,7 @@ def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
     labels = np.asarray(labels, dtype=np.int64) if labels is not None else None
     g64 = case.inputs.get("grad_output")
     g64 = np.ones(x64.shape[:-1]) if g64 is None else np.asarray(g64, dtype=np.float64)
-    params = _vp_params(case.inputs)
+    params = get_op(case.op).parameter_values(case.inputs)  # scalar parameters after the labels
     if x64.shape[-1] % layout.tp:
         raise ValueError(f"vocab size {x64.shape[-1]} is not padded to a multiple of tp = {layout.tp}")
     prop = case.property
@@ -333,16 +328,26 @@ def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
 
 # ------------------------------------------------------------------------------- context parallel
 def evaluate_context_parallel(binding: Binding, case: Case) -> Evaluation:
+    """``cp_masked_mean`` on the CP ranks of the regime's layout (Megatron's load-balanced chunks), against
+    the float64 token-mean of the whole sequence; ``mask_invariant``: the same shards with every masked
+    position overwritten by ``case.inputs["garbage"]`` (NaN, ±inf, ±1e30) must give the same mean. An op whose adapter declares ``rlconform_world_group``
+    (verl's ``distributed_masked_mean``: it reduces over the default group, not the group it is given)
+    takes part in every collective on every rank: in the unsharded run (CP = 1, rank 0 holds the whole
+    sequence) the other ranks pass an empty shard ``[B, 0]`` instead of sitting the call out."""
     layout, _ = parse_regime(case.regime)
-    binding.resolve(case.op)
+    world_group = K.uses_world_group(binding.resolve(case.op))
+    if world_group and layout.dp > 1:
+        raise BindingError(f"{case.op} of engine {binding.name!r} reduces over the default (world) group: a layout "
+                           f"with DP > 1 ({layout.name}) would mix DP ranks into its CP mean")
     values64 = np.asarray(case.inputs["values"], dtype=np.float64)
     mask = np.asarray(case.inputs["mask"], dtype=bool)
     world = layout.world
     seq = values64.shape[1]
     prop = case.property
     ev = Evaluation()
-    if prop not in (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE):
+    if prop not in (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE, MASK_INVARIANT):
         raise ValueError(f"property {prop!r} does not apply to {case.op}")
+    garbage = float(case.inputs.get("garbage", np.nan))
     desc = K.engine_desc(binding)
     shards = []
     payloads = []
@@ -352,9 +357,13 @@ def evaluate_context_parallel(binding: Binding, case: Case) -> Evaluation:
         shard = {"values": np.ascontiguousarray(values64[:, idx]), "mask": np.ascontiguousarray(mask[:, idx])}
         shards.append(shard)
         runs = [{"layout": layout.as_dict(), "data": shard}]
+        if prop == MASK_INVARIANT:  # the same shard with every masked position overwritten by the garbage value
+            runs.append({"layout": layout.as_dict(),
+                         "data": {"values": np.where(shard["mask"], shard["values"], garbage), "mask": shard["mask"]}})
         if prop == PARTITION_INVARIANT:
+            idle = ({"values": values64[:, :0], "mask": mask[:, :0]} if world_group else None)
             runs.append({"layout": _unsharded(world).as_dict(),
-                         "data": {"values": values64, "mask": mask} if rank == 0 else None})
+                         "data": {"values": values64, "mask": mask} if rank == 0 else idle})
         payloads.append({"engine": desc, "op": case.op, "dtype": case.dtype, "group": "cp",
                          "mode": "guard" if prop == NON_DESTRUCTIVE else "value", "runs": runs})
     results = run_ranks(world, K.token_reduction_rank, payloads, f"{case.op} on {layout.name} ({world} ranks)")
@@ -380,6 +389,11 @@ def evaluate_context_parallel(binding: Binding, case: Case) -> Evaluation:
         ev.base_label = f"{layout.name} (tokens per CP rank {nnz})"
         ev.alternatives.append(("unsharded (CP = 1)", [Compared("unsharded (CP = 1)", _scalar(results[0][1]["out"], ev),
                                                                 ref, faithful, out_dtype, "reduction")]))
+    if prop == MASK_INVARIANT:
+        label = f"masked positions set to {garbage!r}"
+        ev.base_label = layout.name
+        ev.alternatives.append((label, [Compared(label, _scalar(results[0][1]["out"], ev), ref,
+                                                 faithful, out_dtype, "reduction")]))
     return ev
 
 

@@ -14,7 +14,10 @@ Per worker process (cached for the life of the pool):
   which read Megatron's ``parallel_state`` groups instead of taking one), Megatron's ``parallel_state``
   initialised once per layout (``distributed_timeout_minutes=1``); switching layouts swaps the module's
   group globals between cached snapshots instead of re-creating groups. Such an op gets Megatron's
-  group of that layout as its ``group`` argument, so the adapter sees the group its engine uses.
+  group of that layout as its ``group`` argument, so the adapter sees the group its engine uses;
+* for ops whose adapter declares ``rlconform_world_group = True`` (verl's ``distributed_masked_mean``,
+  which all-reduces over the default group), the parent sends every rank a shard in every run (an
+  empty one where the rank holds no token), so no rank sits out a collective.
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ def load_binding(desc: dict):
 
 def uses_parallel_state(*impls) -> bool:
     return any(getattr(f, "rlconform_parallel_state", False) for f in impls if f is not None)
+
+
+def uses_world_group(impl) -> bool:
+    """The adapter reduces over the default (world) group, not the group it is given (verl's
+    ``distributed_masked_mean``): every rank must call it in every run."""
+    return bool(getattr(impl, "rlconform_world_group", False))
 
 
 def _state_names(ps) -> list[str]:

@@ -188,6 +188,8 @@ def cmd_list_ops() -> int:
         dtypes = sorted({d for d, _ in op.cases()})
         print(f"{op.name:24s} {op.kind:16s} properties: {', '.join(op.properties)}")
         print(f"{'':24s} {'':16s} regimes: {', '.join(op.regimes)}; dtypes: {', '.join(dtypes)}")
+        for name, values in op.parameters.items():
+            print(f"{'':24s} {'':16s} parameter {name}: {', '.join(map(str, values))}")
     return EXIT_CLEAN
 
 

@@ -85,6 +85,24 @@ class OpInfo:
     distributed: bool = False
     #: property -> the only regimes it is checked under (e.g. ``mask_invariant`` needs masked positions)
     property_regimes: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: scalar parameters of the canonical callable, after its tensor arguments, in signature order: name ->
+    #: the values the strategies draw (e.g. ``{"label_smoothing": (0.1, 0.01, 0.5, 0.9)}``). A case carries
+    #: each under ``inputs[name]``; the engine call, the reference and the faithful path all receive them
+    #: from :meth:`parameter_values`, so a parameterised op needs no special case anywhere.
+    parameters: dict[str, tuple] = dataclasses.field(default_factory=dict)
+
+    def parameter_values(self, inputs: dict) -> tuple:
+        """The case's values of this op's scalar parameters, in signature order (Python scalars).
+
+        Raises KeyError naming the parameter when a case lacks one (a case file of another version)."""
+        out = []
+        for name in self.parameters:
+            if name not in inputs:
+                raise KeyError(f"{self.name}: the case has no value for the parameter {name!r}")
+            value = inputs[name]
+            out.append(value.item() if hasattr(value, "item") else value)
+        return tuple(out)
+
     #: alternative implementations of the op the catalog knows (issue 11 part 2: chunked, naive, rowwise,
     #: ...), name -> what it is. A binding declares which it has (``Binding.implementations``); each is
     #: checked as the op under regimes ``impl@data`` (:func:`implementation_regimes`), against the same

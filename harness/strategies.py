@@ -195,3 +195,13 @@ def pad_vocab(x: np.ndarray, multiple: int) -> np.ndarray:
     if not pad:
         return x
     return np.concatenate([x, np.full(x.shape[:-1] + (pad,), -np.inf)], axis=-1)
+
+
+def with_parameters(op, base):
+    """``base`` (a strategy of an inputs dict) with a value of each of ``op.parameters`` drawn into it
+    (:attr:`rlconform.harness.opinfo.OpInfo.parameters`); ``base`` itself when the op has none."""
+    if not op.parameters:
+        return base
+    names = tuple(op.parameters)
+    return st.builds(lambda d, *vals: dict(d, **dict(zip(names, vals))), base,
+                     *(st.sampled_from(op.parameters[n]) for n in names))

@@ -64,36 +64,18 @@ def test_one_pass_variance_is_caught_at_an_offset():
     assert run_check(load_engine("reference"), case).ok
 
 
-LEAKY_BINDING = '''
-import torch
-import torch.distributed as dist
-
-from rlconform.harness.mutants._base import mutant
-
-
-def dp_masked_whiten(local_values, local_mask, group, shift_mean=True):
-    """Masked sums as Σ x·mask (NaN·0 = NaN, inf·0 = NaN): right on clean inputs, poisoned by garbage."""
-    x, m = local_values.double(), local_mask.double()
-    t = torch.stack([(x * m).sum(), m.sum()])
-    dist.all_reduce(t, group=group)
-    mean = t[0] / t[1]
-    d = (x - mean) * m
-    ss = (d * d).sum()
-    dist.all_reduce(ss, group=group)
-    return ((x - mean) * torch.rsqrt(ss / (t[1] - 1) + 1e-8)).to(local_values.dtype)
-
-
-binding = mutant("leaky_whiten", "masked sums as sum(x * mask) over DP", dp_masked_whiten=dp_masked_whiten)
-'''
-
-
-def test_garbage_at_masked_positions_is_caught(tmp_path):
-    path = tmp_path / "leaky_whiten.py"
-    path.write_text(LEAKY_BINDING)
-    engine = load_engine(str(path))  # the ranks re-load it by this path
-    assert run_check(engine, lone_row_case("matches_reference")).ok
+def test_garbage_at_masked_positions_is_caught():
+    engine = load_engine("mutants.dp_whiten_nan_times_mask")
+    assert run_check(engine, lone_row_case("matches_reference")).ok  # right on clean inputs
     outcome = run_check(engine, lone_row_case("mask_invariant", garbage=float("inf")))
     assert not outcome.ok and "masked positions set to inf" in outcome.message, outcome.message
+
+
+def test_whitening_in_place_is_caught():
+    engine = load_engine("mutants.dp_whiten_inplace")
+    assert run_check(engine, lone_row_case("matches_reference")).ok  # the returned values are right
+    outcome = run_check(engine, lone_row_case("non_destructive"))
+    assert not outcome.ok, outcome.message
 
 
 def test_reference_of_a_rank_is_split_independent():

@@ -212,7 +212,9 @@ _SCHEDULE = ("not numerics on its own: pipeline-schedule plumbing (send / receiv
              "order); the loss arithmetic it runs is forward_step_calc_loss")
 _LOSS_SCALING = ("no catalog op yet: runs the micro-batches, sums their token counts (total_num_tokens) and hands them "
                  "to finalize_model_grads, which all-reduces them over DP x CP and divides the gradients by them "
-                 "(calculate_per_token_loss); the agg_loss / context-parallel family (issue 11 part 5)")
+                 "(calculate_per_token_loss): the CP / DP mean exists only in the averaged gradients, and no catalog "
+                 "op checks a loss through them (cp_masked_mean checks a reduced value; verl's distributed_masked_mean "
+                 "is bound to it)")
 #: every public function of :data:`NUMERICS_MODULES` that no op binds, with why (issue 11)
 NOT_BOUND: dict[str, str] = {
     f"{_CE}.VocabParallelCrossEntropy.calculate_logits_max": _STEP,
@@ -234,7 +236,10 @@ NOT_BOUND: dict[str, str] = {
     f"{_FUSED}.calculate_gradients": _FUSED_STEP,
     f"{_SCHED}.forward_step_calc_loss": "no catalog op yet: the context-parallel / micro-batch loss scaling (a "
     "2-output loss_func: loss × cp_size / num_microbatches; a 3-output one: loss / clamp(num_tokens, 1) / "
-    "num_microbatches unless calculate_per_token_loss); the context-parallel family (issue 11 part 5)",
+    "num_microbatches unless calculate_per_token_loss, num_tokens being the rank's own count). Its output is the "
+    "per-rank loss that DDP's gradient average over DP x CP turns into the CP mean: no catalog op yet checks a "
+    "loss through the averaged gradients (cp_masked_mean checks a reduced value; verl's distributed_masked_mean "
+    "is bound to it)",
     f"{_SCHED}.forward_step": "runs the model forward and forward_step_calc_loss (justified); no arithmetic of its own",
     f"{_SCHED}.backward_step": "not numerics on its own: torch.autograd.backward on the scaled loss with the "
     "received output gradient",
@@ -255,7 +260,8 @@ NOT_BOUND: dict[str, str] = {
     f"{_SCHED}.get_tensor_shapes": _SCHEDULE,
     f"{_FMG}.finalize_model_grads": "no catalog op yet: the per-token gradient normalisation (num_tokens broadcast "
     "from the last PP stage, all-reduced over DP x CP, gradients scaled by 1 / clamp(num_tokens, 1)) after the DP "
-    "gradient all-reduce; the agg_loss / context-parallel family (issue 11 part 5)",
+    "gradient all-reduce; no catalog op yet checks gradients normalised across ranks (cp_masked_mean checks a "
+    "reduced value)",
     f"{_FMG}.reset_model_temporary_tensors": "not numerics: zeroes per-step MoE router "
     "temporaries (expert token counts, global aux-loss trackers)",
 }

@@ -225,12 +225,13 @@ def vocab_parallel_sum_pi_squared(local_logits, group):
 
 def cp_masked_mean(local_values, local_mask, group):
     """Token-mean of a sequence split over CP ranks: local masked sum and nnz, both all-reduced (SUM)
-    over the CP group, divided once: [B, T/cp], [B, T/cp], group -> 0-d (dtype of the values)."""
+    over the CP group, divided once: [B, T/cp], [B, T/cp], group -> 0-d (dtype of the values). Masked
+    positions are selected out (``where``), never multiplied by 0 (NaN · 0 = NaN)."""
     import torch.distributed as dist
 
     v = local_values.detach().to(F.compute_dtype(local_values.dtype))
     m = local_mask.to(v.dtype)
-    t = torch.stack([(v * m).sum(), m.sum()])
+    t = torch.stack([torch.where(local_mask.bool(), v, torch.zeros((), dtype=v.dtype)).sum(), m.sum()])
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return (t[0] / t[1]).to(local_values.dtype)
 

@@ -63,6 +63,8 @@ vocab_parallel_token_logprobs  ``verl.utils.megatron.tensor_parallel.vocab_paral
 vocab_parallel_entropy         ``tensor_parallel.vocab_parallel_entropy``
 vocab_parallel_sum_pi_squared  ``tensor_parallel.vocab_parallel_sum_pi_squared`` (verl PR #6153)
 dp_metric_all_reduce           ``actor/pg_clipfrac`` with the real ``allgather_dict_into_dict`` over DP
+cp_masked_mean                 ``torch_functional.distributed_masked_mean`` (sum and count all-reduced
+                               over the default group; see :func:`_cp_masked_mean`)
 =============================  ====================================================================
 
 ``fused_linear_token_stats`` = ``experimental.torch_functional.FusedLinearForPPO`` (:func:`_fused_linear`).
@@ -71,8 +73,9 @@ dp_metric_all_reduce           ``actor/pg_clipfrac`` with the real ``allgather_d
 passed through). The vocab-parallel functions take no group: they read Megatron's ``parallel_state`` TP group.
 Their adapters carry ``rlconform_parallel_state = True``, so the distributed tests initialise
 ``megatron.core.parallel_state`` for the layout on every rank and pass its TP group; the adapter checks
-that it got exactly that group. Not bound: verl gathers CP shards (``postprocess_packed_seqs``) before
-its loss, so it has no CP reduction of its own (``cp_masked_mean``).
+that it got exactly that group. verl gathers CP shards (``postprocess_packed_seqs``) before its loss;
+its one masked mean over ranks is ``distributed_masked_mean`` (IS-weight batch normalisation), which
+reduces over the default group and is checked on the CP layouts as ``cp_masked_mean``.
 """
 
 from __future__ import annotations
@@ -618,6 +621,31 @@ def _dp_metric_all_reduce():
     return dp_metric_all_reduce
 
 
+def _cp_masked_mean():
+    """``verl.utils.torch_functional.distributed_masked_mean(local_tensor, local_mask)`` as ``cp_masked_mean``:
+    ``Σ(x·mask)`` and ``Σ mask`` each ``all_reduce``d (SUM) over the *default* (world) process group, then one
+    division, in the values' dtype. The mask is passed in the values' dtype, as both its call sites do
+    (``rollout_corr_helper.compute_rollout_correction_weights``, batch normalisation of the IS weights:
+    ``response_mask.to(dtype=rollout_is_weights.dtype)`` per token, ``(...> 0).to(dtype=...)`` per
+    sequence), so 16-bit counts round as they do there.
+
+    verl takes no group: it reduces over every rank of the job. The adapter carries
+    ``rlconform_world_group = True``; the distributed checks then run it only on layouts whose world is the
+    CP group times ranks holding the same shard (a CP regime's TP ranks: both sums scale by ``tp``, the
+    ratio does not), and in the unsharded run give the idle ranks an empty shard, so every rank of the world
+    takes part in the collective (a layout with DP ranks is refused there)."""
+    from verl.utils import torch_functional as verl_F
+
+    fn = verl_F.distributed_masked_mean
+
+    def cp_masked_mean(local_values, local_mask, group):  # group unused: verl reduces over the default group
+        return fn(local_values, local_mask.to(local_values.dtype))
+
+    cp_masked_mean.__qualname__ = "verl.cp_masked_mean"
+    cp_masked_mean.rlconform_world_group = True  # reduces over the default group, not the one it is given
+    return cp_masked_mean
+
+
 EXP_TF = "verl.utils.experimental.torch_functional"
 
 
@@ -701,6 +729,7 @@ binding = Binding(
         "vocab_parallel_sum_pi_squared": _vocab_parallel("vocab_parallel_sum_pi_squared",
                                                          "vocab_parallel_sum_pi_squared"),
         "dp_metric_all_reduce": Lazy(loader=_dp_metric_all_reduce),
+        "cp_masked_mean": Lazy(loader=_cp_masked_mean),
         "fused_linear_token_stats": Lazy(loader=_fused_linear),
         "kl_estimator": Lazy(loader=_kl_estimator),
         "policy_loss": Lazy(loader=_policy_loss),
@@ -738,6 +767,9 @@ binding = Binding(
         "(parallel_state TP group; plain dist.all_reduce inside autograd: its gradient sees local sums)",
         "dp_metric_all_reduce": "actor/pg_clipfrac on real DP ranks: masked_mean -> Metric(MEAN) -> "
         "allgather_dict_into_dict over the DP group -> Metric.aggregate_dp -> reduce_metrics",
+        "cp_masked_mean": "verl.utils.torch_functional.distributed_masked_mean(values, mask.to(values.dtype)) on the "
+        "CP ranks: masked sum and count all-reduced over the default (world) group (the job's world = the CP group, "
+        "with TP ranks holding the same shard); the mask in the values' dtype as rollout_corr_helper passes it",
         "fused_linear_token_stats": "verl.utils.experimental.torch_functional.FusedLinearForPPO(chunk_size, "
         "impl_backend='torch').forward(hidden, weight, labels, temperature); contract: ranks 2, 3, log-probs float32, "
         "entropy in the input dtype",
@@ -829,8 +861,6 @@ NOT_BOUND: dict[str, str] = {
     f"{TF}.clip_by_value": "elementwise torch.max(torch.min(x, hi), lo); called by compute_value_loss (bound as "
     "value_loss): "
     "no reduction or rounding of its own",
-    f"{TF}.distributed_masked_mean": "no catalog op yet: a masked mean all-reduced over the default (world) group "
-    "(the DP / CP masked-mean family, catalog cp_masked_mean takes a group; issue 11 part 5)",
     f"{TF}.distributed_mean_max_min_std": "no catalog op yet: mean / max / min / std all-reduced over the default "
     "group (the distributed metric family; issue 11 part 4)",
     f"{TF}.allgather_dict_tensors": _NOT_NUMERICS + "all_gather of a dict of tensors and concatenation (data "

@@ -3,7 +3,8 @@
 
 Per-rank signature: ``(local_values [B, T/cp], local_mask [B, T/cp], group) -> 0-d``, with Megatron's
 load-balanced layout (T in ``2·cp`` chunks, CP rank ``c`` holds chunks ``c`` and ``2·cp−1−c``); masked
-sums *and* nnz must be reduced over the CP group (cases.md family 5). Regimes ``<layout>_<mask regime>``.
+sums *and* nnz must be reduced over the CP group (cases.md family 5), and garbage at masked positions
+(NaN, ±inf from padded log-probs) must not reach the mean. Regimes ``<layout>_<mask regime>``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from rlconform.harness import strategies as S
 from rlconform.harness.families import OpFamily
 from rlconform.harness.layout import parse_regime
 from rlconform.harness.opinfo import (
-    FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
+    FLOAT_DTYPES, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
 )
+
+#: what ``mask_invariant`` writes into masked positions (as for the single-device reductions)
+GARBAGE = (float("nan"), float("inf"), float("-inf"), 1e30, -1e30)
 
 CONTEXT_PARALLEL_REGIMES = {
     "cp2_all_on": ("float32", "bfloat16", "float64"),
@@ -26,8 +30,10 @@ CONTEXT_PARALLEL_REGIMES = {
 }
 
 OPS = (
-    OpInfo("cp_masked_mean", "context_parallel", 3, (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE),
+    OpInfo("cp_masked_mean", "context_parallel", 3,
+           (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE, MASK_INVARIANT),
            CONTEXT_PARALLEL_REGIMES, reference_function("masked_mean"),
+           property_regimes={MASK_INVARIANT: tuple(r for r in CONTEXT_PARALLEL_REGIMES if not r.endswith("all_on"))},
            source="token-mean over a sequence split over CP: masked sums and nnz reduced over the CP group "
                   "(Megatron's load-balanced 2·cp chunks; cases.md family 5)",
            family="context_parallel", distributed=True),
@@ -36,8 +42,9 @@ OPS = (
 
 @st.composite
 def inputs(draw, dtype: str, regime: str):
-    """``{"values": [B, T], "mask": [B, T]}`` with T a multiple of 2·cp (padding masked), so CP ranks hold
-    very different token counts."""
+    """``{"values": [B, T], "mask": [B, T], "garbage": float}`` with T a multiple of 2·cp (padding masked),
+    so CP ranks hold very different token counts; ``garbage`` is what ``mask_invariant`` writes into the
+    masked positions."""
     layout, mask_regime = parse_regime(regime)
     b = draw(st.integers(1, 4))
     t = draw(st.sampled_from([1, 2, 3, 8, 37, 256, 2000]))
@@ -48,7 +55,7 @@ def inputs(draw, dtype: str, regime: str):
     if pad:
         values = np.concatenate([values, np.zeros((b, pad))], axis=1)
         mask = np.concatenate([mask, np.zeros((b, pad), bool)], axis=1)
-    return {"values": values, "mask": mask}
+    return {"values": values, "mask": mask, "garbage": draw(st.sampled_from(GARBAGE))}
 
 
 def strategy(op: OpInfo, dtype: str, regime: str):

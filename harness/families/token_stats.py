@@ -65,12 +65,13 @@ IMPLEMENTATIONS = {
 CHUNKED = ("chunked",)
 
 
-def _op(name: str, arity: int, source: str, regimes=None) -> OpInfo:
+def _op(name: str, arity: int, source: str, regimes=None, parameters=None) -> OpInfo:
     impls = IMPLEMENTATIONS.get(name, {})
     return OpInfo(name, "token_stat", arity, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE),
                   implementation_regimes(regimes or LOGITS_REGIMES, impls),
                   reference_function(name), reference_function(name + "_grad"), differentiable=True,
-                  source=source, family="token_stats", implementations=dict(impls))
+                  source=source, family="token_stats", implementations=dict(impls),
+                  parameters=parameters or {})
 
 
 OPS = (
@@ -80,7 +81,7 @@ OPS = (
     _op("sum_pi_squared", 1, "Σπ² (verl PR #6153); dΣπ² = 2p ⊙ (p − Σπ²)"),
     _op("smoothed_token_logprobs", 3, "(1 − α)·log p_y + α·mean_v log p_v = −F.cross_entropy(label_smoothing=α) "
         "(Megatron vocab_parallel_cross_entropy with α·(V − 1)/V); d/dx = (1 − α)e_y + α/V − p (issue 11 §3)",
-        SMOOTHED_REGIMES),
+        SMOOTHED_REGIMES, {"label_smoothing": LABEL_SMOOTHING}),
 )
 
 
@@ -96,20 +97,14 @@ def _chunked_logits(draw, dtype: str, data: str):
 def strategy(op: OpInfo, dtype: str, regime: str):
     impl, regime = split_regime(regime)
     logits = _chunked_logits(dtype, regime) if impl in CHUNKED else S.logits(dtype, regime, with_labels=True)
-    if "smoothed" in op.name:
-        return st.builds(lambda d, a: dict(d, label_smoothing=a), logits, st.sampled_from(LABEL_SMOOTHING))
-    return logits
+    return S.with_parameters(op, logits)
 
 
-def engine_args(op: str, logits: torch.Tensor, inputs: dict) -> tuple:
-    """The canonical positional arguments of ``op`` (labels for the token log-probs, then the label
-    smoothing α for the smoothed one)."""
-    if op.endswith("token_logprobs"):
-        labels = torch.from_numpy(inputs["labels"]).long()
-        if "smoothed" in op:
-            return (logits, labels, float(inputs["label_smoothing"]))
-        return (logits, labels)
-    return (logits,)
+def engine_args(op: OpInfo, logits: torch.Tensor, inputs: dict) -> tuple:
+    """The canonical positional arguments of ``op``: the logits, the labels for the token log-probs, then
+    the op's scalar parameters (the label smoothing α of the smoothed log-probs)."""
+    labels = (torch.from_numpy(np.asarray(inputs["labels"])).long(),) if op.name.endswith("token_logprobs") else ()
+    return (logits, *labels, *op.parameter_values(inputs))
 
 
 #: Logits with at least this many elements get their reference from the fused float64 pass
@@ -120,9 +115,8 @@ FUSED_REFERENCE_ABOVE = 1 << 20
 
 def _reference(op: OpInfo, inputs: dict, logits64: np.ndarray, grad_out: np.ndarray | None):
     extra = (inputs["labels"],) if op.name.endswith("token_logprobs") else ()
-    if "smoothed" in op.name:
-        extra += (float(inputs["label_smoothing"]),)
-    if np.size(logits64) >= FUSED_REFERENCE_ABOVE and "smoothed" not in op.name:
+    extra += op.parameter_values(inputs)
+    if np.size(logits64) >= FUSED_REFERENCE_ABOVE and not op.parameters:  # the fused pass has no parameters
         grads = False if grad_out is None else (op.name,)
         out = R.token_stats(logits64, *extra, grads=grads, grad_output=grad_out)
         return out[op.name if grad_out is None else op.name + "_grad"]
@@ -141,7 +135,7 @@ FAITHFUL_CHUNK_ABOVE = 64 << 20
 FAITHFUL_CHUNK_BYTES = 4 << 20
 
 
-def faithful(op: str, x: torch.Tensor, inputs: dict, grad_out: torch.Tensor):
+def faithful(op: OpInfo, x: torch.Tensor, inputs: dict, grad_out: torch.Tensor):
     """The fp32 path (:mod:`rlconform.harness.faithful`): value and gradient for ``grad_out``.
 
     x: logits ``[..., V]`` (any float dtype; never written); grad_out: float64 ``[...]``. Returns
@@ -151,7 +145,7 @@ def faithful(op: str, x: torch.Tensor, inputs: dict, grad_out: torch.Tensor):
     """
     if x.dim() < 2 or x.numel() * x.element_size() <= FAITHFUL_CHUNK_ABOVE:
         leaf = x.detach().clone().requires_grad_(True)
-        out = getattr(F, op)(*engine_args(op, leaf, inputs))
+        out = getattr(F, op.name)(*engine_args(op, leaf, inputs))
         (out.to(torch.float64) * grad_out).sum().backward()
         return out.detach(), leaf.grad.detach()
     vocab = x.shape[-1]
@@ -166,8 +160,8 @@ def faithful(op: str, x: torch.Tensor, inputs: dict, grad_out: torch.Tensor):
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         leaf = x2[r0:r1].detach().requires_grad_(True)  # a view of x: no copy
-        chunk_inputs = {} if labels is None else {"labels": labels[r0:r1]}
-        out = getattr(F, op)(*engine_args(op, leaf, chunk_inputs))
+        chunk_inputs = inputs if labels is None else dict(inputs, labels=labels[r0:r1])
+        out = getattr(F, op.name)(*engine_args(op, leaf, chunk_inputs))
         (out.to(torch.float64) * g2[r0:r1]).sum().backward()
         value[r0:r1] = out.detach()
         grad[r0:r1] = leaf.grad
@@ -242,7 +236,7 @@ def _evaluate_implementation(op: OpInfo, binding, case, name: str) -> Evaluation
         shaped = _shaped(flat, IC.rank_shape(n, impl.ranks[0]))
         leaf = to_tensor(shaped["logits"], case.dtype).clone().requires_grad_(True)
         logits = produce(leaf)
-        args = engine_args(case.op, logits, shaped)
+        args = engine_args(op, logits, shaped)
         guard = InputGuard(logits=logits, **({"labels": args[1]} if len(args) > 1 else {}))
         out = call_engine(where, impl.fn, *args, **kwargs)
         ev.mutations += [m.describe() for m in guard.check("forward")]
@@ -251,14 +245,14 @@ def _evaluate_implementation(op: OpInfo, binding, case, name: str) -> Evaluation
         return ev
     ref = _reference(op, flat, flat["logits"], None)
     ref_grad = None
-    f_out, f_grad = faithful(case.op, to_tensor(flat["logits"], case.dtype), flat, torch.from_numpy(flat["grad_output"]))
+    f_out, f_grad = faithful(op, to_tensor(flat["logits"], case.dtype), flat, torch.from_numpy(flat["grad_output"]))
     crashes = []
     for rank in impl.ranks:
         batch = IC.rank_shape(n, rank)
         shaped = _shaped(flat, batch)
         leaf = to_tensor(shaped["logits"], case.dtype).clone().requires_grad_(True)
         try:
-            out = call_engine(where, impl.fn, *engine_args(case.op, leaf, shaped), **kwargs)
+            out = call_engine(where, impl.fn, *engine_args(op, leaf, shaped), **kwargs)
         except EngineCrash as exc:
             crashes.append((rank, shaped["logits"].shape, exc))
             continue
@@ -306,7 +300,7 @@ def evaluate(binding, case) -> Evaluation:
     if case.property == NON_DESTRUCTIVE:
         leaf = x.clone().requires_grad_(True)
         logits = produce(leaf)
-        args = engine_args(case.op, logits, case.inputs)
+        args = engine_args(op, logits, case.inputs)
         guard = InputGuard(logits=logits, **({"labels": args[1]} if len(args) > 1 else {}))
         out = call_engine(f"{case.op} forward", fn, *args)
         ev.mutations += [m.describe() for m in guard.check("forward")]
@@ -316,14 +310,14 @@ def evaluate(binding, case) -> Evaluation:
 
     ref = _reference(op, case.inputs, logits64, None)
     leaf = x.clone().requires_grad_(True)
-    out = call_engine(f"{case.op} forward", fn, *engine_args(case.op, leaf, case.inputs))
+    out = call_engine(f"{case.op} forward", fn, *engine_args(op, leaf, case.inputs))
     problem = shape_problem("value", as_numpy(out), np.shape(ref),
                             f"logits {tuple(logits64.shape)} -> one value per token")
     if problem:
         ev.problems.append(problem)
         return ev
     grad = leaf.grad if backward(op, binding, out, leaf, grad_out, ev) else None
-    f_out, f_grad = faithful(case.op, x, case.inputs, grad_out)
+    f_out, f_grad = faithful(op, x, case.inputs, grad_out)
     odt = out_dtype(out, case.dtype)
     ev.values.append(Compared("value", as_numpy(out).reshape(np.shape(ref)), np.asarray(ref, np.float64),
                               as_numpy(round_to(f_out, odt)), odt, "token_stat"))

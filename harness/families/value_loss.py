@@ -47,8 +47,8 @@ from rlconform.harness import strategies as S
 from rlconform.harness.contracts import BatchInfo, LossVariants
 from rlconform.harness.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
+from rlconform.harness.families._token_loss import guarded_call, loss_mask, second_looks
 from rlconform.harness.families.policy_loss import token_weighted
-from rlconform.harness.guards import InputGuard
 from rlconform.harness.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
     split_regime, variant_regime,
@@ -318,24 +318,12 @@ def evaluate(binding, case) -> Evaluation:
     impl = binding.resolve("value_loss")
     variant = case.inputs["variant"]
     fn = impl.get("value_loss", variant, binding.name)
-    mask = case.inputs["mask"].astype(bool)
-    if case.property == MASK_INVARIANT and mask.all():  # garbage needs a masked position
-        mask = mask.copy()
-        mask[-1, -1] = False
+    mask = loss_mask(case)
     arrays = {k: case.inputs[k] for k in ARRAYS}
-    whole = [(0, mask.shape[0])]
     ev = Evaluation()
     if case.property == NON_DESTRUCTIVE:
-        t = {k: to_tensor(v, case.dtype) for k, v in arrays.items()}
-        t["vpreds"].requires_grad_(True)
-        m = torch.from_numpy(mask.copy())
-        guard = InputGuard(response_mask=m, **t)
-        loss, _ = call_engine("value_loss", fn, t["vpreds"], t["values"], t["returns"], m, _info(mask))
-        ev.mutations += [x.describe() for x in guard.check("forward")]
-        if isinstance(loss, torch.Tensor) and loss.requires_grad:
-            call_engine("value_loss backward", loss.backward)
-            ev.mutations += [x.describe() for x in guard.check("backward")]
-        return ev
+        return guarded_call("value_loss", fn, arrays, "vpreds", mask, case.dtype,
+                            lambda f, t, m: f(t["vpreds"], t["values"], t["returns"], m, _info(mask)), ev)
     if not mask.any():
         ev.undefined = "the value loss of a mini-batch with no valid token is undefined"
         return ev
@@ -345,25 +333,13 @@ def evaluate(binding, case) -> Evaluation:
         ev.undefined = f"the reference is undefined here: {exc}"
         return ev
     fa = yardstick(variant, arrays, mask, case.dtype, ref)
-    out = run(impl, fn, arrays, mask, case.dtype, whole, ev)
+    out = run(impl, fn, arrays, mask, case.dtype, [(0, mask.shape[0])], ev)
     if out is None:
         return ev
     ev.values, ev.gradients = _compared("", out, ref, mask, ev, fa)
     ev.base_label = "one micro-batch"
-    if case.property == PARTITION_INVARIANT:
-        for p in case.inputs["partitions"]:
-            label = f"micro-batches (nnz) {[int(mask[a:c].sum()) for a, c in p]}"
-            alt = run(impl, fn, arrays, mask, case.dtype, p, ev)
-            if alt is not None:
-                vals, grads = _compared(f"{label}: ", alt, ref, mask, ev, fa)
-                ev.alternatives.append((label, vals + grads))
-    elif case.property == MASK_INVARIANT:
-        garbage = float(case.inputs.get("garbage", np.nan))
-        dirty = {k: np.where(mask, v, garbage) for k, v in arrays.items()}
-        alt = run(impl, fn, dirty, mask, case.dtype, whole, ev)
-        if alt is not None:
-            vals, grads = _compared(f"masked = {garbage!r}: ", alt, ref, mask, ev, fa)
-            ev.alternatives.append((f"masked positions set to {garbage!r}", vals + grads))
+    second_looks(case, arrays, mask, ev, lambda a, p: run(impl, fn, a, mask, case.dtype, p, ev),
+                 lambda label, alt: _compared(label, alt, ref, mask, ev, fa))
     return ev
 
 

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from rlconform.harness import impl_contract as IC
 from rlconform.harness import strategies as S
 from rlconform.harness.families import OpFamily
+from rlconform.harness.families.token_stats import LABEL_SMOOTHING
 from rlconform.harness.layout import parse_regime
 from rlconform.harness.opinfo import (
     FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, implementation_regimes,
@@ -63,7 +64,7 @@ CHUNKED = ("chunked",)
 VP_CHUNK_SIZES = (1, 2, 3, 2048)
 
 
-def _op(base: str, arity: int, source: str, extra_regimes=None, regimes=None) -> OpInfo:
+def _op(base: str, arity: int, source: str, extra_regimes=None, regimes=None, parameters=None) -> OpInfo:
     name = f"vocab_parallel_{base}"
     regimes = dict(regimes or VOCAB_PARALLEL_REGIMES, **(extra_regimes or {}))
     impls = IMPLEMENTATIONS.get(name, {})
@@ -72,7 +73,7 @@ def _op(base: str, arity: int, source: str, extra_regimes=None, regimes=None) ->
     return OpInfo(name, "vocab_parallel", arity,
                   (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE), all_regimes, reference_function(base),
                   reference_function(base + "_grad"), differentiable=True, source=source,
-                  family="vocab_parallel", distributed=True, implementations=dict(impls),
+                  family="vocab_parallel", distributed=True, implementations=dict(impls), parameters=parameters or {},
                   property_regimes={PARTITION_INVARIANT: tuple(regimes)} if impls else {})
 
 
@@ -84,12 +85,13 @@ OPS = (
         "(verl PR #6153, non-destructive)", ORDER_REGIMES),
     _op("smoothed_token_logprobs", 4, "(1 − α)·log p_y + α·mean_v log p_v over TP vocab shards: the mean runs over "
         "the whole vocab, V is the whole vocab's size (Megatron vocab_parallel_cross_entropy(label_smoothing); "
-        "a per-shard mean or V is the classic TP fault, issue 11 §3)", regimes=SMOOTHED_REGIMES),
+        "a per-shard mean or V is the classic TP fault, issue 11 §3)", regimes=SMOOTHED_REGIMES,
+        parameters={"label_smoothing": LABEL_SMOOTHING}),
 )
 
 
 @st.composite
-def inputs(draw, op: str, dtype: str, regime: str):
+def inputs(draw, op: OpInfo, dtype: str, regime: str):
     """``{"logits": [..., Vp], ["labels": [...],] "grad_output": [...], "vocab": V}`` (Vp = V padded).
 
     In the ``*_neg_inf_padded`` regimes V is any size (primes included) padded with ``-inf`` to a
@@ -98,13 +100,13 @@ def inputs(draw, op: str, dtype: str, regime: str):
     tokens are flattened to ``[N, V]`` rows (at least one per CP rank) and split over the CP ranks."""
     impl, regime = split_regime(regime)
     layout, data = parse_regime(regime)
-    with_labels = op.endswith("token_logprobs")
+    with_labels = op.name.endswith("token_logprobs")
     logits_regime = _LOGITS_ALIASES.get(data, data)
     if logits_regime == "neg_inf_padded":
         sizes = S.VOCAB_SIZES
     else:
         sizes = tuple(sorted({-(-v // layout.tp) * layout.tp for v in S.VOCAB_SIZES}))
-    if "smoothed" in op:  # Megatron pads V to a multiple of 128·TP: a label-smoothed shard holds ≥ 2 entries
+    if "label_smoothing" in op.parameters:  # Megatron pads V to a multiple of 128·TP: a shard holds ≥ 2 entries
         sizes = tuple(v for v in sizes if v >= 2 * layout.tp) or (2 * layout.tp,)
     chunk = None
     if impl in CHUNKED:  # a chunked implementation: [rows, V] with rows around a chunk boundary
@@ -129,15 +131,13 @@ def inputs(draw, op: str, dtype: str, regime: str):
         out["chunk_size"] = chunk
     if labels is not None:
         out["labels"] = labels
-    if "smoothed" in op:
-        from rlconform.harness.families.token_stats import LABEL_SMOOTHING
-
-        out["label_smoothing"] = draw(st.sampled_from(LABEL_SMOOTHING))
+    for name, values in op.parameters.items():
+        out[name] = draw(st.sampled_from(values))
     return out
 
 
 def strategy(op: OpInfo, dtype: str, regime: str):
-    return inputs(op.name, dtype, regime)
+    return inputs(op, dtype, regime)
 
 
 FAMILY = OpFamily("vocab_parallel", OPS, strategy, None, order=60,
