@@ -164,7 +164,80 @@ def _vp_faithful(base: str, x: torch.Tensor, labels, g: torch.Tensor, params: tu
     return out.detach(), leaf.grad.detach()
 
 
+def _evaluate_vp_implementation(binding: Binding, case: Case, name: str) -> Evaluation:
+    """An alternative implementation ``name`` of a vocab-parallel op (issue 11 part 2) on TP ranks: the same
+    data in every input rank its contract allows (tokens ``[N]`` or ``[b, N/b]``), each answer (value on every
+    TP rank, the gradient w.r.t. the concatenated shards) compared with the reference; a rank that raises on
+    some TP rank, or an output dtype off the contract, is a problem of the case."""
+    from rlconform.harness import impl_contract as IC
+    from rlconform.harness.opinfo import split_regime
+
+    info = get_op(case.op)
+    base = case.op[len("vocab_parallel_"):]
+    layout, _ = parse_regime(split_regime(case.regime)[1])
+    impl = binding.resolve_implementation(case.op, name)  # VariantNotProvided / OpUnavailable in the parent
+    x64 = np.asarray(case.inputs["logits"], dtype=np.float64)
+    v = x64.shape[-1]
+    x64 = x64.reshape(-1, v)
+    n = x64.shape[0]
+    labels = case.inputs.get("labels")
+    labels = np.asarray(labels, dtype=np.int64).reshape(-1) if labels is not None else None
+    g64 = np.asarray(case.inputs.get("grad_output", np.ones(n)), dtype=np.float64).reshape(-1)
+    ev = Evaluation()
+    desc = K.engine_desc(binding)
+    mode = "guard" if case.property == NON_DESTRUCTIVE else "value"
+    where = f"{case.op}@{name} on {layout.name} ({layout.world} ranks)"
+    ref = ref_grad = f_out = f_grad = None
+    crashes = []
+    for rank in impl.ranks:
+        batch = IC.rank_shape(n, rank)
+        xs, gs = x64.reshape(batch + (v,)), g64.reshape(batch)
+        ls = labels.reshape(batch) if labels is not None else None
+        payloads = [{"engine": desc, "op": case.op, "dtype": case.dtype, "mode": mode, "impl": name,
+                     "chunk_size": case.inputs.get("chunk_size"),
+                     "runs": [{"layout": layout.as_dict(), "data": _vp_shard(xs, ls, gs, layout, r)}]}
+                    for r in range(layout.world)]
+        try:
+            results = run_ranks(layout.world, K.vocab_parallel_rank, payloads, where)
+        except EngineCrash as exc:
+            crashes.append((rank, xs.shape, exc))
+            continue
+        if mode == "guard":  # the first rank the engine takes
+            _messages(ev, layout, [r[0] for r in results])
+            break
+        expect_grad = info.differentiable and case.op not in binding.forward_only
+        values, grad, odt, gdt = _vp_assemble([r[0] for r in results], layout, expect_grad, ev)
+        if ref is None:
+            ref = np.asarray(info.reference(x64, labels) if labels is not None else info.reference(x64), np.float64)
+            f_out, f_grad = _vp_faithful(base, to_tensor(x64, case.dtype), labels, torch.from_numpy(g64))
+        problem = IC.dtype_problem(f"{case.op}@{name}'s output", odt, case.dtype, impl)
+        if problem and problem not in ev.problems:
+            ev.problems.append(problem)
+        for t, val in enumerate(values):
+            if val.size != ref.size:
+                ev.problems.append(f"value (rank {rank}) on TP rank {t}: the engine returned {val.size} values, "
+                                   f"expected {ref.size}")
+                continue
+            ev.values.append(Compared(f"value (rank {rank}) on TP rank {t} of {layout.name}", val.reshape(-1), ref,
+                                      K.to_numpy(f_out.to(K._torch_dtype(odt))), odt, "token_stat"))
+        if grad is not None and expect_grad:
+            if ref_grad is None:
+                ref_grad = (info.reference_grad(x64, labels, grad_output=g64) if labels is not None
+                            else info.reference_grad(x64, grad_output=g64))
+            ev.gradients.append(Compared(f"gradient (rank {rank}) w.r.t. the vocab shards of {layout.name}",
+                                         grad.reshape(n, v), ref_grad, K.to_numpy(f_grad.to(K._torch_dtype(gdt))),
+                                         gdt, "token_stat"))
+    IC.settle_crashes(crashes, impl, ev.problems)
+    ev.base_label = layout.name
+    return ev
+
+
 def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
+    from rlconform.harness.opinfo import split_regime
+
+    impl_name = split_regime(case.regime)[0]
+    if impl_name is not None:
+        return _evaluate_vp_implementation(binding, case, impl_name)
     info = get_op(case.op)
     base = case.op[len("vocab_parallel_"):]
     layout, data_regime = parse_regime(case.regime)

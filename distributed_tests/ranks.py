@@ -244,11 +244,25 @@ def _vp_compute(mode: str, op: str, fn, entropy, group, data: dict, dtype: str, 
     raise ValueError(f"unknown mode {mode!r}")
 
 
+def _with_chunk(impl, chunk_size):
+    """``impl.fn`` with its chunk-size keyword set (the parallel_state marker kept)."""
+    if impl.chunk_arg is None:
+        return impl.fn
+
+    def fn(*args):
+        return impl.fn(*args, **{impl.chunk_arg: int(chunk_size)})
+
+    fn.rlconform_parallel_state = getattr(impl.fn, "rlconform_parallel_state", False)
+    return fn
+
+
 def vocab_parallel_rank(ctx, payload: dict) -> list:
     """Case function of the vocab-parallel checks (one result per run; ``None`` where idle)."""
     binding = load_binding(payload["engine"])
     op, mode = payload["op"], payload["mode"]
     fn = binding.resolve(op)
+    if payload.get("impl"):  # an alternative implementation (issue 11 part 2), with its chunk size
+        fn = _with_chunk(binding.resolve_implementation(op, payload["impl"]), payload.get("chunk_size"))
     entropy = None
     if mode in ("after", "order"):
         if "vocab_parallel_entropy" in binding.ops:

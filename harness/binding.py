@@ -39,8 +39,8 @@ from typing import Any, Callable, Mapping
 
 from rlconform.harness.catalog import OPS
 from rlconform.harness.contracts import (  # noqa: F401 - re-exported: bindings import them from here
-    AggLoss, BatchInfo, BindingError, LossVariants, MetricPipeline, OpUnavailable, VariantNotProvided, Variants,
-    signature_arity,
+    AggLoss, BatchInfo, BindingError, Implementation, LossVariants, MetricPipeline, OpUnavailable, VariantNotProvided,
+    Variants, signature_arity,
 )
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "Binding",
     "Coverage",
     "BindingError",
+    "Implementation",
     "Lazy",
     "LossVariants",
     "MetricPipeline",
@@ -118,6 +119,9 @@ class Binding:
     computed detached): their values are checked, their gradients are not.
     ``coverage``: the engine's numerics modules, registries and justifications for the coverage table
     (:class:`Coverage`; ``None``: the binding declares none).
+    ``implementations``: op -> {catalog implementation name -> :class:`Implementation`}: the engine's
+    alternative implementations of the op (chunked, naive, ...; issue 11 part 2), each checked as the op
+    under regimes ``impl@data``. The op itself must be bound too (its default implementation).
     """
 
     name: str
@@ -129,7 +133,45 @@ class Binding:
     spec: str | None = None
     forward_only: frozenset = frozenset()
     coverage: Coverage | None = None
+    implementations: Mapping[str, Mapping[str, Implementation]] = dataclasses.field(default_factory=dict)
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def provided_implementations(self, op: str) -> tuple[str, ...]:
+        """The alternative implementations of ``op`` the binding declares (no import needed)."""
+        return tuple(self.implementations.get(op, {}))
+
+    def resolve_implementation(self, op: str, name: str) -> Implementation:
+        """The :class:`Implementation` ``name`` of ``op`` with ``fn`` resolved (a Lazy loaded); raises
+        :class:`VariantNotProvided` when the binding has no such implementation, :class:`OpUnavailable`
+        when it cannot be loaded and :class:`BindingError` when it is malformed."""
+        key = f"{op}@{name}"
+        if key in self._cache:
+            cached = self._cache[key]
+            if isinstance(cached, OpUnavailable):
+                raise cached
+            return cached
+        impl = self.implementations.get(op, {}).get(name)
+        if impl is None:
+            raise VariantNotProvided(op, name, self.name)
+        if not isinstance(impl, Implementation):
+            raise BindingError(f"binding {self.name!r}: implementation {name!r} of {op!r} must be an "
+                               f"Implementation, got {type(impl).__name__}")
+        fn = impl.fn
+        if isinstance(fn, Lazy):
+            try:
+                fn = fn.load()
+            except BindingError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - an import failure makes the implementation unavailable
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                err = OpUnavailable(key, "".join(traceback.format_exception(exc)))
+                self._cache[key] = err
+                raise err from exc
+        validate_impl(op, fn, where=f"binding {self.name!r} (implementation {name!r})")
+        resolved = dataclasses.replace(impl, fn=fn)
+        self._cache[key] = resolved
+        return resolved
 
     def provided_ops(self) -> list[str]:
         return list(self.ops)
@@ -196,6 +238,8 @@ def validate_impl(op: str, impl: Any, *, where: str = "binding") -> None:
             if not callable(fn):
                 raise BindingError(f"{where}: variant {name!r} of {op!r} must be callable, got {type(fn).__name__}")
         return
+    if isinstance(impl, Implementation):  # the op bound with its contract (e.g. fused_linear_token_stats)
+        impl = impl.fn
     if not callable(impl):
         raise BindingError(f"{where}: op {op!r} must be callable, got {type(impl).__name__}")
     arity = signature_arity(impl)

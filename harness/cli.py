@@ -221,7 +221,8 @@ def _engine_metadata(spec: str, engine_path: str | None) -> dict:
         binding = load_engine(spec, None)
         from rlconform.harness.catalog import OPS
 
-        if binding.coverage is None and not any(OPS[op].variants for op in binding.provided_ops() if op in OPS):
+        if binding.coverage is None and not binding.implementations and not any(
+                OPS[op].variants for op in binding.provided_ops() if op in OPS):
             return engine_meta(binding)
     # variants and the coverage table are known only by importing the engine: in a child process
     return probe_engine(spec, engine_path)

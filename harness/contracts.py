@@ -13,8 +13,8 @@ import dataclasses
 import inspect
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["AggLoss", "BatchInfo", "BindingError", "LossVariants", "MetricPipeline", "OpUnavailable",
-           "VariantNotProvided", "Variants", "signature_arity"]
+__all__ = ["AggLoss", "BatchInfo", "BindingError", "Implementation", "LossVariants", "MetricPipeline",
+           "OpUnavailable", "VariantNotProvided", "Variants", "signature_arity"]
 
 
 class BindingError(Exception):
@@ -175,6 +175,50 @@ class LossVariants(Variants):
     """
 
     combine_metrics: Callable[[list], dict] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """An alternative implementation of a catalog op (issue 11 part 2): a chunked, naive, row-wise or
+    streamed function computing the same thing as the op's default binding, checked as that op under
+    the regimes ``impl@data`` (:func:`rlconform.harness.opinfo.implementation_regimes`).
+
+    ``fn``: a callable with the op's canonical signature, or a :class:`~rlconform.harness.binding.Lazy`
+    returning one. The contract its docstring states, checked on every case (a breach is a problem of
+    the case: it fails the property with the message):
+
+    * ``ranks``: the input ranks (logits ``[N, V]`` is 2, ``[B, T, V]`` is 3) the docstring allows; the
+      same data is passed in each of them and every answer is compared with the reference;
+    * ``out_dtype``: the output dtype the docstring documents, ``"input"`` (default: the input's dtype,
+      fp64 in -> fp64 out) or a dtype name (e.g. ``"float32"``: always float32); for an op with several
+      outputs, a mapping output name -> either (an output not named: ``"input"``);
+    * ``chunk_arg``: the keyword of its chunk-size parameter (``None``: not chunked); the case's
+      ``chunk_size`` (drawn by the family from its ``CHUNK_SIZES``, which hold small sizes and 2048, the
+      default of every chunked function bound so far, with row counts one short of, at and one past one
+      and two chunks) is passed as that keyword;
+    * ``doc``: the docstring's words the contract comes from (shown in the report's notes).
+    """
+
+    fn: Any
+    ranks: tuple[int, ...] = (2, 3)
+    out_dtype: str | Mapping[str, str] = "input"
+    chunk_arg: str | None = None
+    doc: str = ""
+
+    def promised(self, output: str | None = None) -> str:
+        """``"input"`` or the dtype name the contract promises for ``output`` (None: the only output)."""
+        if isinstance(self.out_dtype, str):
+            return self.out_dtype
+        return self.out_dtype.get(output, "input")
+
+    def expected_dtype(self, input_dtype: str, output: str | None = None) -> str:
+        """The output dtype the contract promises for ``input_dtype``."""
+        promise = self.promised(output)
+        return input_dtype if promise == "input" else promise
+
+    def __post_init__(self):
+        if not self.ranks or any(r < 1 for r in self.ranks):
+            raise BindingError(f"Implementation.ranks must be positive input ranks, got {self.ranks!r}")
 
 
 def signature_arity(fn: Callable) -> tuple[int, int] | None:

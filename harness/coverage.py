@@ -319,10 +319,21 @@ def _walk(root: Any, engine_roots: frozenset) -> _Reach:
 
 
 def _targets(binding, op: str) -> list[tuple[str, Any]]:
-    """(label, implementation) pairs to walk for ``op``: one per variant for an op with variants."""
+    """(label, implementation) pairs to walk for ``op``: one per variant for an op with variants, one per
+    alternative implementation (``op@impl``, issue 11 part 2)."""
     from rlconform.harness.contracts import Variants
 
+    alternatives = [(f"{op}@{name}", binding.resolve_implementation(op, name).fn)
+                    for name in getattr(binding, "implementations", {}).get(op, {})]
+    return _op_targets(binding, op) + alternatives
+
+
+def _op_targets(binding, op: str) -> list[tuple[str, Any]]:
+    from rlconform.harness.contracts import Implementation, Variants
+
     impl = binding.resolve(op)
+    if isinstance(impl, Implementation):  # an op bound with its contract
+        impl = impl.fn
     if isinstance(impl, Variants):
         pairs = [(f"{op}[{v}]", fn) for v, fn in impl.impls.items()]
         extra = {f.name: getattr(impl, f.name) for f in dataclasses.fields(impl) if f.name not in ("impls", "unchecked")}

@@ -114,6 +114,23 @@ def validate_binding(binding: Binding, where: str) -> None:
                                f"the catalog has: {', '.join(OPS)}")
         if not isinstance(impl, Lazy):
             validate_impl(op, impl, where=f"{where}: binding {binding.name!r}")
+    from rlconform.harness.binding import Implementation
+
+    for op, impls in (getattr(binding, "implementations", None) or {}).items():
+        info = OPS.get(op)
+        if info is None or op not in binding.ops:
+            raise BindingError(f"{where}: binding {binding.name!r} declares implementations of {op!r}, which it "
+                               f"does not bind (bind the op's default implementation in ops)")
+        unknown = sorted(set(impls) - set(info.implementations))
+        if unknown:
+            known = ", ".join(info.implementations) or "none"
+            raise BindingError(f"{where}: op {op!r} has no implementation(s) {unknown}; the catalog knows {known}")
+        for name, impl in impls.items():
+            if not isinstance(impl, Implementation):
+                raise BindingError(f"{where}: implementation {name!r} of {op!r} must be an Implementation, got "
+                                   f"{type(impl).__name__}")
+            if not isinstance(impl.fn, Lazy):
+                validate_impl(op, impl.fn, where=f"{where}: binding {binding.name!r} (implementation {name!r})")
 
 
 def load_engine(spec: str | None = None, engine_path: str | None = None) -> Binding:
@@ -190,6 +207,12 @@ def variant_info(binding: Binding) -> tuple[dict, dict]:
     provided, record = {}, {}
     for name in binding.provided_ops():
         op = OPS.get(name)
+        if op is not None and op.implementations:  # declared on the binding: nothing to resolve
+            got = set(binding.provided_implementations(name)) if hasattr(binding, "provided_implementations") else set()
+            provided[name] = [v for v in op.implementations if v in got]
+            record[name] = {"checked": list(provided[name]),
+                            "not_provided": [v for v in op.implementations if v not in got], "unchecked": {}}
+            continue
         if op is None or not op.variants:
             continue
         try:

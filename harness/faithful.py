@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "agg_loss_micro", "compute_dtype", "entropy", "logsumexp", "masked_count", "masked_max", "masked_mean",
+    "agg_loss_micro", "compute_dtype", "entropy", "fused_linear_token_stats", "logsumexp", "masked_count", "masked_max", "masked_mean",
     "masked_min", "masked_std", "masked_sum", "masked_var", "optimal_token_baseline", "smoothed_token_logprobs",
     "sum_pi_squared", "token_logprobs",
 ]
@@ -185,3 +185,26 @@ def optimal_token_baseline(rewards, mask, index, old_log_probs, sum_pi_squared):
             baselines[rows[int(at_max[0])], second:] = 0
     adv = (returns - baselines) * m
     return adv.to(rewards.dtype), returns.to(rewards.dtype)
+
+
+def fused_linear_token_stats(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float,
+                             chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, entropy) of ``z = hidden @ weightᵀ / temperature``: hidden [..., H], weight [V, H], labels int
+    [...] -> two [...] tensors in the compute dtype (float32, float64 for float64 input; the caller rounds them
+    to the engine's output dtypes). The logits are formed as a correct implementation in the input dtype
+    forms them: the product in the compute dtype, rounded once to the input dtype, then upcast.
+    ``chunk_size``: rows per chunk (None: one chunk); the rows are independent, so the chunking changes
+    nothing but the memory."""
+    cd = compute_dtype(hidden.dtype)
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    lab = labels.reshape(-1).long()
+    step = chunk_size or max(1, h2.shape[0])
+    lps, ents = [], []
+    for i in range(0, h2.shape[0], step):
+        z = ((h2[i:i + step].to(cd) @ weight.to(cd).T) / temperature).to(hidden.dtype).to(cd)
+        logp = torch.log_softmax(z, dim=-1)
+        lps.append(logp.gather(-1, lab[i:i + step].unsqueeze(-1)).squeeze(-1))
+        p = logp.exp()
+        ents.append(-(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1))
+    lead = hidden.shape[:-1]
+    return torch.cat(lps).reshape(lead), torch.cat(ents).reshape(lead)

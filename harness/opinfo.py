@@ -22,7 +22,8 @@ PROPERTIES = (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE, FINITE, M
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 #: separator between a variant (an estimator, a loss_agg_mode, ...) and the data regime in a regime name,
-#: e.g. ``grpo@uneven_groups``: each variant is its own finding, so a fault in one is never diluted
+#: e.g. ``grpo@uneven_groups``: each variant is its own finding, so a fault in one is never diluted; an
+#: alternative implementation of an op (``chunked@peaked``, issue 11 part 2) uses the same separator
 VARIANT_SEP = "@"
 
 
@@ -35,6 +36,16 @@ FINDING_ID = r"([A-Za-z0-9_]+)\.([a-z_]+)\.([a-z0-9]+)\.([A-Za-z0-9_@+\-]+)"
 def variant_regime(variant: str, data: str) -> str:
     """The regime name of ``variant`` under data regime ``data`` (``variant@data``)."""
     return f"{variant}{VARIANT_SEP}{data}"
+
+
+def implementation_regimes(regimes: dict[str, tuple[str, ...]], implementations) -> dict[str, tuple[str, ...]]:
+    """``regimes`` plus ``impl@data`` for every alternative implementation ``impl`` (issue 11 part 2): the
+    plain regimes check the engine's default implementation, each ``impl@data`` one alternative, so a
+    fault in one implementation is its own finding, never diluted by the other."""
+    out = dict(regimes)
+    for impl in implementations:
+        out.update({variant_regime(impl, data): dtypes for data, dtypes in regimes.items()})
+    return out
 
 
 def split_regime(regime: str) -> tuple[str | None, str]:
@@ -94,10 +105,23 @@ class OpInfo:
             value = inputs[name]
             out.append(value.item() if hasattr(value, "item") else value)
         return tuple(out)
+
     #: profile-only regimes: regime -> the profiles that add it (e.g. ``real_shapes`` -> ``("nightly",)``);
     #: a regime not listed is in every profile. A profile-only regime is a catalog regime like any other
     #: (case files and ledgers may name it), but a run of another profile does not select it.
     profile_regimes: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    #: alternative implementations of the op the catalog knows (issue 11 part 2: chunked, naive, rowwise,
+    #: ...), name -> what it is. A binding declares which it has (``Binding.implementations``); each is
+    #: checked as the op under regimes ``impl@data`` (:func:`implementation_regimes`), against the same
+    #: reference with the same properties, plus the contract the binding declares for it (output dtype,
+    #: input ranks: :class:`~rlconform.harness.contracts.Implementation`). An op has variants or
+    #: implementations, not both (both would use the ``@`` of the regime).
+    implementations: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.variants and self.implementations:
+            raise ValueError(f"op {self.name!r}: an op has variants or implementations, not both")
 
     def regime_profiles(self, regime: str) -> tuple[str, ...] | None:
         """The profiles that add ``regime`` (None: every profile has it)."""

@@ -3,7 +3,9 @@ binds and the ``--op/--property/--dtype`` filters keep (shared by ``check``, the
 completeness check of a run). A variant regime (``variant@data``) is selected only when the engine
 provides that variant (``variants``: op -> the provided variants, or None for all). A profile-only regime
 (:attr:`~rlconform.harness.opinfo.OpInfo.profile_regimes`, e.g. ``real_shapes`` in ``nightly``) is selected
-only under a profile that adds it: under any other it is not in the selection at all (not a skip)."""
+only under a profile that adds it: under any other it is not in the selection at all (not a skip).
+For an op with alternative implementations (issue 11 part 2) the plain regimes check its default
+implementation and an ``impl@data`` regime is selected only when ``variants[op]`` lists ``impl`` (none when it is absent)."""
 
 from __future__ import annotations
 
@@ -22,8 +24,11 @@ def selected_findings(provided, ops=(), properties=(), dtypes=(), *, distributed
         if op.name not in provided or (distributed is not None and op.distributed != distributed):
             continue
         allowed = (variants or {}).get(op.name) if op.variants else None
+        impls = set((variants or {}).get(op.name) or ()) if op.implementations else None
         for prop, dtype, regime in op.findings(profile):
             if allowed is not None and split_regime(regime)[0] not in allowed:
+                continue
+            if impls is not None and split_regime(regime)[0] not in impls | {None}:
                 continue
             if regimes and not any(regime_matches(regime, r) for r in regimes):
                 continue

@@ -36,14 +36,16 @@ def round_to(a: np.ndarray, dtype: str) -> np.ndarray:
 
 
 @st.composite
-def logits(draw, dtype: str, regime: str, *, max_rows: int = 6, vocab_sizes=VOCAB_SIZES, with_labels: bool = True):
-    """Draw ``{"logits": float64 [N, V] or [B, T, V], "labels": int64 [...], "grad_output": [...]}``."""
+def logits(draw, dtype: str, regime: str, *, max_rows: int = 6, vocab_sizes=VOCAB_SIZES, with_labels: bool = True,
+           batch_shapes=None):
+    """Draw ``{"logits": float64 [N, V] or [B, T, V], "labels": int64 [...], "grad_output": [...]}``
+    (``batch_shapes``: the batch shapes to draw from, default 1, 2, 3, ``max_rows`` rows or 2×3)."""
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     v = draw(st.sampled_from(vocab_sizes))
     if regime == "neg_inf_padded" and v < 2:
         v = 2
-    batch_shape = draw(st.sampled_from([(1,), (2,), (3,), (max_rows,), (2, 3)]))
+    batch_shape = draw(st.sampled_from(batch_shapes or [(1,), (2,), (3,), (max_rows,), (2, 3)]))
     shape = batch_shape + (v,)
     if regime == "moderate":
         scale = draw(st.floats(0.1, 30.0))

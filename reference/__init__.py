@@ -6,6 +6,8 @@ in the self-tests (tests/test_reference_mpmath.py), which check every function a
 
 Modules: ``softmax_stats`` (logsumexp, token_logprobs, entropy, Σπ² and closed-form gradients),
 ``fused_stats`` (``token_stats``: the four of them and their gradients from one fused float64 pass),
+``fused_linear`` (log-probs and entropy from hidden states and the LM-head weight, logits formed in float64,
+and the gradients w.r.t. both),
 ``reductions`` (masked sum/count/mean/var/std/min/max, mergeable moments), ``loss_agg`` (agg_loss),
 ``label_smoothing`` (smoothed_token_logprobs and its gradient), ``metrics`` (token_metrics, metric_statistics),
 ``advantage`` (optimal_token_baseline), ``advantage_estimators``
@@ -39,6 +41,7 @@ from .reductions import (
     moments,
     moments_to_mean_var,
 )
+from .fused_linear import fused_linear_token_stats, fused_linear_token_stats_grad
 from .fused_stats import token_stats
 from .softmax_stats import (
     entropy,
@@ -66,6 +69,8 @@ __all__ = [
     "smoothed_token_logprobs",
     "smoothed_token_logprobs_grad",
     "token_stats",
+    "fused_linear_token_stats",
+    "fused_linear_token_stats_grad",
     # masked reductions and moments
     "masked_sum",
     "masked_count",

@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import threading
 
-from rlconform.harness.binding import Binding, Coverage, Lazy
+from rlconform.harness.binding import Binding, Coverage, Implementation, Lazy
 
 from ._compat import import_megatron
 
@@ -117,6 +117,18 @@ def _vocab_parallel_token_logprobs():
     return vocab_parallel_token_logprobs
 
 
+def _fused_vocab_parallel_token_logprobs():
+    """``-fused_vocab_parallel_cross_entropy(local_logits, labels, group)`` (megatron.core.fusions; its steps are
+    ``@jit_fuser`` functions, which run on CPU as TorchScript / plain torch)."""
+    fused = import_megatron(_FUSED).fused_vocab_parallel_cross_entropy
+
+    def vocab_parallel_token_logprobs(local_logits, labels, group):
+        return -fused(local_logits, labels, group)
+
+    vocab_parallel_token_logprobs.__qualname__ = "megatron.fused_vocab_parallel_token_logprobs"
+    return vocab_parallel_token_logprobs
+
+
 def megatron_smoothing(label_smoothing: float, vocab: int) -> float:
     """Megatron's ``label_smoothing`` argument for the catalog's α (PyTorch's convention, α over all V
     classes): Megatron spreads its α_M over the V − 1 other classes (NeMo's convention), i.e. it uses
@@ -151,6 +163,12 @@ def _vocab_parallel_smoothed_token_logprobs():
 binding = Binding(
     name="megatron",
     version=_version(),
+    implementations={"vocab_parallel_token_logprobs": {
+        # "vocab_parallel_logits: ... dimension is [sequence_length, batch_size, hidden_size]; target: [sequence_length,
+        # micro_batch_size]": 3-D only; no dtype documented (the input's)
+        "fused": Implementation(Lazy(loader=_fused_vocab_parallel_token_logprobs), ranks=(3,),
+                                doc="logits [sequence_length, batch_size, vocab/tp], target [sequence_length, "
+                                "micro_batch_size]")}},
     ops={
         "token_logprobs": Lazy(loader=_token_logprobs),
         "vocab_parallel_token_logprobs": Lazy(loader=_vocab_parallel_token_logprobs),
@@ -160,7 +178,9 @@ binding = Binding(
     notes={
         "token_logprobs": "-megatron.core.tensor_parallel.vocab_parallel_cross_entropy(logits, labels, 0.0, "
         "tp_group=<world-size-1 gloo group>); fp32 logits are overwritten with the softmax in place; output float32",
-        "vocab_parallel_token_logprobs": "-vocab_parallel_cross_entropy(local_logits, labels, 0.0, tp_group=group)",
+        "vocab_parallel_token_logprobs": "-vocab_parallel_cross_entropy(local_logits, labels, 0.0, tp_group=group); "
+        "vocab_parallel_token_logprobs@fused: -fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy(local_logits, "
+        "labels, group) (3-D, as its docstring says)",
         "smoothed_token_logprobs": "-vocab_parallel_cross_entropy(logits, labels, α·(V−1)/V, tp_group=<world-size-1 "
         "group>): Megatron spreads its label_smoothing over the V−1 other classes; converted to α over all V",
         "vocab_parallel_smoothed_token_logprobs": "-vocab_parallel_cross_entropy(local_logits, labels, α·(V−1)/V, "
@@ -186,8 +206,8 @@ _TPU = "megatron.core.tensor_parallel.utils"
 _FMG = "megatron.core.distributed.finalize_model_grads"
 _STEP = ("a step of _VocabParallelCrossEntropy.forward / backward, called by vocab_parallel_cross_entropy (bound as "
          "token_logprobs and vocab_parallel_token_logprobs): checked through it, not on its own")
-_FUSED_STEP = ("a step of fused_vocab_parallel_cross_entropy (not bound: no catalog op yet for a second "
-               "vocab_parallel_token_logprobs implementation, issue 11 part 2)")
+_FUSED_STEP = ("a step of fused_vocab_parallel_cross_entropy (bound as vocab_parallel_token_logprobs@fused): checked "
+               "through it, not on its own")
 _SCHEDULE = ("not numerics on its own: pipeline-schedule plumbing (send / receive, activation buffers, micro-batch "
              "order); the loss arithmetic it runs is forward_step_calc_loss")
 _LOSS_SCALING = ("no catalog op yet: runs the micro-batches, sums their token counts (total_num_tokens) and hands them "
@@ -210,9 +230,6 @@ NOT_BOUND: dict[str, str] = {
     f"{_TPU}.split_tensor_along_last_dim": "not numerics: splits a tensor into views along the last dim",
     f"{_TPU}.split_tensor_into_1d_equal_chunks": "not numerics: the rank's slice of a flattened tensor",
     f"{_TPU}.gather_split_1d_tensor": "not numerics: all-gather of 1-D chunks (data movement)",
-    f"{_FUSED}.fused_vocab_parallel_cross_entropy": "no catalog op yet for a second vocab_parallel_token_logprobs "
-    "implementation (jit-fused steps, same contract as vocab_parallel_cross_entropy without label smoothing): "
-    "issue 11 part 2",
     f"{_FUSED}.calculate_logits_max": _FUSED_STEP,
     f"{_FUSED}.calculate_predicted_logits": _FUSED_STEP,
     f"{_FUSED}.calculate_cross_entropy_loss": _FUSED_STEP,

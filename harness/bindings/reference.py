@@ -14,7 +14,7 @@ import math
 import torch
 
 from rlconform.harness import faithful as F
-from rlconform.harness.binding import AggLoss, Binding, MetricPipeline, Variants
+from rlconform.harness.binding import AggLoss, Binding, Implementation, MetricPipeline, Variants
 from rlconform.harness.families import advantages as A
 from rlconform.harness.families import importance_ratio as _ir
 from rlconform.harness.families import kl_estimator as _kl
@@ -355,6 +355,38 @@ def _outcome_estimator(estimator: str):
     return outcome_advantage
 
 
+def chunked_entropy(logits, chunk_size=2048):
+    """Entropy of ``logits [N, ..., V]`` in chunks of ``chunk_size`` along dim 0 (the faithful entropy per
+    chunk, concatenated): the reference's ``entropy@chunked`` (issue 11 part 2)."""
+    return torch.cat([F.entropy(logits[i:i + chunk_size]) for i in range(0, logits.shape[0], chunk_size)])
+
+
+def rowwise_token_logprobs(logits, labels):
+    """``token_logprobs`` one row (dim 0) at a time, stacked: the reference's ``token_logprobs@rowwise``."""
+    return torch.stack([F.token_logprobs(x, y) for x, y in zip(logits, labels)])
+
+
+def fused_linear_token_stats(hidden, weight, labels, temperature, chunk_size):
+    """The faithful fused-linear log-probs and entropy (chunks of ``chunk_size`` rows), rounded to the input dtype."""
+    lp, ent = F.fused_linear_token_stats(hidden, weight, labels, temperature, chunk_size)
+    return lp.to(hidden.dtype), ent.to(hidden.dtype)
+
+
+def vocab_parallel_entropy_chunked(local_logits, group, chunk_size=2048):
+    """:func:`vocab_parallel_entropy` in chunks of ``chunk_size`` along dim 0, concatenated."""
+    return torch.cat([vocab_parallel_entropy(local_logits[i:i + chunk_size], group)
+                      for i in range(0, local_logits.shape[0], chunk_size)])
+
+
+#: the reference's alternative implementations (issue 11 part 2): ranks 2 and 3, the input's dtype out
+IMPLEMENTATIONS = {
+    "vocab_parallel_entropy": {"chunked": Implementation(vocab_parallel_entropy_chunked, chunk_arg="chunk_size")},
+    "vocab_parallel_token_logprobs": {"fused": Implementation(vocab_parallel_token_logprobs)},
+    "entropy": {"chunked": Implementation(chunked_entropy, chunk_arg="chunk_size")},
+    "token_logprobs": {"naive": Implementation(F.token_logprobs), "rowwise": Implementation(rowwise_token_logprobs)},
+}
+
+
 binding = Binding(
     name="reference",
     version=None,
@@ -375,6 +407,7 @@ binding = Binding(
         "metric_pipeline": sum_count_pipeline,
         "metric_statistics": statistics_pipeline,
         "optimal_token_baseline": F.optimal_token_baseline,
+        "fused_linear_token_stats": fused_linear_token_stats,
         "vocab_parallel_token_logprobs": vocab_parallel_token_logprobs,
         "vocab_parallel_smoothed_token_logprobs": vocab_parallel_smoothed_token_logprobs,
         "vocab_parallel_entropy": vocab_parallel_entropy,
@@ -397,4 +430,5 @@ binding = Binding(
            "importance_ratio": "the float64 reference as an autograd op, rounded to the input dtype",
            "value_loss": "the float64 reference per micro-batch (each row's token sum weighted by the mini-batch's "
                          "normaliser) as an autograd op, rounded to the input dtype; vf_clipfrac folded token-weighted"},
+    implementations=IMPLEMENTATIONS,
 )

@@ -49,7 +49,7 @@ import importlib.metadata
 import math
 from collections import defaultdict
 
-from rlconform.harness.binding import AggLoss, Binding, Coverage, Lazy, MetricPipeline
+from rlconform.harness.binding import AggLoss, Binding, Coverage, Implementation, Lazy, MetricPipeline
 
 from ._compat import import_skyrl, skyrl_cuda_device_on_cpu
 
@@ -665,6 +665,12 @@ def _masked_whiten():
 binding = Binding(
     name="skyrl",
     version=_version(),
+    # issue 11 part 2: logprobs_from_logits_v2 ("a memory efficient implementation of logprobs_from_logits"; its
+    # annotations say logits [batch_size, seqlen, vocab_size], and it loops over dim 0, so [N, V] works too:
+    # ranks 2 and 3), bound on its own so that it is checked where token_logprobs runs flash-attn instead
+    implementations={"token_logprobs": {"rowwise": Implementation(
+        Lazy(f"{TORCH_UTILS}:logprobs_from_logits_v2"), ranks=(2, 3),
+        doc="logits [batch_size, seqlen, vocab_size] (jaxtyping annotation)")}},
     ops={
         "metric_pipeline": Lazy(loader=_metric_pipeline),
         "metric_statistics": Lazy(loader=_metric_statistics),
@@ -770,14 +776,13 @@ NOT_BOUND: dict[str, str] = {
     f"{PPO_UTILS}.repopulate_all_registries": _REGISTRY_PLUMBING,
     f"{PPO_UTILS}.sync_registries": _REGISTRY_PLUMBING,
     # ---- torch_utils
-    f"{TORCH_UTILS}.logprobs_from_logits_v2": "called by logprobs_from_logits (bound as token_logprobs) whenever "
-    "the flash-attn kernel is not used (every CPU run): every token_logprobs finding runs it; not bound on its own",
     f"{TORCH_UTILS}.logprobs_from_logits_flash_attn": "called by logprobs_from_logits for CUDA logits with "
     "flash-attn installed; unreachable on the CPU machines the reports are made on",
     f"{TORCH_UTILS}.safe_exp_delta": "called by the bound policy losses (importance ratio exp(clamp(Δ, ±20)) in "
     "float32, cast back); no catalog op yet for the ratio itself (importance_ratio, issue 10 part 4)",
-    f"{TORCH_UTILS}.chunked_cross_entropy_from_log_probs": "no catalog op yet for entropy from log-probs (a "
-    "second entropy implementation, input log-probs instead of logits; issue 11 part 2); no caller in SkyRL 0.4.0",
+    f"{TORCH_UTILS}.chunked_cross_entropy_from_log_probs": "entropy −Σ exp(l)·l of log-probs l (not logits): as an "
+    "entropy@chunked implementation its adapter would have to compute log_softmax itself, arithmetic the harness "
+    "must not add; no catalog op takes log-probs (an entropy_from_logprobs op would); no caller in SkyRL 0.4.0",
     # ---- worker_utils
     f"{WORKER_UTILS}.get_microbatch_iterator": _BATCHING,
     f"{WORKER_UTILS}.BaseBatchIterator.reorder_and_combine_batches": _BATCHING,

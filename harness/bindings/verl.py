@@ -48,9 +48,11 @@ masked_whiten               ``torch_functional.masked_whiten(values, mask, shift
 ==========================  =======================================================================
 
 Not bound: verl 0.9.1 has no ``logsumexp``, ``masked_std``, ``masked_min``/``max`` helper.
-``entropy_from_logits_with_chunking`` (engine option ``entropy_from_logits_with_chunking``) is a second
-entropy path: 2-D input only, each chunk upcast with ``.float()``, result always float32; it has no
-catalog op of its own (see ``notes``).
+
+Alternative implementations (issue 11 part 2, :data:`IMPLEMENTATIONS`; regimes ``impl@data``):
+``entropy@chunked`` = ``entropy_from_logits_with_chunking`` (engine option of the same name: 2-D input only,
+each chunk upcast with ``.float()``, result always float32, as its docstring says), ``token_logprobs@naive``
+= ``logprobs_from_logits_naive``, ``token_logprobs@rowwise`` = ``logprobs_from_logits_v2``.
 
 Distributed ops (checked by :mod:`rlconform.distributed_tests` on gloo ranks):
 
@@ -65,7 +67,10 @@ cp_masked_mean                 ``torch_functional.distributed_masked_mean`` (sum
                                over the default group; see :func:`_cp_masked_mean`)
 =============================  ====================================================================
 
-The three vocab-parallel functions take no group: they read Megatron's ``parallel_state`` TP group.
+``fused_linear_token_stats`` = ``experimental.torch_functional.FusedLinearForPPO`` (:func:`_fused_linear`).
+
+``vocab_parallel_entropy@chunked`` = ``tensor_parallel.vocab_parallel_entropy_with_chunking`` (chunk_size
+passed through). The vocab-parallel functions take no group: they read Megatron's ``parallel_state`` TP group.
 Their adapters carry ``rlconform_parallel_state = True``, so the distributed tests initialise
 ``megatron.core.parallel_state`` for the layout on every rank and pass its TP group; the adapter checks
 that it got exactly that group. verl gathers CP shards (``postprocess_packed_seqs``) before its loss;
@@ -81,7 +86,7 @@ import importlib.metadata
 import math
 from itertools import chain
 
-from rlconform.harness.binding import AggLoss, Binding, Coverage, Lazy, MetricPipeline
+from rlconform.harness.binding import AggLoss, Binding, Coverage, Implementation, Lazy, MetricPipeline
 
 TF = "verl.utils.torch_functional"
 CORE = "verl.trainer.ppo.core_algos"
@@ -634,15 +639,20 @@ def _require_tp_group(ps, group, fn_name: str) -> None:
                            f"{group!r} is not that group ({current!r}): initialise parallel_state for the layout")
 
 
-def _vocab_parallel(name: str, op: str, with_labels: bool = False):
-    """Loader of verl's ``tensor_parallel.<name>`` as the canonical ``vocab_parallel_*`` op."""
+def _vocab_parallel(name: str, op: str, with_labels: bool = False, chunked: bool = False):
+    """Loader of verl's ``tensor_parallel.<name>`` as the canonical ``vocab_parallel_*`` op (``chunked``: the
+    function takes ``chunk_size``, passed through)."""
 
     def loader():
         from ._compat import import_megatron
 
         fn = getattr(import_megatron(TPM), name)
         ps = _megatron_parallel_state()
-        if with_labels:
+        if chunked:
+            def impl(local_logits, group, chunk_size=2048):
+                _require_tp_group(ps, group, name)
+                return fn(local_logits, chunk_size=chunk_size)
+        elif with_labels:
             def impl(local_logits, labels, group):
                 _require_tp_group(ps, group, name)
                 return fn(local_logits, labels)
@@ -703,8 +713,67 @@ def _cp_masked_mean():
     return cp_masked_mean
 
 
+EXP_TF = "verl.utils.experimental.torch_functional"
+
+
+def _fused_linear():
+    """``FusedLinearForPPO(chunk_size, impl_backend="torch").forward(hidden, weight, labels, temperature)`` as verl's
+    models call it (``dense_common.py`` & co. construct it with the default chunk_size 512 and the torch backend
+    unless ``_verl_fused_kernels_backend`` says liger; liger_kernel is not installed here, and verl falls back
+    to torch then). Contract: hidden ``[T, H]`` or ``[B, T, H]`` (``assert orig_ndim in (2, 3)``); log-probs
+    always float32 ("Logits are upcasted to fp32 before computing log_probs, which are also fp32", and an
+    assert), entropy in the hidden states' dtype (``hidden_states.new_zeros``). The class has no docstring:
+    the contract is read from these lines."""
+    import importlib
+
+    module_class = importlib.import_module(EXP_TF).FusedLinearForPPO
+    forward = module_class.forward  # nn.Module.__call__ adds nothing here (no hooks); held for the coverage table
+
+    def fused_linear_token_stats(hidden, weight, labels, temperature, chunk_size):
+        return forward(module_class(chunk_size=chunk_size, impl_backend="torch"), hidden, weight, labels,
+                       temperature=temperature)
+
+    fused_linear_token_stats.__qualname__ = "verl.FusedLinearForPPO"
+    return Implementation(fused_linear_token_stats, ranks=(2, 3), out_dtype={"logprobs": "float32"},
+                          doc="hidden (T, H) or (B, T, H); 'log_probs, which are also fp32'; entropy "
+                          "hidden_states.new_zeros")
+
+
+#: verl's alternative implementations of catalog ops (issue 11 part 2), each checked as the op under regimes
+#: ``impl@data`` with the contract its docstring states.
+IMPLEMENTATIONS = {
+    "entropy": {
+        # "logits: Unnormalized log-probabilities of shape (batch_size, vocab_size)"; "Converts chunks to float32
+        # for numerical stability": 2-D only, float32 out for every input dtype. verl's callers (engine option
+        # entropy_from_logits_with_chunking, prefix_grouper_utils) pass no chunk_size: 2048 is among CHUNK_SIZES.
+        "chunked": Implementation(Lazy(f"{TF}:entropy_from_logits_with_chunking"), ranks=(2,), out_dtype="float32",
+                                  chunk_arg="chunk_size",
+                                  doc="logits (batch_size, vocab_size); 'Converts chunks to float32'"),
+    },
+    "vocab_parallel_entropy": {
+        # "vocab_parallel_logits: (batch_size, seq_len, vocab_size // tp_size) or (total_nnz, vocab_size // tp_size)
+        # ... Returns: (batch_size, seq_len)": ranks 2 and 3; no dtype documented: the input's. Chunks along dim 1.
+        "chunked": Implementation(_vocab_parallel("vocab_parallel_entropy_with_chunking", "vocab_parallel_entropy",
+                                                  chunked=True), ranks=(2, 3), chunk_arg="chunk_size",
+                                  doc="(batch_size, seq_len, vocab_size // tp_size) or (total_nnz, vocab_size // "
+                                  "tp_size)"),
+    },
+    "token_logprobs": {
+        # "logits: Model output logits of shape (..., vocab_size)": any rank; log_softmax in the input dtype
+        "naive": Implementation(Lazy(f"{TF}:logprobs_from_logits_naive"), ranks=(2, 3),
+                                doc="logits (..., vocab_size), labels (...)"),
+        # "(batch_size, seq_len, vocab_size) or (batch_size, vocab_size)". logprobs_from_logits (token_logprobs)
+        # calls it on every machine without flash-attn / NPU; bound on its own so that it is checked on a CUDA
+        # machine too, where token_logprobs runs flash-attn's kernel instead.
+        "rowwise": Implementation(Lazy(f"{TF}:logprobs_from_logits_v2"), ranks=(2, 3),
+                                  doc="logits (batch_size, seq_len, vocab_size) or (batch_size, vocab_size)"),
+    },
+}
+
+
 binding = Binding(
     name="verl",
+    implementations=IMPLEMENTATIONS,
     version=_version(),
     ops={
         "entropy": Lazy(f"{TF}:entropy_from_logits"),
@@ -729,6 +798,7 @@ binding = Binding(
                                                          "vocab_parallel_sum_pi_squared"),
         "dp_metric_all_reduce": Lazy(loader=_dp_metric_all_reduce),
         "cp_masked_mean": Lazy(loader=_cp_masked_mean),
+        "fused_linear_token_stats": Lazy(loader=_fused_linear),
         "kl_estimator": Lazy(loader=_kl_estimator),
         "policy_loss": Lazy(loader=_policy_loss),
         "value_loss": Lazy(loader=_value_loss),
@@ -741,10 +811,11 @@ binding = Binding(
     # objective", rollout_corr_helper): their gradient is not part of the contract.
     forward_only=frozenset({"sum_pi_squared", "vocab_parallel_sum_pi_squared", "importance_ratio"}),
     notes={
-        "entropy": "verl.utils.torch_functional.entropy_from_logits. Not bound: entropy_from_logits_with_chunking "
-        "(engine option; 2-D only, fp32 output, per-chunk .float()).",
+        "entropy": "verl.utils.torch_functional.entropy_from_logits; entropy@chunked: entropy_from_logits_with_chunking "
+        "(engine option; contract from its docstring: 2-D only, float32 out, chunk_size drawn around boundaries).",
         "token_logprobs": "verl.utils.torch_functional.logprobs_from_logits(inplace_backward=True); without flash-attn "
-        "this is logprobs_from_logits_v2 (the in-place flash-attn backward is CUDA-only).",
+        "this is logprobs_from_logits_v2 (the in-place flash-attn backward is CUDA-only); token_logprobs@naive: "
+        "logprobs_from_logits_naive (ranks 2, 3); token_logprobs@rowwise: logprobs_from_logits_v2 (ranks 2, 3).",
         "sum_pi_squared": "verl.utils.torch_functional.calculate_sum_pi_squared_from_logits",
         "masked_sum": "verl.utils.torch_functional.masked_sum",
         "masked_mean": "verl.utils.torch_functional.masked_mean (denominator nnz + 1e-8)",
@@ -770,6 +841,9 @@ binding = Binding(
         "cp_masked_mean": "verl.utils.torch_functional.distributed_masked_mean(values, mask.to(values.dtype)) on the "
         "CP ranks: masked sum and count all-reduced over the default (world) group (the job's world = the CP group, "
         "with TP ranks holding the same shard); the mask in the values' dtype as rollout_corr_helper passes it",
+        "fused_linear_token_stats": "verl.utils.experimental.torch_functional.FusedLinearForPPO(chunk_size, "
+        "impl_backend='torch').forward(hidden, weight, labels, temperature); contract: ranks 2, 3, log-probs float32, "
+        "entropy in the input dtype",
         "kl_estimator": "verl.trainer.ppo.core_algos.kl_penalty(logprob, ref_logprob, name) (no mask)",
         "policy_loss": "core_algos.get_policy_loss_fn(name) for every POLICY_LOSS_REGISTRY entry, "
         "loss_agg_mode='token-mean', global_batch_info of the mini-batch; micro-batch losses summed; metrics "
@@ -850,17 +924,11 @@ _MCORE_CFG = _NOT_NUMERICS + "builds Megatron ModelParallelConfig / parallel-lay
 NOT_BOUND: dict[str, str] = {
     # ---- verl.utils.torch_functional
     f"{TF}.gather_from_labels": "torch.gather on the last dim (no arithmetic of its own); called by "
-    "logprobs_from_logits_naive (not bound, see there)",
-    f"{TF}.logprobs_from_logits_v2": "called by logprobs_from_logits (bound as token_logprobs) whenever flash-attn is "
-    "absent (this CPU build): every token_logprobs finding runs it; not bound on its own",
+    "logprobs_from_logits_naive (bound as token_logprobs@naive)",
     f"{TF}.logprobs_from_logits_flash_attn": "called by logprobs_from_logits when flash-attn is installed (CUDA "
     "only); unreachable on the CPU machines the reports are made on",
     f"{TF}.logprobs_from_logits_torch_npu": "called by logprobs_from_logits on Ascend NPUs (torch_npu); unreachable "
     "on CPU",
-    f"{TF}.logprobs_from_logits_naive": "no catalog op yet for a second token_logprobs implementation: variants of "
-    "an op are checked as that op (issue 11 part 2)",
-    f"{TF}.entropy_from_logits_with_chunking": "no catalog op yet for a second entropy implementation (engine "
-    "option entropy_from_logits_with_chunking; 2-D only, fp32 output): issue 11 part 2",
     f"{TF}.clip_by_value": "elementwise torch.max(torch.min(x, hi), lo); called by compute_value_loss (bound as "
     "value_loss): "
     "no reduction or rounding of its own",
@@ -896,12 +964,11 @@ NOT_BOUND: dict[str, str] = {
     f"{TF}.check_device_is_available": _NOT_NUMERICS + "a device-availability context manager",
     f"{TF}.use_original_torch_compile": _NOT_NUMERICS + "a context manager restoring torch.compile",
     # ---- verl.utils.experimental.torch_functional
-    "verl.utils.experimental.torch_functional.FusedLinearForPPO.forward": "no catalog op yet: fused-linear "
-    "log-probs / entropy from hidden states and the LM-head weight, in chunks (issue 11 part 2)",
-    "verl.utils.experimental.torch_functional.FusedLinearForPPOFunction.forward": "no catalog op yet: the autograd "
-    "Function under FusedLinearForPPO (fused-linear family, issue 11 part 2)",
-    "verl.utils.experimental.torch_functional.FusedLinearForPPOFunction.backward": "no catalog op yet: the chunked "
-    "backward of FusedLinearForPPO (fused-linear family, issue 11 part 2)",
+    "verl.utils.experimental.torch_functional.FusedLinearForPPOFunction.forward": "the autograd Function that "
+    "FusedLinearForPPO.forward (bound as fused_linear_token_stats) applies with the torch backend: every "
+    "fused_linear_token_stats finding runs it",
+    "verl.utils.experimental.torch_functional.FusedLinearForPPOFunction.backward": "its chunked backward: every "
+    "fused_linear_token_stats finding with a gradient (matches_reference, non_destructive) runs it",
     # ---- verl.trainer.ppo.core_algos
     f"{CORE}.AdvantageEstimator": _NOT_NUMERICS + "the enum of estimator names (the registry entries are listed "
     "separately)",
@@ -949,9 +1016,6 @@ NOT_BOUND: dict[str, str] = {
     f"{TPM}.is_tensor_parallel_param": _NOT_NUMERICS + "reads a parameter attribute",
     f"{TPM}.get_tensor_parallel_partition_dim": _NOT_NUMERICS + "reads a parameter attribute",
     f"{TPM}.get_tensor_parallel_partition_stride": _NOT_NUMERICS + "reads a parameter attribute",
-    f"{TPM}.vocab_parallel_entropy_with_chunking": "no catalog op yet for a second vocab_parallel_entropy "
-    "implementation (chunks along dim 1 through the same _VocabParallelEntropy; float32 output buffer): "
-    "issue 11 part 2",
     f"{TPM}.vocab_parallel_log_probs_from_logits_response_rmpad": "unpad / roll / pad around "
     "vocab_parallel_log_probs_from_logits (bound as vocab_parallel_token_logprobs); needs flash-attn: "
     "unreachable on CPU",

@@ -14,6 +14,12 @@ Regimes: ``moderate`` (scale 0.1–30), ``peaked``, ``near_uniform_offset`` (±1
 seed (:class:`~rlconform.harness.generated.LogitsGen`) and materialised in the dtype under test when the
 case runs; the reference and the faithful path read it back in row chunks (:func:`_evaluate_generated`).
 The label-smoothed op has no ``real_shapes`` regime (the fused reference does not cover it).
+
+Alternative implementations (issue 11 part 2, :data:`IMPLEMENTATIONS`): ``entropy`` ``chunked`` (rows in
+chunks of ``chunk_size``), ``token_logprobs`` ``naive`` (log_softmax then gather) and ``rowwise``
+(x_y − logsumexp(x) one row at a time). Each is checked under ``impl@data`` regimes against the same
+reference with the same properties, in every input rank its binding declares, with its declared output
+dtype (:mod:`rlconform.harness.impl_contract`); a chunked one on row counts around its chunk boundaries.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ from rlconform.harness.evaluation import Compared, Evaluation, EngineCrash, call
 from rlconform.harness.families import OpFamily
 from rlconform.harness.generated import LogitsGen
 from rlconform.harness.guards import InputGuard, produce
+from rlconform.harness import impl_contract as IC
 from rlconform.harness.opinfo import (
-    FINITE, FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function,
+    FINITE, FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, implementation_regimes, reference_function,
+    split_regime,
 )
 from rlconform.harness.profiles import profile_regimes
 from rlconform.harness.tensors import as_numpy, out_dtype, round_to, to_tensor
@@ -67,11 +75,26 @@ REAL_CHUNK_BYTES = 32 << 20
 LABEL_SMOOTHING = (0.1, 0.01, 0.5, 0.9)
 
 
+#: alternative implementations the catalog knows, per op (issue 11 part 2): name -> what it is
+IMPLEMENTATIONS = {
+    "entropy": {"chunked": "rows in chunks of chunk_size, each chunk's entropy written into an output buffer "
+                           "(verl entropy_from_logits_with_chunking)"},
+    "token_logprobs": {"naive": "log_softmax over the vocab, then gather the label (verl logprobs_from_logits_naive)",
+                       "rowwise": "x_y − logsumexp(x), the logsumexp one row at a time (verl logprobs_from_logits_v2)"},
+}
+#: the implementations that take a chunk size (their cases are drawn around chunk boundaries)
+CHUNKED = ("chunked",)
+
+
 def _op(name: str, arity: int, source: str, regimes=None, parameters=None) -> OpInfo:
     regimes = regimes or dict(LOGITS_REGIMES, **{REAL_SHAPES: REAL_SHAPES_DTYPES})
-    return OpInfo(name, "token_stat", arity, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE), regimes,
+    impls = IMPLEMENTATIONS.get(name, {})
+    # the alternative implementations run on the regimes every profile has (not on real_shapes' generated logits)
+    in_every_profile = {k: v for k, v in regimes.items() if k not in profile_regimes(regimes)}
+    return OpInfo(name, "token_stat", arity, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE),
+                  dict(regimes, **implementation_regimes(in_every_profile, impls)),
                   reference_function(name), reference_function(name + "_grad"), differentiable=True,
-                  source=source, family="token_stats", parameters=parameters or {},
+                  source=source, family="token_stats", implementations=dict(impls), parameters=parameters or {},
                   profile_regimes=profile_regimes(regimes))
 
 
@@ -102,10 +125,21 @@ def real_logits(draw, vocabs=None, rows=None):
     return {"logits": gen, "labels": labels, "grad_output": rng.uniform(-1.0, 1.0, size=t)}
 
 
+@st.composite
+def _chunked_logits(draw, dtype: str, data: str):
+    """Logits ``[rows, V]`` with rows around a chunk boundary, and the ``chunk_size``."""
+    chunk, rows = draw(IC.chunked_rows())
+    vocab = IC.LARGE_CHUNK_VOCAB if rows > 64 else S.VOCAB_SIZES
+    d = draw(S.logits(dtype, data, with_labels=True, batch_shapes=[(rows,)], vocab_sizes=vocab))
+    return dict(d, chunk_size=chunk)
+
+
 def strategy(op: OpInfo, dtype: str, regime: str):
+    impl, regime = split_regime(regime)
     if regime == REAL_SHAPES:
         return S.with_parameters(op, real_logits())
-    return S.with_parameters(op, S.logits(dtype, regime, with_labels=True))
+    logits = _chunked_logits(dtype, regime) if impl in CHUNKED else S.logits(dtype, regime, with_labels=True)
+    return S.with_parameters(op, logits)
 
 
 def engine_args(op: OpInfo, logits: torch.Tensor, inputs: dict) -> tuple:
@@ -278,8 +312,94 @@ def _evaluate_generated(op: OpInfo, fn, binding, case) -> Evaluation:
     return ev
 
 
+def _flat_inputs(inputs: dict) -> dict:
+    """``inputs`` with the logits as ``[N, V]`` and labels / grad_output as ``[N]``."""
+    v = inputs["logits"].shape[-1]
+    out = dict(inputs, logits=inputs["logits"].reshape(-1, v))
+    for key in ("labels", "grad_output"):
+        if key in inputs:
+            out[key] = np.asarray(inputs[key]).reshape(-1)
+    return out
+
+
+def _shaped(inputs: dict, batch: tuple) -> dict:
+    """Flat ``inputs`` (:func:`_flat_inputs`) presented with batch shape ``batch``."""
+    v = inputs["logits"].shape[-1]
+    out = dict(inputs, logits=inputs["logits"].reshape(batch + (v,)))
+    for key in ("labels", "grad_output"):
+        if key in inputs:
+            out[key] = inputs[key].reshape(batch)
+    return out
+
+
+def _evaluate_implementation(op: OpInfo, binding, case, name: str) -> Evaluation:
+    """An alternative implementation ``name`` of the op (issue 11 part 2): the same data in every rank the
+    implementation's contract allows, each answer (value, gradient) compared with the reference; an output
+    dtype or a rank that breaks the contract is a problem."""
+    impl = binding.resolve_implementation(case.op, name)
+    kwargs = {impl.chunk_arg: int(case.inputs["chunk_size"])} if impl.chunk_arg else {}
+    flat = _flat_inputs(case.inputs)
+    if "grad_output" not in flat:
+        flat["grad_output"] = np.ones(flat["logits"].shape[0])
+    n = flat["logits"].shape[0]
+    ev = Evaluation()
+    where = f"{case.op}@{name} forward" + (f" ({impl.chunk_arg}={kwargs[impl.chunk_arg]})" if kwargs else "")
+    if case.property == NON_DESTRUCTIVE:
+        shaped = _shaped(flat, IC.rank_shape(n, impl.ranks[0]))
+        leaf = to_tensor(shaped["logits"], case.dtype).clone().requires_grad_(True)
+        logits = produce(leaf)
+        args = engine_args(op, logits, shaped)
+        guard = InputGuard(logits=logits, **({"labels": args[1]} if len(args) > 1 else {}))
+        out = call_engine(where, impl.fn, *args, **kwargs)
+        ev.mutations += [m.describe() for m in guard.check("forward")]
+        if backward(op, binding, out, leaf, torch.from_numpy(shaped["grad_output"]), ev, saved_producer=True):
+            ev.mutations += [m.describe() for m in guard.check("backward")]
+        return ev
+    ref = _reference(op, flat, flat["logits"], None)
+    ref_grad = None
+    f_out, f_grad = faithful(op, to_tensor(flat["logits"], case.dtype), flat, torch.from_numpy(flat["grad_output"]))
+    crashes = []
+    for rank in impl.ranks:
+        batch = IC.rank_shape(n, rank)
+        shaped = _shaped(flat, batch)
+        leaf = to_tensor(shaped["logits"], case.dtype).clone().requires_grad_(True)
+        try:
+            out = call_engine(where, impl.fn, *engine_args(op, leaf, shaped), **kwargs)
+        except EngineCrash as exc:
+            crashes.append((rank, shaped["logits"].shape, exc))
+            continue
+        label = f"value (rank {rank})"
+        problem = shape_problem(label, as_numpy(out), batch, f"logits {tuple(shaped['logits'].shape)} -> one value "
+                                "per token")
+        if problem:
+            ev.problems.append(problem)
+            continue
+        odt = out_dtype(out, case.dtype)
+        problem = IC.dtype_problem(f"{case.op}@{name}'s output", odt, case.dtype, impl)
+        if problem and problem not in ev.problems:  # the same dtype in every rank: said once
+            ev.problems.append(problem)
+        grad = leaf.grad if backward(op, binding, out, leaf, torch.from_numpy(shaped["grad_output"]), ev) else None
+        ev.values.append(Compared(label, as_numpy(out).reshape(-1), np.asarray(ref, np.float64),
+                                  as_numpy(round_to(f_out, odt)), odt, "token_stat"))
+        if grad is not None:
+            gdt = out_dtype(grad, case.dtype)
+            if ref_grad is None:
+                ref_grad = _reference(op, flat, flat["logits"], flat["grad_output"])
+            problem = shape_problem(f"gradient (rank {rank})", as_numpy(grad), shaped["logits"].shape)
+            if problem:
+                ev.problems.append(problem)
+            else:
+                ev.gradients.append(Compared(f"gradient (rank {rank})", as_numpy(grad).reshape(n, -1), ref_grad,
+                                             as_numpy(round_to(f_grad, gdt)), gdt, "token_stat"))
+    IC.settle_crashes(crashes, impl, ev.problems)
+    return ev
+
+
 def evaluate(binding, case) -> Evaluation:
     op = next(o for o in OPS if o.name == case.op)
+    name, _ = split_regime(case.regime)
+    if name is not None:
+        return _evaluate_implementation(op, binding, case, name)
     fn = binding.resolve(case.op)
     if isinstance(case.inputs["logits"], LogitsGen):
         return _evaluate_generated(op, fn, binding, case)

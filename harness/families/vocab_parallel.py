@@ -15,6 +15,13 @@ under TP = 2 (75 968 / 64 128 entries a rank), T ≤ 8 rows, bf16 and fp32, logi
 rows: every case ships the float64 shards to gloo ranks over pickled pipes and the 2-core CI machine runs
 both ranks; the shard size (what a per-rank fp32 accumulation over V/tp sees) is the real one, and
 TP = 4 shards (37 984 / 32 064) lie between TP = 2's and the CI regimes' sizes.
+
+Alternative implementations (issue 11 part 2): ``vocab_parallel_entropy`` ``chunked`` (tokens in chunks
+of ``chunk_size``; verl ``vocab_parallel_entropy_with_chunking``; rows drawn around chunk boundaries) and
+``vocab_parallel_token_logprobs`` ``fused`` (Megatron-core ``fused_vocab_parallel_cross_entropy``) under
+``impl@<layout>_<data>`` for the TP-only layouts, every input rank its binding declares, its declared
+output dtype; ``matches_reference`` and ``non_destructive`` (the TP-partition invariance is
+the default implementation's finding).
 """
 
 from __future__ import annotations
@@ -22,13 +29,15 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
+from rlconform.harness import impl_contract as IC
 from rlconform.harness import strategies as S
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families.token_stats import LABEL_SMOOTHING
 from rlconform.harness.layout import parse_regime
 from rlconform.harness.profiles import profile_regimes
 from rlconform.harness.opinfo import (
-    FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
+    FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, implementation_regimes,
+    reference_function, split_regime,
 )
 
 VOCAB_PARALLEL_REGIMES = {
@@ -52,12 +61,31 @@ ORDER_REGIMES = {"tp2_after_entropy": FLOAT_DTYPES, "tp4_after_entropy": ("float
 _LOGITS_ALIASES = {"after_entropy": "moderate"}
 
 
+#: alternative implementations per op (issue 11 part 2): name -> what it is
+IMPLEMENTATIONS = {
+    "vocab_parallel_entropy": {"chunked": "tokens in chunks of chunk_size through the same vocab-parallel entropy, "
+                                          "written into an output buffer (verl vocab_parallel_entropy_with_chunking)"},
+    "vocab_parallel_token_logprobs": {"fused": "the vocab-parallel cross-entropy with jit-fused steps (Megatron-core "
+                                               "fused_vocab_parallel_cross_entropy)"},
+}
+#: the implementations that take a chunk size (their cases are drawn around chunk boundaries)
+CHUNKED = ("chunked",)
+#: chunk sizes of the chunked implementations: small ones and 2048 (verl's default; its callers pass no other)
+VP_CHUNK_SIZES = (1, 2, 3, 2048)
+
+
 def _op(base: str, arity: int, source: str, extra_regimes=None, regimes=None, parameters=None) -> OpInfo:
+    name = f"vocab_parallel_{base}"
     regimes = dict(regimes or VOCAB_PARALLEL_REGIMES, **(extra_regimes or {}))
-    return OpInfo(f"vocab_parallel_{base}", "vocab_parallel", arity,
-                  (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE), regimes, reference_function(base),
+    impls = IMPLEMENTATIONS.get(name, {})
+    # the alternative implementations: TP-only layouts, regimes every profile has (not tp2_real_shapes)
+    tp_only = {k: v for k, v in regimes.items() if "cp" not in k.split("_")[0] and k not in profile_regimes(regimes)}
+    all_regimes = dict(regimes, **implementation_regimes(tp_only, impls))
+    return OpInfo(name, "vocab_parallel", arity,
+                  (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE), all_regimes, reference_function(base),
                   reference_function(base + "_grad"), differentiable=True, source=source,
-                  family="vocab_parallel", distributed=True, parameters=parameters or {},
+                  family="vocab_parallel", distributed=True, implementations=dict(impls), parameters=parameters or {},
+                  property_regimes={PARTITION_INVARIANT: tuple(regimes)} if impls else {},
                   profile_regimes=profile_regimes(regimes))
 
 
@@ -82,6 +110,7 @@ def inputs(draw, op: OpInfo, dtype: str, regime: str):
     multiple of TP, so a TP rank may hold a shard that is all ``-inf``; the other regimes draw V rounded
     up to a multiple of TP with finite logits, so each regime isolates one difficulty. With CP the
     tokens are flattened to ``[N, V]`` rows (at least one per CP rank) and split over the CP ranks."""
+    impl, regime = split_regime(regime)
     layout, data = parse_regime(regime)
     with_labels = op.name.endswith("token_logprobs")
     if data == "real_shapes":
@@ -101,7 +130,14 @@ def inputs(draw, op: OpInfo, dtype: str, regime: str):
         sizes = tuple(sorted({-(-v // layout.tp) * layout.tp for v in S.VOCAB_SIZES}))
     if "label_smoothing" in op.parameters:  # Megatron pads V to a multiple of 128·TP: a shard holds ≥ 2 entries
         sizes = tuple(v for v in sizes if v >= 2 * layout.tp) or (2 * layout.tp,)
-    d = draw(S.logits(dtype, logits_regime, with_labels=with_labels, vocab_sizes=sizes))
+    chunk = None
+    if impl in CHUNKED:  # a chunked implementation: [rows, V] with rows around a chunk boundary
+        chunk, rows = draw(IC.chunked_rows(VP_CHUNK_SIZES))
+        if rows > 64:
+            sizes = tuple(sorted({-(-v // layout.tp) * layout.tp for v in IC.LARGE_CHUNK_VOCAB}))
+        d = draw(S.logits(dtype, logits_regime, with_labels=with_labels, vocab_sizes=sizes, batch_shapes=[(rows,)]))
+    else:
+        d = draw(S.logits(dtype, logits_regime, with_labels=with_labels, vocab_sizes=sizes))
     x, g = d["logits"], d["grad_output"]
     labels = d.get("labels")
     v = x.shape[-1]
@@ -113,6 +149,8 @@ def inputs(draw, op: OpInfo, dtype: str, regime: str):
             x, g = np.tile(x, (reps, 1)), np.tile(g, reps)
             labels = np.tile(labels, reps) if labels is not None else None
     out = {"logits": S.pad_vocab(x, layout.tp), "grad_output": g, "vocab": int(v)}
+    if chunk is not None:
+        out["chunk_size"] = chunk
     if labels is not None:
         out["labels"] = labels
     for name, values in op.parameters.items():

@@ -6,9 +6,13 @@ from rlconform.harness.binding import Binding
 from rlconform.harness.bindings.reference import binding as reference
 
 
-def mutant(name: str, doc: str, **ops) -> Binding:
-    """The reference binding under ``mutants.<name>`` with ``ops`` replaced (and only those kept
-    when ``only=True`` would hide nothing: every op stays, so unaffected ops must pass)."""
+def mutant(name: str, doc: str, implementations=None, **ops) -> Binding:
+    """The reference binding under ``mutants.<name>`` with ``ops`` replaced (every op stays, so unaffected ops
+    must pass); ``implementations`` (op -> {name -> Implementation}) replaces the reference's alternative
+    implementations of those ops (issue 11 part 2)."""
     merged = dict(reference.ops)
     merged.update(ops)
-    return Binding(name=f"mutants.{name}", ops=merged, notes={"mutant": doc})
+    impls = {op: dict(v) for op, v in reference.implementations.items()}
+    for op, v in (implementations or {}).items():
+        impls.setdefault(op, {}).update(v)
+    return Binding(name=f"mutants.{name}", ops=merged, notes={"mutant": doc}, implementations=impls)

@@ -1,0 +1,23 @@
+"""Issue 11 part 2: a chunked entropy that only takes 2-D logits although its docstring allows
+``[B, T, V]`` too: the per-chunk result ``[c, T]`` is written into a buffer of ``logits.shape[0]``
+entries, which raises for a 3-D input (verl's ``entropy_from_logits_with_chunking`` has this shape of
+code, but documents 2-D only). Caught by the rank contract of ``entropy@chunked``."""
+
+import torch
+
+from rlconform.harness.binding import Implementation
+from rlconform.harness.faithful import entropy as _entropy
+from rlconform.harness.mutants._base import mutant
+
+
+def chunked_entropy(logits, chunk_size=2048):
+    out = torch.zeros(logits.shape[0], dtype=logits.dtype)
+    for i in range(0, logits.shape[0], chunk_size):
+        out[i:i + chunk_size] = _entropy(logits[i:i + chunk_size])
+    return out
+
+
+EXPECTED = [("entropy", "matches_reference")]
+binding = mutant("chunk_2d_only", __doc__, implementations={
+    "entropy": {"chunked": Implementation(chunked_entropy, ranks=(2, 3), chunk_arg="chunk_size",
+                                          doc="logits (batch, vocab) or (batch, seq, vocab)")}})

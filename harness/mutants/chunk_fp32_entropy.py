@@ -1,0 +1,23 @@
+"""Issue 11 part 2: a chunked entropy that writes every chunk into a float32 buffer
+(``torch.zeros(n)``, as verl's ``entropy_from_logits_with_chunking`` does) while its docstring promises
+the input's dtype: a float64 input comes back float32 (and fp16 / bf16 ones float32). Caught by the dtype
+contract of ``entropy@chunked`` (a problem of every case: ``matches_reference`` fails with the message)."""
+
+import torch
+
+from rlconform.harness.binding import Implementation
+from rlconform.harness.faithful import entropy as _entropy
+from rlconform.harness.mutants._base import mutant
+
+
+def chunked_entropy(logits, chunk_size=2048):
+    out = torch.zeros(logits.shape[:-1])  # the default dtype: float32 whatever the input
+    for i in range(0, logits.shape[0], chunk_size):
+        out[i:i + chunk_size] = _entropy(logits[i:i + chunk_size])
+    return out
+
+
+EXPECTED = [("entropy", "matches_reference")]
+binding = mutant("chunk_fp32_entropy", __doc__, implementations={
+    "entropy": {"chunked": Implementation(chunked_entropy, chunk_arg="chunk_size",
+                                          doc="returns entropy in the logits' dtype")}})
