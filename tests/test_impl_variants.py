@@ -51,9 +51,11 @@ def test_catalog_declares_implementation_regimes():
     assert OPS["token_logprobs"].implementations.keys() == {"naive", "rowwise"}
     for op in ("entropy", "token_logprobs"):
         info = OPS[op]
-        plain = [r for r in info.regimes if split_regime(r)[0] is None]
+        plain = [r for r in info.regimes if split_regime(r)[0] is None and r not in info.profile_regimes]
         for impl in info.implementations:
             assert {f"{impl}@{r}" for r in plain} <= set(info.regimes)
+            # a profile-only regime (real_shapes' generated logits) has no implementation form
+            assert not {f"{impl}@{r}" for r in info.profile_regimes} & set(info.regimes)
 
 
 def test_an_op_has_variants_or_implementations_not_both():
