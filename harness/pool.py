@@ -8,7 +8,11 @@ in rank order.
 
 Every ``run`` has a deadline. On failure the case raises :class:`RankFailure` with every rank's
 traceback or state, then the whole group is killed (SIGTERM, SIGKILL after a short grace) and joined;
-the next ``run`` spawns a fresh group on a fresh store.
+the next ``run`` spawns a fresh group on a fresh store. One exception: when every rank returned (some
+raised, none died or is still running), one all_reduce over WORLD and over every cached subgroup
+(:func:`~rlconform.harness.pool_worker.group_health`) decides; a group that passes is kept, since a
+respawn costs seconds of imports per rank and an engine that raises on every example (a contract
+violation, a 2-D input it rejects) would otherwise pay it per example.
 
 * ``kind="raised"``: a rank's ``fn`` raised. Its traceback is reported; peers that were blocked in a
   collective are shown with their Python stacks.
@@ -66,7 +70,7 @@ import traceback
 import weakref
 from typing import Any, Callable
 
-from rlconform.harness.pool_worker import _THREAD_ENV, WorkerContext, worker_main
+from rlconform.harness.pool_worker import _THREAD_ENV, WorkerContext, group_health, worker_main
 
 __all__ = [
     "RankFailure",
@@ -176,6 +180,9 @@ class WorkerPool:
         self._tmpdir = tempfile.mkdtemp(prefix="rlconform-pool-")
         self.last_startup_s: float | None = None
         self.startups = 0
+        self.group_checks = 0  # health checks run after a case that raised on every rank that failed
+        self.groups_kept = 0  # ... that passed: the group was reused instead of respawned
+        self.health_timeout_s = 30.0
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -428,7 +435,7 @@ class WorkerPool:
                     self._teardown(gen)
                 raise
 
-    def _run_case(self, gen: _Generation, seq: int, msgs: list[bytes], timeout: float) -> list:
+    def _run_case(self, gen: _Generation, seq: int, msgs: list[bytes], timeout: float, *, check_health: bool = True) -> list:
         world = self.world_size
         t0 = time.monotonic()
         results: dict[int, Any] = {}
@@ -530,9 +537,30 @@ class WorkerPool:
         else:
             kind, failed = "hung", pending
         detail = f"deadline {timeout:g} s" if kind == "hung" else ""
+        if kind == "raised" and not pending and check_health:
+            self._group_healthy(gen)  # every rank is back in its loop: kept if healthy, else torn down
+        else:
+            self._gen = None
+            self._teardown(gen)
+        raise RankFailure(kind, tracebacks, failed, elapsed, detail)
+
+    def _group_healthy(self, gen: _Generation) -> bool:
+        """After a case in which every rank returned (at least one raised): run :func:`group_health` on the
+        same group. True keeps the group for the next case; False: the group has been torn down. The check's deadline is short: a healthy group answers in ms."""
+        self._seq += 1
+        seq = self._seq
+        msg = pickle.dumps(("run", seq, group_health, None), protocol=pickle.HIGHEST_PROTOCOL)
+        self.group_checks += 1
+        try:
+            out = self._run_case(gen, seq, [msg] * self.world_size, min(self.timeout_s, self.health_timeout_s), check_health=False)
+        except RankFailure:
+            return False  # _run_case tore the group down
+        if all(out):
+            self.groups_kept += 1
+            return True
         self._gen = None
         self._teardown(gen)
-        raise RankFailure(kind, tracebacks, failed, elapsed, detail)
+        return False
 
     def _dump_stacks(self, gen: _Generation, ranks: list[int], wait_s: float = 1.0) -> dict[int, str]:
         """SIGUSR1 -> faulthandler writes each rank's Python stacks to its file; read them back."""

@@ -88,3 +88,21 @@ def segv_on(ctx, payload):
     if ctx.rank == payload["rank"]:
         ctypes.string_at(0)
     return ctx.rank
+
+
+def raise_everywhere(ctx, payload):
+    """Every rank raises ValueError(payload["msg"]) before any collective (an engine that rejects its
+    input on every rank): the group stays consistent and is kept."""
+    raise ValueError(f"{payload['msg']} on rank {ctx.rank}")
+
+
+def raise_after_forgetting_subgroup(ctx, payload):
+    """Every rank joins subgroup ``payload["ranks"]``, rank 0 drops it from its cache (the ranks' states
+    diverge), every rank raises: all ranks returned, but the health check blocks rank 1 in the subgroup
+    rank 0 no longer has, so the group is respawned."""
+    key = None
+    ctx.new_group(payload["ranks"])
+    if ctx.rank == 0:
+        key = next(k for k in ctx._groups if k[0] == tuple(payload["ranks"]))
+        del ctx._groups[key]
+    raise ValueError(f"raised on rank {ctx.rank}")

@@ -71,6 +71,25 @@ class WorkerContext:
         return datetime.timedelta(seconds=self.collective_timeout_s)
 
 
+def group_health(ctx: WorkerContext, payload: Any) -> bool:
+    """One all_reduce of ones over WORLD and over every cached subgroup this rank belongs to; True when
+    each sums to its group's size. The pool runs it after a case in which every rank returned (some
+    raised): a group that passes is reused instead of respawned (a respawn costs seconds of imports)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t, group=ctx.group)
+    ok = t.item() == ctx.world_size
+    for key in sorted(ctx._groups):  # created collectively, in the same order on every rank
+        ranks = key[0]
+        if ctx.rank in ranks:
+            t = torch.ones(1)
+            dist.all_reduce(t, group=ctx._groups[key])
+            ok = ok and t.item() == len(ranks)
+    return bool(ok)
+
+
 def _orphan_exit(stack_path: str, code: int) -> None:
     """The parent is gone: remove what it can no longer clean up (own file; the dir if last), exit."""
     for rm, path in ((os.unlink, stack_path), (os.rmdir, os.path.dirname(stack_path))):

@@ -148,6 +148,34 @@ def test_raising_rank(pool2):
     assert elapsed < FAILURE_DEADLINE_S / 2, elapsed
 
 
+def test_group_kept_when_every_rank_raised(pool2):
+    """A case in which every rank raised (none blocked, none died) keeps the group: same processes, one
+    health check passed, the next case runs on it."""
+    old = list(pool2.start().pids)
+    kept = pool2.groups_kept
+    with pytest.raises(RankFailure) as ei:
+        pool2.run(pc.raise_everywhere, {"msg": "rejected-4c1d"}, timeout_s=FAILURE_DEADLINE_S)
+    assert ei.value.kind == "raised" and ei.value.failed_ranks == [0, 1]
+    assert "rejected-4c1d on rank 1" in ei.value.tracebacks[1]
+    assert pool2.pids == old and pool2.groups_kept == kept + 1
+    assert [o["pid"] for o in pool2.run(pc.rank_info, None)] == old
+    assert pool2.run(pc.allreduce_sum, {"dtype": "float32"})  # collectives still work
+
+
+def test_group_respawned_when_health_check_fails(pool2):
+    """Every rank returned, but rank 0 forgot a subgroup its peer still has: the health check fails and
+    the group is respawned (a group whose ranks disagree is never reused)."""
+    old = list(pool2.start().pids)
+    checks, kept = pool2.group_checks, pool2.groups_kept
+    with pytest.raises(RankFailure) as ei:
+        pool2.run(pc.raise_after_forgetting_subgroup, {"ranks": [0, 1]}, timeout_s=FAILURE_DEADLINE_S)
+    assert ei.value.kind == "raised"
+    assert pool2.group_checks == checks + 1 and pool2.groups_kept == kept
+    assert _wait_gone(old) == []
+    assert [o["rank"] for o in pool2.run(pc.rank_info, None)] == [0, 1]
+    assert set(pool2.pids).isdisjoint(old)
+
+
 def test_segfault_and_exit(pool4):
     err, _ = _expect_failure(pool4, pc.segv_on, {"rank": 2}, 30.0)
     assert err.kind == "died" and err.failed_ranks == [2]
