@@ -90,9 +90,17 @@ class OpInfo:
     #: each under ``inputs[name]``; the engine call, the reference and the faithful path all receive them
     #: from :meth:`parameter_values`, so a parameterised op needs no special case anywhere.
     parameters: dict[str, tuple] = dataclasses.field(default_factory=dict)
-    #: regime -> cap on examples (and on shrinking steps) per finding, for a regime whose one example is
-    #: expensive (``metric_statistics@large_counts`` builds 2²⁴-token tensors); the profile's number when lower
-    example_caps: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: regime -> :class:`~rlconform.harness.profiles.ExampleCap` for a regime whose one example is expensive
+    #: (``metric_statistics@large_counts`` builds 2²⁴-token tensors); a profile-only regime has
+    #: :data:`~rlconform.harness.profiles.REAL_SHAPES_CAP` unless listed here. Read through :meth:`example_cap`,
+    #: the one place a runner (single-process or distributed) takes a finding's caps from.
+    example_caps: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def example_cap(self, regime: str):
+        """The :class:`~rlconform.harness.profiles.ExampleCap` of this op's findings under ``regime``, or None."""
+        from rlconform.harness.profiles import example_cap
+
+        return example_cap(regime, self.example_caps)
 
     def parameter_values(self, inputs: dict) -> tuple:
         """The case's values of this op's scalar parameters, in signature order (Python scalars).

@@ -9,6 +9,8 @@ caught (see tests/test_mutants.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import HealthCheck, settings
 
 PROFILES = {"dev": 8, "ci": 20, "nightly": 500}
@@ -68,18 +70,55 @@ def profile_regimes(regimes) -> dict[str, tuple[str, ...]]:
     return {r: p for r in regimes if (p := profile_only(r)) is not None}
 
 
-def heavy_settings(base: settings, regime: str, seeded: bool) -> settings:
-    """``base`` for a finding of ``regime``: unchanged for an ordinary regime; for a profile-only regime
-    at real sizes at most :data:`REAL_SHAPES_EXAMPLES` examples, no shrinking and no target phase,
-    derandomized unless the run is ``seeded`` (``--seed``)."""
-    if profile_only(regime) is None:
-        return base
-    from hypothesis import Phase
+@dataclasses.dataclass(frozen=True)
+class ExampleCap:
+    """A cap on one finding of a regime whose one example is expensive (``OpInfo.example_caps``): at most
+    ``max_examples`` examples and ``max_shrinks`` shrinking steps (None: as many as examples), whatever the
+    profile says (``--max-examples`` / ``--max-shrinks`` may only lower them). ``fixed``: derandomized
+    unless the run is seeded (``--seed``), no target phase — the same few examples every run.
 
-    kw = {"max_examples": max(1, min(base.max_examples, REAL_SHAPES_EXAMPLES)),
-          "phases": (Phase.explicit, Phase.reuse, Phase.generate)}
-    if not seeded:
-        kw.update(derandomize=True, database=None)
+    Raises ValueError for ``max_examples`` < 1 or ``max_shrinks`` < 0."""
+
+    max_examples: int
+    max_shrinks: int | None = None
+    fixed: bool = False
+
+    def __post_init__(self):
+        if self.max_examples < 1 or (self.max_shrinks is not None and self.max_shrinks < 0):
+            raise ValueError(f"ExampleCap needs max_examples >= 1 and max_shrinks >= 0, not {self}")
+
+    @property
+    def shrinks(self) -> int:
+        return self.max_examples if self.max_shrinks is None else self.max_shrinks
+
+
+#: the cap of every profile-only regime at real sizes (each example is seconds to minutes of CPU and up to
+#: several GB): a few derandomized examples, never shrunk (a shrink step would cost as much as an example,
+#: and the description of a failing example is already small)
+REAL_SHAPES_CAP = ExampleCap(REAL_SHAPES_EXAMPLES, 0, fixed=True)
+
+
+def example_cap(regime: str, caps: dict[str, ExampleCap] | None = None) -> ExampleCap | None:
+    """The cap of a finding of ``regime``: the op's own (``caps``, its ``OpInfo.example_caps``), else
+    :data:`REAL_SHAPES_CAP` for a profile-only regime, else None (the profile's numbers)."""
+    if caps and regime in caps:
+        return caps[regime]
+    return REAL_SHAPES_CAP if profile_only(regime) is not None else None
+
+
+def capped_settings(base: settings, cap: ExampleCap | None, seeded: bool) -> settings:
+    """``base`` under ``cap``: unchanged without one; else at most ``cap.max_examples`` examples, and for a
+    ``fixed`` cap no target phase and derandomized unless the run is ``seeded``. (Shrinking steps are
+    counted by the runner, not by hypothesis.)"""
+    if cap is None:
+        return base
+    kw = {"max_examples": max(1, min(base.max_examples, cap.max_examples))}
+    if cap.fixed:
+        from hypothesis import Phase
+
+        kw["phases"] = (Phase.explicit, Phase.reuse, Phase.generate)
+        if not seeded:
+            kw.update(derandomize=True, database=None)
     return settings(base, **kw)
 
 

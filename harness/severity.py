@@ -36,6 +36,9 @@ VALUE_CLAUSE = re.compile(rf"engine (?P<e>{_NUM}) vs reference (?P<r>{_NUM}) at 
 PARTITION_CLAUSE = re.compile(rf"(?P<x>{_NUM}) vs (?:[^\n]*? = )?(?P<y>{_NUM})(?: at flat index \d+)? "
                               rf"\(reference (?P<r>{_NUM}), allowed difference (?P<d>{_NUM})\)")
 NONFINITE_WHERE_FINITE = re.compile(rf"engine (?P<e>nan|-?inf) where the reference[a-z ]* is finite")
+#: :func:`rlconform.harness.impl_contract.rank_problem`: an input rank the implementation's docstring allows raised
+RANK_CONTRACT = re.compile(r"contract: a rank-(?P<rank>\d+) input [^\n]*?\(its docstring allows ranks [^)]*\) raised "
+                           r"(?P<t>[A-Za-z0-9_.]+)")
 CRASH_TYPE = re.compile(r"(?:engine raised in [^:]*: )?(?P<t>[A-Z][A-Za-z0-9_.]*(?:Error|Exception|Warning))\b")
 
 
@@ -89,6 +92,9 @@ def classify(finding: dict) -> tuple[str | None, str]:
         return "wrong", "the op could not be loaded"
     if status == "crash":
         return "wrong", f"the engine raised {crash_type(msg)} on a legal input"
+    m = RANK_CONTRACT.search(msg)
+    if m:  # a documented input shape that cannot run is a crash on a legal input, whatever else failed
+        return "wrong", f"the engine raised {m['t'].rstrip(':').rsplit('.', 1)[-1]} on a rank-{m['rank']} input its docstring allows"
     if "no autograd graph" in low or "no gradient" in low:
         return "wrong", "a gradient the contract requires is missing"
     if "the engine returned shape" in msg or "nothing to compare" in msg:

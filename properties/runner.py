@@ -31,9 +31,10 @@ from hypothesis import given, seed, settings, target
 
 from rlconform.harness import interrupts
 from rlconform.harness.binding import BindingError, OpUnavailable, VariantNotProvided
+from rlconform.harness.catalog import OPS
 from rlconform.harness.evaluation import EngineCrash
 from rlconform.harness.pool import PoolStartupError, RankFailure
-from rlconform.harness.profiles import heavy_settings, profile_only
+from rlconform.harness.profiles import capped_settings, example_cap
 from rlconform.properties.case import Case, CaseError
 from rlconform.properties.checks import PropertyFailure
 from rlconform.properties.corpus import replay_corpus
@@ -84,13 +85,13 @@ def failure_message(rec, case: Case, message: str) -> str:
             f"  reproduce: {replay_command(f'{rec.state.out}/cases/{case.finding_id}.json', b.spec, b.path)}")
 
 
-def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: int | None = None,
-                shrink_cap: int | None = None) -> None:
+def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
     """Check one finding ``(op, property, dtype, regime)`` of ``binding`` with inputs from ``strategy``;
     ``check(binding, case) -> Outcome`` judges one case (:func:`rlconform.properties.checks.run_check`,
     or :func:`rlconform.distributed_tests.checks.run_check` for the distributed families).
-    ``max_examples`` / ``shrink_cap``: caps on the profile's examples and shrinking steps (an expensive
-    regime, :attr:`OpInfo.example_caps`)."""
+    An expensive regime's examples and shrinking steps are capped by the op's
+    :meth:`~rlconform.harness.opinfo.OpInfo.example_cap` (real sizes: a few derandomized examples, never
+    shrunk)."""
     op, prop, dtype, regime = finding
     try:
         binding.resolve(op)
@@ -104,10 +105,9 @@ def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: 
 
     budget = getattr(state, "shrink_budget", None)
     max_shrinks = budget(rec.id) if callable(budget) else None
-    if shrink_cap is not None:
-        max_shrinks = shrink_cap if max_shrinks is None else min(max_shrinks, shrink_cap)
-    if profile_only(regime) is not None:  # real sizes: a few derandomized examples, never shrunk
-        max_shrinks = 0
+    cap = OPS[op].example_cap(regime) if op in OPS else example_cap(regime)
+    if cap is not None:
+        max_shrinks = cap.shrinks if max_shrinks is None else min(max_shrinks, cap.shrinks)
     last: dict = {"failure": None}  # the latest (hence smallest) failure hypothesis accepted
 
     def check_one(case: Case):
@@ -140,9 +140,10 @@ def run_finding(binding, finding, rec, state, strategy, *, check, max_examples: 
             raise last["failure"]
         return outcome
 
-    hsettings = heavy_settings(state.settings, regime, getattr(state, "seed", None) is not None)
-    if max_examples is not None:
-        hsettings = settings(hsettings, max_examples=max(1, min(hsettings.max_examples, max_examples)))
+    # one failure per finding: with several distinct ones hypothesis would raise a group, in which a failure
+    # whose shrinking budget ran out is a bare NoShrink (the finding would read as a harness error)
+    hsettings = settings(capped_settings(state.settings, cap, getattr(state, "seed", None) is not None),
+                         report_multiple_bugs=False)
 
     @hsettings
     @given(inputs=strategy)

@@ -16,6 +16,5 @@ from rlconform.properties.runner import run_finding
 @pytest.mark.rlconform_distributed(False)
 def test_property(rlconform_binding, rlconform_case, rlconform_finding, rlconform_state):
     op, _, dtype, regime = rlconform_case
-    cap = OPS[op].example_caps.get(regime)
     run_finding(rlconform_binding, rlconform_case, rlconform_finding, rlconform_state,
-                strategy_for(op, dtype, regime), check=run_check, max_examples=cap, shrink_cap=cap)
+                strategy_for(op, dtype, regime), check=run_check)

@@ -37,6 +37,14 @@ def test_severity_rules():
     assert classify(_f("a.matches_reference.float32.r", message="value: no autograd graph on the output"))[0] == "wrong"
     assert classify(_f("a.matches_reference.float32.r", status="crash",
                        message="engine raised in entropy: RuntimeError: boom"))[0] == "wrong"
+    # a breach of a declared input rank is wrong, even next to a destructive or an imprecise failure
+    # (impl_contract.rank_problem's wording)
+    rank2 = ("contract: a rank-2 input (3, 32) (its docstring allows ranks 2, 3) raised IndexError: too many "
+             "indices for tensor of dimension 2\nrank 0 (tp 0): input 'logits' mutated during forward")
+    sev, why = classify(_f("a.non_destructive.float32.chunked@tp2_moderate", message=rank2))
+    assert sev == "wrong" and "IndexError" in why and "rank-2" in why, why
+    dtype_only = "contract: entropy is float32 for a float64 input; the implementation's docstring documents the input's dtype"
+    assert classify(_f("a.matches_reference.float64.chunked@moderate", message=dtype_only, ratio=2.0))[0] == "imprecise"
     part = "unsharded (DP = 1) vs tokens per DP rank [1, 0]: 1.0 vs 0.5 at flat index 0 (reference 1.0, " \
            "allowed difference 0.0513)"
     assert classify(_f("a.partition_invariant.bfloat16.r", message=part, ratio=30.0))[0] == "wrong"

@@ -7,15 +7,16 @@ one output; the control flow, labels and undefined cases are the same for both, 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from rlconform.harness.evaluation import Evaluation, call_engine
+from rlconform.harness.evaluation import Evaluation, call_engine, shape_problem
 from rlconform.harness.guards import InputGuard
 from rlconform.harness.opinfo import MASK_INVARIANT, NON_DESTRUCTIVE, PARTITION_INVARIANT
-from rlconform.harness.tensors import to_tensor
+from rlconform.harness.tensors import as_numpy, out_dtype, to_tensor
 
 
 def loss_mask(case) -> np.ndarray:
@@ -63,3 +64,45 @@ def second_looks(case, arrays: dict[str, np.ndarray], mask: np.ndarray, ev: Eval
         if alt is not None:
             vals, grads = compare(f"masked = {garbage!r}: ", alt)
             ev.alternatives.append((f"masked positions set to {garbage!r}", vals + grads))
+
+
+def drive_micro_batches(op: str, call: Callable[[dict, torch.Tensor], Any], arrays: dict[str, np.ndarray],
+                        grad_key: str, combine_metrics: Callable | None, mask: np.ndarray, dtype: str,
+                        partition, ev: Evaluation):
+    """Call the engine once per micro-batch ``(a, b)`` of ``partition`` (rows a:b of every array, as
+    ``dtype`` tensors; ``arrays[grad_key]`` requires grad) with ``call(tensors, mask_tensor)`` -> (loss,
+    metrics), backpropagate each loss and fold the micro-batch metrics with the binding's
+    ``combine_metrics([(metrics, nnz), ...])``.
+
+    Returns (Σ losses as a float, gradient w.r.t. ``grad_key`` [B, T] float64 or None, metrics dict, output
+    dtype), or None after a non-scalar loss. A loss without autograd graph, a backward that reaches no
+    gradient and a binding without ``combine_metrics`` are problems in ``ev`` (silence is not conformance).
+    """
+    total, grad, parts, odt = [], np.zeros(mask.shape), [], dtype
+    for a, b in partition:
+        t = {k: to_tensor(v[a:b], dtype) for k, v in arrays.items()}
+        t[grad_key].requires_grad_(True)
+        loss, metrics = call_engine(op, call, t, torch.from_numpy(mask[a:b].copy()))
+        odt = out_dtype(loss, dtype)
+        if as_numpy(loss).size != 1:
+            ev.problems.append(shape_problem("loss", as_numpy(loss), (), "expected a scalar") or "loss: not a scalar")
+            return None
+        total.append(float(as_numpy(loss).reshape(())))
+        parts.append((dict(metrics or {}), int(mask[a:b].sum())))
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            ev.problems.append(f"gradient: the loss has no autograd graph (requires_grad=False): no gradient "
+                               f"reaches {grad_key}")
+            grad = None
+            continue
+        call_engine(f"{op} backward", loss.backward)
+        if t[grad_key].grad is None:
+            ev.problems.append(f"gradient: backward ran but no gradient reached {grad_key}")
+            grad = None
+        elif grad is not None:
+            grad[a:b] = as_numpy(t[grad_key].grad)
+    if combine_metrics is None:
+        ev.problems.append("metrics: the binding declares no combine_metrics (how micro-batch metrics are folded)")
+        metrics = {}
+    else:
+        metrics = dict(call_engine(f"{op} combine_metrics", combine_metrics, parts))
+    return math.fsum(total), grad, metrics, odt

@@ -82,9 +82,12 @@ def _accepts_info(fn: Callable) -> bool:
         p.kind == p.VAR_POSITIONAL for p in params)
 
 
-def run_metric_pipeline(mp, values: torch.Tensor, mask: torch.Tensor, partition):
+def run_metric_pipeline(mp, values: torch.Tensor, mask: torch.Tensor, partition, *, op: str = "metric_pipeline",
+                        on_emit: Callable[[dict], dict] | None = None):
     """Drive the engine's MetricPipeline over a nested partition (mini-batches -> DP ranks ->
-    micro-batches of row ranges). Returns (emitted keys, final dict)."""
+    micro-batches of row ranges). ``on_emit(d) -> d`` sees every emitted dict before the reducer does
+    (metric_statistics converts value types there); ``op`` names the engine calls in crash messages.
+    Returns (emitted keys, final dict)."""
     with_info = _accepts_info(mp.emit)
     emitted: set[str] = set()
     minis = []
@@ -98,14 +101,15 @@ def run_metric_pipeline(mp, values: torch.Tensor, mask: torch.Tensor, partition)
                 info = {"mini_batch": mini_i, "dp_rank": rank_i, "dp_size": len(mini), "micro_batch": micro_i,
                         "num_micro_batches": len(rank)}
                 args = (values[a:b], mask[a:b]) + ((info,) if with_info else ())
-                d = call_engine("metric_pipeline.emit", mp.emit, *args)
+                d = call_engine(f"{op}.emit", mp.emit, *args)
+                if on_emit is not None:
+                    d = on_emit(d)
                 emitted.update(d)
                 outs.append(d)
-            ranks.append(call_engine("metric_pipeline.reduce_micro", mp.reduce_micro, outs))
-        minis.append(call_engine("metric_pipeline.reduce_dp", mp.reduce_dp, ranks))
+            ranks.append(call_engine(f"{op}.reduce_micro", mp.reduce_micro, outs))
+        minis.append(call_engine(f"{op}.reduce_dp", mp.reduce_dp, ranks))
     reduce_mini = mp.reduce_mini or mp.reduce_micro
-    final = call_engine("metric_pipeline.finalize", mp.finalize,
-                        call_engine("metric_pipeline.reduce_mini", reduce_mini, minis))
+    final = call_engine(f"{op}.finalize", mp.finalize, call_engine(f"{op}.reduce_mini", reduce_mini, minis))
     return emitted, final
 
 

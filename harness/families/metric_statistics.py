@@ -38,11 +38,12 @@ from rlconform.harness import faithful as F
 from rlconform.harness import strategies as S
 from rlconform.harness.evaluation import Compared, Evaluation, MetricFlow, call_engine
 from rlconform.harness.families import OpFamily
-from rlconform.harness.families.agg_loss import describe_partition, equalize_micro_batches
-from rlconform.harness.families.metric_pipeline import GARBAGE, _accepts_info
+from rlconform.harness.families.agg_loss import describe_partition
+from rlconform.harness.families.metric_pipeline import GARBAGE, run_metric_pipeline
 from rlconform.harness.opinfo import (
     MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, PARTITION_INVARIANT, OpInfo, reference_function,
 )
+from rlconform.harness.profiles import ExampleCap
 from rlconform.harness.tensors import as_numpy, to_tensor
 
 #: the statistics every binding of the op maps (reference.metric_statistics' keys)
@@ -70,7 +71,7 @@ OPS = (
                   "all_reduce_metrics; issue 11 part 4)", family="metric_statistics",
            property_regimes={PARTITION_INVARIANT: SMALL_REGIMES, MASK_INVARIANT: SMALL_REGIMES,
                              METRIC_INTEGRITY: SMALL_REGIMES},
-           example_caps={LARGE: LARGE_EXAMPLES}),
+           example_caps={LARGE: ExampleCap(LARGE_EXAMPLES)}),
 )
 
 
@@ -134,36 +135,24 @@ def as_value_type(x, vtype: str, dtype: str):
 
 
 def run_statistics(mp, values: torch.Tensor, mask: torch.Tensor, partition, vtype: str, dtype: str):
-    """Drive ``mp`` over one step (``partition``: [mini-batch][DP rank][micro-batch (a, b)]); each emitted
-    number becomes ``vtype`` and is wrapped by ``mp.wrap`` before the reducer sees it. Returns
-    (emitted values: key -> first value handed to the reducer, final dict, printed text)."""
-    with_info = _accepts_info(mp.emit)
+    """Drive ``mp`` over one step (``partition``: [mini-batch][DP rank][micro-batch (a, b)]) with
+    :func:`~rlconform.harness.families.metric_pipeline.run_metric_pipeline`; each emitted number becomes
+    ``vtype`` and is wrapped by ``mp.wrap`` before the reducer sees it. Returns (emitted values: key ->
+    first value handed to the reducer, final dict, printed text)."""
     emitted: dict = {}
+
+    def convert(d) -> dict:
+        d = dict(d)
+        for k in list(d):
+            d[k] = as_value_type(d[k], vtype, dtype)
+            emitted.setdefault(k, d[k])
+            if mp.wrap is not None:
+                d[k] = call_engine("metric_statistics.wrap", mp.wrap, k, d[k])
+        return d
+
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        minis = []
-        for mini_i, mini in enumerate(partition):
-            if mp.equal_micro_batches_per_rank:
-                mini = equalize_micro_batches(mini)
-            ranks = []
-            for rank_i, rank in enumerate(mini):
-                outs = []
-                for micro_i, (a, b) in enumerate(rank):
-                    info = {"mini_batch": mini_i, "dp_rank": rank_i, "dp_size": len(mini), "micro_batch": micro_i,
-                            "num_micro_batches": len(rank)}
-                    args = (values[a:b], mask[a:b]) + ((info,) if with_info else ())
-                    d = dict(call_engine("metric_statistics.emit", mp.emit, *args))
-                    for k in list(d):
-                        d[k] = as_value_type(d[k], vtype, dtype)
-                        emitted.setdefault(k, d[k])
-                        if mp.wrap is not None:
-                            d[k] = call_engine("metric_statistics.wrap", mp.wrap, k, d[k])
-                    outs.append(d)
-                ranks.append(call_engine("metric_statistics.reduce_micro", mp.reduce_micro, outs))
-            minis.append(call_engine("metric_statistics.reduce_dp", mp.reduce_dp, ranks))
-        reduce_mini = mp.reduce_mini or mp.reduce_micro
-        final = call_engine("metric_statistics.finalize", mp.finalize,
-                            call_engine("metric_statistics.reduce_mini", reduce_mini, minis))
+        _, final = run_metric_pipeline(mp, values, mask, partition, op="metric_statistics", on_emit=convert)
     return emitted, final, out.getvalue() + err.getvalue()
 
 

@@ -40,14 +40,14 @@ from hypothesis import strategies as st
 import rlconform.reference as R
 from rlconform.harness import strategies as S
 from rlconform.harness.contracts import BatchInfo, LossVariants
-from rlconform.harness.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.evaluation import Compared, Evaluation
 from rlconform.harness.families import OpFamily
-from rlconform.harness.families._token_loss import guarded_call, loss_mask, second_looks
+from rlconform.harness.families._token_loss import drive_micro_batches, guarded_call, loss_mask, second_looks
 from rlconform.harness.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
     split_regime, variant_regime,
 )
-from rlconform.harness.tensors import as_numpy, out_dtype, to_tensor
+from rlconform.harness.tensors import as_numpy
 
 #: catalog variant -> keyword arguments of :func:`rlconform.reference.policy_loss` (besides the
 #: aggregation). Engine defaults (clip 0.2/0.2, dual-clip c = 3, SAPO τ 1.0/1.05, DRO β 0.5) and guards.
@@ -219,42 +219,12 @@ def _info(mask: np.ndarray) -> BatchInfo:
 
 
 def run(impl: LossVariants, fn, arrays: dict, mask: np.ndarray, dtype: str, partition, ev: Evaluation):
-    """Drive ``fn`` over the micro-batches of ``partition``: (loss float, gradient [B, T] or None,
-    metrics dict, output dtype). A loss without autograd graph, or whose gradient does not reach
-    log_prob, is a problem."""
-    info = _info(mask)
-    info = BatchInfo(**{**info.__dict__, "num_micro_batches": len(partition)})
-    total, grad, parts, odt = [], np.zeros(mask.shape), [], dtype
-    for a, b in partition:
-        old = to_tensor(arrays["old_log_prob"][a:b], dtype)
-        lp = to_tensor(arrays["log_prob"][a:b], dtype).requires_grad_(True)
-        adv = to_tensor(arrays["advantages"][a:b], dtype)
-        m = torch.from_numpy(mask[a:b].copy())
-        loss, metrics = call_engine("policy_loss", fn, old, lp, adv, m, info)
-        odt = out_dtype(loss, dtype)
-        if as_numpy(loss).size != 1:
-            ev.problems.append(shape_problem("loss", as_numpy(loss), (), "expected a scalar") or "loss: not a scalar")
-            return None
-        total.append(float(as_numpy(loss).reshape(())))
-        parts.append((dict(metrics or {}), int(mask[a:b].sum())))
-        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-            ev.problems.append("gradient: the loss has no autograd graph (requires_grad=False): no gradient "
-                               "reaches log_prob")
-            grad = None
-            continue
-        call_engine("policy_loss backward", loss.backward)
-        if lp.grad is None:
-            ev.problems.append("gradient: backward ran but no gradient reached log_prob")
-            grad = None
-        elif grad is not None:
-            grad[a:b] = as_numpy(lp.grad)
-    combine = impl.combine_metrics
-    if combine is None:
-        ev.problems.append("metrics: the binding declares no combine_metrics (how micro-batch metrics are folded)")
-        metrics = {}
-    else:
-        metrics = dict(call_engine("policy_loss combine_metrics", combine, parts))
-    return math.fsum(total), grad, metrics, odt
+    """Drive ``fn`` over the micro-batches of ``partition``
+    (:func:`~rlconform.harness.families._token_loss.drive_micro_batches`): (loss, gradient [B, T] or None,
+    metrics, output dtype), or None after a problem."""
+    info = BatchInfo(**{**_info(mask).__dict__, "num_micro_batches": len(partition)})
+    return drive_micro_batches("policy_loss", lambda t, m: fn(t["old_log_prob"], t["log_prob"], t["advantages"], m, info), arrays, "log_prob",
+                               impl.combine_metrics, mask, dtype, partition, ev)
 
 
 def _round(x, dtype: str) -> np.ndarray:

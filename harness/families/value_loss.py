@@ -45,15 +45,15 @@ from hypothesis import strategies as st
 import rlconform.reference as R
 from rlconform.harness import strategies as S
 from rlconform.harness.contracts import BatchInfo, LossVariants
-from rlconform.harness.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.evaluation import Compared, Evaluation
 from rlconform.harness.families import OpFamily
-from rlconform.harness.families._token_loss import guarded_call, loss_mask, second_looks
+from rlconform.harness.families._token_loss import drive_micro_batches, guarded_call, loss_mask, second_looks
 from rlconform.harness.families.policy_loss import token_weighted
 from rlconform.harness.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
     split_regime, variant_regime,
 )
-from rlconform.harness.tensors import as_numpy, out_dtype, to_tensor
+from rlconform.harness.tensors import as_numpy
 from rlconform.reference._policy_common import agg_weights
 
 CLIPRANGE_VALUE = 0.2
@@ -201,39 +201,12 @@ def _info(mask: np.ndarray, parts: int = 1) -> BatchInfo:
 
 
 def run(impl: LossVariants, fn, arrays: dict, mask: np.ndarray, dtype: str, partition, ev: Evaluation):
-    """Drive ``fn`` over the micro-batches of ``partition``: (loss, gradient [B, T] or None, metrics, output
-    dtype), or None after a problem."""
+    """Drive ``fn`` over the micro-batches of ``partition``
+    (:func:`~rlconform.harness.families._token_loss.drive_micro_batches`): (loss, gradient [B, T] or None,
+    metrics, output dtype), or None after a problem."""
     info = _info(mask, len(partition))
-    total, grad, parts, odt = [], np.zeros(mask.shape), [], dtype
-    for a, b in partition:
-        v = to_tensor(arrays["vpreds"][a:b], dtype).requires_grad_(True)
-        v_old = to_tensor(arrays["values"][a:b], dtype)
-        ret = to_tensor(arrays["returns"][a:b], dtype)
-        m = torch.from_numpy(mask[a:b].copy())
-        loss, metrics = call_engine("value_loss", fn, v, v_old, ret, m, info)
-        odt = out_dtype(loss, dtype)
-        if as_numpy(loss).size != 1:
-            ev.problems.append(shape_problem("loss", as_numpy(loss), (), "expected a scalar") or "loss: not a scalar")
-            return None
-        total.append(float(as_numpy(loss).reshape(())))
-        parts.append((dict(metrics or {}), int(mask[a:b].sum())))
-        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-            ev.problems.append("gradient: the loss has no autograd graph (requires_grad=False): no gradient "
-                               "reaches vpreds")
-            grad = None
-            continue
-        call_engine("value_loss backward", loss.backward)
-        if v.grad is None:
-            ev.problems.append("gradient: backward ran but no gradient reached vpreds")
-            grad = None
-        elif grad is not None:
-            grad[a:b] = as_numpy(v.grad)
-    if impl.combine_metrics is None:
-        ev.problems.append("metrics: the binding declares no combine_metrics (how micro-batch metrics are folded)")
-        metrics = {}
-    else:
-        metrics = dict(call_engine("value_loss combine_metrics", impl.combine_metrics, parts))
-    return math.fsum(total), grad, metrics, odt
+    return drive_micro_batches("value_loss", lambda t, m: fn(t["vpreds"], t["values"], t["returns"], m, info), arrays, "vpreds",
+                               impl.combine_metrics, mask, dtype, partition, ev)
 
 
 def _round(x, dtype: str) -> np.ndarray:
