@@ -100,7 +100,7 @@ class OpInfo:
         """The :class:`~rlconform.harness.profiles.ExampleCap` of this op's findings under ``regime``, or None."""
         from rlconform.harness.profiles import example_cap
 
-        return example_cap(regime, self.example_caps)
+        return example_cap(regime, self.example_caps, distributed=self.distributed)
 
     def parameter_values(self, inputs: dict) -> tuple:
         """The case's values of this op's scalar parameters, in signature order (Python scalars).

@@ -10,6 +10,7 @@ caught (see tests/test_mutants.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from hypothesis import HealthCheck, settings
 
@@ -73,9 +74,9 @@ def profile_regimes(regimes) -> dict[str, tuple[str, ...]]:
 @dataclasses.dataclass(frozen=True)
 class ExampleCap:
     """A cap on one finding of a regime whose one example is expensive (``OpInfo.example_caps``): at most
-    ``max_examples`` examples and ``max_shrinks`` shrinking steps (None: as many as examples), whatever the
-    profile says (``--max-examples`` / ``--max-shrinks`` may only lower them). ``fixed``: derandomized
-    unless the run is seeded (``--seed``), no target phase — the same few examples every run.
+    ``max_examples`` examples and, unless None, ``max_shrinks`` shrinking steps, whatever the profile says
+    (``--max-examples`` / ``--max-shrinks`` may only lower them). ``fixed``: derandomized unless the run is
+    seeded (``--seed``), no target phase — the same few examples every run.
 
     Raises ValueError for ``max_examples`` < 1 or ``max_shrinks`` < 0."""
 
@@ -87,23 +88,28 @@ class ExampleCap:
         if self.max_examples < 1 or (self.max_shrinks is not None and self.max_shrinks < 0):
             raise ValueError(f"ExampleCap needs max_examples >= 1 and max_shrinks >= 0, not {self}")
 
-    @property
-    def shrinks(self) -> int:
-        return self.max_examples if self.max_shrinks is None else self.max_shrinks
-
 
 #: the cap of every profile-only regime at real sizes (each example is seconds to minutes of CPU and up to
 #: several GB): a few derandomized examples, never shrunk (a shrink step would cost as much as an example,
 #: and the description of a failing example is already small)
 REAL_SHAPES_CAP = ExampleCap(REAL_SHAPES_EXAMPLES, 0, fixed=True)
 
+#: the cap of a distributed finding (environment variable ``RLCONFORM_DIST_MAX_EXAMPLES``, default 10): a
+#: round trip costs 2–5 ms on the pool, but an engine's first call in a worker may compile (verl's
+#: vocab-parallel entropy uses ``torch.compile``), and there are about 250 distributed findings per engine.
+#: Shrinking keeps the profile's budget.
+DISTRIBUTED_CAP = ExampleCap(int(os.environ.get("RLCONFORM_DIST_MAX_EXAMPLES", "10")))
 
-def example_cap(regime: str, caps: dict[str, ExampleCap] | None = None) -> ExampleCap | None:
-    """The cap of a finding of ``regime``: the op's own (``caps``, its ``OpInfo.example_caps``), else
-    :data:`REAL_SHAPES_CAP` for a profile-only regime, else None (the profile's numbers)."""
+
+def example_cap(regime: str, caps: dict[str, ExampleCap] | None = None, *, distributed: bool = False) -> ExampleCap | None:
+    """The cap of a finding of ``regime`` — the one place a runner takes it from: the op's own (``caps``,
+    its ``OpInfo.example_caps``), else :data:`REAL_SHAPES_CAP` for a profile-only regime, else
+    :data:`DISTRIBUTED_CAP` for a ``distributed`` op, else None (the profile's numbers)."""
     if caps and regime in caps:
         return caps[regime]
-    return REAL_SHAPES_CAP if profile_only(regime) is not None else None
+    if profile_only(regime) is not None:
+        return REAL_SHAPES_CAP
+    return DISTRIBUTED_CAP if distributed else None
 
 
 def capped_settings(base: settings, cap: ExampleCap | None, seeded: bool) -> settings:

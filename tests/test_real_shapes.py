@@ -20,7 +20,7 @@ from rlconform.harness.engines import load_engine
 from rlconform.harness.families import reductions as RD
 from rlconform.harness.families import token_stats as TS
 from rlconform.harness.generated import GeneratorError, LogitsGen, TokensGen
-from rlconform.harness.profiles import REAL_SHAPES_CAP, ExampleCap, capped_settings, example_cap, profile_only
+from rlconform.harness.profiles import DISTRIBUTED_CAP, REAL_SHAPES_CAP, ExampleCap, capped_settings, example_cap, profile_only
 from rlconform.harness.selection import selected_findings
 from rlconform.properties.case import Case, CaseError, decode_record, encode_record, load_case, save_case
 from rlconform.properties.checks import run_check
@@ -93,7 +93,7 @@ def test_list_ops_and_report_name_the_profile(capsys):
 def test_real_shapes_findings_run_few_derandomized_examples_unshrunk():
     base = settings(max_examples=500, derandomize=False)
     assert example_cap("real_shapes") is REAL_SHAPES_CAP and example_cap("moderate") is None
-    assert example_cap("tp2_real_shapes") is REAL_SHAPES_CAP and REAL_SHAPES_CAP.shrinks == 0
+    assert example_cap("tp2_real_shapes") is REAL_SHAPES_CAP and REAL_SHAPES_CAP.max_shrinks == 0
     heavy = capped_settings(base, example_cap("real_shapes"), seeded=False)
     assert heavy.max_examples == 2 and heavy.derandomize and Phase.shrink not in heavy.phases
     assert capped_settings(settings(max_examples=1), REAL_SHAPES_CAP, seeded=False).max_examples == 1
@@ -101,7 +101,11 @@ def test_real_shapes_findings_run_few_derandomized_examples_unshrunk():
     assert not capped_settings(base, REAL_SHAPES_CAP, seeded=True).derandomize  # --seed wins
     # an op's own cap wins over the default; a plain cap keeps the profile's phases and randomness
     own = ExampleCap(3)
-    assert example_cap("real_shapes", {"real_shapes": own}) is own and own.shrinks == 3
+    assert example_cap("real_shapes", {"real_shapes": own}) is own and own.max_shrinks is None
+    # a distributed op's findings get the distributed cap, unless real-size or capped by the op itself
+    assert example_cap("tp2_moderate", distributed=True).max_examples == DISTRIBUTED_CAP.max_examples
+    assert example_cap("tp2_real_shapes", distributed=True) is REAL_SHAPES_CAP
+    assert example_cap("tp2_moderate", {"tp2_moderate": own}, distributed=True) is own
     plain = capped_settings(base, own, seeded=False)
     assert plain.max_examples == 3 and not plain.derandomize and plain.phases == base.phases
     assert profile_only("token-mean@real_shapes") == ("nightly",) and profile_only("peaked") is None
