@@ -4,7 +4,10 @@ Measures, for world 2 and 4 on gloo/CPU:
 * start-up time of a pool (spawn + torch import + TCPStore rendezvous + gloo init + barrier);
 * cases/s of a small all_reduce case on the persistent pool;
 * cases/s when every case gets a fresh process group instead (spawn + init + one collective + teardown);
-* failure detection latency: hang (time past the deadline), SIGKILL, raise; and the rebuild time after.
+* failure detection latency: hang (time past the deadline), SIGKILL, raise; and the rebuild time after;
+* a case that raises on every rank (an engine rejecting its input): the group is kept after a health
+  check, so the next case costs a round trip, not a respawn (which in a real run also re-imports the
+  engine and recompiles its kernels: 15–40 s for verl's vocab-parallel entropy on 2 busy cores).
 
     .venv/bin/python benchmarks/bench_pool.py [--cases 200] [--fresh 3]
 
@@ -82,6 +85,17 @@ def bench_failures(world: int = 2, hang_deadline_s: float = 2.0) -> dict:
             if name == "hang":
                 entry["past_deadline_s"] = total - hang_deadline_s
             res[name] = entry
+        kept = pool.groups_kept
+        t0 = time.perf_counter()
+        try:
+            pool.run(pc.raise_everywhere, {"msg": "bench"}, timeout_s=30.0)
+        except RankFailure:
+            pass
+        total = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        pool.run(pc.allreduce_sum, CASE)
+        res["raise_on_every_rank"] = {"raise_after_s": total, "next_case_s": time.perf_counter() - t1,
+                                      "group_kept": pool.groups_kept == kept + 1}
     return res
 
 
@@ -113,6 +127,9 @@ def main() -> None:
         f"sigkill {f['sigkill']['raise_after_s']:.3f} s, raise {f['raise']['raise_after_s']:.2f} s; "
         f"rebuild+case {statistics.mean(f[k]['rebuild_plus_case_s'] for k in ('hang', 'sigkill', 'raise')):.2f} s"
     )
+    every = f["raise_on_every_rank"]
+    print(f"raise on every rank: {every['raise_after_s'] * 1e3:.1f} ms incl. the health check, group kept: "
+          f"{every['group_kept']}, next case {every['next_case_s'] * 1e3:.1f} ms")
     print(f"wrote {args.out}")
 
 
