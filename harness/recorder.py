@@ -145,8 +145,10 @@ class FindingRecorder:
                 inflight.begin(self.id)
 
     def crashed(self) -> None:
-        """The engine raised on the current case."""
+        """The engine raised on the current case: it is now the failing case, and an earlier discrepancy's
+        message no longer describes it (the report takes the crash's own message)."""
         self.failing = self.current
+        self.message = ""
         if self.first_failure_at is None:
             self.first_failure_at = self.examples
 

@@ -254,14 +254,17 @@ def render_markdown(doc: dict) -> str:
 
 
 def rerender(out_dir: str) -> tuple[str, str]:
-    """Re-render ``report.md`` and ``report.html`` of ``out_dir`` from its ``report.json``."""
+    """Re-render ``report.md`` and ``report.html`` of ``out_dir`` from its ``report.json``, whose severities
+    and defects are re-derived by this version's triage and written back (the three files agree)."""
     from rlconform.harness.html_report import write_html
 
-    with open(os.path.join(out_dir, "report.json")) as fh:
+    path = os.path.join(out_dir, "report.json")
+    with open(path) as fh:
         doc = json.load(fh)
     from rlconform.harness.triage import annotate
 
-    annotate(doc)  # reports written before severities existed get them too
+    annotate(doc)  # reports written before severities existed (or by an older triage) get this one's
+    atomic_write(path, json.dumps(doc, indent=1, default=str) + "\n")
     md = os.path.join(out_dir, "report.md")
     atomic_write(md, render_markdown(doc))
     html = write_html(doc, os.path.join(out_dir, "report.html"))

@@ -15,7 +15,8 @@ A signature is the kind of wrong value and the input feature that brings it out:
 ==================  ============================================================================
 kind                from
 ==================  ============================================================================
-crash:<Type>        status ``crash`` (the exception type in the message)
+crash:<Type>        status ``crash`` (the exception type in the message), or an input rank the
+                    implementation's docstring allows that raised (``contract: a rank-N input … raised``)
 unavailable         status ``unavailable``
 missing gradient    "no autograd graph" / "no gradient" in the message
 missing output      a wrong shape, nothing to compare, a lost metric
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import re
 
-from rlconform.harness.severity import RANK, SEVERITIES, classify
+from rlconform.harness.severity import RANK, RANK_CONTRACT, SEVERITIES, classify
 
 #: kinds of failure whose input feature tells defects apart (a mutation or an imprecision does not
 #: depend on it: one defect whatever the input)
@@ -59,6 +60,9 @@ def kind(finding: dict) -> str:
     low = msg.lower()
     if status == "crash":
         return f"crash:{crash_type(msg)}"
+    contract = RANK_CONTRACT.search(msg)
+    if contract:  # a documented input rank raised: the crash is the defect, whatever else the finding shows
+        return f"crash:{contract['t'].rstrip(':').rsplit('.', 1)[-1]}"
     if status == "unavailable":
         return "unavailable"
     if "no autograd graph" in low or "no gradient" in low:

@@ -43,6 +43,8 @@ def test_severity_rules():
              "indices for tensor of dimension 2\nrank 0 (tp 0): input 'logits' mutated during forward")
     sev, why = classify(_f("a.non_destructive.float32.chunked@tp2_moderate", message=rank2))
     assert sev == "wrong" and "IndexError" in why and "rank-2" in why, why
+    from rlconform.harness.triage import kind
+    assert kind(_f("a.non_destructive.float32.chunked@tp2_moderate", message=rank2)) == "crash:IndexError"
     dtype_only = "contract: entropy is float32 for a float64 input; the implementation's docstring documents the input's dtype"
     assert classify(_f("a.matches_reference.float64.chunked@moderate", message=dtype_only, ratio=2.0))[0] == "imprecise"
     part = "unsharded (DP = 1) vs tokens per DP rank [1, 0]: 1.0 vs 0.5 at flat index 0 (reference 1.0, " \
