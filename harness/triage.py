@@ -28,12 +28,13 @@ wrong value         ``matches_reference``, severity ``wrong``
 inexact value       any other failure (severity ``imprecise``)
 ==================  ============================================================================
 
-Input features (first that applies; from the regime, the worst input and the message): ``-inf
-logits`` (regime ``*neg_inf*`` or ``-inf`` in the input), ``fp16 overflow`` (float16 and an inf where
+Input features (first that applies; from the regime, the worst input and the message): ``masked
+garbage`` (``mask_invariant``: what the property writes at masked positions), ``-inf logits`` (regime
+``*neg_inf*``, or ``-inf`` in an input that has logits), ``fp16 overflow`` (float16 and an inf where
 the exact value is finite, or regime ``*fp16_extreme``), ``large logit offset`` (``near_uniform_offset``,
 ``bf16_coarse``), ``imbalanced shards``
-(regime ``*imbalanced*``, or a DP rank / micro-batch with 0 tokens), ``masked garbage``
-(``mask_invariant``), ``all masked`` (``all_off``), otherwise ``any input``. Only the kinds NaN, inf, wrong
+(regime ``*imbalanced*``, or a DP rank / micro-batch with 0 tokens), ``all masked`` (``all_off``),
+otherwise ``any input``. Only the kinds NaN, inf, wrong
 value and partition dependence are split by feature; a mutation, a crash or an imprecision is one defect
 whatever the input. The defect's reproducer is its member with the smallest shrunk input (length of
 ``worst_input``, then id).
@@ -88,7 +89,9 @@ def feature(finding: dict, kind_: str | None = None) -> str:
     k = kind_ or kind(finding)
     if k not in VALUE_KINDS:
         return "any input"
-    if "neg_inf" in regime or "-inf" in inp:
+    if finding.get("property") == "mask_invariant" or "garbage" in regime:  # what the property puts there
+        return "masked garbage"
+    if "neg_inf" in regime or ("-inf" in inp and "logits" in inp):
         return "-inf logits"
     if finding.get("dtype") == "float16" and (k == "inf" or "fp16_extreme" in regime):
         return "fp16 overflow"
@@ -98,8 +101,6 @@ def feature(finding: dict, kind_: str | None = None) -> str:
         return "large logit offset"
     if "imbalanced" in regime or _EMPTY_SHARD.search(msg):
         return "imbalanced shards"
-    if finding.get("property") == "mask_invariant" or "garbage" in regime:
-        return "masked garbage"
     if regime.endswith("all_off"):
         return "all masked"
     return "any input"

@@ -43,7 +43,15 @@ def test_severity_rules():
              "indices for tensor of dimension 2\nrank 0 (tp 0): input 'logits' mutated during forward")
     sev, why = classify(_f("a.non_destructive.float32.chunked@tp2_moderate", message=rank2))
     assert sev == "wrong" and "IndexError" in why and "rank-2" in why, why
-    from rlconform.harness.triage import kind
+    from rlconform.harness.triage import feature, kind
+    # features: the garbage mask_invariant writes is the cause, whatever else the input has; -inf is a
+    # logits feature only for an input with logits
+    garbage = _f("m.mask_invariant.float32.imbalanced_partitions", message="value = nan vs value = 1.0 at flat index 0 (reference 1.0, allowed difference 2e-06)",
+                 inp="values[2]=[1.0, -inf], mask[2]=[True, False]")
+    assert feature(garbage) == "masked garbage"
+    assert feature(_f("m.matches_reference.float64.r", message=HALF, ratio=20.0, inp="values[2]=[1.0, -inf]")) == "any input"
+    assert feature(_f("e.matches_reference.float32.r", message=HALF, ratio=20.0, inp="logits[1, 2]=[0.0, -inf]")) == \
+        "-inf logits"
     assert kind(_f("a.non_destructive.float32.chunked@tp2_moderate", message=rank2)) == "crash:IndexError"
     dtype_only = "contract: entropy is float32 for a float64 input; the implementation's docstring documents the input's dtype"
     assert classify(_f("a.matches_reference.float64.chunked@moderate", message=dtype_only, ratio=2.0))[0] == "imprecise"
