@@ -5,6 +5,11 @@ blank lines are ignored. The file is UTF-8 (a byte-order mark, as some editors w
 file that is not UTF-8 is an :class:`XfailsError` naming the line. A finding listed twice is accepted
 with a warning naming both lines (``warnings``). A listed finding that fails is reported ``xfail``; one that now passes is
 reported ``xpass`` and fails the run, so the ledger is kept honest (array-api-tests style).
+
+A line whose comment starts with ``flaky`` (``id  # flaky: why``) is non-strict: the finding's verdict is
+known to vary between runs (a borderline imprecision whose examples depend on the engine's rounding), so
+it is ``xfail`` when it fails and ``pass``, with a note saying so, when it passes; never ``xpass``. Use it
+for a finding that has been seen both ways, with the reason; :func:`is_flaky` reads the marker.
 """
 
 from __future__ import annotations
@@ -16,6 +21,11 @@ from rlconform.harness.catalog import FLOAT_DTYPES, OPS, PROPERTIES
 from rlconform.harness.opinfo import FINDING_ID
 
 _ID = re.compile(f"^{FINDING_ID}$")
+
+
+def is_flaky(comment: str | None) -> bool:
+    """Whether a ledger comment marks its finding non-strict (it starts with ``flaky``)."""
+    return (comment or "").strip().lower().startswith("flaky")
 
 
 class XfailsError(BindingError):
