@@ -546,7 +546,8 @@ class WorkerPool:
 
     def _group_healthy(self, gen: _Generation) -> bool:
         """After a case in which every rank returned (at least one raised): run :func:`group_health` on the
-        same group. True keeps the group for the next case; False: the group has been torn down. The check's deadline is short: a healthy group answers in ms."""
+        same group. True keeps the group for the next case; False: the group has been torn down. The
+        check's deadline is short: a healthy group answers in ms."""
         self._seq += 1
         seq = self._seq
         msg = pickle.dumps(("run", seq, group_health, None), protocol=pickle.HIGHEST_PROTOCOL)

@@ -61,6 +61,13 @@ def crash_type(message: str) -> str:
     return m["t"].rsplit(".", 1)[-1] if m else "exception"
 
 
+def contract_crash_type(message: str) -> str | None:
+    """The exception type (``IndexError``) when ``message`` says an input rank the implementation's docstring
+    allows raised (:data:`RANK_CONTRACT`), else None."""
+    m = RANK_CONTRACT.search(message or "")
+    return m["t"].rstrip(":").rsplit(".", 1)[-1] if m else None
+
+
 def nonfinite_where_finite(finding: dict) -> str | None:
     """``"nan"`` / ``"inf"`` when the finding shows a NaN or ±inf engine value where the exact value is
     finite, else None."""
@@ -94,7 +101,7 @@ def classify(finding: dict) -> tuple[str | None, str]:
         return "wrong", f"the engine raised {crash_type(msg)} on a legal input"
     m = RANK_CONTRACT.search(msg)
     if m:  # a documented input shape that cannot run is a crash on a legal input, whatever else failed
-        return "wrong", f"the engine raised {m['t'].rstrip(':').rsplit('.', 1)[-1]} on a rank-{m['rank']} input its docstring allows"
+        return "wrong", f"the engine raised {contract_crash_type(msg)} on a rank-{m['rank']} input its docstring allows"
     if "no autograd graph" in low or "no gradient" in low:
         return "wrong", "a gradient the contract requires is missing"
     if "the engine returned shape" in msg or "nothing to compare" in msg:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import re
 
-from rlconform.harness.severity import RANK, RANK_CONTRACT, SEVERITIES, classify
+from rlconform.harness.severity import RANK, SEVERITIES, classify, contract_crash_type
 
 #: kinds of failure whose input feature tells defects apart (a mutation or an imprecision does not
 #: depend on it: one defect whatever the input)
@@ -61,9 +61,9 @@ def kind(finding: dict) -> str:
     low = msg.lower()
     if status == "crash":
         return f"crash:{crash_type(msg)}"
-    contract = RANK_CONTRACT.search(msg)
+    contract = contract_crash_type(msg)
     if contract:  # a documented input rank raised: the crash is the defect, whatever else the finding shows
-        return f"crash:{contract['t'].rstrip(':').rsplit('.', 1)[-1]}"
+        return f"crash:{contract}"
     if status == "unavailable":
         return "unavailable"
     if "no autograd graph" in low or "no gradient" in low:
