@@ -1,4 +1,4 @@
-"""Benchmark of the persistent worker pool (rlconform.harness.pool).
+"""Benchmark of the persistent worker pool (rlconform.harness.workers.pool).
 
 Measures, for world 2 and 4 on gloo/CPU:
 * start-up time of a pool (spawn + torch import + TCPStore rendezvous + gloo init + barrier);
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from rlconform.harness import pool_cases as pc
-from rlconform.harness.pool import RankFailure, WorkerPool
+from rlconform.harness.workers import pool_cases as pc
+from rlconform.harness.workers.pool import RankFailure, WorkerPool
 
 CASE = {"dtype": "float32", "values": [1.0, 2.0, 3.0, 4.0]}
 

@@ -13,7 +13,7 @@ is read as the baseline, the code runs once, and ``ru_maxrss`` is read again. Ex
 (peak − baseline − output bytes) / input bytes. Measured: the fused pass (target ≤ 0.25), verl's four
 calls (for comparison), and, for part 3 of the issue, the token_stats family's faithful fp32 path
 (value and gradient of each statistic, :func:`rlconform.harness.families.token_stats.faithful`) and the
-bitwise input guard (:class:`rlconform.harness.guards.InputGuard` snapshot + two checks); their outputs
+bitwise input guard (:class:`rlconform.harness.core.guards.InputGuard` snapshot + two checks); their outputs
 (a ``[T, V]`` gradient) are counted as output, not as extra.
 
     python benchmarks/bench_reference.py                          # T in 256, 1024, 4096
@@ -135,7 +135,7 @@ def mem_worker(what: str, rows: int, vocab: int, seed: int) -> dict:
                 del g
             return outs
     elif what == "guard":
-        from rlconform.harness.guards import InputGuard
+        from rlconform.harness.core.guards import InputGuard
 
         def fn(x, labels):
             guard = InputGuard(logits=x, labels=labels)

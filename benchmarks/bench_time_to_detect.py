@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from rlconform.harness.engines import mutant_names
+from rlconform.harness.bindings.load import mutant_names
 
 
 def main() -> None:

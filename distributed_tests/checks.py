@@ -1,16 +1,16 @@
 """The distributed property checks, on one concrete :class:`~rlconform.properties.case.Case`.
 
 ``evaluate_vocab_parallel``, ``evaluate_context_parallel`` and ``evaluate_dp_metric`` take ``(binding,
-case)`` and assemble every rank's results into an :class:`~rlconform.harness.evaluation.Evaluation`,
+case)`` and assemble every rank's results into an :class:`~rlconform.harness.core.evaluation.Evaluation`,
 which ``run_check`` judges with the same generic properties as the in-process checks
 (:mod:`rlconform.properties.generic`), so ``rlconform replay`` re-runs a saved distributed case. The parent draws and shards the data, ships one payload per
-rank to the session's worker pool (:func:`rlconform.harness.pool.get_pool`, world = the layout's
+rank to the session's worker pool (:func:`rlconform.harness.workers.pool.get_pool`, world = the layout's
 ``tp·cp·dp``), and compares what comes back with the float64 reference of the *unsharded* data. Under
 torchrun (``RANK``/``WORLD_SIZE`` set) the same payloads run in-process on each rank and the results
 are all-gathered, so a case runs unchanged as ``torchrun --nproc-per-node N --no-python rlconform
 replay CASE.json``.
 
-Properties (the layout comes from the regime, see :mod:`rlconform.harness.layout`):
+Properties (the layout comes from the regime, see :mod:`rlconform.harness.core.layout`):
 
 * ``matches_reference`` — every rank's value (each TP rank holds the full-vocab statistic; CP ranks
   their own rows) and, for the vocab-parallel ops, the gradient w.r.t. each rank's shard (shards
@@ -19,7 +19,7 @@ Properties (the layout comes from the regime, see :mod:`rlconform.harness.layout
   the same group, in the same round trip) and, for DP, against a second split of the rows: values (and
   gradients) may differ by at most twice the tolerance bound.
 * ``non_destructive`` — on every rank, the shard (a producer's saved output, see
-  :func:`rlconform.harness.guards.produce`) and the labels are bit-identical with unchanged version
+  :func:`rlconform.harness.core.guards.produce`) and the labels are bit-identical with unchanged version
   counters after forward and after backward; the producer must still backprop. For
   ``vocab_parallel_sum_pi_squared`` in the ``*_after_entropy`` regimes, the *ordering* check of seed 002:
   Σπ² read before and after a vocab-parallel entropy forward + backward on the same logits (the
@@ -38,14 +38,14 @@ import numpy as np
 import torch
 
 from rlconform.distributed_tests import ranks as K
-from rlconform.harness.layout import Layout, parse_regime, row_chunks, zigzag_index
-from rlconform.harness import faithful as F
-from rlconform.harness.binding import Binding, BindingError
-from rlconform.harness.catalog import MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, get_op
-from rlconform.harness.evaluation import Compared, EngineCrash, Evaluation
-from rlconform.harness.generated import LogitsGen
-from rlconform.harness.pool import RankFailure, get_pool, in_torchrun
-from rlconform.harness.tensors import to_tensor
+from rlconform.harness.core.layout import Layout, parse_regime, row_chunks, zigzag_index
+from rlconform.harness.core import faithful as F
+from rlconform.harness.catalog.binding import Binding, BindingError
+from rlconform.harness.catalog.ops import MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, get_op
+from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation
+from rlconform.harness.core.generated import LogitsGen
+from rlconform.harness.workers.pool import RankFailure, get_pool, in_torchrun
+from rlconform.harness.core.tensors import to_tensor
 from rlconform.properties.case import Case
 from rlconform.properties.generic import JUDGES, Outcome
 
@@ -77,7 +77,7 @@ def run_ranks(world: int, fn, payloads: list, where: str) -> list:
 def _run_torchrun(world: int, fn, payloads: list) -> list:
     import torch.distributed as dist
 
-    from rlconform.harness.pool import run_under_torchrun
+    from rlconform.harness.workers.pool import run_under_torchrun
 
     started = int(os.environ["WORLD_SIZE"])
     if started != world:
@@ -169,8 +169,8 @@ def _evaluate_vp_implementation(binding: Binding, case: Case, name: str) -> Eval
     data in every input rank its contract allows (tokens ``[N]`` or ``[b, N/b]``), each answer (value on every
     TP rank, the gradient w.r.t. the concatenated shards) compared with the reference; a rank that raises on
     some TP rank, or an output dtype off the contract, is a problem of the case."""
-    from rlconform.harness import impl_contract as IC
-    from rlconform.harness.opinfo import split_regime
+    from rlconform.harness.core import impl_contract as IC
+    from rlconform.harness.core.opinfo import split_regime
 
     info = get_op(case.op)
     base = case.op[len("vocab_parallel_"):]
@@ -233,7 +233,7 @@ def _evaluate_vp_implementation(binding: Binding, case: Case, name: str) -> Eval
 
 
 def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
-    from rlconform.harness.opinfo import split_regime
+    from rlconform.harness.core.opinfo import split_regime
 
     impl_name = split_regime(case.regime)[0]
     if impl_name is not None:

@@ -10,6 +10,6 @@ import pytest
 @pytest.fixture(scope="session", autouse=True)
 def _rlconform_close_pools():
     yield
-    from rlconform.harness.pool import close_all_pools
+    from rlconform.harness.workers.pool import close_all_pools
 
     close_all_pools()

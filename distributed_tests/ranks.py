@@ -1,6 +1,6 @@
 """Rank side of the distributed checks: the module-level case functions every rank runs.
 
-The pool (:mod:`rlconform.harness.pool`) — or torchrun — calls ``fn(ctx, payload)`` on every rank. A
+The pool (:mod:`rlconform.harness.workers.pool`) — or torchrun — calls ``fn(ctx, payload)`` on every rank. A
 payload is a picklable description: the engine (its ``--engine`` spec and ``--engine-path``), the op,
 the dtype, the mode, and a list of *runs* (a layout and this rank's shard of the data, or ``None`` when
 the rank only takes part in the collective set-up of that layout). Results come back as float64 NumPy
@@ -8,7 +8,7 @@ arrays (exact for every float dtype) with the dtype name the engine returned.
 
 Per worker process (cached for the life of the pool):
 
-* the binding, re-loaded by its spec with :func:`rlconform.harness.engines.load_engine`;
+* the binding, re-loaded by its spec with :func:`rlconform.harness.bindings.load.load_engine`;
 * the process groups of each layout (``ctx.new_group``; every rank creates every group, in order);
 * for ops whose adapter declares ``rlconform_parallel_state = True`` (verl's vocab-parallel functions,
   which read Megatron's ``parallel_state`` groups instead of taking one), Megatron's ``parallel_state``
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from rlconform.harness import torch_state
-from rlconform.harness.layout import Layout
+from rlconform.harness.core import torch_state
+from rlconform.harness.core.layout import Layout
 
 _BINDINGS: dict = {}
 _PS: dict = {"active": None, "snapshots": {}}
@@ -49,7 +49,7 @@ def load_binding(desc: dict):
     key = (desc["spec"], desc.get("path"))
     b = _BINDINGS.get(key)
     if b is None:
-        from rlconform.harness.engines import load_engine
+        from rlconform.harness.bindings.load import load_engine
 
         b = load_engine(desc["spec"], desc.get("path"))
         _BINDINGS[key] = b
@@ -120,14 +120,14 @@ def _torch_dtype(name: str):
 
 def to_numpy(x: Any) -> np.ndarray:
     """float64 NumPy copy (harness.tensors.as_numpy; imported lazily to keep the worker's import order)."""
-    from rlconform.harness.tensors import as_numpy
+    from rlconform.harness.core.tensors import as_numpy
 
     return as_numpy(x)
 
 
 def dtype_name(x: Any, fallback: str) -> str:
     """dtype name of a float tensor, else ``fallback`` (harness.tensors.out_dtype)."""
-    from rlconform.harness.tensors import out_dtype
+    from rlconform.harness.core.tensors import out_dtype
 
     return out_dtype(x, fallback)
 
@@ -148,7 +148,7 @@ def _backward(out, grad_output):
 
 
 def _bits(t) -> np.ndarray:
-    from rlconform.harness.guards import _bits as guard_bits
+    from rlconform.harness.core.guards import _bits as guard_bits
 
     return guard_bits(t).numpy().copy()
 
@@ -176,7 +176,7 @@ def _value_result(out, leaf, dtype: str) -> dict:
 def _vp_compute(mode: str, op: str, fn, entropy, group, data: dict, dtype: str, forward_only: bool = False) -> dict:
     import torch
 
-    from rlconform.harness.guards import InputGuard, produce
+    from rlconform.harness.core.guards import InputGuard, produce
 
     x = torch.from_numpy(np.asarray(data["logits"], dtype=np.float64)).to(_torch_dtype(dtype))
     g = torch.from_numpy(np.asarray(data["grad_output"], dtype=np.float64))
@@ -294,9 +294,9 @@ def _token_args(data: dict, dtype: str):
 def token_reduction_rank(ctx, payload: dict) -> list:
     """Case function of the CP and DP checks: ``fn(local_values, local_mask, group, *payload["args"])``
     where group is this rank's ``payload["group"]`` ("cp" or "dp") group of each run's layout. Each call
-    runs under :func:`rlconform.harness.torch_state.guard` (a call that changes torch's global state fails
+    runs under :func:`rlconform.harness.core.torch_state.guard` (a call that changes torch's global state fails
     on its rank)."""
-    from rlconform.harness.guards import InputGuard
+    from rlconform.harness.core.guards import InputGuard
 
     binding = load_binding(payload["engine"])
     fn = binding.resolve(payload["op"])

@@ -3,8 +3,8 @@
 ``dp_metric``) that the selected binding provides. Hypothesis draws in the parent; each example is one round trip to the
 session's worker pool (gloo ranks, spawned once; see :mod:`rlconform.distributed_tests.checks`).
 
-Examples per finding are capped by the op's :meth:`~rlconform.harness.opinfo.OpInfo.example_cap`
-(:data:`~rlconform.harness.profiles.DISTRIBUTED_CAP`: default 10, environment variable
+Examples per finding are capped by the op's :meth:`~rlconform.harness.core.opinfo.OpInfo.example_cap`
+(:data:`~rlconform.harness.core.profiles.DISTRIBUTED_CAP`: default 10, environment variable
 ``RLCONFORM_DIST_MAX_EXAMPLES``; ``--max-examples`` below the cap wins), as every other finding's.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from rlconform.distributed_tests.checks import run_check
-from rlconform.harness.catalog import strategy_for
+from rlconform.harness.catalog.ops import strategy_for
 from rlconform.properties.runner import run_finding
 
 

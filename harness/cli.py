@@ -31,7 +31,7 @@ import os
 import sys
 import tempfile
 
-from rlconform.harness import interrupts
+from rlconform.harness.workers import interrupts
 
 EXIT_CLEAN, EXIT_DISCREPANCY, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 #: seconds one finding (check) or one case (replay) may take before its process is ended as hung
@@ -55,7 +55,7 @@ def _test_dirs() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rlconform.harness.report import tool_version
+    from rlconform.harness.report.writer import tool_version
 
     p = _Parser(prog="rlconform", description="Conformance and fuzzing harness for the numerics of RL trainers.")
     p.add_argument("--version", action="version", version=f"rlconform {tool_version()}")
@@ -106,15 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     lg = sub.add_parser("ledger", help="print an xfails ledger listing the failing findings of a report")
     lg.add_argument("report", help="a report.json (or the folder holding it)")
 
-    from rlconform.harness.fuzz import add_parser as add_fuzz_parser
+    from rlconform.harness.run.fuzz import add_parser as add_fuzz_parser
 
     add_fuzz_parser(sub)
 
-    from rlconform.harness.diff import add_parser as add_diff_parser  # --- triage (issue 12) ---
+    from rlconform.harness.report.diff import add_parser as add_diff_parser  # --- triage (issue 12) ---
 
     add_diff_parser(sub)
 
-    from rlconform.harness.bisect import add_parser as add_bisect_parser  # --- bisect (issue 12 §4) ---
+    from rlconform.harness.run.bisect import add_parser as add_bisect_parser  # --- bisect (issue 12 §4) ---
 
     add_bisect_parser(sub)
 
@@ -185,7 +185,7 @@ def _usage_error(message: str) -> int:
 
 
 def cmd_list_ops() -> int:
-    from rlconform.harness.catalog import OPS
+    from rlconform.harness.catalog.ops import OPS
 
     for op in OPS.values():
         dtypes = sorted({d for d, _ in op.cases()})
@@ -199,7 +199,7 @@ def cmd_list_ops() -> int:
 
 
 def cmd_list_engines() -> int:
-    from rlconform.harness.engines import available_engines
+    from rlconform.harness.bindings.load import available_engines
 
     for name in available_engines():
         print(name)
@@ -207,7 +207,7 @@ def cmd_list_engines() -> int:
 
 
 def _is_builtin(spec: str) -> bool:
-    from rlconform.harness.engines import BUILTIN
+    from rlconform.harness.bindings.load import BUILTIN
 
     return spec in BUILTIN or spec.startswith("mutants.")
 
@@ -215,11 +215,11 @@ def _is_builtin(spec: str) -> bool:
 def _engine_metadata(spec: str, engine_path: str | None) -> dict:
     """The engine's name, version, ops... A built-in binding (the harness's own code, every engine import
     lazy) is read here; a user's binding runs code when imported, so it is loaded in a child process."""
-    from rlconform.harness.engines import engine_meta, load_engine, probe_engine
+    from rlconform.harness.bindings.load import engine_meta, load_engine, probe_engine
 
     if _is_builtin(spec) and engine_path is None:
         binding = load_engine(spec, None)
-        from rlconform.harness.catalog import OPS
+        from rlconform.harness.catalog.ops import OPS
 
         if binding.coverage is None and not binding.implementations and not any(
                 OPS[op].variants for op in binding.provided_ops() if op in OPS):
@@ -231,10 +231,10 @@ def _engine_metadata(spec: str, engine_path: str | None) -> dict:
 def cmd_check(args) -> int:
     import pytest
 
-    from rlconform.harness.binding import BindingError
-    from rlconform.harness.catalog import FLOAT_DTYPES, OPS, PROPERTIES
-    from rlconform.harness.outdir import OutDirError, claim
-    from rlconform.harness.xfails import parse_xfails
+    from rlconform.harness.catalog.binding import BindingError
+    from rlconform.harness.catalog.ops import FLOAT_DTYPES, OPS, PROPERTIES
+    from rlconform.harness.run.outdir import OutDirError, claim
+    from rlconform.harness.report.xfails import parse_xfails
     from rlconform.properties.corpus import CorpusError, validate_corpus
 
     for flag, values, known in (("--op", args.op, OPS), ("--property", args.property, PROPERTIES),
@@ -267,7 +267,7 @@ def cmd_check(args) -> int:
     if missing:
         return _usage_error(f"engine {meta['spec']!r} does not bind {', '.join(missing)}; it binds "
                             f"{', '.join(provided)}")
-    from rlconform.harness.selection import selected_findings
+    from rlconform.harness.run.selection import selected_findings
 
     if not selected_findings(provided, args.op, args.property, args.dtype, variants=meta.get("variants"),
                              profile=args.profile, regimes=args.regime):
@@ -285,7 +285,7 @@ def cmd_check(args) -> int:
     finally:
         out.release()
         if interrupts.received() is not None:
-            from rlconform.harness.isolated import kill_children
+            from rlconform.harness.workers.isolated import kill_children
 
             kill_children()
 
@@ -299,7 +299,7 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
         json.dump(meta, fh)
     argv = [
         *_test_dirs(), "-c", ini, "--rootdir", tmp, "--import-mode=importlib", "-p", "no:cacheprovider",
-        "-p", "rlconform.harness.pytest_plugin", "--rlconform-engine", meta["spec"],
+        "-p", "rlconform.harness.run.pytest_plugin", "--rlconform-engine", meta["spec"],
         "--rlconform-engine-meta", meta_path, "--rlconform-out-claimed",
         "--rlconform-out", os.path.abspath(args.out), "--rlconform-profile", args.profile,
         "--rlconform-command", " ".join(["rlconform"] + sys.argv[1:]),
@@ -336,9 +336,9 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
 
 def _verdict(args, code: int) -> int:
     """The exit code, from what the plugin recorded (never from anything an engine could set)."""
-    from rlconform.harness import pytest_plugin
-    from rlconform.harness.severity import fails  # --- triage (issue 12): --fail-on ---
-    from rlconform.harness.summary import print_summary
+    from rlconform.harness.run import pytest_plugin
+    from rlconform.harness.report.severity import fails  # --- triage (issue 12): --fail-on ---
+    from rlconform.harness.report.summary import print_summary
 
     result = pytest_plugin._CONTROLLER_STATE.pop("result", None)
     if result is None:
@@ -377,13 +377,13 @@ def _verdict(args, code: int) -> int:
 
 def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, emit=None) -> dict:
     """In the child process: load the engine, check the case, return what happened (data only)."""
-    from rlconform.harness import torch_state
-    from rlconform.harness.binding import BindingError, OpUnavailable
-    from rlconform.harness.engines import load_engine
-    from rlconform.harness.pool import PoolStartupError
+    from rlconform.harness.core import torch_state
+    from rlconform.harness.catalog.binding import BindingError, OpUnavailable
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.workers.pool import PoolStartupError
     from rlconform.properties.case import Case
-    from rlconform.harness.dispatch import run_check
-    from rlconform.harness.evaluation import EngineCrash
+    from rlconform.harness.run.dispatch import run_check
+    from rlconform.harness.core.evaluation import EngineCrash
 
     case = Case.from_json(case_doc)
     try:
@@ -438,7 +438,7 @@ def cmd_replay(args) -> int:
                 f"named by a case file. To run it on that engine, say so: rlconform replay {args.case_file} "
                 f"--engine {named}" + (f" --engine-path {recorded['path']}" if recorded.get("path") else ""))
         spec = "reference"
-    from rlconform.harness.pool import in_torchrun
+    from rlconform.harness.workers.pool import in_torchrun
 
     if in_torchrun() and int(os.environ.get("RANK", "0")) != 0:
         # every rank runs the case (it holds its shard of the collectives); only rank 0 prints the verdict and
@@ -455,7 +455,7 @@ def cmd_replay(args) -> int:
                   f"that below as a ChildFailedError of rank 0 — the verdict above, not a crash of the harness",
                   flush=True)
         return code
-    from rlconform.harness.isolated import ChildDied, run_isolated
+    from rlconform.harness.workers.isolated import ChildDied, run_isolated
 
     try:
         result = run_isolated(_replay_child, (spec, args.engine_path, case.to_json()), deadline_s=args.timeout)
@@ -484,9 +484,9 @@ def _print_replay_result(result: dict) -> int:
 
 def _coverage_child(spec: str | None, engine_path: str | None, emit=None) -> dict:
     """In a child process: load the engine and build its coverage table (data only), or ``{"error": ...}``."""
-    from rlconform.harness.binding import BindingError
-    from rlconform.harness.coverage import coverage_record
-    from rlconform.harness.engines import load_engine
+    from rlconform.harness.catalog.binding import BindingError
+    from rlconform.harness.catalog.coverage import coverage_record
+    from rlconform.harness.bindings.load import load_engine
 
     try:
         binding = load_engine(spec, engine_path)
@@ -502,8 +502,8 @@ def _coverage_child(spec: str | None, engine_path: str | None, emit=None) -> dic
 
 def cmd_coverage(args) -> int:
     """Print the engine's coverage table; exit 1 with ``--strict`` when an item is unbound."""
-    from rlconform.harness.coverage_md import print_table, render_markdown
-    from rlconform.harness.isolated import ChildDied, run_isolated
+    from rlconform.harness.report.coverage_md import print_table, render_markdown
+    from rlconform.harness.workers.isolated import ChildDied, run_isolated
 
     spec = args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference"
     try:
@@ -555,7 +555,7 @@ def cmd_ledger(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from rlconform.harness.report import rerender
+    from rlconform.harness.report.writer import rerender
 
     out = os.path.dirname(args.out) or "." if args.out.endswith(".json") else args.out
     try:
@@ -594,17 +594,17 @@ def _main(argv: list[str] | None = None) -> int:
     if args.command == "replay":
         return cmd_replay(args)
     if args.command == "fuzz":
-        from rlconform.harness.fuzz import cmd_fuzz
+        from rlconform.harness.run.fuzz import cmd_fuzz
 
         return cmd_fuzz(args)
     if args.command == "report":
         return cmd_report(args)
     if args.command == "diff":  # --- triage (issue 12) ---
-        from rlconform.harness.diff import cmd_diff
+        from rlconform.harness.report.diff import cmd_diff
 
         return cmd_diff(args)
     if args.command == "bisect":  # --- bisect (issue 12 §4) ---
-        from rlconform.harness.bisect import cmd_bisect
+        from rlconform.harness.run.bisect import cmd_bisect
 
         return cmd_bisect(args)
     if args.command == "ledger":

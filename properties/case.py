@@ -4,7 +4,7 @@ A :class:`Case` names the op, property, dtype and regime, and carries the concre
 NumPy arrays whose values are exactly representable in ``dtype`` (so the engine and the reference see
 the same numbers), integer arrays, partitions (nested lists of ``[start, stop)`` row ranges) and
 scalars. It serialises to JSON losslessly (floats via ``float.hex``). Logits at real shapes are not
-stored but described (:class:`~rlconform.harness.generated.LogitsGen`, ``TokensGen``: seed, shape,
+stored but described (:class:`~rlconform.harness.core.generated.LogitsGen`, ``TokensGen``: seed, shape,
 distribution parameters; the ``real_shapes`` regime): the case file holds the description, the check materialises it.
 
 Case files travel in pull requests and corpora, so :meth:`Case.from_json` treats them as untrusted data:
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from rlconform.harness.generated import GENERATED, GeneratorError, LogitsGen
-from rlconform.harness.generated import from_json as generated_from_json
+from rlconform.harness.core.generated import GENERATED, GeneratorError, LogitsGen
+from rlconform.harness.core.generated import from_json as generated_from_json
 
 SCHEMA = "rlconform.case/1"
 
@@ -113,7 +113,7 @@ def _json_type(v: Any) -> str:
 
 
 def _check_finding(op: str, property: str, dtype: str, regime: str) -> None:
-    from rlconform.harness.catalog import OPS
+    from rlconform.harness.catalog.ops import OPS
 
     info = OPS.get(op)
     if info is None:

@@ -2,7 +2,7 @@
 
 ``run_check(binding, case)`` asks the op's family (:mod:`rlconform.harness.families`) to evaluate the
 case — call the engine through its binding, the float64 reference and the dtype-faithful fp32 path —
-and judges the resulting :class:`~rlconform.harness.evaluation.Evaluation` with the generic property
+and judges the resulting :class:`~rlconform.harness.core.evaluation.Evaluation` with the generic property
 (:mod:`rlconform.properties.generic`). It raises :class:`EngineCrash` when the engine itself raises.
 The hypothesis tests in this package draw cases and call it; ``rlconform replay`` calls it on a saved
 case. Distributed families are checked by :func:`rlconform.distributed_tests.checks.run_check`.
@@ -10,10 +10,10 @@ case. Distributed families are checked by :func:`rlconform.distributed_tests.che
 
 from __future__ import annotations
 
-from rlconform.harness.catalog import family_of, get_op
-from rlconform.harness.evaluation import EngineCrash, call_engine  # noqa: F401 - re-exported
+from rlconform.harness.catalog.ops import family_of, get_op
+from rlconform.harness.core.evaluation import EngineCrash, call_engine  # noqa: F401 - re-exported
 from rlconform.harness.families.agg_loss import describe_partition, partition_rows  # noqa: F401
-from rlconform.harness.tensors import TORCH_DTYPES, as_numpy, out_dtype, representable, to_tensor  # noqa: F401
+from rlconform.harness.core.tensors import TORCH_DTYPES, as_numpy, out_dtype, representable, to_tensor  # noqa: F401
 from rlconform.properties.case import Case
 from rlconform.properties.generic import JUDGES, Outcome  # noqa: F401 - re-exported
 
@@ -25,7 +25,7 @@ class PropertyFailure(AssertionError):
 def run_check(binding, case: Case) -> Outcome:
     """Check ``case`` against ``binding`` on this process; raises EngineCrash, OpUnavailable,
     VariantNotProvided or BindingError (a distributed op, or a property that does not apply)."""
-    from rlconform.harness.binding import BindingError
+    from rlconform.harness.catalog.binding import BindingError
 
     info = get_op(case.op)
     if case.property not in info.properties:

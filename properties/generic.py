@@ -1,11 +1,11 @@
-"""The generic properties: each judges an :class:`~rlconform.harness.evaluation.Evaluation` of one case,
+"""The generic properties: each judges an :class:`~rlconform.harness.core.evaluation.Evaluation` of one case,
 whatever op family produced it.
 
 =============================  ============================================================================
 property                       holds when
 =============================  ============================================================================
 matches_reference              every compared value and gradient is within the tolerance policy
-                               (:mod:`rlconform.harness.tolerance`) of the float64 reference
+                               (:mod:`rlconform.harness.core.tolerance`) of the float64 reference
 partition_invariant            each alternative partition's results differ from the base partition's by at
                                most the sum of the two tolerance bounds, element by element
 non_destructive                no input changed (bitwise, version counters), after forward and backward
@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from rlconform.harness.evaluation import Compared, Evaluation
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.evaluation import Compared, Evaluation
+from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE, PARTITION_INVARIANT,
 )
-from rlconform.harness.tensors import representable
-from rlconform.harness.tolerance import Comparison, bound, compare
+from rlconform.harness.core.tensors import representable
+from rlconform.harness.core.tolerance import Comparison, bound, compare
 
 
 @dataclasses.dataclass

@@ -10,10 +10,10 @@ What a failure is, and what it costs:
 
 * a discrepancy (:class:`PropertyFailure`) and an engine that raised (:class:`EngineCrash`) are shrunk
   by hypothesis, within the finding's shrinking budget (``state.shrink_budget(finding_id)``, see
-  :func:`rlconform.harness.profiles.shrink_budget`: none for a finding the xfails ledger lists); past it
+  :func:`rlconform.harness.core.profiles.shrink_budget`: none for a finding the xfails ledger lists); past it
   the smallest failure found so far is the finding's failure and reproducer;
 * a distributed case whose rank died, hung or raised (an ``EngineCrash`` caused by
-  :class:`~rlconform.harness.pool.RankFailure`) is *not* shrunk: every replay would respawn the worker
+  :class:`~rlconform.harness.workers.pool.RankFailure`) is *not* shrunk: every replay would respawn the worker
   pool (seconds each) or wait out a deadline (minutes). The finding fails at once with that case;
 * an engine that raises ``KeyboardInterrupt`` / ``SystemExit`` (no interrupt received) is a crash
   (:class:`EngineAbort`), not shrunk either;
@@ -29,12 +29,12 @@ import shlex
 import pytest
 from hypothesis import given, seed, settings, target
 
-from rlconform.harness import interrupts
-from rlconform.harness.binding import BindingError, OpUnavailable, VariantNotProvided
-from rlconform.harness.catalog import OPS
-from rlconform.harness.evaluation import EngineCrash
-from rlconform.harness.pool import PoolStartupError, RankFailure
-from rlconform.harness.profiles import capped_settings, example_cap
+from rlconform.harness.workers import interrupts
+from rlconform.harness.catalog.binding import BindingError, OpUnavailable, VariantNotProvided
+from rlconform.harness.catalog.ops import OPS
+from rlconform.harness.core.evaluation import EngineCrash
+from rlconform.harness.workers.pool import PoolStartupError, RankFailure
+from rlconform.harness.core.profiles import capped_settings, example_cap
 from rlconform.properties.case import Case, CaseError
 from rlconform.properties.checks import PropertyFailure
 from rlconform.properties.corpus import replay_corpus
@@ -50,7 +50,7 @@ class CheckRaised(Exception):
 
 class EngineAbort(Exception):
     """The engine raised ``KeyboardInterrupt`` or ``SystemExit`` while no interrupt was received (see
-    :func:`rlconform.harness.interrupts.engine_raised`): the finding's crash, not an interrupt of the run."""
+    :func:`rlconform.harness.workers.interrupts.engine_raised`): the finding's crash, not an interrupt of the run."""
 
     def __init__(self, exc: BaseException):
         super().__init__(f"the engine raised {type(exc).__name__}({str(exc)!r}) (no Ctrl-C or SIGTERM was "
@@ -90,7 +90,7 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
     ``check(binding, case) -> Outcome`` judges one case (:func:`rlconform.properties.checks.run_check`,
     or :func:`rlconform.distributed_tests.checks.run_check` for the distributed families).
     An expensive regime's examples and shrinking steps are capped by the op's
-    :meth:`~rlconform.harness.opinfo.OpInfo.example_cap` (real sizes: a few derandomized examples, never
+    :meth:`~rlconform.harness.core.opinfo.OpInfo.example_cap` (real sizes: a few derandomized examples, never
     shrunk)."""
     op, prop, dtype, regime = finding
     try:

@@ -31,7 +31,7 @@ Conventions shared by every variant (``S`` below):
      rounding is amplified by the whitening where x is nearly constant).
 
 Where verl 0.9.1 and SkyRL 0.4.0 disagree with each other or with S1–S6, the docs say so; the
-engines' measured behaviour is in docs/notes/advantage-engines.md.
+engines' measured behaviour is in docs/engines/advantage-estimators.md.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ engine's +inf (of the right sign) is then the correctly rounded value, NaN never
 contribute exactly 0 here, where an unguarded fp32 −A·e^Δ gives 0·inf = NaN). Clipped branches
 have gradient 0 exactly. A value or gradient beyond the float64 range raises ValueError (agg_loss
 refuses non-finite terms) or is ±inf (gradients). Examples in the module's tests and in
-docs/notes/policy-loss-engines.md.
+docs/engines/policy-losses.md.
 
 Masked positions are ignored whatever they hold (NaN, ±inf, 1e30) in any input: they get loss 0
 and gradient exactly 0, and the unmasked result is unchanged. NaN or ±inf at a valid position

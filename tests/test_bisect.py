@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from rlconform.harness import bisect as B
+from rlconform.harness.run import bisect as B
 from rlconform.properties.case import Case, save_case
 
 _spec = importlib.util.spec_from_file_location("toyfork", pathlib.Path(__file__).with_name("toyfork.py"))

@@ -30,7 +30,7 @@ def test_version_and_help(capsys):
 
 
 def test_list_ops_names_every_catalog_op(capsys):
-    from rlconform.harness.catalog import OPS
+    from rlconform.harness.catalog.ops import OPS
 
     assert main(["list-ops"]) == 0
     out = capsys.readouterr().out
@@ -65,7 +65,7 @@ def test_unknown_mutant(tmp_path):
 
 def test_binding_file_with_syntax_error_names_file_and_line(tmp_path):
     f = tmp_path / "broken_binding.py"
-    f.write_text("from rlconform.harness.binding import Binding\nbinding = Binding(name='x', ops={\n  'entropy': lambda x: x\n  oops\n})\n")
+    f.write_text("from rlconform.harness.catalog.binding import Binding\nbinding = Binding(name='x', ops={\n  'entropy': lambda x: x\n  oops\n})\n")
     proc = cli("check", "--engine", str(f), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2
     assert "broken_binding.py:" in proc.stderr and "syntax error" in proc.stderr
@@ -74,7 +74,7 @@ def test_binding_file_with_syntax_error_names_file_and_line(tmp_path):
 def test_wrong_signature_names_the_op(tmp_path):
     f = tmp_path / "wrong_sig.py"
     f.write_text(textwrap.dedent("""
-        from rlconform.harness.binding import Binding
+        from rlconform.harness.catalog.binding import Binding
         def entropy(logits, labels, extra):
             return logits.sum(-1)
         binding = Binding(name="wrong", ops={"entropy": entropy})
@@ -86,7 +86,7 @@ def test_wrong_signature_names_the_op(tmp_path):
 
 def test_unknown_op_in_binding(tmp_path):
     f = tmp_path / "unknown_op.py"
-    f.write_text("from rlconform.harness.binding import Binding\nbinding = Binding(name='u', ops={'entropyy': abs})\n")
+    f.write_text("from rlconform.harness.catalog.binding import Binding\nbinding = Binding(name='u', ops={'entropyy': abs})\n")
     proc = cli("check", "--engine", str(f), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and "entropyy" in proc.stderr
 
@@ -94,8 +94,8 @@ def test_unknown_op_in_binding(tmp_path):
 def test_engine_function_that_raises_is_a_crash_and_the_run_goes_on(tmp_path):
     f = tmp_path / "raising.py"
     f.write_text(textwrap.dedent("""
-        from rlconform.harness.binding import Binding, Lazy
-        from rlconform.harness import faithful as F
+        from rlconform.harness.catalog.binding import Binding, Lazy
+        from rlconform.harness.core import faithful as F
         def entropy(logits):
             raise RuntimeError("boom from the engine")
         binding = Binding(name="raising", ops={
@@ -214,7 +214,7 @@ def test_max_examples_must_be_positive(tmp_path, value):
 
 def test_wrong_output_shape_is_a_discrepancy_that_says_so(tmp_path):
     f = tmp_path / "identity_entropy.py"
-    f.write_text("from rlconform.harness.binding import Binding\nbinding = Binding(name='id', ops={'entropy': lambda logits: logits * 1})\n")
+    f.write_text("from rlconform.harness.catalog.binding import Binding\nbinding = Binding(name='id', ops={'entropy': lambda logits: logits * 1})\n")
     out = tmp_path / "out"
     proc = cli("check", "--engine", str(f), "--property", "matches_reference", "--dtype", "float32",
                "--max-examples", "3", "--out", str(out))

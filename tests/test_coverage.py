@@ -16,8 +16,8 @@ import textwrap
 
 import pytest
 
-from rlconform.harness.binding import Binding, Coverage, Lazy, Variants
-from rlconform.harness.coverage import compared_strings, inventory
+from rlconform.harness.catalog.binding import Binding, Coverage, Lazy, Variants
+from rlconform.harness.catalog.coverage import compared_strings, inventory
 
 ENGINE = "fakeeng_cov"
 NUMERICS = f"{ENGINE}.numerics"
@@ -279,7 +279,7 @@ def test_compared_strings_reads_the_modes_of_a_dispatching_function():
 # ------------------------------------------------------------------------------- CLI and report
 BINDING_FILE = '''
 import importlib
-from rlconform.harness.binding import Binding, Coverage, Lazy
+from rlconform.harness.catalog.binding import Binding, Coverage, Lazy
 
 NOT_BOUND = {not_bound!r}
 
@@ -333,9 +333,9 @@ def test_cli_engine_without_coverage_is_a_usage_error(capsys):
 
 
 def test_report_carries_the_coverage(tmp_path, fake_engine):
-    from rlconform.harness.coverage import coverage_record
-    from rlconform.harness.html_report import render_html
-    from rlconform.harness.report import ReportWriter
+    from rlconform.harness.catalog.coverage import coverage_record
+    from rlconform.harness.report.html_report import render_html
+    from rlconform.harness.report.writer import ReportWriter
 
     fake_engine("def masked_std(values, mask):\n    return values.std()\n")
     record = coverage_record(_binding())
@@ -368,7 +368,7 @@ def test_every_numerics_function_of_the_real_engines_is_bound_or_justified(engin
         found = False
     if not found:
         pytest.skip(f"{engine} is not installed: run `install/engines.sh .venv/bin/python {engine}`")
-    from rlconform.harness.engines import load_engine
+    from rlconform.harness.bindings.load import load_engine
 
     inv = inventory(load_engine(engine))
     assert [it.name for it in inv.unbound()] == []

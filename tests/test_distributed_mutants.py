@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from rlconform.harness.opinfo import split_regime
-from rlconform.harness.layout import Layout, parse_regime, zigzag_index
+from rlconform.harness.core.opinfo import split_regime
+from rlconform.harness.core.layout import Layout, parse_regime, zigzag_index
 from rlconform.distributed_tests.checks import run_check
-from rlconform.harness.catalog import DISTRIBUTED_KINDS, OPS, strategy_for
-from rlconform.harness.evaluation import EngineCrash
-from rlconform.harness.engines import load_engine
-from rlconform.harness.pool import _pid_alive, close_all_pools, get_pool
+from rlconform.harness.catalog.ops import DISTRIBUTED_KINDS, OPS, strategy_for
+from rlconform.harness.core.evaluation import EngineCrash
+from rlconform.harness.bindings.load import load_engine
+from rlconform.harness.workers.pool import _pid_alive, close_all_pools, get_pool
 from rlconform.properties.case import Case, save_case
 
 pytestmark = pytest.mark.distributed
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture(scope="module", autouse=True)
 def _no_worker_outlives_the_module():
     yield
-    from rlconform.harness import pool as P
+    from rlconform.harness.workers import pool as P
 
     pids = [pid for pool in list(P._POOLS.values()) for pid in pool.pids]
     close_all_pools()

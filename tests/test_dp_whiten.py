@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rlconform.distributed_tests.checks import run_check
-from rlconform.harness.engines import load_engine
+from rlconform.harness.bindings.load import load_engine
 from rlconform.properties.case import Case
 from rlconform.reference import masked_whiten
 from rlconform.reference.whitening import exact_moments, merge_exact_moments
@@ -22,7 +22,7 @@ def _no_worker_outlives_the_module():
     """The session's gloo pool is closed after this module: its ranks must not outlive it into other
     tests of the same xdist worker (tests/test_robustness_interrupt.py counts this process's children)."""
     yield
-    from rlconform.harness.pool import close_all_pools
+    from rlconform.harness.workers.pool import close_all_pools
 
     close_all_pools()
 
@@ -108,7 +108,7 @@ binding = mutant("grad_off_whiten", "turns grad mode off on the ranks", dp_maske
 def test_a_rank_side_call_that_changes_torch_state_is_a_crash(tmp_path):
     """Issue 14 on the ranks: an engine call that flips global torch state fails its finding (with what
     changed), and the next case on the same pool starts from the restored state."""
-    from rlconform.harness.evaluation import EngineCrash
+    from rlconform.harness.core.evaluation import EngineCrash
 
     path = tmp_path / "grad_off_whiten.py"
     path.write_text(STATE_BINDING)

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from rlconform.harness.binding import AggLoss, BatchInfo, MetricPipeline
+from rlconform.harness.catalog.binding import AggLoss, BatchInfo, MetricPipeline
 
 pytestmark = [
     pytest.mark.engines,

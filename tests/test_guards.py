@@ -1,4 +1,4 @@
-"""The bitwise input guard (harness/guards.py): exact snapshots for small tensors, block digests for large
+"""The bitwise input guard (harness/core/guards.py): exact snapshots for small tensors, block digests for large
 ones (issue 13, part 3: real-shape logits must not double the memory)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlconform.harness import guards as G
+from rlconform.harness.core import guards as G
 
 
 @pytest.fixture(params=["exact", "digests"])

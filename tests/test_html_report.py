@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from rlconform.harness.html_report import engine_traceback, read_blob, render_html
+from rlconform.harness.report.html_report import engine_traceback, read_blob, render_html
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -142,7 +142,7 @@ def test_crash_traceback_shows_the_engines_frames():
           "    |     ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
           "    | ValueError: At least one element in the mask has to be 1.\n    | \n"
           "    | The above exception was the direct cause of the following exception:\n    | \n"
-          "    | Traceback (most recent call last):\n    |   File \"harness/evaluation.py\", line 43\n"
+          "    | Traceback (most recent call last):\n    |   File \"harness/core/evaluation.py\", line 43\n"
           "    | EngineCrash: engine raised\n")
     text = engine_traceback(tb)
     assert text.splitlines() == [
@@ -175,7 +175,7 @@ def _token_finding(op, prop, dtype, regime, status="pass", rel=1e-7, ratio=0.05)
 
 def test_softmax_heatmap_and_escaping(tmp_path):
     """Token statistics get the dtype × regime heatmap; text from the report is escaped."""
-    from rlconform.harness.catalog import LOGITS_REGIMES
+    from rlconform.harness.catalog.ops import LOGITS_REGIMES
 
     findings = [_token_finding(op, "matches_reference", d, r, ratio=10.0 ** (i % 5 - 3))
                 for op in ("entropy", "sum_pi_squared") for r, ds in LOGITS_REGIMES.items() for i, d in enumerate(ds)]

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from rlconform.harness import impl_contract as IC
-from rlconform.harness.binding import Binding, BindingError, Implementation
-from rlconform.harness.catalog import OPS
-from rlconform.harness.engines import load_engine, validate_binding, variant_info
-from rlconform.harness.opinfo import OpInfo, split_regime
-from rlconform.harness.selection import selected_findings
+from rlconform.harness.core import impl_contract as IC
+from rlconform.harness.catalog.binding import Binding, BindingError, Implementation
+from rlconform.harness.catalog.ops import OPS
+from rlconform.harness.bindings.load import load_engine, validate_binding, variant_info
+from rlconform.harness.core.opinfo import OpInfo, split_regime
+from rlconform.harness.run.selection import selected_findings
 from rlconform.properties.case import Case
 from rlconform.properties.checks import run_check
 from rlconform.reference import (

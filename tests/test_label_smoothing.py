@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlconform.harness.engines import load_engine
+from rlconform.harness.bindings.load import load_engine
 from rlconform.properties.case import Case
 from rlconform.reference import smoothed_token_logprobs, smoothed_token_logprobs_grad
 
@@ -22,7 +22,7 @@ def _no_worker_outlives_the_module():
     """The session's gloo pool is closed after this module: its ranks must not outlive it into other
     tests of the same xdist worker (tests/test_robustness_interrupt.py counts this process's children)."""
     yield
-    from rlconform.harness.pool import close_all_pools
+    from rlconform.harness.workers.pool import close_all_pools
 
     close_all_pools()
 

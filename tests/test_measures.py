@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-from rlconform.harness.html_report import render_html
-from rlconform.harness.measures import error_text, number_text
-from rlconform.harness.report import render_markdown
+from rlconform.harness.report.html_report import render_html
+from rlconform.harness.report.measures import error_text, number_text
+from rlconform.harness.report.writer import render_markdown
 
 
 def _f(fid, status="discrepancy", abs_err=0.0, rel_err=0.0, message="", **kw):
@@ -41,7 +41,7 @@ def test_error_text():
 
 
 def _doc(findings):
-    from rlconform.harness.triage import annotate
+    from rlconform.harness.report.triage import annotate
 
     summary = {}
     for f in findings:

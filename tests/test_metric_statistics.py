@@ -15,7 +15,7 @@ import torch
 
 import rlconform.reference as R
 from rlconform.harness.bindings.reference import binding as REFERENCE
-from rlconform.harness.evaluation import EngineCrash, Evaluation, MetricFlow
+from rlconform.harness.core.evaluation import EngineCrash, Evaluation, MetricFlow
 from rlconform.harness.families import metric_statistics as MS
 from rlconform.properties.generic import JUDGES, metric_integrity
 
@@ -84,7 +84,7 @@ def test_reference_engine_passes_large_counts():
 def test_missing_statistic_is_a_problem():
     import dataclasses
 
-    from rlconform.harness.binding import Binding
+    from rlconform.harness.catalog.binding import Binding
     from rlconform.harness.bindings.reference import statistics_pipeline
 
     partial = dataclasses.replace(statistics_pipeline, stats={"mean": "x_mean"})

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from rlconform.harness.catalog import PROPERTIES
-from rlconform.harness.engines import mutant_names
+from rlconform.harness.catalog.ops import PROPERTIES
+from rlconform.harness.bindings.load import mutant_names
 
 MUTANTS = mutant_names()
 DISTRIBUTED_KINDS = ("vocab_parallel", "context_parallel", "dp_metric")

@@ -4,7 +4,7 @@ report folders, gives the same findings: same examples, same numbers, same verdi
 
 Hypothesis mixes the literals of "local" modules (outside site-packages, and not under a folder named
 ``tests``) into generation; a binding under ``…/tests/`` contributes none, the same file under
-``…/fork/`` does. :func:`rlconform.harness.determinism.pin_generation` makes both draw the same examples.
+``…/fork/`` does. :func:`rlconform.harness.core.determinism.pin_generation` makes both draw the same examples.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 # kind hypothesis would pick up as local constants
 BINDING = '''
 import torch
-from rlconform.harness.binding import Binding
+from rlconform.harness.catalog.binding import Binding
 
 TABLE = [11, 97, 1013, 40961, 65537, 123457, 7654321, 2147483647, 3.25, 17.5, 1e4, -5e3, 0.001]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlconform.harness.catalog import OPS
+from rlconform.harness.catalog.ops import OPS
 
 
 @pytest.mark.engines

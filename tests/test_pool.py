@@ -1,4 +1,4 @@
-"""Self-tests of the persistent distributed worker pool (rlconform.harness.pool)."""
+"""Self-tests of the persistent distributed worker pool (rlconform.harness.workers.pool)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlconform.harness import pool_cases as pc
-from rlconform.harness.pool import (
+from rlconform.harness.workers import pool_cases as pc
+from rlconform.harness.workers.pool import (
     PoolStartupError,
     RankFailure,
     WorkerPool,
@@ -220,8 +220,8 @@ def test_startup_error_is_clear():
 
 _ORPHAN_SCRIPT = r"""
 import os, sys
-from rlconform.harness.pool import WorkerPool
-from rlconform.harness import pool_cases as pc
+from rlconform.harness.workers.pool import WorkerPool
+from rlconform.harness.workers import pool_cases as pc
 if __name__ == "__main__":
     pool = WorkerPool(2)
     out = pool.run(pc.rank_info, None)
@@ -254,7 +254,7 @@ def test_run_under_torchrun_env(tmp_path):
         port = s.getsockname()[1]
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     proc = subprocess.run(
-        [sys.executable, "-m", "rlconform.harness.pool", "rlconform.harness.pool_cases:allreduce_sum",
+        [sys.executable, "-m", "rlconform.harness.workers.pool", "rlconform.harness.workers.pool_cases:allreduce_sum",
          json.dumps({"dtype": "float64", "values": [1.5, 2.0]})],
         capture_output=True, text=True, timeout=120, env=env,
     )

@@ -79,7 +79,7 @@ PLAN: dict[str, tuple] = {
     "echo $?": ("skip", "shell: the exit code of the command before it, which the test checks"),
     "PYTHONPATH=. rlconform fuzz --engine token_mean:buggy --minutes 0.5": ("run", ["--max-examples", "12"]),
     "PYTHONPATH=. rlconform check --engine token_mean:buggy": ("run", ["--max-examples", "3"]),
-    "torchrun --nproc-per-node 2 -m rlconform.harness.pool rlconform.harness.pool_cases:allreduce_sum "
+    "torchrun --nproc-per-node 2 -m rlconform.harness.workers.pool rlconform.harness.workers.pool_cases:allreduce_sum "
     "'{\"dtype\": \"bfloat16\"}'": ("run", []),
     "torchrun --standalone --nproc-per-node 2 --module rlconform.harness.cli replay DIR/cases/<finding id>.json "
     "--engine X": ("skip", "needs a saved distributed case; tests/test_distributed_mutants.py replays one so"),
@@ -211,7 +211,7 @@ def test_fuzzing_transcript(scratch):
 
 @pytest.mark.distributed
 def test_torchrun_pool_example(scratch):
-    cmd = next(c for c in PLAN if c.startswith("torchrun --nproc-per-node 2 -m rlconform.harness.pool"))
+    cmd = next(c for c in PLAN if c.startswith("torchrun --nproc-per-node 2 -m rlconform.harness.workers.pool"))
     proc = _run(cmd, scratch)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 

@@ -15,13 +15,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from rlconform.harness.catalog import OPS
-from rlconform.harness.engines import load_engine
+from rlconform.harness.catalog.ops import OPS
+from rlconform.harness.bindings.load import load_engine
 from rlconform.harness.families import reductions as RD
 from rlconform.harness.families import token_stats as TS
-from rlconform.harness.generated import GeneratorError, LogitsGen, TokensGen
-from rlconform.harness.profiles import DISTRIBUTED_CAP, REAL_SHAPES_CAP, ExampleCap, capped_settings, example_cap, profile_only
-from rlconform.harness.selection import selected_findings
+from rlconform.harness.core.generated import GeneratorError, LogitsGen, TokensGen
+from rlconform.harness.core.profiles import DISTRIBUTED_CAP, REAL_SHAPES_CAP, ExampleCap, capped_settings, example_cap, profile_only
+from rlconform.harness.run.selection import selected_findings
 from rlconform.properties.case import Case, CaseError, decode_record, encode_record, load_case, save_case
 from rlconform.properties.checks import run_check
 
@@ -78,8 +78,8 @@ def test_only_nightly_selects_real_shapes():
 
 def test_list_ops_and_report_name_the_profile(capsys):
     from rlconform.harness.cli import cmd_list_ops
-    from rlconform.harness.recorder import _with_profiles
-    from rlconform.harness.report import _profile_lines
+    from rlconform.harness.run.recorder import _with_profiles
+    from rlconform.harness.report.writer import _profile_lines
 
     cmd_list_ops()
     assert "real_shapes (nightly profile only)" in capsys.readouterr().out
@@ -188,7 +188,7 @@ def test_generator_path_small(small):
 
 def test_generator_path_catches_a_wrong_engine(small):
     """The chunked comparison sees an error in any chunk (here: the last row's gradient of a wrong entropy)."""
-    from rlconform.harness.binding import Binding
+    from rlconform.harness.catalog.binding import Binding
     from rlconform.harness.bindings.reference import binding as reference
 
     def entropy(logits):
@@ -274,7 +274,7 @@ def test_metric_pipeline_generator_path_small(monkeypatch):
     property on the generated batch split by nested partitions."""
     monkeypatch.setattr(RD, "REAL_SEQUENCES", (64,))
     monkeypatch.setattr(RD, "REAL_MIN_TOKENS", 600)
-    from rlconform.harness.catalog import strategy_for
+    from rlconform.harness.catalog.ops import strategy_for
 
     ref = load_engine("reference", None)
     for inp in draw(strategy_for("metric_pipeline", "float32", "real_shapes"), 2):
@@ -290,8 +290,8 @@ def test_metric_pipeline_generator_path_small(monkeypatch):
 def test_vocab_parallel_generator_path_small(monkeypatch):
     """tp2_real_shapes at a small V (the test hook): the shards of a generated tensor on 2 gloo ranks."""
     from rlconform.distributed_tests.checks import run_check as run_distributed
-    from rlconform.harness.catalog import strategy_for
-    from rlconform.harness.pool import close_all_pools
+    from rlconform.harness.catalog.ops import strategy_for
+    from rlconform.harness.workers.pool import close_all_pools
 
     monkeypatch.setattr(TS, "REAL_VOCABS", (1000,))
     ref = load_engine("reference", None)
@@ -332,7 +332,7 @@ class _State:
 def test_run_finding_gives_real_shapes_two_examples_and_no_shrinking(small, tmp_path, fails):
     """Under the nightly profile (500 examples, unlimited shrinking) a real_shapes finding runs 2 examples
     (derandomized: the same two every run) and a failure is reported as found, not shrunk."""
-    from rlconform.harness.recorder import FindingRecorder
+    from rlconform.harness.run.recorder import FindingRecorder
     from rlconform.properties import runner
     from rlconform.properties.checks import PropertyFailure
     from rlconform.properties.generic import Outcome

@@ -11,7 +11,7 @@ import sys
 import textwrap
 import time
 
-from rlconform.harness.report import SCHEMA
+from rlconform.harness.report.writer import SCHEMA
 
 REQUIRED = {"id", "op", "property", "dtype", "regime", "status", "examples", "max_abs_err", "max_rel_err",
             "tolerance", "worst_input", "reproducer"}
@@ -48,8 +48,8 @@ def test_interrupted_run_keeps_the_findings_already_made(tmp_path):
     binding = tmp_path / "slow_binding.py"
     binding.write_text(textwrap.dedent("""
         import time
-        from rlconform.harness import faithful as F
-        from rlconform.harness.binding import Binding
+        from rlconform.harness.core import faithful as F
+        from rlconform.harness.catalog.binding import Binding
         def entropy(logits):
             time.sleep(120)  # hangs: the run is interrupted while here
             return F.entropy(logits)
@@ -61,7 +61,7 @@ def test_interrupted_run_keeps_the_findings_already_made(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     report = out / "report.json"
     deadline = time.monotonic() + 900  # only catches a hang: the wait ends when logsumexp is recorded
-    from rlconform.harness.catalog import OPS
+    from rlconform.harness.catalog.ops import OPS
 
     op = OPS["logsumexp"]
     n_logsumexp = len(op.properties) * sum(d == "float32" for d, _ in op.cases())

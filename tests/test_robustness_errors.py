@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from rlconform.harness.cli import main
-from rlconform.harness.xfails import XfailsError, parse_xfails
+from rlconform.harness.report.xfails import XfailsError, parse_xfails
 
 BINDINGS = os.path.join(os.path.dirname(__file__), "bindings")
 FID = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
@@ -97,8 +97,8 @@ def test_a_report_that_cannot_be_written_ends_the_run_with_2(tmp_path):
 def test_what_the_harness_breaks_is_an_error_not_the_engines_crash():
     from hypothesis.errors import FailedHealthCheck
 
-    from rlconform.harness.recorder import classify
-    from rlconform.harness.torch_state import TorchStateChanged
+    from rlconform.harness.run.recorder import classify
+    from rlconform.harness.core.torch_state import TorchStateChanged
     from rlconform.properties.checks import EngineCrash, PropertyFailure
     from rlconform.properties.corpus import CorpusError
     from rlconform.properties.runner import CheckRaised, EngineAbort

@@ -4,7 +4,7 @@ incomplete report and no live worker.
 * the worker pool: an interrupt while its ranks rendezvous (``start``) or while ``run`` starts them
   tears the ranks down (they are not left for multiprocessing's exit hook to wait on forever);
 * an interrupt that something swallows (an exception raised in a gc callback is ignored, as in
-  hypothesis' gc callback) is still seen: :func:`rlconform.harness.interrupts.check` raises it;
+  hypothesis' gc callback) is still seen: :func:`rlconform.harness.workers.interrupts.check` raises it;
 * ``rlconform check``: Ctrl-C while the engine hangs in a finding, and Ctrl-C or SIGTERM while the engine
   is being loaded.
 
@@ -25,7 +25,7 @@ import uuid
 
 import pytest
 
-from rlconform.harness import interrupts
+from rlconform.harness.workers import interrupts
 
 BINDINGS = os.path.join(os.path.dirname(__file__), "bindings")
 
@@ -83,8 +83,8 @@ def _wait_until(predicate, timeout: float, what: str) -> None:
 def test_an_interrupt_during_rendezvous_leaves_no_rank(monkeypatch, how):
     import multiprocessing.connection
 
-    from rlconform.harness.pool import WorkerPool
-    from rlconform.harness.pool_cases import allreduce_sum
+    from rlconform.harness.workers.pool import WorkerPool
+    from rlconform.harness.workers.pool_cases import allreduce_sum
 
     real_wait = multiprocessing.connection.wait
     seen: dict = {}

@@ -1,5 +1,6 @@
-"""The robustness mechanisms sit in the core layer (design.md: reference <- core <- properties /
-distributed_tests <- runner): importing a core module must not import the layers above it."""
+"""The robustness mechanisms sit low (docs/architecture.md: torch state in core, interrupts, isolation and
+the pool in workers, engine loading with the bindings, coverage in the catalog): importing one must not
+import the properties, the report writers or the run layer above it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import json
 import subprocess
 import sys
 
-CORE = ["rlconform.harness.torch_state", "rlconform.harness.interrupts", "rlconform.harness.isolated",
-        "rlconform.harness.selection", "rlconform.harness.pool", "rlconform.harness.engines",
-        "rlconform.harness.coverage"]
-ABOVE = ("rlconform.properties", "rlconform.distributed_tests", "rlconform.harness.cli", "rlconform.harness.fuzz",
-         "rlconform.harness.pytest_plugin", "rlconform.harness.report", "rlconform.harness.recorder",
-         "rlconform.harness.inflight", "rlconform.harness.outdir", "rlconform.harness.coverage_md")
+CORE = ["rlconform.harness.core.torch_state", "rlconform.harness.workers.interrupts", "rlconform.harness.workers.isolated",
+        "rlconform.harness.workers.pool", "rlconform.harness.bindings.load",
+        "rlconform.harness.catalog.coverage"]
+ABOVE = ("rlconform.properties", "rlconform.distributed_tests", "rlconform.harness.cli", "rlconform.harness.run.fuzz",
+         "rlconform.harness.run.pytest_plugin", "rlconform.harness.report.writer", "rlconform.harness.run.recorder",
+         "rlconform.harness.run.inflight", "rlconform.harness.run.outdir", "rlconform.harness.report.coverage_md")
 
 PROBE = """
 import importlib, json, sys

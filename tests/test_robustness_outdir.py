@@ -1,6 +1,6 @@
 """Kinds 4 and 8 of issue 14: one report folder, one run; and no leftovers of another run in it.
 
-* a second run on a folder that a run holds (the ``fcntl`` lock of :mod:`rlconform.harness.outdir`)
+* a second run on a folder that a run holds (the ``fcntl`` lock of :mod:`rlconform.harness.run.outdir`)
   stops at once with a clear error (exit 2) naming the holder;
 * ``--out`` that is a file, or cannot be created: exit 2 with a message, no traceback;
 * a reused folder loses the previous run's ``report.*``, reproducers and ``.tmp-*`` files (what a
@@ -16,7 +16,7 @@ import os
 import pytest
 
 from rlconform.harness.cli import main
-from rlconform.harness.outdir import OutDirError, claim
+from rlconform.harness.run.outdir import OutDirError, claim
 
 
 def test_a_held_folder_is_refused_with_the_holders_pid(tmp_path, capsys):
@@ -59,7 +59,7 @@ def test_a_reused_folder_keeps_nothing_of_the_previous_run(tmp_path):
 
 
 def test_a_failed_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
-    from rlconform.harness import report as R
+    from rlconform.harness.report import writer as R
 
     writer = R.ReportWriter(str(tmp_path), engine={"spec": "x"}, run={})
 
@@ -74,7 +74,7 @@ def test_a_failed_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
 
 
 def test_memory_error_while_writing_the_report_is_a_report_error(tmp_path, monkeypatch):
-    from rlconform.harness import report as R
+    from rlconform.harness.report import writer as R
 
     writer = R.ReportWriter(str(tmp_path), engine={"spec": "x"}, run={})
 

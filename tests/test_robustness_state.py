@@ -1,6 +1,6 @@
 """Kind 2 of issue 14: torch's global state does not leak from one finding into the next.
 
-Unit: every mode of :data:`rlconform.harness.torch_state.MODES` that an engine call leaves changed is
+Unit: every mode of :data:`rlconform.harness.core.torch_state.MODES` that an engine call leaves changed is
 named by :class:`TorchStateChanged` and restored. End to end (``tests/bindings/state_leak.py``): an
 engine that turns autograd off is a crash naming ``grad mode``, and a later finding's real 2× gradient
 bug is still found as a discrepancy; the crash's reproducer replays as a crash, not as PASS.
@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from rlconform.harness import torch_state
+from rlconform.harness.core import torch_state
 
 BINDING = os.path.join(os.path.dirname(__file__), "bindings", "state_leak.py")
 

@@ -62,10 +62,10 @@ class _State:
 
 
 def test_a_rank_failure_is_not_shrunk(tmp_path, monkeypatch):
-    from rlconform.harness.pool import RankFailure
-    from rlconform.harness.recorder import FindingRecorder
+    from rlconform.harness.workers.pool import RankFailure
+    from rlconform.harness.run.recorder import FindingRecorder
     from rlconform.properties import runner
-    from rlconform.harness.evaluation import EngineCrash
+    from rlconform.harness.core.evaluation import EngineCrash
 
     calls = []
 

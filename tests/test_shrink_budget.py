@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from rlconform.harness.profiles import MAX_SHRINKS, shrink_budget
+from rlconform.harness.core.profiles import MAX_SHRINKS, shrink_budget
 
 FINDING = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
 

@@ -9,8 +9,8 @@ import pathlib
 import pytest
 
 from rlconform.harness.cli import main
-from rlconform.harness.severity import classify, fails
-from rlconform.harness.triage import annotate
+from rlconform.harness.report.severity import classify, fails
+from rlconform.harness.report.triage import annotate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def test_severity_rules():
              "indices for tensor of dimension 2\nrank 0 (tp 0): input 'logits' mutated during forward")
     sev, why = classify(_f("a.non_destructive.float32.chunked@tp2_moderate", message=rank2))
     assert sev == "wrong" and "IndexError" in why and "rank-2" in why, why
-    from rlconform.harness.triage import feature, kind
+    from rlconform.harness.report.triage import feature, kind
     # features: the garbage mask_invariant writes is the cause, whatever else the input has; -inf is a
     # logits feature only for an input with logits
     garbage = _f("m.mask_invariant.float32.imbalanced_partitions", message="value = nan vs value = 1.0 at flat index 0 (reference 1.0, allowed difference 2e-06)",
@@ -111,8 +111,8 @@ def test_html_of_verl_report_is_under_500_kb(tmp_path):
     import json
     import shutil
 
-    from rlconform.harness.html_report import read_blob
-    from rlconform.harness.report import rerender
+    from rlconform.harness.report.html_report import read_blob
+    from rlconform.harness.report.writer import rerender
 
     shutil.copy(ROOT / "reports/verl-0.9.1/report.json", tmp_path / "report.json")
     _, html = rerender(str(tmp_path))

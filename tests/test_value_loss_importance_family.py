@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from rlconform.harness.binding import Binding, LossVariants, Variants
-from rlconform.harness.catalog import OPS
+from rlconform.harness.catalog.binding import Binding, LossVariants, Variants
+from rlconform.harness.catalog.ops import OPS
 from rlconform.harness.families import importance_ratio as IR
 from rlconform.harness.families import value_loss as VL
-from rlconform.harness.opinfo import MASK_INVARIANT, MATCHES_REFERENCE, PARTITION_INVARIANT
+from rlconform.harness.core.opinfo import MASK_INVARIANT, MATCHES_REFERENCE, PARTITION_INVARIANT
 
 
 def _vl_case(prop=MATCHES_REFERENCE, variant="token-mean", partitions=([(0, 1), (1, 2)],)):
@@ -222,7 +222,7 @@ def test_skyrl_vf_clipfrac_counts_a_token_inside_the_clip_range():
     """SkyRL writes v_clip = v_old + clamp(v − v_old, ±ε): in fp32 that is v + 1 ulp here, so a token 0.04
     inside the clip range counts as clipped (verl's clip_by_value returns v itself)."""
     from rlconform.harness.bindings import skyrl, verl
-    from rlconform.harness.contracts import BatchInfo
+    from rlconform.harness.core.contracts import BatchInfo
 
     v = torch.tensor([[0.028250733390450478]])
     old = torch.tensor([[-0.013210486620664597]])

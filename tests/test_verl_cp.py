@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from rlconform.distributed_tests.checks import run_check
-from rlconform.harness.binding import BindingError
-from rlconform.harness.engines import load_engine
+from rlconform.harness.catalog.binding import BindingError
+from rlconform.harness.bindings.load import load_engine
 from rlconform.properties.case import Case
 
 pytestmark = pytest.mark.distributed
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.distributed
 def _no_worker_outlives_the_module():
     """The session's gloo pools are closed after this module (see tests/test_dp_whiten.py for why)."""
     yield
-    from rlconform.harness.pool import close_all_pools
+    from rlconform.harness.workers.pool import close_all_pools
 
     close_all_pools()
 

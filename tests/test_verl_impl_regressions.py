@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlconform.harness.engines import load_engine
+from rlconform.harness.bindings.load import load_engine
 from rlconform.properties.case import Case
 from rlconform.reference import entropy, fused_linear_token_stats
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("verl") is None, reason
 @pytest.fixture(scope="module", autouse=True)
 def _no_worker_outlives_the_module():
     yield
-    from rlconform.harness.pool import close_all_pools
+    from rlconform.harness.workers.pool import close_all_pools
 
     close_all_pools()
 
@@ -80,8 +80,8 @@ def test_vocab_parallel_entropy_with_chunking_on_tp2_ranks():
     does ``sub_``/``add_`` on its saved logits chunk, a view of the caller's tensor, which bumps the version
     the next chunk's saved view checks. verl's Megatron engine calls it with entropy_from_logits_chunk_size
     (2048) on [1, total_nnz, V/tp] logits: any micro-batch over 2048 tokens with an entropy term in the loss."""
-    from rlconform.harness.dispatch import run_check
-    from rlconform.harness.evaluation import EngineCrash
+    from rlconform.harness.run.dispatch import run_check
+    from rlconform.harness.core.evaluation import EngineCrash
 
     verl = load_engine("verl")
     one_chunk = run_check(verl, _vp_case("matches_reference", "float64", 3, 4))

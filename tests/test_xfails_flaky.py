@@ -1,5 +1,5 @@
 """A ledger line marked ``# flaky: why`` is non-strict: its finding is ``xfail`` when it fails and ``pass``
-(with a note) when it passes, never ``xpass``; an unmarked line stays strict (harness/xfails.py)."""
+(with a note) when it passes, never ``xpass``; an unmarked line stays strict (harness/report/xfails.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from rlconform.harness.xfails import is_flaky, parse_xfails
+from rlconform.harness.report.xfails import is_flaky, parse_xfails
 
 BINDING = os.path.join(os.path.dirname(__file__), "bindings", "crash_when_small.py")
 FID = "masked_sum.matches_reference.float64.padded"

@@ -40,7 +40,7 @@ from toypkg._not_yet_written import masked_mean  # noqa: F401
 '''
 
 BINDING = '''
-from rlconform.harness.binding import Binding
+from rlconform.harness.catalog.binding import Binding
 
 from toypkg.ops import masked_mean
 

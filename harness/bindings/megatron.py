@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import threading
 
-from rlconform.harness.binding import Binding, Coverage, Implementation, Lazy
+from rlconform.harness.catalog.binding import Binding, Coverage, Implementation, Lazy
 
 from ._compat import import_megatron
 

@@ -1,4 +1,4 @@
-"""The ``reference`` engine: the dtype-faithful computations of :mod:`rlconform.harness.faithful`.
+"""The ``reference`` engine: the dtype-faithful computations of :mod:`rlconform.harness.core.faithful`.
 
 It must pass every property; the self-tests assert so. Its metric pipeline is the sum/count fix of
 SkyRL issue #1822 (seed 000), made numerically stable: workers emit masked sums, counts, the sum of
@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from rlconform.harness import faithful as F
-from rlconform.harness.binding import AggLoss, Binding, Implementation, MetricPipeline, Variants
+from rlconform.harness.core import faithful as F
+from rlconform.harness.catalog.binding import AggLoss, Binding, Implementation, MetricPipeline, Variants
 from rlconform.harness.families import advantages as A
 from rlconform.harness.families import importance_ratio as _ir
 from rlconform.harness.families import kl_estimator as _kl
@@ -423,7 +423,7 @@ binding = Binding(
         "importance_ratio": _ir.reference_variants(),
         "value_loss": _vl.reference_variants(),
     },
-    notes={"all": "dtype-faithful torch computations (rlconform.harness.faithful)",
+    notes={"all": "dtype-faithful torch computations (rlconform.harness.core.faithful)",
            "kl_estimator": "the float64 reference as an autograd op, rounded to the input dtype",
            "policy_loss": "the float64 reference per micro-batch (global token-mean normaliser) as an autograd op, "
                           "rounded to the input dtype; metrics folded token-weighted (sum/count)",

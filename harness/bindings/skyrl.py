@@ -49,7 +49,7 @@ import importlib.metadata
 import math
 from collections import defaultdict
 
-from rlconform.harness.binding import AggLoss, Binding, Coverage, Implementation, Lazy, MetricPipeline
+from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Implementation, Lazy, MetricPipeline
 
 from ._compat import import_skyrl, skyrl_cuda_device_on_cpu
 
@@ -337,7 +337,7 @@ def _agg_loss() -> AggLoss:
 # ------------------------------------------------------------------------ KL and policy losses
 def _kl_estimator():
     """``ppo_utils.compute_approx_kl`` for each ``kl_estimator_type`` it accepts, with the loss mask."""
-    from rlconform.harness.binding import Variants
+    from rlconform.harness.catalog.binding import Variants
 
     fn = _skyrl(PPO_UTILS, "compute_approx_kl")
 
@@ -411,7 +411,7 @@ def _policy_loss():
     """
     import dataclasses as dc
 
-    from rlconform.harness.binding import LossVariants
+    from rlconform.harness.catalog.binding import LossVariants
 
     ppo_utils = _skyrl(PPO_UTILS)
     worker_utils = _skyrl(WORKER_UTILS)
@@ -478,7 +478,7 @@ def _value_loss():
     is passed in vpreds' dtype, as the trainer holds it."""
     import dataclasses as dc
 
-    from rlconform.harness.binding import LossVariants
+    from rlconform.harness.catalog.binding import LossVariants
 
     fn = _skyrl(PPO_UTILS, "ppo_critic_loss")
     worker_utils = _skyrl(WORKER_UTILS)
@@ -522,7 +522,7 @@ def _importance_ratio():
     at run time: sequence / outlier-token / token masks) is listed unchecked."""
     import dataclasses as dc
 
-    from rlconform.harness.binding import Variants
+    from rlconform.harness.catalog.binding import Variants
 
     fn = _skyrl("skyrl.backends.skyrl_train.utils.off_policy_correction_utils", "compute_tis_ratio")
     cfg = _skyrl("skyrl.train.config", "OffPolicyCorrectionConfig")()
@@ -628,7 +628,7 @@ def _skyrl_estimator(name: str, variant: str):
 def _outcome_advantage():
     """``ppo_utils.AdvantageEstimatorRegistry.list_available()`` as read now: every name bound
     (:data:`SKYRL_ESTIMATORS`) or listed unchecked with its reason."""
-    from rlconform.harness.binding import Variants
+    from rlconform.harness.catalog.binding import Variants
 
     registry = _skyrl(PPO_UTILS, "AdvantageEstimatorRegistry")
     impls, unchecked = {}, {}
@@ -744,7 +744,7 @@ def _registry(name: str):
 
 def _kl_modes():
     """The ``kl_estimator_type`` names ``ppo_utils.compute_approx_kl`` accepts, read from its code."""
-    from rlconform.harness.coverage import compared_strings
+    from rlconform.harness.catalog.coverage import compared_strings
 
     return {n: None for n in compared_strings(_skyrl(PPO_UTILS, "compute_approx_kl"), "kl_estimator_type")}
 

@@ -86,7 +86,7 @@ import importlib.metadata
 import math
 from itertools import chain
 
-from rlconform.harness.binding import AggLoss, Binding, Coverage, Implementation, Lazy, MetricPipeline
+from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Implementation, Lazy, MetricPipeline
 
 TF = "verl.utils.torch_functional"
 CORE = "verl.trainer.ppo.core_algos"
@@ -329,7 +329,7 @@ def _kl_estimator():
     """``core_algos.kl_penalty`` for each name (straight-through ``+`` modes included): Variants."""
     from verl.trainer.ppo import core_algos
 
-    from rlconform.harness.binding import Variants
+    from rlconform.harness.catalog.binding import Variants
 
     def bind(name):
         def kl(logprob, ref_logprob, mask):
@@ -371,7 +371,7 @@ def _policy_loss():
     from verl.utils.metric import AggregationType, Metric
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
-    from rlconform.harness.binding import LossVariants
+    from rlconform.harness.catalog.binding import LossVariants
 
     def config():
         return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.2,
@@ -425,7 +425,7 @@ def _value_loss():
     ``unclipped`` is not provided: ``compute_value_loss`` always clips (``clip_by_value``)."""
     from verl.trainer.ppo import core_algos
 
-    from rlconform.harness.binding import LossVariants
+    from rlconform.harness.catalog.binding import LossVariants
     from rlconform.harness.families.value_loss import CLIPRANGE_VALUE, VARIANTS
 
     fn = core_algos.compute_value_loss
@@ -465,7 +465,7 @@ def _importance_ratio():
     (``SUPPORTED_ROLLOUT_RS_OPTIONS``, read at run time) are listed unchecked."""
     from verl.trainer.ppo import rollout_corr_helper as rc
 
-    from rlconform.harness.binding import Variants
+    from rlconform.harness.catalog.binding import Variants
 
     fn = rc.compute_rollout_correction_and_rejection_mask
 
@@ -585,7 +585,7 @@ def _outcome_advantage(vectorized: bool = False):
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo import core_algos
 
-    from rlconform.harness.binding import Variants
+    from rlconform.harness.catalog.binding import Variants
 
     names = dict(VERL_ESTIMATORS)
     if vectorized:  # grpo_vectorized / rloo_vectorized take the variants of grpo / rloo
@@ -910,7 +910,7 @@ def _kl_modes():
     (``kl_penalty`` strips it and adds the straight-through k2 gradient)."""
     from verl.trainer.ppo import core_algos
 
-    from rlconform.harness.coverage import compared_strings
+    from rlconform.harness.catalog.coverage import compared_strings
 
     base = compared_strings(core_algos.kl_penalty_forward, "kl_penalty")
     return {name: None for name in base + [b + "+" for b in base]}

@@ -2,19 +2,19 @@
 
 A family module declares, together:
 
-* its catalog entries (:class:`~rlconform.harness.opinfo.OpInfo`: signature, dtypes, regimes,
+* its catalog entries (:class:`~rlconform.harness.core.opinfo.OpInfo`: signature, dtypes, regimes,
   variants, which generic properties apply, the float64 reference in :mod:`rlconform.reference`);
-* its input strategy (hypothesis, built from :mod:`rlconform.harness.strategies`);
+* its input strategy (hypothesis, built from :mod:`rlconform.harness.core.strategies`);
 * its engine-call adapter and its dtype-faithful fp32 path, joined in ``evaluate(binding, case) ->
-  Evaluation`` (:mod:`rlconform.harness.evaluation`), which the generic properties judge
+  Evaluation`` (:mod:`rlconform.harness.core.evaluation`), which the generic properties judge
   (:mod:`rlconform.properties.generic`); distributed families are evaluated on gloo ranks by
   :mod:`rlconform.distributed_tests` instead (``evaluate`` is ``None``).
 
 and ends with ``FAMILY = OpFamily(...)``. Every module of this package that defines ``FAMILY`` is
 collected by :func:`all_families` (no list to edit): adding a family is adding its module (and its
-reference, bindings and mutants). Families belong to the core layer: they import the reference and
-the core (catalog vocabulary, binding, tolerance, guards, faithful, strategies), never properties,
-distributed_tests or the runner.
+reference, bindings and mutants). Families sit on the core: they import the reference, harness.core
+and harness.workers (vocabulary, tolerance, guards, faithful, strategies), never the catalog, a binding,
+properties, distributed_tests or the layers above.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import importlib
 import pkgutil
 from typing import Any, Callable
 
-from rlconform.harness.opinfo import OpInfo
+from rlconform.harness.core.opinfo import OpInfo
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,10 +13,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from rlconform.harness.evaluation import Evaluation, call_engine, shape_problem
-from rlconform.harness.guards import InputGuard
-from rlconform.harness.opinfo import MASK_INVARIANT, NON_DESTRUCTIVE, PARTITION_INVARIANT
-from rlconform.harness.tensors import as_numpy, out_dtype, to_tensor
+from rlconform.harness.core.evaluation import Evaluation, call_engine, shape_problem
+from rlconform.harness.core.guards import InputGuard
+from rlconform.harness.core.opinfo import MASK_INVARIANT, NON_DESTRUCTIVE, PARTITION_INVARIANT
+from rlconform.harness.core.tensors import as_numpy, out_dtype, to_tensor
 
 
 def loss_mask(case) -> np.ndarray:

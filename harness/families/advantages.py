@@ -10,7 +10,7 @@ op                  signature
 outcome_advantage   variant callable ``(token_level_rewards [B, T], response_mask [B, T], index [B],
                     **extras) -> (advantages [B, T], returns [B, T])``; extras: ``reward_baselines [B]``
                     (remax), ``reward_components [K, B, T]`` (gdpo). Bound as
-                    :class:`~rlconform.harness.contracts.Variants` (the engine's registry).
+                    :class:`~rlconform.harness.core.contracts.Variants` (the engine's registry).
 gae                 ``(token_level_rewards [B, T], values [B, T], response_mask [B, T], gamma, lam)
                     -> (advantages [B, T], returns [B, T])``
 masked_whiten       ``(values [B, T], mask [B, T], shift_mean: bool) -> [B, T]``
@@ -40,16 +40,16 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness import strategies as S
-from rlconform.harness.evaluation import Compared, Evaluation, call_engine, shape_problem
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.families import OpFamily
-from rlconform.harness.guards import InputGuard
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.guards import InputGuard
+from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
     variant_regime,
 )
-from rlconform.harness.tensors import as_numpy, out_dtype, round_to, to_tensor
+from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 
 ESTIMATORS = tuple(R.ESTIMATORS)
 EPSILON = 1e-6

@@ -1,6 +1,6 @@
 """Loss aggregation ``agg_loss`` over micro-batches and DP ranks: value *and* gradient.
 
-Canonical form: an :class:`~rlconform.harness.binding.AggLoss` whose ``loss(loss_mat [b, T], mask
+Canonical form: an :class:`~rlconform.harness.catalog.binding.AggLoss` whose ``loss(loss_mat [b, T], mask
 [b, T], mode, info: BatchInfo) -> 0-d`` is one micro-batch's contribution; contributions combine by
 the binding's ``micro_combine`` over a DP rank's micro-batches and ``dp_combine`` over DP ranks. For
 every partition of the global batch the combination must equal :func:`rlconform.reference.agg_loss`
@@ -23,17 +23,17 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness import faithful as F
-from rlconform.harness import strategies as S
-from rlconform.harness.contracts import AggLoss, BatchInfo, VariantNotProvided
-from rlconform.harness.evaluation import Compared, Evaluation, call_engine
+from rlconform.harness.core import faithful as F
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core.contracts import AggLoss, BatchInfo, VariantNotProvided
+from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine
 from rlconform.harness.families import OpFamily
-from rlconform.harness.guards import InputGuard
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.guards import InputGuard
+from rlconform.harness.core.opinfo import (
     MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
     split_regime, variant_regime,
 )
-from rlconform.harness.tensors import as_numpy, to_tensor
+from rlconform.harness.core.tensors import as_numpy, to_tensor
 
 PARTITION_DTYPES = ("float32", "float64", "bfloat16")
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
@@ -166,7 +166,7 @@ def run_agg_loss(agg: AggLoss, loss: torch.Tensor, mask: torch.Tensor, mode: str
 
 def faithful(loss: torch.Tensor, mask: torch.Tensor, mode: str, partition, lsf):
     """The fp32 path: each micro-batch's contribution normalised by global counts
-    (:func:`rlconform.harness.faithful.agg_loss_micro`), rounded to the loss dtype, summed over
+    (:func:`rlconform.harness.core.faithful.agg_loss_micro`), rounded to the loss dtype, summed over
     micro-batches and averaged over DP ranks in float64; and its gradient rounded to the loss dtype."""
     mask_np = mask.numpy().astype(bool)
     common = _batch_info(mask_np, partition, lsf)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from rlconform.harness import strategies as S
+from rlconform.harness.core import strategies as S
 from rlconform.harness.families import OpFamily
-from rlconform.harness.layout import parse_regime
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.layout import parse_regime
+from rlconform.harness.core.opinfo import (
     FLOAT_DTYPES, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
 )
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from rlconform.harness import strategies as S
+from rlconform.harness.core import strategies as S
 from rlconform.harness.families import OpFamily
-from rlconform.harness.layout import parse_regime
-from rlconform.harness.opinfo import MATCHES_REFERENCE, PARTITION_INVARIANT, OpInfo, reference_function
+from rlconform.harness.core.layout import parse_regime
+from rlconform.harness.core.opinfo import MATCHES_REFERENCE, PARTITION_INVARIANT, OpInfo, reference_function
 
 #: rows split over DP ranks, imbalanced (0 to 10⁴ tokens per rank, fully masked ranks)
 DP_METRIC_REGIMES = {

@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from rlconform.harness import strategies as S
+from rlconform.harness.core import strategies as S
 from rlconform.harness.families import OpFamily
-from rlconform.harness.layout import parse_regime
-from rlconform.harness.opinfo import (MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT,
+from rlconform.harness.core.layout import parse_regime
+from rlconform.harness.core.opinfo import (MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT,
                                       OpInfo, reference_function)
 
 #: rows split over DP ranks, imbalanced; ``offset``: values around 10⁴ with spread 10⁻³…30 (E[x²] − μ²

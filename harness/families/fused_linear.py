@@ -7,11 +7,11 @@ ignores it. Reference: :func:`rlconform.reference.fused_linear_token_stats` (log
 in float64, then the exact token statistics); gradients w.r.t. ``hidden`` and ``weight`` for random
 upstream gradients of both outputs, against the closed forms (dL/dz @ W, (dL/dz)ᵀ @ hidden).
 
-The op is bound as a callable or as an :class:`~rlconform.harness.contracts.Implementation` (its
+The op is bound as a callable or as an :class:`~rlconform.harness.core.contracts.Implementation` (its
 contract: the ranks of ``hidden`` it takes, default 2 and 3; the output dtypes, per output name
 ``logprobs`` / ``entropy``, default the input's). Every case is presented in every declared rank; a
 rank that raises or an output dtype off the contract is a problem of the case
-(:mod:`rlconform.harness.impl_contract`). Rows are drawn around chunk boundaries (``CHUNK_SIZES``: small
+(:mod:`rlconform.harness.core.impl_contract`). Rows are drawn around chunk boundaries (``CHUNK_SIZES``: small
 sizes and 512, the default of verl's ``FusedLinearForPPO`` and the only value verl's models use).
 
 Regimes: ``moderate`` (logit scale 0.1–10), ``peaked`` (logit scale 10–40: p near one-hot), in float32 and
@@ -25,16 +25,16 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness import faithful as F
-from rlconform.harness import impl_contract as IC
-from rlconform.harness import strategies as S
-from rlconform.harness import torch_state
-from rlconform.harness.contracts import Implementation
-from rlconform.harness.evaluation import Compared, EngineCrash, Evaluation, call_engine, shape_problem
+from rlconform.harness.core import faithful as F
+from rlconform.harness.core import impl_contract as IC
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core import torch_state
+from rlconform.harness.core.contracts import Implementation
+from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
-from rlconform.harness.guards import InputGuard
-from rlconform.harness.opinfo import FINITE, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function
-from rlconform.harness.tensors import as_numpy, out_dtype, round_to, to_tensor
+from rlconform.harness.core.guards import InputGuard
+from rlconform.harness.core.opinfo import FINITE, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function
+from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 
 NAME = "fused_linear_token_stats"
 #: float32 and float64 only: in float16 / bfloat16 the logits are an intermediate that every implementation

@@ -1,7 +1,7 @@
 """Importance ratios ``importance_ratio``: token-level, sequence-level (product / GSPO geometric mean),
 truncated (TIS) or not, with the engines' ±20 log-ratio clamp; value and gradient w.r.t. the log-probs.
 
-Canonical form: a :class:`~rlconform.harness.contracts.Variants` registry, one callable per catalog
+Canonical form: a :class:`~rlconform.harness.core.contracts.Variants` registry, one callable per catalog
 variant ``(log_prob [B, T], old_log_prob [B, T], mask [B, T] bool) -> ratio [B, T]`` (the sequence
 levels broadcast the row's value over its tokens). ``log_prob`` is the numerator policy (verl's
 rollout correction: the training policy's ``old_log_prob``; SkyRL's TIS: ``old_log_probs``),
@@ -44,16 +44,16 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness import strategies as S
-from rlconform.harness.contracts import Variants
-from rlconform.harness.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core.contracts import Variants
+from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
-from rlconform.harness.guards import InputGuard
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.guards import InputGuard
+from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
     variant_regime,
 )
-from rlconform.harness.tensors import as_numpy, out_dtype, to_tensor
+from rlconform.harness.core.tensors import as_numpy, out_dtype, to_tensor
 
 #: catalog variant -> keyword arguments of :func:`rlconform.reference.importance_ratio`
 VARIANTS = {

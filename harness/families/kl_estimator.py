@@ -1,7 +1,7 @@
 """Per-token KL estimators ``kl_estimator`` (k1, abs, k2, k3 with the engines' clamps, straight-through
 ``+`` modes): value and gradient w.r.t. the log-probs.
 
-Canonical form: a :class:`~rlconform.harness.contracts.Variants` registry (one callable per estimator
+Canonical form: a :class:`~rlconform.harness.core.contracts.Variants` registry (one callable per estimator
 name of :data:`rlconform.reference.KL_ESTIMATORS`) ``(logprob [B, T], ref_logprob [B, T], mask [B, T]
 bool) -> [B, T]``; an engine whose estimator takes no mask (verl ``kl_penalty``) ignores it. Only valid
 tokens are compared; the gradient is that of Σ_valid kl (the output backpropagated with the mask as
@@ -20,16 +20,16 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness import strategies as S
-from rlconform.harness.contracts import Variants
-from rlconform.harness.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core.contracts import Variants
+from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
-from rlconform.harness.guards import InputGuard
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.guards import InputGuard
+from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
     variant_regime,
 )
-from rlconform.harness.tensors import as_numpy, out_dtype, to_tensor
+from rlconform.harness.core.tensors import as_numpy, out_dtype, to_tensor
 
 MODES = tuple(R.KL_ESTIMATORS)
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)

@@ -1,7 +1,7 @@
 """Metric pipelines: emit (per micro-batch) → reduce over micro-batches → all-reduce over DP →
 reduce over mini-batches → finalize, as a trainer logs a token-level metric.
 
-Canonical form: a :class:`~rlconform.harness.binding.MetricPipeline`. The reference is the
+Canonical form: a :class:`~rlconform.harness.catalog.binding.MetricPipeline`. The reference is the
 token-weighted mean, population std, min and max over every unmasked token of the global batch
 (:func:`rlconform.reference.token_metrics`; SkyRL issue #1822 and seed 000: a mean of per-shard means is
 exact only when shards are balanced). Partitions nest mini-batches → DP ranks → micro-batches, with
@@ -9,7 +9,7 @@ exact only when shards are balanced). Partitions nest mini-batches → DP ranks 
 
 ``real_shapes`` (``nightly`` profile only; issue 13 §1): the global batch of the reductions' real_shapes
 (sequences of 32 768 or 8192 tokens, more than 2^24 unmasked tokens; a seeded
-:class:`~rlconform.harness.generated.TokensGen`), split by nested partitions of its rows.
+:class:`~rlconform.harness.core.generated.TokensGen`), split by nested partitions of its rows.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness import faithful as F
-from rlconform.harness import strategies as S
-from rlconform.harness.evaluation import Compared, Evaluation, MetricFlow, call_engine
+from rlconform.harness.core import faithful as F
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core.evaluation import Compared, Evaluation, MetricFlow, call_engine
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families.agg_loss import describe_partition, equalize_micro_batches
-from rlconform.harness.generated import TokensGen
-from rlconform.harness.profiles import profile_regimes
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.generated import TokensGen
+from rlconform.harness.core.profiles import profile_regimes
+from rlconform.harness.core.opinfo import (
     MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, PARTITION_INVARIANT, OpInfo, reference_function,
 )
-from rlconform.harness.tensors import as_numpy, to_tensor
+from rlconform.harness.core.tensors import as_numpy, to_tensor
 
 PARTITION_REGIMES = {"imbalanced_partitions": ("float32", "float64", "bfloat16")}
 REGIMES = dict(PARTITION_REGIMES, real_shapes=("float32", "bfloat16"))

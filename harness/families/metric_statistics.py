@@ -1,7 +1,7 @@
 """Metric statistics: every statistic a trainer logs of one per-token quantity, in every value type a
 trainer emits, through the engine's metric reducer (issue 11 part 4).
 
-Op ``metric_statistics``, bound as a :class:`~rlconform.harness.binding.MetricPipeline` (one optimizer
+Op ``metric_statistics``, bound as a :class:`~rlconform.harness.catalog.binding.MetricPipeline` (one optimizer
 step: DP ranks -> micro-batches of row ranges, one mini-batch). ``stats`` maps each statistic of
 :data:`STATISTICS` to the final key carrying it:
 
@@ -34,17 +34,17 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness import faithful as F
-from rlconform.harness import strategies as S
-from rlconform.harness.evaluation import Compared, Evaluation, MetricFlow, call_engine
+from rlconform.harness.core import faithful as F
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core.evaluation import Compared, Evaluation, MetricFlow, call_engine
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families.agg_loss import describe_partition
 from rlconform.harness.families.metric_pipeline import GARBAGE, run_metric_pipeline
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.opinfo import (
     MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, PARTITION_INVARIANT, OpInfo, reference_function,
 )
-from rlconform.harness.profiles import ExampleCap
-from rlconform.harness.tensors import as_numpy, to_tensor
+from rlconform.harness.core.profiles import ExampleCap
+from rlconform.harness.core.tensors import as_numpy, to_tensor
 
 #: the statistics every binding of the op maps (reference.metric_statistics' keys)
 STATISTICS = ("mean", "min", "max", "sum", "count", "len_mean", "len_min", "len_max", "n_seq")

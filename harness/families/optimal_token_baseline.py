@@ -12,15 +12,15 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness import faithful as F
-from rlconform.harness import strategies as S
-from rlconform.harness.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.core import faithful as F
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
-from rlconform.harness.guards import InputGuard
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.guards import InputGuard
+from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function,
 )
-from rlconform.harness.tensors import TORCH_DTYPES, as_numpy, to_tensor
+from rlconform.harness.core.tensors import TORCH_DTYPES, as_numpy, to_tensor
 
 NAMES = ("rewards", "mask", "old_log_probs", "sum_pi_squared")
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)

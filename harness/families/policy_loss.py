@@ -1,6 +1,6 @@
 """Policy-gradient losses ``policy_loss``: the loss, its gradient w.r.t. the log-probs, and its metrics.
 
-Canonical form: a :class:`~rlconform.harness.contracts.LossVariants` registry whose callables are one
+Canonical form: a :class:`~rlconform.harness.core.contracts.LossVariants` registry whose callables are one
 micro-batch's call ``(old_log_prob [b, T], log_prob [b, T], advantages [b, T], response_mask [b, T]
 bool, info: BatchInfo) -> (loss 0-d, metrics: dict[str, float])``. Micro-batch losses are summed
 (gradient accumulation, one DP rank); the aggregation is the global **token-mean** (Σ L·m over the
@@ -10,7 +10,7 @@ approx KL ``ppo_kl``, ...) are means over valid tokens; the engine folds the mic
 its ``combine_metrics``. The reference is :func:`rlconform.reference.policy_loss` (and
 ``policy_loss_grad``) with the variant's parameters in :data:`VARIANTS`: the engines' defaults and
 their documented numerical guards (the ±20 log-ratio clamp, GSPO's log s ≤ 10), so that an engine is
-compared with what it claims to compute (docs/notes/policy-loss-engines.md §1–2).
+compared with what it claims to compute (docs/engines/policy-losses.md §1–2).
 
 Each variant is a finding dimension: regimes ``<variant>@moderate`` (|Δ| ≤ 1, padded rows, fp32 and
 fp64) and ``<variant>@extreme_log_ratios`` (a few tokens with Δ = ±100 in fp32, ±20 in bf16, where
@@ -38,16 +38,16 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness import strategies as S
-from rlconform.harness.contracts import BatchInfo, LossVariants
-from rlconform.harness.evaluation import Compared, Evaluation
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core.contracts import BatchInfo, LossVariants
+from rlconform.harness.core.evaluation import Compared, Evaluation
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families._token_loss import drive_micro_batches, guarded_call, loss_mask, second_looks
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
     split_regime, variant_regime,
 )
-from rlconform.harness.tensors import as_numpy
+from rlconform.harness.core.tensors import as_numpy
 
 #: catalog variant -> keyword arguments of :func:`rlconform.reference.policy_loss` (besides the
 #: aggregation). Engine defaults (clip 0.2/0.2, dual-clip c = 3, SAPO τ 1.0/1.05, DRO β 0.5) and guards.

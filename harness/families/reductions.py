@@ -9,7 +9,7 @@ reference) except the sum (0) and the count (0): there any result, or a loud err
 Regimes are mask regimes (``all_on``, ``padded``, ``random``, ``all_off``), and ``real_shapes``
 (``nightly`` profile only; issue 13 §1): sequences of up to 32 768 tokens, more than 2^24 unmasked tokens
 in all (where an fp32 count or a float32 running sum stops being exact), described by a seed
-(:class:`~rlconform.harness.generated.TokensGen`; ~150 MB of float64 values when materialised). ``mask_invariant``
+(:class:`~rlconform.harness.core.generated.TokensGen`; ~150 MB of float64 values when materialised). ``mask_invariant``
 overwrites the masked positions with NaN, ±inf or 1e30 (a reduction computed as ``Σ values·mask``
 turns NaN·0 into NaN).
 """
@@ -20,17 +20,17 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from rlconform.harness import faithful as F
-from rlconform.harness import strategies as S
-from rlconform.harness.evaluation import Compared, EngineCrash, Evaluation, call_engine, shape_problem
+from rlconform.harness.core import faithful as F
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
-from rlconform.harness.generated import TokensGen
-from rlconform.harness.guards import InputGuard
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.generated import TokensGen
+from rlconform.harness.core.guards import InputGuard
+from rlconform.harness.core.opinfo import (
     FINITE, FLOAT_DTYPES, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function,
 )
-from rlconform.harness.profiles import profile_regimes
-from rlconform.harness.tensors import as_numpy, out_dtype, round_to, to_tensor
+from rlconform.harness.core.profiles import profile_regimes
+from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 
 #: Mask regimes for token reductions.
 MASK_REGIMES = {name: FLOAT_DTYPES for name in ("all_on", "padded", "random", "all_off")}

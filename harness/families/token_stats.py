@@ -8,10 +8,10 @@ entry (p = 0, 0·log 0 = 0). Gradients are compared with the closed forms of :mo
 (d log p_y = e_y − p; dH = −p ⊙ (log p + H); dΣπ² = 2p ⊙ (p − Σπ²)) for a random ``grad_output``.
 
 Regimes: ``moderate`` (scale 0.1–30), ``peaked``, ``near_uniform_offset`` (±1e4), ``neg_inf_padded``,
-``fp16_extreme`` (near ±65504), ``bf16_coarse``; see :func:`rlconform.harness.strategies.logits`.
+``fp16_extreme`` (near ±65504), ``bf16_coarse``; see :func:`rlconform.harness.core.strategies.logits`.
 ``real_shapes`` (``nightly`` profile only; issue 13 §1): ``[T, V]`` logits with V ∈ {151 936, 128 256}
 (Qwen, Llama 3), T up to 4096, bf16 and fp32, a peaked head over a long Gaussian tail, described by a
-seed (:class:`~rlconform.harness.generated.LogitsGen`) and materialised in the dtype under test when the
+seed (:class:`~rlconform.harness.core.generated.LogitsGen`) and materialised in the dtype under test when the
 case runs; the reference and the faithful path read it back in row chunks (:func:`_evaluate_generated`).
 The label-smoothed op has no ``real_shapes`` regime (the fused reference does not cover it).
 
@@ -19,7 +19,7 @@ Alternative implementations (issue 11 part 2, :data:`IMPLEMENTATIONS`): ``entrop
 chunks of ``chunk_size``), ``token_logprobs`` ``naive`` (log_softmax then gather) and ``rowwise``
 (x_y − logsumexp(x) one row at a time). Each is checked under ``impl@data`` regimes against the same
 reference with the same properties, in every input rank its binding declares, with its declared output
-dtype (:mod:`rlconform.harness.impl_contract`); a chunked one on row counts around its chunk boundaries.
+dtype (:mod:`rlconform.harness.core.impl_contract`); a chunked one on row counts around its chunk boundaries.
 """
 
 from __future__ import annotations
@@ -31,23 +31,23 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness import faithful as F
-from rlconform.harness import torch_state
-from rlconform.harness import strategies as S
-from rlconform.harness.evaluation import Compared, Evaluation, EngineCrash, call_engine, shape_problem
+from rlconform.harness.core import faithful as F
+from rlconform.harness.core import torch_state
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core.evaluation import Compared, Evaluation, EngineCrash, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
-from rlconform.harness.generated import LogitsGen
-from rlconform.harness.guards import InputGuard, produce
-from rlconform.harness import impl_contract as IC
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.generated import LogitsGen
+from rlconform.harness.core.guards import InputGuard, produce
+from rlconform.harness.core import impl_contract as IC
+from rlconform.harness.core.opinfo import (
     FINITE, FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, implementation_regimes, reference_function,
     split_regime,
 )
-from rlconform.harness.profiles import profile_regimes
-from rlconform.harness.tensors import as_numpy, out_dtype, round_to, to_tensor
-from rlconform.harness.tolerance import compare
+from rlconform.harness.core.profiles import profile_regimes
+from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
+from rlconform.harness.core.tolerance import compare
 
-#: Logits regimes (see :func:`rlconform.harness.strategies.logits`), with the dtypes each applies to.
+#: Logits regimes (see :func:`rlconform.harness.core.strategies.logits`), with the dtypes each applies to.
 LOGITS_REGIMES = {
     "moderate": FLOAT_DTYPES,
     "peaked": FLOAT_DTYPES,
@@ -61,7 +61,7 @@ LOGITS_REGIMES = {
 #: label smoothing is smoothed over every vocab entry, so a ``-inf``-padded vocab is no input for it
 SMOOTHED_REGIMES = {k: v for k, v in LOGITS_REGIMES.items() if k != "neg_inf_padded"}
 
-#: the profile-only regime at real shapes (issue 13 §1; :data:`rlconform.harness.profiles.PROFILE_ONLY_REGIMES`)
+#: the profile-only regime at real shapes (issue 13 §1; :data:`rlconform.harness.core.profiles.PROFILE_ONLY_REGIMES`)
 REAL_SHAPES = "real_shapes"
 REAL_SHAPES_DTYPES = ("bfloat16", "float32")
 #: real vocab sizes: Qwen 2/2.5/3 (151 936), Llama 3 (128 256). Tests shrink these (monkeypatch) to run the
@@ -178,7 +178,7 @@ FAITHFUL_CHUNK_BYTES = 4 << 20
 
 
 def faithful(op: OpInfo, x: torch.Tensor, inputs: dict, grad_out: torch.Tensor):
-    """The fp32 path (:mod:`rlconform.harness.faithful`): value and gradient for ``grad_out``.
+    """The fp32 path (:mod:`rlconform.harness.core.faithful`): value and gradient for ``grad_out``.
 
     x: logits ``[..., V]`` (any float dtype; never written); grad_out: float64 ``[...]``. Returns
     (value ``[...]``, gradient ``[..., V]``), both of x's dtype. Inputs over ``FAITHFUL_CHUNK_ABOVE`` bytes

@@ -1,7 +1,7 @@
 """The clipped value-function (critic) loss ``value_loss``: loss, gradient w.r.t. the value predictions,
 and the clip fraction ``vf_clipfrac``.
 
-Canonical form: a :class:`~rlconform.harness.contracts.LossVariants` registry whose callables are one
+Canonical form: a :class:`~rlconform.harness.core.contracts.LossVariants` registry whose callables are one
 micro-batch's call ``(vpreds [b, T], values [b, T], returns [b, T], response_mask [b, T] bool, info:
 BatchInfo) -> (loss 0-d, metrics: dict[str, float])`` (``values``: the critic's values at rollout time,
 ``returns``: the targets). Micro-batch losses are summed (gradient accumulation); the result must
@@ -43,17 +43,17 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness import strategies as S
-from rlconform.harness.contracts import BatchInfo, LossVariants
-from rlconform.harness.evaluation import Compared, Evaluation
+from rlconform.harness.core import strategies as S
+from rlconform.harness.core.contracts import BatchInfo, LossVariants
+from rlconform.harness.core.evaluation import Compared, Evaluation
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families._token_loss import drive_micro_batches, guarded_call, loss_mask, second_looks
 from rlconform.harness.families.policy_loss import token_weighted
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
     split_regime, variant_regime,
 )
-from rlconform.harness.tensors import as_numpy
+from rlconform.harness.core.tensors import as_numpy
 from rlconform.reference._policy_common import agg_weights
 
 CLIPRANGE_VALUE = 0.2

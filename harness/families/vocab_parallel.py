@@ -11,7 +11,7 @@ Regimes are ``<layout>_<logits regime>`` (layouts tp2, tp4, tp2cp2); ``tp{2,4}_a
 only) reads Σπ² after a vocab-parallel entropy forward + backward on the same logits (seed 002).
 ``tp2_real_shapes`` (``nightly`` profile only; issue 13 §1): the vocab shards of V = 151 936 / 128 256
 under TP = 2 (75 968 / 64 128 entries a rank), T ≤ 8 rows, bf16 and fp32, logits described by a seed
-(:class:`~rlconform.harness.generated.LogitsGen`, materialised when the case runs). Only TP = 2 and a few
+(:class:`~rlconform.harness.core.generated.LogitsGen`, materialised when the case runs). Only TP = 2 and a few
 rows: every case ships the float64 shards to gloo ranks over pickled pipes and the 2-core CI machine runs
 both ranks; the shard size (what a per-rank fp32 accumulation over V/tp sees) is the real one, and
 TP = 4 shards (37 984 / 32 064) lie between TP = 2's and the CI regimes' sizes.
@@ -29,13 +29,13 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from rlconform.harness import impl_contract as IC
-from rlconform.harness import strategies as S
+from rlconform.harness.core import impl_contract as IC
+from rlconform.harness.core import strategies as S
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families.token_stats import LABEL_SMOOTHING
-from rlconform.harness.layout import parse_regime
-from rlconform.harness.profiles import profile_regimes
-from rlconform.harness.opinfo import (
+from rlconform.harness.core.layout import parse_regime
+from rlconform.harness.core.profiles import profile_regimes
+from rlconform.harness.core.opinfo import (
     FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, implementation_regimes,
     reference_function, split_regime,
 )

@@ -4,4 +4,5 @@ Each module defines ``binding`` (the reference engine with one op replaced by th
 and ``EXPECTED``: the (op, property) pairs that must catch it. ``tests/test_mutants.py`` asserts that
 every mutant is caught under the CI profile, and that every generic property is failed by at least
 one mutant (a property no mutant fails is a defect). Select one with ``--engine mutants.<name>``.
+Mutants import the catalog (Binding), families, core and ``bindings.reference``; never properties or above.
 """

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlconform.harness.binding import Variants
+from rlconform.harness.catalog.binding import Variants
 from rlconform.harness.bindings.reference import binding as reference
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 
 
 def outcome_advantage(**faulty) -> Variants:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlconform.harness.binding import Binding
+from rlconform.harness.catalog.binding import Binding
 from rlconform.harness.bindings.reference import binding as reference
 
 

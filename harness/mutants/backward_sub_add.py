@@ -4,7 +4,7 @@ returns 0.0996 for 0.1, and the version counter moves, so another op that saved 
 
 import torch
 
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 

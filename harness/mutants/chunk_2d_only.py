@@ -5,8 +5,8 @@ code, but documents 2-D only). Caught by the rank contract of ``entropy@chunked`
 
 import torch
 
-from rlconform.harness.binding import Implementation
-from rlconform.harness.faithful import entropy as _entropy
+from rlconform.harness.catalog.binding import Implementation
+from rlconform.harness.core.faithful import entropy as _entropy
 from rlconform.harness.mutants._base import mutant
 
 

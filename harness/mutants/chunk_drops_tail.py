@@ -5,8 +5,8 @@ one row past a chunk boundary."""
 
 import torch
 
-from rlconform.harness.binding import Implementation
-from rlconform.harness.faithful import entropy as _entropy
+from rlconform.harness.catalog.binding import Implementation
+from rlconform.harness.core.faithful import entropy as _entropy
 from rlconform.harness.mutants._base import mutant
 
 

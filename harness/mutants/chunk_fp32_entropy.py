@@ -5,8 +5,8 @@ contract of ``entropy@chunked`` (a problem of every case: ``matches_reference`` 
 
 import torch
 
-from rlconform.harness.binding import Implementation
-from rlconform.harness.faithful import entropy as _entropy
+from rlconform.harness.catalog.binding import Implementation
+from rlconform.harness.core.faithful import entropy as _entropy
 from rlconform.harness.mutants._base import mutant
 
 

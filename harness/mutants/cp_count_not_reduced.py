@@ -5,7 +5,7 @@ right)."""
 
 import torch.distributed as dist
 
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 

@@ -7,7 +7,7 @@ masked position comes back 0.0)."""
 import torch
 import torch.distributed as dist
 
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 

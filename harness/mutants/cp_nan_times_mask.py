@@ -6,7 +6,7 @@ CP rank: one masked NaN on CP rank 1 turns the mean 2.0 into NaN."""
 import torch
 import torch.distributed as dist
 
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 

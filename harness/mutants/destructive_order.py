@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from rlconform.harness.bindings.reference import vocab_parallel_entropy as _correct_entropy
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 

@@ -3,7 +3,7 @@ under ``torch.no_grad()``). Its values are exact, so a value-only check passes e
 bonus built on it silently stops training. Only ``Binding(forward_only=...)`` may declare that no
 gradient is part of an op's contract."""
 
-from rlconform.harness import faithful as F
+from rlconform.harness.core import faithful as F
 from rlconform.harness.mutants._base import mutant
 
 

@@ -4,7 +4,7 @@ of summed: 4 micro-batches of loss 1.0 log 0.25."""
 
 from statistics import fmean
 
-from rlconform.harness.binding import MetricPipeline
+from rlconform.harness.catalog.binding import MetricPipeline
 from rlconform.harness.mutants._base import mutant
 
 

@@ -4,7 +4,7 @@ giving 0.5 instead of 6/16 = 0.375."""
 
 from statistics import fmean
 
-from rlconform.harness.binding import MetricPipeline
+from rlconform.harness.catalog.binding import MetricPipeline
 from rlconform.harness.bindings.reference import emit_sums, reduce_sums
 from rlconform.harness.mutants._base import mutant
 

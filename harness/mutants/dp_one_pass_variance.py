@@ -8,7 +8,7 @@ cancel."""
 import torch
 import torch.distributed as dist
 
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.families.advantages import WHITEN_EPS
 from rlconform.harness.mutants._base import mutant
 

@@ -4,8 +4,8 @@ others mean 1.0 -> 0.75 instead of 1.0."""
 
 import torch
 
-from rlconform.harness import faithful as F
-from rlconform.harness.binding import AggLoss
+from rlconform.harness.core import faithful as F
+from rlconform.harness.catalog.binding import AggLoss
 from rlconform.harness.mutants._base import mutant
 
 

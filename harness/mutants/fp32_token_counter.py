@@ -10,7 +10,7 @@ count is short by nnz − 2^24 ≥ 32 768 tokens and the mean too large by that 
 
 import torch
 
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 SATURATION = 1 << 24  # float32(2^24) + 1.0 == 2^24

@@ -5,7 +5,7 @@ chunk size. Caught by ``fused_linear_token_stats`` ``matches_reference`` on rows
 
 import torch
 
-from rlconform.harness.faithful import fused_linear_token_stats as _faithful
+from rlconform.harness.core.faithful import fused_linear_token_stats as _faithful
 from rlconform.harness.mutants._base import mutant
 
 

@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from rlconform.harness.binding import Variants
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.catalog.binding import Variants
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 

@@ -4,8 +4,8 @@ row's number of valid tokens n, so every padded row gets a ratio pulled towards 
 
 import torch
 
-from rlconform.harness.binding import Variants
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.catalog.binding import Variants
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 

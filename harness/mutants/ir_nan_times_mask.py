@@ -5,8 +5,8 @@ ratio NaN, although those positions are masked."""
 
 import torch
 
-from rlconform.harness.binding import Variants
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.catalog.binding import Variants
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 

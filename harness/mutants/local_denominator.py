@@ -3,8 +3,8 @@ nnz, then summed over micro-batches: 1 token at 1.0 and 100 tokens at 2.0 give 3
 
 import torch
 
-from rlconform.harness import faithful as F
-from rlconform.harness.binding import AggLoss
+from rlconform.harness.core import faithful as F
+from rlconform.harness.catalog.binding import AggLoss
 from rlconform.harness.mutants._base import mutant
 
 

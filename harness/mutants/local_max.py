@@ -6,7 +6,7 @@ whenever the shards' maxima differ (TP = 1 stays right; a shard of only ``-inf``
 import torch
 import torch.distributed as dist
 
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.bindings.reference import _VPSumPiSquared as _ReferenceSumPiSquared
 from rlconform.harness.mutants._base import mutant
 

@@ -3,8 +3,8 @@ is right: ``loss.sum() − (loss·(1−mask)).detach().sum()`` has the masked su
 masked token weight 1/nnz in the optimizer step (token-mean loss [[1, 100], [1, −50]], mask [[1, 0],
 [1, 0]]: value 1.0, masked gradient 0.5 instead of 0)."""
 
-from rlconform.harness import faithful as F
-from rlconform.harness.binding import AggLoss
+from rlconform.harness.core import faithful as F
+from rlconform.harness.catalog.binding import AggLoss
 from rlconform.harness.mutants._base import mutant
 
 

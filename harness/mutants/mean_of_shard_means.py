@@ -4,7 +4,7 @@ balanced: shard A 1 token of 1.0, shard B 100 tokens of 2.0 gives 1.5 instead of
 
 from statistics import fmean
 
-from rlconform.harness.binding import MetricPipeline
+from rlconform.harness.catalog.binding import MetricPipeline
 from rlconform.harness.mutants._base import mutant
 
 

@@ -3,7 +3,7 @@
 
 import torch
 
-from rlconform.harness.binding import MetricPipeline
+from rlconform.harness.catalog.binding import MetricPipeline
 from rlconform.harness.bindings.reference import emit_sums, finalize_sums, reduce_sums
 from rlconform.harness.mutants._base import mutant
 

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from rlconform.harness import faithful as F
-from rlconform.harness.binding import AggLoss, BatchInfo
+from rlconform.harness.core import faithful as F
+from rlconform.harness.catalog.binding import AggLoss, BatchInfo
 from rlconform.harness.mutants._base import mutant
 
 

@@ -4,7 +4,7 @@ instead of 0. A nan_to_num patch would fix the value but leave the gradient NaN.
 
 import torch
 
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 

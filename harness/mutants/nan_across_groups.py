@@ -7,7 +7,7 @@ enters the same way, so a batch whose only non-finite value is masked padding co
 import numpy as np
 import torch
 
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._advantages import broadcast, outcome_advantage
 from rlconform.harness.mutants._base import mutant
 

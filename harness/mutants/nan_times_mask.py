@@ -5,8 +5,8 @@ value of the unmasked token."""
 
 import torch
 
-from rlconform.harness import faithful as F
-from rlconform.harness.binding import AggLoss
+from rlconform.harness.core import faithful as F
+from rlconform.harness.catalog.binding import AggLoss
 from rlconform.harness.mutants._base import mutant
 
 

@@ -5,7 +5,7 @@ mini-batch was split."""
 
 import math
 
-from rlconform.harness.binding import LossVariants
+from rlconform.harness.catalog.binding import LossVariants
 from rlconform.harness.families import policy_loss as PL
 from rlconform.harness.mutants._base import mutant
 

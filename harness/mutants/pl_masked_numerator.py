@@ -4,7 +4,7 @@ padded tokens add to the loss and receive gradient (value and gradient both wron
 
 import torch
 
-from rlconform.harness.binding import LossVariants
+from rlconform.harness.catalog.binding import LossVariants
 from rlconform.harness.families import policy_loss as PL
 from rlconform.harness.mutants._base import mutant
 

@@ -2,7 +2,7 @@
 instead of selecting with it (``(loss_mat * mask).sum()``), so NaN or ±inf in the log-probs or
 advantages at padded positions turns the whole loss into NaN, although those positions are masked."""
 
-from rlconform.harness.binding import LossVariants
+from rlconform.harness.catalog.binding import LossVariants
 from rlconform.harness.families import policy_loss as PL
 from rlconform.harness.mutants._base import mutant
 

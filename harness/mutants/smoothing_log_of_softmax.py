@@ -6,7 +6,7 @@ of log p — and the loss — is −inf where the exact value is finite (logits 
 
 import torch
 
-from rlconform.harness import faithful as F
+from rlconform.harness.core import faithful as F
 from rlconform.harness.mutants._base import mutant
 
 

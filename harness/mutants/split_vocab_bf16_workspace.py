@@ -14,7 +14,7 @@ own rounding, 2^-9, is as large), so the fp32 findings are the ones that catch i
 
 import torch
 
-from rlconform.harness.faithful import compute_dtype
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 TILE = 32768

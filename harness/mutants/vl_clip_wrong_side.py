@@ -5,7 +5,7 @@ are wrong wherever the clip is active."""
 
 import torch
 
-from rlconform.harness.binding import LossVariants
+from rlconform.harness.catalog.binding import LossVariants
 from rlconform.harness.families.policy_loss import token_weighted
 from rlconform.harness.mutants._base import mutant
 from rlconform.harness.mutants._value_loss import token_mean_value_loss

@@ -2,7 +2,7 @@
 the per-token loss over every position, padding included, and divides by the number of valid tokens, so
 padded positions add to the loss and receive gradient."""
 
-from rlconform.harness.binding import LossVariants
+from rlconform.harness.catalog.binding import LossVariants
 from rlconform.harness.families.policy_loss import token_weighted
 from rlconform.harness.mutants._base import mutant
 from rlconform.harness.mutants._value_loss import token_mean_value_loss

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.nn.functional import all_reduce as differentiable_all_reduce
 
-from rlconform.harness import faithful as F
+from rlconform.harness.core import faithful as F
 from rlconform.harness.mutants._base import mutant
 
 

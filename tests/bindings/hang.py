@@ -4,8 +4,8 @@
 import os
 import time
 
-from rlconform.harness import faithful as F
-from rlconform.harness.binding import Binding
+from rlconform.harness.core import faithful as F
+from rlconform.harness.catalog.binding import Binding
 
 
 def masked_mean(values, mask):

@@ -5,8 +5,8 @@ own backward and hide the second (issue 14)."""
 
 import torch
 
-from rlconform.harness import faithful as F
-from rlconform.harness.binding import Binding
+from rlconform.harness.core import faithful as F
+from rlconform.harness.catalog.binding import Binding
 
 
 def logsumexp(logits):

@@ -1,0 +1,254 @@
+"""Bindings: how an engine (the trainer implementation under test) is mapped onto the op catalog.
+
+A binding is a name plus a mapping ``op name -> implementation``. An implementation is one of
+
+* a callable with the op's canonical signature (see :mod:`rlconform.harness.catalog.ops`);
+* a :class:`Lazy` loader, resolved on first use, so that an op whose import fails is reported
+  ``unavailable`` with the error while the other ops still run;
+* for the two pipeline ops, a :class:`MetricPipeline` or an :class:`AggLoss` (or a Lazy returning one).
+
+A user binds new code in a dozen lines::
+
+    # my_binding.py
+    import torch
+    from rlconform.harness.catalog.binding import Binding, Lazy
+
+    def my_entropy(logits):                      # [..., V] -> [...]
+        p = torch.softmax(logits.float(), -1)
+        return -(p * torch.log_softmax(logits.float(), -1)).sum(-1)
+
+    binding = Binding(
+        name="mine",
+        ops={
+            "entropy": my_entropy,
+            "token_logprobs": Lazy("my_pkg.losses:logprobs", adapt=lambda f: lambda x, y: f(x, y)),
+        },
+    )
+
+and runs ``rlconform check --engine my_binding.py`` (or ``--engine my_pkg.my_binding:binding``).
+Adapters must keep the engine's own behaviour: no clone, upcast or fix that would hide what the
+engine does to its inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import traceback
+from typing import Any, Callable, Mapping
+
+from rlconform.harness.catalog.ops import OPS
+from rlconform.harness.core.contracts import (  # noqa: F401 - re-exported: bindings import them from here
+    AggLoss, BatchInfo, BindingError, Implementation, LossVariants, MetricPipeline, OpUnavailable, VariantNotProvided,
+    Variants, signature_arity,
+)
+
+__all__ = [
+    "AggLoss",
+    "BatchInfo",
+    "Binding",
+    "Coverage",
+    "BindingError",
+    "Implementation",
+    "Lazy",
+    "LossVariants",
+    "MetricPipeline",
+    "OpUnavailable",
+    "VariantNotProvided",
+    "Variants",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Lazy:
+    """An implementation resolved on first use: ``"package.module:attr.sub"`` imported lazily.
+
+    ``adapt`` (optional) maps the imported object to the canonical-signature callable (or to a
+    :class:`MetricPipeline` / :class:`AggLoss`). ``loader`` may be given instead of ``target``: a
+    zero-argument callable returning the implementation.
+    """
+
+    target: str | None = None
+    adapt: Callable[[Any], Any] | None = None
+    loader: Callable[[], Any] | None = None
+
+    def load(self) -> Any:
+        if self.loader is not None:
+            obj = self.loader()
+        else:
+            if not self.target or ":" not in self.target:
+                raise BindingError(f"Lazy target must look like 'module:attr', got {self.target!r}")
+            mod_name, attr = self.target.split(":", 1)
+            obj = importlib.import_module(mod_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        return self.adapt(obj) if self.adapt is not None else obj
+
+
+@dataclasses.dataclass(frozen=True)
+class Coverage:
+    """What of the engine the coverage table inventories (:mod:`rlconform.harness.catalog.coverage`).
+
+    ``modules``: the engine's numerics modules (a package stands for all its submodules); every public
+    function, method and class defined there is listed. ``registries``: display name (conventionally
+    ``module.REGISTRY``) -> zero-argument loader returning ``{entry name: callable or None}`` as the
+    engine holds it now. ``registry_ops``: registry -> the catalog op (or tuple of ops) it feeds: an
+    entry whose callable the binding does not hold (or shares with another entry) is bound when an
+    implementation of that op holds the entry's name in its closure. ``not_bound``: qualified item name
+    (a module that cannot be imported: its name) -> why it is not bound (e.g. "not numerics: a tensor
+    reshaping utility", "no catalog op yet: issue N"). ``importer``: imports a module by name (default
+    ``importlib.import_module``; an engine that needs an import shim passes its own).
+    """
+
+    modules: tuple[str, ...]
+    registries: Mapping[str, Callable[[], Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
+    not_bound: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    registry_ops: Mapping[str, str | tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    importer: Callable[[str], Any] | None = None
+
+
+@dataclasses.dataclass
+class Binding:
+    """An engine bound to the catalog.
+
+    ``name``: shown in reports; ``ops``: op name -> implementation (see module docstring);
+    ``version``/``path``/``revision``: recorded in the report (a fork's checkout and git revision).
+    ``notes``: free text shown in the report (e.g. which engine function each op calls).
+    ``spec``: the ``--engine`` value it was loaded from (set by the loader; used in reproducers).
+    ``forward_only``: ops whose gradient is not part of the engine's contract (e.g. a statistic always
+    computed detached): their values are checked, their gradients are not.
+    ``coverage``: the engine's numerics modules, registries and justifications for the coverage table
+    (:class:`Coverage`; ``None``: the binding declares none).
+    ``implementations``: op -> {catalog implementation name -> :class:`Implementation`}: the engine's
+    alternative implementations of the op (chunked, naive, ...; issue 11 part 2), each checked as the op
+    under regimes ``impl@data``. The op itself must be bound too (its default implementation).
+    """
+
+    name: str
+    ops: Mapping[str, Any]
+    version: str | None = None
+    path: str | None = None
+    revision: str | None = None
+    notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    spec: str | None = None
+    forward_only: frozenset = frozenset()
+    coverage: Coverage | None = None
+    implementations: Mapping[str, Mapping[str, Implementation]] = dataclasses.field(default_factory=dict)
+    _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def provided_implementations(self, op: str) -> tuple[str, ...]:
+        """The alternative implementations of ``op`` the binding declares (no import needed)."""
+        return tuple(self.implementations.get(op, {}))
+
+    def resolve_implementation(self, op: str, name: str) -> Implementation:
+        """The :class:`Implementation` ``name`` of ``op`` with ``fn`` resolved (a Lazy loaded); raises
+        :class:`VariantNotProvided` when the binding has no such implementation, :class:`OpUnavailable`
+        when it cannot be loaded and :class:`BindingError` when it is malformed."""
+        key = f"{op}@{name}"
+        if key in self._cache:
+            cached = self._cache[key]
+            if isinstance(cached, OpUnavailable):
+                raise cached
+            return cached
+        impl = self.implementations.get(op, {}).get(name)
+        if impl is None:
+            raise VariantNotProvided(op, name, self.name)
+        if not isinstance(impl, Implementation):
+            raise BindingError(f"binding {self.name!r}: implementation {name!r} of {op!r} must be an "
+                               f"Implementation, got {type(impl).__name__}")
+        fn = impl.fn
+        if isinstance(fn, Lazy):
+            try:
+                fn = fn.load()
+            except BindingError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - an import failure makes the implementation unavailable
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                err = OpUnavailable(key, "".join(traceback.format_exception(exc)))
+                self._cache[key] = err
+                raise err from exc
+        validate_impl(op, fn, where=f"binding {self.name!r} (implementation {name!r})")
+        resolved = dataclasses.replace(impl, fn=fn)
+        self._cache[key] = resolved
+        return resolved
+
+    def provided_ops(self) -> list[str]:
+        return list(self.ops)
+
+    def provided_variants(self, op: str) -> tuple[str, ...] | None:
+        """The variants of ``op`` the engine provides (``None``: all the catalog knows, or the op has no
+        variants). Resolves the op (may raise :class:`OpUnavailable` / :class:`BindingError`)."""
+        return getattr(self.resolve(op), "variants", None)
+
+    def unchecked_variants(self, op: str) -> dict:
+        """Variants the engine registers that the catalog does not know: name -> why unchecked."""
+        return dict(getattr(self.resolve(op), "unchecked", None) or {})
+
+    def resolve(self, op: str) -> Any:
+        """Return the implementation of ``op``; raise :class:`OpUnavailable` if it cannot be loaded
+        and :class:`BindingError` if the binding does not provide it or it has the wrong shape."""
+        if op in self._cache:
+            cached = self._cache[op]
+            if isinstance(cached, OpUnavailable):
+                raise cached
+            return cached
+        if op not in self.ops:
+            raise BindingError(f"binding {self.name!r} does not provide op {op!r}")
+        impl = self.ops[op]
+        if isinstance(impl, Lazy):
+            try:
+                impl = impl.load()
+            except BindingError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - any import failure makes the op unavailable
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                err = OpUnavailable(op, "".join(traceback.format_exception(exc)))
+                self._cache[op] = err
+                raise err from exc
+        validate_impl(op, impl, where=f"binding {self.name!r}")
+        self._cache[op] = impl
+        return impl
+
+
+def validate_impl(op: str, impl: Any, *, where: str = "binding") -> None:
+    """Check that ``impl`` has the shape the catalog expects for ``op``; raise :class:`BindingError`
+    naming the op (and the callable's file and line) otherwise."""
+    info = OPS.get(op)
+    if info is None:
+        return  # ops outside the catalog are rejected by engines.validate_binding
+    if info.kind == "agg_loss":
+        if not isinstance(impl, AggLoss):
+            raise BindingError(f"{where}: op 'agg_loss' must be an AggLoss, got {type(impl).__name__}")
+        return
+    if info.kind == "metric_pipeline":
+        if not isinstance(impl, MetricPipeline):
+            raise BindingError(f"{where}: op 'metric_pipeline' must be a MetricPipeline, got {type(impl).__name__}")
+        return
+    if info.variants:
+        if not isinstance(impl, Variants):
+            raise BindingError(f"{where}: op {op!r} has variants ({', '.join(info.variants)}): bind it as "
+                               f"Variants({{variant: callable}}), got {type(impl).__name__}")
+        unknown = sorted(set(impl.impls) - set(info.variants))
+        if unknown:
+            raise BindingError(f"{where}: op {op!r} has no variant(s) {unknown}; the catalog knows "
+                               f"{', '.join(info.variants)} (list engine-only names in Variants.unchecked)")
+        for name, fn in impl.impls.items():
+            if not callable(fn):
+                raise BindingError(f"{where}: variant {name!r} of {op!r} must be callable, got {type(fn).__name__}")
+        return
+    if isinstance(impl, Implementation):  # the op bound with its contract (e.g. fused_linear_token_stats)
+        impl = impl.fn
+    if not callable(impl):
+        raise BindingError(f"{where}: op {op!r} must be callable, got {type(impl).__name__}")
+    arity = signature_arity(impl)
+    if arity is not None and info.arity is not None:
+        required, maximum = arity
+        if not (required <= info.arity <= maximum):
+            code = getattr(impl, "__code__", None)
+            loc = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+            raise BindingError(
+                f"{where}: op {op!r} takes {info.arity} positional argument(s) "
+                f"but {getattr(impl, '__qualname__', impl)!r}{loc} accepts {required}..{maximum}"
+            )

@@ -1,0 +1,239 @@
+"""The contracts an engine implements for the composite ops, and the errors of binding one.
+
+:class:`BatchInfo`, :class:`AggLoss` (op ``agg_loss``) and :class:`MetricPipeline` (op
+``metric_pipeline``) describe how the harness drives an engine's loss aggregation and metric reduction;
+:class:`BindingError`, :class:`OpUnavailable` and :class:`VariantNotProvided` are what resolving a
+binding can raise. Imported by the op families and by :mod:`rlconform.harness.catalog.binding` (which
+re-exports them for bindings); imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["AggLoss", "BatchInfo", "BindingError", "Implementation", "LossVariants", "MetricPipeline",
+           "OpUnavailable", "VariantNotProvided", "Variants", "signature_arity"]
+
+
+class BindingError(Exception):
+    """A binding is malformed (wrong type, wrong signature, unknown op): a usage error, exit code 2."""
+
+
+class OpUnavailable(Exception):
+    """An op of a binding could not be resolved (its import or lookup failed).
+
+    Attributes: ``op`` (catalog name), ``detail`` (the error, with traceback text).
+    """
+
+    def __init__(self, op: str, detail: str):
+        super().__init__(f"op {op!r} unavailable: {detail.strip().splitlines()[-1] if detail.strip() else detail}")
+        self.op = op
+        self.detail = detail
+
+
+class VariantNotProvided(Exception):
+    """The engine does not provide this variant of an op (a loss_agg_mode, an estimator): the finding does
+    not apply to it. The runner lists such variants in the report instead of checking them."""
+
+    def __init__(self, op: str, variant: str, engine: str):
+        self.op, self.variant = op, variant
+        super().__init__(f"engine {engine!r} does not provide variant {variant!r} of {op!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchInfo:
+    """Global information an engine's loss aggregation receives for one mini-batch (optimizer step).
+
+    ``dp_size``: number of DP ranks; ``global_nnz``: unmasked tokens in the whole mini-batch;
+    ``global_batch_size``: sequences in the mini-batch; ``global_nonempty_seqs``: sequences with at
+    least one unmasked token; ``num_micro_batches``: micro-batches on this DP rank;
+    ``loss_scale_factor``: constant normaliser of seq-mean-token-sum-norm (``None``: engine default).
+    """
+
+    dp_size: int
+    global_nnz: int
+    global_batch_size: int
+    global_nonempty_seqs: int
+    num_micro_batches: int
+    loss_scale_factor: float | None = None
+
+
+@dataclasses.dataclass
+class AggLoss:
+    """Binding of a loss aggregation (op ``agg_loss``).
+
+    ``loss(loss_mat [b, T], mask [b, T], mode: str, info: BatchInfo) -> 0-d tensor`` is the engine's
+    per-micro-batch contribution. Contributions combine by ``micro_combine`` over one DP rank's
+    micro-batches ("sum" as gradient accumulation does, "mean", or a callable ``list[float] -> float``)
+    and by ``dp_combine`` over DP ranks ("mean" as gradient averaging does, "sum", or a callable). The combined value must equal the reference
+    :func:`rlconform.reference.agg_loss` over the whole mini-batch for every partition.
+    ``modes``: the loss_agg_modes the engine supports. ``equal_micro_batches_per_rank``: as for
+    :class:`MetricPipeline`.
+    """
+
+    loss: Callable[..., Any]
+    modes: Sequence[str] = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                            "seq-mean-token-sum-norm")
+    micro_combine: str | Callable[[list], float] = "sum"
+    dp_combine: str | Callable[[list], float] = "mean"
+    equal_micro_batches_per_rank: bool = False
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The catalog variants (loss_agg_modes) this binding provides."""
+        return tuple(self.modes)
+
+    def __post_init__(self):
+        for rule in (self.micro_combine, self.dp_combine):
+            if not callable(rule) and rule not in ("sum", "mean"):
+                raise BindingError("AggLoss.micro_combine / dp_combine must be 'sum', 'mean' or a callable")
+
+    @staticmethod
+    def combine(rule, values: list) -> float:
+        """Apply a combination rule to per-shard contributions (Python floats)."""
+        import math
+
+        if callable(rule):
+            return float(rule(values))
+        total = math.fsum(values)
+        return total if rule == "sum" else total / len(values)
+
+
+@dataclasses.dataclass
+class MetricPipeline:
+    """Binding of a metric pipeline (op ``metric_pipeline``).
+
+    The harness drives, for shards nested as mini-batches -> DP ranks -> micro-batches:
+
+    * ``emit(values [b, T] tensor, mask [b, T] tensor) -> dict`` once per micro-batch (what a worker
+      logs; values may be Python numbers, 0-d tensors, NumPy scalars: whatever the engine emits);
+    * ``reduce_micro(list[dict]) -> dict`` over one DP rank's micro-batches of one mini-batch;
+    * ``reduce_dp(list[dict]) -> dict`` over DP ranks (what the all-reduce computes);
+    * ``reduce_mini(list[dict]) -> dict`` over mini-batches (default: ``reduce_micro``);
+    * ``finalize(dict) -> dict`` once (the trainer's last step before logging).
+
+    ``stats`` maps a reference statistic (``"mean"``, ``"std"``, ``"min"``, ``"max"``) to the final
+    key that must carry it. ``emitted_to_final`` maps every emitted key to the final key that must
+    carry it (default: each emitted key must itself reach the final dict).
+    ``equal_micro_batches_per_rank``: the engine requires every DP rank of a mini-batch to hold the same
+    number of micro-batches (verl's ``same_micro_num_in_dp``); partitions are regularised to that.
+    ``emit`` may take a third argument ``info`` (dict: mini_batch, dp_rank, dp_size, micro_batch,
+    num_micro_batches).
+    ``wrap`` (optional): ``(key, value) -> object`` how a worker hands one logged number to the reducer
+    (verl: ``Metric(aggregation of key, value)``); when given, ``emit`` returns plain numbers, the
+    ``metric_statistics`` op turns each into the value type of the case (Python number, 0-d tensor,
+    NumPy scalar) and then calls ``wrap``; without it the values reach the reducer as emitted.
+    """
+
+    emit: Callable[..., dict]
+    reduce_micro: Callable[[list], dict]
+    reduce_dp: Callable[[list], dict]
+    finalize: Callable[[dict], dict]
+    stats: Mapping[str, str]
+    reduce_mini: Callable[[list], dict] | None = None
+    emitted_to_final: Mapping[str, str] | None = None
+    equal_micro_batches_per_rank: bool = False
+    wrap: Callable[[str, Any], Any] | None = None
+
+
+@dataclasses.dataclass
+class Variants:
+    """An engine's registry bound to a catalog op with variants (advantage estimators, policy losses, KL
+    estimators): ``impls`` maps a catalog variant name to a callable with the op's canonical signature;
+    ``unchecked`` maps every name the engine registers that the catalog cannot check to the reason (the
+    report lists them: a registered variant is bound or reported, never silently skipped).
+    """
+
+    impls: Mapping[str, Callable[..., Any]]
+    unchecked: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(self.impls)
+
+    def get(self, op: str, variant: str, engine: str = "engine") -> Callable[..., Any]:
+        """The callable of ``variant``; raises :class:`VariantNotProvided`."""
+        try:
+            return self.impls[variant]
+        except KeyError:
+            raise VariantNotProvided(op, variant, engine) from None
+
+
+@dataclasses.dataclass
+class LossVariants(Variants):
+    """A registry of losses that also log metrics per micro-batch (op ``policy_loss``).
+
+    ``impls`` / ``unchecked`` as :class:`Variants`; each callable is one micro-batch's call,
+    ``(old_log_prob, log_prob, advantages, response_mask, info: BatchInfo) -> (loss: 0-d tensor,
+    metrics: dict[str, float])`` with the catalog's metric names. Micro-batch losses are summed
+    (gradient accumulation). ``combine_metrics(parts: list[tuple[dict, int]]) -> dict`` is how the
+    engine folds the micro-batches' metric dicts into the logged one; each part comes with the
+    micro-batch's number of valid tokens (an engine that logs per-call means and averages them ignores
+    it; the token-weighted fold Σ mean·n / Σ n uses it).
+    """
+
+    combine_metrics: Callable[[list], dict] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """An alternative implementation of a catalog op (issue 11 part 2): a chunked, naive, row-wise or
+    streamed function computing the same thing as the op's default binding, checked as that op under
+    the regimes ``impl@data`` (:func:`rlconform.harness.core.opinfo.implementation_regimes`).
+
+    ``fn``: a callable with the op's canonical signature, or a :class:`~rlconform.harness.catalog.binding.Lazy`
+    returning one. The contract its docstring states, checked on every case (a breach is a problem of
+    the case: it fails the property with the message):
+
+    * ``ranks``: the input ranks (logits ``[N, V]`` is 2, ``[B, T, V]`` is 3) the docstring allows; the
+      same data is passed in each of them and every answer is compared with the reference;
+    * ``out_dtype``: the output dtype the docstring documents, ``"input"`` (default: the input's dtype,
+      fp64 in -> fp64 out) or a dtype name (e.g. ``"float32"``: always float32); for an op with several
+      outputs, a mapping output name -> either (an output not named: ``"input"``);
+    * ``chunk_arg``: the keyword of its chunk-size parameter (``None``: not chunked); the case's
+      ``chunk_size`` (drawn by the family from its ``CHUNK_SIZES``, which hold small sizes and 2048, the
+      default of every chunked function bound so far, with row counts one short of, at and one past one
+      and two chunks) is passed as that keyword;
+    * ``doc``: the docstring's words the contract comes from (shown in the report's notes).
+    """
+
+    fn: Any
+    ranks: tuple[int, ...] = (2, 3)
+    out_dtype: str | Mapping[str, str] = "input"
+    chunk_arg: str | None = None
+    doc: str = ""
+
+    def promised(self, output: str | None = None) -> str:
+        """``"input"`` or the dtype name the contract promises for ``output`` (None: the only output)."""
+        if isinstance(self.out_dtype, str):
+            return self.out_dtype
+        return self.out_dtype.get(output, "input")
+
+    def expected_dtype(self, input_dtype: str, output: str | None = None) -> str:
+        """The output dtype the contract promises for ``input_dtype``."""
+        promise = self.promised(output)
+        return input_dtype if promise == "input" else promise
+
+    def __post_init__(self):
+        if not self.ranks or any(r < 1 for r in self.ranks):
+            raise BindingError(f"Implementation.ranks must be positive input ranks, got {self.ranks!r}")
+
+
+def signature_arity(fn: Callable) -> tuple[int, int] | None:
+    """(required positional, max positional) of ``fn``; ``None`` when it cannot be inspected or takes *args."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    required = 0
+    maximum = 0
+    for p in sig.parameters.values():
+        if p.kind == p.VAR_POSITIONAL:
+            return None
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            maximum += 1
+            if p.default is p.empty:
+                required += 1
+    return required, maximum

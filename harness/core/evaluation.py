@@ -1,0 +1,114 @@
+"""What an op family hands the generic properties: an :class:`Evaluation` of one case.
+
+An op family (:mod:`rlconform.harness.families`) calls the engine through its binding, the float64
+reference and its dtype-faithful fp32 path on one case, and records what came out as
+:class:`Compared` triples (engine, reference, faithful), input mutations, alternative runs of the
+same data (other partitions, garbage at masked positions) and metric flows. The generic properties
+(:mod:`rlconform.properties.generic`) judge an Evaluation without knowing the family.
+
+Anything an engine raises is wrapped by :func:`call_engine` into :class:`EngineCrash` (a ``crash``
+finding). Anything *expected but absent* (no autograd graph where a gradient is part of the contract,
+no gradient on an input, an empty output, a missing metric key) is a ``problem`` of the Evaluation:
+every property fails on it, never passes in silence (cases.md family 19).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+from rlconform.harness.core import torch_state
+
+
+class EngineCrash(Exception):
+    """The engine raised while computing a case. ``engine_traceback`` holds its traceback text."""
+
+    def __init__(self, where: str, exc: BaseException):
+        self.engine_traceback = "".join(traceback.format_exception(exc))
+        super().__init__(f"engine raised in {where}: {type(exc).__name__}: {exc}")
+
+
+def call_engine(where: str, fn: Callable, *args, **kwargs):
+    """Call an engine function; anything it raises becomes :class:`EngineCrash` naming ``where``. Torch's
+    process-global state (grad mode, default dtype, deterministic / anomaly modes, threads, ...) is
+    restored after the call, and a call that changed it is a crash naming what changed
+    (:mod:`rlconform.harness.core.torch_state`, issue 14)."""
+    try:
+        with torch_state.guard():
+            return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any engine error is a crash finding
+        raise EngineCrash(where, exc) from exc
+
+
+@dataclasses.dataclass
+class Compared:
+    """One engine output next to its float64 reference and its dtype-faithful value.
+
+    ``engine``/``reference``/``faithful``: float64 arrays (``faithful`` already rounded to the engine's
+    output dtype; ``None`` means the reference itself); ``dtype``: the engine's output dtype name;
+    ``kind``: the tolerance kind (a key of :data:`rlconform.harness.core.tolerance.ATOL`); ``only_where``:
+    the elements that are compared (e.g. unmasked tokens); ``label``: what it is, for messages.
+    """
+
+    label: str
+    engine: np.ndarray
+    reference: np.ndarray
+    faithful: np.ndarray | None
+    dtype: str
+    kind: str
+    only_where: np.ndarray | None = None
+
+
+@dataclasses.dataclass
+class MetricFlow:
+    """A metric pipeline's run: ``emitted`` keys, the ``final`` dict, ``emitted_to_final`` key mapping;
+    ``emitted_values``: key -> one value as it was handed to the reducer (its type is what the final value
+    must not narrow); ``integral``: final keys whose statistic is an integer (a token count, a length);
+    ``printed``: what the pipeline wrote to stdout / stderr (a value printed instead of logged)."""
+
+    emitted: set
+    final: dict
+    emitted_to_final: dict
+    emitted_values: dict = dataclasses.field(default_factory=dict)
+    integral: frozenset = frozenset()
+    printed: str = ""
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """Everything one case of one op produced (see the module docstring).
+
+    ``values``/``gradients``: the base run against the reference; ``problems``: expected things that
+    were absent or malformed (each fails every property); ``mutations``: input mutations found by the
+    bitwise guards (``non_destructive``); ``alternatives``: (label, outputs) of the same data computed
+    another way — other partitions (``partition_invariant``) or garbage at masked positions
+    (``mask_invariant``) — each output aligned with ``values + gradients``; ``metrics``: a metric
+    pipeline's key flow (``metric_integrity``); ``undefined``: the reference is undefined for this input
+    (e.g. the mean of no tokens) and says why: there is nothing to compare, by definition;
+    ``base_label``: how the base run is described next to an alternative.
+    """
+
+    values: list[Compared] = dataclasses.field(default_factory=list)
+    gradients: list[Compared] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
+    mutations: list[str] = dataclasses.field(default_factory=list)
+    alternatives: list[tuple[str, list[Compared]]] = dataclasses.field(default_factory=list)
+    metrics: MetricFlow | None = None
+    undefined: str | None = None
+    base_label: str = "base"
+
+    @property
+    def outputs(self) -> list[Compared]:
+        return self.values + self.gradients
+
+
+def shape_problem(label: str, got: Any, expected: tuple, context: str = "") -> str | None:
+    """A problem message when an engine output's shape differs from the reference's, else None."""
+    shape = tuple(np.shape(got))
+    if shape != tuple(expected):
+        return f"{label}: the engine returned shape {shape}, expected {tuple(expected)}" + (
+            f" ({context})" if context else "")
+    return None

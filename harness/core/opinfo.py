@@ -1,0 +1,169 @@
+"""The vocabulary of the op catalog: property names, dtypes and :class:`OpInfo` (PyTorch OpInfo style).
+
+The bottom of the core layer: it imports nothing of the project. Op families
+(:mod:`rlconform.harness.families`) build their :class:`OpInfo` entries from it; the catalog
+(:mod:`rlconform.harness.catalog.ops`) collects them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+MATCHES_REFERENCE = "matches_reference"
+PARTITION_INVARIANT = "partition_invariant"
+NON_DESTRUCTIVE = "non_destructive"
+FINITE = "finite_where_reference_finite"
+METRIC_INTEGRITY = "metric_integrity"
+MASK_INVARIANT = "mask_invariant"
+#: the generic properties, in report order (see :mod:`rlconform.properties.generic`)
+PROPERTIES = (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE, FINITE, METRIC_INTEGRITY, MASK_INVARIANT)
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+#: separator between a variant (an estimator, a loss_agg_mode, ...) and the data regime in a regime name,
+#: e.g. ``grpo@uneven_groups``: each variant is its own finding, so a fault in one is never diluted; an
+#: alternative implementation of an op (``chunked@peaked``, issue 11 part 2) uses the same separator
+VARIANT_SEP = "@"
+
+
+#: a finding id ``op.property.dtype.regime`` (the regime may be ``variant@data``; variant names hold
+#: letters, digits, ``_``, ``-`` and ``+``): groups op, property, dtype, regime. Every parser of finding
+#: ids (the xfails ledger, the pytest plugin's node ids, case file names) uses this one pattern.
+FINDING_ID = r"([A-Za-z0-9_]+)\.([a-z_]+)\.([a-z0-9]+)\.([A-Za-z0-9_@+\-]+)"
+
+
+def variant_regime(variant: str, data: str) -> str:
+    """The regime name of ``variant`` under data regime ``data`` (``variant@data``)."""
+    return f"{variant}{VARIANT_SEP}{data}"
+
+
+def implementation_regimes(regimes: dict[str, tuple[str, ...]], implementations) -> dict[str, tuple[str, ...]]:
+    """``regimes`` plus ``impl@data`` for every alternative implementation ``impl`` (issue 11 part 2): the
+    plain regimes check the engine's default implementation, each ``impl@data`` one alternative, so a
+    fault in one implementation is its own finding, never diluted by the other."""
+    out = dict(regimes)
+    for impl in implementations:
+        out.update({variant_regime(impl, data): dtypes for data, dtypes in regimes.items()})
+    return out
+
+
+def split_regime(regime: str) -> tuple[str | None, str]:
+    """``variant@data`` -> (variant, data); a plain regime -> (None, regime)."""
+    if VARIANT_SEP in regime:
+        variant, data = regime.split(VARIANT_SEP, 1)
+        return variant, data
+    return None, regime
+
+
+@dataclasses.dataclass(frozen=True)
+class OpInfo:
+    """Description of one catalog op.
+
+    ``kind``: the family's kind (``token_stat``, ``reduction``, ``agg_loss``, ``metric_pipeline``,
+    ``advantage``, ``vocab_parallel``, ``context_parallel``, ``dp_metric``, ...); ``family``: the
+    name of the :class:`~rlconform.harness.families.OpFamily` that declares it.
+    ``arity``: positional arguments of the canonical callable (``None`` for pipeline objects and
+    variant registries). ``properties``: the generic properties that apply. ``regimes``: regime name ->
+    dtypes (a variant family's regimes are ``variant@data``). ``variants``: the variants the catalog
+    knows (estimators, modes); empty for ops without variants. ``differentiable``: gradients are
+    compared too (closed-form reference gradient ``reference_grad``). ``distributed``: checked on gloo
+    ranks by :mod:`rlconform.distributed_tests`. ``source``: where the formula comes from.
+    """
+
+    name: str
+    kind: str
+    arity: int | None
+    properties: tuple[str, ...]
+    regimes: dict[str, tuple[str, ...]]
+    reference: Callable[..., Any]
+    reference_grad: Callable[..., Any] | None = None
+    differentiable: bool = False
+    source: str = ""
+    family: str = ""
+    variants: tuple[str, ...] = ()
+    distributed: bool = False
+    #: property -> the only regimes it is checked under (e.g. ``mask_invariant`` needs masked positions)
+    property_regimes: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: scalar parameters of the canonical callable, after its tensor arguments, in signature order: name ->
+    #: the values the strategies draw (e.g. ``{"label_smoothing": (0.1, 0.01, 0.5, 0.9)}``). A case carries
+    #: each under ``inputs[name]``; the engine call, the reference and the faithful path all receive them
+    #: from :meth:`parameter_values`, so a parameterised op needs no special case anywhere.
+    parameters: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    #: regime -> :class:`~rlconform.harness.core.profiles.ExampleCap` for a regime whose one example is expensive
+    #: (``metric_statistics@large_counts`` builds 2²⁴-token tensors); a profile-only regime has
+    #: :data:`~rlconform.harness.core.profiles.REAL_SHAPES_CAP` unless listed here. Read through :meth:`example_cap`,
+    #: the one place a runner (single-process or distributed) takes a finding's caps from.
+    example_caps: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def example_cap(self, regime: str):
+        """The :class:`~rlconform.harness.core.profiles.ExampleCap` of this op's findings under ``regime``, or None."""
+        from rlconform.harness.core.profiles import example_cap
+
+        return example_cap(regime, self.example_caps, distributed=self.distributed)
+
+    def parameter_values(self, inputs: dict) -> tuple:
+        """The case's values of this op's scalar parameters, in signature order (Python scalars).
+
+        Raises KeyError naming the parameter when a case lacks one (a case file of another version)."""
+        out = []
+        for name in self.parameters:
+            if name not in inputs:
+                raise KeyError(f"{self.name}: the case has no value for the parameter {name!r}")
+            value = inputs[name]
+            out.append(value.item() if hasattr(value, "item") else value)
+        return tuple(out)
+
+    #: profile-only regimes: regime -> the profiles that add it (e.g. ``real_shapes`` -> ``("nightly",)``);
+    #: a regime not listed is in every profile. A profile-only regime is a catalog regime like any other
+    #: (case files and ledgers may name it), but a run of another profile does not select it.
+    profile_regimes: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    #: alternative implementations of the op the catalog knows (issue 11 part 2: chunked, naive, rowwise,
+    #: ...), name -> what it is. A binding declares which it has (``Binding.implementations``); each is
+    #: checked as the op under regimes ``impl@data`` (:func:`implementation_regimes`), against the same
+    #: reference with the same properties, plus the contract the binding declares for it (output dtype,
+    #: input ranks: :class:`~rlconform.harness.core.contracts.Implementation`). An op has variants or
+    #: implementations, not both (both would use the ``@`` of the regime).
+    implementations: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.variants and self.implementations:
+            raise ValueError(f"op {self.name!r}: an op has variants or implementations, not both")
+
+    def regime_profiles(self, regime: str) -> tuple[str, ...] | None:
+        """The profiles that add ``regime`` (None: every profile has it)."""
+        return self.profile_regimes.get(regime)
+
+    def cases(self, prop: str | None = None, profile: str | None = None):
+        """Yield every (dtype, regime) pair this op is checked under (for ``prop``, when given) in
+        ``profile``; ``profile=None``: the regimes every profile has (no profile-only regime)."""
+        only = self.property_regimes.get(prop) if prop is not None else None
+        for regime, dtypes in self.regimes.items():
+            if only is not None and regime not in only:
+                continue
+            adds = self.profile_regimes.get(regime)
+            if adds is not None and profile not in adds:
+                continue
+            for dtype in dtypes:
+                yield dtype, regime
+
+    def findings(self, profile: str | None = None):
+        """Yield every (property, dtype, regime) this op is checked under in ``profile`` (None: the
+        findings every profile has)."""
+        for prop in self.properties:
+            for dtype, regime in self.cases(prop, profile):
+                yield prop, dtype, regime
+
+
+def reference_function(name: str) -> Callable:
+    """A late-bound call of ``rlconform.reference.<name>`` (named like it, for messages)."""
+
+    def call(*args, **kwargs):
+        import rlconform.reference as R
+
+        return getattr(R, name)(*args, **kwargs)
+
+    call.__name__ = name
+    call.__qualname__ = f"reference.{name}"
+    return call

@@ -1,0 +1,191 @@
+"""Error measures and the tolerance policy.
+
+Every engine result is compared with the float64 reference evaluated on the *same* rounded input (the
+input converted exactly to float64), so input rounding is never counted as error. An element is a
+discrepancy when
+
+    |engine − ref|  >  C · |faithful − ref|  +  ULP_FLOOR[dtype] · ulp_dtype(|ref|)  +  ATOL[kind][dtype]
+
+where ``faithful`` is a dtype-faithful stable computation of the same op (input upcast to fp32 — or
+kept fp64 —, computed with the stable formula, output rounded to the engine's output dtype). The
+first term scales with the difficulty of the input (cancellation, huge offsets); the floors absorb
+the few ulps by which two correct roundings can differ.
+
+Tolerance table (one place; the reason for each entry is given):
+
+==========  ===  =========  ============================================================================
+dtype       C    ULP floor  reason
+==========  ===  =========  ============================================================================
+float64     8    64         fp64 engines sum in other orders (pairwise vs sequential): tens of ulps
+float32     8    8          fp32 accumulators over V up to 152k differ by a few ulps from the faithful
+bfloat16    2    2          output rounding dominates (8 mantissa bits); two correct roundings ≤ 1 ulp
+float16     2    2          as bfloat16 (11 mantissa bits)
+==========  ===  =========  ============================================================================
+
+ATOL (absolute floor, for results that are exactly 0 in the reference, e.g. the entropy of a one-hot
+row, where a correct fp32 engine leaves rounding residue of the log-terms):
+
+==============  =======  =======  ======  ======  ===============================================
+kind            fp64     fp32     bf16    fp16    reason
+==============  =======  =======  ======  ======  ===============================================
+token_stat      1e-12    2e-6     2e-2    2e-3    entropy/logprob residue of exp/log at scale O(1)
+reduction       1e-12    1e-6     1e-2    1e-3    sums of values O(1..100) cancelling to ~0
+pipeline        1e-9     1e-5     1e-2    1e-3    metrics/losses formed from fp32 partial sums
+advantage       1e-9     1e-4     1e-2    1e-2    cumulative sums over T then ratios (verl: +1e-8)
+==============  =======  =======  ======  ======  ===============================================
+
+Bit-exactness (``non_destructive``) never uses a tolerance.
+
+Severity of a failing finding (issue 12; applied by :mod:`rlconform.harness.report.severity` to the numbers a
+finding carries: the ``engine E vs reference R … tolerance T`` clauses of its message, ``max_ratio``,
+``max_rel_err``). The first row that applies wins:
+
+===========  ==============================================================  ================================
+severity     when                                                            reason
+===========  ==============================================================  ================================
+wrong        the engine raised on a legal input (``crash``), or the op       a trainer step fails or cannot
+             could not be loaded (``unavailable``)                           run at all
+wrong        an expected gradient / autograd graph is missing (message      the policy does not learn
+             says "no autograd graph" or "no gradient"), a wrong shape, a   through this op; silently
+             metric key that never reaches the final dict                    dropped data
+destructive  ``non_destructive`` fails: an input changed, or a tensor saved  corrupts the caller's tensors
+             for backward was modified in place                              or its backward
+wrong        NaN/±inf where the exact value is finite and representable      one NaN poisons the whole
+             (``finite_where_reference_finite``, or ``engine nan``/``inf``   update
+             in a clause, or ``max_rel_err`` = inf)
+wrong        |E − R| / |R| ≥ ``WRONG_REL`` = 1e-2 in a failing clause at a        off by more than a percent:
+             representable reference (|R| > T: above the absolute floor of   not rounding (bf16 has 2^-8 ≈
+             its own tolerance), and ``max_ratio`` ≥ ``NEAR``                  4e-3), a logic error
+wrong        a partition dependence |X − Y| / |R| > ``WRONG_PARTITION`` = 1 %   results depend on the DP/TP
+             (partition_invariant, mask_invariant), |R| > D, |X − Y| > D (D:   layout or on masked garbage
+             the allowed difference), and ``max_ratio`` ≥ ``NEAR``            beyond rounding
+imprecise    every other failure                                             beyond the tolerance, but by
+                                                                              rounding-sized amounts
+===========  ==============================================================  ================================
+
+``NEAR`` = 4: a finding whose worst example is within 4× of its tolerance is never ``wrong``, so a verdict that flips in the last
+bits (another summation order, a different example close to the boundary) can only move a finding between
+pass and ``imprecise``, never into ``wrong``. Relative errors at a reference below its tolerance (an
+exact 0, the entropy of a one-hot row) are not used: they measure the floor, not the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+C = {"float64": 8.0, "float32": 8.0, "bfloat16": 2.0, "float16": 2.0}
+ULP_FLOOR = {"float64": 64.0, "float32": 8.0, "bfloat16": 2.0, "float16": 2.0}
+ATOL = {
+    "token_stat": {"float64": 1e-12, "float32": 2e-6, "bfloat16": 2e-2, "float16": 2e-3},
+    "reduction": {"float64": 1e-12, "float32": 1e-6, "bfloat16": 1e-2, "float16": 1e-3},
+    "pipeline": {"float64": 1e-9, "float32": 1e-5, "bfloat16": 1e-2, "float16": 1e-3},
+    "advantage": {"float64": 1e-9, "float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2},
+}
+#: severity thresholds (see the severity table above)
+WRONG_REL = 1e-2
+WRONG_PARTITION = 1e-2
+NEAR = 4.0
+#: machine epsilon (spacing at 1.0) per dtype name
+EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+#: largest finite value per dtype name
+MAX = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38, "bfloat16": 3.3895313892515355e38,
+       "float16": 65504.0}
+#: smallest positive normal per dtype name (below it ulp is constant)
+TINY = {"float64": 2.0**-1022, "float32": 2.0**-126, "bfloat16": 2.0**-126, "float16": 2.0**-14}
+
+
+def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Spacing of ``dtype`` floats at |x| (float64 array), for dtype names of :data:`EPS`."""
+    a = np.abs(np.asarray(x, dtype=np.float64))
+    a = np.where(np.isfinite(a), a, 0.0)
+    exponent = np.floor(np.log2(np.maximum(a, TINY[dtype])))
+    return np.exp2(exponent) * EPS[dtype]
+
+
+def bound(reference, faithful, *, dtype: str, kind: str) -> np.ndarray:
+    """The allowed error at each element: ``C·|faithful − ref| + ULP_FLOOR·ulp(ref) + ATOL`` (flat float64)."""
+    r = np.asarray(reference, dtype=np.float64).reshape(-1)
+    f = r if faithful is None else np.asarray(faithful, dtype=np.float64).reshape(-1)
+    r, f = np.broadcast_arrays(r, f)
+    with np.errstate(invalid="ignore"):
+        ferr = np.where(np.isfinite(r) & np.isfinite(f), np.abs(f - r), 0.0)
+    return C[dtype] * ferr + ULP_FLOOR[dtype] * ulp(r, dtype) + ATOL[kind][dtype]
+
+
+@dataclasses.dataclass
+class Comparison:
+    """Result of comparing an engine array with the reference.
+
+    ``ok``: every element within its bound; ``max_abs_err``; ``max_rel_err`` (|err|/|ref|, over
+    elements with ref ≠ 0); ``max_ulp_err`` (err in ulps of ``dtype`` at |ref|); ``worst_index``
+    (flat index of the element with the largest err/bound ratio); ``worst_ratio`` (err/bound there,
+    > 1 means discrepancy); ``tolerance`` (bound at the worst element).
+    """
+
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+    max_ulp_err: float
+    worst_index: int
+    worst_ratio: float
+    tolerance: float
+    engine_value: float
+    reference_value: float
+
+    def describe(self) -> str:
+        """One line: the worst element, and only the error measures that mean something there (no
+        relative error or ulp count at a zero reference; none at all for a NaN/inf engine value)."""
+        head = f"engine {self.engine_value!r} vs reference {self.reference_value!r} at flat index {self.worst_index}"
+        if not np.isfinite(self.engine_value) or not np.isfinite(self.reference_value):
+            return f"{head}: tolerance {self.tolerance:.3g}"
+        parts = [f"abs err {self.max_abs_err:.3g}"]
+        if self.reference_value != 0:
+            parts += [f"rel err {self.max_rel_err:.3g}", f"{self.max_ulp_err:.3g} ulp"]
+        return f"{head}: " + ", ".join(parts) + f", tolerance {self.tolerance:.3g}"
+
+
+def compare(engine, reference, faithful, *, dtype: str, kind: str, only_where=None) -> Comparison:
+    """Compare ``engine`` with ``reference`` (float64) under the tolerance policy.
+
+    ``engine``/``faithful``: arrays (any float dtype) broadcastable to ``reference``; ``dtype``: the
+    engine's output dtype name; ``kind``: a key of :data:`ATOL`; ``only_where``: optional boolean
+    mask of the elements to compare (others ignored). Non-finite reference elements must be matched
+    exactly (same inf sign), NaN reference elements (undefined, e.g. a mean over no tokens) are
+    skipped; an engine NaN/inf where the reference is finite is a discrepancy (ratio = inf), unless the
+    reference lies beyond the output dtype's range and the engine returns the inf it rounds to.
+    """
+    e = np.asarray(engine, dtype=np.float64).reshape(-1)
+    r = np.asarray(reference, dtype=np.float64).reshape(-1)
+    f = np.asarray(faithful, dtype=np.float64).reshape(-1) if faithful is not None else r
+    e, r, f = np.broadcast_arrays(e, r, f)
+    sel = np.ones(r.shape, bool) if only_where is None else np.asarray(only_where, bool).reshape(-1)
+    if r.size == 0 or not sel.any():
+        return Comparison(True, 0.0, 0.0, 0.0, -1, 0.0, 0.0, float("nan"), float("nan"))
+    sel = sel & ~np.isnan(r)  # the reference is undefined there (e.g. the mean of nothing)
+    rfin = np.isfinite(r)
+    # a finite reference beyond the output dtype's range rounds to ±inf: an engine ±inf of that sign is exact
+    overflow = rfin & (np.abs(r) > MAX[dtype]) & np.isinf(e) & (np.sign(e) == np.sign(r))
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.where(rfin, np.abs(e - r), np.where(e == r, 0.0, np.inf))
+        err = np.where(overflow, 0.0, err)
+        ferr = np.where(rfin & np.isfinite(f), np.abs(f - r), 0.0)
+        bound = C[dtype] * ferr + ULP_FLOOR[dtype] * ulp(r, dtype) + ATOL[kind][dtype]
+        err = np.where(np.isnan(err), np.inf, err)
+        ratio = np.where(sel, err / bound, 0.0)
+        rel = np.where(sel & rfin & (r != 0), err / np.abs(np.where(r == 0, 1.0, r)), 0.0)
+        ulps = np.where(sel & rfin, err / ulp(r, dtype), 0.0)
+    worst = int(np.argmax(ratio))
+    abs_sel = np.where(sel, err, 0.0)
+    return Comparison(
+        ok=bool(ratio.max() <= 1.0),
+        max_abs_err=float(abs_sel.max()),
+        max_rel_err=float(rel.max()),
+        max_ulp_err=float(ulps.max()),
+        worst_index=worst,
+        worst_ratio=float(ratio[worst]),
+        tolerance=float(bound[worst]),
+        engine_value=float(e[worst]),
+        reference_value=float(r[worst]),
+    )

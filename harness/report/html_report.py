@@ -1,0 +1,586 @@
+"""``report.html``: one self-contained page rendered from a ``report.json`` document.
+
+No network and no external file: the CSS is inline and the plots are PNGs drawn with matplotlib's Agg
+canvas (no pyplot, no global backend switch) and embedded as base64 ``data:`` URIs. The page holds
+
+* the summary counts and the op × property × dtype table (worst status over regimes, as in the
+  terminal summary);
+* plots where a picture says more than the table: error against shard imbalance for the partition
+  ops (``agg_loss``, ``metric_pipeline``; from each finding's bounded ``samples``), error / tolerance
+  by dtype × logits regime for the softmax statistics (``matches_reference``), and examples run per op;
+* above the table, the defects (``doc["defects"]``, :mod:`rlconform.harness.report.triage`) ranked by severity: an index
+  table, then one card each with its members (dtypes and regimes, compactly), the reproducer command,
+  message and input of its smallest member and, for a crash, the engine's frames of the traceback;
+* the failing findings in one table grouped by defect (numbers only; the reproducer command is one
+  pattern, shown once, and a row shows its own only when it differs);
+* every finding (message, worst input and crash traceback of the failing ones) as gzip'd JSON in the
+  page, which a few lines of script expand into a filterable table (``DecompressionStream``: offline,
+  in every current browser).
+
+Long texts appear once: per defect in its card, per finding in the compressed table. verl 0.9.1's page
+(1135 findings, 346 failing, 61 defects) is ~300 KB, under issue 12's 500 KB; the plots are 80-dpi PNGs
+on a 64-colour palette.
+
+A small script checks that each plot decoded (``naturalWidth > 0``), expands the table and sets
+``document.title`` to ``ok:N`` (``N`` plots) or ``error:...``, and ``data-rows`` on ``<body>`` to the rows
+it expanded; ``tests/test_html_report.py`` reads both in headless Chromium.
+
+Rendering (matplotlib import and drawing) takes about a second, so ``ReportWriter`` writes the page
+only when a run ends (``write(complete=...)``) and ``rlconform report DIR`` re-renders it.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+import math
+import re
+
+import jinja2
+import markupsafe
+
+from rlconform.harness.report.atomic_write import atomic_write
+from rlconform.harness.catalog.ops import FLOAT_DTYPES, LOGITS_REGIMES
+from rlconform.harness.report.measures import error_text, number_text
+
+STATUS_ORDER = ("crash", "discrepancy", "error", "xpass", "unavailable", "xfail", "pass")
+STATUS_COLOR = {"crash": "#b3261e", "discrepancy": "#d93025", "error": "#5f6368", "xpass": "#a142f4",
+                "unavailable": "#e37400", "xfail": "#1a73e8", "pass": "#188038"}
+SHORT = {"crash": "CRASH", "discrepancy": "FAIL", "error": "ERROR", "xpass": "XPASS", "unavailable": "n/a",
+         "xfail": "xfail", "pass": "ok"}
+DTYPE_COLOR = {"float16": "#e8710a", "bfloat16": "#9334e6", "float32": "#1a73e8", "float64": "#188038"}
+PARTITION_OPS = ("agg_loss", "metric_pipeline")
+TOKEN_STATS = ("logsumexp", "token_logprobs", "entropy", "sum_pi_squared")
+ERR_FLOOR = 1e-18  # exact results are drawn on this line of the log axis
+PLOT_DPI = 80
+#: tracebacks shown on the page: crashes only (a discrepancy's traceback is pytest's own frames), the engine's
+#: frames (:func:`engine_traceback`), at most this many characters
+TRACEBACK_CHARS = 1200
+#: a defect card shows at most this much of its message and input (the full text is in the all-findings
+#: table and report.json)
+MESSAGE_CHARS = 240
+SEVERITY_COLOR = {"wrong": "#b3261e", "destructive": "#a142f4", "imprecise": "#e37400"}
+
+
+_fmt = number_text
+
+
+# ------------------------------------------------------------------------------------------------
+# plots
+
+
+def _png(fig) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=PLOT_DPI, bbox_inches="tight")
+    data = buf.getvalue()
+    try:  # an adaptive 64-colour palette: the plots use a handful of colours; ~3× smaller (issue 12: < 500 KB)
+        from PIL import Image
+
+        img = Image.open(io.BytesIO(data)).convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT)
+        small = io.BytesIO()
+        img.save(small, format="PNG", optimize=True)
+        data = min(data, small.getvalue(), key=len)
+    except Exception:  # noqa: BLE001 - Pillow missing or too old: keep the full-colour PNG
+        pass
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+
+
+def _figure(w: float, h: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(w, h), layout="constrained")
+
+
+def plot_imbalance(findings: list[dict]) -> list[dict]:
+    """One plot per partition op: per property a panel of max abs error against shard imbalance
+    (max shard nnz / max(1, min shard nnz)), points by dtype, failing examples filled."""
+    plots = []
+    for op in PARTITION_OPS:
+        by_prop: dict[str, list[dict]] = {}
+        for f in findings:
+            if f["op"] == op and f.get("samples") and f["property"] in ("matches_reference", "partition_invariant"):
+                by_prop.setdefault(f["property"], []).append(f)
+        props = [p for p in by_prop if any(s.get("imbalance") is not None for f in by_prop[p] for s in f["samples"])]
+        if not props:
+            continue
+        fig = _figure(4.2 * len(props), 3.4)
+        axes = fig.subplots(1, len(props), squeeze=False)[0]
+        n_points = 0
+        for ax, prop in zip(axes, props):
+            for f in sorted(by_prop[prop], key=lambda f: FLOAT_DTYPES.index(f["dtype"])
+                            if f["dtype"] in FLOAT_DTYPES else 9):
+                color = DTYPE_COLOR.get(f["dtype"], "#5f6368")
+                for ok, marker in ((True, "o"), (False, "X")):
+                    pts = [s for s in f["samples"] if bool(s.get("ok")) is ok and s.get("imbalance") is not None]
+                    if not pts:
+                        continue
+                    xs = [max(1.0, float(s["imbalance"])) for s in pts]
+                    ys = [max(ERR_FLOOR, float(s.get("abs_err") or 0.0)) for s in pts]
+                    n_points += len(pts)
+                    ax.scatter(xs, ys, s=26 if ok else 44, marker=marker, alpha=0.75,
+                               facecolors="none" if ok else color, edgecolors=color, linewidths=1.0,
+                               label=f"{f['dtype']} {'pass' if ok else 'fail'}")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(prop, fontsize=10)
+            ax.set_xlabel("shard imbalance (max nnz / max(1, min nnz))", fontsize=8)
+            ax.set_ylabel("max abs error (exact: bottom)", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(True, which="major", alpha=0.3)
+            ax.legend(fontsize=6, loc="best")
+        fig.suptitle(f"{op}: error against shard imbalance (sampled examples; ○ pass, ✕ fail)", fontsize=10)
+        plots.append({"title": f"{op}: error against shard imbalance", "src": _png(fig),
+                      "caption": f"{n_points} sampled examples over {len(props)} properties: one point per example "
+                                 "(its most imbalanced partition); failing examples are kept first, including "
+                                 "those hypothesis tried while shrinking."})
+    return plots
+
+
+def _ratio_of(f: dict) -> float | None:
+    """error / tolerance of a finding: ``max_ratio`` (inf for a failure without a numeric bound) or,
+    for older reports, max_abs_err / tolerance."""
+    if f.get("max_ratio") is not None:
+        return float(f["max_ratio"])
+    if f["status"] in ("discrepancy", "xfail", "crash") and f.get("max_ratio", 0) is None:
+        return math.inf
+    if f.get("tolerance"):
+        return float(f.get("max_abs_err") or 0.0) / float(f["tolerance"])
+    return None
+
+
+def plot_softmax(findings: list[dict]) -> list[dict]:
+    """Heatmaps (one panel per softmax statistic) of the worst error / tolerance per dtype × logits
+    regime for ``matches_reference`` (values and gradients); ✕ marks a failing finding."""
+    ops = [op for op in TOKEN_STATS if any(f["op"] == op and f["property"] == "matches_reference"
+                                           and f["status"] != "unavailable" for f in findings)]
+    if not ops:
+        return []
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    regimes = list(LOGITS_REGIMES)
+    dtypes = list(FLOAT_DTYPES)
+    fig = _figure(3.3 * len(ops) + 0.8, 3.6)
+    axes = fig.subplots(1, len(ops), squeeze=False)[0]
+    norm = TwoSlopeNorm(vmin=-4.0, vcenter=0.0, vmax=4.0)
+    im = None
+    for ax, op in zip(axes, ops):
+        grid = np.full((len(regimes), len(dtypes)), np.nan)
+        for f in findings:
+            if f["op"] != op or f["property"] != "matches_reference" or f["regime"] not in regimes \
+                    or f["dtype"] not in dtypes or f["status"] == "unavailable":
+                continue
+            i, j = regimes.index(f["regime"]), dtypes.index(f["dtype"])
+            r = _ratio_of(f)
+            lr = 4.0 if r is not None and math.isinf(r) else (-4.0 if not r else max(-4.0, min(4.0, math.log10(r))))
+            grid[i, j] = lr
+            text = ("✕ " if f["status"] in ("discrepancy", "crash", "xfail") else "") + _fmt(r)
+            ax.text(j, i, text, ha="center", va="center", fontsize=6.5,
+                    color="white" if abs(lr) > 2.5 else "black")
+        im = ax.imshow(np.ma.masked_invalid(grid), cmap="RdYlGn_r", norm=norm, aspect="auto")
+        ax.set_facecolor("#e8eaed")
+        ax.set_xticks(range(len(dtypes)), [d.replace("float", "f").replace("bf", "bf") for d in dtypes], fontsize=7)
+        ax.set_yticks(range(len(regimes)), regimes if ax is axes[0] else [""] * len(regimes), fontsize=7)
+        ax.set_title(op, fontsize=9)
+    cb = fig.colorbar(im, ax=list(axes), shrink=0.85)
+    cb.set_label("log10(error / tolerance); > 0 fails", fontsize=7)
+    cb.ax.tick_params(labelsize=6)
+    fig.suptitle("softmax statistics, matches_reference: worst error / tolerance (✕ fails; grey: not run)",
+                 fontsize=9)
+    return [{"title": "softmax statistics: error by dtype and logits regime", "src": _png(fig),
+             "caption": "values and gradients against the float64 reference; colour: worst error over the "
+                        "tolerance bound over all examples of the finding (green: far inside, red: outside)."}]
+
+
+def plot_examples(findings: list[dict]) -> list[dict]:
+    """Examples run per op, stacked by the status of the findings they belong to."""
+    ops: list[str] = []
+    for f in findings:
+        if f["op"] not in ops:
+            ops.append(f["op"])
+    if not ops or not any(f.get("examples") for f in findings):
+        return []
+    fig = _figure(7.0, 0.32 * len(ops) + 1.1)
+    ax = fig.subplots()
+    left = [0.0] * len(ops)
+    for status in reversed(STATUS_ORDER):
+        vals = [float(sum(f.get("examples") or 0 for f in findings if f["op"] == op and f["status"] == status))
+                for op in ops]
+        if not any(vals):
+            continue
+        ax.barh(range(len(ops)), vals, left=left, color=STATUS_COLOR[status], label=status, height=0.7)
+        left = [a + b for a, b in zip(left, vals)]
+    for i, total in enumerate(left):
+        ax.text(total, i, f" {int(total)}", va="center", fontsize=7)
+    ax.set_yticks(range(len(ops)), ops, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("examples run (all properties, dtypes and regimes)", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.margins(x=0.12)
+    return [{"title": "examples run per op", "src": _png(fig),
+             "caption": "hypothesis examples (and replayed corpus cases) per op, coloured by finding status."}]
+
+
+# ------------------------------------------------------------------------------------------------
+# page
+
+#: the script of the page: checks the plots decoded, expands the all-findings table from its gzip'd JSON
+#: (``DecompressionStream``, in every current browser, offline) and reports the outcome in ``document.title``
+SCRIPT = """
+window.onerror = function (msg, src, line) { document.title = "error:" + msg + " (line " + line + ")"; };
+function failed() { return document.title.indexOf("error:") === 0; }
+function plotsBad() {
+  var want = parseInt(document.body.getAttribute("data-expected-plots"), 10);
+  var imgs = document.querySelectorAll("img.plot"), bad = [];
+  for (var i = 0; i < imgs.length; i++) if (!imgs[i].complete || imgs[i].naturalWidth === 0) bad.push(imgs[i].alt);
+  if (imgs.length !== want) return "expected " + want + " plots, found " + imgs.length;
+  return bad.length ? "plot did not load: " + bad.join(", ") : null;
+}
+async function expandFindings() {
+  var src = document.getElementById("findings-data"), body = document.getElementById("all-findings");
+  if (!src) return;
+  if (typeof DecompressionStream === "undefined") throw new Error("this browser lacks DecompressionStream");
+  var bin = Uint8Array.from(atob(src.textContent.trim()), function (c) { return c.charCodeAt(0); });
+  var rows = JSON.parse(await new Response(new Blob([bin]).stream()
+      .pipeThrough(new DecompressionStream("gzip"))).text());
+  var frag = document.createDocumentFragment();
+  rows.forEach(function (r) {
+    var tr = document.createElement("tr");
+    tr.className = "s-" + r[1];
+    r.forEach(function (v) { var td = document.createElement("td"); td.textContent = v; tr.appendChild(td); });
+    frag.appendChild(tr);
+  });
+  body.appendChild(frag);
+  document.body.setAttribute("data-rows", rows.length);
+}
+function filterFindings(q) {
+  var words = q.toLowerCase().split(/\\s+/).filter(Boolean), trs = document.getElementById("all-findings").rows;
+  for (var i = 0; i < trs.length; i++) {
+    var t = trs[i].textContent.toLowerCase();
+    trs[i].hidden = !words.every(function (w) { return t.indexOf(w) >= 0; });
+  }
+}
+window.addEventListener("load", function () {
+  if (failed()) return;
+  var bad = plotsBad();
+  if (bad) { document.title = "error:" + bad; return; }
+  expandFindings().then(function () {
+    if (!failed()) document.title = "ok:" + document.querySelectorAll("img.plot").length;
+  }, function (e) {
+    document.title = "error:findings table: " + e;
+    var row = document.getElementById("all-findings").insertRow(), cell = row.insertCell();
+    cell.colSpan = 9;
+    cell.textContent = "This browser could not expand the table (" + e + "); report.json holds every finding.";
+  });
+});
+"""
+
+TEMPLATE = jinja2.Template("""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>rlconform: {{ eng.name }}</title>
+<script>{{ script }}</script>
+<style>
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #202124; margin: 0;
+       background: #f8f9fa; }
+main { max-width: 1180px; margin: 0 auto; padding: 20px 28px 60px; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 10px; border-bottom: 1px solid #dadce0;
+     padding-bottom: 4px; } h3 { font-size: 14px; margin: 0 0 6px; }
+.meta { color: #5f6368; font-size: 12.5px; } .meta code { font-size: 12px; }
+.counts { display: flex; gap: 10px; flex-wrap: wrap; margin: 14px 0; }
+.count { border-radius: 8px; padding: 8px 14px; color: #fff; font-weight: 600; min-width: 90px; }
+.count span { display: block; font-size: 22px; }
+.count.zero { opacity: .35; }
+table { border-collapse: collapse; background: #fff; font-size: 12.5px; }
+th, td { border: 1px solid #dadce0; padding: 3px 7px; text-align: left; vertical-align: top; }
+th { background: #f1f3f4; }
+td.cell { text-align: center; font-weight: 600; white-space: nowrap; }
+tr.grp th { background: #e8eaed; font-weight: 600; }
+#all-findings td:last-child { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, monospace;
+                              font-size: 11.5px; max-width: 520px; }
+.badge { display: inline-block; border-radius: 4px; padding: 0 6px; color: #fff; font-size: 11.5px; font-weight: 600; }
+.finding { background: #fff; border: 1px solid #dadce0; border-left: 5px solid; border-radius: 6px;
+           padding: 10px 14px; margin: 10px 0; }
+.finding .nums { color: #3c4043; font-size: 12.5px; margin: 4px 0; }
+pre { background: #f1f3f4; padding: 8px 10px; border-radius: 4px; overflow-x: auto; font-size: 12px; margin: 6px 0;
+      white-space: pre-wrap; word-break: break-word; }
+code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; }
+.cmd { background: #202124; color: #e8eaed; }
+figure { background: #fff; border: 1px solid #dadce0; border-radius: 6px; margin: 12px 0; padding: 10px; }
+figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
+figcaption { color: #5f6368; font-size: 12px; margin-top: 6px; }
+details summary { cursor: pointer; color: #1a73e8; }
+.muted { color: #80868b; }
+{% for s, c in colors.items() %}.s-{{ s }} td:nth-child(2), td.s-{{ s }} { color: {{ c }}; }
+{% endfor %}{% for s, c in sev_colors.items() %}.v-{{ s }} { background: {{ c }}; }
+{% endfor %}</style></head>
+<body data-expected-plots="{{ plots|length }}"><main>
+<h1>rlconform · {{ eng.name }} {{ eng.version or "" }}</h1>
+<div class="meta">engine spec <code>{{ eng.spec }}</code>{% if eng.path %}, path <code>{{ eng.path }}</code>{% endif %}
+{% if eng.revision %}, revision <code>{{ eng.revision }}</code>{% endif %} · rlconform {{ doc.tool.version }} ·
+{% if run.complete %}complete run{% else %}<b>incomplete run</b> (interrupted or still running){% endif %}
+<br>started {{ run.started }}{% if run.finished %}, finished {{ run.finished }}{% endif %} · profile {{ run.profile }}
+{% if run.seed is not none %} · seed {{ run.seed }}{% endif %}{% if run.max_examples %} · max {{ run.max_examples }}
+examples per finding{% endif %} · python {{ run.python }} · torch {{ run.torch }}
+{% if run.command %}<br><code>{{ run.command }}</code>{% endif %}</div>
+
+<div class="counts">{% for s in statuses %}<div class="count{% if not summary.get(s) %} zero{% endif %}"
+ style="background: {{ colors[s] }}">{{ s }}<span>{{ summary.get(s, 0) }}</span></div>{% endfor %}</div>
+
+{% if coverage %}<p class="muted">coverage of the engine's numerics: {{ coverage }}</p>{% endif %}
+
+{% if defects %}<h2>defects ({{ defects|length }})</h2>
+<p class="muted">{{ triage_line }}. A defect is the findings that share op, property and failure signature (kind of
+wrong value · input feature) across dtypes and regimes; most severe first. Each shows its smallest member's
+reproducer, message and input; its members are listed under it in the table of failing findings below.</p>
+<table><tr><th>defect</th><th>severity</th><th>op</th><th>property</th><th>kind · input feature</th><th>findings</th></tr>
+{% for d in defects %}<tr><td><a href="#{{ d.key }}">{{ d.key }}</a><td><span class="badge v-{{ d.severity }}">{{ d.severity }}</span><td>{{ d.op }}<td>{{ d.property }}<td>{{ d.signature.kind }} · {{ d.signature.feature }}<td>{{ d.members|length }}
+{% endfor %}</table>
+{% for d in defects %}<div class="finding" id="{{ d.key }}" style="border-left-color: {{ sev_colors[d.severity] }}">
+<h3>{{ d.key }} <span class="badge v-{{ d.severity }}">{{ d.severity }}</span> {{ d.op }} · {{ d.property }} —
+{{ d.signature.kind }} · {{ d.signature.feature }}</h3>
+<div class="nums"><a href="#{{ d.key }}-m">{{ d.members|length }} finding{{ "s" if d.members|length > 1 }}</a>:
+{% for dt, regs in d.by_dtype %}<b>{{ dt }}</b>: {{ regs }}{% if not loop.last %}; {% endif %}{% endfor %}</div>
+{% if d.reproducer.command %}<div>reproduce (its smallest member, <a href="#{{ d.reproducer.finding }}">{{ d.reproducer.finding.split(".")[2:]|join(".") }}</a>):</div>
+<pre class="cmd"><code>{{ d.reproducer.command }}</code></pre>{% endif %}
+{% if d.message %}<pre>{{ d.message | truncate(msg_chars, True, " …") }}</pre>{% endif %}
+{% if d.reproducer.input %}<div>input:</div><pre>{{ d.reproducer.input | truncate(msg_chars, True, " …") }}</pre>{% endif %}
+{% if d.traceback %}<details><summary>traceback (the engine's frames)</summary><pre>{{ d.traceback }}</pre></details>{% endif %}
+</div>{% endfor %}{% endif %}
+
+<h2>op × property × dtype</h2>
+<p class="muted">Worst status over the regimes of each cell, with how many regimes have it (hover: the regimes that
+do not pass).</p>
+<table><tr><th>op</th><th>property</th>{% for d in dtypes %}<th>{{ d }}</th>{% endfor %}</tr>
+{% for row in grid %}<tr><td>{{ row.op }}</td><td>{{ row.prop }}</td>{% for c in row.cells %}<td class="cell{% if c %} s-{{ c.status }}" title="{{ c.title }}{% endif %}">{% if c %}{{ c.text }}{% endif %}</td>{% endfor %}</tr>
+{% endfor %}</table>
+
+{% if plots %}<h2>plots</h2>
+{% for p in plots %}<figure><img class="plot" alt="{{ p.title }}" src="{{ p.src }}"><figcaption><b>{{ p.title }}</b>:
+{{ p.caption }}</figcaption></figure>{% endfor %}{% endif %}
+
+<h2>findings that do not pass ({{ bad|length }})</h2>
+{% if not bad %}<p>None: every finding passes.</p>{% else %}
+<p class="muted">Grouped by defect. Reproduce a finding: {% if repro_pattern %}<code>{{ repro_pattern }}</code>
+({% if repro_odd %}except where a command is shown{% else %}every finding{% endif %}){% else %}the command in its row{% endif %}.
+Messages, worst inputs and crash tracebacks of every finding: the table of all findings (below) and report.json.</p>
+<table><tr><th>dtype.regime</th><th>status</th><th>severity</th><th>examples</th><th>first failure</th><th>max abs err</th>
+<th>max rel err</th><th>tolerance</th><th>error / tolerance</th></tr>
+{% for g in bad_groups %}<tr class="grp"{% if g.key %} id="{{ g.key }}-m"{% endif %}><th colspan="9">{% if g.key %}<a href="#{{ g.key }}">{{ g.key }}</a> {% endif %}{{ g.title }}</th></tr>
+{% for f in g.findings %}<tr id="{{ f.id }}" class="s-{{ f.status }}"><td>{{ f.short }}{% if f.odd_cmd %}<br><code>{{ f.odd_cmd }}</code>{% endif %}<td>{{ f.status }}<td>{{ f.severity or "" }}<td>{{ f.examples }}<td>{{ f.first or "" }}<td>{{ err(f) }}<td>{{ err(f, "max_rel_err") }}<td>{{ fmt(f.tolerance) }}<td>{{ fmt(ratio(f)) }}
+{% endfor %}{% endfor %}</table>{% endif %}
+
+<h2>all findings ({{ findings|length }})</h2>
+<p class="muted">Every finding, with the message, worst input and (crashes) traceback tail of those that do not
+pass; expanded by the page's script from a compressed copy. Filter (all words must match):
+<input type="search" size="40" oninput="filterFindings(this.value)" placeholder="e.g. entropy float16 discrepancy"></p>
+<details><summary>show the table</summary>
+<table><thead><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody id="all-findings"></tbody></table>
+</details>
+<script type="application/octet-stream" id="findings-data">{{ blob }}</script>
+</main></body></html>
+""", autoescape=True)
+
+#: the columns of the all-findings table (the rows of the compressed blob, in this order)
+COLUMNS = ("finding", "status", "severity", "examples", "max abs err", "max rel err", "tolerance",
+           "error / tolerance", "message · worst input · traceback")
+#: characters of a message / worst input kept in the all-findings table (the full text is in report.json)
+DETAIL_CHARS = 2000
+
+
+def _grid(findings: list[dict]) -> list[dict]:
+    cells: dict[tuple[str, str], dict[str, list[dict]]] = {}
+    for f in findings:
+        cells.setdefault((f["op"], f["property"]), {}).setdefault(f["dtype"], []).append(f)
+    rows = []
+    for (op, prop), by_dtype in sorted(cells.items()):
+        row = {"op": op, "prop": prop, "cells": []}
+        for d in FLOAT_DTYPES:
+            fs = by_dtype.get(d)
+            if not fs:
+                row["cells"].append(None)
+                continue
+            sts = [f["status"] for f in fs]
+            worst = min(sts, key=lambda s: STATUS_ORDER.index(s) if s in STATUS_ORDER else 99)
+            n = sts.count(worst)
+            others = [f"{f['regime']}: {f['status']}" for f in fs if f["status"] != "pass"]
+            title = (f"{len(fs) - len(others)} of {len(fs)} regimes pass" + (": not " if others else "")
+                     + ", ".join(others))
+            row["cells"].append({"status": worst, "title": title,
+                                 "text": SHORT.get(worst, worst) + (f" {n}/{len(sts)}" if worst != "pass" else "")})
+        rows.append(row)
+    return rows
+
+
+def make_plots(doc: dict) -> list[dict]:
+    findings = doc.get("findings", [])
+    return plot_imbalance(findings) + plot_softmax(findings) + plot_examples(findings)
+
+
+def _regimes_text(regimes: list[str]) -> str:
+    """``["grpo@a", "grpo@b", "rloo@a", "x"]`` → ``"grpo@{a, b}, rloo@a, x"`` (variants sharing a prefix)."""
+    groups: dict[str, list[str]] = {}
+    for r in regimes:
+        head, sep, tail = r.partition("@")
+        groups.setdefault(head + sep, []).append(tail if sep else "")
+    parts = []
+    for head, tails in groups.items():
+        if not head.endswith("@"):
+            parts.append(head)
+        elif len(tails) == 1:
+            parts.append(head + tails[0])
+        else:
+            parts.append(head + "{" + ", ".join(tails) + "}")
+    return ", ".join(parts)
+
+
+def _by_dtype(member_ids: list[str], by_id: dict[str, dict]) -> list[tuple[str, str]]:
+    """A defect's members as (dtypes, regimes text) in dtype order, dtypes with the same regimes merged: the
+    compact member list of its card."""
+    groups: dict[str, list[str]] = {}
+    for m in member_ids:
+        f = by_id.get(m)
+        if f is not None:
+            groups.setdefault(f.get("dtype") or "", []).append(f.get("regime") or "")
+    order = {d: i for i, d in enumerate(FLOAT_DTYPES)}
+    merged: dict[str, list[str]] = {}
+    for dt in sorted(groups, key=lambda d: order.get(d, 9)):
+        merged.setdefault(_regimes_text(groups[dt]), []).append(dt)
+    return [(", ".join(dts), text) for text, dts in merged.items()]
+
+
+def _repro_pattern(bad: list[dict]) -> str | None:
+    """The reproducer command with the finding id as ``<finding id>``, when the commands of most failing
+    findings follow one pattern (``rlconform replay <out>/cases/<id>.json --engine E``)."""
+    counts: dict[str, int] = {}
+    for f in bad:
+        cmd = (f.get("reproducer") or {}).get("command") or ""
+        if f["id"] in cmd:
+            pat = cmd.replace(f["id"], "<finding id>")
+            counts[pat] = counts.get(pat, 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+_CAUSE = "The above exception was the direct cause of the following exception:"
+_GROUP_MARGIN = re.compile(r"^[ ]*\| ?", re.M)  # the margin of an exception group's sub-traceback
+_CARETS = re.compile(r"^[ ~^]*\^[ ~^]*\n", re.M)  # Python 3.11's position markers under a frame's line
+
+
+def engine_traceback(tb: str | None) -> str | None:
+    """The part of a crash's traceback a maintainer reads: the exception the engine raised (the frames
+    above the harness's ``EngineCrash ... from exc``), without pytest's exception-group margin and the
+    ``^^^`` markers, its last :data:`TRACEBACK_CHARS` characters (whole lines); the tail of the whole
+    traceback when it has no such cause."""
+    if not tb:
+        return None
+    cut = tb.find(_CAUSE)
+    if cut < 0:
+        return "traceback (tail):\n" + tb[-TRACEBACK_CHARS:]
+    head = tb[:cut]
+    start = head.rfind("Traceback (most recent call last):")
+    text = _CARETS.sub("", _GROUP_MARGIN.sub("", head[max(start, 0):])).rstrip()
+    if len(text) > TRACEBACK_CHARS:
+        text = "…" + text[text.find("\n", len(text) - TRACEBACK_CHARS):]
+    return "engine traceback:\n" + text
+
+
+def _details(f: dict) -> str:
+    if f["status"] == "pass":
+        return ""
+    parts = []
+    if f.get("message"):
+        m = f["message"].strip()
+        parts.append(m if len(m) <= DETAIL_CHARS else m[:DETAIL_CHARS] + " …(full text in report.json)")
+    if f.get("worst_input"):
+        w = f["worst_input"]
+        parts.append("worst input: " + (w if len(w) <= DETAIL_CHARS else w[:DETAIL_CHARS] + " …"))
+    if f.get("traceback") and f["status"] == "crash":
+        parts.append(engine_traceback(f["traceback"]))
+    return "\n".join(parts)
+
+
+def findings_blob(findings: list[dict]) -> str:
+    """Every finding as one row of :data:`COLUMNS`, JSON, gzip'd (mtime 0: the same report gives the same
+    page), base64: what the page's script expands into the all-findings table."""
+    rows = []
+    for f in findings:
+        ex = f.get("examples")
+        first = f.get("examples_to_first_failure")
+        sev = f.get("severity") or ""
+        if sev and f.get("severity_reason"):
+            sev += ": " + f["severity_reason"]
+        rows.append([f["id"], f["status"], sev, f"{ex} (first failure: {first})" if first else _fmt(ex),
+                     error_text(f), error_text(f, "max_rel_err"), _fmt(f.get("tolerance")),
+                     _fmt(_ratio_of(f)), _details(f)])
+    raw = json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
+
+
+def read_blob(html: str) -> list[list[str]]:
+    """The rows of the all-findings table of a rendered page (the inverse of :func:`findings_blob`; tests)."""
+    m = re.search(r'<script type="application/octet-stream" id="findings-data">([^<]*)</script>', html)
+    return json.loads(gzip.decompress(base64.b64decode(m.group(1))).decode("utf-8"))
+
+
+def _page_parts(doc: dict) -> dict:
+    findings = doc.get("findings", [])
+    by_id = {f["id"]: f for f in findings}
+    bad = [f for f in findings if f["status"] != "pass"]
+    pattern = _repro_pattern(bad)
+    defects, owner = [], {}
+    for n, d in enumerate(doc.get("defects") or [], 1):
+        key = f"D{n}"
+        rep = by_id.get((d.get("reproducer") or {}).get("finding") or "", {})
+        tb = engine_traceback(rep.get("traceback")) if rep.get("status") == "crash" else None
+        defects.append(dict(d, key=key, by_dtype=_by_dtype(d["members"], by_id), traceback=tb))
+        for m in d["members"]:
+            owner.setdefault(m, (key, d))
+    groups: dict[str, dict] = {}
+    for f in bad:
+        key, d = owner.get(f["id"], ("", None))
+        title = (f"{d['op']} · {d['property']} — {d['signature']['kind']} · {d['signature']['feature']}" if d
+                 else f"{f['op']} · {f['property']} (in no defect)")
+        g = groups.setdefault(key + "|" + (title if not d else ""), {"key": key, "title": title, "findings": []})
+        cmd = (f.get("reproducer") or {}).get("command")
+        odd = cmd if cmd and (pattern is None or cmd != pattern.replace("<finding id>", f["id"])) else None
+        g["findings"].append(dict(f, short=f"{f.get('dtype')}.{f.get('regime')}", odd_cmd=odd,
+                                  first=f.get("examples_to_first_failure")))
+    rank = {d["key"]: i for i, d in enumerate(defects)}
+    bad_groups = sorted(groups.values(), key=lambda g: (rank.get(g["key"], len(rank)), g["title"]))
+    return {"defects": defects, "bad": bad, "bad_groups": bad_groups, "repro_pattern": pattern,
+            "repro_odd": any(f["odd_cmd"] for g in bad_groups for f in g["findings"])}
+
+
+def render_html(doc: dict) -> str:
+    """The page for a report document (the ``report.json`` dict)."""
+    findings = doc.get("findings", [])
+    return TEMPLATE.render(
+        doc=doc, eng=doc.get("engine", {}), run=doc.get("run", {}), summary=doc.get("summary", {}),
+        statuses=list(STATUS_ORDER), colors=STATUS_COLOR, dtypes=FLOAT_DTYPES, grid=_grid(findings),
+        plots=make_plots(doc), findings=findings, fmt=_fmt, err=error_text, ratio=_ratio_of,
+        sev_colors=SEVERITY_COLOR,
+        triage_line=_triage_line(doc), msg_chars=MESSAGE_CHARS, script=markupsafe.Markup(SCRIPT),
+        columns=COLUMNS, blob=findings_blob(findings), coverage=_coverage_line(doc), **_page_parts(doc))
+
+
+def _coverage_line(doc: dict) -> str | None:
+    from rlconform.harness.report.coverage_md import counts_line
+
+    return counts_line(doc["coverage"]) if doc.get("coverage") else None
+
+
+def _triage_line(doc: dict) -> str:
+    from rlconform.harness.report.triage_md import counts_line
+
+    return counts_line(doc).replace("**", "")
+
+
+def write_html(doc: dict, path: str) -> str:
+    atomic_write(path, render_html(doc))
+    return path

@@ -1,0 +1,59 @@
+"""One-screen terminal summary of a report: a table op × property × dtype (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from rlconform.harness.catalog.ops import FLOAT_DTYPES
+
+_ORDER = ("crash", "discrepancy", "error", "xpass", "unavailable", "xfail", "pass")
+_STYLE = {"crash": "bold red", "discrepancy": "bold red", "error": "bold yellow", "xpass": "bold magenta",
+          "unavailable": "yellow", "xfail": "cyan", "pass": "green"}
+_SHORT = {"crash": "CRASH", "discrepancy": "FAIL", "error": "ERROR", "xpass": "XPASS", "unavailable": "n/a",
+          "xfail": "xfail", "pass": "ok"}
+
+
+def print_summary(doc: dict, console: Console | None = None) -> None:
+    """Print the summary table: one row per op × property, one column per dtype; a cell shows the
+    worst status over regimes and how many regimes have it."""
+    console = console or Console(width=120)
+    cells: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for f in doc["findings"]:
+        cells.setdefault((f["op"], f["property"]), {}).setdefault(f["dtype"], []).append(f["status"])
+    eng = doc["engine"]
+    table = Table(title=f"rlconform · {eng.get('name')} {eng.get('version') or ''}".strip(), show_lines=False)
+    table.add_column("op")
+    table.add_column("property")
+    for d in FLOAT_DTYPES:
+        table.add_column(d, justify="center")
+    for (op, prop), by_dtype in sorted(cells.items()):
+        row = []
+        for d in FLOAT_DTYPES:
+            sts = by_dtype.get(d)
+            if not sts:
+                row.append("")
+                continue
+            worst = min(sts, key=_ORDER.index)
+            n = sts.count(worst)
+            text = _SHORT[worst] + (f" {n}/{len(sts)}" if worst != "pass" else "")
+            row.append(f"[{_STYLE[worst]}]{text}[/]")
+        table.add_row(op, prop, *row)
+    console.print(table)
+    s = doc["summary"]
+    console.print("  ".join(f"{k}: {v}" for k, v in s.items() if v) or "no findings")
+    if not doc["run"].get("complete"):
+        not_run = doc["run"].get("not_run") or []
+        why = "interrupted" if doc["run"].get("interrupted") or not not_run else \
+            f"{len(not_run)} selected finding(s) not run, e.g. {not_run[0]}"
+        console.print(f"[bold yellow]INCOMPLETE RUN[/] ({why}): the report holds the findings made so far",
+                      highlight=False)
+    bad = [f for f in doc["findings"] if f["status"] in ("discrepancy", "crash", "error", "xpass", "unavailable")]
+    for f in bad[:12]:
+        first = (f.get("message") or "").strip().splitlines()[:1]
+        console.print(f"[{_STYLE[f['status']]}]{f['status']}[/] {f['id']}: {first[0] if first else ''}"[:400],
+                      highlight=False, soft_wrap=True)
+        if f.get("reproducer"):
+            console.print(f"    reproduce: {f['reproducer']['command']}", highlight=False, soft_wrap=True)
+    if len(bad) > 12:
+        console.print(f"... and {len(bad) - 12} more (see report.md)")

@@ -1,0 +1,271 @@
+"""Report writers: ``report.json`` (versioned schema), ``report.md`` (a pull-request comment) and, when
+the run ends, ``report.html`` (self-contained, with plots; :mod:`rlconform.harness.report.html_report`).
+
+The JSON report is rewritten atomically (temp file + rename) after every finding, so a run that is
+interrupted, or whose later ops crash, keeps every finding already made. ``complete`` is false until
+the run ends normally.
+
+Schema ``rlconform.report/1``::
+
+    {"schema": "rlconform.report/1", "tool": {"name", "version"},
+     "engine": {"name", "spec", "version", "path", "revision"},
+     "run": {"started", "finished", "complete", "profile", "seed", "command", "python", "torch",
+             "not_run": [finding ids selected but never run (a run that ended early), when known],
+             "interrupted": true when Ctrl-C / SIGTERM ended it},
+     "summary": {"pass": n, "discrepancy": n, "crash": n, "error": n, "unavailable": n, "xfail": n, "xpass": n},
+     "findings": [{"id", "op", "property", "dtype", "regime", "status", "examples", "max_abs_err",
+                   "max_rel_err", "tolerance", "message", "worst_input", "reproducer": {"case_file",
+                   "command"} | null, "traceback", "xfail_listed",
+                   "max_ratio": worst error / tolerance (null: unbounded, a failure without a numeric bound),
+                   "samples": [{"imbalance", "abs_err", "rel_err", "ratio", "ok"}] | null,
+                   "profiles": [the profiles that add this finding's regime] (profile-only regimes only,
+                   e.g. ``real_shapes``: ["nightly"]; absent otherwise),
+                   "severity": "wrong" | "destructive" | "imprecise" (failing findings only), "severity_reason"}],
+     "defects": [{"id", "severity", "op", "property", "signature": {"kind", "feature"}, "members",
+                  "dtypes", "regimes", "reproducer": {"finding", "case_file", "command", "input"}, "message"}],
+     "triage": {"defects": {severity: n}, "findings": {severity: n}},
+     "coverage": {"engine", "version", "modules", "counts": {"unbound", "bound", "justified"},
+                  "items": [{"name", "module", "short", "kind", "status", "bound_to", "reason"}],
+                  "errors", "stale"}   (``rlconform check`` only, when the binding declares one)}
+
+``coverage``: :mod:`rlconform.harness.catalog.coverage` (issue 11): every public function of the engine's numerics
+modules and every registry entry, bound to an op, justified, or unbound.
+
+``severity``, ``defects`` and ``triage``: :mod:`rlconform.harness.report.triage` (added by :func:`document`).
+
+``samples`` (partition ops ``agg_loss`` / ``metric_pipeline``, properties ``matches_reference`` and
+``partition_invariant`` only): at most 50 examples of the finding, failing ones first, with the shard
+imbalance of the example (max shard nnz / max(1, min shard nnz), worst partition) and its errors.
+
+Status: ``pass``, ``discrepancy``, ``crash`` (the engine raised, killed or hung its process, or left
+torch's global state changed), ``error`` (the harness could not check the finding — a corrupt corpus
+file, a strategy or plugin error — never the engine's fault; exit code 2), ``unavailable`` (the op could
+not be loaded), ``xfail`` (a discrepancy listed in the ``--xfails`` ledger), ``xpass`` (listed but now
+passes: remove it from the ledger; counts as a failure).
+
+``complete`` is true only when the run ended normally *and* every selected finding was recorded.
+A report that cannot be written (disk full, unwritable folder, out of memory) raises
+:class:`ReportWriteError`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+from importlib import metadata
+
+from rlconform.harness.report.atomic_write import atomic_write
+
+SCHEMA = "rlconform.report/1"
+STATUSES = ("discrepancy", "crash", "error", "xpass", "unavailable", "xfail", "pass")
+#: statuses that make a run red: an unavailable op too (a renamed or broken function must not pass CI)
+FAILING = ("discrepancy", "crash", "error", "xpass", "unavailable")
+
+
+class ReportWriteError(Exception):
+    """The report could not be written; the message names the file and the reason."""
+
+
+def tool_version() -> str:
+    try:
+        return metadata.version("rlconform")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+_atomic_write = atomic_write
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class ReportWriter:
+    """Accumulates findings and rewrites ``out_dir/report.json`` and ``report.md`` after each one.
+
+    If ``out_dir/report.json`` exists from an earlier run of the *same engine* with ``resume=True``,
+    its findings are kept and new ones replace those with the same id.
+    """
+
+    def __init__(self, out_dir: str, engine: dict, run: dict, *, resume: bool = False, coverage: dict | None = None):
+        self.out_dir = out_dir
+        self.json_path = os.path.join(out_dir, "report.json")
+        self.md_path = os.path.join(out_dir, "report.md")
+        self.html_path = os.path.join(out_dir, "report.html")
+        self.engine = engine
+        self.coverage = coverage
+        self.run = {"started": _now(), "finished": None, "complete": False, "python": platform.python_version(),
+                    **run}
+        try:
+            import torch
+
+            self.run.setdefault("torch", torch.__version__)
+        except ImportError:  # pragma: no cover
+            pass
+        self.findings: dict[str, dict] = {}
+        if resume and os.path.exists(self.json_path):
+            try:
+                with open(self.json_path) as fh:
+                    old = json.load(fh)
+                if old.get("schema") == SCHEMA and old.get("engine", {}).get("spec") == engine.get("spec"):
+                    self.findings = {f["id"]: f for f in old.get("findings", [])}
+            except (OSError, ValueError):
+                pass
+
+    def add(self, finding: dict) -> None:
+        self.findings[finding["id"]] = finding
+        self.write()
+
+    def summary(self) -> dict:
+        counts = {s: 0 for s in STATUSES}
+        for f in self.findings.values():
+            counts[f["status"]] = counts.get(f["status"], 0) + 1
+        return counts
+
+    def document(self) -> dict:
+        order = {s: i for i, s in enumerate(STATUSES)}
+        findings = sorted(self.findings.values(), key=lambda f: (order.get(f["status"], 99), f["id"]))
+        doc = {"schema": SCHEMA, "tool": {"name": "rlconform", "version": tool_version()}, "engine": self.engine,
+               "run": self.run, "summary": self.summary(), "findings": findings}
+        if self.coverage is not None:  # --- coverage table (issue 11) ---
+            doc["coverage"] = self.coverage
+        # --- triage (issue 12): severities, defects --------------------------------------------------
+        from rlconform.harness.report.triage import annotate
+
+        return annotate(doc)
+
+    def write(self, *, complete: bool | None = None) -> None:
+        """Rewrite report.json and report.md (and, when the run ends, report.html); raise
+        :class:`ReportWriteError` if they cannot be written."""
+        if complete is not None:
+            self.run["complete"] = complete
+            self.run["finished"] = _now()
+        try:
+            doc = self.document()
+            _atomic_write(self.json_path, json.dumps(doc, indent=1, default=str) + "\n")
+            _atomic_write(self.md_path, render_markdown(doc))
+        except (OSError, MemoryError) as exc:
+            what = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ReportWriteError(f"cannot write the report in {self.out_dir}: {what}") from exc
+        if complete is not None:  # the plots take ~1 s: render report.html once, when the run ends
+            self.write_html(doc)
+
+    def write_html(self, doc: dict | None = None) -> None:
+        from rlconform.harness.report.html_report import write_html
+
+        try:
+            write_html(doc or self.document(), self.html_path)
+        except Exception as exc:  # noqa: BLE001 - report.json and report.md are written already
+            import sys
+
+            print(f"rlconform: could not render {self.html_path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+#: GitHub refuses comments over 65,536 characters
+MARKDOWN_LIMIT = 60_000
+
+
+def _profile_lines(doc: dict) -> list[str]:
+    """The run's profile, and the profile-only regimes (issue 13: ``real_shapes`` in ``nightly``) it added."""
+    profile = doc.get("run", {}).get("profile")
+    if not profile:
+        return []
+    added: dict[str, int] = {}
+    for f in doc["findings"]:
+        if f.get("profiles"):
+            added[f["regime"]] = added.get(f["regime"], 0) + 1
+    text = f"profile `{profile}`"
+    if added:
+        text += "; regimes only this profile adds: " + ", ".join(f"{r} ({n} findings)" for r, n in sorted(added.items()))
+    return [text, ""]
+
+
+def render_markdown(doc: dict) -> str:
+    """A summary fit for a pull-request comment: counts, then one row per status × op × property with the
+    dtypes and regimes it covers (failing groups first), then one worst example per group. Stays under
+    :data:`MARKDOWN_LIMIT` characters; report.json holds every finding."""
+    eng = doc["engine"]
+    s = doc["summary"]
+    lines = [
+        f"## rlconform: {eng.get('name')} {eng.get('version') or ''}".rstrip(),
+        "",
+        f"engine spec `{eng.get('spec')}`" + (f", path `{eng['path']}`" if eng.get("path") else "")
+        + (f", revision `{eng['revision']}`" if eng.get("revision") else "")
+        + f"; rlconform {doc['tool']['version']}; "
+        + ("complete run" if doc["run"].get("complete") else "**incomplete run** (" + (
+            "interrupted" if doc["run"].get("interrupted") else
+            f"{len(doc['run']['not_run'])} selected finding(s) not run" if doc["run"].get("not_run") else
+            "interrupted or still running") + ")"),
+        "",
+        " · ".join(f"{k}: **{v}**" for k, v in s.items() if v),
+        "",
+    ]
+    lines += _profile_lines(doc)
+    # --- triage (issue 12): the defects first, ranked by severity -------------------------------------
+    from rlconform.harness.report.measures import error_text
+    from rlconform.harness.report.triage_md import render_defects
+
+    lines += render_defects(doc)
+    groups: dict[tuple, list] = {}
+    for f in doc["findings"]:
+        if f["status"] != "pass":
+            groups.setdefault((f["status"], f["op"], f["property"]), []).append(f)
+    order = {st: i for i, st in enumerate(STATUSES)}
+    keys = sorted(groups, key=lambda k: (order.get(k[0], 99), k[1], k[2]))
+
+    def worst(fs):
+        return max(fs, key=lambda f: (f.get("max_ratio") is None, f.get("max_ratio") or 0, f.get("max_abs_err") or 0))
+
+    if keys:
+        lines += ["| status | op | property | findings | dtypes | regimes | worst abs err | reproduce (worst) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for k in keys:
+            fs = groups[k]
+            w = worst(fs)
+            rep = w.get("reproducer") or {}
+            lines.append(
+                f"| {k[0]} | {k[1]} | {k[2]} | {len(fs)} | {', '.join(sorted({f['dtype'] for f in fs}))} | "
+                f"{', '.join(sorted({f['regime'] for f in fs}))} | {error_text(w)} | "
+                + (f"`{rep['command']}`" if rep.get("command") else "") + " |")
+        lines += ["", "<details><summary>one example per row</summary>\n"]
+        budget = MARKDOWN_LIMIT - sum(len(x) + 1 for x in lines) - 400
+        for n, k in enumerate(keys):
+            w = worst(groups[k])
+            msg = (w.get("message") or "").strip()[:700].replace("\n", "\n    ")
+            entry = f"- **{w['id']}** ({w['status']}):\n\n    {msg}\n"
+            if w.get("worst_input"):
+                entry += f"\n    input: `{w['worst_input'][:300]}`\n"
+            if len(entry) > budget:
+                lines.append(f"- … {len(keys) - n} more rows: see report.json")
+                break
+            budget -= len(entry)
+            lines.append(entry)
+        lines.append("</details>\n")
+    lines.append(f"{s.get('pass', 0)} finding(s) pass.")
+    # --- coverage table (issue 11): counts and what is unbound ------------------------------------------
+    from rlconform.harness.report.coverage_md import render_section
+
+    section = render_section(doc.get("coverage"), eng.get("spec"))
+    if section:
+        lines += [""] + section
+    return "\n".join(lines) + "\n"
+
+
+def rerender(out_dir: str) -> tuple[str, str]:
+    """Re-render ``report.md`` and ``report.html`` of ``out_dir`` from its ``report.json``, whose severities
+    and defects are re-derived by this version's triage and written back (the three files agree)."""
+    from rlconform.harness.report.html_report import write_html
+
+    path = os.path.join(out_dir, "report.json")
+    with open(path) as fh:
+        doc = json.load(fh)
+    from rlconform.harness.report.triage import annotate
+
+    annotate(doc)  # reports written before severities existed (or by an older triage) get this one's
+    atomic_write(path, json.dumps(doc, indent=1, default=str) + "\n")
+    md = os.path.join(out_dir, "report.md")
+    atomic_write(md, render_markdown(doc))
+    html = write_html(doc, os.path.join(out_dir, "report.html"))
+    return md, html

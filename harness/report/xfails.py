@@ -1,0 +1,84 @@
+"""The adopter's ledger of known discrepancies (``--xfails FILE``).
+
+One finding id per line (``op.property.dtype.regime``, as printed in reports), ``#`` starts a comment,
+blank lines are ignored. The file is UTF-8 (a byte-order mark, as some editors write, is accepted); a
+file that is not UTF-8 is an :class:`XfailsError` naming the line. A finding listed twice is accepted
+with a warning naming both lines (``warnings``). A listed finding that fails is reported ``xfail``; one that now passes is
+reported ``xpass`` and fails the run, so the ledger is kept honest (array-api-tests style).
+
+A line whose comment starts with ``flaky`` (``id  # flaky: why``) is non-strict: the finding's verdict is
+known to vary between runs (a borderline imprecision whose examples depend on the engine's rounding), so
+it is ``xfail`` when it fails and ``pass``, with a note saying so, when it passes; never ``xpass``. Use it
+for a finding that has been seen both ways, with the reason; :func:`is_flaky` reads the marker.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rlconform.harness.catalog.binding import BindingError
+from rlconform.harness.catalog.ops import FLOAT_DTYPES, OPS, PROPERTIES
+from rlconform.harness.core.opinfo import FINDING_ID
+
+_ID = re.compile(f"^{FINDING_ID}$")
+
+
+def is_flaky(comment: str | None) -> bool:
+    """Whether a ledger comment marks its finding non-strict (it starts with ``flaky``)."""
+    return (comment or "").strip().lower().startswith("flaky")
+
+
+class XfailsError(BindingError):
+    """The ledger is malformed; the message names the file and line."""
+
+
+def parse_xfails(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str] | None = None) -> dict[str, str]:
+    """Return ``{finding id: comment}``; raise :class:`XfailsError` naming ``path:line`` on a bad line.
+    Duplicate lines are appended to ``warnings`` (when given) as ``path:line: ...`` messages."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise XfailsError(f"cannot read xfails file {path}: {exc.strerror or exc}") from exc
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise XfailsError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the ledger as "
+                          f"UTF-8") from None
+    lines = text.splitlines()
+    out: dict[str, str] = {}
+    first_line: dict[str, int] = {}
+    for n, raw in enumerate(lines, 1):
+        text, _, comment = raw.partition("#")
+        text = text.strip()
+        if not text:
+            continue
+        m = _ID.match(text)
+        if not m:
+            raise XfailsError(f"{path}:{n}: malformed finding id {text!r} (expected op.property.dtype.regime)")
+        op, prop, dtype, regime = m.groups()
+        if op not in OPS and op not in extra_ops:
+            raise XfailsError(f"{path}:{n}: unknown op {op!r} in {text!r}")
+        if prop not in PROPERTIES:
+            raise XfailsError(f"{path}:{n}: unknown property {prop!r} in {text!r} (one of {', '.join(PROPERTIES)})")
+        if dtype not in FLOAT_DTYPES:
+            raise XfailsError(f"{path}:{n}: unknown dtype {dtype!r} in {text!r}")
+        info = OPS.get(op)
+        if info is not None:
+            if prop not in info.properties:
+                raise XfailsError(f"{path}:{n}: property {prop!r} does not apply to {op!r} "
+                                  f"(it has {', '.join(info.properties)})")
+            if regime not in info.regimes:
+                raise XfailsError(f"{path}:{n}: unknown regime {regime!r} for {op!r} "
+                                  f"(one of {', '.join(info.regimes)})")
+            if dtype not in info.regimes[regime]:
+                raise XfailsError(f"{path}:{n}: regime {regime!r} of {op!r} is not checked in {dtype}")
+        if text in first_line:
+            if warnings is not None:
+                warnings.append(f"{path}:{n}: {text} is listed again (first on line {first_line[text]}); "
+                                f"the duplicate line is ignored")
+            continue
+        first_line[text] = n
+        out[text] = comment.strip()
+    return out
