@@ -10,8 +10,13 @@ case. Distributed families are checked by :func:`rlconform.distributed_tests.che
 
 from __future__ import annotations
 
+import dataclasses
+
 from rlconform.harness.catalog.ops import family_of, get_op
-from rlconform.harness.core.evaluation import EngineCrash, call_engine  # noqa: F401 - re-exported
+from rlconform.harness.core.evaluation import EngineCrash, Evaluation, call_engine  # noqa: F401 - re-exported
+from rlconform.harness.core.opinfo import (
+    IMPLEMENTATIONS_AGREE, MATCHES_REFERENCE, plain_regime, regime_implementation, split_regime,
+)
 from rlconform.harness.families.agg_loss import describe_partition, partition_rows  # noqa: F401
 from rlconform.harness.core.tensors import TORCH_DTYPES, as_numpy, out_dtype, representable, to_tensor  # noqa: F401
 from rlconform.properties.case import Case
@@ -33,4 +38,35 @@ def run_check(binding, case: Case) -> Outcome:
     family = family_of(case.op)
     if family.evaluate is None:
         raise BindingError(f"op {case.op!r} is checked on distributed ranks (rlconform.distributed_tests)")
-    return JUDGES[case.property](family.evaluate(binding, case))
+    impl = regime_implementation(case.regime)
+    if impl is None:
+        return JUDGES[case.property](family.evaluate(binding, case))
+    return JUDGES[case.property](evaluate_implementation(family, binding, case, impl))
+
+
+def evaluate_implementation(family, binding, case: Case, impl: str) -> Evaluation:
+    """The Evaluation of a case of a second implementation ``impl`` of a variant (regime
+    ``variant+impl@data``, issue 28 §2): the family evaluates the same inputs under the plain
+    ``variant@data`` regime with the binding seen through :class:`ImplementationView`, so every property
+    judges the second implementation exactly as it judges the first. For ``implementations_agree`` both
+    implementations are evaluated as for ``matches_reference`` and the second one's outputs are the
+    Evaluation's alternative, the default one's its base. Raises :class:`VariantNotProvided` when the
+    engine has no such implementation of the variant, EngineCrash when either implementation raises."""
+    from rlconform.harness.catalog.binding import ImplementationView
+
+    plain = dataclasses.replace(case, regime=plain_regime(case.regime))
+    variant = split_regime(case.regime)[0]
+    binding.resolve(case.op).get(case.op, variant, binding.name)  # VariantNotProvided before any engine call
+    view = ImplementationView(binding, case.op, impl)
+    if case.property != IMPLEMENTATIONS_AGREE:
+        return family.evaluate(view, plain)
+    as_values = dataclasses.replace(plain, property=MATCHES_REFERENCE)
+    default = family.evaluate(binding, as_values)
+    second = family.evaluate(view, as_values)
+    ev = Evaluation(base_label="the default implementation", undefined=default.undefined or second.undefined)
+    ev.problems = [f"default implementation: {p}" for p in default.problems] + [
+        f"{impl} implementation: {p}" for p in second.problems]
+    ev.values = [dataclasses.replace(c, label=f"{c.label} (default)") for c in default.outputs]
+    ev.alternatives = [(f"the {impl} implementation",
+                        [dataclasses.replace(c, label=f"{c.label} ({impl})") for c in second.outputs])]
+    return ev

@@ -15,6 +15,11 @@ metric_integrity               every emitted metric key reaches the final dict (
                                instead) as a number of a type that keeps what was emitted
 mask_invariant                 garbage (NaN, ±inf, 1e30) at masked positions changes neither the values nor
                                the gradients of the unmasked result (judged like partition_invariant)
+implementations_agree          a second implementation of a variant (``grpo+vectorized``) gives what the
+                               default one gives on the same input, element by element, also where the
+                               reference is undefined (NaN) or differs from both by a declared convention:
+                               within twice the tolerance bound at the larger of the two values (the same
+                               NaN / inf on both sides agrees)
 =============================  ============================================================================
 
 Every property fails on an Evaluation's ``problems`` (a gradient expected but absent, a wrong shape, a
@@ -32,10 +37,10 @@ import numpy as np
 
 from rlconform.harness.core.evaluation import Compared, Evaluation
 from rlconform.harness.core.opinfo import (
-    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE, PARTITION_INVARIANT,
+    FINITE, IMPLEMENTATIONS_AGREE, MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE, PARTITION_INVARIANT,
 )
 from rlconform.harness.core.tensors import representable
-from rlconform.harness.core.tolerance import Comparison, bound, compare
+from rlconform.harness.core.tolerance import ATOL, C, ULP_FLOOR, Comparison, bound, compare, ulp
 
 
 @dataclasses.dataclass
@@ -170,6 +175,67 @@ def mask_invariant(ev: Evaluation) -> Outcome:
     return _invariance(ev, "garbage at masked positions")
 
 
+def agreement_bound(x, y, reference, faithful, *, dtype: str, kind: str) -> np.ndarray:
+    """The allowed difference between two implementations' values ``x`` and ``y`` (flat float64):
+    ``2 · (C·|faithful − ref| + ULP_FLOOR·ulp(max(|x|, |y|, |ref|)) + ATOL)`` — the sum of the two tolerance
+    bounds, with the ulp taken at the values themselves, so a value the reference does not define (NaN) or
+    that both give by a convention the reference does not follow (a singleton group's raw score for a
+    reference 0) is judged at its own scale."""
+    x = np.asarray(x, np.float64).reshape(-1)
+    y = np.asarray(y, np.float64).reshape(-1)
+    r = np.broadcast_to(np.asarray(reference, np.float64).reshape(-1), x.shape)
+    f = r if faithful is None else np.broadcast_to(np.asarray(faithful, np.float64).reshape(-1), x.shape)
+    with np.errstate(invalid="ignore"):
+        ferr = np.where(np.isfinite(r) & np.isfinite(f), np.abs(f - r), 0.0)
+    finite_abs = [np.where(np.isfinite(v), np.abs(v), 0.0) for v in (x, y, r)]
+    scale = np.maximum(np.maximum(finite_abs[0], finite_abs[1]), finite_abs[2])
+    return 2.0 * (C[dtype] * ferr + ULP_FLOOR[dtype] * ulp(scale, dtype) + ATOL[kind][dtype])
+
+
+def implementations_agree(ev: Evaluation) -> Outcome:
+    """Each alternative (a second implementation's outputs) against the base outputs (the default
+    implementation's) on the compared positions (``only_where``), the reference's NaN positions included:
+    within :func:`agreement_bound`; the same NaN or the same inf on both sides agrees."""
+    outcome = _start(ev)
+    if not ev.alternatives:
+        _nothing(ev, outcome, "second implementation to compare with")
+    base_list = ev.outputs
+    for alt_label, outputs in ev.alternatives:
+        if len(outputs) != len(base_list):
+            outcome.fail(f"{alt_label}: {len(outputs)} outputs vs {len(base_list)} with {ev.base_label}")
+            continue
+        for b, a in zip(base_list, outputs):
+            x = np.asarray(a.engine, dtype=np.float64).reshape(-1)
+            y = np.asarray(b.engine, dtype=np.float64).reshape(-1)
+            if x.shape != y.shape:
+                outcome.fail(f"{a.label}: shape {x.shape} vs {y.shape} with {ev.base_label}")
+                continue
+            sel = np.ones(x.shape, bool)
+            if b.only_where is not None:
+                sel = np.broadcast_to(np.asarray(b.only_where, bool).reshape(-1), x.shape)
+            if not sel.any():
+                continue
+            r = np.broadcast_to(np.asarray(b.reference, dtype=np.float64).reshape(-1), x.shape)
+            allowed = agreement_bound(x, y, r, b.faithful, dtype=b.dtype, kind=b.kind)
+            with np.errstate(invalid="ignore"):
+                diff = np.where(np.isfinite(x) & np.isfinite(y), np.abs(x - y),
+                                np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0.0, np.inf))
+            diff = np.where(sel, diff, 0.0)
+            ratio = np.where(sel, diff / allowed, 0.0)
+            i = int(np.argmax(ratio))
+            if ratio[i] > 1.0:
+                outcome.fail(f"{a.label} = {float(x[i])!r} vs {b.label} = {float(y[i])!r} at flat index {i} "
+                             f"(reference {float(r[i])!r}, allowed difference {float(allowed[i]):.3g})")
+                d = float(diff[i])
+                outcome.max_abs_err = max(outcome.max_abs_err, d if math.isfinite(d) else math.inf)
+                outcome.ratio = max(outcome.ratio, float(ratio[i]))
+            else:
+                if ratio[i] >= outcome.ratio:
+                    outcome.ratio, outcome.tolerance = float(ratio[i]), float(allowed[i])
+                outcome.max_abs_err = max(outcome.max_abs_err, float(diff[i]))
+    return outcome
+
+
 def _is_number(x: Any) -> bool:
     """A Python or NumPy real scalar (loggers accept both); not a tensor, not a bool, not an array."""
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
@@ -246,4 +312,5 @@ JUDGES = {
     FINITE: finite_where_reference_finite,
     METRIC_INTEGRITY: metric_integrity,
     MASK_INVARIANT: mask_invariant,
+    IMPLEMENTATIONS_AGREE: implementations_agree,
 }

@@ -221,10 +221,11 @@ def variant_info(binding: Binding) -> tuple[dict, dict]:
         except (OpUnavailable, BindingError):
             provided[name] = None
             continue
-        provided[name] = None if got is None else [v for v in op.variants if v in set(got)]
+        known = op.variants + op.implemented_variants  # second implementations (grpo+vectorized) listed alike
+        provided[name] = None if got is None else [v for v in known if v in set(got)]
         record[name] = {
-            "checked": [v for v in op.variants if got is None or v in set(got)],
-            "not_provided": [v for v in op.variants if got is not None and v not in set(got)],
+            "checked": [v for v in known if got is None or v in set(got)],
+            "not_provided": [v for v in known if got is not None and v not in set(got)],
             "unchecked": {str(k): str(v) for k, v in unchecked.items()},
         }
     return provided, record

@@ -50,6 +50,7 @@ __all__ = [
     "Coverage",
     "BindingError",
     "Implementation",
+    "ImplementationView",
     "Lazy",
     "LossVariants",
     "MetricPipeline",
@@ -212,6 +213,25 @@ class Binding:
         return impl
 
 
+class ImplementationView:
+    """``binding`` as a second implementation of its variants sees it (issue 28 §2): ``resolve(op)`` gives the
+    registry whose ``impls`` are implementation ``impl``'s callables (:meth:`Variants.implementation`), so a
+    family's ``evaluate`` checks it under the plain ``variant@data`` regime with no change; everything else
+    (name, spec, other ops, forward_only) is the binding's."""
+
+    def __init__(self, binding: "Binding", op: str, impl: str):
+        self._binding, self._op, self.implementation_name = binding, op, impl
+
+    def resolve(self, op: str) -> Any:
+        impl = self._binding.resolve(op)
+        if op == self._op and isinstance(impl, Variants):
+            return impl.implementation(self.implementation_name)
+        return impl
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._binding, name)
+
+
 def validate_impl(op: str, impl: Any, *, where: str = "binding") -> None:
     """Check that ``impl`` has the shape the catalog expects for ``op``; raise :class:`BindingError`
     naming the op (and the callable's file and line) otherwise."""
@@ -237,6 +257,19 @@ def validate_impl(op: str, impl: Any, *, where: str = "binding") -> None:
         for name, fn in impl.impls.items():
             if not callable(fn):
                 raise BindingError(f"{where}: variant {name!r} of {op!r} must be callable, got {type(fn).__name__}")
+        for impl_name, fns in (impl.implementations or {}).items():
+            if impl_name not in info.variant_implementations:
+                known = ", ".join(info.variant_implementations) or "none"
+                raise BindingError(f"{where}: op {op!r} has no implementation {impl_name!r} of its variants; the "
+                                   f"catalog knows {known} (list engine-only names in Variants.unchecked)")
+            for name, fn in fns.items():
+                if name not in impl.impls:
+                    raise BindingError(f"{where}: implementation {impl_name!r} of variant {name!r} of {op!r} needs "
+                                       f"the variant's default implementation in Variants.impls (it is checked "
+                                       f"against it)")
+                if not callable(fn):
+                    raise BindingError(f"{where}: implementation {impl_name!r} of variant {name!r} of {op!r} must "
+                                       f"be callable, got {type(fn).__name__}")
         return
     if isinstance(impl, Implementation):  # the op bound with its contract (e.g. fused_linear_token_stats)
         impl = impl.fn

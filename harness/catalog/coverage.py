@@ -336,7 +336,9 @@ def _op_targets(binding, op: str) -> list[tuple[str, Any]]:
         impl = impl.fn
     if isinstance(impl, Variants):
         pairs = [(f"{op}[{v}]", fn) for v, fn in impl.impls.items()]
-        extra = {f.name: getattr(impl, f.name) for f in dataclasses.fields(impl) if f.name not in ("impls", "unchecked")}
+        pairs += [(f"{op}[{v}+{name}]", fn) for name, fns in impl.implementations.items() for v, fn in fns.items()]
+        extra = {f.name: getattr(impl, f.name) for f in dataclasses.fields(impl)
+                 if f.name not in ("impls", "unchecked", "implementations")}
         if any(v is not None for v in extra.values()):
             pairs.append((op, list(v for v in extra.values() if v is not None)))
         return pairs

@@ -26,7 +26,8 @@ dp_whiten               dp_masked_whiten (DP ranks: statistics global over the D
 
 Regime names: a data regime (``moderate``, ``padded``), a distributed layout and data regime
 (``tp2_moderate``, ``cp2_padded``, ``dp2_imbalanced``), or a variant and data regime
-(``token-mean@imbalanced_partitions``): see :mod:`rlconform.harness.core.opinfo`.
+(``token-mean@imbalanced_partitions``), or a second implementation of a variant and data regime
+(``grpo+vectorized@uneven_groups``, drawn like ``grpo@uneven_groups``): see :mod:`rlconform.harness.core.opinfo`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from rlconform.harness.families.token_stats import LOGITS_REGIMES  # noqa: F401
 from rlconform.harness.families.vocab_parallel import ORDER_REGIMES, VOCAB_PARALLEL_REGIMES  # noqa: F401
 from rlconform.harness.core.opinfo import (  # noqa: F401 - the catalog's vocabulary, re-exported
     FINITE, FLOAT_DTYPES, MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE,
-    PARTITION_INVARIANT, PROPERTIES, OpInfo, split_regime,
+    IMPLEMENTATIONS_AGREE, PARTITION_INVARIANT, PROPERTIES, OpInfo, plain_regime, split_regime,
 )
 
 FAMILIES: tuple[OpFamily, ...] = all_families()
@@ -76,4 +77,4 @@ def family_of(op: str) -> OpFamily:
 def strategy_for(op: str, dtype: str, regime: str):
     """The hypothesis strategy drawing the ``inputs`` dict of a Case for ``op`` in ``dtype``/``regime``."""
     info = get_op(op)
-    return _FAMILY_OF[op].strategy(info, dtype, regime)
+    return _FAMILY_OF[op].strategy(info, dtype, plain_regime(regime))  # grpo+vectorized@x draws as grpo@x

@@ -4,7 +4,7 @@
 ``metric_pipeline``) describe how the harness drives an engine's loss aggregation and metric reduction;
 :class:`BindingError`, :class:`OpUnavailable` and :class:`VariantNotProvided` are what resolving a
 binding can raise. Imported by the op families and by :mod:`rlconform.harness.catalog.binding` (which
-re-exports them for bindings); imports nothing of the project.
+re-exports them for bindings); imports only :mod:`rlconform.harness.core.opinfo` (regime names).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from typing import Any, Callable, Mapping, Sequence
+
+from rlconform.harness.core.opinfo import implemented_variant, split_variant
 
 __all__ = ["AggLoss", "BatchInfo", "BindingError", "Implementation", "LossVariants", "MetricPipeline",
            "OpUnavailable", "VariantNotProvided", "Variants", "signature_arity"]
@@ -144,21 +146,39 @@ class Variants:
     estimators): ``impls`` maps a catalog variant name to a callable with the op's canonical signature;
     ``unchecked`` maps every name the engine registers that the catalog cannot check to the reason (the
     report lists them: a registered variant is bound or reported, never silently skipped).
+
+    ``implementations`` (issue 28 §2): second implementations the engine registers of some variants,
+    catalog implementation name (:attr:`~rlconform.harness.core.opinfo.OpInfo.variant_implementations`) ->
+    {variant -> callable with the same signature}, e.g. verl's ``grpo_vectorized`` as
+    ``{"vectorized": {"grpo": ..., "drgrpo": ..., "rloo": ...}}``. Each is checked as its variant under the
+    regimes ``variant+impl@data``, with every property of the op, and against the default implementation
+    (``implementations_agree``). A variant given a second implementation must have a default one in ``impls``.
     """
 
     impls: Mapping[str, Callable[..., Any]]
     unchecked: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    implementations: Mapping[str, Mapping[str, Callable[..., Any]]] = dataclasses.field(default_factory=dict)
 
     @property
     def variants(self) -> tuple[str, ...]:
-        return tuple(self.impls)
+        """The catalog variants provided: every key of ``impls``, then ``variant+impl`` for each second
+        implementation."""
+        return tuple(self.impls) + tuple(implemented_variant(v, name) for name, fns in self.implementations.items()
+                                         for v in fns)
 
     def get(self, op: str, variant: str, engine: str = "engine") -> Callable[..., Any]:
-        """The callable of ``variant``; raises :class:`VariantNotProvided`."""
+        """The callable of ``variant`` (``grpo``, or ``grpo+vectorized`` for a second implementation); raises
+        :class:`VariantNotProvided`."""
+        plain, impl = split_variant(variant)
         try:
-            return self.impls[variant]
+            return self.impls[plain] if impl is None else self.implementations[impl][plain]
         except KeyError:
             raise VariantNotProvided(op, variant, engine) from None
+
+    def implementation(self, impl: str) -> "Variants":
+        """The registry as implementation ``impl`` sees it: its callables as ``impls`` (every other field,
+        e.g. :class:`LossVariants`' ``combine_metrics``, kept); empty when the engine has none."""
+        return dataclasses.replace(self, impls=dict(self.implementations.get(impl, {})), implementations={})
 
 
 @dataclasses.dataclass

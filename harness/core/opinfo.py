@@ -8,6 +8,7 @@ The bottom of the core layer: it imports nothing of the project. Op families
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Callable
 
 MATCHES_REFERENCE = "matches_reference"
@@ -16,8 +17,10 @@ NON_DESTRUCTIVE = "non_destructive"
 FINITE = "finite_where_reference_finite"
 METRIC_INTEGRITY = "metric_integrity"
 MASK_INVARIANT = "mask_invariant"
+IMPLEMENTATIONS_AGREE = "implementations_agree"
 #: the generic properties, in report order (see :mod:`rlconform.properties.generic`)
-PROPERTIES = (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE, FINITE, METRIC_INTEGRITY, MASK_INVARIANT)
+PROPERTIES = (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE, FINITE, METRIC_INTEGRITY, MASK_INVARIANT,
+              IMPLEMENTATIONS_AGREE)
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -25,6 +28,12 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: e.g. ``grpo@uneven_groups``: each variant is its own finding, so a fault in one is never diluted; an
 #: alternative implementation of an op (``chunked@peaked``, issue 11 part 2) uses the same separator
 VARIANT_SEP = "@"
+#: separator between a variant and the name of a second implementation of it in a regime name, e.g.
+#: ``grpo+vectorized@uneven_groups`` (issue 28 §2): the variant is kept, the implementation named. A catalog
+#: variant name may end in ``+`` (kl_estimator's straight-through ``k1+``), never hold one elsewhere, and an
+#: implementation name is ``[A-Za-z0-9_]+``, so ``k1++fused`` still parses as (``k1+``, ``fused``).
+IMPL_SEP = "+"
+_IMPL_NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
 #: a finding id ``op.property.dtype.regime`` (the regime may be ``variant@data``; variant names hold
@@ -46,6 +55,64 @@ def implementation_regimes(regimes: dict[str, tuple[str, ...]], implementations)
     for impl in implementations:
         out.update({variant_regime(impl, data): dtypes for data, dtypes in regimes.items()})
     return out
+
+
+def implemented_variant(variant: str, impl: str) -> str:
+    """The name of implementation ``impl`` of ``variant`` (``grpo+vectorized``)."""
+    return f"{variant}{IMPL_SEP}{impl}"
+
+
+def split_variant(variant: str | None) -> tuple[str | None, str | None]:
+    """``grpo+vectorized`` -> (``grpo``, ``vectorized``); a plain variant (``grpo``, ``k1+``) or None ->
+    (variant, None)."""
+    if variant is None:
+        return None, None
+    head, sep, tail = variant.rpartition(IMPL_SEP)
+    if sep and head and _IMPL_NAME.fullmatch(tail):
+        return head, tail
+    return variant, None
+
+
+def plain_regime(regime: str) -> str:
+    """``grpo+vectorized@data`` -> ``grpo@data`` (the regime the variant's default implementation is checked
+    under, same inputs); any other regime unchanged."""
+    variant, data = split_regime(regime)
+    plain, impl = split_variant(variant)
+    return regime if impl is None else variant_regime(plain, data)
+
+
+def regime_implementation(regime: str) -> str | None:
+    """The second implementation a variant regime names (``grpo+vectorized@data`` -> ``vectorized``), or None."""
+    return split_variant(split_regime(regime)[0])[1]
+
+
+def with_variant_implementations(op: "OpInfo", implementations: dict[str, str]) -> "OpInfo":
+    """``op`` (an op with variants, regimes ``variant@data``) with second implementations of its variants
+    (issue 28 §2): ``implementations`` maps a catalog implementation name to what it is. Every
+    ``variant@data`` regime gets a ``variant+impl@data`` twin with the same dtypes, checked with every
+    property of the op (a property restricted to some regimes also gets their twins) plus
+    :data:`IMPLEMENTATIONS_AGREE`, which only the twins have: the two implementations against each other
+    on the same input. A binding provides an implementation per variant
+    (:attr:`rlconform.harness.core.contracts.Variants.implementations`); the twins of a variant it does not
+    provide are listed as not provided, like variants."""
+    if not op.variants:
+        raise ValueError(f"op {op.name!r} has no variants: alternative implementations of an op without "
+                         f"variants are OpInfo.implementations (impl@data)")
+    twins: dict[str, str] = {}  # twin regime -> its plain regime
+    for regime in op.regimes:
+        variant, data = split_regime(regime)
+        if variant is None:
+            continue
+        for impl in implementations:
+            twins[variant_regime(implemented_variant(variant, impl), data)] = regime
+    regimes = dict(op.regimes)
+    regimes.update({twin: op.regimes[plain] for twin, plain in twins.items()})
+    restricted = {prop: tuple(only) + tuple(t for t, p in twins.items() if p in only)
+                  for prop, only in op.property_regimes.items()}
+    restricted[IMPLEMENTATIONS_AGREE] = tuple(twins)
+    properties = op.properties + (() if IMPLEMENTATIONS_AGREE in op.properties else (IMPLEMENTATIONS_AGREE,))
+    return dataclasses.replace(op, regimes=regimes, property_regimes=restricted, properties=properties,
+                               variant_implementations=dict(implementations))
 
 
 def split_regime(regime: str) -> tuple[str | None, str]:
@@ -127,9 +194,26 @@ class OpInfo:
     #: implementations, not both (both would use the ``@`` of the regime).
     implementations: dict[str, str] = dataclasses.field(default_factory=dict)
 
+    #: second implementations of the op's variants the catalog knows (issue 28 §2: verl's
+    #: ``grpo_vectorized`` is ``vectorized``), name -> what it is; added by
+    #: :func:`with_variant_implementations`, checked under regimes ``variant+impl@data``.
+    variant_implementations: dict[str, str] = dataclasses.field(default_factory=dict)
+
     def __post_init__(self):
         if self.variants and self.implementations:
             raise ValueError(f"op {self.name!r}: an op has variants or implementations, not both")
+        for v in self.variants:
+            if IMPL_SEP in v.rstrip(IMPL_SEP) or VARIANT_SEP in v:
+                raise ValueError(f"op {self.name!r}: variant {v!r} may hold {IMPL_SEP!r} only at its end, "
+                                 f"{VARIANT_SEP!r} nowhere")
+        for impl in self.variant_implementations:
+            if not _IMPL_NAME.fullmatch(impl):
+                raise ValueError(f"op {self.name!r}: implementation name {impl!r} must match [A-Za-z0-9_]+")
+
+    @property
+    def implemented_variants(self) -> tuple[str, ...]:
+        """``variant+impl`` for every variant and catalog implementation of it (issue 28 §2)."""
+        return tuple(implemented_variant(v, i) for i in self.variant_implementations for v in self.variants)
 
     def regime_profiles(self, regime: str) -> tuple[str, ...] | None:
         """The profiles that add ``regime`` (None: every profile has it)."""

@@ -29,7 +29,10 @@ Regimes: ``uneven_groups`` (group sizes 2–5, shuffled index, rows of 0 to T to
 each row's last token), ``singleton_groups`` (the same with at least one group of one row: the reference
 gives it 0, several engines its raw score, a convention kept apart so it never hides other faults) and
 ``near_constant`` (groups whose rewards are equal or differ
-by 1e-7 relative: where E[x²] − μ² cancels; cases.md family 14). The dtype-faithful path is the same
+by 1e-7 relative: where E[x²] − μ² cancels; cases.md family 14). A second implementation of an estimator an engine registers
+(:data:`VARIANT_IMPLEMENTATIONS`: verl's ``grpo_vectorized`` is ``vectorized``) is checked as that estimator
+under ``grpo+vectorized@uneven_groups`` ... with every property, and against the engine's default
+implementation (``implementations_agree``). The dtype-faithful path is the same
 formulas in float32 (float64 stays float64) with two-pass group statistics.
 """
 
@@ -47,7 +50,7 @@ from rlconform.harness.families import OpFamily
 from rlconform.harness.core.guards import InputGuard
 from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
-    variant_regime,
+    variant_regime, with_variant_implementations,
 )
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 
@@ -58,14 +61,21 @@ DTYPES = ("float32", "float64")
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
 PROPS = (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE, MASK_INVARIANT)
 
+#: second implementations of an estimator the catalog knows (issue 28 §2), checked as ``variant+impl@data``
+VARIANT_IMPLEMENTATIONS = {
+    "vectorized": "group statistics of every group at once (scatter / bincount over the group index) instead "
+                  "of a loop over groups: verl grpo_vectorized, rloo_vectorized",
+}
+
 OPS = (
-    OpInfo("outcome_advantage", "advantage_estimator", None, PROPS,
-           {variant_regime(e, data): DTYPES for e in ESTIMATORS
-            for data in ("uneven_groups", "singleton_groups", "near_constant")},
-           reference_function("outcome_advantage"),
-           source="outcome-reward advantage estimators (verl core_algos.register_adv_est, SkyRL "
-                  "AdvantageEstimatorRegistry); formulas and papers in reference.advantage_estimators.ESTIMATOR_DOCS",
-           family="advantages", variants=ESTIMATORS),
+    with_variant_implementations(OpInfo(
+        "outcome_advantage", "advantage_estimator", None, PROPS,
+        {variant_regime(e, data): DTYPES for e in ESTIMATORS
+         for data in ("uneven_groups", "singleton_groups", "near_constant")},
+        reference_function("outcome_advantage"),
+        source="outcome-reward advantage estimators (verl core_algos.register_adv_est, SkyRL "
+               "AdvantageEstimatorRegistry); formulas and papers in reference.advantage_estimators.ESTIMATOR_DOCS",
+        family="advantages", variants=ESTIMATORS), VARIANT_IMPLEMENTATIONS),
     OpInfo("gae", "advantage", 5, PROPS, {"padded": DTYPES}, reference_function("gae"),
            source="GAE (Schulman et al. 2016), whitened (verl compute_gae_advantage_return)", family="advantages"),
     OpInfo("masked_whiten", "advantage", 3, PROPS,
