@@ -127,6 +127,10 @@ def _check_finding(op: str, property: str, dtype: str, regime: str) -> None:
     if dtype not in info.regimes[regime]:
         raise CaseError(f"regime {regime!r} of {op!r} is not checked in {dtype} "
                         f"(only {', '.join(info.regimes[regime])})")
+    only = info.property_regimes.get(property)
+    if only is not None and regime not in only:
+        raise CaseError(f"property {property!r} of {op!r} is not checked under regime {regime!r} "
+                        f"(only {', '.join(only)})")
 
 
 def validate_inputs(case: Case) -> None:

@@ -5,7 +5,8 @@ case — call the engine through its binding, the float64 reference and the dtyp
 and judges the resulting :class:`~rlconform.harness.core.evaluation.Evaluation` with the generic property
 (:mod:`rlconform.properties.generic`). It raises :class:`EngineCrash` when the engine itself raises.
 The hypothesis tests in this package draw cases and call it; ``rlconform replay`` calls it on a saved
-case. Distributed families are checked by :func:`rlconform.distributed_tests.checks.run_check`.
+case. A case of a second implementation of a variant (regime ``variant+impl@data``, issue 28 §2) is
+evaluated by :func:`evaluate_implementation`. Distributed families are checked by :func:`rlconform.distributed_tests.checks.run_check`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def run_check(binding, case: Case) -> Outcome:
     if family.evaluate is None:
         raise BindingError(f"op {case.op!r} is checked on distributed ranks (rlconform.distributed_tests)")
     impl = regime_implementation(case.regime)
+    if impl is None and case.property == IMPLEMENTATIONS_AGREE:
+        raise BindingError(f"property {IMPLEMENTATIONS_AGREE!r} is checked only under the regimes of a second "
+                           f"implementation (variant+impl@data), not {case.regime!r}")
     if impl is None:
         return JUDGES[case.property](family.evaluate(binding, case))
     return JUDGES[case.property](evaluate_implementation(family, binding, case, impl))

@@ -30,8 +30,9 @@ def _engine_name(fn) -> str:
 
 def _assert_covers(variants, registered: set):
     bound = {_engine_name(fn) for fn in variants.impls.values()}
-    assert bound | set(variants.unchecked) == registered, (bound, variants.unchecked, registered)
-    assert not bound & set(variants.unchecked)
+    second = {_engine_name(fn) for fns in variants.implementations.values() for fn in fns.values()}
+    assert bound | second | set(variants.unchecked) == registered, (bound, second, variants.unchecked, registered)
+    assert not (bound | second) & set(variants.unchecked) and not bound & second
     assert all(reason.strip() for reason in variants.unchecked.values())
 
 
@@ -51,15 +52,33 @@ def skyrl_adv():
     return skyrl
 
 
-@pytest.mark.parametrize("which", ["binding", "vectorized_binding"])
-def test_verl_every_registered_estimator_bound_or_unchecked(verl_adv, which):
+def test_verl_every_registered_estimator_bound_or_unchecked(verl_adv):
+    """grpo / rloo are the default implementations of their variants; grpo_vectorized / rloo_vectorized are
+    their second implementations (issue 28 §2), bound in the same engine 'verl', never unchecked."""
     from verl.trainer.ppo import core_algos
 
-    variants = getattr(verl_adv, which).resolve("outcome_advantage")
+    variants = verl_adv.binding.resolve("outcome_advantage")
     _assert_covers(variants, set(core_algos.ADV_ESTIMATOR_REGISTRY))
     assert {"grpo", "drgrpo", "rloo"} <= set(variants.impls)
-    assert {_engine_name(variants.impls["grpo"]), _engine_name(variants.impls["rloo"])} == (
-        {"grpo_vectorized", "rloo_vectorized"} if which == "vectorized_binding" else {"grpo", "rloo"})
+    assert {_engine_name(variants.impls[v]) for v in ("grpo", "drgrpo")} == {"grpo"}
+    assert _engine_name(variants.impls["rloo"]) == "rloo"
+    vectorized = variants.implementations["vectorized"]
+    assert set(vectorized) == {"grpo", "drgrpo", "rloo"}
+    assert {_engine_name(vectorized[v]) for v in ("grpo", "drgrpo")} == {"grpo_vectorized"}
+    assert _engine_name(vectorized["rloo"]) == "rloo_vectorized"
+    assert {"grpo+vectorized", "drgrpo+vectorized", "rloo+vectorized"} <= set(variants.variants)
+    assert _engine_name(variants.get("outcome_advantage", "rloo+vectorized")) == "rloo_vectorized"
+
+
+def test_verl_second_implementation_without_its_default_is_unchecked(verl_adv, monkeypatch):
+    """A fork that drops 'rloo' but keeps 'rloo_vectorized' has nothing to check it against: listed, with why."""
+    from verl.trainer.ppo import core_algos
+
+    monkeypatch.delitem(core_algos.ADV_ESTIMATOR_REGISTRY, "rloo")
+    variants = verl_adv._outcome_advantage()
+    assert "rloo" not in variants.impls and "rloo" not in variants.implementations["vectorized"]
+    assert "second implementation of 'rloo'" in variants.unchecked["rloo_vectorized"]
+    _assert_covers(variants, set(core_algos.ADV_ESTIMATOR_REGISTRY))
 
 
 def test_verl_fork_estimator_is_listed_unchecked(verl_adv, monkeypatch):

@@ -42,7 +42,8 @@ outcome_advantage           ``core_algos.ADV_ESTIMATOR_REGISTRY`` read at run ti
                             as ``ray_trainer.compute_advantage`` calls it (:func:`_verl_estimator`);
                             names that are other ops or have no reference are listed unchecked
                             (:data:`VERL_UNCHECKED`); ``grpo_vectorized`` / ``rloo_vectorized`` are
-                            bound by :data:`vectorized_binding`
+                            second implementations (:data:`VERL_SECOND_IMPLEMENTATIONS`): regimes
+                            ``grpo+vectorized@…``, ``drgrpo+vectorized@…``, ``rloo+vectorized@…``
 gae                         ``core_algos.compute_gae_advantage_return``
 masked_whiten               ``torch_functional.masked_whiten(values, mask, shift_mean)``
 ==========================  =======================================================================
@@ -501,19 +502,15 @@ VERL_ESTIMATORS = {
     "remax": ("remax",),
     "gpg": ("gpg",),
 }
-_SECOND_IMPL = ("a second implementation of {plain} (scatter-based group statistics, verl.utils.groupwise); Variants maps one callable per catalog variant, so outcome_advantage[{plain}] is "
-                "the plain one here and this one is checked as {plain} by the engine "
-                "'rlconform.harness.bindings.verl:vectorized_binding'")
+#: verl registry name -> (catalog implementation name, the name of the default implementation whose variants
+#: it implements): second implementations of an estimator, checked as ``variant+vectorized`` (issue 28 §2).
+VERL_SECOND_IMPLEMENTATIONS = {"grpo_vectorized": ("vectorized", "grpo"), "rloo_vectorized": ("vectorized", "rloo")}
 #: why a registered name is not a variant of ``outcome_advantage`` (anything else registered: "not in the catalog").
 VERL_UNCHECKED = {
     "gae": "a critic-value estimator: checked as op 'gae'",
     "optimal_token_baseline": "needs old log-probs and Σπ²: checked as op 'optimal_token_baseline'",
     "tir_optimal_token_baseline": "multi-turn optimal token baseline: no float64 reference in rlconform.reference",
-    "grpo_vectorized": _SECOND_IMPL.format(plain="grpo"),
-    "rloo_vectorized": _SECOND_IMPL.format(plain="rloo"),
 }
-#: the vectorized binding: the second implementations take the plain ones' variants.
-VECTORIZED = {"grpo_vectorized": "grpo", "rloo_vectorized": "rloo"}
 
 
 def _trainer_mask(response_mask):
@@ -579,28 +576,34 @@ def _verl_estimator(fn, name: str, variant: str, algo_config):
     return outcome_advantage
 
 
-def _outcome_advantage(vectorized: bool = False):
-    """verl's ``ADV_ESTIMATOR_REGISTRY`` as read now: every name bound (:data:`VERL_ESTIMATORS`) or listed
-    unchecked with its reason (a name this module does not know: a new or fork-only estimator)."""
+def _outcome_advantage():
+    """verl's ``ADV_ESTIMATOR_REGISTRY`` as read now: every name bound (:data:`VERL_ESTIMATORS`), bound as a
+    second implementation of another name's variants (:data:`VERL_SECOND_IMPLEMENTATIONS`: ``grpo_vectorized``
+    as ``grpo+vectorized`` and ``drgrpo+vectorized``, ``rloo_vectorized`` as ``rloo+vectorized``, each called
+    as the trainer calls it) or listed unchecked with its reason (a name this module does not know: a new or
+    fork-only estimator)."""
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo import core_algos
 
     from rlconform.harness.catalog.binding import Variants
 
-    names = dict(VERL_ESTIMATORS)
-    if vectorized:  # grpo_vectorized / rloo_vectorized take the variants of grpo / rloo
-        for vec, plain in VECTORIZED.items():
-            names[vec] = names.pop(plain)
-    impls, unchecked = {}, {}
-    for name in core_algos.ADV_ESTIMATOR_REGISTRY:
-        if name in names:
+    impls, unchecked, implementations = {}, {}, {}
+    registry = core_algos.ADV_ESTIMATOR_REGISTRY
+    for name in registry:
+        if name in VERL_ESTIMATORS:
             fn = core_algos.get_adv_estimator_fn(name)
-            impls.update({v: _verl_estimator(fn, name, v, AlgoConfig) for v in names[name]})
-        elif vectorized and name in VECTORIZED.values():
-            unchecked[name] = "the plain implementation: checked by engine 'verl'"
+            impls.update({v: _verl_estimator(fn, name, v, AlgoConfig) for v in VERL_ESTIMATORS[name]})
+        elif name in VERL_SECOND_IMPLEMENTATIONS and VERL_SECOND_IMPLEMENTATIONS[name][1] in registry:
+            impl, plain = VERL_SECOND_IMPLEMENTATIONS[name]
+            fn = core_algos.get_adv_estimator_fn(name)
+            implementations.setdefault(impl, {}).update(
+                {v: _verl_estimator(fn, name, v, AlgoConfig) for v in VERL_ESTIMATORS[plain]})
+        elif name in VERL_SECOND_IMPLEMENTATIONS:
+            unchecked[name] = (f"a second implementation of {VERL_SECOND_IMPLEMENTATIONS[name][1]!r}, which this "
+                               f"verl does not register: nothing to check it against")
         else:
             unchecked[name] = VERL_UNCHECKED.get(name, "not in the catalog (a new or fork-only estimator)")
-    return Variants(impls, unchecked=unchecked)
+    return Variants(impls, unchecked=unchecked, implementations=implementations)
 
 
 def _gae(fn):
@@ -856,24 +859,14 @@ binding = Binding(
         "rollout_is_weights (detached: forward-only)",
         "outcome_advantage": "core_algos.ADV_ESTIMATOR_REGISTRY as ray_trainer.compute_advantage calls it (uids as an "
         "object ndarray of str; AlgoConfig(gamma=1, lam=1, norm_adv_by_std_in_grpo); drgrpo = grpo with "
-        "norm_adv_by_std_in_grpo=False; gdpo components through non_tensor_batch/batch); *_vectorized: see "
-        "verl:vectorized_binding",
+        "norm_adv_by_std_in_grpo=False; gdpo components through non_tensor_batch/batch); grpo_vectorized as "
+        "grpo+vectorized / drgrpo+vectorized and rloo_vectorized as rloo+vectorized, called as the trainer's "
+        "non-GRPO branch calls them (norm_adv_by_std_in_grpo only in the AlgoConfig)",
         "gae": "core_algos.compute_gae_advantage_return (gamma, lam as floats)",
         "masked_whiten": "verl.utils.torch_functional.masked_whiten (masked_mean with nnz + 1e-8; masked_var raises "
         "for nnz <= 1)",
     },
 )
-
-#: verl with ``grpo_vectorized`` / ``rloo_vectorized`` bound as ``outcome_advantage[grpo|drgrpo]`` /
-#: ``[rloo]`` (the plain ones listed unchecked): ``--engine rlconform.harness.bindings.verl:vectorized_binding``.
-vectorized_binding = dataclasses.replace(
-    binding,
-    name="verl-vectorized",
-    ops={**binding.ops, "outcome_advantage": Lazy(loader=functools.partial(_outcome_advantage, vectorized=True))},
-    notes={**binding.notes, "outcome_advantage": "as engine 'verl', with grpo_vectorized for grpo/drgrpo (called "
-           "as the trainer's non-GRPO branch: norm_adv_by_std_in_grpo only in the config) and rloo_vectorized for rloo"},
-)
-
 
 # ------------------------------------------------------------------------------------ coverage
 #: verl's numerics modules (issue 11): every public function there is bound or justified in NOT_BOUND
@@ -1044,8 +1037,3 @@ COVERAGE = Coverage(
     importer=_import,
 )
 binding.coverage = COVERAGE
-#: verl:vectorized_binding binds the *_vectorized estimators in place of the plain ones
-vectorized_binding.coverage = dataclasses.replace(COVERAGE, not_bound={
-    **{k: v for k, v in NOT_BOUND.items() if not k.endswith(tuple(f"[{vec!r}]" for vec in VECTORIZED))},
-    **{f"{CORE}.ADV_ESTIMATOR_REGISTRY[{plain!r}]": "the plain implementation: checked by engine 'verl'"
-       for plain in VECTORIZED.values()}})

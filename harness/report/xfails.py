@@ -74,6 +74,10 @@ def parse_xfails(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
                                   f"(one of {', '.join(info.regimes)})")
             if dtype not in info.regimes[regime]:
                 raise XfailsError(f"{path}:{n}: regime {regime!r} of {op!r} is not checked in {dtype}")
+            only = info.property_regimes.get(prop)
+            if only is not None and regime not in only:
+                raise XfailsError(f"{path}:{n}: property {prop!r} of {op!r} is not checked under regime {regime!r} "
+                                  f"(only {', '.join(only)})")
         if text in first_line:
             if warnings is not None:
                 warnings.append(f"{path}:{n}: {text} is listed again (first on line {first_line[text]}); "
