@@ -218,3 +218,16 @@ def test_check_and_replay_of_the_mutant_on_one_regime(tmp_path):
     replay = subprocess.run(run + ["replay", str(case), "--engine", "mutants.vectorized_raw_singleton"],
                             capture_output=True, text=True, timeout=600)
     assert replay.returncode == 1 and "DISCREPANCY" in replay.stdout, replay.stdout + replay.stderr
+
+
+def test_a_disagreement_at_a_conventions_zero_reference_is_wrong():
+    """rloo's loop gives a singleton group its raw score, rloo_vectorized 0 (the reference's 0): judged at the
+    scale of the two values, not of the reference's 0."""
+    from rlconform.harness.report.severity import classify
+
+    msg = ("advantages (vectorized) = 0.0 vs advantages (default) = 0.5 at flat index 0 (reference 0.0, allowed "
+           "difference 0.000201)")
+    finding = {"status": "discrepancy", "property": IMPLEMENTATIONS_AGREE, "message": msg, "max_ratio": 2.5e3}
+    severity, why = classify(finding)
+    assert severity == "wrong" and "implementations differ by 1" in why, why
+    assert classify(dict(finding, property="mask_invariant"))[0] == "imprecise"  # the reference's scale there

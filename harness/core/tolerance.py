@@ -59,6 +59,9 @@ wrong        |E − R| / |R| ≥ ``WRONG_REL`` = 1e-2 in a failing clause at a  
 wrong        a partition dependence |X − Y| / |R| > ``WRONG_PARTITION`` = 1 %   results depend on the DP/TP
              (partition_invariant, mask_invariant), |R| > D, |X − Y| > D (D:   layout or on masked garbage
              the allowed difference), and ``max_ratio`` ≥ ``NEAR``            beyond rounding
+wrong        two implementations of a variant differ by > 1 % of            a trainer's results depend on
+             max(|X|, |Y|, |R|) (implementations_agree), that scale > D,     which implementation its
+             |X − Y| > D, and ``max_ratio`` ≥ ``NEAR``                        config names
 imprecise    every other failure                                             beyond the tolerance, but by
                                                                               rounding-sized amounts
 ===========  ==============================================================  ================================

@@ -123,12 +123,17 @@ def classify(finding: dict) -> tuple[str | None, str]:
             rel = err / abs(r)
             if rel >= WRONG_REL and rel > worst:
                 worst, why = rel, f"rel err {rel:.3g} at reference {r:.6g} (tolerance {t:.3g})"
+    agreement = prop == "implementations_agree"
     for x, y, r, d in [] if near else partition_clauses(msg):
         diff = abs(x - y)
-        if d > 0 and abs(r) > d and diff > d:
-            dep = diff / abs(r)
+        # two implementations: at the scale of their own values (the reference may be a convention's 0 or NaN)
+        scale = max((abs(v) for v in (x, y, r) if math.isfinite(v)), default=0.0) if agreement else abs(r)
+        if d > 0 and scale > d and diff > d:
+            dep = diff / scale
             if dep > WRONG_PARTITION and dep > worst:
-                worst, why = dep, f"partition dependence {dep:.3g} of the value {r:.6g} (allowed difference {d:.3g})"
+                worst, why = dep, (f"the implementations differ by {dep:.3g} of the value {max(abs(x), abs(y)):.6g} "
+                                   f"(allowed difference {d:.3g})" if agreement else
+                                   f"partition dependence {dep:.3g} of the value {r:.6g} (allowed difference {d:.3g})")
     if why:
         return "wrong", why + (f"; {ratio:.3g}× its tolerance at worst" if isinstance(ratio, (int, float)) else "")
     ratio_txt = f"{ratio:.3g}× its tolerance" if isinstance(ratio, (int, float)) else "beyond its tolerance"
