@@ -231,3 +231,12 @@ def test_a_disagreement_at_a_conventions_zero_reference_is_wrong():
     severity, why = classify(finding)
     assert severity == "wrong" and "implementations differ by 1" in why, why
     assert classify(dict(finding, property="mask_invariant"))[0] == "imprecise"  # the reference's scale there
+
+
+def test_a_wrong_disagreement_is_its_own_kind_of_defect():
+    from rlconform.harness.report.triage import kind
+
+    msg = ("advantages (vectorized) = -0.7071 vs advantages (default) = -1.0 at flat index 0 (reference -1.0, "
+           "allowed difference 0.000202)")
+    assert kind({"status": "discrepancy", "property": IMPLEMENTATIONS_AGREE, "message": msg,
+                 "max_ratio": 1.4e3}) == "implementations disagree"

@@ -24,6 +24,7 @@ mutation            ``non_destructive``: an input changed during forward or back
 in-place on saved   ``non_destructive``: a tensor saved for backward was modified in place
 NaN / inf           a NaN / ±inf where the exact value is finite
 partition dependence  ``partition_invariant`` / ``mask_invariant`` beyond the thresholds of ``wrong``
+implementations disagree  ``implementations_agree`` (two implementations of one variant), severity ``wrong``
 wrong value         ``matches_reference``, severity ``wrong``
 inexact value       any other failure (severity ``imprecise``)
 ==================  ============================================================================
@@ -35,7 +36,7 @@ the exact value is finite, or regime ``*fp16_extreme``), ``large logit offset`` 
 ``bf16_coarse``), ``imbalanced shards``
 (regime ``*imbalanced*``, or a DP rank / micro-batch with 0 tokens), ``all masked`` (``all_off``),
 otherwise ``any input``. Only the kinds NaN, inf, wrong
-value and partition dependence are split by feature; a mutation, a crash or an imprecision is one defect
+value, partition dependence and implementations disagree are split by feature; a mutation, a crash or an imprecision is one defect
 whatever the input. The defect's reproducer is its member with the smallest shrunk input (length of
 ``worst_input``, then id).
 """
@@ -48,7 +49,7 @@ from rlconform.harness.report.severity import RANK, SEVERITIES, classify, contra
 
 #: kinds of failure whose input feature tells defects apart (a mutation or an imprecision does not
 #: depend on it: one defect whatever the input)
-VALUE_KINDS = ("NaN", "inf", "wrong value", "partition dependence")
+VALUE_KINDS = ("NaN", "inf", "wrong value", "partition dependence", "implementations disagree")
 _EMPTY_SHARD = re.compile(r"tokens per DP rank \[[^\]]*\b0\b|shards \(nnz\) [^:]*\[0\]|\(nnz\)[^:]*\b0 tokens")
 
 
@@ -78,6 +79,8 @@ def kind(finding: dict) -> str:
     sev = finding.get("severity") or classify(finding)[0]
     if prop in ("partition_invariant", "mask_invariant") and sev == "wrong":
         return "partition dependence"
+    if prop == "implementations_agree" and sev == "wrong":
+        return "implementations disagree"
     return "wrong value" if sev == "wrong" else "inexact value"
 
 
