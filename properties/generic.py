@@ -35,7 +35,7 @@ from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE, PARTITION_INVARIANT,
 )
 from rlconform.harness.core.tensors import representable
-from rlconform.harness.core.tolerance import Comparison, bound, compare
+from rlconform.harness.core.tolerance import Comparison, bound, compare, verdict
 
 
 @dataclasses.dataclass
@@ -60,6 +60,12 @@ class Outcome:
         if not c.ok:
             self.ok = False
             self.message += (("\n" if self.message else "") + f"{label}: {c.describe()}")
+
+    @property
+    def verdict(self) -> str:
+        """``pass``, ``marginal`` or ``discrepancy``: the margin band of
+        :func:`rlconform.harness.core.tolerance.verdict` applied to ``ratio``."""
+        return verdict(self.ratio, self.ok)
 
     def fail(self, message: str) -> None:
         self.ok = False
