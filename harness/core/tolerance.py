@@ -54,7 +54,8 @@ discrepancy  r > ``FAIL_ABOVE`` = 4, or  beyond any rounding difference between 
 
 A finding's status follows its worst example: ``discrepancy`` as soon as one example is one (it is then
 shrunk), else ``marginal`` when one example is marginal, else ``pass``. ``marginal`` never changes the exit
-code, and a ledger line matches a finding that is ``marginal`` or ``discrepancy`` alike. ``rlconform ledger``
+code, and a ledger line matches a finding that is ``marginal`` or ``discrepancy`` alike (both are ``xfail``,
+so a listed finding has one status on every machine). ``rlconform ledger``
 also lists a marginal finding above ``LEDGER_ABOVE`` = √(1/2 · 4) ≈ 1.41, the band's geometric centre, so
 that a CPU that takes it past 4 keeps the run green. On the machine that wrote the ledger every listed
 finding is above 1.41 and every unlisted one below it; so a run's verdict (its exit code) changes on another
