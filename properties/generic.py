@@ -40,14 +40,14 @@ from rlconform.harness.core.opinfo import (
     FINITE, IMPLEMENTATIONS_AGREE, MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE, PARTITION_INVARIANT,
 )
 from rlconform.harness.core.tensors import representable
-from rlconform.harness.core.tolerance import ATOL, C, ULP_FLOOR, Comparison, bound, compare, ulp
+from rlconform.harness.core.tolerance import ATOL, C, ULP_FLOOR, Comparison, bound, compare, ulp, verdict
 
 
 @dataclasses.dataclass
 class Outcome:
     """Result of one check: ``ok``; ``message`` (what failed, uniform wording); error measures of the
     worst compared element (``max_abs_err``, ``max_rel_err``, ``tolerance``) and ``ratio`` (error over
-    tolerance; > 1 is a discrepancy; the quantity hypothesis ``target()`` climbs)."""
+    tolerance; its margin band gives the :attr:`verdict`; the quantity ``rlconform fuzz``'s ``target()`` climbs)."""
 
     ok: bool
     message: str = ""
@@ -65,6 +65,12 @@ class Outcome:
         if not c.ok:
             self.ok = False
             self.message += (("\n" if self.message else "") + f"{label}: {c.describe()}")
+
+    @property
+    def verdict(self) -> str:
+        """``pass``, ``marginal`` or ``discrepancy``: the margin band of
+        :func:`rlconform.harness.core.tolerance.verdict` applied to ``ratio``."""
+        return verdict(self.ratio, self.ok)
 
     def fail(self, message: str) -> None:
         self.ok = False

@@ -24,14 +24,9 @@ for spec in "verl verl-0.9.1" "skyrl skyrl-0.4.0" "megatron megatron-core-0.19.2
   "$RL" check --engine "$engine" --out "$dir" --profile ci -q $CHECK_ARGS
   rc=$?
   if [ "$rc" -ge 2 ]; then echo "[reports] $engine: check failed to run (exit $rc)" >&2; status=2; continue; fi
-  # the new ledger, then the previous ledger's `# flaky` lines (non-strict: a verdict known to vary by run)
-  # in place of the same ids' plain lines
-  grep -E '^[^#]+#[[:space:]]*[Ff][Ll][Aa][Kk][Yy]' "$dir/xfails.txt" > "$dir/xfails.flaky" 2>/dev/null || true
-  "$RL" ledger "$dir/report.json" \
-    | awk 'FILENAME == ARGV[1] { skip[$1] = 1; next } !($1 in skip)' "$dir/xfails.flaky" - > "$dir/xfails.txt.new"
-  cat "$dir/xfails.flaky" >> "$dir/xfails.txt.new"
-  rm -f "$dir/xfails.flaky"
-  mv "$dir/xfails.txt.new" "$dir/xfails.txt"
+  # the new ledger: every failing finding, and every marginal one above the band's centre (see
+  # harness/core/tolerance.py: a verdict that another CPU's last bits could move past the band stays green)
+  "$RL" ledger "$dir/report.json" > "$dir/xfails.txt.new" && mv "$dir/xfails.txt.new" "$dir/xfails.txt"
   "$RL" coverage --engine "$engine" --format md > "$dir/coverage.md" \
     || { echo "[reports] $engine: coverage table failed" >&2; status=2; }
   echo "[reports] $engine: $dir (exit $rc)"

@@ -91,6 +91,9 @@ def test_an_interrupt_during_rendezvous_leaves_no_rank(monkeypatch, how):
 
     def wait(objects, timeout=None):  # Ctrl-C lands in the rendezvous loop (once; joins must still work)
         if "children" not in seen:
+            # every rank has been started; on a loaded machine a rank's exec (where its environment, hence
+            # the marker, appears) can lag: wait for both to show (the deadline only catches a hang)
+            _wait_until(lambda: len(_spawned_children()) >= 2, 120, "both ranks to exec")
             seen["children"] = _spawned_children()
             raise KeyboardInterrupt
         return real_wait(objects, timeout)

@@ -7,11 +7,11 @@ from rich.table import Table
 
 from rlconform.harness.catalog.ops import FLOAT_DTYPES
 
-_ORDER = ("crash", "discrepancy", "error", "xpass", "unavailable", "xfail", "pass")
+_ORDER = ("crash", "discrepancy", "error", "xpass", "unavailable", "xfail", "marginal", "pass")
 _STYLE = {"crash": "bold red", "discrepancy": "bold red", "error": "bold yellow", "xpass": "bold magenta",
-          "unavailable": "yellow", "xfail": "cyan", "pass": "green"}
+          "unavailable": "yellow", "xfail": "cyan", "marginal": "dim green", "pass": "green"}
 _SHORT = {"crash": "CRASH", "discrepancy": "FAIL", "error": "ERROR", "xpass": "XPASS", "unavailable": "n/a",
-          "xfail": "xfail", "pass": "ok"}
+          "xfail": "xfail", "marginal": "~ok", "pass": "ok"}
 
 
 def print_summary(doc: dict, console: Console | None = None) -> None:

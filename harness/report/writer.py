@@ -12,7 +12,8 @@ Schema ``rlconform.report/1``::
      "run": {"started", "finished", "complete", "profile", "seed", "command", "python", "torch",
              "not_run": [finding ids selected but never run (a run that ended early), when known],
              "interrupted": true when Ctrl-C / SIGTERM ended it},
-     "summary": {"pass": n, "discrepancy": n, "crash": n, "error": n, "unavailable": n, "xfail": n, "xpass": n},
+     "summary": {"pass": n, "marginal": n, "discrepancy": n, "crash": n, "error": n, "unavailable": n, "xfail": n,
+                 "xpass": n},
      "findings": [{"id", "op", "property", "dtype", "regime", "status", "examples", "max_abs_err",
                    "max_rel_err", "tolerance", "message", "worst_input", "reproducer": {"case_file",
                    "command"} | null, "traceback", "xfail_listed",
@@ -41,7 +42,10 @@ Status: ``pass``, ``discrepancy``, ``crash`` (the engine raised, killed or hung 
 torch's global state changed), ``error`` (the harness could not check the finding — a corrupt corpus
 file, a strategy or plugin error — never the engine's fault; exit code 2), ``unavailable`` (the op could
 not be loaded), ``xfail`` (a discrepancy listed in the ``--xfails`` ledger), ``xpass`` (listed but now
-passes: remove it from the ledger; counts as a failure).
+passes: remove it from the ledger; counts as a failure), ``marginal`` (no example beyond the margin band,
+one inside it: between 1/2 and 4 times the tolerance — too close to call, since CPUs' vector widths move
+an engine's last bits that much; never a failure, listed or not; see
+:func:`rlconform.harness.core.tolerance.verdict`).
 
 ``complete`` is true only when the run ended normally *and* every selected finding was recorded.
 A report that cannot be written (disk full, unwritable folder, out of memory) raises
@@ -59,7 +63,7 @@ from importlib import metadata
 from rlconform.harness.report.atomic_write import atomic_write
 
 SCHEMA = "rlconform.report/1"
-STATUSES = ("discrepancy", "crash", "error", "xpass", "unavailable", "xfail", "pass")
+STATUSES = ("discrepancy", "crash", "error", "xpass", "unavailable", "xfail", "marginal", "pass")
 #: statuses that make a run red: an unavailable op too (a renamed or broken function must not pass CI)
 FAILING = ("discrepancy", "crash", "error", "xpass", "unavailable")
 

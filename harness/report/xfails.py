@@ -6,10 +6,10 @@ file that is not UTF-8 is an :class:`XfailsError` naming the line. A finding lis
 with a warning naming both lines (``warnings``). A listed finding that fails is reported ``xfail``; one that now passes is
 reported ``xpass`` and fails the run, so the ledger is kept honest (array-api-tests style).
 
-A line whose comment starts with ``flaky`` (``id  # flaky: why``) is non-strict: the finding's verdict is
-known to vary between runs (a borderline imprecision whose examples depend on the engine's rounding), so
-it is ``xfail`` when it fails and ``pass``, with a note saying so, when it passes; never ``xpass``. Use it
-for a finding that has been seen both ways, with the reason; :func:`is_flaky` reads the marker.
+A listed finding that is ``marginal`` (inside the margin band of
+:func:`rlconform.harness.core.tolerance.verdict`) stays ``marginal``: a line matches it marginal or failing
+alike, so a verdict that CPUs' last bits move is never red either way. (The ``# flaky`` marker of earlier
+ledgers is retired: the band covers what it was for, and such a comment is now a comment like any other.)
 """
 
 from __future__ import annotations
@@ -21,11 +21,6 @@ from rlconform.harness.catalog.ops import FLOAT_DTYPES, OPS, PROPERTIES
 from rlconform.harness.core.opinfo import FINDING_ID
 
 _ID = re.compile(f"^{FINDING_ID}$")
-
-
-def is_flaky(comment: str | None) -> bool:
-    """Whether a ledger comment marks its finding non-strict (it starts with ``flaky``)."""
-    return (comment or "").strip().lower().startswith("flaky")
 
 
 class XfailsError(BindingError):

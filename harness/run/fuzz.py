@@ -242,7 +242,7 @@ class Fuzzer:
                 try:
                     case = load_case(path)
                     outcome = run_check(self.binding, case)
-                    bad, msg = not outcome.ok, outcome.message
+                    bad, msg = outcome.verdict == "discrepancy", outcome.message
                 except EngineCrash as exc:
                     bad, msg = True, str(exc)
                 except (KeyboardInterrupt, SystemExit) as exc:
@@ -301,7 +301,7 @@ class Fuzzer:
             finally:
                 self.on_tick()
             t.best_ratio = max(t.best_ratio, outcome.ratio)
-            if not outcome.ok:
+            if outcome.verdict == "discrepancy":  # as in `check`: a marginal example is not a counterexample
                 self._failed(t, state, case, outcome.message)
                 raise PropertyFailure(outcome.message)
             target(min(outcome.ratio, 1e6), label="error / tolerance")

@@ -84,8 +84,8 @@ class SampleReservoir:
             return
         ratio = float(outcome.ratio)
         point = {"imbalance": imb, "abs_err": float(outcome.max_abs_err), "rel_err": float(outcome.max_rel_err),
-                 "ratio": ratio if math.isfinite(ratio) else None, "ok": bool(outcome.ok)}
-        if not outcome.ok:  # shrinking replays many near-identical failures: keep distinct ones
+                 "ratio": ratio if math.isfinite(ratio) else None, "ok": outcome.verdict != "discrepancy"}
+        if not point["ok"]:  # shrinking replays many near-identical failures: keep distinct ones
             if len(self.fails) < self.cap // 2 and point not in self.fails:
                 self.fails.append(point)
             return
@@ -124,7 +124,10 @@ class FindingRecorder:
         self.note = ""  # shown with a passing finding (e.g. torch state an import changed, restored)
         self.unavailable_detail = None
         self.binding_error = None
-        self.max_ratio = 0.0  # worst error / tolerance seen (> 1: a discrepancy)
+        self.max_ratio = 0.0  # worst error / tolerance seen (see tolerance.verdict: the margin band)
+        self.marginal_message = ""  # the worst marginal example's message (a finding that ends marginal)
+        self._marginal_ratio = -1.0
+        self.marginal_case = None  # the worst marginal example (its reproducer)
         self.samples = SampleReservoir()
 
     def start(self, case) -> None:
@@ -158,17 +161,26 @@ class FindingRecorder:
         self.max_ratio = max(self.max_ratio, outcome.ratio)
         if self.current is not None:
             self.samples.offer(self.current, outcome)
-        if not outcome.ok:  # the tolerance reported is the one the (last, shrunk) failure exceeded
+        verdict = outcome.verdict
+        if verdict == "marginal" and outcome.ratio >= self._marginal_ratio:
+            self._marginal_ratio = outcome.ratio
+            self.marginal_case = self.current
+            self.marginal_message = outcome.message or (
+                f"worst example at {outcome.ratio:.3g}× its tolerance {outcome.tolerance:.3g} "
+                f"(abs err {outcome.max_abs_err:.3g}, rel err {outcome.max_rel_err:.3g})")
+            if self.failing is None:
+                self.tolerance = outcome.tolerance or self.tolerance
+        if verdict == "discrepancy":  # the tolerance reported is the one the (last, shrunk) failure exceeded
             self.failing = self.current
             self.message = outcome.message
             self.tolerance = outcome.tolerance or self.tolerance
             if self.first_failure_at is None:
                 self.first_failure_at = self.examples
-        elif self.failing is None and outcome.tolerance and outcome.ratio >= self._best_ratio:
+        elif self.failing is None and self._marginal_ratio < 0 and outcome.tolerance and outcome.ratio >= self._best_ratio:
             self._best_ratio, self.tolerance = outcome.ratio, outcome.tolerance
 
     def save_reproducer(self) -> dict | None:
-        case = self.failing or self.current
+        case = self.failing or self.marginal_case or self.current
         if case is None:
             return None
         return save_reproducer(self.state.out, self.id, case, self.state.binding.spec, self.state.binding.path)
@@ -230,8 +242,8 @@ def error_message(exc: BaseException) -> str:
 
 def finding_entry(rec: FindingRecorder, params: tuple, status: str, tb: str | None, reproducer: dict | None) -> dict:
     op, prop, dtype, regime = params
-    failing = status in ("discrepancy", "crash", "xfail")
-    case = rec.failing or rec.current
+    failing = status in ("discrepancy", "crash", "xfail", "marginal")
+    case = rec.failing or (rec.marginal_case if status == "marginal" else None) or rec.current
     entry = _finding_entry(rec, params, status, tb, reproducer, failing, case)
     return _with_profiles(entry)
 
