@@ -50,6 +50,7 @@ shrunk input (length of ``worst_input``, then id).
 
 from __future__ import annotations
 
+import math
 import re
 
 from rlconform.harness.report.severity import (
@@ -160,19 +161,25 @@ def _size(finding: dict) -> tuple:
     return (len(finding.get("worst_input") or "") or 10**9, finding["id"])
 
 
+def _jsonable(x: float):
+    return x if math.isfinite(x) else str(x)  # "nan", "inf": equal to themselves, and plain JSON
+
+
 def numbers(finding: dict) -> dict | None:
     """Engine vs exact value of the first failing clause of ``finding``'s message (its shrunk input):
-    ``{"engine", "exact", "clause"}``, or None when the message has no such clause."""
+    ``{"engine", "exact", "clause"}`` (a non-finite value as the string ``"nan"`` / ``"inf"`` / ``"-inf"``),
+    or None when the message has no such clause. For a partition clause ``X vs Y (reference R)`` the engine
+    value is the one of X, Y farther from R."""
     msg = finding.get("message") or ""
     for line in msg.splitlines():
         v = value_clauses(line)
         if v:
-            return {"engine": v[0][0], "exact": v[0][1], "clause": line.strip()[:300]}
+            return {"engine": _jsonable(v[0][0]), "exact": _jsonable(v[0][1]), "clause": line.strip()[:300]}
         p = partition_clauses(line)
         if p:
             x, y, r, _ = p[0]
-            other = x if abs(x - r) >= abs(y - r) else y
-            return {"engine": other, "exact": r, "clause": line.strip()[:300]}
+            other = x if not math.isfinite(x) or (math.isfinite(y) and abs(x - r) >= abs(y - r)) else y
+            return {"engine": _jsonable(other), "exact": _jsonable(r), "clause": line.strip()[:300]}
     return None
 
 
