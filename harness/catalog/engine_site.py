@@ -84,8 +84,6 @@ def engine_callables(obj: Any, _depth: int = 0, _seen: set | None = None) -> lis
     declared = _declared(obj)
     if declared:
         return [c for d in declared for c in ([d] if is_engine_code(d) else engine_callables(d, _depth + 1, seen))]
-    if is_engine_code(obj) and callable(obj):
-        return [obj]
     found = []
     parts = [] if inspect.isfunction(obj) else [getattr(obj, a, None) for a in _PARTS]  # Implementation, AggLoss, pipeline
     parts = [p for p in parts if p is not None and callable(p)]
@@ -101,6 +99,8 @@ def engine_callables(obj: Any, _depth: int = 0, _seen: set | None = None) -> lis
             continue
         if callable(value) and not isinstance(value, type) or inspect.isclass(value) and is_engine_code(value):
             found += engine_callables(value, _depth + 1, seen)
+    if not found and is_engine_code(obj) and callable(obj):  # engine code itself (or a user's adapter file)
+        return [obj]
     out = []
     for f in sorted(found, key=inspect.isclass):  # functions first: a config class is not the computation
         if all(f is not g for g in out):

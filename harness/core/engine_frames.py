@@ -77,8 +77,36 @@ def deepest_frame(texts: Iterable[str], packages: Iterable[str] | None = None) -
         for file, line, func in frames(text or ""):
             if is_engine_file(file, pkgs):
                 rel, mod = package_relative(file)
-                best = {"function": func, "module": mod, "file": rel.replace(os.sep, "/"), "line": line}
+                best = {"function": qualname(mod, func, line), "module": mod, "file": rel.replace(os.sep, "/"),
+                        "line": line}
     return best
+
+
+def qualname(module: str, func: str, line: int) -> str:
+    """The qualified name (``_VocabParallelEntropy.backward``) of the function ``func`` of an imported
+    ``module`` whose code spans ``line``; ``func`` itself when the module is not imported or no such
+    function is found (a traceback prints bare names)."""
+    import inspect
+    import sys
+
+    mod = sys.modules.get(module)
+    if mod is None or "." in func:
+        return func
+    pending = [v for v in vars(mod).values() if inspect.isclass(v) and getattr(v, "__module__", None) == module]
+    funcs = [v for v in vars(mod).values() if inspect.isfunction(v) and v.__module__ == module]
+    for cls in pending:
+        for v in vars(cls).values():
+            v = getattr(v, "__func__", v)
+            if inspect.isfunction(v):
+                funcs.append(v)
+    for f in funcs:
+        code = f.__code__
+        if code.co_name != func:
+            continue
+        lines = [n for _, _, n in code.co_lines() if n is not None]
+        if lines and min(lines + [code.co_firstlineno]) <= line <= max(lines):
+            return f.__qualname__
+    return func
 
 
 def frame_text(exc: BaseException) -> str:

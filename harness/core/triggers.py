@@ -17,14 +17,17 @@ a rank-N input                  the message says a documented input rank raised 
 a masked position holding X     property ``mask_invariant`` (X: the garbage it wrote: NaN, +inf, …)
 a <shard> with no valid token   property ``partition_invariant``, a shard count of 0 in the message
                                 (``micro-batches (nnz) [0, 1]``; shard: micro-batch, DP rank, CP rank)
-more than one <shard>           property ``partition_invariant`` otherwise
+more than one <shard>           property ``partition_invariant`` otherwise (a TP / CP layout: ``TP > 1``)
 bf16 input / fp16 input         kind ``inexact value`` (rounding-sized: the dtype is the trigger)
 a −inf logit / a NaN input      a −inf in ``logits``, a NaN in any floating input
 fp16 overflow                   float16 and kind ``inf``, or regime ``*fp16_extreme``
+an extreme log-ratio            ``old_log_prob`` / ``log_prob`` more than 20 apart at a valid token
 a group of one sample           an ``index`` value held by one row only
+a micro-batch with no valid     ``partitions`` (row ranges) with a partition of several shards, one
+token / more than one           of them without a valid token / none empty: how the engine combines
+micro-batch                     shards is what such a case tests
 a row with no valid token       a mask row with no True (``no valid token in the batch``: none at
                                 all; ``≤ 1 valid token in the batch``: one)
-more than one micro-batch       ``partitions`` with a DP rank holding > 1 micro-batch
 TP > 1 / CP > 1 / DP > 1        the regime's layout
 any input                       otherwise
 ==============================  =================================================================
@@ -44,6 +47,8 @@ _SHARDS = re.compile(r"(?P<what>micro-batches|tokens per DP rank|tokens per CP r
                      r"[^\[\n]*(?P<list>\[[\[\]0-9, ]*\])")
 _LAYOUT = re.compile(r"(?:^|[_@])(?P<axis>tp|cp|dp)(?P<n>\d+)")
 MASK_NAMES = ("mask", "response_mask", "loss_mask", "attention_mask")
+#: |log π − log π_old| beyond which exp() of the ratio leaves any dtype's comfortable range
+EXTREME_LOG_RATIO = 20.0
 
 
 def _array(value):
@@ -79,7 +84,7 @@ def _shard_word(what: str) -> str:
     return "micro-batch"
 
 
-def _partition_trigger(message: str, inputs: dict) -> str:
+def _partition_trigger(message: str, inputs: dict, regime: str = "") -> str:
     m = _SHARDS.search(message or "")
     if m:
         counts = [int(x) for x in re.findall(r"\d+", m["list"])]
@@ -87,7 +92,9 @@ def _partition_trigger(message: str, inputs: dict) -> str:
         if 0 in counts:
             return f"a {word} with no valid token"
         return f"more than one {word}"
-    return "more than one micro-batch" if _micro_batches(inputs) > 1 else "a different partition"
+    if _micro_batches(inputs) > 1:
+        return "more than one micro-batch"
+    return layout_trigger(regime) or "a different partition"
 
 
 def _micro_batches(inputs: dict) -> int:
@@ -100,6 +107,32 @@ def _micro_batches(inputs: dict) -> int:
                 if isinstance(rank, (list, tuple)) and rank and isinstance(rank[0], (list, tuple)):
                     best = max(best, len(rank))
     return best
+
+
+def _leaves(partition) -> list[tuple[int, int]]:
+    if isinstance(partition, (list, tuple)) and len(partition) == 2 and all(isinstance(x, int) for x in partition):
+        return [tuple(partition)]
+    out = []
+    for p in partition if isinstance(partition, (list, tuple)) else ():
+        out += _leaves(p)
+    return out
+
+
+def shard_trigger(inputs: dict) -> str | None:
+    """For a case with ``partitions`` (row ranges of micro-batches) and a mask: ``a micro-batch with no
+    valid token`` when some partition of more than one shard has an empty one, ``more than one
+    micro-batch`` when some partition has several, else None."""
+    parts, mask = inputs.get("partitions"), mask_of(inputs)
+    if not isinstance(parts, (list, tuple)) or mask is None:
+        return None
+    several = False
+    for p in parts:
+        leaves = _leaves(p)
+        if len(leaves) > 1:
+            several = True
+            if any(not mask[a:b].any() for a, b in leaves):
+                return "a micro-batch with no valid token"
+    return "more than one micro-batch" if several else None
 
 
 def mask_of(inputs: dict):
@@ -150,7 +183,7 @@ def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, message: 
     if prop == "mask_invariant":
         return f"a masked position holding {_garbage_words(inputs.get('garbage'))}"
     if prop == "partition_invariant":
-        return _partition_trigger(message, inputs)
+        return _partition_trigger(message, inputs, regime)
     if kind == "inexact value":
         return {"bfloat16": "bf16 input", "float16": "fp16 input"}.get(dtype, "any input")
     if kind in ("mutation", "in-place on saved"):
@@ -164,13 +197,14 @@ def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, message: 
             return "a NaN input"
     if dtype == "float16" and (kind == "inf" or "fp16_extreme" in (regime or "")):
         return "fp16 overflow"
+    old, new = _array(inputs.get("old_log_prob")), _array(inputs.get("log_prob"))
+    if old is not None and new is not None and old.shape == new.shape:
+        keep = mask_of(inputs)
+        gap = np.abs(new - old) if keep is None or keep.shape != old.shape else np.abs(new - old)[keep]
+        if gap.size and np.nanmax(gap) > EXTREME_LOG_RATIO:
+            return f"an extreme log-ratio (|log π − log π_old| > {EXTREME_LOG_RATIO:g})"
     if "index" in inputs:
         g = group_trigger(inputs["index"])
         if g:
             return g
-    t = mask_trigger(mask_of(inputs))
-    if t:
-        return t
-    if _micro_batches(inputs) > 1:
-        return "more than one micro-batch"
-    return layout_trigger(regime) or "any input"
+    return shard_trigger(inputs) or mask_trigger(mask_of(inputs)) or layout_trigger(regime) or "any input"

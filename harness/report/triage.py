@@ -54,7 +54,8 @@ import math
 import re
 
 from rlconform.harness.report.severity import (
-    RANK, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses, value_clauses,
+    NONFINITE_WHERE_FINITE, RANK, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses,
+    value_clauses,
 )
 
 #: kinds of failure whose input feature tells defects apart in a report without triggers
@@ -171,16 +172,29 @@ def numbers(finding: dict) -> dict | None:
     or None when the message has no such clause. For a partition clause ``X vs Y (reference R)`` the engine
     value is the one of X, Y farther from R."""
     msg = finding.get("message") or ""
+    found = []  # (how wrong, engine, exact, clause): the worst clause is shown (a NaN first)
     for line in msg.splitlines():
-        v = value_clauses(line)
-        if v:
-            return {"engine": _jsonable(v[0][0]), "exact": _jsonable(v[0][1]), "clause": line.strip()[:300]}
-        p = partition_clauses(line)
-        if p:
-            x, y, r, _ = p[0]
+        for e, r, _ in value_clauses(line):
+            found.append((_badness(e, r), e, r, line))
+        for x, y, r, _ in partition_clauses(line):
             other = x if not math.isfinite(x) or (math.isfinite(y) and abs(x - r) >= abs(y - r)) else y
-            return {"engine": _jsonable(other), "exact": _jsonable(r), "clause": line.strip()[:300]}
-    return None
+            found.append((_badness(other, r), other, r, line))
+        m = NONFINITE_WHERE_FINITE.search(line)
+        ref = re.search(r"is finite \((?P<r>[-+0-9.e]+|nan|inf)\)", line)
+        if m and ref:
+            found.append((math.inf, float(m["e"]), float(ref["r"]), line))
+    if not found:
+        return None
+    _, e, r, line = max(found, key=lambda t: t[0])
+    return {"engine": _jsonable(e), "exact": _jsonable(r), "clause": line.strip()[:300]}
+
+
+def _badness(e: float, r: float) -> float:
+    if not math.isfinite(e) and math.isfinite(r):
+        return math.inf
+    if not (math.isfinite(e) and math.isfinite(r)):
+        return 0.0
+    return abs(e - r) / max(abs(r), 1e-300)
 
 
 def defects(findings: list[dict]) -> list[dict]:
