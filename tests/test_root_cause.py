@@ -24,8 +24,8 @@ ENGINE = textwrap.dedent('''
     import torch
 
     def _inner_divide(x, n):
-        if n == 0:
-            raise ZeroDivisionError("no valid token")
+        if n % 2 == 1:  # a planted bug: any odd number of valid tokens
+            raise ZeroDivisionError("odd token count")
         return x / n
 
     def masked_mean(values, mask):
@@ -102,7 +102,7 @@ def _crash_text(fake_engine, fn):
     import torch
 
     try:
-        fn(torch.ones(2), torch.zeros(2))
+        fn(torch.ones(2), torch.tensor([1.0, 0.0]))
     except ZeroDivisionError as exc:
         return "".join(traceback.format_exception(exc)), exc
     raise AssertionError("no crash")
@@ -303,7 +303,7 @@ def test_check_records_engine_function_crash_frame_and_trigger(tmp_path, fake_en
         assert f["engine_function"]["file"] == "fakeeng/algos.py" and f["engine_function"]["function"] == "masked_mean"
         assert f["crash_frame"] == {"function": "_inner_divide", "module": "fakeeng.algos", "file": "fakeeng/algos.py",
                                     "line": 6}
-        assert f["trigger"] in ("no valid token in the batch", "a row with no valid token")
+        assert isinstance(f["trigger"], str) and f["trigger"]
     ent = [f for f in failing if f["op"] == "entropy"]
     assert ent and all(f["engine_function"]["function"] == "entropy" for f in ent)
     by_dtype = {f["dtype"]: f["severity"] for f in ent}
