@@ -328,3 +328,31 @@ def test_an_older_report_still_renders(tmp_path):
     assert doc["defects"] and all(d["severity"] in SEVERITIES for d in doc["defects"])
     assert "| **" in pathlib.Path(md).read_text() and "defects (" in pathlib.Path(html).read_text()
     assert all(not math.isnan(d["effect"]) for d in doc["defects"])
+
+
+#: issue 20 §3: every severity has a mutant whose finding gets it (mutant, op, property, dtype)
+SEVERITY_MUTANTS = {
+    "training": ("local_denominator", "agg_loss", "matches_reference", "float32"),
+    "destructive": ("forward_inplace", "token_logprobs", "non_destructive", "float32"),
+    "logging": ("mean_of_shard_means", "metric_pipeline", "matches_reference", "float32"),
+    "robustness": ("naive_entropy", "entropy", "finite_where_reference_finite", "float32"),
+    "precision": ("chunk_fp32_entropy", "entropy", "matches_reference", "float64"),
+}
+
+
+def test_every_severity_has_a_mutant():
+    assert set(SEVERITY_MUTANTS) == set(SEVERITIES)
+
+
+@pytest.mark.parametrize("severity", sorted(SEVERITY_MUTANTS))
+def test_mutant_finding_gets_its_severity(severity, tmp_path):
+    name, op, prop, dtype = SEVERITY_MUTANTS[severity]
+    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", f"mutants.{name}",
+                           "--op", op, "--property", prop, "--dtype", dtype, "--max-examples", "20", "-q",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    # the default --fail-on fails on every severity but precision
+    assert proc.returncode == (0 if severity == "precision" else 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "report.json").read_text())
+    sevs = {f.get("severity") for f in doc["findings"] if f["op"] == op and f["property"] == prop}
+    assert severity in sevs, sevs
+    assert doc["defects"][0]["severity"] == severity
