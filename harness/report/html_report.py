@@ -348,8 +348,8 @@ smallest member, its message and input; its members are listed under it in the t
 {% for d in defects %}<div class="finding" id="{{ d.key }}" style="border-left-color: {{ sev_colors.get(d.severity, "#888") }}">
 <h3>{{ d.key }} <span class="badge v-{{ d.severity }}">{{ d.severity }}</span> {{ d.where }} —
 {{ d.signature.kind }} · {{ d.signature.feature }}</h3>
-<div class="nums">{{ (d.ops or [d.op])|join(", ") }} · {{ (d.properties or [d.property])|join(", ") }}{% if d.nums %}; engine vs exact on the smallest input: <b>{{ d.nums }}</b>{% endif %}</div>
-<div class="nums"><a href="#{{ d.key }}-m">{{ d.members|length }} finding{{ "s" if d.members|length > 1 }}</a>:
+<div class="nums">{{ (d.ops or [d.op])|join(", ") }} · {{ (d.properties or [d.property])|join(", ") }}{% if d.nums %}; engine vs exact on the smallest input: <b>{{ d.nums }}</b>{% endif %};
+<a href="#{{ d.key }}-m">{{ d.members|length }} finding{{ "s" if d.members|length > 1 }}</a>:
 {% for dt, regs in d.by_dtype %}<b>{{ dt }}</b>: {{ regs }}{% if not loop.last %}; {% endif %}{% endfor %}</div>
 {% if d.reproducer.command %}<div>reproduce (its smallest member, <a href="#{{ d.reproducer.finding }}">{{ d.reproducer.finding.split(".")[2:]|join(".") }}</a>):</div>
 <pre class="cmd"><code>{{ d.reproducer.command }}</code></pre>{% endif %}
