@@ -4,7 +4,7 @@
 # (.github/actions/rlconform/action.yml calls it).
 #
 #   ci/rlconform-pr.sh --engine SPEC (--base DIR | --base-ref REV) [--head DIR] [--xfails FILE]
-#                      [--out DIR] [--fail-on wrong|imprecise] [-- more `rlconform check` options]
+#                      [--out DIR] [--fail-on SEVERITY] [-- more `rlconform check` options]
 #
 #   --engine   verl | skyrl | megatron | module:attr (imported from the checkout) | file.py (a path
 #              inside the checkout); the checkout is the --engine-path of each check
@@ -14,7 +14,7 @@
 #   --xfails   the fork's ledger, a path inside --head; the same file is used for both checks
 #   --out      where the reports go (default: rlconform-ci): OUT/base/, OUT/head/ (report.json, .md,
 #              .html, cases/), OUT/comment.md (the PR comment), OUT/diff.json
-#   --fail-on  passed to `rlconform diff` (default: wrong)
+#   --fail-on  passed to `rlconform diff` (default: robustness)
 #
 # Environment: RLCONFORM_SKIP_INSTALL=1 uses the `rlconform` already on PATH; otherwise rlconform is
 # installed from this repository with `$PYTHON -m pip install $RLCONFORM_PIP_ARGS <repo>` (PYTHON
@@ -24,7 +24,7 @@
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-engine="" head="." base="" base_ref="" xfails="" out="rlconform-ci" fail_on="wrong"
+engine="" head="." base="" base_ref="" xfails="" out="rlconform-ci" fail_on="robustness"
 while [ $# -gt 0 ]; do
   case "$1" in
     --engine) engine="$2"; shift 2 ;;

@@ -5,14 +5,15 @@
     rlconform fuzz --engine X [--op Y] --minutes N [--corpus DIR] [--db DIR]
     rlconform report DIR                       (re-render report.md and report.html from report.json)
     rlconform ledger DIR/report.json > xfails.txt
-    rlconform diff BASE HEAD [--fail-on wrong|imprecise] [--markdown FILE]   (what a pull request changes)
+    rlconform diff BASE HEAD [--fail-on SEVERITY] [--markdown FILE]   (what a pull request changes)
     rlconform bisect --engine-path CHECKOUT --good REV --bad REV CASE_FILE [--engine SPEC]   (issue 12 §4)
     rlconform coverage --engine X [--format table|md|json] [--strict]   (the engine's numerics: bound or not)
     rlconform list-ops | list-engines | --version
 
 Exit codes: 0 clean (every selected finding run and recorded, none failing), 1 discrepancies (or crashes,
-unavailable ops, ledger entries that now pass, or findings that were not run; with ``--fail-on wrong``
-only ``wrong`` / ``destructive`` discrepancies and crashes count), 2 usage, binding or
+unavailable ops, ledger entries that now pass, or findings that were not run; by default discrepancies
+and crashes of severity ``training``, ``destructive``, ``logging`` or ``robustness`` count, not
+``precision`` ones: ``--fail-on``), 2 usage, binding or
 harness error (the message says which; never a traceback), 130 interrupted (Ctrl-C, SIGTERM) before
 anything failed. A report already written is never removed; an interrupted run's report says it is
 incomplete.
@@ -90,10 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--junitxml", default=None, help="also write JUnit XML here")
     c.add_argument("-q", "--quiet", action="store_true", help="only the summary")
     # --- triage (issue 12) ---
-    c.add_argument("--fail-on", choices=["wrong", "imprecise"], default="imprecise",
-                   help="the least severe failing finding that turns the exit code red (default: %(default)s, "
-                        "any failing finding; wrong: only wrong and destructive ones; ledger entries that now "
-                        "pass and unavailable ops always do)")
+    from rlconform.harness.report.severity import DEFAULT_FAIL_ON, FAIL_ON
+
+    c.add_argument("--fail-on", choices=FAIL_ON, default=DEFAULT_FAIL_ON,
+                   help="the least severe failing finding that turns the exit code red, in the order training = "
+                        "destructive > logging > robustness > precision (default: %(default)s: every severity but "
+                        "precision; precision: any failing finding; the old names wrong / imprecise mean "
+                        "robustness / precision; ledger entries that now pass and unavailable ops always do)")
 
     r = sub.add_parser("replay", help="re-run one saved case (a reproducer) and print the outcome")
     r.add_argument("case_file")

@@ -62,7 +62,7 @@ def test_new_bug_in_the_head_is_commented_and_fails(tmp_path, checkouts):
     assert proc.returncode == 1, out
     comment = (tmp_path / "ci" / "comment.md").read_text()
     assert "### New defects" in comment and "masked_mean" in comment, comment
-    assert "new **wrong** `masked_mean.matches_reference.float32." in comment, comment
+    assert "new **training** `masked_mean.matches_reference.float32." in comment, comment
     assert (tmp_path / "ci" / "head" / "report.html").is_file()
     assert T.git(head, "status", "--porcelain") == "" and T.git(base, "status", "--porcelain") == ""
 

@@ -139,7 +139,7 @@ def test_listing_commands(scratch):
 def test_binding_example(scratch):
     """The README's ``my_binding.py`` finds what the README says: its entropy gives NaN on ``-inf``-padded
     vocab in every dtype, ``token_logprobs`` (``my_pkg``, which does not exist) is unavailable, and the
-    ``.float()`` makes exactly three float64 gradient findings (``imprecise`` twice, ``wrong`` once)."""
+    ``.float()`` makes exactly three float64 gradient findings (``precision`` twice, ``training`` once)."""
     cmd = "rlconform check --engine my_binding.py"
     proc = _run(cmd, scratch, _extra(cmd) + ["--out", "mine"])
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -152,9 +152,9 @@ def test_binding_example(scratch):
     other = {f["id"]: f for f in doc["findings"] if f["op"] == "entropy" and f["status"] != "pass"
              and f["regime"] != "neg_inf_padded"}
     assert {i: f["severity"] for i, f in other.items()} == {
-        "entropy.matches_reference.float64.moderate": "imprecise",
-        "entropy.matches_reference.float64.peaked": "imprecise",
-        "entropy.matches_reference.float64.near_uniform_offset": "wrong"}, {i: f["message"] for i, f in other.items()}
+        "entropy.matches_reference.float64.moderate": "precision",
+        "entropy.matches_reference.float64.peaked": "precision",
+        "entropy.matches_reference.float64.near_uniform_offset": "training"}, {i: f["message"] for i, f in other.items()}
     assert all(f["message"].startswith("gradient:") for f in other.values())  # the values pass
 
     cmd = "rlconform fuzz --engine my_binding.py --minutes 10"

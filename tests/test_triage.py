@@ -25,24 +25,25 @@ HALF = "value: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, rel err
 
 
 def test_severity_rules():
-    assert classify(_f("a.matches_reference.float32.r", message=HALF, ratio=20.0))[0] == "wrong"
-    # the same clause, but the worst example within 4x of its tolerance: never wrong
-    assert classify(_f("a.matches_reference.float32.r", message=HALF, ratio=3.9))[0] == "imprecise"
+    assert classify(_f("a.matches_reference.float32.r", message=HALF, ratio=20.0))[0] == "training"
+    # the same clause, but the worst example within 4x of its tolerance: never more than precision
+    assert classify(_f("a.matches_reference.float32.r", message=HALF, ratio=3.9))[0] == "precision"
     zero = "advantages: engine 5.2e-09 vs reference 0.0 at flat index 0: abs err 5.2e-09, tolerance 1e-09"
-    assert classify(_f("a.matches_reference.float64.r", message=zero, ratio=5e8))[0] == "imprecise"
+    assert classify(_f("a.matches_reference.float64.r", message=zero, ratio=5e8))[0] == "precision"
     nan = "value: engine nan where the reference is finite (0.0) at flat index 0"
-    assert classify(_f("a.finite_where_reference_finite.float32.r", message=nan))[0] == "wrong"
+    assert classify(_f("a.finite_where_reference_finite.float32.r", message=nan))[0] == "robustness"
     assert classify(_f("a.non_destructive.float32.r", message="input 'logits' mutated during forward"))[0] == \
         "destructive"
-    assert classify(_f("a.matches_reference.float32.r", message="value: no autograd graph on the output"))[0] == "wrong"
+    assert classify(_f("a.matches_reference.float32.r", message="value: no autograd graph on the output"))[0] == \
+        "training"
     assert classify(_f("a.matches_reference.float32.r", status="crash",
-                       message="engine raised in entropy: RuntimeError: boom"))[0] == "wrong"
-    # a breach of a declared input rank is wrong, even next to a destructive or an imprecise failure
+                       message="engine raised in entropy: RuntimeError: boom"))[0] == "robustness"
+    # a breach of a declared input rank is a crash, even next to a destructive or a rounding-sized failure
     # (impl_contract.rank_problem's wording)
     rank2 = ("contract: a rank-2 input (3, 32) (its docstring allows ranks 2, 3) raised IndexError: too many "
              "indices for tensor of dimension 2\nrank 0 (tp 0): input 'logits' mutated during forward")
     sev, why = classify(_f("a.non_destructive.float32.chunked@tp2_moderate", message=rank2))
-    assert sev == "wrong" and "IndexError" in why and "rank-2" in why, why
+    assert sev == "robustness" and "IndexError" in why and "rank-2" in why, why
     from rlconform.harness.report.triage import feature, kind
     # features: the garbage mask_invariant writes is the cause, whatever else the input has; -inf is a
     # logits feature only for an input with logits
@@ -54,31 +55,45 @@ def test_severity_rules():
         "-inf logits"
     assert kind(_f("a.non_destructive.float32.chunked@tp2_moderate", message=rank2)) == "crash:IndexError"
     dtype_only = "contract: entropy is float32 for a float64 input; the implementation's docstring documents the input's dtype"
-    assert classify(_f("a.matches_reference.float64.chunked@moderate", message=dtype_only, ratio=2.0))[0] == "imprecise"
+    assert classify(_f("a.matches_reference.float64.chunked@moderate", message=dtype_only, ratio=2.0))[0] == "precision"
     part = "unsharded (DP = 1) vs tokens per DP rank [1, 0]: 1.0 vs 0.5 at flat index 0 (reference 1.0, " \
            "allowed difference 0.0513)"
-    assert classify(_f("a.partition_invariant.bfloat16.r", message=part, ratio=30.0))[0] == "wrong"
+    assert classify(_f("a.partition_invariant.bfloat16.r", message=part, ratio=30.0))[0] == "training"
 
 
 def test_fail_on():
     imprecise = annotate({"findings": [_f("a.matches_reference.float32.r", message=HALF, ratio=2.0)]})["findings"][0]
+    assert imprecise["severity"] == "precision"
+    assert fails(imprecise, "precision") and not fails(imprecise, "robustness") and not fails(imprecise)
+    # the names of issue 12 still work: imprecise = precision, wrong = robustness
     assert fails(imprecise, "imprecise") and not fails(imprecise, "wrong")
-    assert fails(_f("a.matches_reference.float32.r", status="xpass"), "wrong")
-    assert not fails(dict(imprecise, status="xfail"), "imprecise")
+    assert fails(_f("a.matches_reference.float32.r", status="xpass"), "training")
+    assert not fails(dict(imprecise, status="xfail"), "precision")
+    training = annotate({"findings": [_f("a.matches_reference.float32.r", message=HALF, ratio=20.0)]})["findings"][0]
+    assert fails(training) and fails(training, "training") and fails(training, "logging")
+    nan = dict(training, message="value: engine nan where the reference is finite (0.0) at flat index 0")
+    assert annotate({"findings": [nan]})["findings"][0]["severity"] == "robustness"
+    assert fails(nan) and not fails(nan, "logging") and not fails(nan, "training")
+    with pytest.raises(ValueError, match="choose from training"):
+        fails(training, "fatal")
 
 
-def test_verl_report_borderline_findings_are_imprecise_and_defects_group_dtypes():
+def test_verl_report_borderline_findings_are_precision_and_defects_group_dtypes():
+    """An older report (no engine functions, triggers or engine dtypes recorded) still triages: defects fall
+    back to the op and the input feature."""
     doc = annotate(json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text()))
     by = {f["id"]: f for f in doc["findings"]}
     assert all(f.get("severity") for f in doc["findings"] if f["status"] != "pass")
-    assert by["token_logprobs.matches_reference.float32.near_uniform_offset"]["severity"] == "imprecise"
-    assert by["agg_loss.matches_reference.float32.seq-mean-token-sum@imbalanced_partitions"]["severity"] == "wrong"
-    nan = [d for d in doc["defects"] if d["op"] == "entropy" and d["property"] == "matches_reference"
-           and d["signature"]["kind"] == "NaN"]
+    assert by["token_logprobs.matches_reference.float32.near_uniform_offset"]["severity"] == "precision"
+    assert by["agg_loss.matches_reference.float32.seq-mean-token-sum@imbalanced_partitions"]["severity"] == "training"
+    nan = [d for d in doc["defects"] if d["op"] == "entropy" and "matches_reference" in d["properties"]
+           and d["signature"]["kind"] == "NaN" and d["trigger"] == "-inf logits"]
     assert len(nan) == 1 and len(nan[0]["dtypes"]) == 4
     sizes = {m: len(by[m]["worst_input"]) for m in nan[0]["members"]}
     assert sizes[nan[0]["reproducer"]["finding"]] == min(sizes.values())
-    ranks = [("wrong", "destructive", "imprecise").index(d["severity"]) for d in doc["defects"]]
+    from rlconform.harness.report.severity import RANK
+
+    ranks = [RANK[d["severity"]] for d in doc["defects"]]
     assert ranks == sorted(ranks)
     assert annotate(copy.deepcopy(doc))["defects"] == doc["defects"]
 
@@ -101,7 +116,8 @@ def test_diff_new_fixed_and_exit_codes(tmp_path, capsys):
     assert "New defects" in out and "Fixed defects" in out and "a.matches_reference.float32.r" in out
     soft = _write(tmp_path / "soft", [dict(wrong, max_ratio=2.0), _f("b.matches_reference.float32.r", status="pass")])
     assert main(["diff", base, soft]) == 0
-    assert main(["diff", base, soft, "--fail-on", "imprecise"]) == 1
+    assert main(["diff", base, soft, "--fail-on", "precision"]) == 1
+    assert main(["diff", base, soft, "--fail-on", "imprecise"]) == 1  # the issue-12 name, read as precision
 
 
 def test_html_of_verl_report_is_under_500_kb(tmp_path):

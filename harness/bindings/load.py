@@ -189,7 +189,8 @@ def engine_meta(binding: Binding, *, variants: bool = False) -> dict:
     ``coverage`` (the coverage table, :func:`rlconform.harness.catalog.coverage.coverage_record`; None when the
     binding declares none)."""
     meta = {"name": binding.name, "spec": binding.spec, "version": binding.version, "path": binding.path,
-            "revision": binding.revision, "ops": list(binding.provided_ops())}
+            "revision": binding.revision, "ops": list(binding.provided_ops()),
+            "engine_dtypes": {op: list(d) for op, d in (getattr(binding, "engine_dtypes", None) or {}).items()}}
     if variants:
         meta["variants"], meta["variant_record"] = variant_info(binding)
         from rlconform.harness.catalog.coverage import coverage_record

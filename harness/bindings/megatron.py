@@ -163,6 +163,11 @@ def _vocab_parallel_smoothed_token_logprobs():
 binding = Binding(
     name="megatron",
     version=_version(),
+    # issue 20 §3: Megatron trains in bf16 or fp16 (``--bf16`` / ``--fp16``; fp32 with neither): the output
+    # layer's logits reach ``vocab_parallel_cross_entropy`` in that dtype. Never float64.
+    engine_dtypes={op: ("float32", "bfloat16", "float16") for op in (
+        "token_logprobs", "vocab_parallel_token_logprobs", "smoothed_token_logprobs",
+        "vocab_parallel_smoothed_token_logprobs")},
     implementations={"vocab_parallel_token_logprobs": {
         # "vocab_parallel_logits: ... dimension is [sequence_length, batch_size, hidden_size]; target: [sequence_length,
         # micro_batch_size]": 3-D only; no dtype documented (the input's)

@@ -50,6 +50,7 @@ import math
 from collections import defaultdict
 
 from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Implementation, Lazy, MetricPipeline
+from rlconform.harness.catalog.engine_site import calls
 
 from ._compat import import_skyrl, skyrl_cuda_device_on_cpu
 
@@ -612,6 +613,15 @@ def _trainer_call(estimator: str, cfg, token_level_rewards, response_mask, index
               gamma=cfg.gamma, lambd=cfg.lambd, grpo_norm_by_std=cfg.grpo_norm_by_std)
 
 
+def _registered(name: str):
+    """The estimator function ``AdvantageEstimatorRegistry`` holds under ``name`` (the engine callable the
+    report names; None when the registry cannot say)."""
+    try:
+        return _skyrl(PPO_UTILS, "AdvantageEstimatorRegistry").get(name)
+    except Exception:  # noqa: BLE001 - only the report's engine site depends on it
+        return None
+
+
 def _skyrl_estimator(name: str, variant: str):
     """``outcome_advantage[variant]`` through the trainer's call of registry entry ``name`` with
     ``AlgorithmConfig(advantage_estimator=name, gamma=1, lambd=1, grpo_norm_by_std=variant != "drgrpo")``
@@ -622,7 +632,7 @@ def _skyrl_estimator(name: str, variant: str):
         return _trainer_call(name, cfg, token_level_rewards, response_mask, index)
 
     outcome_advantage.__qualname__ = f"skyrl.outcome_advantage[{variant}]({name})"
-    return outcome_advantage
+    return calls(_registered(name))(outcome_advantage)
 
 
 def _outcome_advantage():
@@ -649,7 +659,7 @@ def _gae():
         return _trainer_call(estimator, cfg, token_level_rewards, response_mask, uids, values=values)
 
     gae.__qualname__ = "skyrl.gae"
-    return gae
+    return calls(_registered(estimator))(gae)
 
 
 def _masked_whiten():
@@ -662,9 +672,23 @@ def _masked_whiten():
     return masked_whiten
 
 
+#: issue 20 §3: the dtypes SkyRL's trainer calls each op with. ``model_wrapper.py`` takes ``output["logits"]``
+#: in the model's dtype (bf16 under FSDP mixed precision, fp32 otherwise) into ``logprobs_from_logits`` and
+#: ``chunked_entropy_from_logits``; the log-probs feed the policy loss, KL and TIS ratios; rewards,
+#: advantages, masks' statistics, values and metrics are fp32. Never float64 or float16.
+LOGITS_DTYPES = ("float32", "bfloat16")
+ENGINE_DTYPES = {
+    **{op: LOGITS_DTYPES for op in ("entropy", "token_logprobs", "policy_loss", "kl_estimator", "importance_ratio",
+                                    "agg_loss", "value_loss")},
+    **{op: ("float32",) for op in ("masked_mean", "masked_var", "masked_whiten", "outcome_advantage", "gae",
+                                   "metric_pipeline", "metric_statistics", "dp_metric_all_reduce")},
+}
+
+
 binding = Binding(
     name="skyrl",
     version=_version(),
+    engine_dtypes=ENGINE_DTYPES,
     # issue 11 part 2: logprobs_from_logits_v2 ("a memory efficient implementation of logprobs_from_logits"; its
     # annotations say logits [batch_size, seqlen, vocab_size], and it loops over dim 0, so [N, V] works too:
     # ranks 2 and 3), bound on its own so that it is checked where token_logprobs runs flash-attn instead

@@ -88,6 +88,7 @@ import math
 from itertools import chain
 
 from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Implementation, Lazy, MetricPipeline
+from rlconform.harness.catalog.engine_site import calls
 
 TF = "verl.utils.torch_functional"
 CORE = "verl.trainer.ppo.core_algos"
@@ -217,6 +218,7 @@ def _metric_pipeline() -> MetricPipeline:
             append_to_dict(aggregated, metrics)
         return aggregated
 
+    @calls(Metric.aggregate_dp)
     def reduce_dp(rank_dicts):
         # allgather_dict_into_dict, in-process: {key: [value of rank 0, value of rank 1, ...]}
         gathered = {}
@@ -337,7 +339,7 @@ def _kl_estimator():
             return core_algos.kl_penalty(logprob, ref_logprob, name)  # verl's estimator takes no mask
 
         kl.__qualname__ = f"verl.kl_penalty[{name}]"
-        return kl
+        return calls(core_algos.kl_penalty)(kl)
 
     names = KL_NAMES + tuple(n + "+" for n in KL_NAMES)
     return Variants({n: bind(n) for n in names}, unchecked=dict(KL_UNCHECKED))
@@ -399,6 +401,7 @@ def _policy_loss():
         loss.__qualname__ = f"verl.policy_loss[{name}]"
         return loss
 
+    @calls(Metric.aggregate_dp)
     def combine_metrics(parts):
         pipe = _metric_pipeline()
         micro = [Metric.from_dict(dict(m), aggregation=AggregationType.MEAN) for m, _ in parts]
@@ -573,7 +576,7 @@ def _verl_estimator(fn, name: str, variant: str, algo_config):
                   config=algo_config(**cfg), index=uids, **kwargs)
 
     outcome_advantage.__qualname__ = f"verl.outcome_advantage[{variant}]({name})"
-    return outcome_advantage
+    return calls(fn)(outcome_advantage)
 
 
 def _outcome_advantage():
@@ -774,9 +777,30 @@ IMPLEMENTATIONS = {
 }
 
 
+#: issue 20 §3: the dtypes verl's trainer calls each op with (a defect only in other dtypes is ``precision``).
+#: Logits come straight from the model (``transformer_impl.py``: ``output.logits`` under FSDP
+#: ``mixed_precision.param_dtype``, default bf16; fp32 for an fp32 model), so the softmax statistics see
+#: bf16 and fp32; log-probs computed from them (``logprobs_from_logits``: bf16 in, bf16 out) reach the
+#: policy loss, KL, IS weights and ``agg_loss``; rewards, advantages and their statistics (``masked_var`` /
+#: ``masked_whiten`` inside the estimators), values and metrics are fp32 tensors of the ``DataProto``.
+#: Never float64, never float16 (verl's engines train in bf16).
+LOGITS_DTYPES = ("float32", "bfloat16")
+SCALAR_DTYPES = ("float32",)
+ENGINE_DTYPES = {
+    **{op: LOGITS_DTYPES for op in ("entropy", "token_logprobs", "sum_pi_squared", "vocab_parallel_token_logprobs",
+                                    "vocab_parallel_entropy", "vocab_parallel_sum_pi_squared",
+                                    "fused_linear_token_stats", "policy_loss", "kl_estimator", "importance_ratio",
+                                    "agg_loss", "value_loss")},
+    **{op: SCALAR_DTYPES for op in ("masked_sum", "masked_mean", "masked_var", "masked_whiten", "outcome_advantage",
+                                    "gae", "optimal_token_baseline", "metric_pipeline", "metric_statistics",
+                                    "dp_metric_all_reduce", "cp_masked_mean")},
+}
+
+
 binding = Binding(
     name="verl",
     implementations=IMPLEMENTATIONS,
+    engine_dtypes=ENGINE_DTYPES,
     version=_version(),
     ops={
         "entropy": Lazy(f"{TF}:entropy_from_logits"),

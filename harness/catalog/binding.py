@@ -123,6 +123,10 @@ class Binding:
     ``implementations``: op -> {catalog implementation name -> :class:`Implementation`}: the engine's
     alternative implementations of the op (chunked, naive, ...; issue 11 part 2), each checked as the op
     under regimes ``impl@data``. The op itself must be bound too (its default implementation).
+    ``engine_dtypes``: op -> the dtypes (catalog names: ``float32``, ``bfloat16``…) the engine's trainer
+    calls it with (issue 20 §3; e.g. verl's ``masked_var`` on fp32 advantages, ``entropy`` on the model's
+    bf16 logits). A defect only in dtypes outside this set is graded ``precision``; an op not listed
+    counts every dtype as used.
     """
 
     name: str
@@ -135,6 +139,7 @@ class Binding:
     forward_only: frozenset = frozenset()
     coverage: Coverage | None = None
     implementations: Mapping[str, Mapping[str, Implementation]] = dataclasses.field(default_factory=dict)
+    engine_dtypes: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def provided_implementations(self, op: str) -> tuple[str, ...]:

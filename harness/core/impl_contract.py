@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from rlconform.harness.core.engine_frames import frame_text
+
 #: chunk sizes a chunked implementation is checked with: small ones (a boundary inside every small case;
 #: 1 = one row per chunk) and 2048, the default chunk_size of every chunked function bound so far (verl
 #: ``entropy_from_logits_with_chunking`` and ``vocab_parallel_entropy_with_chunking``; verl's callers never
@@ -59,7 +61,7 @@ def dtype_problem(label: str, got_dtype: str, input_dtype: str, impl, output: st
 def rank_problem(rank: int, shape: tuple, impl, exc: BaseException) -> str:
     """The problem message of a declared input rank the implementation cannot take."""
     return (f"contract: a rank-{rank} input {tuple(shape)} (its docstring allows ranks "
-            f"{', '.join(map(str, impl.ranks))}) raised {_last_line(exc)}")
+            f"{', '.join(map(str, impl.ranks))}) raised {_last_line(exc)}{frame_text(exc)}")
 
 
 def settle_crashes(crashes: list, impl, problems: list) -> None:

@@ -61,39 +61,31 @@ that a CPU that takes it past 4 keeps the run green. On the machine that wrote t
 finding is above 1.41 and every unlisted one below it; so a run's verdict (its exit code) changes on another
 machine only when an engine's error moves by more than 2.8× between the two (1.41 → 4, or 1.41 → 1/2).
 
-Severity of a failing finding (issue 12; applied by :mod:`rlconform.harness.report.severity` to the numbers a
+Thresholds of a *wrong value* (issue 12; applied by :mod:`rlconform.harness.report.severity` to the numbers a
 finding carries: the ``engine E vs reference R … tolerance T`` clauses of its message, ``max_ratio``,
-``max_rel_err``). The first row that applies wins:
+``max_rel_err``). A wrong value is graded by its impact (issue 20 §3): ``training`` (a loss, gradient,
+advantage, log-prob, importance weight), ``logging`` (a metric); a crash or a NaN/±inf is ``robustness``,
+a changed input ``destructive``, everything else ``precision`` (severity's module table):
 
-===========  ==============================================================  ================================
-severity     when                                                            reason
-===========  ==============================================================  ================================
-wrong        the engine raised on a legal input (``crash``), or the op       a trainer step fails or cannot
-             could not be loaded (``unavailable``)                           run at all
-wrong        an expected gradient / autograd graph is missing (message      the policy does not learn
-             says "no autograd graph" or "no gradient"), a wrong shape, a   through this op; silently
-             metric key that never reaches the final dict                    dropped data
-destructive  ``non_destructive`` fails: an input changed, or a tensor saved  corrupts the caller's tensors
-             for backward was modified in place                              or its backward
-wrong        NaN/±inf where the exact value is finite and representable      one NaN poisons the whole
-             (``finite_where_reference_finite``, or ``engine nan``/``inf``   update
-             in a clause, or ``max_rel_err`` = inf)
-wrong        |E − R| / |R| ≥ ``WRONG_REL`` = 1e-2 in a failing clause at a        off by more than a percent:
-             representable reference (|R| > T: above the absolute floor of   not rounding (bf16 has 2^-8 ≈
-             its own tolerance), and ``max_ratio`` ≥ ``NEAR``                  4e-3), a logic error
-wrong        a partition dependence |X − Y| / |R| > ``WRONG_PARTITION`` = 1 %   results depend on the DP/TP
-             (partition_invariant, mask_invariant), |R| > D, |X − Y| > D (D:   layout or on masked garbage
-             the allowed difference), and ``max_ratio`` ≥ ``NEAR``            beyond rounding
-wrong        two implementations of a variant differ by > 1 % of            a trainer's results depend on
-             max(|X|, |Y|, |R|) (implementations_agree), that scale > D,     which implementation its
-             |X − Y| > D, and ``max_ratio`` ≥ ``NEAR``                        config names
-imprecise    every other failure                                             beyond the tolerance, but by
+==================  ========================================================  ================================
+a wrong value when                                                            reason
+==================  ========================================================  ================================
+relative error      |E − R| / |R| ≥ ``WRONG_REL`` = 1e-2 in a failing clause   off by more than a percent:
+                    at a representable reference (|R| > T: above the          not rounding (bf16 has 2^-8 ≈
+                    absolute floor of its own tolerance), and ``max_ratio``   4e-3), a logic error
+                    ≥ ``NEAR``
+partition           |X − Y| / |R| > ``WRONG_PARTITION`` = 1 % (partition_       results depend on the DP/TP
+dependence          invariant, mask_invariant), |R| > D, |X − Y| > D (D: the  layout or on masked garbage
+                    allowed difference), and ``max_ratio`` ≥ ``NEAR``          beyond rounding
+implementations     two implementations of a variant differ by > 1 % of        a trainer's results depend on
+disagree            max(|X|, |Y|, |R|) (implementations_agree), that scale >  which implementation its
+                    D, |X − Y| > D, and ``max_ratio`` ≥ ``NEAR``               config names
+otherwise           ``precision``                                             beyond the tolerance, but by
                                                                               rounding-sized amounts
-===========  ==============================================================  ================================
+==================  ========================================================  ================================
 
-``NEAR`` = 4: a finding whose worst example is within 4× of its tolerance is never ``wrong``, so a verdict that flips in the last
-bits (another summation order, a different example close to the boundary) can only move a finding between
-pass and ``imprecise``, never into ``wrong``. Relative errors at a reference below its tolerance (an
+``NEAR`` = 4: a finding whose worst example is within 4× of its tolerance is never a wrong value (since the
+margin band, such a finding is ``marginal`` and never fails; ``NEAR`` still grades reports written before it). Relative errors at a reference below its tolerance (an
 exact 0, the entropy of a one-hot row) are not used: they measure the floor, not the engine.
 """
 

@@ -31,7 +31,7 @@ from rlconform.harness.core.opinfo import OpInfo
 class OpFamily:
     """One op family: ``name``; ``ops`` (its catalog entries); ``strategy(op: OpInfo, dtype, regime)``
     -> hypothesis strategy of a case's ``inputs`` dict; ``evaluate(binding, case)`` -> Evaluation (None
-    for distributed families); ``doc``: one line for ``rlconform list-ops``."""
+    for distributed families); ``doc``: one line for ``rlconform list-ops``; ``trigger``: see below."""
 
     name: str
     ops: tuple[OpInfo, ...]
@@ -40,6 +40,10 @@ class OpFamily:
     doc: str = ""
     #: position in the catalog (reports list ops in catalog order)
     order: int = 100
+    #: ``trigger(case, message, kind) -> str | None``: the feature of a failing case's shrunk input in a
+    #: maintainer's words, read from this family's own inputs (None: the generic reading of
+    #: :func:`rlconform.harness.core.triggers.trigger` decides)
+    trigger: Callable[..., Any] | None = None
 
 
 def all_families() -> tuple[OpFamily, ...]:

@@ -53,6 +53,7 @@ from rlconform.harness.core.opinfo import (
     variant_regime, with_variant_implementations,
 )
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
+from rlconform.harness.core.triggers import group_trigger
 
 ESTIMATORS = tuple(R.ESTIMATORS)
 EPSILON = 1e-6
@@ -433,5 +434,25 @@ def evaluate(binding, case) -> Evaluation:
     return ev
 
 
-FAMILY = OpFamily("advantages", OPS, strategy, evaluate, order=55,
+def trigger(case, message: str = "", kind: str = "") -> str | None:
+    """The trigger of a failing outcome-advantage case (:mod:`rlconform.harness.core.triggers`): ``a group of
+    one sample``, ``a group with equal scores`` (σ = 0: the GRPO normalisation's 0/0 + ε), else None (the
+    generic reading: a row with no valid token, …). GAE and whitening: always None."""
+    inputs = case.inputs if isinstance(case.inputs, dict) else {}
+    if case.property in ("mask_invariant", "partition_invariant") or kind in ("inexact value", "mutation"):
+        return None
+    index, rewards = inputs.get("index"), inputs.get("token_level_rewards")
+    if index is None or rewards is None:
+        return None
+    one = group_trigger(index)
+    if one:
+        return one
+    ids = np.asarray(index).astype(str).ravel()
+    scores = np.asarray(rewards, dtype=np.float64).reshape(len(ids), -1).sum(axis=1)
+    if any(np.ptp(scores[ids == g]) == 0 for g in np.unique(ids)):
+        return "a group with equal scores"
+    return None
+
+
+FAMILY = OpFamily("advantages", OPS, strategy, evaluate, order=55, trigger=trigger,
                   doc="outcome-reward advantage estimators (a variant each), GAE and masked whitening")

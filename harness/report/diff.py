@@ -14,7 +14,7 @@ severities and member lists are compared: numbers, messages, reproducer paths an
 are not (two runs of the same code from two folders give the same diff: none).
 
 Exit code (:func:`exit_code`): 1 when something new — a new finding, a finding or defect whose severity
-rose — is at or above ``--fail-on`` (default ``wrong``: ``wrong`` and ``destructive``), else 0; 2 when a
+rose — is at or above ``--fail-on`` (default ``robustness``: every severity but ``precision``, :mod:`rlconform.harness.report.severity`), else 0; 2 when a
 report cannot be read. :func:`render_markdown` is the pull-request comment: only the change.
 """
 
@@ -27,7 +27,7 @@ from rlconform.harness.report.severity import RANK, at_least
 from rlconform.harness.report.triage import annotate
 from rlconform.harness.report.triage_md import HEADER, defect_row
 
-DEFAULT_FAIL_ON = "wrong"
+DEFAULT_FAIL_ON = "robustness"
 MARKDOWN_LIMIT = 60_000
 
 
@@ -178,7 +178,7 @@ def add_parser(sub) -> None:
     p.add_argument("base", help="the base report (report.json or its folder)")
     p.add_argument("head", help="the head report (report.json or its folder)")
     p.add_argument("--fail-on", choices=FAIL_ON, default=DEFAULT_FAIL_ON,
-                   help="exit 1 when something new is at least this severe (default: %(default)s; "
-                        "wrong counts destructive too)")
+                   help="exit 1 when something new is at least this severe (training = destructive > logging > "
+                        "robustness > precision; default: %(default)s)")
     p.add_argument("--markdown", default=None, help="also write the Markdown comment here")
     p.add_argument("--json", default=None, help="also write the change as JSON here")

@@ -61,7 +61,9 @@ TRACEBACK_CHARS = 1200
 #: a defect card shows at most this much of its message and input (the full text is in the all-findings
 #: table and report.json)
 MESSAGE_CHARS = 240
-SEVERITY_COLOR = {"wrong": "#b3261e", "destructive": "#a142f4", "imprecise": "#e37400"}
+SEVERITY_COLOR = {"training": "#b3261e", "destructive": "#a142f4", "logging": "#c2185b", "robustness": "#e37400",
+                  "precision": "#6b7280",
+                  "wrong": "#b3261e", "imprecise": "#e37400"}  # the last two: a page of an older report
 
 
 _fmt = number_text
@@ -336,16 +338,18 @@ examples per finding{% endif %} · python {{ run.python }} · torch {{ run.torch
 {% if coverage %}<p class="muted">coverage of the engine's numerics: {{ coverage }}</p>{% endif %}
 
 {% if defects %}<h2>defects ({{ defects|length }})</h2>
-<p class="muted">{{ triage_line }}. A defect is the findings that share op, property and failure signature (kind of
-wrong value · input feature) across dtypes and regimes; most severe first. Each shows its smallest member's
-reproducer, message and input; its members are listed under it in the table of failing findings below.</p>
-<table><tr><th>defect</th><th>severity</th><th>op</th><th>property</th><th>kind · input feature</th><th>findings</th></tr>
-{% for d in defects %}<tr><td><a href="#{{ d.key }}">{{ d.key }}</a><td><span class="badge v-{{ d.severity }}">{{ d.severity }}</span><td>{{ d.op }}<td>{{ d.property }}<td>{{ d.signature.kind }} · {{ d.signature.feature }}<td>{{ d.members|length }}
+<p class="muted">{{ triage_line }}. A defect is a root cause in the engine: the findings that share the engine
+function (for a crash, the deepest engine frame), the kind of failure and its trigger, across properties, dtypes
+and regimes; by severity, then size of the effect. Each shows the engine vs exact numbers and the reproducer of its
+smallest member, its message and input; its members are listed under it in the table of failing findings below.</p>
+<table><tr><th>defect</th><th>severity</th><th>engine function (file:line)</th><th>failure · trigger</th><th>engine vs exact</th><th>findings</th></tr>
+{% for d in defects %}<tr><td><a href="#{{ d.key }}">{{ d.key }}</a><td><span class="badge v-{{ d.severity }}">{{ d.severity }}</span><td>{{ d.where }}<td>{{ d.signature.kind }} · {{ d.signature.feature }}<td>{{ d.nums }}<td>{{ d.members|length }}
 {% endfor %}</table>
-{% for d in defects %}<div class="finding" id="{{ d.key }}" style="border-left-color: {{ sev_colors[d.severity] }}">
-<h3>{{ d.key }} <span class="badge v-{{ d.severity }}">{{ d.severity }}</span> {{ d.op }} · {{ d.property }} —
+{% for d in defects %}<div class="finding" id="{{ d.key }}" style="border-left-color: {{ sev_colors.get(d.severity, "#888") }}">
+<h3>{{ d.key }} <span class="badge v-{{ d.severity }}">{{ d.severity }}</span> {{ d.where }} —
 {{ d.signature.kind }} · {{ d.signature.feature }}</h3>
-<div class="nums"><a href="#{{ d.key }}-m">{{ d.members|length }} finding{{ "s" if d.members|length > 1 }}</a>:
+<div class="nums">{{ (d.ops or [d.op])|join(", ") }} · {{ (d.properties or [d.property])|join(", ") }}{% if d.nums %}; engine vs exact on the smallest input: <b>{{ d.nums }}</b>{% endif %};
+<a href="#{{ d.key }}-m">{{ d.members|length }} finding{{ "s" if d.members|length > 1 }}</a>:
 {% for dt, regs in d.by_dtype %}<b>{{ dt }}</b>: {{ regs }}{% if not loop.last %}; {% endif %}{% endfor %}</div>
 {% if d.reproducer.command %}<div>reproduce (its smallest member, <a href="#{{ d.reproducer.finding }}">{{ d.reproducer.finding.split(".")[2:]|join(".") }}</a>):</div>
 <pre class="cmd"><code>{{ d.reproducer.command }}</code></pre>{% endif %}
@@ -528,6 +532,19 @@ def read_blob(html: str) -> list[list[str]]:
     return json.loads(gzip.decompress(base64.b64decode(m.group(1))).decode("utf-8"))
 
 
+def _where(d: dict) -> str:
+    """The engine function of a defect card: ``function (file:line)``, the crash frame first; else its op."""
+    site = d.get("crash_frame") or d.get("engine_function")
+    if not site:
+        return f"op {d.get('op')}"
+    return f"{site.get('function')} ({site.get('file')}:{site.get('line')})"
+
+
+def _nums(d: dict) -> str:
+    n = d.get("numbers")
+    return f"{_fmt(n['engine'])} vs {_fmt(n['exact'])}" if n else ""
+
+
 def _page_parts(doc: dict) -> dict:
     findings = doc.get("findings", [])
     by_id = {f["id"]: f for f in findings}
@@ -538,13 +555,14 @@ def _page_parts(doc: dict) -> dict:
         key = f"D{n}"
         rep = by_id.get((d.get("reproducer") or {}).get("finding") or "", {})
         tb = engine_traceback(rep.get("traceback")) if rep.get("status") == "crash" else None
-        defects.append(dict(d, key=key, by_dtype=_by_dtype(d["members"], by_id), traceback=tb))
+        defects.append(dict(d, key=key, by_dtype=_by_dtype(d["members"], by_id), traceback=tb, where=_where(d),
+                            nums=_nums(d)))
         for m in d["members"]:
             owner.setdefault(m, (key, d))
     groups: dict[str, dict] = {}
     for f in bad:
         key, d = owner.get(f["id"], ("", None))
-        title = (f"{d['op']} · {d['property']} — {d['signature']['kind']} · {d['signature']['feature']}" if d
+        title = (f"{_where(d)} — {d['signature']['kind']} · {d['signature']['feature']}" if d
                  else f"{f['op']} · {f['property']} (in no defect)")
         g = groups.setdefault(key + "|" + (title if not d else ""), {"key": key, "title": title, "findings": []})
         cmd = (f.get("reproducer") or {}).get("command")

@@ -1,19 +1,41 @@
-"""Severity of a failing finding: ``wrong``, ``destructive`` or ``imprecise`` (issue 12).
+"""Severity of a failing finding by its impact on training (issue 20 §3; issue 12 before it): ``training``,
+``destructive``, ``logging``, ``robustness`` or ``precision``.
 
 Operates on a finding of ``report.json`` (a dict), from the numbers it carries: the clauses of its
 ``message`` (``engine E vs reference R at flat index i: … tolerance T``; ``X vs Y … (reference R,
 allowed difference D)``; ``engine nan where the reference is finite``), ``max_ratio``, ``max_rel_err``,
-its ``status`` and ``property``. The thresholds and the reason for each are in the severity table of
-:mod:`rlconform.harness.core.tolerance` (``WRONG_REL``, ``WRONG_PARTITION``, ``NEAR``).
+its ``status``, ``property`` and ``op``, and the dtypes the engine calls the op with (the binding's
+``engine_dtypes``, recorded as ``report.json`` ``engine.engine_dtypes``). The thresholds of a wrong value
+and the reason for each are in the severity table of :mod:`rlconform.harness.core.tolerance`
+(``WRONG_REL``, ``WRONG_PARTITION``, ``NEAR``).
+
+============  ======================================================================================
+severity      when (the first that applies)
+============  ======================================================================================
+robustness    a crash (the engine raised, or a documented input rank raised), an op that could not be
+              loaded, NaN / ±inf where the exact value is finite: a legal edge input breaks the step
+destructive   ``non_destructive``: a caller's tensor or a tensor saved for backward changed (as severe
+              as ``training``)
+logging       a wrong value of a metric: ops ``metric_pipeline`` / ``metric_statistics`` /
+              ``dp_metric_all_reduce``, property ``metric_integrity``, or a failing clause that names a
+              metric (``metric ppo_kl = …``): the loss is right, what is logged is not
+training      a wrong value (beyond the thresholds of ``wrong`` of the tolerance table), a missing
+              gradient or output of a loss, gradient, advantage, log-prob or importance weight
+precision     every other failure (rounding-sized), and any of the above (but ``destructive``) in a
+              dtype the engine never calls the op with
+============  ======================================================================================
 
 The message describes the shrunk example (the simplest failing input hypothesis found), ``max_ratio``
 the worst example: relative errors are read from the message's clauses (``max_rel_err`` is a maximum
 over every element, dominated by near-zero references), and a finding whose worst example is within
-``NEAR``× of its tolerance is never ``wrong``.
+``NEAR``× of its tolerance is never more than ``precision``.
 
-``--fail-on`` (:func:`fails`): ``imprecise`` (default; any failing finding turns the exit code red, as
-before severities existed) or ``wrong`` (only ``wrong`` and ``destructive`` findings do). ``xpass`` and
-``unavailable`` always do: the ledger works as before, and an op that cannot be loaded is never fine.
+``--fail-on S`` (:func:`fails`): a finding turns the exit code red when its severity is ``S`` or more
+severe (:data:`SEVERITIES` order; ``training`` and ``destructive`` rank together). The default,
+``robustness``, fails on ``training``, ``destructive``, ``logging`` and ``robustness``; ``precision``
+fails on every failing finding. The names of issue 12 are read as aliases (``wrong`` = ``robustness``,
+``imprecise`` = ``precision``: what they selected before). ``xpass`` and ``unavailable`` always fail:
+the ledger works as before, and an op that cannot be loaded is never fine.
 """
 
 from __future__ import annotations
@@ -23,12 +45,18 @@ import re
 
 from rlconform.harness.core.tolerance import NEAR, WRONG_PARTITION, WRONG_REL
 
-SEVERITIES = ("wrong", "destructive", "imprecise")  # most severe first
-RANK = {s: i for i, s in enumerate(SEVERITIES)}
-FAIL_ON = ("wrong", "imprecise")
-DEFAULT_FAIL_ON = "imprecise"
+SEVERITIES = ("training", "destructive", "logging", "robustness", "precision")  # most severe first
+#: rank for ordering and --fail-on (training and destructive are as severe)
+RANK = {"training": 0, "destructive": 0, "logging": 1, "robustness": 2, "precision": 3}
+#: the names of issue 12, still accepted by --fail-on
+LEGACY = {"wrong": "robustness", "imprecise": "precision"}
+FAIL_ON = SEVERITIES + tuple(LEGACY)
+DEFAULT_FAIL_ON = "robustness"
 #: statuses whose findings get a severity (an engine failure, listed in the ledger or not)
 JUDGED = ("discrepancy", "crash", "xfail", "unavailable")
+#: ops whose values are logged metrics, not what the optimiser sees
+METRIC_OPS = ("metric_pipeline", "metric_statistics", "dp_metric_all_reduce")
+_METRIC_CLAUSE = re.compile(r"\bmetric [A-Za-z0-9_/]+ =")
 
 _NUM = r"[-+]?(?:nan|inf|[0-9.]+(?:e[-+]?[0-9]+)?)"
 VALUE_CLAUSE = re.compile(rf"engine (?P<e>{_NUM}) vs reference (?P<r>{_NUM}) at flat index \d+:[^\n]*?"
@@ -87,44 +115,22 @@ def nonfinite_where_finite(finding: dict) -> str | None:
     return None
 
 
-def classify(finding: dict) -> tuple[str | None, str]:
-    """``(severity, reason)`` of one finding; ``(None, why)`` for ``pass`` and ``xpass`` findings."""
-    status = finding.get("status")
-    if status not in JUDGED:
-        return None, ("listed in the ledger but passes" if status == "xpass" else "")
+def _wrong_value(finding: dict) -> str | None:
+    """Why the finding's values are wrong beyond rounding (the tolerance table's thresholds), else None."""
     msg = finding.get("message") or ""
-    low = msg.lower()
-    prop = finding.get("property")
-    if status == "unavailable":
-        return "wrong", "the op could not be loaded"
-    if status == "crash":
-        return "wrong", f"the engine raised {crash_type(msg)} on a legal input"
-    m = RANK_CONTRACT.search(msg)
-    if m:  # a documented input shape that cannot run is a crash on a legal input, whatever else failed
-        return "wrong", f"the engine raised {contract_crash_type(msg)} on a rank-{m['rank']} input its docstring allows"
-    if "no autograd graph" in low or "no gradient" in low:
-        return "wrong", "a gradient the contract requires is missing"
-    if "the engine returned shape" in msg or "nothing to compare" in msg:
-        return "wrong", "an output is missing or has the wrong shape"
-    if prop == "non_destructive":
-        return "destructive", ("an input changed" if "mutated" in low
-                               else "a tensor saved for backward was modified in place")
-    if prop == "metric_integrity" or "missing from the final dict" in msg:
-        return "wrong", "a metric is lost or malformed on its way to the final dict"
-    nf = nonfinite_where_finite(finding)
-    if nf:
-        return "wrong", f"{nf} where the exact value is finite"
     ratio = finding.get("max_ratio")
     near = isinstance(ratio, (int, float)) and ratio < NEAR  # None: unbounded
+    if near:
+        return None
     worst, why = 0.0, None
-    for e, r, t in [] if near else value_clauses(msg):
+    for e, r, t in value_clauses(msg):
         err = abs(e - r)
         if t > 0 and abs(r) > t and err > t:
             rel = err / abs(r)
             if rel >= WRONG_REL and rel > worst:
                 worst, why = rel, f"rel err {rel:.3g} at reference {r:.6g} (tolerance {t:.3g})"
-    agreement = prop == "implementations_agree"
-    for x, y, r, d in [] if near else partition_clauses(msg):
+    agreement = finding.get("property") == "implementations_agree"
+    for x, y, r, d in partition_clauses(msg):
         diff = abs(x - y)
         # two implementations: at the scale of their own values (the reference may be a convention's 0 or NaN)
         scale = max((abs(v) for v in (x, y, r) if math.isfinite(v)), default=0.0) if agreement else abs(r)
@@ -134,23 +140,112 @@ def classify(finding: dict) -> tuple[str | None, str]:
                 worst, why = dep, (f"the implementations differ by {dep:.3g} of the value {max(abs(x), abs(y)):.6g} "
                                    f"(allowed difference {d:.3g})" if agreement else
                                    f"partition dependence {dep:.3g} of the value {r:.6g} (allowed difference {d:.3g})")
+    if why and isinstance(ratio, (int, float)):
+        why += f"; {ratio:.3g}× its tolerance at worst"
+    return why
+
+
+def effect(finding: dict) -> float:
+    """The size of a failing finding's effect, for ordering within a severity: inf for a crash, a
+    mutation or a NaN / inf, else the largest relative error or partition dependence of its clauses,
+    else ``max_ratio`` × 1e-6 (a rounding-sized failure ranks below any wrong value)."""
+    msg = finding.get("message") or ""
+    if finding.get("status") in ("crash", "unavailable") or finding.get("property") == "non_destructive" \
+            or RANK_CONTRACT.search(msg) or nonfinite_where_finite(finding):
+        return math.inf
+    best = 0.0
+    for e, r, t in value_clauses(msg):
+        if abs(r) > t:
+            best = max(best, abs(e - r) / abs(r))
+    for x, y, r, d in partition_clauses(msg):
+        if abs(r) > d:
+            best = max(best, abs(x - y) / abs(r))
+    ratio = finding.get("max_ratio")
+    if not best and isinstance(ratio, (int, float)):
+        best = ratio * 1e-6
+    return best
+
+
+def is_metric(finding: dict) -> bool:
+    """Whether the failing values are a logged metric (see the module table, ``logging``)."""
+    msg = finding.get("message") or ""
+    if finding.get("op") in METRIC_OPS or finding.get("property") == "metric_integrity":
+        return True
+    if "missing from the final dict" in msg:
+        return True
+    lines = [ln for ln in msg.splitlines() if VALUE_CLAUSE.search(ln) or PARTITION_CLAUSE.search(ln)]
+    return bool(lines) and all(_METRIC_CLAUSE.search(ln) for ln in lines)
+
+
+def _impact(finding: dict) -> tuple[str | None, str]:
+    """Severity by impact before the dtype gate."""
+    status = finding.get("status")
+    msg = finding.get("message") or ""
+    low = msg.lower()
+    prop = finding.get("property")
+    if status == "unavailable":
+        return "robustness", "the op could not be loaded"
+    if status == "crash":
+        return "robustness", f"the engine raised {crash_type(msg)} on a legal input"
+    m = RANK_CONTRACT.search(msg)
+    if m:  # a documented input shape that cannot run is a crash on a legal input, whatever else failed
+        return "robustness", (f"the engine raised {contract_crash_type(msg)} on a rank-{m['rank']} input its "
+                              "docstring allows")
+    if prop == "non_destructive":
+        return "destructive", ("an input changed" if "mutated" in low
+                               else "a tensor saved for backward was modified in place")
+    nf = nonfinite_where_finite(finding)
+    if nf:
+        return "robustness", f"{nf} where the exact value is finite"
+    metric = is_metric(finding)
+    target = "logging" if metric else "training"
+    if "no autograd graph" in low or "no gradient" in low:
+        return "training", "a gradient the contract requires is missing"
+    if "the engine returned shape" in msg or "nothing to compare" in msg:
+        return target, "an output is missing or has the wrong shape"
+    if prop == "metric_integrity" or "missing from the final dict" in msg:
+        return "logging", "a metric is lost or malformed on its way to the final dict"
+    why = _wrong_value(finding)
     if why:
-        return "wrong", why + (f"; {ratio:.3g}× its tolerance at worst" if isinstance(ratio, (int, float)) else "")
+        return target, ("a logged metric: " if metric else "") + why
+    ratio = finding.get("max_ratio")
     ratio_txt = f"{ratio:.3g}× its tolerance" if isinstance(ratio, (int, float)) else "beyond its tolerance"
+    near = isinstance(ratio, (int, float)) and ratio < NEAR
     if near:
-        return "imprecise", f"{ratio_txt}: within {NEAR:g}× of it, never wrong"
-    return "imprecise", f"{ratio_txt}, below the thresholds of wrong"
+        return "precision", f"{ratio_txt}: within {NEAR:g}× of it, rounding-sized"
+    return "precision", f"{ratio_txt}, below the thresholds of a wrong value"
+
+
+def classify(finding: dict, engine_dtypes: dict | None = None) -> tuple[str | None, str]:
+    """``(severity, reason)`` of one finding; ``(None, why)`` for ``pass`` and ``xpass`` findings.
+    ``engine_dtypes``: op -> the dtypes the engine calls it with (an op not listed: every dtype)."""
+    status = finding.get("status")
+    if status not in JUDGED:
+        return None, ("listed in the ledger but passes" if status == "xpass" else "")
+    sev, why = _impact(finding)
+    used = (engine_dtypes or {}).get(finding.get("op"))
+    dtype = finding.get("dtype")
+    if sev not in ("precision", "destructive") and used and dtype and dtype not in used:
+        return "precision", f"{sev} in {dtype}, a dtype the engine never calls {finding.get('op')} with " \
+                            f"(it uses {', '.join(used)}): {why}"
+    return sev, why
+
+
+def normalise(fail_on: str) -> str:
+    """``fail_on`` as one of :data:`SEVERITIES` (legacy names mapped); raises ValueError otherwise."""
+    name = LEGACY.get(fail_on, fail_on)
+    if name not in RANK:
+        raise ValueError(f"unknown --fail-on {fail_on!r}; choose from {', '.join(SEVERITIES)}")
+    return name
 
 
 def at_least(severity: str | None, fail_on: str) -> bool:
-    """Whether ``severity`` turns the exit code red under ``--fail-on fail_on``."""
+    """Whether ``severity`` turns the exit code red under ``--fail-on fail_on``. A severity of an older
+    report (``wrong``, ``imprecise``) is read as its alias."""
     if severity is None:
         return False
-    if fail_on == "imprecise":
-        return True
-    if fail_on == "wrong":
-        return severity in ("wrong", "destructive")
-    raise ValueError(f"unknown --fail-on {fail_on!r}; choose from {', '.join(FAIL_ON)}")
+    threshold = RANK[normalise(fail_on)]
+    return RANK[normalise(severity)] <= threshold
 
 
 def fails(finding: dict, fail_on: str = DEFAULT_FAIL_ON) -> bool:

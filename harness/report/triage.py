@@ -1,16 +1,29 @@
-"""Triage of a report: a severity per failing finding, and *defects* — findings that share op, property
-and failure signature across dtypes and regimes (issue 12).
+"""Triage of a report: a severity per failing finding, and *defects* — root causes in the engine
+(issue 20 §1; issue 12 grouped by op × property × signature before it).
 
 Operates on the ``report.json`` document (a dict), whatever produced its findings. :func:`annotate` adds
 
-* to each failing finding: ``severity`` (``wrong`` | ``destructive`` | ``imprecise``) and
-  ``severity_reason`` (:mod:`rlconform.harness.report.severity`);
-* to the document: ``defects: [{"id", "severity", "op", "property", "signature": {"kind", "feature"},
-  "members": [finding ids], "dtypes", "regimes", "reproducer": {"finding", "case_file", "command",
-  "input"}}]`` ranked by severity, then by number of members; and ``triage: {"defects": {severity: n},
-  "findings": {severity: n}}``.
+* to each failing finding: ``severity`` (``training`` | ``destructive`` | ``logging`` | ``robustness`` |
+  ``precision``) and ``severity_reason`` (:mod:`rlconform.harness.report.severity`, with the document's
+  ``engine.engine_dtypes``);
+* to the document: ``defects: [{"id", "severity", "effect", "engine_function", "crash_frame", "trigger",
+  "op", "ops", "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes", "regimes",
+  "numbers": {"engine", "exact", "clause"} | null, "reproducer": {"finding", "case_file", "command",
+  "input"}, "message"}]`` ranked by severity, then by the size of the effect
+  (:func:`rlconform.harness.report.severity.effect`), then by number of members; and ``triage:
+  {"defects": {severity: n}, "findings": {severity: n}}``.
 
-A signature is the kind of wrong value and the input feature that brings it out:
+A defect is the failing findings that share a *root key*: (where the engine goes wrong, kind of failure,
+trigger). Where: the finding's ``crash_frame`` for a crash (the deepest engine frame of the traceback),
+else its ``engine_function`` (the engine callable behind the op / variant / implementation), both
+recorded by the worker that ran the engine (:mod:`rlconform.harness.run.root_cause`); a finding without
+either (the reference engine, a mutant, a binding that names no callable, a report written before issue
+20) falls back to its op. Trigger: the finding's ``trigger`` (the shrunk input's feature in a
+maintainer's words, :mod:`rlconform.harness.core.triggers`), or for an older report the input feature of
+:func:`feature`. So one root cause failing several properties, dtypes and regimes is one defect, and two
+engine functions, kinds or triggers are two.
+
+The kind of failure:
 
 ==================  ============================================================================
 kind                from
@@ -23,38 +36,36 @@ missing output      a wrong shape, nothing to compare, a lost metric
 mutation            ``non_destructive``: an input changed during forward or backward
 in-place on saved   ``non_destructive``: a tensor saved for backward was modified in place
 NaN / inf           a NaN / ±inf where the exact value is finite
-partition dependence  ``partition_invariant`` / ``mask_invariant`` beyond the thresholds of ``wrong``
-implementations disagree  ``implementations_agree`` (two implementations of one variant), severity ``wrong``
-wrong value         ``matches_reference``, severity ``wrong``
-inexact value       any other failure (severity ``imprecise``)
+partition dependence  ``partition_invariant`` / ``mask_invariant`` beyond the thresholds of a wrong value
+implementations disagree  ``implementations_agree`` (two implementations of one variant) beyond them
+wrong value         beyond the thresholds of a wrong value (the tolerance table)
+inexact value       any other failure (rounding-sized)
 ==================  ============================================================================
 
-Input features (first that applies; from the regime, the worst input and the message): ``masked
-garbage`` (``mask_invariant``: what the property writes at masked positions), ``-inf logits`` (regime
-``*neg_inf*``, or ``-inf`` in an input that has logits), ``fp16 overflow`` (float16 and an inf where
-the exact value is finite, or regime ``*fp16_extreme``), ``large logit offset`` (``near_uniform_offset``,
-``bf16_coarse``), ``imbalanced shards``
-(regime ``*imbalanced*``, or a DP rank / micro-batch with 0 tokens), ``all masked`` (``all_off``),
-otherwise ``any input``. Only the kinds NaN, inf, wrong
-value, partition dependence and implementations disagree are split by feature; a mutation, a crash or an imprecision is one defect
-whatever the input. The defect's reproducer is its member with the smallest shrunk input (length of
-``worst_input``, then id).
+Input features of a report without triggers (first that applies; from the regime, the worst input and
+the message): ``masked garbage`` (``mask_invariant``), ``-inf logits``, ``fp16 overflow``, ``large logit
+offset``, ``imbalanced shards``, ``all masked``, otherwise ``any input``; only the kinds NaN, inf, wrong
+value and partition dependence are split by it. The defect's reproducer is its member with the smallest
+shrunk input (length of ``worst_input``, then id).
 """
 
 from __future__ import annotations
 
+import math
 import re
 
-from rlconform.harness.report.severity import RANK, SEVERITIES, classify, contract_crash_type
+from rlconform.harness.report.severity import (
+    NONFINITE_WHERE_FINITE, RANK, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses,
+    value_clauses,
+)
 
-#: kinds of failure whose input feature tells defects apart (a mutation or an imprecision does not
-#: depend on it: one defect whatever the input)
+#: kinds of failure whose input feature tells defects apart in a report without triggers
 VALUE_KINDS = ("NaN", "inf", "wrong value", "partition dependence", "implementations disagree")
 _EMPTY_SHARD = re.compile(r"tokens per DP rank \[[^\]]*\b0\b|shards \(nnz\) [^:]*\[0\]|\(nnz\)[^:]*\b0 tokens")
 
 
 def kind(finding: dict) -> str:
-    """The kind of wrong value of a failing finding (see the table of the module docstring)."""
+    """The kind of failure of a failing finding (see the table of the module docstring)."""
     from rlconform.harness.report.severity import crash_type, nonfinite_where_finite
 
     status, prop = finding.get("status"), finding.get("property")
@@ -76,16 +87,16 @@ def kind(finding: dict) -> str:
     nf = nonfinite_where_finite(finding)
     if nf:
         return "NaN" if nf == "nan" else "inf"
-    sev = finding.get("severity") or classify(finding)[0]
-    if prop in ("partition_invariant", "mask_invariant") and sev == "wrong":
+    wrong = _wrong_value(finding) is not None
+    if prop in ("partition_invariant", "mask_invariant") and wrong:
         return "partition dependence"
-    if prop == "implementations_agree" and sev == "wrong":
+    if prop == "implementations_agree" and wrong:
         return "implementations disagree"
-    return "wrong value" if sev == "wrong" else "inexact value"
+    return "wrong value" if wrong else "inexact value"
 
 
 def feature(finding: dict, kind_: str | None = None) -> str:
-    """The input feature that brings the failure out (see the module docstring)."""
+    """The input feature of a report without triggers (see the module docstring)."""
     regime = finding.get("regime") or ""
     inp = finding.get("worst_input") or ""
     msg = finding.get("message") or ""
@@ -109,51 +120,130 @@ def feature(finding: dict, kind_: str | None = None) -> str:
     return "any input"
 
 
+def where(finding: dict, kind_: str | None = None) -> dict | None:
+    """The engine site a finding's root key uses: its ``crash_frame`` for a crash, else its
+    ``engine_function`` (None: neither was recorded)."""
+    k = kind_ or kind(finding)
+    if k.startswith("crash:") and finding.get("crash_frame"):
+        return finding["crash_frame"]
+    return finding.get("engine_function") or None
+
+
+def trigger(finding: dict, kind_: str | None = None) -> str:
+    """The finding's recorded ``trigger``, else (an older report) its input :func:`feature`."""
+    return finding.get("trigger") or feature(finding, kind_)
+
+
+def site_text(site: dict | None) -> str:
+    """``function (file:line)``, or ``""``."""
+    if not site:
+        return ""
+    return f"{site.get('function')} ({site.get('file')}:{site.get('line')})"
+
+
+def root_key(finding: dict) -> tuple[str, str, str]:
+    """(where: ``module.function`` or ``op <op>``, kind, trigger) of a failing finding."""
+    k = kind(finding)
+    s = where(finding, k)
+    place = f"{s.get('module')}.{s.get('function')}" if s else f"op {finding.get('op')}"
+    return place, k, trigger(finding, k)
+
+
 def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower().replace("-inf", "neg-inf")).strip("-")
+    text = text.lower().replace("-inf", "neg-inf").replace("−inf", "neg-inf").replace("≤", "le").replace(">", "gt")
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
 
 
-def defect_id(op: str, prop: str, kind_: str, feature_: str) -> str:
-    """A stable id, e.g. ``entropy.finite_where_reference_finite.nan.-inf-logits`` → slugged parts."""
-    return f"{op}.{prop}.{_slug(kind_)}.{_slug(feature_)}"
+def defect_id(place: str, kind_: str, trigger_: str) -> str:
+    """A stable id from the root key, e.g. ``verl.utils.torch_functional.masked_var.crash-valueerror.le-1-valid-token``
+    (the place keeps its dots; an op fallback reads ``op-entropy``)."""
+    place = place.replace("op ", "op-", 1) if place.startswith("op ") else place
+    return f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', place)}.{_slug(kind_)}.{_slug(trigger_)}"
 
 
 def _size(finding: dict) -> tuple:
     return (len(finding.get("worst_input") or "") or 10**9, finding["id"])
 
 
+def _jsonable(x: float):
+    return x if math.isfinite(x) else str(x)  # "nan", "inf": equal to themselves, and plain JSON
+
+
+def numbers(finding: dict) -> dict | None:
+    """Engine vs exact value of the first failing clause of ``finding``'s message (its shrunk input):
+    ``{"engine", "exact", "clause"}`` (a non-finite value as the string ``"nan"`` / ``"inf"`` / ``"-inf"``),
+    or None when the message has no such clause. For a partition clause ``X vs Y (reference R)`` the engine
+    value is the one of X, Y farther from R."""
+    msg = finding.get("message") or ""
+    found = []  # (how wrong, engine, exact, clause): the worst clause is shown (a NaN first)
+    for line in msg.splitlines():
+        for e, r, _ in value_clauses(line):
+            found.append((_badness(e, r), e, r, line))
+        for x, y, r, _ in partition_clauses(line):
+            other = x if not math.isfinite(x) or (math.isfinite(y) and abs(x - r) >= abs(y - r)) else y
+            found.append((_badness(other, r), other, r, line))
+        m = NONFINITE_WHERE_FINITE.search(line)
+        ref = re.search(r"is finite \((?P<r>[-+0-9.e]+|nan|inf)\)", line)
+        if m and ref:
+            found.append((math.inf, float(m["e"]), float(ref["r"]), line))
+    if not found:
+        return None
+    _, e, r, line = max(found, key=lambda t: t[0])
+    return {"engine": _jsonable(e), "exact": _jsonable(r), "clause": line.strip()[:300]}
+
+
+def _badness(e: float, r: float) -> float:
+    if not math.isfinite(e) and math.isfinite(r):
+        return math.inf
+    if not (math.isfinite(e) and math.isfinite(r)):
+        return 0.0
+    return abs(e - r) / max(abs(r), 1e-300)
+
+
 def defects(findings: list[dict]) -> list[dict]:
-    """Group the failing findings (those with a severity) into defects, most severe first."""
+    """Group the failing findings (those with a severity) into defects by root key, most severe first."""
     groups: dict[tuple, list[dict]] = {}
     for f in findings:
         if not f.get("severity"):
             continue
-        k = kind(f)
-        groups.setdefault((f["op"], f["property"], k, feature(f, k)), []).append(f)
+        groups.setdefault(root_key(f), []).append(f)
     out = []
-    for (op, prop, k, feat), members in groups.items():
+    for (place, k, trig), members in groups.items():
         best = min(members, key=_size)
         rep = best.get("reproducer") or {}
+        sev = min((m["severity"] for m in members), key=lambda s: (RANK.get(s, 9), SEVERITIES.index(s) if s in SEVERITIES else 9))
+        size = max(effect(m) for m in members if m["severity"] == sev)
+        top = [m for m in members if m["severity"] == sev]
+        shown = min(top, key=_size)
         out.append({
-            "id": defect_id(op, prop, k, feat),
-            "severity": min((m["severity"] for m in members), key=RANK.__getitem__),
-            "op": op, "property": prop, "signature": {"kind": k, "feature": feat},
+            "id": defect_id(place, k, trig),
+            "severity": sev, "effect": size,
+            "engine_function": where(shown, k) if not k.startswith("crash:") else shown.get("engine_function"),
+            "crash_frame": shown.get("crash_frame") if k.startswith("crash:") else None,
+            "trigger": trig,
+            "op": best["op"], "ops": sorted({m["op"] for m in members}),
+            "property": best["property"], "properties": sorted({m["property"] for m in members}),
+            "signature": {"kind": k, "feature": trig},
             "members": sorted(m["id"] for m in members),
             "dtypes": sorted({m.get("dtype") for m in members if m.get("dtype")}),
             "regimes": sorted({m.get("regime") for m in members if m.get("regime")}),
+            "numbers": numbers(shown),
             "reproducer": {"finding": best["id"], "case_file": rep.get("case_file"), "command": rep.get("command"),
                            "input": best.get("worst_input")},
-            "message": (best.get("message") or "").strip().splitlines()[0][:300] if best.get("message") else "",
+            "message": (shown.get("message") or "").strip().splitlines()[0][:300] if shown.get("message") else "",
         })
-    out.sort(key=lambda d: (RANK[d["severity"]], -len(d["members"]), d["id"]))
+    out.sort(key=lambda d: (RANK[d["severity"]], -d["effect"], -len(d["members"]), d["id"]))
     return out
 
 
 def annotate(doc: dict) -> dict:
     """Add severities, ``defects`` and ``triage`` counts to a report document, in place; returns it.
-    Idempotent (recomputed from the findings each time)."""
+    Idempotent (recomputed from the findings each time); a report written before issue 20 (no
+    ``engine_function`` / ``trigger`` / ``engine_dtypes``) is triaged with the fallbacks of the module
+    docstring."""
+    dtypes = (doc.get("engine") or {}).get("engine_dtypes") or {}
     for f in doc.get("findings", []):
-        sev, reason = classify(f)
+        sev, reason = classify(f, dtypes)
         if sev is None:
             f.pop("severity", None)
             f.pop("severity_reason", None)

@@ -1,8 +1,10 @@
 """Markdown of a report's defects (``report.md`` leads with it; ``rlconform diff`` reuses the row format).
 
-One line of counts per severity, then one row per defect, most severe first: severity, op, property,
-signature (kind of wrong value · input feature), members (how many findings, over which dtypes), and
-the reproducer command of its smallest member.
+One line of counts per severity, then one row per defect (a root cause, :mod:`rlconform.harness.report.triage`),
+most severe first, then by size of effect: severity; the engine function (or crash frame) with
+``file:line`` (the op when none was recorded); the kind of failure and its trigger; engine vs exact on
+the smallest input; members (how many findings, over which ops · properties · dtypes); and the
+reproducer command of its smallest member.
 """
 
 from __future__ import annotations
@@ -22,15 +24,37 @@ def counts_line(doc: dict) -> str:
         f"{d.get(s, 0)} {s} ({f.get(s, 0)} findings)" for s in SEVERITIES if d.get(s))
 
 
+def _num(x) -> str:
+    return f"{x:.6g}" if isinstance(x, (int, float)) else str(x)
+
+
+def where_cell(d: dict) -> str:
+    """``function`` (``file:line``), crash frame first; the op when no engine site was recorded."""
+    from rlconform.harness.report.triage import site_text
+
+    site = d.get("crash_frame") or d.get("engine_function")
+    if site:
+        text = f"`{site.get('function')}` ({site.get('file')}:{site.get('line')})"
+        if d.get("crash_frame") and d.get("engine_function"):
+            text += f" via `{d['engine_function'].get('function')}`"
+        return text
+    return f"op {d.get('op')}" + (f" ({site_text(site)})" if site else "")
+
+
 def defect_row(d: dict) -> str:
     sig = d["signature"]
     rep = d.get("reproducer") or {}
     cmd = f"`{rep['command']}`" if rep.get("command") else (rep.get("finding") or "")
-    return (f"| **{d['severity']}** | {d['op']} | {d['property']} | {sig['kind']} · {sig['feature']} | "
-            f"{len(d['members'])} ({', '.join(d.get('dtypes') or [])}) | {cmd} |")
+    n = d.get("numbers")
+    nums = f"{_num(n['engine'])} vs {_num(n['exact'])}" if n else ""
+    what = " · ".join(x for x in (", ".join(d.get("ops") or [d["op"]]),
+                                   ", ".join(d.get("properties") or [d["property"]]),
+                                   ", ".join(d.get("dtypes") or [])) if x)
+    return (f"| **{d['severity']}** | {where_cell(d)} | {sig['kind']} · {d.get('trigger') or sig['feature']} | {nums} | "
+            f"{len(d['members'])} ({what}) | {cmd} |")
 
 
-HEADER = ["| severity | op | property | signature | findings (dtypes) | reproduce (smallest) |",
+HEADER = ["| severity | engine function (file:line) | failure · trigger | engine vs exact | findings (ops · properties · dtypes) | reproduce (smallest) |",
           "|---|---|---|---|---|---|"]
 
 
@@ -39,7 +63,7 @@ def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
     defects = doc.get("defects") or []
     if not defects:
         return []
-    lines = ["### Defects (findings grouped by op, property and failure signature)", "", counts_line(doc), "",
+    lines = ["### Defects (root causes: engine function or crash frame × failure × trigger)", "", counts_line(doc), "",
              *HEADER]
     used = sum(len(x) + 1 for x in lines)
     for n, d in enumerate(defects):

@@ -21,9 +21,19 @@ Schema ``rlconform.report/1``::
                    "samples": [{"imbalance", "abs_err", "rel_err", "ratio", "ok"}] | null,
                    "profiles": [the profiles that add this finding's regime] (profile-only regimes only,
                    e.g. ``real_shapes``: ["nightly"]; absent otherwise),
-                   "severity": "wrong" | "destructive" | "imprecise" (failing findings only), "severity_reason"}],
-     "defects": [{"id", "severity", "op", "property", "signature": {"kind", "feature"}, "members",
-                  "dtypes", "regimes", "reproducer": {"finding", "case_file", "command", "input"}, "message"}],
+                   "severity": "training" | "destructive" | "logging" | "robustness" | "precision" (failing
+                   findings only), "severity_reason",
+                   "engine_function": {"function", "module", "file", "line"} | null (failing findings only:
+                   the engine callable behind the op / variant / implementation, ``file`` relative to the
+                   directory of the engine's top package, ``line`` its ``def``),
+                   "crash_frame": {"function", "module", "file", "line"} | null (a crash: the deepest
+                   traceback frame inside the engine's package, ``line`` the executing one),
+                   "trigger": the shrunk input's feature that brings the failure out ("a row with no valid
+                   token", "TP > 1", …)}],
+     "defects": [{"id", "severity", "effect", "engine_function", "crash_frame", "trigger", "op", "ops",
+                  "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes", "regimes",
+                  "numbers": {"engine", "exact", "clause"} | null, "reproducer": {"finding", "case_file",
+                  "command", "input"}, "message"}],
      "triage": {"defects": {severity: n}, "findings": {severity: n}},
      "coverage": {"engine", "version", "modules", "counts": {"unbound", "bound", "justified"},
                   "items": [{"name", "module", "short", "kind", "status", "bound_to", "reason"}],
@@ -33,6 +43,10 @@ Schema ``rlconform.report/1``::
 modules and every registry entry, bound to an op, justified, or unbound.
 
 ``severity``, ``defects`` and ``triage``: :mod:`rlconform.harness.report.triage` (added by :func:`document`).
+``engine_function``, ``crash_frame``, ``trigger`` (issue 20): recorded by the worker that ran the engine
+(:mod:`rlconform.harness.run.root_cause`); a report without them (written before) is triaged with fallbacks
+(the op, the input feature), so ``rlconform report`` re-renders it. ``engine.engine_dtypes``: op -> the dtypes
+the engine's trainer calls it with (the binding's ``engine_dtypes``; ``{}`` when it declares none).
 
 ``samples`` (partition ops ``agg_loss`` / ``metric_pipeline``, properties ``matches_reference`` and
 ``partition_invariant`` only): at most 50 examples of the finding, failing ones first, with the shard

@@ -106,6 +106,7 @@ class _EngineInfo:
         self._ops = list(meta["ops"])
         self.variants = meta.get("variants") or {}
         self.variant_record = meta.get("variant_record") or {}
+        self.engine_dtypes = meta.get("engine_dtypes") or {}  # issue 20 §3: op -> dtypes the trainer uses
         self.coverage = meta.get("coverage")  # the coverage table (issue 11), built in the probe's child process
 
     def provided_ops(self) -> list[str]:
@@ -198,7 +199,8 @@ class State:
         self.writer = ReportWriter(
             self.out,
             engine={"name": b.name, "spec": b.spec, "version": b.version, "path": b.path, "revision": b.revision,
-                    "variants": self.variant_record()},
+                    "variants": self.variant_record(),
+                    "engine_dtypes": {op: list(d) for op, d in (getattr(b, "engine_dtypes", None) or {}).items()}},
             run={"profile": opt("rlconform_profile"), "seed": self.seed,
                  "max_examples": self.settings.max_examples,
                  "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},
@@ -454,6 +456,13 @@ def pytest_runtest_makereport(item, call):
         rec.message = str(getattr(report, "wasxfail", ""))
     reproducer = rec.save_reproducer() if status in ("discrepancy", "crash", "xfail", "marginal") else None
     finding = finding_entry(rec, params, status, tb, reproducer)
+    # --- root cause (issue 20 §1): the engine function, crash frame and trigger, read where the engine ran
+    from rlconform.harness.run import root_cause
+
+    try:
+        finding.update(root_cause.fields(rec.state.binding, finding, exc, rec.failing or rec.current))
+    except Exception as err:  # noqa: BLE001 - the finding stands without them; triage falls back to the op
+        finding["root_cause_error"] = f"{type(err).__name__}: {err}"[:300]
     report.user_properties.append(("rlconform_finding", finding))
     # JUnit XML (--junitxml) writes the *teardown* report's user_properties, which are copied from the
     # item: give it scalar properties (the finding dict would be written as its str())

@@ -1,0 +1,238 @@
+"""Where in the engine a finding goes wrong (issue 20 §1): the engine callable behind an op / variant /
+implementation, and for a crash the deepest traceback frame inside the engine's package.
+
+A binding's adapters name the engine callable they call with :func:`calls` (attribute
+:data:`CALLS_ATTR`, one callable or a tuple); an adapter that does not is searched: its closure cells
+(recursively through nested adapters), then the object itself when it is engine code. A *site* is::
+
+    {"function": "compute_policy_loss_geo_mean", "module": "verl.trainer.ppo.core_algos",
+     "file": "verl/trainer/ppo/core_algos.py", "line": 1234}
+
+``file`` is relative to the directory that holds the engine's top package (``verl/…``), so a fork's
+checkout on ``--engine-path`` gives its own files and lines; ``line`` is the ``def`` line
+(``co_firstlineno``) for a callable, the executing line for a crash frame. Code of rlconform, torch,
+NumPy and the standard library is never an engine site.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+from typing import Any, Callable, Iterable
+
+from rlconform.harness.core.engine_frames import deepest_frame
+
+#: the attribute an adapter names its engine callable(s) with (see :func:`calls`)
+CALLS_ATTR = "rlconform_calls"
+#: top packages that are never the engine
+NOT_ENGINE = frozenset({"rlconform", "harness", "properties", "distributed_tests", "reference", "torch", "numpy",
+                        "hypothesis", "builtins", "functools", "typing", "abc", "dataclasses", "collections",
+                        "contextlib", "math", "_pytest", "pytest", "importlib", "tensordict", "omegaconf", "ray"})
+#: the parts of an Implementation / AggLoss / MetricPipeline searched for engine callables, in this order
+_PARTS = ("fn", "loss", "emit", "reduce_micro", "reduce_dp", "reduce_mini", "finalize")
+
+
+def calls(engine_fn: Any, *more: Any) -> Callable[[Callable], Callable]:
+    """Decorator for an adapter: ``@calls(core_algos.compute_gae_advantage_return)`` records the engine
+    callable(s) it calls as ``adapter.rlconform_calls`` and returns the adapter unchanged (its signature
+    stays the adapter's: no ``__wrapped__``, which :func:`inspect.signature` would follow)."""
+
+    def mark(adapter):
+        setattr(adapter, CALLS_ATTR, (engine_fn, *more) if more else engine_fn)
+        return adapter
+
+    return mark
+
+
+def _top(module: str | None) -> str:
+    return (module or "").split(".", 1)[0]
+
+
+def _module_of(obj: Any) -> str | None:
+    obj = getattr(obj, "__func__", obj)  # bound method
+    if isinstance(obj, functools.partial):
+        obj = obj.func
+    return getattr(obj, "__module__", None)
+
+
+def is_engine_code(obj: Any) -> bool:
+    """Whether ``obj`` is a function or class defined outside rlconform / torch / NumPy / the standard
+    library (a module under ``sys.stdlib_module_names``)."""
+    mod = _module_of(obj)
+    top = _top(mod)
+    if not top or top in NOT_ENGINE or top in getattr(sys, "stdlib_module_names", ()):
+        return False
+    return mod.startswith("rlconform") is False
+
+
+def _declared(obj: Any) -> list:
+    named = getattr(obj, CALLS_ATTR, None)
+    if named is None:
+        return []
+    return list(named) if isinstance(named, (tuple, list)) else [named]
+
+
+def engine_callables(obj: Any, _depth: int = 0, _seen: set | None = None) -> list:
+    """The engine callables behind ``obj`` (an adapter, a Variants entry, an Implementation's ``fn``,
+    an AggLoss / MetricPipeline), first the declared ones (:func:`calls`), then those found in closures."""
+    seen = set() if _seen is None else _seen
+    if obj is None or id(obj) in seen or _depth > 4:
+        return []
+    seen.add(id(obj))
+    declared = _declared(obj)
+    if declared:
+        return [c for d in declared for c in ([d] if is_engine_code(d) else engine_callables(d, _depth + 1, seen))]
+    found = []
+    parts = [] if inspect.isfunction(obj) else [getattr(obj, a, None) for a in _PARTS]  # Implementation, AggLoss, pipeline
+    parts = [p for p in parts if p is not None and callable(p)]
+    named = [p for p in parts if _declared(p)]  # a part that names its engine callable speaks for the whole
+    for inner in named or parts:
+        found += engine_callables(inner, _depth + 1, seen)
+    if isinstance(obj, functools.partial):
+        found += engine_callables(obj.func, _depth + 1, seen)
+    for cell in getattr(getattr(obj, "__func__", obj), "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(value) and not isinstance(value, type) or inspect.isclass(value) and is_engine_code(value):
+            found += engine_callables(value, _depth + 1, seen)
+    if not found and is_engine_code(obj) and callable(obj):  # engine code itself (or a user's adapter file)
+        return [obj]
+    out = []
+    for f in sorted(found, key=inspect.isclass):  # functions first: a config class is not the computation
+        if all(f is not g for g in out):
+            out.append(f)
+    return out
+
+
+def package_root(module: str) -> str | None:
+    """The directory holding the top package of ``module`` (``…/site-packages`` for ``verl.utils``)."""
+    top = sys.modules.get(_top(module))
+    path = getattr(top, "__file__", None)
+    if not path:
+        paths = list(getattr(top, "__path__", []) or [])
+        if not paths:
+            return None
+        return os.path.dirname(os.path.abspath(paths[0]))
+    path = os.path.abspath(path)
+    if os.path.basename(path) == "__init__.py":
+        return os.path.dirname(os.path.dirname(path))
+    return os.path.dirname(path)
+
+
+def relative(path: str, module: str) -> str:
+    """``path`` relative to the directory of ``module``'s top package (unchanged when outside it)."""
+    root = package_root(module)
+    path = os.path.abspath(path)
+    if root and path.startswith(root.rstrip(os.sep) + os.sep):
+        return os.path.relpath(path, root)
+    return path
+
+
+def site(fn: Any) -> dict | None:
+    """``{"function", "module", "file", "line"}`` of an engine callable (its ``def`` line), or None."""
+    obj = getattr(fn, "__func__", fn)
+    if isinstance(obj, functools.partial):
+        obj = obj.func
+    target = obj
+    if inspect.isclass(obj):
+        target = obj
+    else:
+        target = inspect.unwrap(obj)  # an engine decorator's functools.wraps: the function it decorates
+    mod = getattr(target, "__module__", None) or _module_of(obj)
+    try:
+        path = inspect.getsourcefile(target)
+        line = inspect.getsourcelines(target)[1]
+    except (TypeError, OSError):
+        return None
+    if not path or not mod:
+        return None
+    return {"function": getattr(target, "__qualname__", getattr(target, "__name__", repr(target))), "module": mod,
+            "file": relative(path, mod), "line": int(line)}
+
+
+def autograd_function(fn: Any):
+    """The ``torch.autograd.Function`` subclass a thin engine wrapper applies (``return _X.apply(...)``:
+    a global it names that is such a class), or None."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    glb = getattr(inspect.unwrap(fn), "__globals__", {})
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return None
+    for name in getattr(code, "co_names", ()):
+        obj = glb.get(name)
+        if inspect.isclass(obj) and issubclass(obj, torch.autograd.Function) and obj is not torch.autograd.Function:
+            return obj
+    return None
+
+
+def method_site(cls: type, method: str, module: str) -> dict | None:
+    """The site of ``cls.method`` (e.g. ``_VocabParallelEntropy.backward``)."""
+    fn = cls.__dict__.get(method)
+    fn = getattr(fn, "__func__", fn)
+    s = site(fn) if fn is not None else None
+    if s:
+        s["function"] = f"{cls.__qualname__}.{method}"
+    return s
+
+
+def crash_frame(tracebacks: Iterable[str], packages: Iterable[str]) -> dict | None:
+    """The deepest frame inside the engine's top ``packages`` over the formatted tracebacks (see
+    :func:`rlconform.harness.core.engine_frames.deepest_frame`; no packages: any frame outside rlconform,
+    torch, NumPy and the standard library)."""
+    return deepest_frame(tracebacks, list(packages) or None)
+
+
+def op_object(binding, op: str, regime: str):
+    """What the binding calls for the finding ``op`` × ``regime``: the variant's callable (``variant@data``),
+    the alternative implementation's ``fn`` (``impl@data``) or the op's implementation; None when it
+    cannot be resolved (the op is unavailable: no site then)."""
+    from rlconform.harness.core.opinfo import split_regime
+
+    prefix, _ = split_regime(regime or "")
+    try:
+        if prefix and prefix in binding.provided_implementations(op):
+            return binding.resolve_implementation(op, prefix).fn
+        impl = binding.resolve(op)
+    except Exception:  # noqa: BLE001 - an op that cannot be loaded has no engine site
+        return None
+    impls = getattr(impl, "impls", None)
+    if prefix and isinstance(impls, dict) and prefix in impls:
+        return impls[prefix]
+    return impl
+
+
+def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
+                 metric: bool = False) -> tuple[dict | None, list[str]]:
+    """``(engine_function site, engine top packages)`` of a finding. A ``non_destructive`` failure in the
+    backward of a thin wrapper around a ``torch.autograd.Function`` is located at that Function's
+    ``backward`` (``forward`` for a mutation during the forward). ``metric``: only logged metrics are
+    wrong, so a loss registry's ``combine_metrics`` (how the engine folds the micro-batches' metrics) is
+    the site when it names an engine callable."""
+    obj = op_object(binding, op, regime)
+    fns = engine_callables(obj) if obj is not None else []
+    if metric:
+        try:
+            fold = getattr(binding.resolve(op), "combine_metrics", None)
+        except Exception:  # noqa: BLE001 - no site then
+            fold = None
+        folded = engine_callables(fold) if fold is not None else []
+        fns = folded + fns
+    packages = sorted({_top(_module_of(f)) for f in fns if _module_of(f)})
+    if binding is not None and getattr(binding, "name", None) and binding.name in sys.modules:
+        packages = sorted(set(packages) | {binding.name})
+    if not fns:
+        return None, packages
+    fn = fns[0]
+    s = site(fn)
+    if prop == "non_destructive" and s is not None:
+        cls = autograd_function(fn)
+        low = (message or "").lower()
+        if cls is not None:
+            phase = "backward" if "backward" in low else "forward"
+            s = method_site(cls, phase, s["module"]) or s
+    return s, packages

@@ -1,0 +1,210 @@
+"""The *trigger* of a failing finding (issue 20 §1): the feature of its shrunk (worst) input that brings
+the failure out, in a maintainer's words ("a row with no valid token", "a group of one sample", "a −inf
+logit", "more than one micro-batch", "TP > 1", "bf16 input").
+
+:func:`trigger` is the generic reading, over the input names the families share (``mask`` /
+``response_mask`` ``[b, T]`` bool, ``index`` ``[b]`` group ids, ``logits`` ``[..., V]``, ``garbage`` (the
+value ``mask_invariant`` writes at masked positions), ``partitions`` (mini-batch → DP rank → micro-batch
+row ranges)) and the regime (``tp2_…``, ``cp2_…``, ``dp2_…``). A family may read its own inputs first:
+:class:`rlconform.harness.families.OpFamily` ``trigger(case, message, kind) -> str | None`` (None: the
+generic reading decides). The first rule that applies wins:
+
+==============================  =================================================================
+trigger                         when
+==============================  =================================================================
+a rank-N input                  the message says a documented input rank raised (``contract: a
+                                rank-N input``)
+a masked position holding X     property ``mask_invariant`` (X: the garbage it wrote: NaN, +inf, …)
+a <shard> with no valid token   property ``partition_invariant``, a shard count of 0 in the message
+                                (``micro-batches (nnz) [0, 1]``; shard: micro-batch, DP rank, CP rank)
+more than one <shard>           property ``partition_invariant`` otherwise (a TP / CP layout: ``TP > 1``)
+bf16 input / fp16 input         kind ``inexact value`` (rounding-sized: the dtype is the trigger)
+a −inf logit / a NaN input      a −inf in ``logits``, a NaN in any floating input
+fp16 overflow                   float16 and kind ``inf``, or regime ``*fp16_extreme``
+an extreme log-ratio            ``old_log_prob`` / ``log_prob`` more than 20 apart at a valid token
+a group of one sample           an ``index`` value held by one row only
+a micro-batch with no valid     ``partitions`` (row ranges) with a partition of several shards, one
+token / more than one           of them without a valid token / none empty: how the engine combines
+micro-batch                     shards is what such a case tests
+a row with no valid token       a mask row with no True (``no valid token in the batch``: none at
+                                all; ``≤ 1 valid token in the batch``: one)
+TP > 1 / CP > 1 / DP > 1        the regime's layout
+any input                       otherwise
+==============================  =================================================================
+
+Kinds ``mutation`` and ``in-place on saved`` are ``any input`` unless a family says otherwise: an engine
+that writes into its input does so whatever the values.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+_RANK = re.compile(r"contract: a rank-(?P<rank>\d+) input")
+_SHARDS = re.compile(r"(?P<what>micro-batches|tokens per DP rank|tokens per CP rank|shards|DP ranks|CP ranks)"
+                     r"[^\[\n]*(?P<list>\[[\[\]0-9, ]*\])")
+_LAYOUT = re.compile(r"(?:^|[_@])(?P<axis>tp|cp|dp)(?P<n>\d+)")
+MASK_NAMES = ("mask", "response_mask", "loss_mask", "attention_mask")
+#: |log π − log π_old| beyond which exp() of the ratio leaves any dtype's comfortable range
+EXTREME_LOG_RATIO = 20.0
+
+
+def _array(value):
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return value.detach().cpu().float().numpy() if value.is_floating_point() else value.detach().cpu().numpy()
+    except ImportError:  # pragma: no cover
+        pass
+    return None
+
+
+def _garbage_words(g) -> str:
+    try:
+        x = float(g)
+    except (TypeError, ValueError):
+        return "garbage"
+    if np.isnan(x):
+        return "NaN"
+    if np.isinf(x):
+        return "+inf" if x > 0 else "−inf"
+    return f"{x:g}"
+
+
+def _shard_word(what: str) -> str:
+    if "CP" in what:
+        return "CP rank"
+    if "DP" in what:
+        return "DP rank"
+    return "micro-batch"
+
+
+def _partition_trigger(message: str, inputs: dict, regime: str = "") -> str:
+    m = _SHARDS.search(message or "")
+    if m:
+        counts = [int(x) for x in re.findall(r"\d+", m["list"])]
+        word = _shard_word(m["what"])
+        if 0 in counts:
+            return f"a {word} with no valid token"
+        return f"more than one {word}"
+    if _micro_batches(inputs) > 1:
+        return "more than one micro-batch"
+    return layout_trigger(regime) or "a different partition"
+
+
+def _micro_batches(inputs: dict) -> int:
+    """The most micro-batches one DP rank holds over ``inputs['partitions']`` (0: no partitions)."""
+    parts = inputs.get("partitions")
+    best = 0
+    if isinstance(parts, (list, tuple)):
+        for p in parts:
+            for rank in p if isinstance(p, (list, tuple)) else ():
+                if isinstance(rank, (list, tuple)) and rank and isinstance(rank[0], (list, tuple)):
+                    best = max(best, len(rank))
+    return best
+
+
+def _leaves(partition) -> list[tuple[int, int]]:
+    if isinstance(partition, (list, tuple)) and len(partition) == 2 and all(isinstance(x, int) for x in partition):
+        return [tuple(partition)]
+    out = []
+    for p in partition if isinstance(partition, (list, tuple)) else ():
+        out += _leaves(p)
+    return out
+
+
+def shard_trigger(inputs: dict) -> str | None:
+    """For a case with ``partitions`` (row ranges of micro-batches) and a mask: ``a micro-batch with no
+    valid token`` when some partition of more than one shard has an empty one, ``more than one
+    micro-batch`` when some partition has several, else None."""
+    parts, mask = inputs.get("partitions"), mask_of(inputs)
+    if not isinstance(parts, (list, tuple)) or mask is None:
+        return None
+    several = False
+    for p in parts:
+        leaves = _leaves(p)
+        if len(leaves) > 1:
+            several = True
+            if any(not mask[a:b].any() for a, b in leaves):
+                return "a micro-batch with no valid token"
+    return "more than one micro-batch" if several else None
+
+
+def mask_of(inputs: dict):
+    """The case's loss mask (``[b, T]`` bool) under one of :data:`MASK_NAMES`, or None."""
+    for name in MASK_NAMES:
+        a = _array(inputs.get(name))
+        if a is not None and a.ndim >= 1:
+            return a.astype(bool)
+    return None
+
+
+def mask_trigger(mask) -> str | None:
+    """``a row with no valid token`` / ``no valid token in the batch`` / ``≤ 1 valid token in the batch``."""
+    if mask is None:
+        return None
+    if mask.size == 0 or not mask.any():
+        return "no valid token in the batch"
+    if mask.ndim >= 2 and (~mask.reshape(mask.shape[0], -1).any(axis=1)).any():
+        return "a row with no valid token"
+    if int(mask.sum()) <= 1:
+        return "≤ 1 valid token in the batch"
+    return None
+
+
+def group_trigger(index) -> str | None:
+    """``a group of one sample`` when some group id is held by one row only."""
+    a = _array(index) if not isinstance(index, (list, tuple)) else np.asarray(index, dtype=object)
+    if a is None or a.size == 0:
+        return None
+    _, counts = np.unique(a.astype(str).ravel(), return_counts=True)
+    return "a group of one sample" if (counts == 1).any() else None
+
+
+def layout_trigger(regime: str) -> str | None:
+    """``TP > 1`` (``CP > 1``, ``DP > 1``) from a regime like ``tp2_moderate`` / ``chunked@tp4_peaked``."""
+    for m in _LAYOUT.finditer(regime or ""):
+        if int(m["n"]) > 1:
+            return f"{m['axis'].upper()} > 1"
+    return None
+
+
+def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, message: str = "", kind: str = "") -> str:
+    """The generic trigger (module docstring table) of a failing finding's shrunk input."""
+    inputs = inputs if isinstance(inputs, dict) else {}
+    m = _RANK.search(message or "")
+    if m:
+        return f"a rank-{m['rank']} input"
+    if prop == "mask_invariant":
+        return f"a masked position holding {_garbage_words(inputs.get('garbage'))}"
+    if prop == "partition_invariant":
+        return _partition_trigger(message, inputs, regime)
+    if kind == "inexact value":
+        return {"bfloat16": "bf16 input", "float16": "fp16 input"}.get(dtype, "any input")
+    if kind in ("mutation", "in-place on saved"):
+        return "any input"
+    logits = _array(inputs.get("logits"))
+    if logits is not None and np.isneginf(logits).any():
+        return "a −inf logit"
+    for name, value in inputs.items():
+        a = _array(value)
+        if a is not None and a.dtype.kind == "f" and np.isnan(a).any() and name not in MASK_NAMES:
+            return "a NaN input"
+    if dtype == "float16" and (kind == "inf" or "fp16_extreme" in (regime or "")):
+        return "fp16 overflow"
+    old, new = _array(inputs.get("old_log_prob")), _array(inputs.get("log_prob"))
+    if old is not None and new is not None and old.shape == new.shape:
+        keep = mask_of(inputs)
+        gap = np.abs(new - old) if keep is None or keep.shape != old.shape else np.abs(new - old)[keep]
+        if gap.size and np.nanmax(gap) > EXTREME_LOG_RATIO:
+            return f"an extreme log-ratio (|log π − log π_old| > {EXTREME_LOG_RATIO:g})"
+    if "index" in inputs:
+        g = group_trigger(inputs["index"])
+        if g:
+            return g
+    return shard_trigger(inputs) or mask_trigger(mask_of(inputs)) or layout_trigger(regime) or "any input"

@@ -1,0 +1,358 @@
+"""A defect is a root cause in the engine (issue 20 §1) and severity is by impact (§3): the engine site of a
+finding (declared by the adapter or found in its closure, file:line relative to the engine's top package),
+the deepest engine frame of a crash, the trigger read from the shrunk input, the grouping of findings into
+defects, severities and their order, and the worker recording all of it in a real ``rlconform check``."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from rlconform.harness.catalog.engine_site import calls, crash_frame, engine_callables, finding_site, site
+from rlconform.harness.core import triggers
+from rlconform.harness.core.engine_frames import deepest_frame, frame_text
+from rlconform.harness.report.severity import SEVERITIES, classify, fails
+from rlconform.harness.report.triage import annotate, defects
+
+ENGINE = textwrap.dedent('''
+    import torch
+
+    def _inner_divide(x, n):
+        if n % 2 == 1:  # a planted bug: any odd number of valid tokens
+            raise ZeroDivisionError("odd token count")
+        return x / n
+
+    def masked_mean(values, mask):
+        return _inner_divide((values * mask).sum(), int(mask.sum()))
+
+    def masked_sum(values, mask):
+        return _inner_divide((values * mask).sum() * 2, int(mask.sum()))
+
+    def entropy(logits):
+        p = torch.softmax(logits, -1)
+        return -(p * torch.log_softmax(logits, -1)).sum(-1) * 1.1
+''')
+
+
+@pytest.fixture()
+def fake_engine(tmp_path, monkeypatch):
+    """A package ``fakeeng`` (``fakeeng/algos.py``) on sys.path: an engine outside rlconform."""
+    pkg = tmp_path / "src" / "fakeeng"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "algos.py").write_text(ENGINE)
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    for name in [m for m in sys.modules if m.startswith("fakeeng")]:
+        del sys.modules[name]
+    import fakeeng.algos
+
+    return fakeeng.algos
+
+
+def test_site_of_a_declared_and_of_a_closure_adapter(fake_engine):
+    @calls(fake_engine.masked_mean)
+    def declared(values, mask):
+        return fake_engine.masked_mean(values, mask)
+
+    fn = fake_engine.masked_sum
+
+    def closure(values, mask):
+        return fn(values, mask)
+
+    assert engine_callables(declared) == [fake_engine.masked_mean]
+    assert engine_callables(closure) == [fake_engine.masked_sum]
+    s = site(engine_callables(declared)[0])
+    # relative to the directory holding the top package: a fork's checkout gives its own path and line
+    assert s == {"function": "masked_mean", "module": "fakeeng.algos", "file": "fakeeng/algos.py", "line": 9}
+    assert engine_callables(triggers.trigger) == []  # rlconform's own code (a mutant, the reference) is no site
+
+
+def test_verl_sites_name_the_engine_function():
+    from rlconform.harness.bindings.load import load_engine
+
+    b = load_engine("verl")
+    s, pkgs = finding_site(b, "policy_loss", "partition_invariant", "geo_mean@moderate")
+    assert s["function"] == "compute_policy_loss_geo_mean" and s["file"] == "verl/trainer/ppo/core_algos.py"
+    assert pkgs == ["verl"]
+    import verl.trainer.ppo.core_algos as ca
+    import inspect
+
+    assert s["line"] == inspect.getsourcelines(inspect.unwrap(ca.compute_policy_loss_geo_mean))[1]
+    # a logged metric of the loss is folded by Metric.aggregate_dp, not computed by the loss function
+    m, _ = finding_site(b, "policy_loss", "partition_invariant", "vanilla@moderate", metric=True)
+    assert m["function"] == "Metric.aggregate_dp"
+    # a mutation after the backward of a thin wrapper of an autograd.Function: that Function's backward
+    v, _ = finding_site(b, "vocab_parallel_entropy", "non_destructive", "tp2_moderate",
+                        "rank 0 (tp 0): after the backward, input 'logits' mutated")
+    assert v["function"] == "_VocabParallelEntropy.backward"
+    assert v["file"] == "verl/utils/megatron/tensor_parallel.py"
+    e, _ = finding_site(b, "outcome_advantage", "matches_reference", "grpo@singleton_groups")
+    assert e["function"] == "compute_grpo_outcome_advantage"
+
+
+def _crash_text(fake_engine, fn):
+    import traceback
+
+    import torch
+
+    try:
+        fn(torch.ones(2), torch.tensor([1.0, 0.0]))
+    except ZeroDivisionError as exc:
+        return "".join(traceback.format_exception(exc)), exc
+    raise AssertionError("no crash")
+
+
+def test_deepest_engine_frame_of_a_crash(fake_engine):
+    text, exc = _crash_text(fake_engine, fake_engine.masked_mean)
+    f = crash_frame([text], ["fakeeng"])
+    assert f["function"] == "_inner_divide" and f["file"] == "fakeeng/algos.py" and f["line"] == 6
+    assert deepest_frame([text])["function"] == "_inner_divide"  # without packages: outside rlconform/torch
+    assert frame_text(exc) == " (engine frame fakeeng/algos.py:6 in _inner_divide)"
+    # the compact form in a message (a gloo rank's contract crash) reads back the same
+    assert deepest_frame(["contract: … raised ZeroDivisionError: x" + frame_text(exc)], ["fakeeng"]) == f
+
+
+def _finding(fid, *, status="discrepancy", message="", site_=None, frame=None, trig="any input", ratio=20.0, **kw):
+    op, prop, dtype, regime = fid.split(".")
+    return {"id": fid, "op": op, "property": prop, "dtype": dtype, "regime": regime, "status": status,
+            "message": message, "max_ratio": ratio, "max_rel_err": 0.0, "worst_input": kw.pop("inp", "x"),
+            "engine_function": site_, "crash_frame": frame, "trigger": trig, **kw}
+
+
+GEO = {"function": "compute_policy_loss_geo_mean", "module": "verl.trainer.ppo.core_algos",
+       "file": "verl/trainer/ppo/core_algos.py", "line": 1928}
+VANILLA = dict(GEO, function="compute_policy_loss_vanilla", line=1285)
+SCALED = ("micro-batches (nnz) [1, 1]: loss = -1.6660629212856293 vs loss = -0.8330314755439758 at flat index 0 "
+          "(reference -0.8330314601438209, allowed difference 2.26e-05)")
+HALF = "value: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, rel err 0.5, 64 ulp, tolerance 0.0256"
+
+
+def test_one_root_cause_over_properties_dtypes_is_one_defect_two_causes_two():
+    fs = [_finding("policy_loss.partition_invariant.float32.geo_mean@moderate", message=SCALED, site_=GEO,
+                   trig="more than one micro-batch"),
+          _finding("policy_loss.partition_invariant.bfloat16.geo_mean@moderate", message=SCALED, site_=GEO,
+                   trig="more than one micro-batch"),
+          _finding("agg_loss.matches_reference.float32.geo_mean@moderate", message=HALF.replace("value:", "loss:"),
+                   site_=GEO, trig="more than one micro-batch"),
+          # the same kind and trigger in another engine function: another root cause
+          _finding("policy_loss.partition_invariant.float32.vanilla@moderate", message=SCALED, site_=VANILLA,
+                   trig="more than one micro-batch"),
+          # the same function, another trigger: another root cause
+          _finding("policy_loss.partition_invariant.float64.geo_mean@moderate", message=SCALED, site_=GEO,
+                   trig="a micro-batch with no valid token")]
+    doc = annotate({"findings": fs})
+    by_members = {tuple(d["members"]): d for d in doc["defects"]}
+    assert len(doc["defects"]) == 4, [d["id"] for d in doc["defects"]]
+    geo = [d for d in doc["defects"] if d["engine_function"] == GEO and d["trigger"] == "more than one micro-batch"]
+    assert len(geo) == 2  # partition dependence and wrong value are two kinds
+    pd = next(d for d in geo if d["signature"]["kind"] == "partition dependence")
+    assert pd["dtypes"] == ["bfloat16", "float32"] and len(pd["members"]) == 2
+    assert pd["severity"] == "training" and pd["numbers"]["engine"] == -1.6660629212856293
+    assert pd["id"] == "verl.trainer.ppo.core_algos.compute_policy_loss_geo_mean.partition-dependence.more-than-one-micro-batch"
+    assert len(by_members) == 4
+
+
+def test_crashes_group_by_their_deepest_engine_frame():
+    frame = {"function": "_inner_divide", "module": "fakeeng.algos", "file": "fakeeng/algos.py", "line": 6}
+    other = dict(frame, function="_other", line=40)
+    msg = "engine raised in masked_mean: ZeroDivisionError: no valid token"
+    fs = [_finding("masked_mean.matches_reference.float32.r", status="crash", message=msg, frame=frame,
+                   site_=dict(frame, function="masked_mean", line=9), trig="no valid token in the batch"),
+          _finding("masked_sum.finite_where_reference_finite.float32.r", status="crash", message=msg, frame=frame,
+                   site_=dict(frame, function="masked_sum", line=12), trig="no valid token in the batch"),
+          _finding("masked_sum.matches_reference.float64.r", status="crash", message=msg, frame=other,
+                   site_=dict(frame, function="masked_sum", line=12), trig="no valid token in the batch")]
+    ds = annotate({"findings": fs})["defects"]
+    assert len(ds) == 2
+    first = next(d for d in ds if d["crash_frame"] == frame)
+    assert first["ops"] == ["masked_mean", "masked_sum"] and first["severity"] == "robustness"
+    assert first["signature"]["kind"] == "crash:ZeroDivisionError"
+    from rlconform.harness.report.triage_md import defect_row
+
+    assert "`_inner_divide` (fakeeng/algos.py:6)" in defect_row(first)
+
+
+def test_findings_without_an_engine_site_fall_back_to_the_op():
+    fs = [_finding("entropy.matches_reference.float32.r", message=HALF, site_=None),
+          _finding("entropy.finite_where_reference_finite.bfloat16.r", message=HALF, site_=None),
+          _finding("masked_mean.matches_reference.float32.r", message=HALF, site_=None)]
+    ds = defects(annotate({"findings": fs})["findings"])
+    assert sorted(d["id"] for d in ds) == ["op-entropy.wrong-value.any-input", "op-masked_mean.wrong-value.any-input"]
+
+
+def test_severity_by_impact_and_the_dtype_gate():
+    metric = ("micro-batches (nnz) [0, 1]: metric ppo_kl = 0.000188 vs metric ppo_kl = 0.000376 at flat index 0 "
+              "(reference 0.000376, allowed difference 2.16e-05)")
+    assert classify(_finding("policy_loss.partition_invariant.float32.vanilla@moderate", message=metric))[0] == "logging"
+    assert classify(_finding("policy_loss.partition_invariant.float32.geo_mean@moderate", message=SCALED))[0] == \
+        "training"
+    assert classify(_finding("metric_pipeline.matches_reference.float32.r", message=HALF))[0] == "logging"
+    assert classify(_finding("entropy.non_destructive.float32.r", message="input 'logits' mutated"))[0] == \
+        "destructive"
+    crash = _finding("masked_var.matches_reference.float32.r", status="crash", message="engine raised in x: ValueError: y")
+    assert classify(crash)[0] == "robustness"
+    # only in a dtype the engine never calls the op with: precision (a mutation stays destructive)
+    used = {"masked_var": ("float32",), "entropy": ("float32",)}
+    sev, why = classify(_finding("masked_var.matches_reference.float64.r", message=HALF), used)
+    assert sev == "precision" and "never calls masked_var" in why
+    assert classify(_finding("masked_var.matches_reference.float32.r", message=HALF), used)[0] == "training"
+    assert classify(_finding("entropy.non_destructive.float64.r", message="input 'logits' mutated"), used)[0] == \
+        "destructive"
+    doc = annotate({"engine": {"engine_dtypes": used},
+                    "findings": [_finding("masked_var.matches_reference.float64.r", message=HALF),
+                                 _finding("masked_var.matches_reference.float32.r", message=HALF)]})
+    assert [d["severity"] for d in doc["defects"]] == ["training"]  # one cause: the used dtype decides
+    assert not fails(_finding("x.matches_reference.float64.r", message=HALF, severity="precision"))
+
+
+def test_defects_order_by_severity_then_effect():
+    small = "loss: engine 1.02 vs reference 1.0 at flat index 0: abs err 0.02, rel err 0.02, tolerance 1e-3"
+    big = "loss: engine 3.0 vs reference 1.0 at flat index 0: abs err 2, rel err 2, tolerance 1e-3"
+    fs = [_finding("a.matches_reference.float32.r", message=small, site_=GEO),
+          _finding("b.matches_reference.float32.r", message=big, site_=VANILLA),
+          _finding("c.matches_reference.float32.r", message=HALF, ratio=2.0),  # precision
+          _finding("d.finite_where_reference_finite.float32.r",
+                   message="value: engine nan where the reference is finite (0.0) at flat index 0")]
+    ds = annotate({"findings": fs})["defects"]
+    assert [d["ops"][0] for d in ds] == ["b", "a", "d", "c"]
+    assert [d["severity"] for d in ds] == ["training", "training", "robustness", "precision"]
+    assert set(SEVERITIES) == {"training", "destructive", "logging", "robustness", "precision"}
+
+
+class _Case:
+    def __init__(self, op, prop, dtype, regime, inputs):
+        self.op, self.property, self.dtype, self.regime, self.inputs = op, prop, dtype, regime, inputs
+
+
+def test_triggers_in_a_maintainers_words():
+    T = triggers.trigger
+    m = np.array([[True, True], [False, False]])
+    assert T("masked_mean", "matches_reference", "float32", "r", {"mask": m}) == "a row with no valid token"
+    assert T("masked_var", "matches_reference", "float32", "r", {"mask": np.array([[True, False]])}) == \
+        "≤ 1 valid token in the batch"
+    assert T("entropy", "matches_reference", "float32", "r", {"logits": np.array([[0.0, -np.inf]])}, kind="NaN") == \
+        "a −inf logit"
+    assert T("agg_loss", "mask_invariant", "float32", "r", {"garbage": float("nan"), "mask": m}) == \
+        "a masked position holding NaN"
+    assert T("policy_loss", "partition_invariant", "float32", "r", {}, "micro-batches (nnz) [0, 1]: x") == \
+        "a micro-batch with no valid token"
+    assert T("policy_loss", "partition_invariant", "float32", "r", {}, "micro-batches (nnz) [1, 1]: x") == \
+        "more than one micro-batch"
+    assert T("outcome_advantage", "matches_reference", "float32", "grpo@r", {"index": np.array([0, 0, 1])}) == \
+        "a group of one sample"
+    assert T("vocab_parallel_entropy", "matches_reference", "float32", "tp2_moderate",
+             {"logits": np.ones((2, 4))}) == "TP > 1"
+    assert T("entropy", "matches_reference", "bfloat16", "moderate", {"mask": m}, kind="inexact value") == "bf16 input"
+    parts = {"mask": np.array([[True], [False], [True]]), "partitions": [[[[0, 1], [1, 2], [2, 3]]]]}
+    assert T("agg_loss", "matches_reference", "float32", "r", parts) == "a micro-batch with no valid token"
+    assert T("x", "matches_reference", "float32", "r", {"values": np.ones(3)}) == "any input"
+
+
+def test_family_trigger_hook_reads_its_own_inputs():
+    from rlconform.harness.run.root_cause import trigger_of
+
+    rewards = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.5]])
+    mask = np.ones((4, 2), bool)
+    equal = _Case("outcome_advantage", "matches_reference", "float32", "grpo@near_constant",
+                  {"token_level_rewards": rewards, "response_mask": mask, "index": np.array([0, 0, 1, 1])})
+    assert trigger_of(equal, "", "wrong value") == "a group with equal scores"
+    single = _Case("outcome_advantage", "matches_reference", "float32", "grpo@singleton_groups",
+                   {"token_level_rewards": rewards, "response_mask": mask, "index": np.array([0, 0, 1, 2])})
+    assert trigger_of(single, "", "NaN") == "a group of one sample"
+    # a family without a hook: the generic reading
+    assert trigger_of(_Case("masked_mean", "matches_reference", "float32", "r", {"mask": np.zeros((1, 2), bool)}),
+                      "", "NaN") == "no valid token in the batch"
+
+
+def test_check_records_engine_function_crash_frame_and_trigger(tmp_path, fake_engine):
+    """End to end through the worker: a binding of the fake engine; its findings carry the engine function
+    (file:line under the package), the crash's deepest engine frame and the trigger; report.md names them."""
+    binding = tmp_path / "fake_binding.py"
+    binding.write_text(textwrap.dedent(f'''
+        import sys
+        sys.path.insert(0, {str(tmp_path / "src")!r})
+        from rlconform.harness.catalog.binding import Binding
+        from rlconform.harness.catalog.engine_site import calls
+        import fakeeng.algos as A
+
+        @calls(A.masked_mean)
+        def masked_mean(values, mask):
+            return A.masked_mean(values, mask)
+
+        binding = Binding(name="fakeeng", ops={{"masked_mean": masked_mean, "entropy": A.entropy}},
+                          engine_dtypes={{"entropy": ("float32",)}})
+    '''))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", str(binding),
+                           "--out", str(out), "--op", "masked_mean", "--op", "entropy", "--property",
+                           "matches_reference", "--dtype", "float32", "--dtype", "float64", "--max-examples", "15",
+                           "-q"], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["engine"]["engine_dtypes"] == {"entropy": ["float32"]}
+    failing = [f for f in doc["findings"] if f.get("severity")]
+    crashes = [f for f in failing if f["op"] == "masked_mean" and f["status"] == "crash"]
+    assert crashes, [(f["id"], f["status"]) for f in doc["findings"]]
+    for f in crashes:
+        assert f["engine_function"]["file"] == "fakeeng/algos.py" and f["engine_function"]["function"] == "masked_mean"
+        assert f["crash_frame"] == {"function": "_inner_divide", "module": "fakeeng.algos", "file": "fakeeng/algos.py",
+                                    "line": 6}
+        assert isinstance(f["trigger"], str) and f["trigger"]
+    ent = [f for f in failing if f["op"] == "entropy"]
+    assert ent and all(f["engine_function"]["function"] == "entropy" for f in ent)
+    by_dtype = {f["dtype"]: f["severity"] for f in ent}
+    assert by_dtype.get("float32") == "training" and by_dtype.get("float64", "precision") == "precision"
+    crash_defects = [d for d in doc["defects"] if d["signature"]["kind"] == "crash:ZeroDivisionError"]
+    assert len(crash_defects) >= 1 and all(d["crash_frame"]["function"] == "_inner_divide" for d in crash_defects)
+    md = (out / "report.md").read_text()
+    assert "`_inner_divide` (fakeeng/algos.py:6)" in md and "`entropy` (fakeeng/algos.py:" in md
+
+
+def test_an_older_report_still_renders(tmp_path):
+    """reports/skyrl-0.4.0/report.json predates engine functions, triggers and the new severities."""
+    import pathlib
+    import shutil
+
+    from rlconform.harness.report.writer import rerender
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    shutil.copy(root / "reports/skyrl-0.4.0/report.json", tmp_path / "report.json")
+    md, html = rerender(str(tmp_path))
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["defects"] and all(d["severity"] in SEVERITIES for d in doc["defects"])
+    assert "| **" in pathlib.Path(md).read_text() and "defects (" in pathlib.Path(html).read_text()
+    assert all(not math.isnan(d["effect"]) for d in doc["defects"])
+
+
+#: issue 20 §3: every severity has a mutant whose finding gets it (mutant, op, property, dtype)
+SEVERITY_MUTANTS = {
+    "training": ("local_denominator", "agg_loss", "matches_reference", "float32"),
+    "destructive": ("forward_inplace", "token_logprobs", "non_destructive", "float32"),
+    "logging": ("mean_of_shard_means", "metric_pipeline", "matches_reference", "float32"),
+    "robustness": ("naive_entropy", "entropy", "finite_where_reference_finite", "float32"),
+    "precision": ("chunk_fp32_entropy", "entropy", "matches_reference", "float64"),
+}
+
+
+def test_every_severity_has_a_mutant():
+    assert set(SEVERITY_MUTANTS) == set(SEVERITIES)
+
+
+@pytest.mark.parametrize("severity", sorted(SEVERITY_MUTANTS))
+def test_mutant_finding_gets_its_severity(severity, tmp_path):
+    name, op, prop, dtype = SEVERITY_MUTANTS[severity]
+    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", f"mutants.{name}",
+                           "--op", op, "--property", prop, "--dtype", dtype, "--max-examples", "20", "-q",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    # the default --fail-on fails on every severity but precision
+    assert proc.returncode == (0 if severity == "precision" else 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "report.json").read_text())
+    sevs = {f.get("severity") for f in doc["findings"] if f["op"] == op and f["property"] == prop}
+    assert severity in sevs, sevs
+    assert doc["defects"][0]["severity"] == severity
