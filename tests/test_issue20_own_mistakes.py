@@ -56,3 +56,34 @@ def test_verl_sapo_is_compared_with_seq_mean_token_mean():
     assert verl.resolve("policy_loss").agg_modes == {"sapo": "seq-mean-token-mean"}
     out = run_check(verl, _sapo_case())
     assert out.ok, out.message
+
+
+# ------------------------------------------------------------------- optimal_token_baseline's inputs
+from hypothesis import given, settings, HealthCheck, strategies as st  # noqa: E402
+
+from rlconform.harness.families import optimal_token_baseline as OTB  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(st.sampled_from(["float32", "float64"]).flatmap(lambda dt: st.tuples(st.just(dt), OTB.inputs(dt))))
+def test_otb_draws_sum_pi_squared_some_distribution_has(drawn):
+    """Regression: π and Σπ² were drawn and rounded independently, giving w = 1 − 2π + Σπ² = −2.1e-8, which no
+    distribution allows; the finding then showed a 45× error. Every drawn position must satisfy
+    π² ≤ Σπ² ≤ π² + (1 − π)² with π = exp(old_log_probs) as the engine reads it, in the drawn dtype."""
+    dtype, case = drawn
+    pi = np.exp(case["old_log_probs"])
+    spp = case["sum_pi_squared"]
+    assert np.all(case["old_log_probs"] <= 0)
+    assert np.all(spp >= pi**2), np.min(spp - pi**2)
+    assert np.all(spp <= pi**2 + (1 - pi) ** 2), np.max(spp - pi**2 - (1 - pi) ** 2)
+    assert np.all(1 - 2 * pi + spp >= 0)
+    assert np.array_equal(OTB.S.round_to(spp, dtype), spp) and np.array_equal(OTB.S.round_to(case["old_log_probs"], dtype), case["old_log_probs"])
+
+
+def test_consistent_spp_moves_a_rounded_sum_into_the_interval():
+    lp = np.array([np.log(0.5), 0.0, float(np.float32(-1e-5))])
+    spp = np.array([0.2, 1.0, 1.0])  # 0.2 < 0.5²; one-hot fine; π = 1 − 1e-5 and Σπ² = 1 > π² + (1 − π)²
+    lp2, spp2 = OTB.consistent_spp(lp, spp, "float32")
+    pi = np.exp(lp2)
+    assert np.all((spp2 >= pi**2) & (spp2 <= pi**2 + (1 - pi) ** 2))
+    assert lp2[1] == 0.0 and spp2[1] == 1.0
