@@ -87,3 +87,44 @@ def test_consistent_spp_moves_a_rounded_sum_into_the_interval():
     pi = np.exp(lp2)
     assert np.all((spp2 >= pi**2) & (spp2 <= pi**2 + (1 - pi) ** 2))
     assert lp2[1] == 0.0 and spp2[1] == 1.0
+
+
+# --------------------------------------------------------- mask_invariant keeps the clean problem
+from rlconform.harness.core.garbage import with_masked_column  # noqa: E402
+from rlconform.harness.families import advantages as ADV  # noqa: E402
+
+
+def test_with_masked_column_pads_instead_of_clearing_a_valid_token():
+    arrs = {"r": np.array([[0.0, 1.0], [0.0, -1.0]]), "m": np.ones((2, 2), bool), "index": np.array([0, 0])}
+    out = with_masked_column(arrs, "m", ("r", "absent"), fill={"r": 0.0})
+    assert out["m"].tolist() == [[True, True, False], [True, True, False]]
+    assert out["r"].tolist() == [[0.0, 1.0, 0.0], [0.0, -1.0, 0.0]] and out["index"] is arrs["index"]
+    partial = {"r": arrs["r"], "m": np.array([[True, False], [True, True]])}
+    assert with_masked_column(partial, "m", ("r",))["m"] is partial["m"]
+    with pytest.raises(ValueError, match="time dim"):
+        with_masked_column({"r": np.zeros((2, 3)), "m": np.ones((2, 2), bool)}, "m", ("r",))
+
+
+def _clean_values_match(ev):
+    for c in ev.values:
+        keep = np.ones(np.shape(c.reference), bool) if c.only_where is None else c.only_where
+        assert np.allclose(c.engine[keep], c.reference[keep], rtol=1e-6, atol=1e-9), (c.label, c.engine, c.reference)
+
+
+@verl_only
+@pytest.mark.parametrize("estimator,rewards", [
+    ("grpo", [[0.0, 1.0], [0.0, 0.5], [0.0, -1.0]]),
+    ("grpo_passk", [[0.95], [0.9499999]]),  # the committed case (T = 1: the cleared bit emptied the row)
+])
+def test_outcome_advantage_mask_invariant_keeps_the_outcome_reward_valid(estimator, rewards):
+    """Regression (verl 0.9.1 report, ``grpo_passk@near_constant``): an all-valid mask had its last bit cleared,
+    so the last row's outcome reward (on its last token) sat at a masked position; verl, whose callers keep
+    rewards zero outside the mask, summed it and the card showed −1.0 vs −0.5 in a check about garbage. The
+    clean part of the check must now be the unchanged problem (verl matches it)."""
+    case = Case("outcome_advantage", "mask_invariant", "float64", f"{estimator}@near_constant",
+                {"token_level_rewards": np.array(rewards), "response_mask": np.ones(np.shape(rewards), bool),
+                 "index": np.zeros(len(rewards), np.int64), "garbage": 0.0})
+    ev = ADV.evaluate(load_engine("verl"), case)
+    assert ev.values
+    _clean_values_match(ev)
+    assert ev.values[0].only_where.shape[1] == len(rewards[0]) + 1  # a padding column took the garbage

@@ -49,6 +49,7 @@ from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
     variant_regime,
 )
+from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 
 ESTIMATORS = tuple(R.ESTIMATORS)
@@ -308,6 +309,8 @@ def faithful_gae(rewards, values, mask, gamma: float, lam: float):
 _TOKEN_INPUTS = {"outcome_advantage": ("token_level_rewards",), "gae": ("token_level_rewards", "values"),
                  "masked_whiten": ("values",)}
 _MASK = {"outcome_advantage": "response_mask", "gae": "response_mask", "masked_whiten": "mask"}
+#: inputs besides the token inputs with a time dim (padded with the mask by mask_invariant)
+_TIME_EXTRAS = ("reward_components",)
 
 
 def _impl(binding, case):
@@ -385,9 +388,8 @@ def evaluate(binding, case) -> Evaluation:
     arrs = dict(case.inputs)
     mname = _MASK[case.op]
     arrs[mname] = np.asarray(arrs[mname]).astype(bool)
-    if case.property == MASK_INVARIANT and arrs[mname].all():  # garbage needs a masked position
-        arrs[mname] = arrs[mname].copy()
-        arrs[mname][-1, -1] = False
+    if case.property == MASK_INVARIANT:  # garbage needs a masked position: a padding column, not a valid one
+        arrs = with_masked_column(arrs, mname, _TOKEN_INPUTS[case.op] + _TIME_EXTRAS)
     mask = arrs[mname]
     ev = Evaluation()
     if case.property == NON_DESTRUCTIVE:

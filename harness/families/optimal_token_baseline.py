@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import rlconform.reference as R
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
 from rlconform.harness.core.guards import InputGuard
@@ -147,9 +148,9 @@ def evaluate(binding, case) -> Evaluation:
     fn = binding.resolve(case.op)
     arrs = {k: case.inputs[k] for k in NAMES}
     arrs["mask"] = arrs["mask"].astype(bool)
-    if case.property == MASK_INVARIANT and arrs["mask"].all():
-        arrs["mask"] = arrs["mask"].copy()
-        arrs["mask"][-1, -1] = False
+    if case.property == MASK_INVARIANT:  # garbage needs a masked position: a padding column, not a valid one
+        arrs = with_masked_column(arrs, "mask", ("rewards", "old_log_probs", "sum_pi_squared"),
+                                  fill={"sum_pi_squared": 1.0})  # a one-hot distribution: log π = 0, Σπ² = 1
     index = np.asarray(case.inputs["index"])
     ev = Evaluation()
     if case.property == NON_DESTRUCTIVE:
