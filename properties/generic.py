@@ -68,7 +68,8 @@ class Outcome:
 
 
 def _compare(c: Compared) -> Comparison:
-    return compare(c.engine, c.reference, c.faithful, dtype=c.dtype, kind=c.kind, only_where=c.only_where)
+    return compare(c.engine, c.reference, c.faithful, dtype=c.dtype, kind=c.kind, only_where=c.only_where,
+                   resolution=c.resolution)
 
 
 def _nothing(ev: Evaluation, outcome: Outcome, what: str) -> bool:
@@ -140,8 +141,8 @@ def _invariance(ev: Evaluation, what: str) -> Outcome:
                 sel = np.broadcast_to(np.asarray(b.only_where, bool).reshape(-1), x.shape)
             r = np.broadcast_to(np.asarray(b.reference, dtype=np.float64).reshape(-1), x.shape)
             sel = sel & ~np.isnan(r)
-            allowed = bound(r, b.faithful, dtype=b.dtype, kind=b.kind) + bound(r, a.faithful, dtype=a.dtype,
-                                                                               kind=a.kind)
+            allowed = (bound(r, b.faithful, dtype=b.dtype, kind=b.kind, resolution=b.resolution)
+                       + bound(r, a.faithful, dtype=a.dtype, kind=a.kind, resolution=a.resolution))
             with np.errstate(invalid="ignore"):
                 diff = np.where(np.isfinite(x) & np.isfinite(y), np.abs(x - y),
                                 np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0.0, np.inf))

@@ -128,3 +128,35 @@ def test_outcome_advantage_mask_invariant_keeps_the_outcome_reward_valid(estimat
     assert ev.values
     _clean_values_match(ev)
     assert ev.values[0].only_where.shape[1] == len(rewards[0]) + 1  # a padding column took the garbage
+
+
+# ---------------------------------------------------------------- the resolution floor of a tolerance
+from rlconform.harness.core import tolerance as TOL  # noqa: E402
+from rlconform.harness.families import metric_statistics as MS  # noqa: E402
+from rlconform.harness.families import reductions as RED  # noqa: E402
+
+
+def test_a_bound_is_never_finer_than_half_an_ulp_of_the_resolution_dtype():
+    """Regression: fp16 masked_var at 16 625 was held to 7.05 (float32 output, fp16 sums; half an fp16 ulp
+    there is 8), metric_statistics len_mean to 1e-9 though verl computes it in float32."""
+    ref = 16625.0
+    assert TOL.resolution_floor(ref, "float32", "float16")[0] == 8.0
+    assert not TOL.compare(ref + 7.9, ref, ref, dtype="float32", kind="reduction").ok  # the old bound
+    assert TOL.compare(ref + 7.9, ref, ref, dtype="float32", kind="reduction", resolution="float16").ok
+    assert not TOL.compare(ref + 8.5, ref, ref, dtype="float32", kind="reduction", resolution="float16").ok
+    assert TOL.bound(ref, ref, dtype="float32", kind="reduction", resolution="float16")[0] == 8.0
+    third = 1 / 3
+    got = float(np.float32(third))  # verl's float32 mean length 0.3333333432674408
+    assert not TOL.compare(got, third, None, dtype="float64", kind="pipeline").ok
+    assert TOL.compare(got, third, None, dtype="float64", kind="pipeline", resolution="float32").ok
+    assert TOL.coarser("float32", "float64") == "float32" and TOL.coarser("float64", None) == "float64"
+
+
+def test_families_name_the_resolution_of_values_computed_narrower_than_returned():
+    ref = load_engine("reference")
+    mk = lambda op: Case(op, "matches_reference", "float16", "random",  # noqa: E731
+                         {"values": np.array([[637.0, 269.75, 3.5]]), "mask": np.ones((1, 3), bool),
+                          "unbiased": False, "garbage": 0.0})
+    assert RED.evaluate(ref, mk("masked_var")).values[0].resolution == "float16"
+    assert RED.evaluate(ref, mk("masked_count")).values[0].resolution is None  # a count stays exact
+    assert MS.RESOLUTION == {"len_mean": "float32"} and not set(MS.RESOLUTION) & set(MS.R.INTEGER_STATISTICS)

@@ -50,7 +50,9 @@ class Compared:
     ``engine``/``reference``/``faithful``: float64 arrays (``faithful`` already rounded to the engine's
     output dtype; ``None`` means the reference itself); ``dtype``: the engine's output dtype name;
     ``kind``: the tolerance kind (a key of :data:`rlconform.harness.core.tolerance.ATOL`); ``only_where``:
-    the elements that are compared (e.g. unmasked tokens); ``label``: what it is, for messages.
+    the elements that are compared (e.g. unmasked tokens); ``label``: what it is, for messages;
+    ``resolution``: a dtype coarser than ``dtype`` that the engine computes the value in (its tolerance is
+    never finer than half an ulp of it at |reference|: :func:`rlconform.harness.core.tolerance.bound`), or None.
     """
 
     label: str
@@ -60,6 +62,7 @@ class Compared:
     dtype: str
     kind: str
     only_where: np.ndarray | None = None
+    resolution: str | None = None
 
 
 @dataclasses.dataclass
