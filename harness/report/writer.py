@@ -57,6 +57,7 @@ import platform
 from importlib import metadata
 
 from rlconform.harness.report.atomic_write import atomic_write
+from rlconform.harness.report.case_paths import relativise
 
 SCHEMA = "rlconform.report/1"
 STATUSES = ("discrepancy", "crash", "error", "xpass", "unavailable", "xfail", "pass")
@@ -129,6 +130,7 @@ class ReportWriter:
         findings = sorted(self.findings.values(), key=lambda f: (order.get(f["status"], 99), f["id"]))
         doc = {"schema": SCHEMA, "tool": {"name": "rlconform", "version": tool_version()}, "engine": self.engine,
                "run": self.run, "summary": self.summary(), "findings": findings}
+        relativise(doc, self.out_dir)  # findings resumed from an older report.json may hold absolute paths
         if self.coverage is not None:  # --- coverage table (issue 11) ---
             doc["coverage"] = self.coverage
         # --- triage (issue 12): severities, defects --------------------------------------------------
@@ -263,6 +265,7 @@ def rerender(out_dir: str) -> tuple[str, str]:
         doc = json.load(fh)
     from rlconform.harness.report.triage import annotate
 
+    relativise(doc, out_dir)  # an older report's absolute case_file paths -> relative to its folder
     annotate(doc)  # reports written before severities existed (or by an older triage) get this one's
     atomic_write(path, json.dumps(doc, indent=1, default=str) + "\n")
     md = os.path.join(out_dir, "report.md")

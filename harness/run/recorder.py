@@ -23,6 +23,7 @@ import math
 import os
 import traceback
 
+from rlconform.harness.report.case_paths import relative
 from rlconform.properties.corpus import write_atomic
 from rlconform.properties.runner import EngineAbort, replay_command  # noqa: F401 (EngineAbort: re-exported)
 
@@ -175,15 +176,18 @@ class FindingRecorder:
 
 
 def save_reproducer(out: str, fid: str, case, spec: str | None, engine_path: str | None) -> dict:
-    """Write ``out/cases/<fid>.json`` (atomically) and return ``{"case_file", "command"}``. The case's
-    ``engine`` field is a note; ``replay`` takes the engine from its command line."""
+    """Write ``out/cases/<fid>.json`` (atomically) and return ``{"case_file", "command"}``: ``case_file``
+    relative to the report folder ``out`` (``cases/<fid>.json``: a committed report carries no path of the
+    machine that made it; readers resolve it with :func:`rlconform.harness.report.case_paths.resolve`),
+    ``command`` the replay command from the current directory. The case's ``engine`` field is a note;
+    ``replay`` takes the engine from its command line."""
     path = os.path.join(out, "cases", f"{fid}.json")
     doc = case.to_json()
     doc["engine"] = {"spec": spec, "path": engine_path}
     import json
 
     write_atomic(path, json.dumps(doc))
-    return {"case_file": path, "command": replay_command(os.path.relpath(path), spec, engine_path)}
+    return {"case_file": relative(out, path), "command": replay_command(os.path.relpath(path), spec, engine_path)}
 
 
 def classify(exc: BaseException | None) -> str:
