@@ -33,4 +33,31 @@ def run_check(binding, case: Case) -> Outcome:
     family = family_of(case.op)
     if family.evaluate is None:
         raise BindingError(f"op {case.op!r} is checked on distributed ranks (rlconform.distributed_tests)")
-    return JUDGES[case.property](family.evaluate(binding, case))
+    try:
+        ev = family.evaluate(binding, case)
+    except EngineCrash as exc:
+        guard = declared_guard(binding, case, exc)
+        if guard is None:
+            raise
+        return Outcome(True, f"declared guard {guard.name}: {_engine_error(exc)}", declared=guard.name)
+    outcome = JUDGES[case.property](ev)
+    outcome.declared = ev.declared
+    return outcome
+
+
+def _engine_error(exc: EngineCrash) -> str:
+    """The engine's own ``Type: message`` of a crash (the cause's, not the harness wrapper's)."""
+    cause = exc.__cause__
+    return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+
+
+def declared_guard(binding, case: Case, exc: EngineCrash):
+    """The binding's declared guard (issue 20 §2) that covers this crash, or None: the engine raised the
+    declared error type with a matching message where the declared trigger holds on the case's inputs. A
+    guard raising anywhere else, or another error, stays a crash."""
+    from rlconform.harness.core.declared import matching_guard
+
+    cause = exc.__cause__
+    if cause is None:
+        return None
+    return matching_guard(getattr(binding, "declared", ()), case, type(cause).__name__, str(cause))

@@ -42,7 +42,8 @@ from rlconform.harness.core.tolerance import Comparison, bound, compare
 class Outcome:
     """Result of one check: ``ok``; ``message`` (what failed, uniform wording); error measures of the
     worst compared element (``max_abs_err``, ``max_rel_err``, ``tolerance``) and ``ratio`` (error over
-    tolerance; > 1 is a discrepancy; the quantity hypothesis ``target()`` climbs)."""
+    tolerance; > 1 is a discrepancy; the quantity hypothesis ``target()`` climbs); ``declared``: the name
+    of the binding's declared guard or precondition this example fell under (issue 20 §2), or None."""
 
     ok: bool
     message: str = ""
@@ -50,6 +51,7 @@ class Outcome:
     max_rel_err: float = 0.0
     tolerance: float = 0.0
     ratio: float = 0.0
+    declared: str | None = None
 
     def absorb(self, label: str, c: Comparison) -> None:
         if c.max_abs_err >= self.max_abs_err or not c.ok:

@@ -86,7 +86,7 @@ import importlib.metadata
 import math
 from itertools import chain
 
-from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Implementation, Lazy, MetricPipeline
+from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Declared, Implementation, Lazy, MetricPipeline
 
 TF = "verl.utils.torch_functional"
 CORE = "verl.trainer.ppo.core_algos"
@@ -779,9 +779,78 @@ IMPLEMENTATIONS = {
 }
 
 
+# ----------------------------------------------------------- declared conventions, preconditions, guards
+def _nnz(case, key: str = "mask", cleared: bool = False) -> int:
+    """Valid tokens of the mask the engine is handed for ``case``; ``cleared``: the family's mask_invariant
+    clears the last bit of an all-valid mask (:mod:`rlconform.harness.families.reductions`; the advantage
+    families append a masked column instead)."""
+    import numpy as np
+
+    if key not in case.inputs:  # a generated real-shapes input: thousands of tokens
+        return 1 << 30
+    m = np.asarray(case.inputs[key]).astype(bool)
+    return int(m.sum()) - int(cleared and case.property == "mask_invariant" and m.size > 0 and bool(m.all()))
+
+
+def _one_sample_group(case) -> bool:
+    import numpy as np
+
+    _, counts = np.unique(np.asarray(case.inputs["index"]), return_counts=True)
+    return bool((counts == 1).any())
+
+
+#: verl's deliberate behaviour (issue 20 §2): checked as declared, listed in "Conventions and guards"
+DECLARED = (
+    Declared(
+        "masked_var_le_one_token", "guard", ("masked_var",),
+        "the unbiased masked_var raises ValueError on 0 or 1 valid tokens ('At least one element in the mask "
+        "has to be 1.' / 'The sum of the mask is one, which can cause a division by zero.')",
+        "the Bessel correction n/(n-1) is undefined there; verl's comment: 'to avoid it you just need to use a "
+        "larger minibatch_size'", "verl/utils/torch_functional.py:319",
+        when=lambda case: bool(case.inputs.get("unbiased", True)) and _nnz(case, cleared=True) <= 1,
+        raises="ValueError", match=r"At least one element in the mask has to be 1|The sum of the mask is one"),
+    Declared(
+        "masked_whiten_le_one_token", "guard", ("masked_whiten",),
+        "masked_whiten raises masked_var's ValueError on 0 or 1 valid tokens (its variance is the unbiased one)",
+        "whitening needs a variance: masked_var's guard (torch_functional.py:319, :323) on purpose",
+        "verl/utils/torch_functional.py:342",
+        when=lambda case: _nnz(case) <= 1,
+        raises="ValueError", match=r"At least one element in the mask has to be 1|The sum of the mask is one"),
+    Declared(
+        "batch_whiten_le_one_token", "guard", ("outcome_advantage",),
+        "reinforce_plus_plus, reinforce_plus_plus_baseline and gdpo whiten over the whole batch with "
+        "masked_whiten, which raises ValueError when the batch holds 0 or 1 valid tokens",
+        "batch-level normalisation needs a variance (masked_var's guard, torch_functional.py:319)",
+        "verl/trainer/ppo/core_algos.py:728",
+        variants=("reinforce_plus_plus", "reinforce_plus_plus_baseline", "gdpo"),
+        when=lambda case: _nnz(case, "response_mask") <= 1,
+        raises="ValueError", match=r"At least one element in the mask has to be 1|The sum of the mask is one"),
+    Declared(
+        "passk_one_sample_group", "guard", ("outcome_advantage",),
+        "grpo_passk raises ValueError on a group of one sample ('Pass@k requires at least 2 samples per group')",
+        "pass@k's advantage (best minus second best) needs two samples", "verl/trainer/ppo/core_algos.py:518",
+        variants=("grpo_passk",), when=_one_sample_group,
+        raises="ValueError", match=r"Pass@k requires at least 2 samples per group"),
+    Declared(
+        "rewards_zero_outside_mask", "precondition", ("outcome_advantage",),
+        "token_level_rewards are zero outside the response mask (the outcome estimators sum the whole row: "
+        "scores = token_level_rewards.sum(dim=-1))",
+        "the reward manager writes the score on the last valid token of a zero tensor, so no caller passes "
+        "anything else at masked positions", "verl/trainer/ppo/core_algos.py:304",
+        inputs=("token_level_rewards",)),
+    Declared(
+        "sapo_seq_mean_token_mean", "convention", ("policy_loss",),
+        "SAPO aggregates seq-mean-token-mean whatever loss_agg_mode it is passed (the reference follows: "
+        "LossVariants.agg_modes)",
+        "'for SAPO, we need to aggregate the loss at the sequence level' (SAPO's paper recommends it)",
+        "verl/trainer/ppo/core_algos.py:1688", variants=("sapo",)),
+)
+
+
 binding = Binding(
     name="verl",
     implementations=IMPLEMENTATIONS,
+    declared=DECLARED,
     version=_version(),
     ops={
         "entropy": Lazy(f"{TF}:entropy_from_logits"),

@@ -91,7 +91,8 @@ class Evaluation:
     (``mask_invariant``) — each output aligned with ``values + gradients``; ``metrics``: a metric
     pipeline's key flow (``metric_integrity``); ``undefined``: the reference is undefined for this input
     (e.g. the mean of no tokens) and says why: there is nothing to compare, by definition;
-    ``base_label``: how the base run is described next to an alternative.
+    ``base_label``: how the base run is described next to an alternative; ``declared``: the name of a
+    declared precondition the family honoured in this check (issue 20 §2), or None.
     """
 
     values: list[Compared] = dataclasses.field(default_factory=list)
@@ -101,6 +102,7 @@ class Evaluation:
     alternatives: list[tuple[str, list[Compared]]] = dataclasses.field(default_factory=list)
     metrics: MetricFlow | None = None
     undefined: str | None = None
+    declared: str | None = None
     base_label: str = "base"
 
     @property

@@ -49,6 +49,7 @@ from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
     variant_regime,
 )
+from rlconform.harness.core.declared import preconditions
 from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 
@@ -415,8 +416,17 @@ def evaluate(binding, case) -> Evaluation:
     ev.values = _compare(case, outs, refs, fas, mask, case.dtype, "", ev)
     if case.property == MASK_INVARIANT:
         garbage = float(case.inputs.get("garbage", np.nan))
+        kept = preconditions(getattr(binding, "declared", ()), case.op, case.regime)
+        clean = {k for d in kept for k in d.inputs}  # the engine's callers keep these zero where masked
+        dirty_keys = [k for k in _TOKEN_INPUTS[case.op] if k not in clean]
+        if kept:
+            ev.declared = kept[0].name
+        if not dirty_keys:
+            ev.undefined = (f"declared precondition {kept[0].name}: {kept[0].what}; no other input holds masked "
+                            "positions to write garbage into")
+            return ev
         dirty = dict(arrs)
-        for k in _TOKEN_INPUTS[case.op]:
+        for k in dirty_keys:
             dirty[k] = np.where(mask, arrs[k], garbage)
         outs, _ = _call(case, fn, estimator, dirty, case.dtype)
         outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)

@@ -210,6 +210,9 @@ def render_markdown(doc: dict) -> str:
     from rlconform.harness.report.triage_md import render_defects
 
     lines += render_defects(doc)
+    from rlconform.harness.report.declared_md import markdown_section  # issue 20 §2, after the defects
+
+    lines += markdown_section(doc)
     groups: dict[tuple, list] = {}
     for f in doc["findings"]:
         if f["status"] != "pass":

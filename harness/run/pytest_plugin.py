@@ -198,7 +198,8 @@ class State:
         self.writer = ReportWriter(
             self.out,
             engine={"name": b.name, "spec": b.spec, "version": b.version, "path": b.path, "revision": b.revision,
-                    "variants": self.variant_record()},
+                    "variants": self.variant_record(),
+                    "declared": [d.row() for d in getattr(b, "declared", ())]},
             run={"profile": opt("rlconform_profile"), "seed": self.seed,
                  "max_examples": self.settings.max_examples,
                  "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},

@@ -127,6 +127,7 @@ class FindingRecorder:
         self.binding_error = None
         self.max_ratio = 0.0  # worst error / tolerance seen (> 1: a discrepancy)
         self.samples = SampleReservoir()
+        self.declared: dict[str, int] = {}  # declared guard / precondition name -> examples it covered
 
     def start(self, case) -> None:
         """A new call of the check: counted as an example until the first failure, after that as a
@@ -154,6 +155,9 @@ class FindingRecorder:
             self.first_failure_at = self.examples
 
     def observe(self, outcome) -> None:
+        name = getattr(outcome, "declared", None)
+        if name:
+            self.declared[name] = self.declared.get(name, 0) + 1
         self.max_abs_err = max(self.max_abs_err, outcome.max_abs_err)
         self.max_rel_err = max(self.max_rel_err, outcome.max_rel_err)
         self.max_ratio = max(self.max_ratio, outcome.ratio)
@@ -264,6 +268,7 @@ def _finding_entry(rec, params, status, tb, reproducer, failing, case) -> dict:
         "binding_error": rec.binding_error,
         "max_ratio": rec.max_ratio if math.isfinite(rec.max_ratio) else None,
         "samples": rec.samples.as_list(),
+        **({"declared": dict(rec.declared)} if rec.declared else {}),
     }
 
 
