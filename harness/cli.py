@@ -100,7 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "robustness / precision; ledger entries that now pass and unavailable ops always do)")
 
     r = sub.add_parser("replay", help="re-run one saved case (a reproducer) and print the outcome")
-    r.add_argument("case_file")
+    r.add_argument("case_file", help="a saved case file, or with --report a finding id (or defect id) of that report")
+    r.add_argument("--report", default=None, metavar="DIR",
+                   help="a report folder: replay the reproducer it records for the finding (or defect) named by "
+                   "the positional argument, its case_file resolved against DIR")
     r.add_argument("--engine", default=None, help="the engine to run the case on (default: $RLCONFORM_ENGINE or "
                                                  "reference; never taken from the case file)")
     r.add_argument("--engine-path", default=None, help="a fork's checkout, put first on sys.path")
@@ -421,9 +424,36 @@ def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, emi
             "max_abs_err": outcome.max_abs_err, "max_rel_err": outcome.max_rel_err, "ratio": outcome.ratio}
 
 
+def _report_case_file(report_dir: str, name: str) -> str:
+    """The case file a report folder records for finding (or defect) ``name``, resolved against the folder
+    (:mod:`rlconform.harness.report.case_paths`); raises ValueError with the reason."""
+    from rlconform.harness.report.case_paths import resolve
+
+    path = os.path.join(report_dir, "report.json")
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from None
+    entries = [e for e in list(doc.get("findings") or []) + list(doc.get("defects") or [])
+               if isinstance(e, dict) and e.get("id") == name]
+    for e in entries:
+        case_file = (e.get("reproducer") or {}).get("case_file")
+        if case_file:
+            return resolve(report_dir, case_file)
+    raise ValueError(f"{path} records no reproducer for {name!r}" if entries else f"{path} has no finding {name!r}")
+
+
 def cmd_replay(args) -> int:
     from rlconform.properties.case import CaseError, load_case
 
+    if getattr(args, "report", None):
+        try:
+            args.case_file = _report_case_file(args.report, args.case_file)
+        except ValueError as exc:
+            return _usage_error(str(exc))
     try:
         case = load_case(args.case_file)
         with open(args.case_file, "rb") as fh:

@@ -43,9 +43,17 @@ def run_check(binding, case: Case) -> Outcome:
     if impl is None and case.property == IMPLEMENTATIONS_AGREE:
         raise BindingError(f"property {IMPLEMENTATIONS_AGREE!r} is checked only under the regimes of a second "
                            f"implementation (variant+impl@data), not {case.regime!r}")
-    if impl is None:
-        return JUDGES[case.property](family.evaluate(binding, case))
-    return JUDGES[case.property](evaluate_implementation(family, binding, case, impl))
+    try:
+        ev = family.evaluate(binding, case) if impl is None else evaluate_implementation(family, binding, case, impl)
+    except EngineCrash as exc:
+        plain = case if impl is None else dataclasses.replace(case, regime=plain_regime(case.regime))
+        guard = declared_guard(binding, plain, exc)
+        if guard is None:
+            raise
+        return Outcome(True, f"declared guard {guard.name}: {_engine_error(exc)}", declared=guard.name)
+    outcome = JUDGES[case.property](ev)
+    outcome.declared = ev.declared
+    return outcome
 
 
 def evaluate_implementation(family, binding, case: Case, impl: str) -> Evaluation:
@@ -74,3 +82,21 @@ def evaluate_implementation(family, binding, case: Case, impl: str) -> Evaluatio
     ev.alternatives = [(f"the {impl} implementation",
                         [dataclasses.replace(c, label=f"{c.label} ({impl})") for c in second.outputs])]
     return ev
+
+
+def _engine_error(exc: EngineCrash) -> str:
+    """The engine's own ``Type: message`` of a crash (the cause's, not the harness wrapper's)."""
+    cause = exc.__cause__
+    return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+
+
+def declared_guard(binding, case: Case, exc: EngineCrash):
+    """The binding's declared guard (issue 20 §2) that covers this crash, or None: the engine raised the
+    declared error type with a matching message where the declared trigger holds on the case's inputs. A
+    guard raising anywhere else, or another error, stays a crash."""
+    from rlconform.harness.core.declared import matching_guard
+
+    cause = exc.__cause__
+    if cause is None:
+        return None
+    return matching_guard(getattr(binding, "declared", ()), case, type(cause).__name__, str(cause))

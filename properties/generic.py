@@ -47,7 +47,9 @@ from rlconform.harness.core.tolerance import ATOL, C, ULP_FLOOR, Comparison, bou
 class Outcome:
     """Result of one check: ``ok``; ``message`` (what failed, uniform wording); error measures of the
     worst compared element (``max_abs_err``, ``max_rel_err``, ``tolerance``) and ``ratio`` (error over
-    tolerance; its margin band gives the :attr:`verdict`; the quantity ``rlconform fuzz``'s ``target()`` climbs)."""
+    tolerance; its margin band gives the :attr:`verdict`; the quantity ``rlconform fuzz``'s ``target()`` climbs);
+    ``declared``: the name of the binding's declared guard or precondition this example fell under (issue 20
+    §2), or None."""
 
     ok: bool
     message: str = ""
@@ -55,6 +57,7 @@ class Outcome:
     max_rel_err: float = 0.0
     tolerance: float = 0.0
     ratio: float = 0.0
+    declared: str | None = None
 
     def absorb(self, label: str, c: Comparison) -> None:
         if c.max_abs_err >= self.max_abs_err or not c.ok:
@@ -79,7 +82,8 @@ class Outcome:
 
 
 def _compare(c: Compared) -> Comparison:
-    return compare(c.engine, c.reference, c.faithful, dtype=c.dtype, kind=c.kind, only_where=c.only_where)
+    return compare(c.engine, c.reference, c.faithful, dtype=c.dtype, kind=c.kind, only_where=c.only_where,
+                   resolution=c.resolution)
 
 
 def _nothing(ev: Evaluation, outcome: Outcome, what: str) -> bool:
@@ -151,8 +155,8 @@ def _invariance(ev: Evaluation, what: str) -> Outcome:
                 sel = np.broadcast_to(np.asarray(b.only_where, bool).reshape(-1), x.shape)
             r = np.broadcast_to(np.asarray(b.reference, dtype=np.float64).reshape(-1), x.shape)
             sel = sel & ~np.isnan(r)
-            allowed = bound(r, b.faithful, dtype=b.dtype, kind=b.kind) + bound(r, a.faithful, dtype=a.dtype,
-                                                                               kind=a.kind)
+            allowed = (bound(r, b.faithful, dtype=b.dtype, kind=b.kind, resolution=b.resolution)
+                       + bound(r, a.faithful, dtype=a.dtype, kind=a.kind, resolution=a.resolution))
             with np.errstate(invalid="ignore"):
                 diff = np.where(np.isfinite(x) & np.isfinite(y), np.abs(x - y),
                                 np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0.0, np.inf))

@@ -27,6 +27,7 @@ What a failure is, and what it costs:
 
 from __future__ import annotations
 
+import os
 import shlex
 
 import pytest
@@ -83,9 +84,10 @@ def replay_command(case_file: str, spec: str | None, engine_path: str | None = N
 def failure_message(rec, case: Case, message: str) -> str:
     """The uniform failure text: finding id, engine, what failed, the input, the reproducer."""
     b = rec.state.binding
+    case_path = os.path.join(rec.state.out, "cases", f"{case.finding_id}.json")
     return (f"{case.finding_id}: discrepancy (engine {b.spec})\n  {message.strip()}\n"
             f"  input: {case.summary()}\n"
-            f"  reproduce: {replay_command(f'{rec.state.out}/cases/{case.finding_id}.json', b.spec, b.path)}")
+            f"  reproduce: {replay_command(os.path.relpath(case_path), b.spec, b.path)}")
 
 
 def run_finding(binding, finding, rec, state, strategy, *, check) -> None:

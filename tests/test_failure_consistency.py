@@ -30,5 +30,5 @@ def test_a_crash_found_while_shrinking_a_discrepancy_is_reported_as_that_crash(t
     assert f["status"] == "crash", f
     assert "one element: crash_when_small" in f["message"] and "vs reference" not in f["message"], f["message"]
     assert f["worst_input"].startswith("values[1, 1]"), f["worst_input"]
-    replay = _cli("replay", f["reproducer"]["case_file"], "--engine", BINDING)
+    replay = _cli("replay", str(out / f["reproducer"]["case_file"]), "--engine", BINDING)
     assert replay.returncode == 1 and "crash_when_small" in replay.stdout + replay.stderr, replay.stdout[-2000:]

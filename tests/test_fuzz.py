@@ -71,7 +71,7 @@ def test_fuzz_saves_counterexample_and_check_replays_it(tmp_path, family, op, pr
     f = next(f for f in doc["findings"] if f["id"] == case.finding_id)
     assert f["status"] in ("discrepancy", "crash")
     assert f["examples_to_first_failure"] == 1
-    with open(f["reproducer"]["case_file"]) as fh:
+    with open(tmp_path / "rep" / f["reproducer"]["case_file"]) as fh:
         reproduced = json.load(fh)
     with open(first) as fh:
         saved = json.load(fh)

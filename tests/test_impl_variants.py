@@ -84,6 +84,22 @@ def test_malformed_implementations_are_binding_errors():
         Implementation(len, ranks=())
 
 
+def test_an_output_dtype_the_docstring_does_not_state_is_not_checked():
+    """Regression (issue 20 §4): ``Implementation``'s default assumed the input's dtype, so verl's
+    ``vocab_parallel_entropy@chunked`` (docstring: shapes only) was reported as breaking a contract it never
+    stated. The default is now "not stated, not checked"; a stated one is still checked."""
+    unstated = Implementation(len)
+    assert unstated.out_dtype is None and unstated.expected_dtype("float64") is None
+    assert IC.dtype_problem("out", "float32", "float64", unstated) is None
+    assert "not checked" in unstated.dtype_note()
+    stated = Implementation(len, out_dtype="input", doc="in the logits' dtype")
+    problem = IC.dtype_problem("out", "float32", "float64", stated)
+    assert problem and "the input's dtype (float64)" in problem and "in the logits' dtype" in problem
+    several = Implementation(len, out_dtype={"logprobs": "float32"})
+    assert IC.dtype_problem("lp", "float64", "float64", several, "logprobs")
+    assert IC.dtype_problem("ent", "float32", "float64", several, "entropy") is None
+
+
 def test_chunk_rows_and_rank_shapes():
     assert IC.rows_around(1) == [1, 2, 3]
     assert IC.rows_around(3) == [2, 3, 4, 5, 6, 7]
@@ -176,7 +192,12 @@ verl_only = pytest.mark.skipif(not HAS_VERL, reason="verl not installed")
 def test_verl_implementations_are_bound_with_their_contracts():
     verl = load_engine("verl")
     chunked = verl.resolve_implementation("entropy", "chunked")
-    assert chunked.ranks == (2,) and chunked.out_dtype == "float32" and chunked.chunk_arg == "chunk_size"
+    # issue 20 §4: its docstring states shapes only ("Converts chunks to float32 ... during computation" is about
+    # the computation): no output dtype is checked
+    assert chunked.ranks == (2,) and chunked.out_dtype is None and chunked.chunk_arg == "chunk_size"
+    for op, impls in verl.implementations.items():
+        for name, impl in impls.items():
+            assert "not checked" in impl.doc or impl.out_dtype is not None, (op, name)
     assert set(verl.provided_implementations("token_logprobs")) == {"naive", "rowwise"}
 
 
@@ -225,5 +246,5 @@ def test_skyrl_and_megatron_declare_their_implementations():
     if importlib.util.find_spec("megatron") is not None:
         megatron = load_engine("megatron")
         fused = megatron.implementations["vocab_parallel_token_logprobs"]["fused"]
-        assert fused.ranks == (3,) and fused.out_dtype == "input"
+        assert fused.ranks == (3,) and fused.out_dtype is None  # its docstring states no dtype: not checked
         validate_binding(megatron, "test")

@@ -33,14 +33,16 @@ def test_report_schema_and_reproducer(tmp_path):
     (finding,) = doc["findings"]
     assert REQUIRED <= set(finding)
     assert finding["status"] == "discrepancy" and finding["max_abs_err"] > 0
-    assert os.path.exists(finding["reproducer"]["case_file"])
+    # issue 20 §4: relative to the report folder, never this machine's absolute path
+    assert finding["reproducer"]["case_file"] == f"cases/{finding['id']}.json"
+    assert os.path.exists(out / finding["reproducer"]["case_file"])
     command = shlex.split(finding["reproducer"]["command"])
     assert command[:2] == ["rlconform", "replay"] and "--engine" in command  # replay never trusts the case's engine
     md = (out / "report.md").read_text()
     assert "discrepancy" in md and "metric_pipeline" in md
     # the reproducer replays to the same verdict, and a fixed engine passes it
     assert cli(*command[1:]).returncode == 1
-    fixed = cli("replay", finding["reproducer"]["case_file"], "--engine", "reference")
+    fixed = cli("replay", str(out / finding["reproducer"]["case_file"]), "--engine", "reference")
     assert fixed.returncode == 0 and "PASS" in fixed.stdout
 
 

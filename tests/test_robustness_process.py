@@ -50,7 +50,7 @@ def test_every_way_an_engine_ends_its_process_is_that_findings_crash(tmp_path):
         f = by_id[f"{op}.matches_reference.float64.{regime}"]
         assert f["status"] == "crash", (f["id"], f["status"], f["message"])
         assert words in f["message"] + (f["traceback"] or ""), (f["id"], f["message"])
-        assert f["reproducer"] and os.path.exists(f["reproducer"]["case_file"]), f["id"]  # the case in flight
+        assert f["reproducer"] and os.path.exists(out / f["reproducer"]["case_file"]), f["id"]  # the case in flight
     # the run went on: every other finding was checked (random masks may be fully masked too)
     for f in doc["findings"]:
         if f["status"] != "pass":

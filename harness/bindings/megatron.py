@@ -170,10 +170,10 @@ binding = Binding(
         "vocab_parallel_smoothed_token_logprobs")},
     implementations={"vocab_parallel_token_logprobs": {
         # "vocab_parallel_logits: ... dimension is [sequence_length, batch_size, hidden_size]; target: [sequence_length,
-        # micro_batch_size]": 3-D only; no dtype documented (the input's)
+        # micro_batch_size]": 3-D only; no dtype documented: not checked
         "fused": Implementation(Lazy(loader=_fused_vocab_parallel_token_logprobs), ranks=(3,),
                                 doc="logits [sequence_length, batch_size, vocab/tp], target [sequence_length, "
-                                "micro_batch_size]")}},
+                                "micro_batch_size]; output dtype not stated, not checked")}},
     ops={
         "token_logprobs": Lazy(loader=_token_logprobs),
         "vocab_parallel_token_logprobs": Lazy(loader=_vocab_parallel_token_logprobs),

@@ -380,10 +380,12 @@ def vocab_parallel_entropy_chunked(local_logits, group, chunk_size=2048):
 
 #: the reference's alternative implementations (issue 11 part 2): ranks 2 and 3, the input's dtype out
 IMPLEMENTATIONS = {
-    "vocab_parallel_entropy": {"chunked": Implementation(vocab_parallel_entropy_chunked, chunk_arg="chunk_size")},
-    "vocab_parallel_token_logprobs": {"fused": Implementation(vocab_parallel_token_logprobs)},
-    "entropy": {"chunked": Implementation(chunked_entropy, chunk_arg="chunk_size")},
-    "token_logprobs": {"naive": Implementation(F.token_logprobs), "rowwise": Implementation(rowwise_token_logprobs)},
+    "vocab_parallel_entropy": {"chunked": Implementation(vocab_parallel_entropy_chunked, out_dtype="input",
+                                                         chunk_arg="chunk_size")},
+    "vocab_parallel_token_logprobs": {"fused": Implementation(vocab_parallel_token_logprobs, out_dtype="input")},
+    "entropy": {"chunked": Implementation(chunked_entropy, out_dtype="input", chunk_arg="chunk_size")},
+    "token_logprobs": {"naive": Implementation(F.token_logprobs, out_dtype="input"),
+                       "rowwise": Implementation(rowwise_token_logprobs, out_dtype="input")},
 }
 
 

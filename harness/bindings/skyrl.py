@@ -694,7 +694,7 @@ binding = Binding(
     # ranks 2 and 3), bound on its own so that it is checked where token_logprobs runs flash-attn instead
     implementations={"token_logprobs": {"rowwise": Implementation(
         Lazy(f"{TORCH_UTILS}:logprobs_from_logits_v2"), ranks=(2, 3),
-        doc="logits [batch_size, seqlen, vocab_size] (jaxtyping annotation)")}},
+        doc="logits [batch_size, seqlen, vocab_size] (jaxtyping annotation); output dtype not stated, not checked")}},
     ops={
         "metric_pipeline": Lazy(loader=_metric_pipeline),
         "metric_statistics": Lazy(loader=_metric_statistics),

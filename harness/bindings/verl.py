@@ -87,7 +87,7 @@ import importlib.metadata
 import math
 from itertools import chain
 
-from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Implementation, Lazy, MetricPipeline
+from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Declared, Implementation, Lazy, MetricPipeline
 from rlconform.harness.catalog.engine_site import calls
 
 TF = "verl.utils.torch_functional"
@@ -352,6 +352,8 @@ POLICY_LOSS_UNCHECKED = {
     "bypass_mode": "with the default rollout_correction (loss_type='ppo_clip', rollout_rs=None) the vanilla loss "
     "(bound as 'vanilla'); its rejection sampling and rollout_corr/* metrics have no reference",
 }
+#: the loss_agg_mode verl forces per policy loss (``compute_policy_loss_sapo``, core_algos.py:1688)
+SAPO_AGG_MODES = {"sapo": "seq-mean-token-mean"}
 #: verl metric key (after stripping 'actor/') -> catalog key, per registry name when it differs
 _METRIC_KEYS = {"pg_clipfrac": "pg_clipfrac", "ppo_kl": "ppo_kl", "pg_clipfrac_lower": "pg_clipfrac_lower"}
 
@@ -414,7 +416,10 @@ def _policy_loss():
             impls[POLICY_LOSS_NAMES[name]] = bind(name)
         else:
             unchecked[name] = POLICY_LOSS_UNCHECKED.get(name, "registered in verl; no catalog variant")
-    return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics)
+    # compute_policy_loss_sapo ignores the loss_agg_mode it is passed: "for SAPO, we need to aggregate the loss
+    # at the sequence level (seq-mean-token-mean)", agg_loss(..., loss_agg_mode="seq-mean-token-mean",
+    # **config.global_batch_info) (verl/trainer/ppo/core_algos.py:1688): a declared convention, checked as such
+    return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics, agg_modes=SAPO_AGG_MODES)
 
 
 # ---------------------------------------------------------------------- value loss, IS weights
@@ -727,9 +732,10 @@ def _fused_linear():
     models call it (``dense_common.py`` & co. construct it with the default chunk_size 512 and the torch backend
     unless ``_verl_fused_kernels_backend`` says liger; liger_kernel is not installed here, and verl falls back
     to torch then). Contract: hidden ``[T, H]`` or ``[B, T, H]`` (``assert orig_ndim in (2, 3)``); log-probs
-    always float32 ("Logits are upcasted to fp32 before computing log_probs, which are also fp32", and an
-    assert), entropy in the hidden states' dtype (``hidden_states.new_zeros``). The class has no docstring:
-    the contract is read from these lines."""
+    always float32 ("Logits are upcasted to fp32 before computing log_probs, which are also fp32": the source's
+    comment, with an assert); the entropy's dtype is stated nowhere (the code allocates it with
+    ``hidden_states.new_zeros``, which is behaviour, not contract): not checked. The class has no docstring:
+    the contract is read from that comment."""
     import importlib
 
     module_class = importlib.import_module(EXP_TF).FusedLinearForPPO
@@ -741,38 +747,40 @@ def _fused_linear():
 
     fused_linear_token_stats.__qualname__ = "verl.FusedLinearForPPO"
     return Implementation(fused_linear_token_stats, ranks=(2, 3), out_dtype={"logprobs": "float32"},
-                          doc="hidden (T, H) or (B, T, H); 'log_probs, which are also fp32'; entropy "
-                          "hidden_states.new_zeros")
+                          doc="hidden (T, H) or (B, T, H); 'log_probs, which are also fp32'; entropy dtype "
+                          "not stated, not checked")
 
 
 #: verl's alternative implementations of catalog ops (issue 11 part 2), each checked as the op under regimes
 #: ``impl@data`` with the contract its docstring states.
 IMPLEMENTATIONS = {
     "entropy": {
-        # "logits: Unnormalized log-probabilities of shape (batch_size, vocab_size)"; "Converts chunks to float32
-        # for numerical stability": 2-D only, float32 out for every input dtype. verl's callers (engine option
-        # entropy_from_logits_with_chunking, prefix_grouper_utils) pass no chunk_size: 2048 is among CHUNK_SIZES.
-        "chunked": Implementation(Lazy(f"{TF}:entropy_from_logits_with_chunking"), ranks=(2,), out_dtype="float32",
+        # "logits: Unnormalized log-probabilities of shape (batch_size, vocab_size)": 2-D only. "Converts chunks to
+        # float32 for numerical stability during computation" is about the computation: the docstring states no
+        # output dtype, so none is checked. verl's callers (engine option entropy_from_logits_with_chunking,
+        # prefix_grouper_utils) pass no chunk_size: 2048 is among CHUNK_SIZES.
+        "chunked": Implementation(Lazy(f"{TF}:entropy_from_logits_with_chunking"), ranks=(2,),
                                   chunk_arg="chunk_size",
-                                  doc="logits (batch_size, vocab_size); 'Converts chunks to float32'"),
+                                  doc="logits (batch_size, vocab_size); output dtype not stated, not checked"),
     },
     "vocab_parallel_entropy": {
         # "vocab_parallel_logits: (batch_size, seq_len, vocab_size // tp_size) or (total_nnz, vocab_size // tp_size)
-        # ... Returns: (batch_size, seq_len)": ranks 2 and 3; no dtype documented: the input's. Chunks along dim 1.
+        # ... Returns: (batch_size, seq_len)": ranks 2 and 3; no dtype documented: not checked. Chunks along dim 1.
         "chunked": Implementation(_vocab_parallel("vocab_parallel_entropy_with_chunking", "vocab_parallel_entropy",
                                                   chunked=True), ranks=(2, 3), chunk_arg="chunk_size",
                                   doc="(batch_size, seq_len, vocab_size // tp_size) or (total_nnz, vocab_size // "
-                                  "tp_size)"),
+                                  "tp_size); output dtype not stated, not checked"),
     },
     "token_logprobs": {
-        # "logits: Model output logits of shape (..., vocab_size)": any rank; log_softmax in the input dtype
+        # "logits: Model output logits of shape (..., vocab_size)": any rank; no output dtype stated: not checked
         "naive": Implementation(Lazy(f"{TF}:logprobs_from_logits_naive"), ranks=(2, 3),
-                                doc="logits (..., vocab_size), labels (...)"),
+                                doc="logits (..., vocab_size), labels (...); output dtype not stated, not checked"),
         # "(batch_size, seq_len, vocab_size) or (batch_size, vocab_size)". logprobs_from_logits (token_logprobs)
         # calls it on every machine without flash-attn / NPU; bound on its own so that it is checked on a CUDA
         # machine too, where token_logprobs runs flash-attn's kernel instead.
         "rowwise": Implementation(Lazy(f"{TF}:logprobs_from_logits_v2"), ranks=(2, 3),
-                                  doc="logits (batch_size, seq_len, vocab_size) or (batch_size, vocab_size)"),
+                                  doc="logits (batch_size, seq_len, vocab_size) or (batch_size, vocab_size); output "
+                                  "dtype not stated, not checked"),
     },
 }
 
@@ -796,11 +804,79 @@ ENGINE_DTYPES = {
                                     "dp_metric_all_reduce", "cp_masked_mean")},
 }
 
+# ----------------------------------------------------------- declared conventions, preconditions, guards
+def _nnz(case, key: str = "mask", cleared: bool = False) -> int:
+    """Valid tokens of the mask the engine is handed for ``case``; ``cleared``: the family's mask_invariant
+    clears the last bit of an all-valid mask (:mod:`rlconform.harness.families.reductions`; the advantage
+    families append a masked column instead)."""
+    import numpy as np
+
+    if key not in case.inputs:  # a generated real-shapes input: thousands of tokens
+        return 1 << 30
+    m = np.asarray(case.inputs[key]).astype(bool)
+    return int(m.sum()) - int(cleared and case.property == "mask_invariant" and m.size > 0 and bool(m.all()))
+
+
+def _one_sample_group(case) -> bool:
+    import numpy as np
+
+    _, counts = np.unique(np.asarray(case.inputs["index"]), return_counts=True)
+    return bool((counts == 1).any())
+
+
+#: verl's deliberate behaviour (issue 20 §2): checked as declared, listed in "Conventions and guards"
+DECLARED = (
+    Declared(
+        "masked_var_le_one_token", "guard", ("masked_var",),
+        "the unbiased masked_var raises ValueError on 0 or 1 valid tokens ('At least one element in the mask "
+        "has to be 1.' / 'The sum of the mask is one, which can cause a division by zero.')",
+        "the Bessel correction n/(n-1) is undefined there; verl's comment: 'to avoid it you just need to use a "
+        "larger minibatch_size'", "verl/utils/torch_functional.py:319",
+        when=lambda case: bool(case.inputs.get("unbiased", True)) and _nnz(case, cleared=True) <= 1,
+        raises="ValueError", match=r"At least one element in the mask has to be 1|The sum of the mask is one"),
+    Declared(
+        "masked_whiten_le_one_token", "guard", ("masked_whiten",),
+        "masked_whiten raises masked_var's ValueError on 0 or 1 valid tokens (its variance is the unbiased one)",
+        "whitening needs a variance: masked_var's guard (torch_functional.py:319, :323) on purpose",
+        "verl/utils/torch_functional.py:342",
+        when=lambda case: _nnz(case) <= 1,
+        raises="ValueError", match=r"At least one element in the mask has to be 1|The sum of the mask is one"),
+    Declared(
+        "batch_whiten_le_one_token", "guard", ("outcome_advantage",),
+        "reinforce_plus_plus, reinforce_plus_plus_baseline and gdpo whiten over the whole batch with "
+        "masked_whiten, which raises ValueError when the batch holds 0 or 1 valid tokens",
+        "batch-level normalisation needs a variance (masked_var's guard, torch_functional.py:319)",
+        "verl/trainer/ppo/core_algos.py:728",
+        variants=("reinforce_plus_plus", "reinforce_plus_plus_baseline", "gdpo"),
+        when=lambda case: _nnz(case, "response_mask") <= 1,
+        raises="ValueError", match=r"At least one element in the mask has to be 1|The sum of the mask is one"),
+    Declared(
+        "passk_one_sample_group", "guard", ("outcome_advantage",),
+        "grpo_passk raises ValueError on a group of one sample ('Pass@k requires at least 2 samples per group')",
+        "pass@k's advantage (best minus second best) needs two samples", "verl/trainer/ppo/core_algos.py:518",
+        variants=("grpo_passk",), when=_one_sample_group,
+        raises="ValueError", match=r"Pass@k requires at least 2 samples per group"),
+    Declared(
+        "rewards_zero_outside_mask", "precondition", ("outcome_advantage",),
+        "token_level_rewards are zero outside the response mask (the outcome estimators sum the whole row: "
+        "scores = token_level_rewards.sum(dim=-1))",
+        "the reward manager writes the score on the last valid token of a zero tensor, so no caller passes "
+        "anything else at masked positions", "verl/trainer/ppo/core_algos.py:304",
+        inputs=("token_level_rewards",)),
+    Declared(
+        "sapo_seq_mean_token_mean", "convention", ("policy_loss",),
+        "SAPO aggregates seq-mean-token-mean whatever loss_agg_mode it is passed (the reference follows: "
+        "LossVariants.agg_modes)",
+        "'for SAPO, we need to aggregate the loss at the sequence level' (SAPO's paper recommends it)",
+        "verl/trainer/ppo/core_algos.py:1688", variants=("sapo",)),
+)
+
 
 binding = Binding(
     name="verl",
     implementations=IMPLEMENTATIONS,
     engine_dtypes=ENGINE_DTYPES,
+    declared=DECLARED,
     version=_version(),
     ops={
         "entropy": Lazy(f"{TF}:entropy_from_logits"),
@@ -839,10 +915,12 @@ binding = Binding(
     forward_only=frozenset({"sum_pi_squared", "vocab_parallel_sum_pi_squared", "importance_ratio"}),
     notes={
         "entropy": "verl.utils.torch_functional.entropy_from_logits; entropy@chunked: entropy_from_logits_with_chunking "
-        "(engine option; contract from its docstring: 2-D only, float32 out, chunk_size drawn around boundaries).",
+        "(engine option; contract from its docstring: 2-D only, chunk_size drawn around boundaries; the docstring "
+        "states no output dtype, so the output dtype is not checked).",
         "token_logprobs": "verl.utils.torch_functional.logprobs_from_logits(inplace_backward=True); without flash-attn "
         "this is logprobs_from_logits_v2 (the in-place flash-attn backward is CUDA-only); token_logprobs@naive: "
-        "logprobs_from_logits_naive (ranks 2, 3); token_logprobs@rowwise: logprobs_from_logits_v2 (ranks 2, 3).",
+        "logprobs_from_logits_naive (ranks 2, 3); token_logprobs@rowwise: logprobs_from_logits_v2 (ranks 2, 3); "
+        "neither docstring states an output dtype: not checked.",
         "sum_pi_squared": "verl.utils.torch_functional.calculate_sum_pi_squared_from_logits",
         "masked_sum": "verl.utils.torch_functional.masked_sum",
         "masked_mean": "verl.utils.torch_functional.masked_mean (denominator nnz + 1e-8)",
@@ -860,7 +938,9 @@ binding = Binding(
         "(= -megatron vocab_parallel_cross_entropy on parallel_state's TP group; fp32 shards overwritten in place)",
         "vocab_parallel_entropy": "verl.utils.megatron.tensor_parallel.vocab_parallel_entropy (parallel_state TP group; "
         "backward does sub_/add_ on the caller's logits; torch.compile'd mul_reduce: the first call per worker "
-        "and dtype compiles, tens of seconds on CPU)",
+        "and dtype compiles, tens of seconds on CPU); vocab_parallel_entropy@chunked: "
+        "vocab_parallel_entropy_with_chunking, ranks 2 and 3 from its docstring, which states no output dtype: "
+        "not checked",
         "vocab_parallel_sum_pi_squared": "verl.utils.megatron.tensor_parallel.vocab_parallel_sum_pi_squared "
         "(parallel_state TP group; plain dist.all_reduce inside autograd: its gradient sees local sums)",
         "dp_metric_all_reduce": "actor/pg_clipfrac on real DP ranks: masked_mean -> Metric(MEAN) -> "
@@ -869,8 +949,8 @@ binding = Binding(
         "CP ranks: masked sum and count all-reduced over the default (world) group (the job's world = the CP group, "
         "with TP ranks holding the same shard); the mask in the values' dtype as rollout_corr_helper passes it",
         "fused_linear_token_stats": "verl.utils.experimental.torch_functional.FusedLinearForPPO(chunk_size, "
-        "impl_backend='torch').forward(hidden, weight, labels, temperature); contract: ranks 2, 3, log-probs float32, "
-        "entropy in the input dtype",
+        "impl_backend='torch').forward(hidden, weight, labels, temperature); contract: ranks 2, 3, log-probs float32 (the "
+        "source's comment); the entropy's dtype is stated nowhere: not checked",
         "kl_estimator": "verl.trainer.ppo.core_algos.kl_penalty(logprob, ref_logprob, name) (no mask)",
         "policy_loss": "core_algos.get_policy_loss_fn(name) for every POLICY_LOSS_REGISTRY entry, "
         "loss_agg_mode='token-mean', global_batch_info of the mini-batch; micro-batch losses summed; metrics "

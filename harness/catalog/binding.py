@@ -42,6 +42,7 @@ from rlconform.harness.core.contracts import (  # noqa: F401 - re-exported: bind
     AggLoss, BatchInfo, BindingError, Implementation, LossVariants, MetricPipeline, OpUnavailable, VariantNotProvided,
     Variants, signature_arity,
 )
+from rlconform.harness.core.declared import Declared  # noqa: F401 - re-exported
 
 __all__ = [
     "AggLoss",
@@ -120,6 +121,9 @@ class Binding:
     computed detached): their values are checked, their gradients are not.
     ``coverage``: the engine's numerics modules, registries and justifications for the coverage table
     (:class:`Coverage`; ``None``: the binding declares none).
+    ``declared``: the engine's declared conventions, preconditions and guards
+    (:class:`~rlconform.harness.core.declared.Declared`, issue 20 §2): checked as declared, listed in the
+    report's "Conventions and guards" section, never as defects.
     ``implementations``: op -> {catalog implementation name -> :class:`Implementation`}: the engine's
     alternative implementations of the op (chunked, naive, ...; issue 11 part 2), each checked as the op
     under regimes ``impl@data``. The op itself must be bound too (its default implementation).
@@ -140,6 +144,7 @@ class Binding:
     coverage: Coverage | None = None
     implementations: Mapping[str, Mapping[str, Implementation]] = dataclasses.field(default_factory=dict)
     engine_dtypes: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    declared: tuple = ()
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def provided_implementations(self, op: str) -> tuple[str, ...]:

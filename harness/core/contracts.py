@@ -192,9 +192,13 @@ class LossVariants(Variants):
     engine folds the micro-batches' metric dicts into the logged one; each part comes with the
     micro-batch's number of valid tokens (an engine that logs per-call means and averages them ignores
     it; the token-weighted fold Σ mean·n / Σ n uses it).
+    ``agg_modes``: variant -> the loss_agg_mode the engine forces for it whatever the caller passes (a
+    declared convention, issue 20 §2: verl's SAPO aggregates ``seq-mean-token-mean``); the reference then
+    aggregates that variant the same way. A variant not named uses the catalog's token-mean.
     """
 
     combine_metrics: Callable[[list], dict] | None = None
+    agg_modes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,9 +213,10 @@ class Implementation:
 
     * ``ranks``: the input ranks (logits ``[N, V]`` is 2, ``[B, T, V]`` is 3) the docstring allows; the
       same data is passed in each of them and every answer is compared with the reference;
-    * ``out_dtype``: the output dtype the docstring documents, ``"input"`` (default: the input's dtype,
-      fp64 in -> fp64 out) or a dtype name (e.g. ``"float32"``: always float32); for an op with several
-      outputs, a mapping output name -> either (an output not named: ``"input"``);
+    * ``out_dtype``: the output dtype the docstring documents: ``None`` (default: the docstring states none,
+      and the output dtype is not checked; an assumed contract is no contract), ``"input"`` (the docstring
+      says the input's dtype, fp64 in -> fp64 out) or a dtype name (e.g. ``"float32"``: always float32);
+      for an op with several outputs, a mapping output name -> any of these (an output not named: ``None``);
     * ``chunk_arg``: the keyword of its chunk-size parameter (``None``: not chunked); the case's
       ``chunk_size`` (drawn by the family from its ``CHUNK_SIZES``, which hold small sizes and 2048, the
       default of every chunked function bound so far, with row counts one short of, at and one past one
@@ -221,20 +226,30 @@ class Implementation:
 
     fn: Any
     ranks: tuple[int, ...] = (2, 3)
-    out_dtype: str | Mapping[str, str] = "input"
+    out_dtype: str | Mapping[str, str] | None = None
     chunk_arg: str | None = None
     doc: str = ""
 
-    def promised(self, output: str | None = None) -> str:
-        """``"input"`` or the dtype name the contract promises for ``output`` (None: the only output)."""
-        if isinstance(self.out_dtype, str):
+    def promised(self, output: str | None = None) -> str | None:
+        """``"input"``, the dtype name the contract promises for ``output`` (None: the only output), or
+        ``None`` when the docstring states no output dtype (not checked)."""
+        if self.out_dtype is None or isinstance(self.out_dtype, str):
             return self.out_dtype
-        return self.out_dtype.get(output, "input")
+        return self.out_dtype.get(output)
 
-    def expected_dtype(self, input_dtype: str, output: str | None = None) -> str:
-        """The output dtype the contract promises for ``input_dtype``."""
+    def expected_dtype(self, input_dtype: str, output: str | None = None) -> str | None:
+        """The output dtype the contract promises for ``input_dtype``; ``None``: none stated, not checked."""
         promise = self.promised(output)
+        if promise is None:
+            return None
         return input_dtype if promise == "input" else promise
+
+    def dtype_note(self, output: str | None = None) -> str:
+        """How the output dtype of ``output`` is checked, in words for the report's notes."""
+        promise = self.promised(output)
+        if promise is None:
+            return "output dtype: not stated in the docstring, not checked"
+        return "output dtype: " + ("the input's" if promise == "input" else promise) + " (from the docstring)"
 
     def __post_init__(self):
         if not self.ranks or any(r < 1 for r in self.ranks):

@@ -50,7 +50,9 @@ class Compared:
     ``engine``/``reference``/``faithful``: float64 arrays (``faithful`` already rounded to the engine's
     output dtype; ``None`` means the reference itself); ``dtype``: the engine's output dtype name;
     ``kind``: the tolerance kind (a key of :data:`rlconform.harness.core.tolerance.ATOL`); ``only_where``:
-    the elements that are compared (e.g. unmasked tokens); ``label``: what it is, for messages.
+    the elements that are compared (e.g. unmasked tokens); ``label``: what it is, for messages;
+    ``resolution``: a dtype coarser than ``dtype`` that the engine computes the value in (its tolerance is
+    never finer than half an ulp of it at |reference|: :func:`rlconform.harness.core.tolerance.bound`), or None.
     """
 
     label: str
@@ -60,6 +62,7 @@ class Compared:
     dtype: str
     kind: str
     only_where: np.ndarray | None = None
+    resolution: str | None = None
 
 
 @dataclasses.dataclass
@@ -88,7 +91,8 @@ class Evaluation:
     (``mask_invariant``) — each output aligned with ``values + gradients``; ``metrics``: a metric
     pipeline's key flow (``metric_integrity``); ``undefined``: the reference is undefined for this input
     (e.g. the mean of no tokens) and says why: there is nothing to compare, by definition;
-    ``base_label``: how the base run is described next to an alternative.
+    ``base_label``: how the base run is described next to an alternative; ``declared``: the name of a
+    declared precondition the family honoured in this check (issue 20 §2), or None.
     """
 
     values: list[Compared] = dataclasses.field(default_factory=list)
@@ -98,6 +102,7 @@ class Evaluation:
     alternatives: list[tuple[str, list[Compared]]] = dataclasses.field(default_factory=list)
     metrics: MetricFlow | None = None
     undefined: str | None = None
+    declared: str | None = None
     base_label: str = "base"
 
     @property

@@ -49,9 +49,10 @@ def rank_shape(n: int, rank: int) -> tuple[int, ...]:
 
 
 def dtype_problem(label: str, got_dtype: str, input_dtype: str, impl, output: str | None = None) -> str | None:
-    """A problem message when the output dtype breaks the implementation's dtype contract, else None."""
+    """A problem message when the output dtype breaks the implementation's dtype contract, else None (also
+    when the docstring states no output dtype: an unstated contract is not checked)."""
     expected = impl.expected_dtype(input_dtype, output)
-    if got_dtype == expected:
+    if expected is None or got_dtype == expected:
         return None
     promise = "the input's dtype" if impl.promised(output) == "input" else expected
     return (f"contract: {label} is {got_dtype} for a {input_dtype} input; the implementation's docstring documents "

@@ -34,6 +34,13 @@ pipeline        1e-9     1e-5     1e-2    1e-3    metrics/losses formed from fp3
 advantage       1e-9     1e-4     1e-2    1e-2    cumulative sums over T then ratios (verl: +1e-8)
 ==============  =======  =======  ======  ======  ===============================================
 
+Resolution floor (issue 20 §4): a bound is never finer than half an ulp, at |ref|, of the dtype the value
+is resolved in: the output dtype, or the coarser ``resolution`` dtype a family names for a value the engine
+computes in a narrower dtype than it returns (verl's ``masked_var`` of fp16 values sums them in fp16 and
+returns float32: at 16 625 half an fp16 ulp is 8, and a bound of 7.05 would fail a correctly rounded
+fp16 computation; a logged metric computed in float32 and handed over as a Python float is resolved in
+float32, not float64). With the ULP floors above this only acts through ``resolution``.
+
 Bit-exactness (``non_destructive``) never uses a tolerance.
 
 The margin band (issue 21): the verdict of an example is drawn from its worst ratio r = error / bound,
@@ -138,14 +145,32 @@ def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
     return np.exp2(exponent) * EPS[dtype]
 
 
-def bound(reference, faithful, *, dtype: str, kind: str) -> np.ndarray:
-    """The allowed error at each element: ``C·|faithful − ref| + ULP_FLOOR·ulp(ref) + ATOL`` (flat float64)."""
+def coarser(dtype: str, resolution: str | None) -> str:
+    """The coarser (larger machine epsilon) of ``dtype`` and ``resolution`` (``None``: ``dtype``)."""
+    if resolution is None or EPS[resolution] <= EPS[dtype]:
+        return dtype
+    return resolution
+
+
+def resolution_floor(reference, dtype: str, resolution: str | None = None) -> np.ndarray:
+    """Half an ulp at |ref| of the dtype the value is resolved in (:func:`coarser` of ``dtype`` and
+    ``resolution``): the least error a correct rounding may have, under which no bound goes (flat float64;
+    0 at a non-finite reference)."""
+    r = np.asarray(reference, dtype=np.float64).reshape(-1)
+    return np.where(np.isfinite(r), 0.5 * ulp(r, coarser(dtype, resolution)), 0.0)
+
+
+def bound(reference, faithful, *, dtype: str, kind: str, resolution: str | None = None) -> np.ndarray:
+    """The allowed error at each element: ``C·|faithful − ref| + ULP_FLOOR·ulp(ref) + ATOL``, never below
+    :func:`resolution_floor` (flat float64). ``resolution``: a dtype coarser than ``dtype`` that the value is
+    computed in (module doc), or None."""
     r = np.asarray(reference, dtype=np.float64).reshape(-1)
     f = r if faithful is None else np.asarray(faithful, dtype=np.float64).reshape(-1)
     r, f = np.broadcast_arrays(r, f)
     with np.errstate(invalid="ignore"):
         ferr = np.where(np.isfinite(r) & np.isfinite(f), np.abs(f - r), 0.0)
-    return C[dtype] * ferr + ULP_FLOOR[dtype] * ulp(r, dtype) + ATOL[kind][dtype]
+    policy = C[dtype] * ferr + ULP_FLOOR[dtype] * ulp(r, dtype) + ATOL[kind][dtype]
+    return np.maximum(policy, resolution_floor(r, dtype, resolution))
 
 
 @dataclasses.dataclass
@@ -180,12 +205,13 @@ class Comparison:
         return f"{head}: " + ", ".join(parts) + f", tolerance {self.tolerance:.3g}"
 
 
-def compare(engine, reference, faithful, *, dtype: str, kind: str, only_where=None) -> Comparison:
+def compare(engine, reference, faithful, *, dtype: str, kind: str, only_where=None,
+            resolution: str | None = None) -> Comparison:
     """Compare ``engine`` with ``reference`` (float64) under the tolerance policy.
 
     ``engine``/``faithful``: arrays (any float dtype) broadcastable to ``reference``; ``dtype``: the
     engine's output dtype name; ``kind``: a key of :data:`ATOL`; ``only_where``: optional boolean
-    mask of the elements to compare (others ignored). Non-finite reference elements must be matched
+    mask of the elements to compare (others ignored); ``resolution``: as for :func:`bound`. Non-finite reference elements must be matched
     exactly (same inf sign), NaN reference elements (undefined, e.g. a mean over no tokens) are
     skipped; an engine NaN/inf where the reference is finite is a discrepancy (ratio = inf), unless the
     reference lies beyond the output dtype's range and the engine returns the inf it rounds to.
@@ -205,7 +231,8 @@ def compare(engine, reference, faithful, *, dtype: str, kind: str, only_where=No
         err = np.where(rfin, np.abs(e - r), np.where(e == r, 0.0, np.inf))
         err = np.where(overflow, 0.0, err)
         ferr = np.where(rfin & np.isfinite(f), np.abs(f - r), 0.0)
-        bound = C[dtype] * ferr + ULP_FLOOR[dtype] * ulp(r, dtype) + ATOL[kind][dtype]
+        bound = np.maximum(C[dtype] * ferr + ULP_FLOOR[dtype] * ulp(r, dtype) + ATOL[kind][dtype],
+                           resolution_floor(r, dtype, resolution))
         err = np.where(np.isnan(err), np.inf, err)
         ratio = np.where(sel, err / bound, 0.0)
         rel = np.where(sel & rfin & (r != 0), err / np.abs(np.where(r == 0, 1.0, r)), 0.0)

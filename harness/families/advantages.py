@@ -52,6 +52,8 @@ from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
     variant_regime, with_variant_implementations,
 )
+from rlconform.harness.core.declared import preconditions
+from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 from rlconform.harness.core.triggers import group_trigger
 
@@ -319,6 +321,8 @@ def faithful_gae(rewards, values, mask, gamma: float, lam: float):
 _TOKEN_INPUTS = {"outcome_advantage": ("token_level_rewards",), "gae": ("token_level_rewards", "values"),
                  "masked_whiten": ("values",)}
 _MASK = {"outcome_advantage": "response_mask", "gae": "response_mask", "masked_whiten": "mask"}
+#: inputs besides the token inputs with a time dim (padded with the mask by mask_invariant)
+_TIME_EXTRAS = ("reward_components",)
 
 
 def _impl(binding, case):
@@ -396,9 +400,8 @@ def evaluate(binding, case) -> Evaluation:
     arrs = dict(case.inputs)
     mname = _MASK[case.op]
     arrs[mname] = np.asarray(arrs[mname]).astype(bool)
-    if case.property == MASK_INVARIANT and arrs[mname].all():  # garbage needs a masked position
-        arrs[mname] = arrs[mname].copy()
-        arrs[mname][-1, -1] = False
+    if case.property == MASK_INVARIANT:  # garbage needs a masked position: a padding column, not a valid one
+        arrs = with_masked_column(arrs, mname, _TOKEN_INPUTS[case.op] + _TIME_EXTRAS)
     mask = arrs[mname]
     ev = Evaluation()
     if case.property == NON_DESTRUCTIVE:
@@ -424,8 +427,17 @@ def evaluate(binding, case) -> Evaluation:
     ev.values = _compare(case, outs, refs, fas, mask, case.dtype, "", ev)
     if case.property == MASK_INVARIANT:
         garbage = float(case.inputs.get("garbage", np.nan))
+        kept = preconditions(getattr(binding, "declared", ()), case.op, case.regime)
+        clean = {k for d in kept for k in d.inputs}  # the engine's callers keep these zero where masked
+        dirty_keys = [k for k in _TOKEN_INPUTS[case.op] if k not in clean]
+        if kept:
+            ev.declared = kept[0].name
+        if not dirty_keys:
+            ev.undefined = (f"declared precondition {kept[0].name}: {kept[0].what}; no other input holds masked "
+                            "positions to write garbage into")
+            return ev
         dirty = dict(arrs)
-        for k in _TOKEN_INPUTS[case.op]:
+        for k in dirty_keys:
             dirty[k] = np.where(mask, arrs[k], garbage)
         outs, _ = _call(case, fn, estimator, dirty, case.dtype)
         outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)

@@ -20,7 +20,8 @@ array) and a bool mask; its reference uses the run-length form (one entry per ro
 and its faithful value is the reference rounded to the value dtype (a second pass over 2²⁴ tokens would
 double the cost of the regime).
 Integer statistics and ``len_mean`` are compared as float64 whatever the token dtype (a count does not
-depend on the dtype of the values).
+depend on the dtype of the values); ``len_mean``, a logged float number, is resolved in float32 (its bound
+is never below half a float32 ulp: :data:`RESOLUTION`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ from rlconform.harness.core.tensors import as_numpy, to_tensor
 STATISTICS = ("mean", "min", "max", "sum", "count", "len_mean", "len_min", "len_max", "n_seq")
 #: statistics compared as float64 whatever the token dtype (integers, and the mean of integers)
 COUNT_STATISTICS = tuple(R.INTEGER_STATISTICS) + ("len_mean",)
+#: statistic -> the dtype its value is resolved in when coarser than the compared dtype (issue 20 §4): a
+#: logged mean length is a float32 number (verl: ``response_mask.sum(-1).float()``, metric_utils.py:87, then
+#: ``torch.mean``); the integer statistics stay exact
+RESOLUTION = {"len_mean": "float32"}
 #: regime -> value type each logged number reaches the reducer as
 VALUE_TYPES = {"python_values": "python", "tensor_values": "tensor", "numpy_values": "numpy",
                "large_counts": "python"}
@@ -184,7 +189,8 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
             continue
         exact = stat in COUNT_STATISTICS
         out.append(Compared(f"{key} ({stat}), {label}", got.reshape(()), np.float64(r),
-                            None if exact else as_numpy(fa[stat]), "float64" if exact else dtype, "pipeline"))
+                            None if exact else as_numpy(fa[stat]), "float64" if exact else dtype, "pipeline",
+                            resolution=RESOLUTION.get(stat)))
     return out
 
 

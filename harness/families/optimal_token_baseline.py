@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import rlconform.reference as R
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
 from rlconform.harness.core.guards import InputGuard
@@ -32,10 +33,61 @@ OPS = (
 )
 
 
+#: the dtypes a case of this op is drawn in, as NumPy types (for the ulp steps of :func:`consistent_spp`)
+_NP = {"float32": np.float32, "float64": np.float64}
+
+
+def token_distributions(rng, shape, near_one: bool, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(log π_t, Σπ²) in ``dtype`` of real distributions, one per position of ``shape``: π_t the probability
+    of the sampled token, Σπ² the sum of squares of the whole distribution, so that
+    w_t = 1 − 2π_t + Σπ² = (1 − π_t)² + Σ_{j≠t} π_j² ≥ 0 (kept after rounding by :func:`consistent_spp`).
+
+    Otherwise a Dirichlet distribution over 2..8 tokens. ``near_one``: near-zero weights; Σπ² = 1 − δ
+    (δ ∈ [1e-6, 1e-4], rounded to ``dtype``) is drawn first and π_t inside the interval a distribution with
+    that Σπ² allows, π_t ∈ [(1 + √(2Σπ² − 1)) / 2, √Σπ²] (the rest of the mass on one token, on
+    infinitely many): π_t ≈ 1 − δ/2, w_t between δ²/4 and δ²/2."""
+    if near_one:
+        spp = S.round_to(1.0 - rng.uniform(1e-6, 1e-4, shape), dtype)
+        lo, hi = (1.0 + np.sqrt(2.0 * spp - 1.0)) / 2.0, np.sqrt(spp)
+        pi = lo + rng.uniform(0, 1, shape) * (hi - lo)
+        return consistent_spp(S.round_to(np.log(pi), dtype), spp, dtype)
+    v = int(rng.integers(2, 9))
+    p = rng.dirichlet(np.full(v, float(rng.choice([0.3, 1.0, 3.0]))), size=shape)
+    p = np.maximum(p, 1e-12)
+    p /= p.sum(axis=-1, keepdims=True)
+    pick = rng.integers(0, v, size=shape)
+    pi = np.take_along_axis(p, pick[..., None], axis=-1)[..., 0]
+    return consistent_spp(S.round_to(np.log(pi), dtype), S.round_to(np.sum(p**2, axis=-1), dtype), dtype)
+
+
+def consistent_spp(log_pi: np.ndarray, spp: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(old_log_probs, sum_pi_squared)`` in ``dtype`` that some distribution has, given both already
+    rounded to ``dtype``: with π = exp(old_log_probs) as the engine and the reference read it, Σπ² must lie in
+    [π², π² + (1 − π)²] (the rest of the mass 1 − π on one token at most, on infinitely many at least).
+    A Σπ² the rounding put outside is moved into the interval by ulps of ``dtype``; where the interval holds
+    no value of ``dtype`` (π within an ulp of 1), the position becomes the one-hot distribution (log π = 0,
+    Σπ² = 1, w = 0)."""
+    lp, out = log_pi.copy(), spp.copy()
+    pi = np.exp(lp)
+    lo, hi = pi**2, pi**2 + (1.0 - pi) ** 2
+    np_t = _NP[dtype]
+    for idx in zip(*np.nonzero((out < lo) | (out > hi))):
+        x = np_t(out[idx])
+        for _ in range(4):
+            x = np.nextafter(x, np_t(np.inf) if out[idx] < lo[idx] else np_t(-np.inf))
+            if lo[idx] <= float(x) <= hi[idx]:
+                break
+        if lo[idx] <= float(x) <= hi[idx]:
+            out[idx] = float(x)
+        else:
+            lp[idx], out[idx] = 0.0, 1.0
+    return lp, out
+
+
 @st.composite
 def inputs(draw, dtype: str):
-    """Groups of size 1..4 (shuffled index), fully masked rows, π_t near 1 with Σπ² near 1 (near-zero
-    weights w_t = 1 − 2π_t + Σπ²)."""
+    """Groups of size 1..4 (shuffled index), fully masked rows; π_t and Σπ² of real distributions
+    (:func:`token_distributions`), half the time with π_t near 1 (near-zero weights w_t = 1 − 2π_t + Σπ²)."""
     n_groups = draw(st.integers(1, 4))
     sizes = draw(st.lists(st.integers(1, 4), min_size=n_groups, max_size=n_groups))
     b = sum(sizes)
@@ -52,15 +104,10 @@ def inputs(draw, dtype: str):
     rewards[np.arange(b), last] = rng.choice([0.0, 1.0, -1.0, 0.5], size=b)
     if draw(st.booleans()):
         rewards += rng.standard_normal((b, t)) * 0.1
-    if draw(st.booleans()):  # π_t ≈ 1 and Σπ² ≈ 1: w_t ≈ 0
-        pi = 1.0 - rng.uniform(0, 1e-4, (b, t))
-        spp = pi**2 + rng.uniform(0, 1e-8, (b, t))
-    else:
-        pi = rng.uniform(1e-6, 1.0, (b, t))
-        spp = np.minimum(1.0, pi**2 + rng.uniform(0, 1, (b, t)) * (1 - pi) ** 2)
+    lp, spp = token_distributions(rng, (b, t), draw(st.booleans()), dtype)
     return {
         "rewards": S.round_to(rewards, dtype), "mask": mask, "index": index.astype(np.int64),
-        "old_log_probs": S.round_to(np.log(pi), dtype), "sum_pi_squared": S.round_to(spp, dtype),
+        "old_log_probs": lp, "sum_pi_squared": spp,
         "garbage": draw(st.sampled_from(GARBAGE)),
     }
 
@@ -101,9 +148,9 @@ def evaluate(binding, case) -> Evaluation:
     fn = binding.resolve(case.op)
     arrs = {k: case.inputs[k] for k in NAMES}
     arrs["mask"] = arrs["mask"].astype(bool)
-    if case.property == MASK_INVARIANT and arrs["mask"].all():
-        arrs["mask"] = arrs["mask"].copy()
-        arrs["mask"][-1, -1] = False
+    if case.property == MASK_INVARIANT:  # garbage needs a masked position: a padding column, not a valid one
+        arrs = with_masked_column(arrs, "mask", ("rewards", "old_log_probs", "sum_pi_squared"),
+                                  fill={"sum_pi_squared": 1.0})  # a one-hot distribution: log π = 0, Σπ² = 1
     index = np.asarray(case.inputs["index"])
     ev = Evaluation()
     if case.property == NON_DESTRUCTIVE:

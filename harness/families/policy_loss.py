@@ -5,7 +5,9 @@ micro-batch's call ``(old_log_prob [b, T], log_prob [b, T], advantages [b, T], r
 bool, info: BatchInfo) -> (loss 0-d, metrics: dict[str, float])``. Micro-batch losses are summed
 (gradient accumulation, one DP rank); the aggregation is the global **token-mean** (Σ L·m over the
 mini-batch / the mini-batch's valid tokens, verl's ``global_batch_info``), except ``geo_mean``
-(mean over the mini-batch's rows, as the reference defines it). Metrics (clip fraction ``pg_clipfrac``,
+(mean over the mini-batch's rows, as the reference defines it) and a variant whose aggregation the
+binding declares forced (:attr:`LossVariants.agg_modes`: verl's SAPO is always ``seq-mean-token-mean``),
+which the reference aggregates as declared. Metrics (clip fraction ``pg_clipfrac``,
 approx KL ``ppo_kl``, ...) are means over valid tokens; the engine folds the micro-batches' dicts with
 its ``combine_metrics``. The reference is :func:`rlconform.reference.policy_loss` (and
 ``policy_loss_grad``) with the variant's parameters in :data:`VARIANTS`: the engines' defaults and
@@ -227,6 +229,12 @@ def run(impl: LossVariants, fn, arrays: dict, mask: np.ndarray, dtype: str, part
                                impl.combine_metrics, mask, dtype, partition, ev)
 
 
+def agg_mode(impl: LossVariants, variant: str) -> str:
+    """The loss_agg_mode the reference aggregates ``variant`` with for this binding: the one the binding
+    declares the engine forces (:attr:`LossVariants.agg_modes`), else the catalog's token-mean."""
+    return (getattr(impl, "agg_modes", None) or {}).get(variant, LOSS_AGG_MODE)
+
+
 def _round(x, dtype: str) -> np.ndarray:
     return S.round_to(np.asarray(x, dtype=np.float64), dtype)
 
@@ -235,11 +243,11 @@ def _round(x, dtype: str) -> np.ndarray:
 COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-24, "float16": 2.0**-24}
 
 
-def yardstick(variant: str, arrays: dict, mask: np.ndarray, dtype: str, ref):
+def yardstick(variant: str, arrays: dict, mask: np.ndarray, dtype: str, ref, agg: str = LOSS_AGG_MODE):
     """The reference at log_prob·(1 + ε) (module doc); the reference itself where that is undefined."""
     try:
         return reference(variant, arrays["old_log_prob"], arrays["log_prob"] * (1.0 + COMPUTE_EPS[dtype]),
-                         arrays["advantages"], mask)
+                         arrays["advantages"], mask, agg=agg)
     except ValueError:
         return ref
 
@@ -287,12 +295,13 @@ def evaluate(binding, case) -> Evaluation:
     if not mask.any():
         ev.undefined = "the token-mean policy loss of a mini-batch with no valid token is undefined"
         return ev
+    agg = agg_mode(impl, variant)
     try:
-        ref = reference(variant, arrays["old_log_prob"], arrays["log_prob"], arrays["advantages"], mask)
+        ref = reference(variant, arrays["old_log_prob"], arrays["log_prob"], arrays["advantages"], mask, agg=agg)
     except ValueError as exc:
         ev.undefined = f"the reference is undefined here: {exc}"
         return ev
-    fa = yardstick(variant, arrays, mask, case.dtype, ref)
+    fa = yardstick(variant, arrays, mask, case.dtype, ref, agg)
     out = run(impl, fn, arrays, mask, case.dtype, [(0, mask.shape[0])], ev)
     if out is None:
         return ev

@@ -19,5 +19,5 @@ def chunked_entropy(logits, chunk_size=2048):
 
 EXPECTED = [("entropy", "matches_reference")]
 binding = mutant("chunk_fp32_entropy", __doc__, implementations={
-    "entropy": {"chunked": Implementation(chunked_entropy, chunk_arg="chunk_size",
+    "entropy": {"chunked": Implementation(chunked_entropy, out_dtype="input", chunk_arg="chunk_size",
                                           doc="returns entropy in the logits' dtype")}})

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 
+from rlconform.harness.report.case_paths import relativise
 from rlconform.harness.report.severity import RANK, at_least
 from rlconform.harness.report.triage import annotate
 from rlconform.harness.report.triage_md import HEADER, defect_row
@@ -39,7 +40,7 @@ def load(path: str) -> dict:
         doc = json.load(fh)
     if "findings" not in doc:
         raise ValueError(f"{p} is not an rlconform report (no findings)")
-    return annotate(doc)
+    return annotate(relativise(doc, os.path.dirname(os.path.abspath(p))))
 
 
 def _failing(doc: dict) -> dict[str, dict]:

@@ -357,7 +357,7 @@ smallest member, its message and input; its members are listed under it in the t
 {% if d.reproducer.input %}<div>input:</div><pre>{{ d.reproducer.input | truncate(msg_chars, True, " …") }}</pre>{% endif %}
 {% if d.traceback %}<details><summary>traceback (the engine's frames)</summary><pre>{{ d.traceback }}</pre></details>{% endif %}
 </div>{% endfor %}{% endif %}
-
+{{ declared_section }}
 <h2>op × property × dtype</h2>
 <p class="muted">Worst status over the regimes of each cell, with how many regimes have it (hover: the regimes that
 do not pass).</p>
@@ -584,7 +584,14 @@ def render_html(doc: dict) -> str:
         plots=make_plots(doc), findings=findings, fmt=_fmt, err=error_text, ratio=_ratio_of,
         sev_colors=SEVERITY_COLOR,
         triage_line=_triage_line(doc), msg_chars=MESSAGE_CHARS, script=markupsafe.Markup(SCRIPT),
-        columns=COLUMNS, blob=findings_blob(findings), coverage=_coverage_line(doc), **_page_parts(doc))
+        columns=COLUMNS, blob=findings_blob(findings), coverage=_coverage_line(doc),
+        declared_section=_declared_section(doc), **_page_parts(doc))
+
+
+def _declared_section(doc: dict):
+    from rlconform.harness.report.declared_md import html_section
+
+    return markupsafe.Markup(html_section(doc))
 
 
 def _coverage_line(doc: dict) -> str | None:

@@ -75,6 +75,7 @@ import platform
 from importlib import metadata
 
 from rlconform.harness.report.atomic_write import atomic_write
+from rlconform.harness.report.case_paths import relativise
 
 SCHEMA = "rlconform.report/1"
 STATUSES = ("discrepancy", "crash", "error", "xpass", "unavailable", "xfail", "marginal", "pass")
@@ -147,6 +148,7 @@ class ReportWriter:
         findings = sorted(self.findings.values(), key=lambda f: (order.get(f["status"], 99), f["id"]))
         doc = {"schema": SCHEMA, "tool": {"name": "rlconform", "version": tool_version()}, "engine": self.engine,
                "run": self.run, "summary": self.summary(), "findings": findings}
+        relativise(doc, self.out_dir)  # findings resumed from an older report.json may hold absolute paths
         if self.coverage is not None:  # --- coverage table (issue 11) ---
             doc["coverage"] = self.coverage
         # --- triage (issue 12): severities, defects --------------------------------------------------
@@ -226,6 +228,9 @@ def render_markdown(doc: dict) -> str:
     from rlconform.harness.report.triage_md import render_defects
 
     lines += render_defects(doc)
+    from rlconform.harness.report.declared_md import markdown_section  # issue 20 §2, after the defects
+
+    lines += markdown_section(doc)
     groups: dict[tuple, list] = {}
     for f in doc["findings"]:
         if f["status"] != "pass":
@@ -281,6 +286,7 @@ def rerender(out_dir: str) -> tuple[str, str]:
         doc = json.load(fh)
     from rlconform.harness.report.triage import annotate
 
+    relativise(doc, out_dir)  # an older report's absolute case_file paths -> relative to its folder
     annotate(doc)  # reports written before severities existed (or by an older triage) get this one's
     atomic_write(path, json.dumps(doc, indent=1, default=str) + "\n")
     md = os.path.join(out_dir, "report.md")

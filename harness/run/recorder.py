@@ -23,6 +23,7 @@ import math
 import os
 import traceback
 
+from rlconform.harness.report.case_paths import relative
 from rlconform.properties.corpus import write_atomic
 from rlconform.properties.runner import EngineAbort, replay_command  # noqa: F401 (EngineAbort: re-exported)
 
@@ -129,6 +130,7 @@ class FindingRecorder:
         self._marginal_ratio = -1.0
         self.marginal_case = None  # the worst marginal example (its reproducer)
         self.samples = SampleReservoir()
+        self.declared: dict[str, int] = {}  # declared guard / precondition name -> examples it covered
 
     def start(self, case) -> None:
         """A new call of the check: counted as an example until the first failure, after that as a
@@ -156,6 +158,9 @@ class FindingRecorder:
             self.first_failure_at = self.examples
 
     def observe(self, outcome) -> None:
+        name = getattr(outcome, "declared", None)
+        if name:
+            self.declared[name] = self.declared.get(name, 0) + 1
         self.max_abs_err = max(self.max_abs_err, outcome.max_abs_err)
         self.max_rel_err = max(self.max_rel_err, outcome.max_rel_err)
         self.max_ratio = max(self.max_ratio, outcome.ratio)
@@ -187,15 +192,18 @@ class FindingRecorder:
 
 
 def save_reproducer(out: str, fid: str, case, spec: str | None, engine_path: str | None) -> dict:
-    """Write ``out/cases/<fid>.json`` (atomically) and return ``{"case_file", "command"}``. The case's
-    ``engine`` field is a note; ``replay`` takes the engine from its command line."""
+    """Write ``out/cases/<fid>.json`` (atomically) and return ``{"case_file", "command"}``: ``case_file``
+    relative to the report folder ``out`` (``cases/<fid>.json``: a committed report carries no path of the
+    machine that made it; readers resolve it with :func:`rlconform.harness.report.case_paths.resolve`),
+    ``command`` the replay command from the current directory. The case's ``engine`` field is a note;
+    ``replay`` takes the engine from its command line."""
     path = os.path.join(out, "cases", f"{fid}.json")
     doc = case.to_json()
     doc["engine"] = {"spec": spec, "path": engine_path}
     import json
 
     write_atomic(path, json.dumps(doc))
-    return {"case_file": path, "command": replay_command(os.path.relpath(path), spec, engine_path)}
+    return {"case_file": relative(out, path), "command": replay_command(os.path.relpath(path), spec, engine_path)}
 
 
 def classify(exc: BaseException | None) -> str:
@@ -272,6 +280,7 @@ def _finding_entry(rec, params, status, tb, reproducer, failing, case) -> dict:
         "binding_error": rec.binding_error,
         "max_ratio": rec.max_ratio if math.isfinite(rec.max_ratio) else None,
         "samples": rec.samples.as_list(),
+        **({"declared": dict(rec.declared)} if rec.declared else {}),
     }
 
 
