@@ -220,7 +220,7 @@ def test_check_and_replay_of_the_mutant_on_one_regime(tmp_path):
     assert replay.returncode == 1 and "DISCREPANCY" in replay.stdout, replay.stdout + replay.stderr
 
 
-def test_a_disagreement_at_a_conventions_zero_reference_is_wrong():
+def test_a_disagreement_at_a_conventions_zero_reference_is_a_wrong_value():
     """rloo's loop gives a singleton group its raw score, rloo_vectorized 0 (the reference's 0): judged at the
     scale of the two values, not of the reference's 0."""
     from rlconform.harness.report.severity import classify
@@ -229,8 +229,8 @@ def test_a_disagreement_at_a_conventions_zero_reference_is_wrong():
            "difference 0.000201)")
     finding = {"status": "discrepancy", "property": IMPLEMENTATIONS_AGREE, "message": msg, "max_ratio": 2.5e3}
     severity, why = classify(finding)
-    assert severity == "wrong" and "implementations differ by 1" in why, why
-    assert classify(dict(finding, property="mask_invariant"))[0] == "imprecise"  # the reference's scale there
+    assert severity == "training" and "implementations differ by 1" in why, why  # an advantage: training
+    assert classify(dict(finding, property="mask_invariant"))[0] == "precision"  # the reference's scale there
 
 
 def test_a_wrong_disagreement_is_its_own_kind_of_defect():
