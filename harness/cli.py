@@ -418,12 +418,12 @@ def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, emi
 
 
 def cmd_replay(args) -> int:
+    from rlconform.harness.core.safe_json import load_json
     from rlconform.properties.case import CaseError, load_case
 
     try:
         case = load_case(args.case_file)
-        with open(args.case_file, "rb") as fh:
-            doc = json.loads(fh.read().decode("utf-8"))
+        doc = load_json(args.case_file)
     except OSError as exc:
         return _usage_error(f"cannot read case file {args.case_file}: {exc.strerror or exc}")
     except CaseError as exc:
@@ -535,14 +535,15 @@ def cmd_coverage(args) -> int:
 
 
 def cmd_ledger(args) -> int:
-    path = os.path.join(args.report, "report.json") if os.path.isdir(args.report) else args.report
+    from rlconform.harness.report.load import ReportError, load_report, report_path
+
+    path = report_path(args.report)
     try:
-        with open(path) as fh:
-            doc = json.load(fh)
-        findings = doc["findings"]
-    except (OSError, ValueError, KeyError) as exc:
-        return _usage_error(f"cannot read report {path}: {exc}")
-    eng = doc.get("engine", {})
+        doc = load_report(path)
+    except ReportError as exc:
+        return _usage_error(f"cannot read report: {exc}")
+    findings = doc["findings"]
+    eng = doc.get("engine") or {}
     print(f"# rlconform xfails ledger for {eng.get('name')} {eng.get('version') or ''}: known discrepancies, "
           f"one finding id per line")
     print(f"# generated from {path} by `rlconform ledger`")
@@ -558,10 +559,15 @@ def cmd_report(args) -> int:
     from rlconform.harness.report.writer import rerender
 
     out = os.path.dirname(args.out) or "." if args.out.endswith(".json") else args.out
+    from rlconform.harness.report.load import ReportError, load_report
+
     try:
+        load_report(out)  # every finding's shape, before anything is rewritten
         md, html = rerender(out)
-    except (OSError, ValueError, KeyError) as exc:
-        return _usage_error(f"cannot read report {os.path.join(out, 'report.json')}: {exc}")
+    except ValueError as exc:  # ReportError, JsonFileError
+        return _usage_error(f"cannot read report: {exc}")
+    except OSError as exc:
+        return _usage_error(f"cannot write the report in {out}: {exc.strerror or exc}")
     print(f"wrote {md} and {html}")
     return EXIT_CLEAN
 

@@ -107,8 +107,9 @@ class ReportWriter:
         self.findings: dict[str, dict] = {}
         if resume and os.path.exists(self.json_path):
             try:
-                with open(self.json_path) as fh:
-                    old = json.load(fh)
+                from rlconform.harness.core.safe_json import load_object
+
+                old = load_object(self.json_path)
                 if old.get("schema") == SCHEMA and old.get("engine", {}).get("spec") == engine.get("spec"):
                     self.findings = {f["id"]: f for f in old.get("findings", [])}
             except (OSError, ValueError):
@@ -254,13 +255,25 @@ def render_markdown(doc: dict) -> str:
 
 
 def rerender(out_dir: str) -> tuple[str, str]:
-    """Re-render ``report.md`` and ``report.html`` of ``out_dir`` from its ``report.json``, whose severities
-    and defects are re-derived by this version's triage and written back (the three files agree)."""
+    """Re-render ``report.md`` and ``report.html`` of ``out_dir`` from its ``report.json``, whose summary,
+    severities and defects are re-derived by this version's triage and written back (the three files agree).
+    Raises ValueError (one line) when report.json is not a report written by ``rlconform check``; the
+    ``report`` command validates every finding first (:func:`rlconform.harness.report.load.load_report`)."""
     from rlconform.harness.report.html_report import write_html
 
+    from rlconform.harness.core.safe_json import load_object
+
     path = os.path.join(out_dir, "report.json")
-    with open(path) as fh:
-        doc = json.load(fh)
+    doc = load_object(path)  # JsonFileError (a ValueError, one line) when it is not one JSON object
+    for key in ("tool", "engine", "run"):
+        if not isinstance(doc.get(key), dict):
+            raise ValueError(f"{path}: no {key} object; not a report written by `rlconform check`")
+    if not isinstance(doc.get("findings"), list):
+        raise ValueError(f"{path}: no findings list; not an rlconform report")
+    counts = {s: 0 for s in STATUSES}  # re-derived from the findings, like the severities below
+    for f in doc["findings"]:
+        counts[f["status"]] = counts.get(f["status"], 0) + 1
+    doc["summary"] = counts
     from rlconform.harness.report.triage import annotate
 
     annotate(doc)  # reports written before severities existed (or by an older triage) get this one's
