@@ -105,6 +105,7 @@ class ReportWriter:
         except ImportError:  # pragma: no cover
             pass
         self.findings: dict[str, dict] = {}
+        self.last: tuple[dict, str, str] | None = None  # (document, report.json text, report.md text) last written
         if resume and os.path.exists(self.json_path):
             try:
                 from rlconform.harness.core.safe_json import load_object
@@ -137,21 +138,65 @@ class ReportWriter:
 
         return annotate(doc)
 
-    def write(self, *, complete: bool | None = None) -> None:
-        """Rewrite report.json and report.md (and, when the run ends, report.html); raise
-        :class:`ReportWriteError` if they cannot be written."""
+    def write(self, *, complete: bool | None = None, html: bool = True) -> None:
+        """Rewrite report.json and report.md (and, when the run ends, report.html unless ``html`` is false:
+        :meth:`seal` writes it then); raise :class:`ReportWriteError` if they cannot be written."""
         if complete is not None:
             self.run["complete"] = complete
             self.run["finished"] = _now()
         try:
             doc = self.document()
-            _atomic_write(self.json_path, json.dumps(doc, indent=1, default=str) + "\n")
-            _atomic_write(self.md_path, render_markdown(doc))
+            text_json, text_md = json.dumps(doc, indent=1, default=str) + "\n", render_markdown(doc)
+            _atomic_write(self.json_path, text_json)
+            _atomic_write(self.md_path, text_md)
         except (OSError, MemoryError) as exc:
             what = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
             raise ReportWriteError(f"cannot write the report in {self.out_dir}: {what}") from exc
-        if complete is not None:  # the plots take ~1 s: render report.html once, when the run ends
+        self.last = (doc, text_json, text_md)
+        if complete is not None and html:  # the plots take ~1 s: render report.html once, when the run ends
             self.write_html(doc)
+
+    def seal(self, cases: dict[str, bytes]) -> list[str]:
+        """Write the run's files once more from what this process recorded, after the last engine process is
+        gone (issue 22 §2): ``cases/`` holds exactly ``cases`` (``{path: bytes}``, read when each finding
+        arrived; anything else there is removed), then report.json and report.md (the text of the last
+        :meth:`write`) and report.html; each is read back. Returns the files that still differ from the
+        record (empty: sealed). Raises :class:`ReportWriteError` when they cannot be written."""
+        doc, text_json, text_md = self.last
+        cases_dir = os.path.join(self.out_dir, "cases")
+        wanted = {os.path.abspath(p): data for p, data in cases.items()}
+        try:
+            if wanted:
+                os.makedirs(cases_dir, exist_ok=True)
+            if os.path.isdir(cases_dir) and not os.path.islink(cases_dir):
+                for name in os.listdir(cases_dir):
+                    path = os.path.abspath(os.path.join(cases_dir, name))
+                    if path not in wanted:
+                        if os.path.isdir(path) and not os.path.islink(path):
+                            import shutil
+
+                            shutil.rmtree(path)
+                        else:
+                            os.unlink(path)
+            for path, data in wanted.items():
+                _atomic_write(path, data.decode("utf-8"))
+            _atomic_write(self.json_path, text_json)
+            _atomic_write(self.md_path, text_md)
+        except (OSError, MemoryError, UnicodeDecodeError) as exc:
+            what = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ReportWriteError(f"cannot write the report in {self.out_dir}: {what}") from exc
+        self.write_html(doc)
+        differ = []
+        for path, text in [(self.json_path, text_json), (self.md_path, text_md),
+                           *((p, data.decode("utf-8")) for p, data in wanted.items())]:
+            try:
+                with open(path) as fh:  # the encoding atomic_write wrote it in
+                    same = fh.read() == text
+            except (OSError, UnicodeDecodeError):
+                same = False
+            if not same:
+                differ.append(path)
+        return differ
 
     def write_html(self, doc: dict | None = None) -> None:
         from rlconform.harness.report.html_report import write_html
