@@ -502,8 +502,14 @@ def pytest_runtest_logreport(report):
 def _keep_case(state: State, finding: dict) -> None:
     """Keep the bytes of the finding's reproducer as they are when the finding arrives: the run's files are
     written from this record once every engine process is gone (issue 22 §2)."""
-    path = (finding.get("reproducer") or {}).get("case_file") if isinstance(finding, dict) else None
+    rep = finding.get("reproducer") if isinstance(finding, dict) else None
+    if not isinstance(rep, dict):
+        return
+    text, path = rep.pop("_case_text", None), rep.get("case_file")
     if not path:
+        return
+    if isinstance(text, str):  # as the process that found it wrote it, not as the folder holds it now
+        state.cases[path] = text.encode("utf-8")
         return
     try:
         with open(path, "rb") as fh:
