@@ -265,6 +265,20 @@ def cmd_check(args) -> int:
     except CorpusError as exc:
         return _usage_error(str(exc))
     spec = args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference"
+    from rlconform.harness.workers.reaper import Reaper
+
+    reaper = Reaper()  # from here on, every process the engine starts is a descendant of this one (issue 22 §2)
+    try:
+        return _check_with(args, spec, corpus, reaper, pytest)
+    finally:
+        reaper.end()
+        reaper.close()
+
+
+def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
+    from rlconform.harness.catalog.binding import BindingError
+    from rlconform.harness.run.outdir import OutDirError, claim
+
     try:
         meta = _engine_metadata(spec, args.engine_path)
     except BindingError as exc:
@@ -288,8 +302,10 @@ def cmd_check(args) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="rlconform-check-") as tmp:
             code = _run_pytest(args, meta, corpus, tmp, pytest)
-            return _verdict(args, code)
+            return _verdict(args, code, reaper)
     finally:
+        reaper.end()  # whatever happened: nothing the run started outlives it
+        reaper.close()
         out.release()
         if interrupts.received() is not None:
             from rlconform.harness.workers.isolated import kill_children
@@ -307,7 +323,7 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
     argv = [
         *_test_dirs(), "-c", ini, "--rootdir", tmp, "--import-mode=importlib", "-p", "no:cacheprovider",
         "-p", "rlconform.harness.run.pytest_plugin", "--rlconform-engine", meta["spec"],
-        "--rlconform-engine-meta", meta_path, "--rlconform-out-claimed",
+        "--rlconform-engine-meta", meta_path, "--rlconform-out-claimed", "--rlconform-seal",
         "--rlconform-out", os.path.abspath(args.out), "--rlconform-profile", args.profile,
         "--rlconform-command", " ".join(["rlconform"] + sys.argv[1:]),
         "--rlconform-deadline", str(args.timeout),
@@ -341,8 +357,31 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
             os.environ["RLCONFORM_ENGINE"] = env_engine
 
 
-def _verdict(args, code: int) -> int:
-    """The exit code, from what the plugin recorded (never from anything an engine could set)."""
+def _seal(result: dict, reaper) -> str | None:
+    """End every process the run started, then write the run's files from what the controller recorded and
+    read them back (issue 22 §2); returns a harness error, or None."""
+    from rlconform.harness.report.writer import ReportWriteError
+
+    reaper.end()
+    left = reaper.alive()
+    if left:
+        return f"{len(left)} process(es) the run started could not be ended (pids {sorted(left)[:8]})"
+    writer = result.get("writer")
+    if writer is None or writer.last is None:
+        return None
+    try:
+        differ = writer.seal(result.get("cases") or {})
+    except ReportWriteError as exc:
+        return str(exc)
+    if differ:
+        return (f"{', '.join(differ[:4])} changed after this run wrote them (something outside the run is "
+                f"writing the report folder); the files are not what the run recorded")
+    return None
+
+
+def _verdict(args, code: int, reaper=None) -> int:
+    """The exit code, from what the plugin recorded (never from anything an engine could set: the report
+    is read from the controller's record, after every process the run started is gone)."""
     from rlconform.harness.run import pytest_plugin
     from rlconform.harness.report.severity import fails  # --- triage (issue 12): --fail-on ---
     from rlconform.harness.report.summary import print_summary
@@ -354,12 +393,20 @@ def _verdict(args, code: int) -> int:
             return EXIT_INTERRUPTED
         return _usage_error(f"the check could not run (pytest exit code {code}); see the messages above")
     report_path = os.path.join(args.out, "report.json")
-    try:
-        with open(report_path) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError) as exc:
-        return _usage_error(result["error"] or f"cannot read back the report {report_path}: {exc}")
+    sealed = _seal(result, reaper) if reaper is not None else None
+    writer = result.get("writer")
+    if writer is not None and writer.last is not None:
+        doc = writer.last[0]
+    else:
+        from rlconform.harness.core.safe_json import JsonFileError, load_object
+
+        try:
+            doc = load_object(report_path)
+        except JsonFileError as exc:
+            return _usage_error(result["error"] or f"cannot read back the report: {exc}")
     print_summary(doc)
+    if sealed:
+        return _usage_error(sealed)
     if result["error"]:
         return _usage_error(result["error"])
     statuses = {f["status"] for f in doc["findings"]}
@@ -447,6 +494,7 @@ def _report_case_file(report_dir: str, name: str) -> str:
 
 
 def cmd_replay(args) -> int:
+    from rlconform.harness.core.safe_json import load_json
     from rlconform.properties.case import CaseError, load_case
 
     if getattr(args, "report", None):
@@ -456,8 +504,7 @@ def cmd_replay(args) -> int:
             return _usage_error(str(exc))
     try:
         case = load_case(args.case_file)
-        with open(args.case_file, "rb") as fh:
-            doc = json.loads(fh.read().decode("utf-8"))
+        doc = load_json(args.case_file)
     except OSError as exc:
         return _usage_error(f"cannot read case file {args.case_file}: {exc.strerror or exc}")
     except CaseError as exc:
@@ -579,15 +626,15 @@ def cmd_coverage(args) -> int:
 
 def cmd_ledger(args) -> int:
     from rlconform.harness.core.tolerance import LEDGER_ABOVE
+    from rlconform.harness.report.load import ReportError, load_report, report_path
 
-    path = os.path.join(args.report, "report.json") if os.path.isdir(args.report) else args.report
+    path = report_path(args.report)
     try:
-        with open(path) as fh:
-            doc = json.load(fh)
-        findings = doc["findings"]
-    except (OSError, ValueError, KeyError) as exc:
-        return _usage_error(f"cannot read report {path}: {exc}")
-    eng = doc.get("engine", {})
+        doc = load_report(path)
+    except ReportError as exc:
+        return _usage_error(f"cannot read report: {exc}")
+    findings = doc["findings"]
+    eng = doc.get("engine") or {}
     print(f"# rlconform xfails ledger for {eng.get('name')} {eng.get('version') or ''}: known discrepancies, "
           f"one finding id per line")
     print(f"# generated from {path} by `rlconform ledger`")
@@ -606,10 +653,15 @@ def cmd_report(args) -> int:
     from rlconform.harness.report.writer import rerender
 
     out = os.path.dirname(args.out) or "." if args.out.endswith(".json") else args.out
+    from rlconform.harness.report.load import ReportError, load_report
+
     try:
+        load_report(out)  # every finding's shape, before anything is rewritten
         md, html = rerender(out)
-    except (OSError, ValueError, KeyError) as exc:
-        return _usage_error(f"cannot read report {os.path.join(out, 'report.json')}: {exc}")
+    except ValueError as exc:  # ReportError, JsonFileError
+        return _usage_error(f"cannot read report: {exc}")
+    except OSError as exc:
+        return _usage_error(f"cannot write the report in {out}: {exc.strerror or exc}")
     print(f"wrote {md} and {html}")
     return EXIT_CLEAN
 

@@ -264,14 +264,14 @@ def save_case(case: Case, path) -> None:
 def load_case(path) -> Case:
     """Read and validate a case file; :class:`CaseError` (a ``ValueError``) names what is wrong, an
     ``OSError`` what could not be read."""
+    from rlconform.harness.core.safe_json import JsonFileError, loads
+
     with open(path, "rb") as fh:
         raw = fh.read()
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise CaseError(f"not UTF-8 text (byte {exc.start})") from None
-    except ValueError as exc:
-        raise CaseError(f"not JSON: {exc}") from None
+        doc = loads(raw, "case file")
+    except JsonFileError as exc:
+        raise CaseError(str(exc).removeprefix("case file: ")) from None
     return Case.from_json(doc)
 
 

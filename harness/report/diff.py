@@ -1,123 +1,216 @@
-"""``rlconform diff BASE HEAD``: what changed between two reports (issue 12).
+"""``rlconform diff BASE HEAD``: what changed between two reports (issue 12; issue 22 §4, issue 26 §1).
 
 BASE and HEAD are ``report.json`` files or folders holding one (e.g. the report of a pull request's base
-and of its head). Both are triaged (:func:`rlconform.harness.report.triage.annotate`), then compared by id:
+and of its head), read by :func:`rlconform.harness.report.load.load_report` (a malformed report, a finding
+without a status, ``"findings": "nope"``, 200 000 nested ``[``: exit 2, one line). Reports of two different
+engines (``engine.name``, else ``engine.spec``) are refused unless ``--cross-engine`` is given. Both are
+triaged (:func:`rlconform.harness.report.triage.annotate`), then compared by id:
 
-* findings: *new* (failing in HEAD, passing or absent in BASE), *fixed* (failing in BASE, passing in
-  HEAD), *changed* (failing in both, with another severity or status); findings absent from HEAD are
-  *not checked* (a filter or an unavailable op), never "fixed";
-* defects: *new*, *fixed* (every member passes in HEAD), *changed* (severity or members).
+* findings: *new* (failing in HEAD, passing or absent in BASE), *fixed* (failing in BASE, passing in HEAD:
+  a status of :data:`PASSING`), *changed* (failing in both, with another severity, status or signature
+  ``kind · feature``), *unchecked* (``error`` in HEAD: the harness could not check it, never "fixed");
+  failing findings of BASE absent from HEAD are *not checked* (a filter or an unavailable op), never "fixed";
+* defects: *new*, *fixed* (every member finding passes in HEAD), *changed* (severity or members, or
+  members that still fail in HEAD under another signature: listed with the defect(s) they fail in now).
 
 A finding "fails" when it has a severity (``discrepancy``, ``crash``, ``xfail``, ``unavailable``): a
 ledger hides a finding from the exit code of ``check``, not from a diff. Only ids, statuses,
-severities and member lists are compared: numbers, messages, reproducer paths and the engine's path
-are not (two runs of the same code from two folders give the same diff: none).
+severities, signatures and member lists are compared: numbers, messages, reproducer paths and the engine's
+path are not (two runs of the same code from two folders give the same diff: none). An incomplete HEAD
+(``run.complete`` false: interrupted, or selected findings not run) is named, with what was not run.
 
-Exit code (:func:`exit_code`): 1 when something new — a new finding, a finding or defect whose severity
-rose — is at or above ``--fail-on`` (default ``robustness``: every severity but ``precision``, :mod:`rlconform.harness.report.severity`), else 0; 2 when a
-report cannot be read. :func:`render_markdown` is the pull-request comment: only the change.
+Exit code (:func:`exit_code`): 1 when something new — a new finding or defect, a changed one whose severity
+rose or whose signature changed — is at or above ``--fail-on`` (default ``robustness``: every severity but ``precision``; the order is
+:data:`rlconform.harness.report.severity.SEVERITIES`), or when HEAD left something unchecked (findings in
+``error``, an incomplete run); else 0; 2 when a report cannot be read. :func:`render_markdown` is the
+pull-request comment: only the change, and what was not checked.
+
+A report is data: diff never imports or runs anything it names (``engine.spec``, reproducer commands).
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 from rlconform.harness.report.case_paths import relativise
+from rlconform.harness.report.load import ReportError, load_report
 from rlconform.harness.report.severity import RANK, at_least
 from rlconform.harness.report.triage import annotate
 from rlconform.harness.report.triage_md import HEADER, defect_row
 
 DEFAULT_FAIL_ON = "robustness"
 MARKDOWN_LIMIT = 60_000
+#: HEAD statuses that make a failing BASE finding "fixed" (the engine does it right now)
+PASSING = ("pass", "marginal", "xpass")
 
 
 def load(path: str) -> dict:
-    """A report document from ``path`` (a report.json, or a folder holding one), triaged. Raises OSError
-    or ValueError when it cannot be read."""
-    p = os.path.join(path, "report.json") if os.path.isdir(path) else path
-    with open(p) as fh:
-        doc = json.load(fh)
-    if "findings" not in doc:
-        raise ValueError(f"{p} is not an rlconform report (no findings)")
-    return annotate(relativise(doc, os.path.dirname(os.path.abspath(p))))
+    """A report document from ``path`` (a report.json, or a folder holding one), validated and triaged.
+    Raises :class:`rlconform.harness.report.load.ReportError` (a ValueError, one line) when it cannot be read."""
+    from rlconform.harness.report.load import report_path
+
+    return annotate(relativise(load_report(path), os.path.dirname(os.path.abspath(report_path(path)))))
+
+
+def engine_name(doc: dict) -> str | None:
+    """The engine a report is of: ``engine.name``, else ``engine.spec`` (None when the report says neither)."""
+    eng = doc.get("engine") or {}
+    return eng.get("name") or eng.get("spec")
 
 
 def _failing(doc: dict) -> dict[str, dict]:
     return {f["id"]: f for f in doc["findings"] if f.get("severity")}
 
 
+def _signature(f: dict) -> str:
+    from rlconform.harness.report.triage import feature, kind
+
+    k = kind(f)
+    return f"{k} · {feature(f, k)}"
+
+
+def _incomplete(doc: dict) -> dict | None:
+    """``{"not_run": [ids], "interrupted": bool}`` when the report says its run is incomplete, else None."""
+    run = doc.get("run") or {}
+    complete = run.get("complete", doc.get("complete"))
+    if complete is not False:
+        return None
+    not_run = run.get("not_run") or []
+    return {"not_run": [x for x in not_run if isinstance(x, str)] if isinstance(not_run, list) else [],
+            "interrupted": bool(run.get("interrupted"))}
+
+
 def compare(base: dict, head: dict) -> dict:
     """The change from ``base`` to ``head`` (triaged documents)::
 
-        {"findings": {"new": [f], "fixed": [f], "changed": [{"id", "before", "after"}], "not_checked": [id]},
-         "defects": {"new": [d], "fixed": [d], "changed": [{"id", "before", "after"}]}}
+        {"findings": {"new": [f], "fixed": [f], "changed": [{"id", "before", "after", "rose", "fails",
+                      "severity"}], "not_checked": [id], "unchecked": [f]},
+         "defects": {"new": [d], "fixed": [d], "changed": [{"id", "before", "after", "rose", "fails",
+                     "severity", "defect"}]},
+         "incomplete": {"not_run": [id], "interrupted": bool} | None}
 
     (``f``/``d``: the HEAD finding/defect, or BASE's for fixed ones; ``before``/``after``: severity,
-    status or member count strings)."""
+    status, signature or member strings; ``fails``: whether the change counts against ``--fail-on``, i.e.
+    the severity rose or the signature changed; ``unchecked``: HEAD findings in ``error``)."""
     bf, hf = _failing(base), _failing(head)
-    head_ids = {f["id"] for f in head["findings"]}
-    out = {"findings": {"new": [], "fixed": [], "changed": [], "not_checked": []},
-           "defects": {"new": [], "fixed": [], "changed": []}}
+    head_by_id = {f["id"]: f for f in head["findings"]}
+    out = {"findings": {"new": [], "fixed": [], "changed": [], "not_checked": [], "unchecked": []},
+           "defects": {"new": [], "fixed": [], "changed": []}, "incomplete": _incomplete(head)}
+    out["findings"]["unchecked"] = sorted((f for f in head["findings"] if f["status"] == "error"),
+                                          key=lambda f: f["id"])
     for fid, f in sorted(hf.items()):
         if fid not in bf:
             out["findings"]["new"].append(f)
-        else:
-            b = bf[fid]
-            if (b["severity"], b["status"]) != (f["severity"], f["status"]):
-                out["findings"]["changed"].append({"id": fid, "before": f"{b['severity']} ({b['status']})",
-                                                   "after": f"{f['severity']} ({f['status']})",
-                                                   "rose": RANK[f["severity"]] < RANK[b["severity"]],
-                                                   "severity": f["severity"]})
+            continue
+        b = bf[fid]
+        bs, hs = _signature(b), _signature(f)
+        if (b["severity"], b["status"], bs) != (f["severity"], f["status"], hs):
+            rose = RANK[f["severity"]] < RANK[b["severity"]]
+            out["findings"]["changed"].append({
+                "id": fid, "before": f"{b['severity']} ({b['status']}; {bs})",
+                "after": f"{f['severity']} ({f['status']}; {hs})", "rose": rose, "fails": rose or bs != hs,
+                "severity": f["severity"]})
     for fid, b in sorted(bf.items()):
         if fid in hf:
             continue
-        (out["findings"]["fixed"] if fid in head_ids else out["findings"]["not_checked"]).append(
-            b if fid in head_ids else fid)
+        h = head_by_id.get(fid)
+        if h is not None and h["status"] in PASSING:
+            out["findings"]["fixed"].append(b)
+        elif h is None:
+            out["findings"]["not_checked"].append(fid)
+        # an `error` in HEAD is in "unchecked" already: never fixed
     bd = {d["id"]: d for d in base.get("defects", [])}
     hd = {d["id"]: d for d in head.get("defects", [])}
+    head_defect_of = {m: d for d in hd.values() for m in d["members"]}
     for did, d in hd.items():
-        if did not in bd:
-            out["defects"]["new"].append(d)
-        elif (bd[did]["severity"], bd[did]["members"]) != (d["severity"], d["members"]):
+        if did in bd:
             b = bd[did]
-            out["defects"]["changed"].append({"id": did, "before": f"{b['severity']}, {len(b['members'])} findings",
-                                              "after": f"{d['severity']}, {len(d['members'])} findings",
-                                              "rose": RANK[d["severity"]] < RANK[b["severity"]],
-                                              "severity": d["severity"], "defect": d})
+            if (b["severity"], b["members"]) != (d["severity"], d["members"]):
+                rose = RANK[d["severity"]] < RANK[b["severity"]]
+                out["defects"]["changed"].append({
+                    "id": did, "before": f"{b['severity']}, {len(b['members'])} findings",
+                    "after": f"{d['severity']}, {len(d['members'])} findings", "rose": rose, "fails": rose,
+                    "severity": d["severity"], "defect": d})
+        elif not any(m in bf for m in d["members"]):
+            out["defects"]["new"].append(d)
     for did, b in bd.items():
-        if did not in hd and all(m in head_ids for m in b["members"]):
+        if did in hd:
+            continue
+        now = [head_by_id.get(m) for m in b["members"]]
+        if all(h is not None and h["status"] in PASSING for h in now):
             out["defects"]["fixed"].append(b)
+            continue
+        moved = sorted({head_defect_of[m]["id"] for m in b["members"] if m in head_defect_of})
+        if not moved:  # its failing members are absent or unchecked in HEAD: not fixed, not changed
+            continue
+        after = [hd[x] for x in moved]
+        sev = min((x["severity"] for x in after), key=RANK.__getitem__)
+        out["defects"]["changed"].append({
+            "id": did, "before": f"{b['severity']}, {b['signature']['kind']} · {b['signature']['feature']}, "
+                                 f"{len(b['members'])} findings",
+            "after": "; ".join(f"{x['severity']}, {x['signature']['kind']} · {x['signature']['feature']} "
+                               f"(now {x['id']})" for x in after),
+            "rose": RANK[sev] < RANK[b["severity"]], "fails": True, "severity": sev, "defect": after[0]})
     for k in ("new", "fixed"):
         out["defects"][k].sort(key=lambda d: (RANK[d["severity"]], d["id"]))
     return out
 
 
 def exit_code(change: dict, fail_on: str = DEFAULT_FAIL_ON) -> int:
-    """1 when a new finding, or a finding / defect whose severity rose, is at or above ``fail_on``."""
+    """1 when a new finding or defect, or a changed one whose severity rose or signature changed, is at or
+    above ``fail_on``, or when HEAD left findings unchecked (``error``) or is incomplete; else 0."""
+    if change["findings"].get("unchecked") or change.get("incomplete"):
+        return 1
     new = [f["severity"] for f in change["findings"]["new"]] + [d["severity"] for d in change["defects"]["new"]]
-    rose = [c["severity"] for part in ("findings", "defects") for c in change[part]["changed"] if c["rose"]]
-    return 1 if any(at_least(s, fail_on) for s in new + rose) else 0
+    changed = [c["severity"] for part in ("findings", "defects") for c in change[part]["changed"]
+               if c.get("fails", c.get("rose"))]
+    return 1 if any(at_least(s, fail_on) for s in new + changed) else 0
+
+
+def _not_checked_lines(change: dict) -> list[str]:
+    """What HEAD did not check: ``error`` findings and an incomplete run (these make the diff red)."""
+    lines = []
+    unchecked = change["findings"].get("unchecked") or []
+    if unchecked:
+        shown = ", ".join(f"`{f['id']}`" for f in unchecked[:10]) + (f", … {len(unchecked) - 10} more"
+                                                                       if len(unchecked) > 10 else "")
+        lines += [f"- {len(unchecked)} finding(s) are `error` in the head: the harness could not check them "
+                  f"(not the engine's fault; see their messages in the head report), so they are neither passing "
+                  f"nor fixed: {shown}"]
+    inc = change.get("incomplete")
+    if inc:
+        why = "it was interrupted" if inc["interrupted"] else "it ended early"
+        nr = inc["not_run"]
+        shown = (": " + ", ".join(f"`{x}`" for x in nr[:10]) + (f", … {len(nr) - 10} more" if len(nr) > 10 else "")
+                 if nr else "")
+        lines += [f"- the head run is incomplete (`complete: false`, {why}): {len(nr) or 'some'} selected finding(s) "
+                  f"were not run{shown}"]
+    return lines
 
 
 def render_markdown(base: dict, head: dict, change: dict, fail_on: str = DEFAULT_FAIL_ON) -> str:
-    """The pull-request comment: counts, then only what changed (new and fixed defects, changed ones, and
-    the new / fixed / changed findings in a collapsed list). Under :data:`MARKDOWN_LIMIT` characters."""
-    eng = head.get("engine", {})
-
+    """The pull-request comment: counts, then what the head did not check, then only what changed (new and
+    fixed defects, changed ones, and the new / fixed / changed findings in a collapsed list). Under
+    :data:`MARKDOWN_LIMIT` characters."""
     def rev(doc):
-        e = doc.get("engine", {})
+        e = doc.get("engine") or {}
         return e.get("revision") or e.get("version") or "?"
 
     f, d = change["findings"], change["defects"]
     code = exit_code(change, fail_on)
-    lines = [f"## rlconform diff: {eng.get('name')} `{rev(base)}` → `{rev(head)}`", ""]
+    bn, hn = engine_name(base), engine_name(head)
+    title = hn if bn == hn else f"{bn} → {hn}"
+    lines = [f"## rlconform diff: {title} `{rev(base)}` → `{rev(head)}`", ""]
+    unchecked = _not_checked_lines(change)
+    if unchecked:
+        lines += ["### ❌ Not checked in the head", "", *unchecked, ""]
     if not any(f[k] for k in ("new", "fixed", "changed")) and not any(d.values()):
         n = len(head.get("defects", []))
-        lines += [f"No change: {n} known defect(s), as in the base." + (
+        lines += [("Otherwise no" if unchecked else "No") + f" change: {n} known defect(s), as in the base." + (
             f" ({len(f['not_checked'])} finding(s) of the base not checked in the head.)" if f["not_checked"] else "")]
         return "\n".join(lines) + "\n"
-    verdict = "❌ something new at or above" if code else "✅ nothing new at or above"
+    verdict = ("❌ the head is not fully checked" if unchecked and code else
+               "❌ something new at or above" if code else "✅ nothing new at or above")
     lines += [f"{verdict} `{fail_on}` · defects: {len(d['new'])} new, {len(d['fixed'])} fixed, "
               f"{len(d['changed'])} changed · findings: {len(f['new'])} new, {len(f['fixed'])} fixed, "
               f"{len(f['changed'])} changed", ""]
@@ -152,22 +245,31 @@ def render_markdown(base: dict, head: dict, change: dict, fail_on: str = DEFAULT
 
 
 def cmd_diff(args) -> int:
-    """``rlconform diff BASE HEAD [--fail-on S] [--markdown FILE] [--json FILE]``."""
+    """``rlconform diff BASE HEAD [--fail-on S] [--markdown FILE] [--json FILE] [--cross-engine]``."""
     import sys
 
     try:
         base, head = load(args.base), load(args.head)
-    except (OSError, ValueError, KeyError) as exc:
+    except ReportError as exc:
         print(f"rlconform: error: cannot read report: {exc}", file=sys.stderr)
+        return 2
+    bn, hn = engine_name(base), engine_name(head)
+    if bn != hn and not getattr(args, "cross_engine", False):
+        print(f"rlconform: error: the base is a report of engine {bn!r} and the head of {hn!r}; a diff compares "
+              f"two runs of one engine (give --cross-engine to compare them anyway)", file=sys.stderr)
         return 2
     change = compare(base, head)
     md = render_markdown(base, head, change, args.fail_on)
-    if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(md)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(change, fh, indent=1, default=str)
+    try:
+        if args.markdown:
+            with open(args.markdown, "w") as fh:
+                fh.write(md)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(change, fh, indent=1, default=str)
+    except OSError as exc:
+        print(f"rlconform: error: cannot write {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(md, end="")
     return exit_code(change, args.fail_on)
 
@@ -183,3 +285,5 @@ def add_parser(sub) -> None:
                         "robustness > precision; default: %(default)s)")
     p.add_argument("--markdown", default=None, help="also write the Markdown comment here")
     p.add_argument("--json", default=None, help="also write the change as JSON here")
+    p.add_argument("--cross-engine", action="store_true",
+                   help="compare reports of two different engines (refused otherwise: exit 2)")

@@ -124,10 +124,12 @@ class ReportWriter:
         except ImportError:  # pragma: no cover
             pass
         self.findings: dict[str, dict] = {}
+        self.last: tuple[dict, str, str] | None = None  # (document, report.json text, report.md text) last written
         if resume and os.path.exists(self.json_path):
             try:
-                with open(self.json_path) as fh:
-                    old = json.load(fh)
+                from rlconform.harness.core.safe_json import load_object
+
+                old = load_object(self.json_path)
                 if old.get("schema") == SCHEMA and old.get("engine", {}).get("spec") == engine.get("spec"):
                     self.findings = {f["id"]: f for f in old.get("findings", [])}
             except (OSError, ValueError):
@@ -156,21 +158,65 @@ class ReportWriter:
 
         return annotate(doc)
 
-    def write(self, *, complete: bool | None = None) -> None:
-        """Rewrite report.json and report.md (and, when the run ends, report.html); raise
-        :class:`ReportWriteError` if they cannot be written."""
+    def write(self, *, complete: bool | None = None, html: bool = True) -> None:
+        """Rewrite report.json and report.md (and, when the run ends, report.html unless ``html`` is false:
+        :meth:`seal` writes it then); raise :class:`ReportWriteError` if they cannot be written."""
         if complete is not None:
             self.run["complete"] = complete
             self.run["finished"] = _now()
         try:
             doc = self.document()
-            _atomic_write(self.json_path, json.dumps(doc, indent=1, default=str) + "\n")
-            _atomic_write(self.md_path, render_markdown(doc))
+            text_json, text_md = json.dumps(doc, indent=1, default=str) + "\n", render_markdown(doc)
+            _atomic_write(self.json_path, text_json)
+            _atomic_write(self.md_path, text_md)
         except (OSError, MemoryError) as exc:
             what = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
             raise ReportWriteError(f"cannot write the report in {self.out_dir}: {what}") from exc
-        if complete is not None:  # the plots take ~1 s: render report.html once, when the run ends
+        self.last = (doc, text_json, text_md)
+        if complete is not None and html:  # the plots take ~1 s: render report.html once, when the run ends
             self.write_html(doc)
+
+    def seal(self, cases: dict[str, bytes]) -> list[str]:
+        """Write the run's files once more from what this process recorded, after the last engine process is
+        gone (issue 22 §2): ``cases/`` holds exactly ``cases`` (``{path: bytes}``, read when each finding
+        arrived; anything else there is removed), then report.json and report.md (the text of the last
+        :meth:`write`) and report.html; each is read back. Returns the files that still differ from the
+        record (empty: sealed). Raises :class:`ReportWriteError` when they cannot be written."""
+        doc, text_json, text_md = self.last
+        cases_dir = os.path.join(self.out_dir, "cases")
+        wanted = {os.path.abspath(p): data for p, data in cases.items()}
+        try:
+            if wanted:
+                os.makedirs(cases_dir, exist_ok=True)
+            if os.path.isdir(cases_dir) and not os.path.islink(cases_dir):
+                for name in os.listdir(cases_dir):
+                    path = os.path.abspath(os.path.join(cases_dir, name))
+                    if path not in wanted:
+                        if os.path.isdir(path) and not os.path.islink(path):
+                            import shutil
+
+                            shutil.rmtree(path)
+                        else:
+                            os.unlink(path)
+            for path, data in wanted.items():
+                _atomic_write(path, data.decode("utf-8"))
+            _atomic_write(self.json_path, text_json)
+            _atomic_write(self.md_path, text_md)
+        except (OSError, MemoryError, UnicodeDecodeError) as exc:
+            what = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ReportWriteError(f"cannot write the report in {self.out_dir}: {what}") from exc
+        self.write_html(doc)
+        differ = []
+        for path, text in [(self.json_path, text_json), (self.md_path, text_md),
+                           *((p, data.decode("utf-8")) for p, data in wanted.items())]:
+            try:
+                with open(path) as fh:  # the encoding atomic_write wrote it in
+                    same = fh.read() == text
+            except (OSError, UnicodeDecodeError):
+                same = False
+            if not same:
+                differ.append(path)
+        return differ
 
     def write_html(self, doc: dict | None = None) -> None:
         from rlconform.harness.report.html_report import write_html
@@ -277,13 +323,25 @@ def render_markdown(doc: dict) -> str:
 
 
 def rerender(out_dir: str) -> tuple[str, str]:
-    """Re-render ``report.md`` and ``report.html`` of ``out_dir`` from its ``report.json``, whose severities
-    and defects are re-derived by this version's triage and written back (the three files agree)."""
+    """Re-render ``report.md`` and ``report.html`` of ``out_dir`` from its ``report.json``, whose summary,
+    severities and defects are re-derived by this version's triage and written back (the three files agree).
+    Raises ValueError (one line) when report.json is not a report written by ``rlconform check``; the
+    ``report`` command validates every finding first (:func:`rlconform.harness.report.load.load_report`)."""
     from rlconform.harness.report.html_report import write_html
 
+    from rlconform.harness.core.safe_json import load_object
+
     path = os.path.join(out_dir, "report.json")
-    with open(path) as fh:
-        doc = json.load(fh)
+    doc = load_object(path)  # JsonFileError (a ValueError, one line) when it is not one JSON object
+    for key in ("tool", "engine", "run"):
+        if not isinstance(doc.get(key), dict):
+            raise ValueError(f"{path}: no {key} object; not a report written by `rlconform check`")
+    if not isinstance(doc.get("findings"), list):
+        raise ValueError(f"{path}: no findings list; not an rlconform report")
+    counts = {s: 0 for s in STATUSES}  # re-derived from the findings, like the severities below
+    for f in doc["findings"]:
+        counts[f["status"]] = counts.get(f["status"], 0) + 1
+    doc["summary"] = counts
     from rlconform.harness.report.triage import annotate
 
     relativise(doc, out_dir)  # an older report's absolute case_file paths -> relative to its folder

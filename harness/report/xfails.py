@@ -3,7 +3,8 @@
 One finding id per line (``op.property.dtype.regime``, as printed in reports), ``#`` starts a comment,
 blank lines are ignored. The file is UTF-8 (a byte-order mark, as some editors write, is accepted); a
 file that is not UTF-8 is an :class:`XfailsError` naming the line. A finding listed twice is accepted
-with a warning naming both lines (``warnings``). A listed finding that fails is reported ``xfail``; one that now passes is
+with one warning (``warnings``) naming both lines of the first duplicate and counting the others (a
+million duplicate lines give one warning, not a million). A listed finding that fails is reported ``xfail``; one that now passes is
 reported ``xpass`` and fails the run, so the ledger is kept honest (array-api-tests style).
 
 A listed finding that is ``marginal`` (inside the margin band of
@@ -29,7 +30,7 @@ class XfailsError(BindingError):
 
 def parse_xfails(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str] | None = None) -> dict[str, str]:
     """Return ``{finding id: comment}``; raise :class:`XfailsError` naming ``path:line`` on a bad line.
-    Duplicate lines are appended to ``warnings`` (when given) as ``path:line: ...`` messages."""
+    Duplicate lines are summed up in one ``path:line: ...`` message appended to ``warnings`` (when given)."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()
@@ -44,6 +45,7 @@ def parse_xfails(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
     lines = text.splitlines()
     out: dict[str, str] = {}
     first_line: dict[str, int] = {}
+    first_dup, dups = None, 0
     for n, raw in enumerate(lines, 1):
         text, _, comment = raw.partition("#")
         text = text.strip()
@@ -74,10 +76,13 @@ def parse_xfails(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
                 raise XfailsError(f"{path}:{n}: property {prop!r} of {op!r} is not checked under regime {regime!r} "
                                   f"(only {', '.join(only)})")
         if text in first_line:
-            if warnings is not None:
-                warnings.append(f"{path}:{n}: {text} is listed again (first on line {first_line[text]}); "
-                                f"the duplicate line is ignored")
+            if first_dup is None:
+                first_dup = f"{path}:{n}: {text} is listed again (first on line {first_line[text]})"
+            dups += 1
             continue
         first_line[text] = n
         out[text] = comment.strip()
+    if first_dup is not None and warnings is not None:
+        more = f", and {dups - 1} more duplicate line(s)" if dups > 1 else ""
+        warnings.append(f"{first_dup}{more}; the duplicate line{'s are' if dups > 1 else ' is'} ignored")
     return out

@@ -13,7 +13,8 @@ commit's code is imported anew, and turns replay's exit code into git bisect's v
     or the replay ran past ``--timeout``                     -> skip (``git bisect run``'s exit code 125)
     anything else (interrupted, killed)                      -> stop, exit 130 or 2
 
-SPEC is ``--engine``, else the engine recorded in the case file. Replay is given ``--engine`` only if
+SPEC is ``--engine``, else ``$RLCONFORM_ENGINE``, else ``reference``: a case file never chooses code to run
+(issue 22 §3), so a case recorded with another engine is refused (exit 2) unless ``--engine`` names it. Replay is given ``--engine`` only if
 ``rlconform replay --help`` lists it (checked at run time); otherwise the engine and path are written
 into a temporary copy of the case file, which older replays read. The case file is read once, before
 anything is checked out (it may live inside the checkout).
@@ -248,15 +249,24 @@ def bisect(engine_path: str, good: str, bad: str, case_file: str, engine: str | 
     if top.returncode != 0:
         raise BisectError(f"--engine-path {engine_path} is not inside a git work tree")
     repo = top.stdout.strip()
-    try:
-        with open(case_file) as fh:
-            doc = json.load(fh)
-        from rlconform.properties.case import Case
+    from rlconform.harness.core.safe_json import JsonFileError, load_object
+    from rlconform.properties.case import Case
 
+    try:
+        doc = load_object(case_file, "case file")
         Case.from_json(doc)
-    except (OSError, ValueError, KeyError) as exc:
-        raise BisectError(f"cannot read case file {case_file}: {exc}") from exc
-    engine = engine or (doc.get("engine") or {}).get("spec")
+    except JsonFileError as exc:
+        raise BisectError(f"cannot read {case_file}: {str(exc).removeprefix('case file: ')}") from None
+    except (ValueError, KeyError) as exc:
+        raise BisectError(f"bad case file {case_file}: {exc}") from None
+    engine = engine or os.environ.get("RLCONFORM_ENGINE")
+    if engine is None:  # a case file never chooses code to run (issue 22 §3): the same rule as replay's
+        recorded = doc.get("engine") if isinstance(doc.get("engine"), dict) else {}
+        named = recorded.get("spec")
+        if named not in (None, "reference"):
+            raise BisectError(f"case file {case_file} was recorded with engine {named!r}; bisect never runs an "
+                              f"engine named by a case file. To bisect on that engine, say so: --engine {named}")
+        engine = "reference"
     good_c, bad_c = resolve(repo, good, "--good"), resolve(repo, bad, "--bad")
     if good_c == bad_c:
         raise BisectError(f"--good {good} and --bad {bad} are the same commit")
@@ -281,7 +291,7 @@ def add_parser(sub) -> None:
     b.add_argument("--engine-path", required=True, help="the engine's git checkout")
     b.add_argument("--good", required=True, help="a revision at which the case passes")
     b.add_argument("--bad", required=True, help="a revision at which the case fails")
-    b.add_argument("--engine", default=None, help="engine spec (default: the one recorded in the case file)")
+    b.add_argument("--engine", default=None, help="engine spec (default: $RLCONFORM_ENGINE, else reference; never the one a case file names)")
     b.add_argument("--timeout", type=float, default=None,
                    help="seconds one replay may take; a replay past it counts as skip (default: no limit)")
 

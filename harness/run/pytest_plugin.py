@@ -24,7 +24,11 @@ writes the report:
   worker with its stacks;
 * the controller records real interrupts (:mod:`rlconform.harness.workers.interrupts`), also ones swallowed
   somewhere, kills the workers at once on Ctrl-C, and marks the report complete only when the run was
-  not interrupted and every selected finding was recorded (``run.not_run`` lists the others).
+  not interrupted and every selected finding was recorded (``run.not_run`` lists the others);
+* with ``--rlconform-seal`` (``rlconform check``) the controller keeps each reproducer's bytes as its
+  finding arrives and leaves report.html to the caller, which ends every process the run started and then
+  writes cases/, report.json, report.md and report.html from that record
+  (:meth:`rlconform.harness.report.writer.ReportWriter.seal`, issue 22 §2).
 
 Without xdist (``-n 0`` or none) the engine runs in the pytest process itself, as any pytest plugin's
 tests do; ``rlconform check`` never does that.
@@ -80,6 +84,7 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-command", default=None, help=argparse_suppress())
     g.addoption("--rlconform-engine-meta", default=None, help=argparse_suppress())
     g.addoption("--rlconform-out-claimed", action="store_true", default=False, help=argparse_suppress())
+    g.addoption("--rlconform-seal", action="store_true", default=False, help=argparse_suppress())
 
 
 def argparse_suppress():
@@ -166,6 +171,7 @@ class State:
         self.outdir = None
         self.rundir = None
         self.nodes: dict = {}  # controller: live xdist workers by id
+        self.cases: dict[str, bytes] = {}  # controller: each reproducer as it was when its finding arrived
         self.collected: set[str] = set()
         self.error: str | None = None  # a harness error that ended the run (e.g. the report cannot be written)
         if self.worker:
@@ -494,12 +500,34 @@ def pytest_runtest_logreport(report):
 
     for name, value in report.user_properties:
         if name == "rlconform_finding":
+            _keep_case(state, value)
             try:
                 state.writer.add(value)
             except ReportWriteError as exc:
                 state.error = str(exc)
                 raise _StopRun(state.error) from None
     interrupts.check()  # an interrupt swallowed anywhere in this process ends the run here
+
+
+def _keep_case(state: State, finding: dict) -> None:
+    """Keep the bytes of the finding's reproducer as they are when the finding arrives: the run's files are
+    written from this record once every engine process is gone (issue 22 §2)."""
+    rep = finding.get("reproducer") if isinstance(finding, dict) else None
+    if not isinstance(rep, dict):
+        return
+    text, path = rep.pop("_case_text", None), rep.get("case_file")
+    if not path:
+        return
+    if not os.path.isabs(path):  # reproducers are stored relative to the report folder (cases/<id>.json)
+        path = os.path.join(state.out, path)
+    if isinstance(text, str):  # as the process that found it wrote it, not as the folder holds it now
+        state.cases[path] = text.encode("utf-8")
+        return
+    try:
+        with open(path, "rb") as fh:
+            state.cases[path] = fh.read()
+    except OSError:
+        state.cases.pop(path, None)
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook
@@ -600,8 +628,11 @@ def pytest_sessionfinish(session, exitstatus):
     state.writer.run["interrupted"] = interrupted
     from rlconform.harness.report.writer import ReportWriteError
 
+    sealed_later = bool(session.config.getoption("rlconform_seal", False))
     try:
-        state.writer.write(complete=not interrupted and not not_run and state.error is None)
+        state.writer.write(complete=not interrupted and not not_run and state.error is None, html=not sealed_later)
     except ReportWriteError as exc:
         state.error = state.error or str(exc)
     _CONTROLLER_STATE["result"] = {"interrupted": interrupted, "not_run": not_run, "error": state.error}
+    if sealed_later:  # `rlconform check` ends every engine process, then writes the files from this record
+        _CONTROLLER_STATE["result"].update(writer=state.writer, cases=dict(state.cases))

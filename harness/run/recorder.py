@@ -202,8 +202,12 @@ def save_reproducer(out: str, fid: str, case, spec: str | None, engine_path: str
     doc["engine"] = {"spec": spec, "path": engine_path}
     import json
 
-    write_atomic(path, json.dumps(doc))
-    return {"case_file": relative(out, path), "command": replay_command(os.path.relpath(path), spec, engine_path)}
+    text = json.dumps(doc)
+    write_atomic(path, text)
+    # "_case_text": the controller keeps it and writes cases/ from it at the end of the run (issue 22 §2);
+    # popped before the finding is recorded
+    return {"case_file": relative(out, path), "command": replay_command(os.path.relpath(path), spec, engine_path),
+            "_case_text": text}
 
 
 def classify(exc: BaseException | None) -> str:

@@ -9,6 +9,8 @@ module holds what the supervising side needs:
   child dumps its stacks and exits) and returns its result, or raises :class:`ChildDied` saying how the
   child ended (exit code or signal, its Python stack when there is one, whether the deadline passed).
   ``emit(obj)`` in the child sends progress objects to ``on_event`` in the parent while it runs.
+* the child runs in its own process group, which is killed when the child ends (processes that leave
+  the group or the session are ended by :mod:`rlconform.harness.workers.reaper`);
 * :func:`describe_exit` and :func:`read_fault_log` put an exit status and a faulthandler file into words;
   the pytest plugin uses them for pytest-xdist workers that die.
 
@@ -95,6 +97,11 @@ def arm_deadline(seconds: float | None, fault_file=None) -> None:
 
 def _child(conn, fn, args, fault_path, deadline_s, interruptible):
     import faulthandler
+
+    try:  # its own process group: what the engine starts here is ended with it (issue 22 §2)
+        os.setpgid(0, 0)
+    except OSError:  # pragma: no cover - already a group leader
+        pass
 
     if interruptible:  # the child stops cleanly on SIGINT / SIGTERM and tells an engine's KeyboardInterrupt apart
         from rlconform.harness.workers import interrupts
@@ -200,6 +207,11 @@ def run_isolated(fn: Callable, args: tuple = (), *, deadline_s: float | None = N
         if p.is_alive():
             p.kill()
             p.join(5)
+        if p.pid is not None:  # the engine's processes left in the child's group go with it
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
         parent_conn.close()
         try:
             os.unlink(fault_path)
