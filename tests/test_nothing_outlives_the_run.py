@@ -45,7 +45,7 @@ def test_a_detached_rewriter_is_ended_and_the_files_stay_as_recorded(tmp_path):
     assert doc["run"]["complete"]
     [f] = doc["findings"]
     assert f["status"] == "discrepancy" and f["severity"], f
-    assert os.path.exists(f["reproducer"]["case_file"])
+    assert os.path.exists(out / f["reproducer"]["case_file"])  # stored relative to the report folder
     assert "all pass" not in (out / "report.md").read_text() and "discrepancy" in (out / "report.md").read_text()
     assert (out / "report.html").exists()
 

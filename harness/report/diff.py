@@ -31,6 +31,7 @@ A report is data: diff never imports or runs anything it names (``engine.spec``,
 from __future__ import annotations
 
 import json
+import os
 
 from rlconform.harness.report.case_paths import relativise
 from rlconform.harness.report.load import ReportError, load_report
