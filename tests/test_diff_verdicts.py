@@ -80,12 +80,12 @@ def test_a_defect_whose_members_fail_with_a_new_signature_is_changed_not_fixed(t
     base = _write(tmp_path / "base", [_f(A, ratio=2.0), _f(B, ratio=2.0)])
     head = _write(tmp_path / "head", [_f(A, ratio=20.0), _f(B, ratio=20.0)])
     b, h = load(base), load(head)
-    assert [d["severity"] for d in b["defects"]] == ["imprecise"] and [d["severity"] for d in h["defects"]] == ["wrong"]
+    assert [d["severity"] for d in b["defects"]] == ["precision"] and [d["severity"] for d in h["defects"]] == ["training"]
     assert b["defects"][0]["id"] != h["defects"][0]["id"]
     change = compare(b, h)
     assert change["defects"]["fixed"] == [] and change["defects"]["new"] == []
     [moved] = change["defects"]["changed"]
-    assert moved["id"] == b["defects"][0]["id"] and moved["fails"] and moved["severity"] == "wrong"
+    assert moved["id"] == b["defects"][0]["id"] and moved["fails"] and moved["severity"] == "training"
     assert h["defects"][0]["id"] in moved["after"]
     assert {c["id"] for c in change["findings"]["changed"]} == {A, B}
     assert main(["diff", base, head]) == 1
@@ -115,7 +115,7 @@ def test_a_severity_change_of_one_finding_is_changed_and_fails_at_fail_on(tmp_pa
     base = _write(tmp_path / "base", [_f(A, ratio=2.0)])
     head = _write(tmp_path / "head", [_f(A, ratio=20.0)])
     [c] = compare(load(base), load(head))["findings"]["changed"]
-    assert c["rose"] and c["fails"] and c["before"].startswith("imprecise") and c["after"].startswith("wrong")
+    assert c["rose"] and c["fails"] and c["before"].startswith("precision") and c["after"].startswith("training")
     assert main(["diff", base, head]) == 1
     capsys.readouterr()
 

@@ -62,7 +62,10 @@ def test_mutant_is_caught(name, tmp_path):
         assert doc["summary"]["pass"] >= 2 * len(real) and all(f["regime"] != "real_shapes" for f in doc["findings"])
         return
     assert pairs or crash_pairs, f"mutants.{name} declares neither EXPECTED nor EXPECTED_CRASH"
-    args = ["check", "--engine", f"mutants.{name}", "--out", str(tmp_path), "--profile", "ci", "-q"]
+    # --fail-on precision: a mutant is caught when its findings fail, whatever their severity (a rounding-level
+    # mutant's findings are `precision`, which the default --fail-on does not turn red)
+    args = ["check", "--engine", f"mutants.{name}", "--out", str(tmp_path), "--profile", "ci", "-q",
+            "--fail-on", "precision"]
     for op in sorted({op for op, _ in pairs + crash_pairs}):
         args += ["--op", op]
     for prop in sorted({p for _, p in pairs + crash_pairs}):
