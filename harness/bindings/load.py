@@ -190,7 +190,8 @@ def engine_meta(binding: Binding, *, variants: bool = False) -> dict:
     binding declares none)."""
     meta = {"name": binding.name, "spec": binding.spec, "version": binding.version, "path": binding.path,
             "revision": binding.revision, "ops": list(binding.provided_ops()),
-            "engine_dtypes": {op: list(d) for op, d in (getattr(binding, "engine_dtypes", None) or {}).items()}}
+            "engine_dtypes": {op: list(d) for op, d in (getattr(binding, "engine_dtypes", None) or {}).items()},
+            "declared": [d.row() for d in getattr(binding, "declared", ())]}
     if variants:
         meta["variants"], meta["variant_record"] = variant_info(binding)
         from rlconform.harness.catalog.coverage import coverage_record

@@ -112,6 +112,7 @@ class _EngineInfo:
         self.variants = meta.get("variants") or {}
         self.variant_record = meta.get("variant_record") or {}
         self.engine_dtypes = meta.get("engine_dtypes") or {}  # issue 20 §3: op -> dtypes the trainer uses
+        self.declared_rows = meta.get("declared") or []  # issue 20 §2: conventions, preconditions, guards (data)
         self.coverage = meta.get("coverage")  # the coverage table (issue 11), built in the probe's child process
 
     def provided_ops(self) -> list[str]:
@@ -207,7 +208,8 @@ class State:
             engine={"name": b.name, "spec": b.spec, "version": b.version, "path": b.path, "revision": b.revision,
                     "variants": self.variant_record(),
                     "engine_dtypes": {op: list(d) for op, d in (getattr(b, "engine_dtypes", None) or {}).items()},
-                    "declared": [d.row() for d in getattr(b, "declared", ())]},
+                    "declared": getattr(b, "declared_rows", None)
+                    or [d.row() for d in getattr(b, "declared", ())]},
             run={"profile": opt("rlconform_profile"), "seed": self.seed,
                  "max_examples": self.settings.max_examples,
                  "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},
