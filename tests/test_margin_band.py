@@ -32,7 +32,7 @@ def _check(tmp_path, ratio: float, ledger_line: str | None = None, *extra: str):
     out = tmp_path / "r"
     args = [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", BINDING, "--op", "masked_sum",
             "--property", "matches_reference", "--dtype", "float64", "--regime", "padded", "--max-examples", "4",
-            "--out", str(out), "-q", *extra]
+            "--out", str(out), "-q", "--fail-on", "precision", *extra]  # any failure is red, rounding-sized too
     if ledger_line is not None:
         (tmp_path / "xfails.txt").write_text(ledger_line + "\n")
         args += ["--xfails", str(tmp_path / "xfails.txt")]
@@ -50,7 +50,7 @@ def test_a_finding_takes_its_worst_examples_verdict(tmp_path, ratio, status, cod
         assert PASS_BELOW < f["max_ratio"] <= FAIL_ABOVE and f["examples"] == 4 and not f["shrink_steps"]
         assert "tolerance" in f["message"] and f["reproducer"], f  # what it was, and how to see it again
         replay = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "replay",
-                                 f["reproducer"]["case_file"], "--engine", BINDING], capture_output=True, text=True,
+                                 str(out / f["reproducer"]["case_file"]), "--engine", BINDING], capture_output=True, text=True,
                                 timeout=600, env=dict(os.environ, RLCONFORM_TEST_ERROR_RATIO=str(ratio)))
         assert replay.returncode == 0 and "\nMARGINAL: " in replay.stdout, replay.stdout + replay.stderr
         assert json.loads((out / "report.json").read_text())["summary"]["marginal"] == 1
