@@ -134,17 +134,16 @@ def non_destructive(ev: Evaluation) -> Outcome:
     return outcome
 
 
-def _invariance(ev: Evaluation, what: str) -> Outcome:
-    """Each alternative's outputs against the base outputs, within the sum of both tolerance bounds."""
-    outcome = _start(ev)
-    if not ev.alternatives:
-        _nothing(ev, outcome, f"alternative run ({what})")
-    base_list = ev.outputs
+def _aligned_outputs(ev: Evaluation, outcome: Outcome):
+    """Each alternative run's outputs next to the base run's, flattened to float64: yields ``(a, b, x, y, sel,
+    r)`` — the alternative's and the base's :class:`Compared`, their engine values ``x`` and ``y``, the compared
+    positions ``sel`` (the base's ``only_where``) and the base's reference ``r``. A count or shape mismatch is
+    recorded as a failure of ``outcome`` and skipped."""
     for alt_label, outputs in ev.alternatives:
-        if len(outputs) != len(base_list):
-            outcome.fail(f"{alt_label}: {len(outputs)} outputs vs {len(base_list)} with {ev.base_label}")
+        if len(outputs) != len(ev.outputs):
+            outcome.fail(f"{alt_label}: {len(outputs)} outputs vs {len(ev.outputs)} with {ev.base_label}")
             continue
-        for b, a in zip(base_list, outputs):
+        for b, a in zip(ev.outputs, outputs):
             x = np.asarray(a.engine, dtype=np.float64).reshape(-1)
             y = np.asarray(b.engine, dtype=np.float64).reshape(-1)
             if x.shape != y.shape:
@@ -154,26 +153,47 @@ def _invariance(ev: Evaluation, what: str) -> Outcome:
             if b.only_where is not None:
                 sel = np.broadcast_to(np.asarray(b.only_where, bool).reshape(-1), x.shape)
             r = np.broadcast_to(np.asarray(b.reference, dtype=np.float64).reshape(-1), x.shape)
-            sel = sel & ~np.isnan(r)
-            allowed = (bound(r, b.faithful, dtype=b.dtype, kind=b.kind, resolution=b.resolution)
-                       + bound(r, a.faithful, dtype=a.dtype, kind=a.kind, resolution=a.resolution))
-            with np.errstate(invalid="ignore"):
-                diff = np.where(np.isfinite(x) & np.isfinite(y), np.abs(x - y),
-                                np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0.0, np.inf))
-            diff = np.where(sel, diff, 0.0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(sel, diff / allowed, 0.0)
-            if ratio.size and ratio.max() > 1.0:
-                i = int(np.argmax(ratio))
-                outcome.fail(f"{a.label} = {float(x[i])!r} vs {b.label} = {float(y[i])!r} at flat index {i} "
-                             f"(reference {float(r[i])!r}, allowed difference {float(allowed[i]):.3g})")
-                d = float(diff[i])
-                outcome.max_abs_err = max(outcome.max_abs_err, d if math.isfinite(d) else math.inf)
-            elif ratio.size:
-                i = int(np.argmax(ratio))
-                if ratio[i] >= outcome.ratio:
-                    outcome.ratio, outcome.tolerance = float(ratio[i]), float(allowed[i])
-                outcome.max_abs_err = max(outcome.max_abs_err, float(diff[i]))
+            yield a, b, x, y, sel, r
+
+
+def _judge_difference(outcome: Outcome, a, b, x, y, r, sel, allowed) -> None:
+    """``|x − y|`` on ``sel`` against ``allowed`` (flat float64): the same NaN or the same inf on both sides is
+    no difference; the worst position beyond 1× is a failure, otherwise the worst ratio is recorded."""
+    with np.errstate(invalid="ignore"):
+        diff = np.where(np.isfinite(x) & np.isfinite(y), np.abs(x - y),
+                        np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0.0, np.inf))
+    diff = np.where(sel, diff, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(sel, diff / allowed, 0.0)
+    if not ratio.size:
+        return
+    i = int(np.argmax(ratio))
+    if ratio[i] > 1.0:  # beyond 1×: not ok; the margin band of tolerance.verdict grades it, as for the reference
+        outcome.ok = False
+        outcome.message += ("\n" if outcome.message else "") + (
+            f"{a.label} = {float(x[i])!r} vs {b.label} = {float(y[i])!r} at flat index {i} "
+            f"(reference {float(r[i])!r}, allowed difference {float(allowed[i]):.3g}, {float(ratio[i]):.3g}×)")
+        d = float(diff[i])
+        outcome.max_abs_err = max(outcome.max_abs_err, d if math.isfinite(d) else math.inf)
+        if float(ratio[i]) >= outcome.ratio:
+            outcome.ratio, outcome.tolerance = float(ratio[i]), float(allowed[i])
+    else:
+        if ratio[i] >= outcome.ratio:
+            outcome.ratio, outcome.tolerance = float(ratio[i]), float(allowed[i])
+        outcome.max_abs_err = max(outcome.max_abs_err, float(diff[i]))
+
+
+def _invariance(ev: Evaluation, what: str) -> Outcome:
+    """Each alternative's outputs against the base outputs, within the sum of both tolerance bounds (positions
+    where the reference is NaN are not compared)."""
+    outcome = _start(ev)
+    if not ev.alternatives:
+        _nothing(ev, outcome, f"alternative run ({what})")
+    for a, b, x, y, sel, r in _aligned_outputs(ev, outcome):
+        sel = sel & ~np.isnan(r)
+        allowed = (bound(r, b.faithful, dtype=b.dtype, kind=b.kind, resolution=b.resolution)
+                   + bound(r, a.faithful, dtype=a.dtype, kind=a.kind, resolution=a.resolution))
+        _judge_difference(outcome, a, b, x, y, r, sel, allowed)
     return outcome
 
 
@@ -209,40 +229,10 @@ def implementations_agree(ev: Evaluation) -> Outcome:
     outcome = _start(ev)
     if not ev.alternatives:
         _nothing(ev, outcome, "second implementation to compare with")
-    base_list = ev.outputs
-    for alt_label, outputs in ev.alternatives:
-        if len(outputs) != len(base_list):
-            outcome.fail(f"{alt_label}: {len(outputs)} outputs vs {len(base_list)} with {ev.base_label}")
-            continue
-        for b, a in zip(base_list, outputs):
-            x = np.asarray(a.engine, dtype=np.float64).reshape(-1)
-            y = np.asarray(b.engine, dtype=np.float64).reshape(-1)
-            if x.shape != y.shape:
-                outcome.fail(f"{a.label}: shape {x.shape} vs {y.shape} with {ev.base_label}")
-                continue
-            sel = np.ones(x.shape, bool)
-            if b.only_where is not None:
-                sel = np.broadcast_to(np.asarray(b.only_where, bool).reshape(-1), x.shape)
-            if not sel.any():
-                continue
-            r = np.broadcast_to(np.asarray(b.reference, dtype=np.float64).reshape(-1), x.shape)
-            allowed = agreement_bound(x, y, r, b.faithful, dtype=b.dtype, kind=b.kind)
-            with np.errstate(invalid="ignore"):
-                diff = np.where(np.isfinite(x) & np.isfinite(y), np.abs(x - y),
-                                np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0.0, np.inf))
-            diff = np.where(sel, diff, 0.0)
-            ratio = np.where(sel, diff / allowed, 0.0)
-            i = int(np.argmax(ratio))
-            if ratio[i] > 1.0:
-                outcome.fail(f"{a.label} = {float(x[i])!r} vs {b.label} = {float(y[i])!r} at flat index {i} "
-                             f"(reference {float(r[i])!r}, allowed difference {float(allowed[i]):.3g})")
-                d = float(diff[i])
-                outcome.max_abs_err = max(outcome.max_abs_err, d if math.isfinite(d) else math.inf)
-                outcome.ratio = max(outcome.ratio, float(ratio[i]))
-            else:
-                if ratio[i] >= outcome.ratio:
-                    outcome.ratio, outcome.tolerance = float(ratio[i]), float(allowed[i])
-                outcome.max_abs_err = max(outcome.max_abs_err, float(diff[i]))
+    for a, b, x, y, sel, r in _aligned_outputs(ev, outcome):
+        if sel.any():
+            _judge_difference(outcome, a, b, x, y, r, sel,
+                              agreement_bound(x, y, r, b.faithful, dtype=b.dtype, kind=b.kind))
     return outcome
 
 

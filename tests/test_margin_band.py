@@ -82,3 +82,26 @@ def test_the_ledger_lists_a_marginal_finding_above_the_bands_centre(tmp_path):
         assert proc.returncode == 0
         assert (FID in proc.stdout) == expect, proc.stdout
     del main
+
+
+@pytest.mark.parametrize("prop", ["partition_invariant", "mask_invariant", "implementations_agree"])
+@pytest.mark.parametrize("scale, expected", [(0.25, "pass"), (2.0, "marginal"), (40.0, "discrepancy")])
+def test_the_band_grades_differences_between_runs_like_differences_from_the_reference(prop, scale, expected):
+    """An alternative run (another partition, garbage at masked positions, a second implementation) that
+    differs from the base run by ``scale`` times the allowed difference is graded by the same band as an
+    error against the reference: 2× is marginal (CPU-dependent last bits), 40× a discrepancy."""
+    import numpy as np
+
+    from rlconform.harness.core.evaluation import Compared, Evaluation
+    from rlconform.properties import generic
+
+    ref = np.array([1.0, 2.0])
+    base = Compared("value", ref.copy(), ref, None, "float32", "reduction")
+    probe = Compared("value", ref.copy(), ref, None, "float32", "reduction")
+    allowed = getattr(generic, "agreement_bound")(ref, ref, ref, None, dtype="float32", kind="reduction") \
+        if prop == "implementations_agree" else 2 * generic.bound(ref, None, dtype="float32", kind="reduction")
+    alt = Compared("value", ref + scale * allowed * np.array([0.0, 1.0]), ref, None, "float32", "reduction")
+    outcome = getattr(generic, prop)(Evaluation(values=[base], alternatives=[("other", [alt])]))
+    assert outcome.verdict == expected, (outcome, allowed)
+    assert (outcome.message == "") == (expected == "pass")
+    assert probe.engine.tolist() == ref.tolist()
