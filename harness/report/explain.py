@@ -151,11 +151,20 @@ def _numbers(d: dict) -> str:
     return f"engine {_fmt(n.get('engine'))} vs exact {_fmt(n.get('exact'))} ({n.get('clause', '')})"
 
 
+#: characters of the smallest input shown in the Markdown (an upstream issue body holds 65 536); the script
+#: and the case file hold all of it
+INPUT_CHARS = 4000
+
+
 def _case_input(case: dict | None, d: dict) -> str:
     if case is None:
         return (d.get("reproducer") or {}).get("input") or "(no case file)"
-    return json.dumps({"op": case.get("op"), "property": case.get("property"), "dtype": case.get("dtype"),
+    text = json.dumps({"op": case.get("op"), "property": case.get("property"), "dtype": case.get("dtype"),
                        "regime": case.get("regime"), "inputs": case["inputs"]})
+    if len(text) > INPUT_CHARS:
+        rel = (d.get("reproducer") or {}).get("case_file")
+        text = text[:INPUT_CHARS] + f" … ({len(text) - INPUT_CHARS} more characters in the report's {rel})"
+    return text
 
 
 def explain_command(d: dict) -> str:
@@ -335,3 +344,43 @@ def cmd_explain(args) -> int:
         print(f"rlconform: cannot write {args.script}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0
+
+
+# ------------------------------------------------------------------------------------------- report pages
+def explain_texts(doc: dict, folder: str) -> list[tuple[str, bool]]:
+    """(the explain Markdown, has a script) of every defect of ``doc``, in order; a defect whose case file
+    cannot be read gets a one-line note instead (a page is still written)."""
+    out = []
+    for d in doc.get("defects") or []:
+        try:
+            case = read_case(folder, d)
+            script, _ = standalone_script(doc, d, case)
+            out.append((f"$ {explain_command(d)}\n\n{explain_markdown(doc, d, case)}", script is not None))
+        except (ExplainError, OSError, ValueError, KeyError) as exc:
+            out.append((f"{explain_command(d)}: {exc}\n", False))
+    return out
+
+
+def explain_blob(doc: dict, folder: str, keys: list[str]) -> tuple[str | None, list[str]]:
+    """The explain texts of the defects as the page embeds them: ``{key: text}`` JSON, gzip'd (mtime 0),
+    base64 (report.html's script fills each card's collapsed section from it); and the keys with a script.
+    (None, []) without defects."""
+    import base64
+    import gzip
+
+    texts = explain_texts(doc, folder)
+    if not texts:
+        return None, []
+    mapping = {k: t for k, (t, _) in zip(keys, texts)}
+    raw = json.dumps(mapping, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    blob = base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
+    return blob, [k for k, (_, s) in zip(keys, texts) if s]
+
+
+def markdown_lines(doc: dict) -> list[str]:
+    """report.md's lines after the defects table: ``rlconform explain ID --report DIR`` per defect row."""
+    defects = doc.get("defects") or []
+    if not defects:
+        return []
+    return ["Upstream-ready text and standalone script of a defect (row n of the table):", "",
+            *[f"{n}. `{explain_command(d)}`" for n, d in enumerate(defects, 1)], ""]
