@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 import sys
@@ -91,19 +92,23 @@ def read_case(folder: str, defect: dict) -> dict | None:
 
 # ------------------------------------------------------------------------------------------- text
 _KIND_WORDS = {
-    "wrong value": "returns a wrong value",
-    "inexact value": "returns a value off by more than the dtype's rounding",
-    "partition dependence": "returns a result that depends on how the batch is split",
-    "mutation": "writes into a tensor it does not own",
-    "NaN": "returns NaN",
-    "inf": "returns inf",
-    "implementations disagree": "disagrees with another implementation of the same computation",
+    "wrong value": "returns a value that differs from the exact (float64) value of the same input by more than "
+                   "the dtype's rounding",
+    "inexact value": "returns a value off the exact one by more than the dtype's rounding allows",
+    "partition dependence": "gives a different result for the same rows depending on how they are split "
+                            "(micro-batches, DP ranks, TP / CP shards), so the trained model depends on the "
+                            "parallel layout",
+    "mutation": "writes into a tensor its caller owns: afterwards the tensor no longer holds the bits it held "
+                "(autograd's version counter moved), so a producer that saved it for its own backward fails or "
+                "reads wrong values",
+    "NaN": "returns NaN where the exact value is finite",
+    "inf": "returns inf where the exact value is finite",
+    "implementations disagree": "disagrees with the engine's other implementation of the same computation",
 }
 
 _PROPERTY_WORDS = {
     "matches_reference": "the float64 exact value of the same input",
-    "partition_invariant": "the same batch computed in one piece (micro-batches, DP ranks or TP / CP shards must "
-                           "not change the result)",
+    "partition_invariant": "the same batch computed in one piece",
     "mask_invariant": "the same input with other values at masked positions (padding must not change the result)",
     "non_destructive": "the caller's tensors, which must hold the same bits after the forward and the backward",
     "finite_where_reference_finite": "the exact value, which is finite here",
@@ -118,8 +123,20 @@ def _site(d: dict) -> str:
     return f"{site.get('module', '')}.{site.get('function')} ({site.get('file')}:{site.get('line')})".lstrip(".")
 
 
+def _effect(d: dict) -> str:
+    n = d.get("numbers") or {}
+    e, x = n.get("engine"), n.get("exact")
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return ""
+    text = f" On the smallest input the engine gives {_fmt(e)} where the exact value is {_fmt(x)}"
+    if isinstance(e, (int, float)) and x and math.isfinite(e) and math.isfinite(x):
+        text += f" ({e / x:.3g}× the exact value)"
+    return text + "."
+
+
 def cause(d: dict) -> str:
-    """The cause in one paragraph, from the defect's kind, trigger, engine function and failed property."""
+    """The cause in one paragraph, from the defect's kind, trigger, engine function, failed property and
+    numbers."""
     kind = (d.get("signature") or {}).get("kind", "failure")
     fn = (d.get("engine_function") or {}).get("function") or f"op {d.get('op')}"
     trig = d.get("trigger") or (d.get("signature") or {}).get("feature") or "any input"
@@ -127,17 +144,17 @@ def cause(d: dict) -> str:
         exc = kind.split(":", 1)[1] if ":" in kind else "an exception"
         frame = d.get("crash_frame") or {}
         what = f"raises {exc}" + (f" in `{frame.get('function')}` ({frame.get('file')}:{frame.get('line')})"
-                                  if frame else "")
+                                  if frame else "") + " on an input its docstring allows"
     else:
         what = _KIND_WORDS.get(kind, kind)
-    when = "on any input rlconform drew" if trig == "any input" else f"when the input has {trig}"
+    when = "on every input rlconform drew" if trig == "any input" else f"when the input has {trig}"
     props = d.get("properties") or [d.get("property")]
     against = "; ".join(_PROPERTY_WORDS.get(p, p) for p in props if p)
     dtypes = ", ".join(d.get("dtypes") or [])
     n = len(d.get("members") or [])
-    return (f"`{fn}` {what} {when}. rlconform compared it with {against}. Severity **{d.get('severity')}**: "
-            f"{n} finding{'s' if n != 1 else ''} ({', '.join(d.get('ops') or [d.get('op')])}; {dtypes}) share this "
-            f"cause.")
+    return (f"`{fn}` {what}, {when}.{_effect(d)} rlconform compared it with {against}. Severity "
+            f"**{d.get('severity')}**: {n} finding{'s' if n != 1 else ''} ({', '.join(d.get('ops') or [d.get('op')])}; "
+            f"{dtypes}) share this cause.")
 
 
 def _fmt(x) -> str:
@@ -214,7 +231,7 @@ def _supported(d: dict, case: dict) -> tuple[str, dict] | str:
             return f"op {op} regime {case.get('regime')!r}: only the unchunked function on TP-only layouts"
         return "vp_mutation.py.j2", {"tp": int(m.group(1)), "vp_function": "vocab_parallel_entropy"}
     if fam is None:
-        return f"op {op}"
+        return f"failure kind {kind!r} of property {prop} on op {op}"
     if op == "policy_loss" and inputs.get("variant") != "geo_mean":
         return f"policy_loss variant {inputs.get('variant')!r} (the exact formula is written out for geo_mean only)"
     words = {"agg_loss": "DP ranks × micro-batches", "policy_loss": "micro-batches",
