@@ -124,6 +124,55 @@ def test_a_unique_prefix_is_accepted(doc):
     assert find_defect(doc, d["id"][:-8]) is d or find_defect(doc, d["id"][:-8])["id"] == d["id"]
 
 
+def test_script_flag_writes_only_the_script(doc, tmp_path, capsys):
+    d = _defect(doc, "agg_loss_wrong")
+    out = tmp_path / "repro.py"
+    assert main(["explain", d["id"], "--report", REPORT, "--script", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("#!/usr/bin/env python3") and "from verl.trainer.ppo.core_algos import agg_loss" in text
+    compile(text, str(out), "exec")
+
+
+def test_script_flag_on_a_kind_without_template_is_exit_2(doc, tmp_path, capsys):
+    d = next(d for d in doc["defects"] if d["signature"]["kind"].startswith("crash"))
+    assert main(["explain", d["id"], "--report", REPORT, "--script", str(tmp_path / "x.py")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and NO_SCRIPT in err
+    assert not (tmp_path / "x.py").exists()
+
+
+def test_ambiguous_prefix_and_a_case_path_leaving_the_folder_are_exit_2(doc, tmp_path, capsys):
+    assert main(["explain", "verl.", "--report", REPORT]) == 2
+    assert "ambiguous" in capsys.readouterr().err
+    d = dict(_defect(doc, "geo_mean"), reproducer={"case_file": "../../etc/passwd"})
+    with pytest.raises(ValueError, match="not a path inside the report folder"):
+        read_case(REPORT, d)
+
+
+def _small_doc(doc, name):
+    d = _defect(doc, name)
+    members = set(d["members"])
+    return dict(doc, defects=[d], findings=[f for f in doc["findings"] if f["id"] in members])
+
+
+def test_report_pages_carry_the_explain_text_and_line(doc):
+    import base64
+    import gzip
+    import re
+
+    from rlconform.harness.report.html_report import render_html
+    from rlconform.harness.report.writer import render_markdown
+
+    small = _small_doc(doc, "geo_mean")
+    html = render_html(small, REPORT)
+    blob = re.search(r'id="explain-data">([^<]*)</script>', html).group(1)
+    texts = json.loads(gzip.decompress(base64.b64decode(blob)))
+    assert list(texts) == ["D1"] and 'id="explain-D1"' in html and "and standalone script" in html
+    assert "```python" in texts["D1"] and "compute_policy_loss_geo_mean" in texts["D1"]
+    md = render_markdown(small)
+    assert f"`rlconform explain {small['defects'][0]['id']} --report reports/verl-0.9.1`" in md
+
+
 # The subprocess: rlconform cannot be imported (a meta-path blocker ahead of every finder, the editable
 # install's included), the script runs as __main__ twice: as installed, then with the fix.
 PRELUDE = r"""
@@ -156,6 +205,7 @@ print("CODES " + json.dumps(codes))
 
 
 @pytest.mark.engines
+@pytest.mark.slow
 def test_geo_mean_script_exits_1_without_rlconform_and_0_once_fixed(scripts, tmp_path):
     pytest.importorskip("verl")
     path = tmp_path / "geo_mean.py"
