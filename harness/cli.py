@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bisect_parser(sub)
 
-    from rlconform.harness.report.explain import add_parser as add_explain_parser  # --- issue 20 §5 ---
+    from rlconform.harness.report.explain_cmd import add_parser as add_explain_parser  # --- issue 20 §5 ---
 
     add_explain_parser(sub)
 
@@ -712,7 +712,7 @@ def _main(argv: list[str] | None = None) -> int:
 
         return cmd_bisect(args)
     if args.command == "explain":  # --- issue 20 §5 ---
-        from rlconform.harness.report.explain import cmd_explain
+        from rlconform.harness.report.explain_cmd import cmd_explain
 
         return cmd_explain(args)
     if args.command == "ledger":

@@ -15,7 +15,8 @@ mutation: digests and tensor versions before / after, on gloo TP ranks it spawns
 op, property and failure kind of the defect's reproducer finding (never by the id's text); a defect with no
 template says so ("no standalone script for this kind yet") instead of getting a wrong one.
 
-Errors (:class:`ExplainError`, one line, exit 2): no report, no ``defects`` in it, an unknown or ambiguous id
+The command itself is :mod:`rlconform.harness.report.explain_cmd`. Errors (:class:`ExplainError`, one line,
+exit 2 there): no report, no ``defects`` in it, an unknown or ambiguous id
 (with the closest ids), a case file outside the report folder or unreadable.
 """
 
@@ -26,10 +27,9 @@ import json
 import math
 import os
 import re
-import sys
 
-__all__ = ["ExplainError", "find_defect", "explain_markdown", "standalone_script", "script_support",
-           "explain_command", "add_parser", "cmd_explain"]
+__all__ = ["ExplainError", "find_defect", "read_case", "explain_markdown", "standalone_script", "script_support",
+           "explain_command", "explain_blob", "markdown_lines"]
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 NO_SCRIPT = "no standalone script for this kind yet"
@@ -326,41 +326,6 @@ def standalone_script(doc: dict, d: dict, case: dict | None) -> tuple[str | None
                op=case.get("op"), dtype=dtype, finding=(d.get("reproducer") or {}).get("finding"),
                inputs=_literal(embedded), reference_src=ref_src, reference_doc=ref_doc)
     return _environment().get_template(template).render(**ctx), None
-
-
-# ------------------------------------------------------------------------------------------- command
-def add_parser(sub) -> None:
-    p = sub.add_parser("explain", help="a defect as Markdown ready to paste upstream, with a standalone script")
-    p.add_argument("defect", help="a defect id of the report (or a prefix of exactly one)")
-    p.add_argument("--report", required=True, help="the report folder (report.json and cases/)")
-    p.add_argument("--script", default=None, metavar="PATH",
-                   help="write only the standalone script, to PATH (exit 2 when the defect has none)")
-
-
-def cmd_explain(args) -> int:
-    from rlconform.harness.report.load import ReportError, load_report, report_path
-
-    folder = args.report if os.path.isdir(args.report) else os.path.dirname(args.report) or "."
-    try:
-        doc = load_report(args.report)
-        d = find_defect(doc, args.defect, report_path(args.report))
-        case = read_case(folder, d)
-        if args.script:
-            text, why = standalone_script(doc, d, case)
-            if text is None:
-                raise ExplainError(f"defect {d['id']}: {NO_SCRIPT} ({why})")
-            with open(args.script, "w", encoding="utf-8") as f:
-                f.write(text)
-            print(f"wrote {args.script}")
-            return 0
-        sys.stdout.write(explain_markdown(doc, d, case))
-    except (ExplainError, ReportError) as exc:
-        print(f"rlconform: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"rlconform: cannot write {args.script}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    return 0
 
 
 # ------------------------------------------------------------------------------------------- report pages
