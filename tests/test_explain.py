@@ -220,3 +220,13 @@ def test_geo_mean_script_exits_1_without_rlconform_and_0_once_fixed(scripts, tmp
     assert "DEFECT: partition dependence" in broken and "engine -1.66606292" in broken
     assert "vs exact -0.83303146" in broken
     assert "fixed: every partition gives the same result" in repaired
+
+
+def test_a_folder_without_report_or_with_a_malformed_one_is_one_line(tmp_path, capsys):
+    assert main(["explain", "x", "--report", str(tmp_path)]) == 2
+    (tmp_path / "report.json").write_text("[" * 200_000)
+    assert main(["explain", "x", "--report", str(tmp_path)]) == 2
+    (tmp_path / "report.json").write_text(json.dumps({"findings": [], "defects": [{"id": "d", "reproducer": 7}]}))
+    assert main(["explain", "d", "--report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("rlconform: ") for line in err), err

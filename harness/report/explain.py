@@ -75,7 +75,10 @@ def read_case(folder: str, defect: dict) -> dict | None:
     be read as a case."""
     from rlconform.harness.core.safe_json import JsonFileError, load_object
 
-    rel = (defect.get("reproducer") or {}).get("case_file")
+    rep = defect.get("reproducer") or {}
+    if not isinstance(rep, dict):
+        raise ExplainError(f"defect {defect['id']}: reproducer is a {type(rep).__name__}, not an object")
+    rel = rep.get("case_file")
     if not rel:
         return None
     if not isinstance(rel, str) or os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):

@@ -45,7 +45,7 @@ def cmd_explain(args) -> int:
     except (ExplainError, ReportError) as exc:
         print(f"rlconform: {exc}", file=sys.stderr)
         return 2
-    except (KeyError, TypeError, ValueError, IndexError) as exc:  # a report or case file of the wrong shape
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:  # a report or case file of the wrong shape
         print(f"rlconform: cannot explain {args.defect!r}: malformed report or case file "
               f"({type(exc).__name__}: {exc})", file=sys.stderr)
         return 2
