@@ -230,3 +230,10 @@ def test_a_folder_without_report_or_with_a_malformed_one_is_one_line(tmp_path, c
     assert main(["explain", "d", "--report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("rlconform: ") for line in err), err
+
+
+def test_no_script_for_an_engine_the_templates_do_not_call(doc):
+    d = _defect(doc, "agg_loss_wrong")
+    other = dict(doc, engine=dict(doc["engine"], name="skyrl"))
+    text, why = standalone_script(other, d, read_case(REPORT, d))
+    assert text is None and "skyrl" in why

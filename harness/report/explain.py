@@ -34,10 +34,6 @@ __all__ = ["ExplainError", "find_defect", "read_case", "explain_markdown", "stan
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 NO_SCRIPT = "no standalone script for this kind yet"
 
-#: engine name -> module whose ``__version__`` the script reports
-ENGINE_LABEL = {"verl": "verl"}
-
-
 class ExplainError(ValueError):
     """A defect cannot be explained; the message is one line."""
 
@@ -220,9 +216,15 @@ def explain_markdown(doc: dict, d: dict, case: dict | None) -> str:
 _TP = re.compile(r"^tp(\d+)_")
 
 
-def _supported(d: dict, case: dict) -> tuple[str, dict] | str:
+#: engines whose call paths the templates write out (each template calls that engine as its binding does)
+SCRIPT_ENGINES = ("verl",)
+
+
+def _supported(d: dict, case: dict, engine: str = "verl") -> tuple[str, dict] | str:
     """(kind template, extra context) for the reproducer finding of ``d`` (its op, property, failure kind and
-    regime), or the reason there is none."""
+    regime) on ``engine``, or the reason there is none."""
+    if engine not in SCRIPT_ENGINES:
+        return f"engine {engine}: the templates call {', '.join(SCRIPT_ENGINES)} only"
     op, prop = case.get("op"), case.get("property")
     kind = (d.get("signature") or {}).get("kind")
     inputs = case["inputs"]
@@ -251,11 +253,11 @@ def _supported(d: dict, case: dict) -> tuple[str, dict] | str:
     return f"failure kind {kind!r} of property {prop} on op {op}"
 
 
-def script_support(d: dict, case: dict | None) -> str | None:
-    """None when :func:`standalone_script` can write a script for ``d``, else the reason it cannot."""
+def script_support(d: dict, case: dict | None, engine: str = "verl") -> str | None:
+    """None when :func:`standalone_script` can write a script for ``d`` of ``engine``, else the reason."""
     if case is None:
         return "the defect has no case file"
-    got = _supported(d, case)
+    got = _supported(d, case, engine)
     return got if isinstance(got, str) else None
 
 
@@ -303,7 +305,7 @@ def standalone_script(doc: dict, d: dict, case: dict | None) -> tuple[str | None
     """(script text, None), or (None, the reason there is no template for this defect)."""
     if case is None:
         return None, "the defect has no case file"
-    got = _supported(d, case)
+    got = _supported(d, case, (doc.get("engine") or {}).get("name") or "")
     if isinstance(got, str):
         return None, got
     template, extra = got
