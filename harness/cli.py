@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bisect_parser(sub)
 
+    from rlconform.harness.report.explain_cmd import add_parser as add_explain_parser  # --- issue 20 §5 ---
+
+    add_explain_parser(sub)
+
     cv = sub.add_parser("coverage", help="inventory the engine's numerics: every public function bound to an op, "
                         "justified, or unbound (issue 11)")
     _engine_args(cv)
@@ -707,6 +711,10 @@ def _main(argv: list[str] | None = None) -> int:
         from rlconform.harness.run.bisect import cmd_bisect
 
         return cmd_bisect(args)
+    if args.command == "explain":  # --- issue 20 §5 ---
+        from rlconform.harness.report.explain_cmd import cmd_explain
+
+        return cmd_explain(args)
     if args.command == "ledger":
         return cmd_ledger(args)
     if args.command == "coverage":

@@ -36,6 +36,7 @@ import gzip
 import io
 import json
 import math
+import os
 import re
 
 import jinja2
@@ -268,8 +269,20 @@ function filterFindings(q) {
     trs[i].hidden = !words.every(function (w) { return t.indexOf(w) >= 0; });
   }
 }
+async function expandExplain() {  // the upstream-ready text of each defect card (rlconform explain)
+  var src = document.getElementById("explain-data");
+  if (!src) return;
+  var bin = Uint8Array.from(atob(src.textContent.trim()), function (c) { return c.charCodeAt(0); });
+  var texts = JSON.parse(await new Response(new Blob([bin]).stream()
+      .pipeThrough(new DecompressionStream("gzip"))).text());
+  Object.keys(texts).forEach(function (key) {
+    var pre = document.getElementById("explain-" + key);
+    if (pre) pre.textContent = texts[key];
+  });
+}
 window.addEventListener("load", function () {
   if (failed()) return;
+  expandExplain().catch(function (e) { document.title = "error:explain texts: " + e; });
   var bad = plotsBad();
   if (bad) { document.title = "error:" + bad; return; }
   expandFindings().then(function () {
@@ -356,6 +369,7 @@ smallest member, its message and input; its members are listed under it in the t
 {% if d.message %}<pre>{{ d.message | truncate(msg_chars, True, " …") }}</pre>{% endif %}
 {% if d.reproducer.input %}<div>input:</div><pre>{{ d.reproducer.input | truncate(msg_chars, True, " …") }}</pre>{% endif %}
 {% if d.traceback %}<details><summary>traceback (the engine's frames)</summary><pre>{{ d.traceback }}</pre></details>{% endif %}
+{% if explain_blob %}<details><summary>upstream issue text{{ " and standalone script" if d.key in scripted }}</summary><pre id="explain-{{ d.key }}"></pre></details>{% endif %}
 </div>{% endfor %}{% endif %}
 {{ declared_section }}
 <h2>op × property × dtype</h2>
@@ -388,6 +402,7 @@ pass; expanded by the page's script from a compressed copy. Filter (all words mu
 <table><thead><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody id="all-findings"></tbody></table>
 </details>
 <script type="application/octet-stream" id="findings-data">{{ blob }}</script>
+{% if explain_blob %}<script type="application/octet-stream" id="explain-data">{{ explain_blob }}</script>{% endif %}
 </main></body></html>
 """, autoescape=True)
 
@@ -575,17 +590,23 @@ def _page_parts(doc: dict) -> dict:
             "repro_odd": any(f["odd_cmd"] for g in bad_groups for f in g["findings"])}
 
 
-def render_html(doc: dict) -> str:
-    """The page for a report document (the ``report.json`` dict)."""
+def render_html(doc: dict, folder: str | None = None) -> str:
+    """The page for a report document (the ``report.json`` dict); with the report ``folder`` (its ``cases/``),
+    each defect card gets its ``rlconform explain`` text and standalone script, collapsed."""
+    from rlconform.harness.report.explain import explain_blob
+
     findings = doc.get("findings", [])
+    parts = _page_parts(doc)
+    explained, scripted = explain_blob(doc, folder, [d["key"] for d in parts["defects"]]) if folder else (None, ())
     return TEMPLATE.render(
+        explain_blob=explained, scripted=set(scripted),
         doc=doc, eng=doc.get("engine", {}), run=doc.get("run", {}), summary=doc.get("summary", {}),
         statuses=list(STATUS_ORDER), colors=STATUS_COLOR, dtypes=FLOAT_DTYPES, grid=_grid(findings),
         plots=make_plots(doc), findings=findings, fmt=_fmt, err=error_text, ratio=_ratio_of,
         sev_colors=SEVERITY_COLOR,
         triage_line=_triage_line(doc), msg_chars=MESSAGE_CHARS, script=markupsafe.Markup(SCRIPT),
         columns=COLUMNS, blob=findings_blob(findings), coverage=_coverage_line(doc),
-        declared_section=_declared_section(doc), **_page_parts(doc))
+        declared_section=_declared_section(doc), **parts)
 
 
 def _declared_section(doc: dict):
@@ -607,5 +628,5 @@ def _triage_line(doc: dict) -> str:
 
 
 def write_html(doc: dict, path: str) -> str:
-    atomic_write(path, render_html(doc))
+    atomic_write(path, render_html(doc, os.path.dirname(os.path.abspath(path))))
     return path

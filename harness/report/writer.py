@@ -277,6 +277,9 @@ def render_markdown(doc: dict) -> str:
     from rlconform.harness.report.declared_md import markdown_section  # issue 20 §2, after the defects
 
     lines += markdown_section(doc)
+    from rlconform.harness.report.explain import markdown_lines  # issue 20 §5, one line per defect row
+
+    lines += markdown_lines(doc)
     groups: dict[tuple, list] = {}
     for f in doc["findings"]:
         if f["status"] != "pass":
