@@ -14,7 +14,9 @@ one of these AST signals (:data:`SIGNALS` names them, as recorded in :attr:`Foun
 
 * ``softmax``: a call of ``softmax`` / ``log_softmax`` / ``logsumexp`` (as ``torch.``, ``F.`` or a method);
 * ``exp/log``: a call of ``exp`` / ``log`` / ``log1p`` / ``expm1`` / ``sigmoid`` / ``logsigmoid`` through
-  ``torch``, ``F``, ``tl`` (Triton) or as a tensor method (``x.exp()``); ``math.`` / ``np.`` calls on scalars are not;
+  ``torch``, ``F``, ``tl`` (Triton) or as a tensor method (``x.exp()``), or of a helper with ``exp`` as a word of
+  its name (``safe_exp_delta``); ``math.`` / ``np.`` calls on scalars are not, nor ``.log(...)`` of a receiver
+  named like a logger (``self``, ``logger``, ``tracker``, ``wandb``, ``writer``, ...);
 * ``collective``: ``all_reduce`` / ``reduce_scatter`` / ``reduce_scatter_tensor``, or an ``all_gather`` /
   ``all_gather_into_tensor`` / ``all_gather_object`` in a function that also reduces (``sum`` / ``mean`` /
   ``max`` / ``min`` / ``std`` / ``var``): a gather alone is data movement;
@@ -177,6 +179,8 @@ def signals_of(fn: ast.AST) -> list[str]:
         elif name in _EXPLOG and recv is not None and recv not in _SCALAR_MODULES and (
                 recv in _TENSOR_MODULES or recv == "" or not recv[:1].isupper()) and not (
                 name == "log" and recv not in _TENSOR_MODULES and any(k in recv.lower() for k in _LOGGERS)):
+            out.add("exp/log")
+        elif "exp" in low.split("_") and name not in _EXPLOG:  # a helper named for exp: safe_exp_delta
             out.add("exp/log")
         elif name in _COLLECTIVE:
             out.add("collective")
