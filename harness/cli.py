@@ -8,6 +8,7 @@
     rlconform diff BASE HEAD [--fail-on SEVERITY] [--markdown FILE]   (what a pull request changes)
     rlconform bisect --engine-path CHECKOUT --good REV --bad REV CASE_FILE [--engine SPEC]   (issue 12 §4)
     rlconform coverage --engine X [--format table|md|json] [--strict]   (the engine's numerics: bound or not)
+    rlconform audit --engine X [--report DIR] [--format md|json]   (fault shapes in the numerics, issue 24)
     rlconform list-ops | list-engines | --version
 
 Exit codes: 0 clean (every selected finding run and recorded, none failing), 1 discrepancies (or crashes,
@@ -128,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     from rlconform.harness.report.explain_cmd import add_parser as add_explain_parser  # --- issue 20 §5 ---
 
     add_explain_parser(sub)
+
+    from rlconform.harness.run.audit import add_parser as add_audit_parser  # --- static audit (issue 24 §2) ---
+
+    add_audit_parser(sub)
 
     cv = sub.add_parser("coverage", help="inventory the engine's numerics: every public function bound to an op, "
                         "justified, or unbound (issue 11)")
@@ -719,6 +724,10 @@ def _main(argv: list[str] | None = None) -> int:
         return cmd_ledger(args)
     if args.command == "coverage":
         return cmd_coverage(args)
+    if args.command == "audit":  # --- static audit (issue 24 §2) ---
+        from rlconform.harness.run.audit import cmd_audit
+
+        return cmd_audit(args)
     return _usage_error(f"unknown command {args.command!r}")  # pragma: no cover
 
 

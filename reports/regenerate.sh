@@ -29,6 +29,8 @@ for spec in "verl verl-0.9.1" "skyrl skyrl-0.4.0" "megatron megatron-core-0.19.2
   "$RL" ledger "$dir/report.json" > "$dir/xfails.txt.new" && mv "$dir/xfails.txt.new" "$dir/xfails.txt"
   "$RL" coverage --engine "$engine" --format md > "$dir/coverage.md" \
     || { echo "[reports] $engine: coverage table failed" >&2; status=2; }
+  "$RL" audit --engine "$engine" --report "$dir" > "$dir/audit.md" \
+    || { echo "[reports] $engine: audit failed" >&2; status=2; }
   echo "[reports] $engine: $dir (exit $rc)"
 done
 exit $status

@@ -271,4 +271,46 @@ NOT_BOUND: dict[str, str] = {
     "temporaries (expert token counts, global aux-loss trackers)",
 }
 
-binding.coverage = Coverage(modules=NUMERICS_MODULES, not_bound=NOT_BOUND, importer=import_megatron)
+NOT_BOUND.update({
+    # ---- found by whole-package discovery (issue 24), outside NUMERICS_MODULES
+    "megatron.core.models.common.language_module.language_module.LanguageModule.compute_language_model_loss":
+    "checked by op token_logprobs: calls vocab_parallel_cross_entropy (or fused_vocab_parallel_cross_entropy, "
+    "bound as vocab_parallel_token_logprobs@fused; TE's te_parallel_cross_entropy, kernel: needs CUDA) on the model's "
+    "output, labels transposed [b, s] -> [s, b]",
+    "megatron.training.distillation.cached_logits_loss.topk_kl_div": "not yet bound: Megatron-LM's top-k "
+    "distillation KL over cached teacher logits (the catalog has no distillation / forward-KL op yet)",
+    "megatron.training.utils.common_utils.average_losses_across_data_parallel_group": "not yet bound: the "
+    "pretraining loop's logged loss, a DP all_reduce of per-rank means / world size (a mean of per-rank means, "
+    "logged by Megatron-LM's pretrain, which no RL trainer bound here calls)",
+})
+_MODEL = "model forward: transformer / MoE / attention / SSM layers and their fused kernels, not the RL objective"
+_PRETRAIN = ("not numerics of an RL objective: Megatron-LM's pretraining loop (logging, checkpointing, data "
+             "iterators, GPU sniff tests); RL trainers drive megatron.core themselves")
+#: whole subpackages discovery reads that are not the RL objective (issue 24); a name above takes precedence
+NOT_BOUND_UNDER: dict[str, str] = {
+    "megatron.core.transformer.": _MODEL,
+    "megatron.core.models.": _MODEL,
+    "megatron.core.ssm.": _MODEL,
+    "megatron.core.activations": _MODEL,
+    "megatron.core.fusions.fused_bias_geglu": _MODEL,
+    "megatron.core.fusions.fused_bias_swiglu": _MODEL,
+    "megatron.core.fusions.fused_softmax": _MODEL + " (attention softmax)",
+    "megatron.core.tensor_parallel.mappings": "model forward: TP / SP communication of activations and gradients "
+    "(copy, all_reduce, all_gather, reduce_scatter autograd Functions of the parallel layers)",
+    "megatron.core.tensor_parallel.layers": "model forward: column / row parallel linear layers (their backward "
+    "all_reduces input gradients)",
+    "megatron.core.optimizer.": "optimizer schedule: gradient norms, clipping, zero counting and the distributed "
+    "optimizer (outside the RL objective)",
+    "megatron.core.distributed.fsdp.": "not numerics of the objective: FSDP parameter / gradient buffers "
+    "(all-gather, reduce-scatter of gradients; no catalog op checks gradients across ranks yet)",
+    "megatron.core.dist_checkpointing.": "not numerics: distributed checkpoint save / load",
+    "megatron.core.inference.": "not in the RL objective: inference-time sampling and log-probs of the generation "
+    "engine (a rollout engine's, not the trainer's loss)",
+    "megatron.core.datasets.": "not numerics: data scheduling (sequence lengths gathered across ranks)",
+    "megatron.core.energy_monitor": "not numerics: GPU energy telemetry",
+    "megatron.core.pipeline_parallel.fine_grained_activation_offload": "not numerics: activation offloading",
+    "megatron.training.": _PRETRAIN,
+}
+
+binding.coverage = Coverage(modules=NUMERICS_MODULES, not_bound=NOT_BOUND, importer=import_megatron,
+                            not_bound_under=NOT_BOUND_UNDER)

@@ -752,6 +752,7 @@ binding = Binding(
 
 # ------------------------------------------------------------------------------------ coverage
 TRAINER_UTILS = "skyrl.train.utils.trainer_utils"
+OPC = "skyrl.backends.skyrl_train.utils.off_policy_correction_utils"
 #: SkyRL's numerics modules (issue 11): ppo_utils, worker_utils (micro-batch and DP metric reduction),
 #: torch_utils (token statistics) and trainer_utils (the trainer's metric finalisation)
 NUMERICS_MODULES = (PPO_UTILS, WORKER_UTILS, TORCH_UTILS, TRAINER_UTILS)
@@ -853,6 +854,60 @@ NOT_BOUND: dict[str, str] = {
     f"{TRAINER_UTILS}.run_on_each_node": "not numerics: Ray task fan-out",
 }
 
+_MCORE_LOGPROB = ("not yet bound: SkyRL's Megatron TP / CP log-prob and entropy path (vocab-parallel log-softmax, "
+                  "entropy, chunked and fused-linear variants, all_reduce over the TP group); needs megatron "
+                  "parallel_state and a Megatron model wrapper; the catalog ops vocab_parallel_token_logprobs / "
+                  "vocab_parallel_entropy would check it once bound")
+_MTP = ("not yet bound: multi-token-prediction draft-head soft cross-entropy (a speculative-decoding head's loss, "
+        "not the policy objective)")
+_ISSUE25 = ("issue 25 §3: rollout-correction rejection masks (outlier / sequence masks and the correction driver "
+            "branch on thresholds and modes), checked by the inputs-that-take-every-branch work")
+_WRAPPER_FWD = "model forward: a model wrapper's forward returning log-probs / entropy of the model's logits"
+NOT_BOUND.update({
+    # ---- found by whole-package discovery (issue 24), outside NUMERICS_MODULES
+    f"{OPC}.compute_off_policy_correction": _ISSUE25,
+    f"{OPC}.compute_sequence_mask": _ISSUE25,
+    f"{OPC}.compute_outlier_token_mask": _ISSUE25,
+    f"{OPC}.compute_token_mask": _ISSUE25,
+    "skyrl.train.trainer.RayPPOTrainer.apply_reward_kl_penalty": "not yet bound: the KL penalty in the reward "
+    "(compute_approx_kl, bound as kl_estimator, × the KL coefficient, subtracted from the token rewards; a "
+    "masked mean of it as a metric); no catalog op for the reward transform",
+    "skyrl.train.trainer.RayPPOTrainer.train": "not numerics on its own: the trainer loop",
+    "skyrl.train.generators.skyrl_gym_generator.SkyRLGymGenerator.agent_loop": "not numerics: the rollout agent "
+    "loop (collects the sampler's log-probs)",
+    "skyrl.train.utils.utils.configure_ray_worker_logging": "not numerics: logging set-up (a false positive of "
+    "the exp/log signal)",
+    "skyrl.utils.log.WandbTracker.log": "not numerics: experiment-tracker logging (a false positive of the exp/log "
+    "signal)",
+    "skyrl.tinker.proto_serialization.serialize_sample_output": "not numerics: serialises sampled tokens and their "
+    "log-probs",
+    "skyrl.backends.skyrl_train.workers.model_wrapper.HFModelWrapper.forward": _WRAPPER_FWD + " (calls "
+    "logprobs_from_logits / entropy, bound as token_logprobs / entropy)",
+    "skyrl.backends.skyrl_train.workers.megatron.megatron_model_wrapper.MegatronModelWrapper.forward": _WRAPPER_FWD,
+    "skyrl.backends.skyrl_train.workers.megatron.megatron_model_wrapper.MegatronModelWrapper."
+    "forward_backward_mini_batch": "model forward: Megatron forward-backward over micro-batches (calls the bound "
+    "policy losses per micro-batch)",
+    "skyrl.backends.skyrl_train.workers.megatron.megatron_worker.MegatronPolicyWorkerBase.forward": _WRAPPER_FWD,
+    "skyrl.backends.skyrl_train.workers.megatron.megatron_worker.MegatronRefWorkerBase.forward": _WRAPPER_FWD,
+    "skyrl.backends.skyrl_train.mtp.grad_clip.install_mtp_separate_grad_clip": "optimizer schedule: gradient "
+    "clipping of the MTP head's parameters",
+    "skyrl.backends.skyrl_train.utils.sample_support_replay.sample_support_scores": "not yet bound: support "
+    "scores for sampled-token replay (a rollout-side selection statistic, not the policy objective)",
+})
+#: whole subpackages discovery reads that are not the RL objective (issue 24); a name above takes precedence
+NOT_BOUND_UNDER: dict[str, str] = {
+    "skyrl.backends.skyrl_train.distributed.megatron.model_utils": _MCORE_LOGPROB,
+    "skyrl.backends.skyrl_train.distributed.megatron.fused_linear_logprob_triton": "kernel: needs CUDA: Triton "
+    "fused linear log-prob / entropy kernels (the Megatron path's fused head)",
+    "skyrl.backends.skyrl_train.mtp.": _MTP,
+    "skyrl.backends.skyrl_train.patches.": "model forward: patched Megatron attention layers (KDA, DSA)",
+    "skyrl.backends.skyrl_train.weight_sync.": "not numerics of the objective: FP8 casting of weights for sync "
+    "to the inference engine",
+    "skyrl.backends.skyrl_train.inference_servers.": "not in the RL objective: inference-server sampling",
+    "skyrl.tinker.": "not yet bound: the Tinker API's JAX loss functions (jax.Array, not torch: the catalog's "
+    "policy_loss contract takes torch tensors)",
+    "skyrl.tx.": "model forward: the JAX (tx) model stack and its sampler (not the torch trainer the catalog binds)",
+}
 COVERAGE = Coverage(
     modules=NUMERICS_MODULES,
     registries={f"{PPO_UTILS}.PolicyLossRegistry": _registry("PolicyLossRegistry"),
@@ -863,5 +918,6 @@ COVERAGE = Coverage(
                   f"{PPO_UTILS}.compute_approx_kl modes": "kl_estimator"},
     not_bound=NOT_BOUND,
     importer=import_skyrl,
+    not_bound_under=NOT_BOUND_UNDER,
 )
 binding.coverage = COVERAGE

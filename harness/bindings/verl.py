@@ -1060,12 +1060,6 @@ NOT_BOUND: dict[str, str] = {
     f"{TF}.get_wsd_schedule_with_warmup": _LR,
     f"{TF}.check_device_is_available": _NOT_NUMERICS + "a device-availability context manager",
     f"{TF}.use_original_torch_compile": _NOT_NUMERICS + "a context manager restoring torch.compile",
-    # ---- verl.utils.experimental.torch_functional
-    "verl.utils.experimental.torch_functional.FusedLinearForPPOFunction.forward": "the autograd Function that "
-    "FusedLinearForPPO.forward (bound as fused_linear_token_stats) applies with the torch backend: every "
-    "fused_linear_token_stats finding runs it",
-    "verl.utils.experimental.torch_functional.FusedLinearForPPOFunction.backward": "its chunked backward: every "
-    "fused_linear_token_stats finding with a gradient (matches_reference, non_destructive) runs it",
     # ---- verl.trainer.ppo.core_algos
     f"{CORE}.AdvantageEstimator": _NOT_NUMERICS + "the enum of estimator names (the registry entries are listed "
     "separately)",
@@ -1125,6 +1119,87 @@ NOT_BOUND: dict[str, str] = {
     "verl.workers.utils.losses.value_loss": "the critic wrapper around compute_value_loss (bound as value_loss, "
     "driven per micro-batch as this wrapper calls it): a TensorDict adapter with no arithmetic of its own",
 }
+RCH = "verl.trainer.ppo.rollout_corr_helper"
+_ISSUE25 = ("issue 25 §3: rollout-correction rejection masks / IS metrics (branches on thresholds and modes), "
+            "checked by the inputs-that-take-every-branch work; the weights are bound (importance_ratio)")
+_DISTILL = ("not yet bound: on-policy distillation loss (teacher top-k log-probs vs the student's log-softmax); "
+            "the catalog has no distillation / forward-KL op yet")
+_ENGINE_OUT = ("not yet bound: the training engine's model-output post-processing (calls logprobs_from_logits / "
+               "entropy_from_logits / calculate_sum_pi_squared_from_logits, bound as token_logprobs, entropy, "
+               "sum_pi_squared, on the model's logits, and wires which of them are computed: seed 002's Σπ²); "
+               "needs a model forward and a TensorDict micro-batch")
+_FWD_BWD = "model forward: the engine's forward-backward over micro-batches (model call, loss_fn, all_reduce of metrics)"
+_FIT = "not numerics on its own: the trainer loop (it calls the bound advantage / loss / metric functions)"
+_HF_TRITON = "model forward: a patched HF model forward returning log-probs / entropy from the fused Triton kernel"
+NOT_BOUND.update({
+    # ---- found by whole-package discovery (issue 24), outside NUMERICS_MODULES
+    f"{RCH}.compute_rollout_rejection_mask": _ISSUE25,
+    f"{RCH}.compute_rs_metrics": _ISSUE25,
+    f"{RCH}.compute_is_metrics": _ISSUE25,
+    f"{RCH}.compute_offpolicy_metrics": _ISSUE25,
+    f"{RCH}.compute_rollout_correction_weights": "checked by op importance_ratio: called by "
+    "compute_rollout_correction_and_rejection_mask (bound) for every importance_ratio finding",
+    "verl.trainer.distillation.megatron.losses.vocab_parallel_log_softmax": "not yet bound: log-softmax over TP "
+    "vocab shards (MAX then SUM all_reduce of exp over the TP group); needs megatron parallel_state's TP group "
+    "and a catalog op returning the full log-softmax (vocab_parallel_token_logprobs takes labels)",
+    "verl.trainer.distillation.megatron.losses._VocabParallelKLDivergence.forward": _DISTILL + " (TP vocab shards)",
+    "verl.trainer.distillation.megatron.losses._VocabParallelKLDivergence.backward": _DISTILL + " (its gradient)",
+    "verl.trainer.distillation.fsdp.losses.compute_forward_kl_topk": _DISTILL,
+    "verl.trainer.distillation.fsdp.losses.kl_divergence": _DISTILL + " (elementwise p·(log p − log q))",
+    "verl.trainer.distillation.losses.compute_forward_kl_topk": _DISTILL + " (registry entry, dispatches to the "
+    "FSDP / Megatron implementation)",
+    "verl.trainer.distillation.losses.compute_distillation_loss_reverse_kl_estimator": _DISTILL + " (reverse KL "
+    "through kl_penalty, bound as kl_estimator)",
+    "verl.trainer.distillation.losses.distillation_loss": _DISTILL + " (the wrapper: agg_loss of the per-token loss)",
+    "verl.trainer.ppo.metric_utils.compute_variance_proxy_metrics": "not yet bound: gradient-variance proxy "
+    "metrics from Σπ² and advantages (a logged metric; the Σπ² it reads is bound as sum_pi_squared)",
+    "verl.trainer.ppo.ray_trainer.apply_kl_penalty": "not yet bound: the KL penalty in the reward, token scores − "
+    "β·kl_penalty(old, ref)·mask, and its masked_mean metric (kl_penalty and masked_mean are bound as "
+    "kl_estimator and masked_mean); no catalog op for the reward transform",
+    "verl.trainer.ppo.ray_trainer.RayPPOTrainer.fit": _FIT,
+    "verl.trainer.ppo.prefix_grouper_utils.pg_forward": "model forward: prefix-shared forward returning log-probs "
+    "via logprobs_from_logits (bound as token_logprobs)",
+    "verl.trainer.sft_trainer.SFTTrainer.fit": _FIT + " (SFT)",
+    "verl.experimental.fully_async_policy.fully_async_trainer.FullyAsyncTrainer.fit_step": _FIT,
+    "verl.experimental.one_step_off_policy.ray_trainer.OneStepOffRayTrainer.fit_step": _FIT,
+    "verl.experimental.separation.ray_trainer.SeparateRayPPOTrainer.fit_step": _FIT,
+    "verl.utils.debug.metrics.calculate_debug_metrics": "not yet bound: debug metrics of rollout vs actor "
+    "log-prob differences (logged only, behind a debug flag)",
+    "verl.utils.megatron.router_replay_patch.patched_routing": "model forward: Megatron MoE router patched to "
+    "replay recorded routing decisions (softmax / sigmoid scores)",
+    "verl.utils.seqlen_balancing.rearrange_micro_batches": _NOT_NUMERICS + "partitions a batch into micro-batches "
+    "(all_reduce MAX of the micro-batch count)",
+    "verl.utils.dynamic_cp_scheduler.postprocess_dynamic_cp_batch": _NOT_NUMERICS + "gathers CP-scheduled outputs "
+    "back into batch order",
+    "verl.utils.megatron.router_replay_utils.pp_gather": _NOT_NUMERICS + "gathers MoE router decisions over PP ranks",
+    "verl.workers.config.distillation.DistillationTeacherModelConfig.validate_and_prepare_for_distillation":
+    _NOT_NUMERICS + "config validation",
+    "verl.workers.engine.fsdp.transformer_impl.FSDPEngineWithLMHead.prepare_model_outputs": _ENGINE_OUT,
+    "verl.workers.engine.automodel.transformer_impl.AutomodelEngineWithLMHead.prepare_model_outputs": _ENGINE_OUT,
+    "verl.workers.engine.torchtitan.transformer_impl.TorchTitanEngineWithLMHead.prepare_model_outputs": _ENGINE_OUT,
+    "verl.workers.engine.fsdp.transformer_impl.FSDPEngine.forward_backward_batch": _FWD_BWD,
+    "verl.workers.engine.automodel.transformer_impl.AutomodelEngine.forward_backward_batch": _FWD_BWD,
+    "verl.workers.engine.megatron.transformer_impl.MegatronEngine.forward_backward_batch": _FWD_BWD,
+    "verl.workers.engine.torchtitan.transformer_impl.TorchTitanEngine.forward_backward_batch": _FWD_BWD,
+    "verl.workers.engine.veomni.transformer_impl.VeOmniEngine.forward_backward_batch": _FWD_BWD,
+    "verl.models.transformers.dense_common.forward_with_triton_backend": _HF_TRITON,
+    "verl.models.transformers.glm4v.forward_with_triton_backend": _HF_TRITON,
+    "verl.models.transformers.qwen2_vl.forward_with_triton_backend": _HF_TRITON,
+    "verl.models.transformers.qwen3_5.forward_with_triton_backend": _HF_TRITON,
+    "verl.models.transformers.qwen3_vl.forward_with_triton_backend": _HF_TRITON,
+})
+#: whole subpackages discovery reads that are not the RL objective (issue 24); a name above takes precedence
+NOT_BOUND_UNDER: dict[str, str] = {
+    "verl.models.": "model forward: model definitions and patches (attention, MoE routing, packed-sequence "
+    "layout), not the RL objective",
+    "verl.utils.kernel.": "kernel: needs CUDA: Triton fused linear-entropy kernels; FusedLinearForPPO "
+    "(bound, fused_linear_token_stats) is the torch backend of the same computation",
+    "verl.workers.rollout.": "not in the RL objective: rollout-server generation (sampling log-probs are inputs "
+    "of importance_ratio)",
+    "verl.checkpoint_engine.": _NOT_NUMERICS + "weight synchronisation between trainer and rollout",
+    "verl.model_merger.": _NOT_NUMERICS + "checkpoint conversion",
+    "verl.utils.profiler.": _NOT_NUMERICS + "timing / profiling statistics",
+}
 NOT_BOUND.update({f"{CORE}.POLICY_LOSS_REGISTRY[{k!r}]": v for k, v in POLICY_LOSS_UNCHECKED.items()})
 NOT_BOUND.update({f"{CORE}.ADV_ESTIMATOR_REGISTRY[{k!r}]": v for k, v in VERL_UNCHECKED.items()
                   if k not in ("gae", "optimal_token_baseline")})  # those two are ops of their own: bound
@@ -1139,5 +1214,6 @@ COVERAGE = Coverage(
                   f"{CORE}.kl_penalty modes": "kl_estimator"},
     not_bound=NOT_BOUND,
     importer=_import,
+    not_bound_under=NOT_BOUND_UNDER,
 )
 binding.coverage = COVERAGE

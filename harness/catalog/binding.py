@@ -100,6 +100,12 @@ class Coverage:
     (a module that cannot be imported: its name) -> why it is not bound (e.g. "not numerics: a tensor
     reshaping utility", "no catalog op yet: issue N"). ``importer``: imports a module by name (default
     ``importlib.import_module``; an engine that needs an import shim passes its own).
+    ``packages``: the packages whole-package discovery reads (:mod:`rlconform.harness.catalog.discovery`,
+    issue 24; default: the top package of each of ``modules``): every numerics function found there is an
+    item too, so ``modules`` is a hint of what to list whole, not the boundary. ``not_bound_under``: module
+    prefix (``verl.models.``) -> why the functions discovery finds under it are not bound (a category:
+    "model forward: ...", "optimizer schedule: ...", "not numerics: ...", "kernel: needs CUDA: ..."), for
+    items that ``not_bound`` does not name; the longest prefix wins.
     """
 
     modules: tuple[str, ...]
@@ -107,6 +113,8 @@ class Coverage:
     not_bound: Mapping[str, str] = dataclasses.field(default_factory=dict)
     registry_ops: Mapping[str, str | tuple[str, ...]] = dataclasses.field(default_factory=dict)
     importer: Callable[[str], Any] | None = None
+    packages: tuple[str, ...] = ()
+    not_bound_under: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

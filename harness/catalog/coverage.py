@@ -31,10 +31,23 @@ closure holds its name in an implementation of the op the registry feeds (``kl_p
 bound per name; ``Coverage.registry_ops``). A function registered under a bound
 entry is bound to the same op; one registered under a justified entry inherits the justification.
 
-What is bound through another function (a helper that a bound function calls) is *not* inferred: the
+What is bound through another function (a helper that a bound function calls) is *not* inferred (one exception,
+the autograd Functions below): the
 table says so explicitly, so that the reader sees what is checked on its own.
 
-The record (:meth:`Inventory.to_json`) goes into ``report.json`` under ``coverage``.
+**Whole-package discovery (issue 24).** The module list is a hint, not the boundary: every numerics
+function that :func:`rlconform.harness.catalog.discovery.discover` finds anywhere in the engine's packages
+(``Coverage.packages``, default the top package of each module; read with ``ast``, never imported) is an
+item too, with the signals that found it (:attr:`Item.signals`) and its ``file:line``. A found function in
+a module the binding's code has loaded is resolved to its object and can be bound like any other; one in a
+module nothing loaded cannot be reached by an op and is ``justified`` (``not_bound`` by name, else
+``not_bound_under`` by the longest module prefix) or ``unbound``. The one inference the table makes: a
+``forward`` / ``backward`` of a ``torch.autograd.Function`` is bound to what the bound function applying it
+(``_X.apply`` in its code) is bound to, since every finding of that function runs both.
+
+The record (:meth:`Inventory.to_json`) goes into ``report.json`` under ``coverage``; its ``discovery`` part
+says which packages were read, how many numerics functions were found and how many of them lie outside the
+module list.
 """
 
 from __future__ import annotations
@@ -70,7 +83,9 @@ class Item:
     ``module`` (a numerics module that could not be imported) | ``registry`` (one that could not be
     read); ``status``: one of :data:`STATUSES`;
     ``bound_to``: op labels (``op`` or ``op[variant]``); ``reason``: why not bound (justified items) or
-    what failed.
+    what failed; ``signals``: the discovery signals that found it (empty: listed only because its module is
+    in the binding's list); ``site``: ``file:line`` of its ``def`` (discovered items); ``listed``: whether
+    the module list (or a registry) lists it.
     """
 
     name: str
@@ -81,10 +96,14 @@ class Item:
     bound_to: list[str] = dataclasses.field(default_factory=list)
     reason: str | None = None
     obj: Any = dataclasses.field(default=None, repr=False, compare=False)
+    signals: list[str] = dataclasses.field(default_factory=list)
+    site: str | None = None
+    listed: bool = True
 
     def to_json(self) -> dict:
         return {"name": self.name, "module": self.module, "short": self.short, "kind": self.kind,
-                "status": self.status, "bound_to": list(self.bound_to), "reason": self.reason}
+                "status": self.status, "bound_to": list(self.bound_to), "reason": self.reason,
+                "signals": list(self.signals), "site": self.site, "listed": self.listed}
 
 
 @dataclasses.dataclass
@@ -99,6 +118,7 @@ class Inventory:
     items: list[Item]
     errors: list[str] = dataclasses.field(default_factory=list)
     stale: list[str] = dataclasses.field(default_factory=list)
+    discovery: dict = dataclasses.field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         out = {s: 0 for s in STATUSES}
@@ -112,7 +132,7 @@ class Inventory:
     def to_json(self) -> dict:
         return {"engine": self.engine, "version": self.version, "modules": list(self.modules),
                 "counts": self.counts(), "items": [it.to_json() for it in self.items],
-                "errors": list(self.errors), "stale": list(self.stale)}
+                "errors": list(self.errors), "stale": list(self.stale), "discovery": dict(self.discovery)}
 
 
 # ----------------------------------------------------------------------------------- the inventory
@@ -348,7 +368,7 @@ def _op_targets(binding, op: str) -> list[tuple[str, Any]]:
 def _reached(item: Item, label: str, reach: _Reach) -> bool:
     if item.obj is None:  # an unimportable module or registry, or an item read from a module's source
         return False
-    if item.kind == "method":
+    if item.kind in ("method", "autograd.Function"):
         cls, meth, bound = item.obj
         if reach.has(bound) or reach.has(getattr(cls, meth, None)):
             return True
@@ -427,6 +447,7 @@ def inventory(binding) -> Inventory:
             last = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
             items.append(Item(key, key, key, "registry", reason=f"cannot read the registry: {last}"))
             errors.append(f"registry {key}: {last}")
+    discovery = _discovered_items(spec, items, errors)
     engine_roots = frozenset(m.split(".")[0] for m in spec.modules)
     reaches: list[tuple[str, _Reach]] = []
     for op in binding.provided_ops():
@@ -437,6 +458,8 @@ def inventory(binding) -> Inventory:
             continue
         reaches += [(label, _walk(impl, engine_roots)) for label, impl in targets]
     for item in items:
+        if item.obj is None and not item.listed:
+            item.obj = _resolve(item)
         item.bound_to = [label for label, reach in reaches if _reached(item, label, reach)]
     # a function registered under an entry shares the entry's binding (and justification)
     by_id = {id(_unwrap(it.obj)): it for it in items if it.kind == "function"}
@@ -449,11 +472,16 @@ def inventory(binding) -> Inventory:
             fn_item.bound_to += [b for b in entry.bound_to if b not in fn_item.bound_to]
         elif fn_item.bound_to:
             entry.bound_to = list(fn_item.bound_to)
+    _bind_autograd_functions(items)
     stale = []
     names = {it.name for it in items}
     for key in spec.not_bound:
         if key not in names:
             stale.append(f"not_bound names {key!r}, which is no item of the engine's numerics (renamed or removed?)")
+    under = getattr(spec, "not_bound_under", None) or {}
+    for prefix in under:
+        if not any(it.module == prefix.rstrip(".") or it.module.startswith(prefix) for it in items):
+            stale.append(f"not_bound_under names {prefix!r}, under which discovery finds nothing")
     for item in items:
         if item.bound_to:
             item.status = "bound"
@@ -463,6 +491,8 @@ def inventory(binding) -> Inventory:
             why = spec.not_bound[item.name]
             item.status = "justified"
             item.reason = f"{why} ({item.reason})" if item.kind in ("module", "registry") else why
+        elif _under(item.module, under) is not None:
+            item.status, item.reason = "justified", _under(item.module, under)
         else:
             item.status = "unbound"
     for entry in (it for it in items if it.kind == "registry entry" and it.status == "justified"):
@@ -472,7 +502,81 @@ def inventory(binding) -> Inventory:
     order = {s: i for i, s in enumerate(STATUSES)}
     items.sort(key=lambda it: (order[it.status], it.module, it.short))
     return Inventory(engine=binding.name, version=binding.version, modules=modules, items=items,
-                     errors=errors, stale=stale)
+                     errors=errors, stale=stale, discovery=discovery)
+
+
+def _under(module: str, under: Mapping[str, str]) -> str | None:
+    """The ``not_bound_under`` reason of the longest prefix ``module`` lies under, or None."""
+    best = None
+    for prefix in under:
+        if (module == prefix.rstrip(".") or module.startswith(prefix)) and (best is None or len(prefix) > len(best)):
+            best = prefix
+    return under[best] if best is not None else None
+
+
+def _discovered_items(spec, items: list[Item], errors: list[str]) -> dict:
+    """Adds to ``items`` every numerics function discovery finds in the engine's packages (merging the signals
+    and site into an item the module list already has); returns the ``discovery`` record."""
+    from rlconform.harness.catalog.discovery import discover
+
+    packages = tuple(getattr(spec, "packages", ()) or ()) or tuple(dict.fromkeys(m.split(".")[0] for m in spec.modules))
+    by_name = {it.name: it for it in items}
+    found_n = beyond = 0
+    read_errors: list[str] = []
+    for package in packages:
+        try:
+            found, errs = discover(package)
+        except FileNotFoundError as exc:
+            errors.append(f"discovery: {exc}")
+            continue
+        read_errors += errs
+        for f in found:
+            found_n += 1
+            item = by_name.get(f.name)
+            if item is None:
+                beyond += 1
+                item = Item(f.name, f.module, f.qualname, f.kind, listed=False)
+                items.append(item)
+                by_name[f.name] = item
+            elif f.kind == "autograd.Function":
+                item.kind = f.kind
+            item.signals, item.site = list(f.signals), f"{f.file}:{f.line}"
+    errors += [f"discovery could not read {e}" for e in read_errors]
+    return {"packages": list(packages), "found": found_n, "beyond_modules": beyond, "unreadable": len(read_errors)}
+
+
+def _resolve(item: Item) -> Any:
+    """The object of a discovered item whose module is loaded already (never imports): a function, or
+    ``(class, method name, method)``; None when its module is not loaded or the name is not there."""
+    mod = sys.modules.get(item.module)
+    if mod is None:
+        return None
+    parts = item.short.split(".")
+    obj = vars(mod).get(parts[0])
+    if obj is None:
+        return None
+    if len(parts) == 1:
+        return obj if callable(obj) and not isinstance(obj, type) else None
+    if not isinstance(obj, type) or parts[1] not in vars(obj):
+        return None
+    return (obj, parts[1], getattr(obj, parts[1]))
+
+
+def _bind_autograd_functions(items: list[Item]) -> None:
+    """A ``torch.autograd.Function``'s forward / backward shares the binding of the bound functions that apply
+    it (name the class in their code, as :func:`rlconform.harness.catalog.engine_site.autograd_function` reads)."""
+    fns = [it for it in items if it.bound_to and it.kind in ("function", "method") and it.obj is not None]
+    for item in items:
+        if item.kind != "autograd.Function" or item.bound_to or not isinstance(item.obj, tuple):
+            continue
+        cls = item.obj[0]
+        for fn_item in fns:
+            target = _unwrap(fn_item.obj[2] if fn_item.kind == "method" else fn_item.obj)
+            target = getattr(target, "__func__", target)
+            code = getattr(target, "__code__", None)
+            if code is not None and cls.__name__ in code.co_names and \
+                    getattr(target, "__globals__", {}).get(cls.__name__) is cls:
+                item.bound_to += [b for b in fn_item.bound_to if b not in item.bound_to]
 
 
 def coverage_record(binding) -> dict | None:

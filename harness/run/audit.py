@@ -1,0 +1,102 @@
+"""``rlconform audit --engine E [--report DIR]`` (issue 24 §2): the static audit of fault shapes, with each hit
+linked to the dynamic findings of its function.
+
+The engine is loaded in a child process (as ``rlconform coverage`` does) to build its coverage table, which
+says which functions are bound; the rules (:mod:`rlconform.harness.catalog.audit`) read the source of the
+functions whole-package discovery finds; the link to findings (:mod:`rlconform.harness.report.audit_md`)
+reads ``DIR/report.json``. Exit 0 whatever the audit finds (the audit never turns a run red); 2 for bad
+input (an engine that cannot be loaded or declares no coverage, an unreadable report), with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+__all__ = ["add_parser", "audit_record", "cmd_audit"]
+
+EXIT_CLEAN, EXIT_USAGE = 0, 2
+
+
+def add_parser(sub) -> None:
+    """Add the ``audit`` subcommand to the CLI's subparsers."""
+    a = sub.add_parser("audit", help="list the places in the engine's numerics that match known fault shapes, "
+                       "linked to a report's findings (issue 24; never fails a run)")
+    a.add_argument("--engine", default=None, help="reference | verl | skyrl | megatron | module:attr | file.py "
+                   "(default: $RLCONFORM_ENGINE or reference); the engine must declare coverage")
+    a.add_argument("--engine-path", default=None, help="a fork's checkout, put first on sys.path")
+    a.add_argument("--report", default=None, metavar="DIR",
+                   help="a report folder (or its report.json): link each hit to that report's findings")
+    a.add_argument("--format", choices=["md", "json"], default="md", help="md (default) or json")
+    a.add_argument("--timeout", type=float, default=900.0, help="seconds the engine's import may take")
+
+
+def audit_record(binding) -> dict:
+    """The audit of ``binding``'s engine (which declares coverage): ``{"engine", "version", "hits",
+    "coverage", "errors"}``. Runs in the child that loaded the engine; the rules only read source."""
+    from rlconform.harness.catalog.audit import audit
+    from rlconform.harness.catalog.coverage import coverage_record
+    from rlconform.harness.catalog.discovery import discover
+
+    coverage = coverage_record(binding) or {}
+    packages = (coverage.get("discovery") or {}).get("packages") or []
+    hits, errors = [], []
+    for package in packages:
+        try:
+            found, _ = discover(package)
+        except FileNotFoundError as exc:
+            errors.append(str(exc))
+            continue
+        hits += [h.to_json() for h in audit(found)]
+    return {"engine": binding.name, "version": binding.version, "hits": hits, "errors": errors,
+            "coverage": {"items": [{k: it[k] for k in ("name", "status", "bound_to")}
+                                   for it in coverage.get("items", [])]}}
+
+
+def _audit_child(spec: str | None, engine_path: str | None, emit=None) -> dict:
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.catalog.binding import BindingError
+
+    try:
+        binding = load_engine(spec, engine_path)
+    except BindingError as exc:
+        return {"error": str(exc)}
+    if binding.coverage is None:
+        return {"error": f"engine {binding.spec!r} declares no coverage (Binding.coverage): the audit reads the "
+                         f"packages its coverage names"}
+    return audit_record(binding)
+
+
+def cmd_audit(args) -> int:
+    from rlconform.harness.catalog.audit import RULES
+    from rlconform.harness.report.audit_md import link, render_markdown
+    from rlconform.harness.report.load import ReportError, load_report, report_path
+    from rlconform.harness.workers.isolated import ChildDied, run_isolated
+
+    def usage(message: str) -> int:
+        print(f"rlconform: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+
+    doc = None
+    if args.report is not None:
+        try:
+            doc = load_report(report_path(args.report))
+        except (ReportError, OSError) as exc:
+            return usage(f"cannot read report {args.report!r}: {exc}")
+    spec = args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference"
+    try:
+        record = run_isolated(_audit_child, (spec, args.engine_path), deadline_s=args.timeout)
+    except ChildDied as exc:
+        return usage(f"loading engine {spec!r}: {exc.description}")
+    except RuntimeError as exc:
+        return usage(f"the audit could not be built: {str(exc).strip().splitlines()[-1]}")
+    if "error" in record:
+        return usage(record["error"])
+    record = link(record, doc)
+    if args.format == "json":
+        print(json.dumps({k: v for k, v in record.items() if k != "coverage"}, indent=1))
+    else:
+        command = f"rlconform audit --engine {spec}" + (f" --report {args.report}" if args.report else "")
+        sys.stdout.write(render_markdown(record, command=command, rules=RULES))
+    return EXIT_CLEAN
