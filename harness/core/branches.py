@@ -73,3 +73,23 @@ def place_in_regions(rng: np.random.Generator, x: np.ndarray, regions, *, where:
     hit = wflat >= 0
     flat[hit] = rng.uniform(lo[wflat[hit]], hi[wflat[hit]])
     return x, which
+
+
+def place_rows_in_regions(rng: np.random.Generator, x: np.ndarray, mask: np.ndarray, regions, *,
+                          reduce: str = "mean") -> tuple[np.ndarray, np.ndarray]:
+    """``x`` [B, T] with whole rows shifted so that the row's mean (``reduce="mean"``) or sum (``"sum"``) over
+    its valid tokens (``mask``) falls in a region: one distinct row with a valid token per region, in random
+    order (a random subset of the regions when there are fewer such rows). Every entry of a chosen row moves
+    by the same amount (its masked entries too), so the row's own spread is kept.
+    Returns ``(new x, region index per row [B]: -1 where unchanged)``."""
+    x = np.array(x, dtype=np.float64, copy=True)
+    which = np.full(x.shape[0], -1, dtype=np.int64)
+    rows = rng.permutation(np.flatnonzero(np.asarray(mask, bool).any(-1)))
+    for i, reg in zip(rows, rng.permutation(len(regions))):
+        lo, hi = regions[reg]
+        n = int(mask[i].sum())
+        current = x[i][mask[i]].sum()
+        target = rng.uniform(lo, hi)
+        x[i] += (target - current / n) if reduce == "mean" else (target - current) / n
+        which[i] = reg
+    return x, which

@@ -44,6 +44,7 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core.branches import Branch
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.families import OpFamily
@@ -85,6 +86,48 @@ OPS = (
            {"padded": DTYPES, "few_tokens": DTYPES, "offset": DTYPES}, reference_function("masked_whiten"),
            source="verl/SkyRL masked_whiten: (x − μ)·rsqrt(σ² + 1e-8), unbiased σ² over the batch",
            family="advantages"),
+)
+
+
+# ------------------------------------------------------------------------------------- branches
+def _scores(x) -> np.ndarray:
+    """s_i [B]: the row's unmasked reward sum (gdpo: of its first reward component)."""
+    r = x["reward_components"][0] if "reward_components" in x else x["token_level_rewards"]
+    return np.where(x["response_mask"], r, 0.0).sum(-1)
+
+
+def _group_stats(x):
+    """Per row [B]: its group's size, whether the group's scores are all equal, whether the row holds the
+    group's strict maximum, whether the group's maximum is tied."""
+    idx, s = np.asarray(x["index"]), _scores(x)
+    size, const, top, tied = (np.zeros(idx.size, int), np.zeros(idx.size, bool), np.zeros(idx.size, bool),
+                              np.zeros(idx.size, bool))
+    for g in np.unique(idx):
+        rows = np.flatnonzero(idx == g)
+        sg = s[rows]
+        size[rows] = rows.size
+        const[rows] = np.all(sg == sg[0])
+        n_max = int((sg == sg.max()).sum())
+        tied[rows] = n_max > 1
+        if n_max == 1:
+            top[rows[np.argmax(sg)]] = True
+    return size, const, top, tied
+
+
+_GROUP = (
+    Branch("singleton group (advantage 0)", lambda x: _group_stats(x)[0] == 1),
+    Branch("constant group of ≥ 2 rows (advantage 0)", lambda x: (_group_stats(x)[0] > 1) & _group_stats(x)[1]),
+    Branch("group of ≥ 2 rows with spread", lambda x: (_group_stats(x)[0] > 1) & ~_group_stats(x)[1]),
+    Branch("row with no valid token", lambda x: ~np.asarray(x["response_mask"]).any(-1)),
+)
+_ROWS = (Branch("row with no valid token", lambda x: ~np.asarray(x["response_mask"]).any(-1)),
+         Branch("row with valid tokens", lambda x: np.asarray(x["response_mask"]).any(-1)))
+#: estimator -> the branches of its definition (reference.advantage_estimators S3 and the estimator's own
+#: ``where``s), per row [B]: the CI profile's examples take each one (issue 25 §2)
+BRANCHES = {e: _ROWS if e in ("remax", "reinforce_plus_plus") else _GROUP for e in ESTIMATORS}
+BRANCHES["grpo_passk"] = _GROUP + (
+    Branch("strict group maximum (gets r_max − r_second)", lambda x: (_group_stats(x)[0] > 1) & _group_stats(x)[2]),
+    Branch("group maximum tied (every row 0)", lambda x: (_group_stats(x)[0] > 1) & _group_stats(x)[3]),
 )
 
 

@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core import strategies as S
-from rlconform.harness.core.branches import Branch, place_in_regions
+from rlconform.harness.core.branches import Branch, place_in_regions, place_rows_in_regions
 from rlconform.harness.core.contracts import BatchInfo, LossVariants
 from rlconform.harness.core.evaluation import Compared, Evaluation
 from rlconform.harness.families import OpFamily
@@ -239,14 +239,11 @@ def _place_branches(rng, old, delta, adv, mask, variant, forced_signs: bool):
     """Move tokens (or, for gspo, whole rows) of ``delta`` into :data:`REGIONS` / :data:`ROW_REGIONS`; where
     a region needs an advantage sign and ``forced_signs``, the token's (row's) advantage gets it."""
     if variant == "gspo":
-        rows = np.flatnonzero(mask.any(-1))
         regs = list(ROW_REGIONS.values())
-        for i, reg in zip(rng.permutation(rows), rng.permutation(len(regs))):
-            (lo, hi), sign = regs[reg]
-            n = int(mask[i].sum())
-            delta[i] += rng.uniform(lo, hi) - delta[i][mask[i]].sum() / n
-            if sign and forced_signs:
-                adv[i] = sign * np.abs(adv[i]) + sign * (adv[i] == 0)
+        delta, which = place_rows_in_regions(rng, delta, mask, [r for r, _ in regs], reduce="mean")
+        if forced_signs:
+            sign = np.array([s for _, s in regs] + [0])[which][:, None]
+            adv = np.where(sign != 0, sign * (np.abs(adv) + (adv == 0)), adv)
         return delta, adv
     regs = list(REGIONS.values())
     delta, which = place_in_regions(rng, delta, [r for r, _ in regs], where=mask)

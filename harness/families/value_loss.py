@@ -44,6 +44,7 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core.branches import Branch
 from rlconform.harness.core.contracts import BatchInfo, LossVariants
 from rlconform.harness.core.evaluation import Compared, Evaluation
 from rlconform.harness.families import OpFamily
@@ -79,6 +80,27 @@ OPS = (
            property_regimes={PARTITION_INVARIANT: _MODERATE, NON_DESTRUCTIVE: _MODERATE, MASK_INVARIANT: _MODERATE,
                              FINITE: tuple(variant_regime(v, "large_errors") for v in VARIANTS)}),
 )
+
+
+# ------------------------------------------------------------------------------------ branches
+def _vc(x):
+    """(v − R)², (v_clip − R)², and where v is above / below the clip range [v_old − ε, v_old + ε]."""
+    v, old, ret = x["vpreds"], x["values"], x["returns"]
+    vc = np.clip(v, old - CLIPRANGE_VALUE, old + CLIPRANGE_VALUE)
+    return (v - ret) ** 2, (vc - ret) ** 2, v > old + CLIPRANGE_VALUE, v < old - CLIPRANGE_VALUE
+
+
+_CLIPPED = (
+    Branch("v inside the clip range (both terms equal)", lambda x: ~_vc(x)[2] & ~_vc(x)[3]),
+    Branch("v above v_old + ε, clipped term larger (clip binds)", lambda x: _vc(x)[2] & (_vc(x)[1] > _vc(x)[0])),
+    Branch("v above v_old + ε, unclipped term larger", lambda x: _vc(x)[2] & (_vc(x)[1] < _vc(x)[0])),
+    Branch("v below v_old − ε, clipped term larger (clip binds)", lambda x: _vc(x)[3] & (_vc(x)[1] > _vc(x)[0])),
+    Branch("v below v_old − ε, unclipped term larger", lambda x: _vc(x)[3] & (_vc(x)[1] < _vc(x)[0])),
+)
+#: variant -> the branches of its definition (reference.value_loss): the CI profile's moderate examples take
+#: each one (issue 25 §2); the aggregation modes share the per-token branches
+BRANCHES = {v: (_CLIPPED if eps is not None else (Branch("any valid token", lambda x: np.ones(x["mask"].shape, bool)),))
+            for v, (eps, _) in VARIANTS.items()}
 
 
 # ------------------------------------------------------------------------------------ inputs
