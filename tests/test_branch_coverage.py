@@ -1,7 +1,9 @@
 """Every listed branch of every variant's definition is taken by the CI profile's examples at ordinary
 magnitudes (issue 25 §2): the families' ``BRANCHES`` (a predicate per branch over the inputs) counted over
-the examples the CI profile draws from the ordinary regimes (no engine runs: strategies only). A branch no
-example takes fails, naming it."""
+the examples the CI profile draws from the ordinary regimes, in their first dtype (no engine runs:
+strategies only). A branch no example takes fails, naming it. And every op with a loss / response mask
+draws multi-turn rows (§1): interior observation spans of one token and of several, runs at the start
+and at the end, rows that are all observation."""
 
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ def test_ci_examples_take_every_branch(op, variant):
     assert regimes, f"{op}[{variant}]: no ordinary regime"
     n = 0
     for regime in regimes:
-        for dtype in OPS[op].regimes[regime]:
+        for dtype in OPS[op].regimes[regime][:1]:  # the predicates do not depend on the dtype: one is enough
             examples = ci_examples(op, dtype, regime)
             assert len(examples) <= PROFILES["ci"]
             n += len(examples)
@@ -62,3 +64,42 @@ def test_ci_examples_take_every_branch(op, variant):
                     counts[name] += k
     missing = [name for name, k in counts.items() if k == 0]
     assert not missing, f"{op}[{variant}]: no CI-profile example of {regimes} takes {missing} ({n} examples; {counts})"
+
+
+# ----------------------------------------------------------------------------- multi-turn masks (§1)
+def mask_shapes(m) -> dict[str, int]:
+    """Rows of a mask [B, T] by shape: interior masked spans of one token / of ≥ 2 tokens (a valid token on
+    each side), a masked run at the start followed by a valid token, right padding, all observation."""
+    import numpy as np
+
+    m = np.asarray(m, bool)
+    out = {"interior single token": 0, "interior run": 0, "start run": 0, "end run": 0, "all observation": 0}
+    for row in m:
+        if not row.any():
+            out["all observation"] += 1
+            continue
+        valid = np.flatnonzero(row)
+        first, last = valid[0], valid[-1]
+        out["start run"] += first > 0
+        out["end run"] += last < row.size - 1
+        gaps = np.diff(valid) - 1
+        out["interior single token"] += (gaps == 1).any()
+        out["interior run"] += (gaps >= 2).any()
+    return out
+
+
+#: op -> (a regime and dtype of each op with a loss / response mask, the mask key)
+MASKED = {"policy_loss": ("vanilla@moderate", "mask"), "value_loss": ("token-mean@moderate", "mask"),
+          "kl_estimator": ("k3@moderate", "mask"), "importance_ratio": ("sequence_tis@moderate", "mask"),
+          "outcome_advantage": ("grpo@uneven_groups", "response_mask"), "gae": ("padded", "response_mask"),
+          "masked_whiten": ("padded", "mask")}
+
+
+@pytest.mark.parametrize("op", sorted(MASKED))
+def test_ci_examples_have_multi_turn_masks(op):
+    regime, key = MASKED[op]
+    seen = dict.fromkeys(mask_shapes([[True]]), 0)
+    for x in ci_examples(op, OPS[op].regimes[regime][0], regime):
+        for k, n in mask_shapes(x[key]).items():
+            seen[k] += n
+    assert all(seen.values()), f"{op}@{regime}: the CI examples have no row of {[k for k, n in seen.items() if not n]}"

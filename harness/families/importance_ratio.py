@@ -136,7 +136,7 @@ BRANCHES = {
 @st.composite
 def inputs(draw, dtype: str, variant: str, data: str):
     """``{"log_prob", "old_log_prob": [B, T] float64 exact in dtype (≤ 0), "mask": [B, T] bool (right-padded
-    rows, at least one valid token), "garbage", "variant"}``, B ≤ 8, T ≤ 64. ``moderate``: |Δ| ≤ 1, and in
+    or multi-turn rows, at least one valid token), "garbage", "variant"}``, B ≤ 8, T ≤ 64. ``moderate``: |Δ| ≤ 1, and in
     half the examples tokens (sequence levels: rows) placed in :data:`TOKEN_REGIONS` / :data:`ROW_REGIONS`
     (above the TIS cap, beyond the clamps: ordinary magnitudes, issue 25 §2)."""
     b = draw(st.integers(1, 8))
@@ -144,7 +144,9 @@ def inputs(draw, dtype: str, variant: str, data: str):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(0, t + 1, size=b)
     lengths[rng.integers(0, b)] = rng.integers(1, t + 1)
-    mask = np.arange(t)[None, :] < lengths[:, None]
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
+    if not mask.any():
+        mask[rng.integers(0, b), rng.integers(0, t)] = True
     old = np.log(rng.uniform(0.05, 1.0, (b, t)))
     delta = rng.uniform(-1.0, 1.0, (b, t)) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
     if data == "extreme_log_ratios":

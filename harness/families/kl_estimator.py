@@ -74,7 +74,7 @@ def inputs(draw, dtype: str, mode: str, data: str):
     t = draw(st.sampled_from([1, 4, 16, 64]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(0, t + 1, size=b)
-    mask = np.arange(t)[None, :] < lengths[:, None]
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
     ref = np.log(rng.uniform(0.05, 1.0, (b, t)))
     delta = rng.uniform(-1.0, 1.0, (b, t)) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
     if data == "extreme_log_ratios":

@@ -257,7 +257,8 @@ def _place_branches(rng, old, delta, adv, mask, variant, forced_signs: bool):
 @st.composite
 def inputs(draw, dtype: str, variant: str, data: str):
     """``{"old_log_prob", "log_prob", "advantages": [B, T] float64 (exact in dtype; log-probs ≤ 0),
-    "mask": [B, T] bool (right-padded rows, some empty), "partitions": 2 lists of micro-batch row
+    "mask": [B, T] bool (right-padded or multi-turn rows: observation spans between
+    valid tokens, some rows empty), "partitions": 2 lists of micro-batch row
     ranges, "garbage": float, "variant": str}``; B ≤ 8, T ≤ 64. Masked positions hold ordinary values
     (a loss that sums them shows in the base run). ``moderate``: |Δ| ≤ 1, and in most examples a quarter
     of the tokens placed in the branch regions of :data:`REGIONS` (ratio below 1 − εl, above 1 + εh, above
@@ -268,7 +269,7 @@ def inputs(draw, dtype: str, variant: str, data: str):
     lengths = rng.integers(0, t + 1, size=b)
     if draw(st.booleans()):
         lengths[rng.integers(0, b)] = t
-    mask = np.arange(t)[None, :] < lengths[:, None]
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
     old = np.log(rng.uniform(0.05, 1.0, (b, t)))
     delta = rng.uniform(-1.0, 1.0, (b, t)) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
     if data == "extreme_log_ratios":

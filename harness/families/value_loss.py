@@ -106,15 +106,17 @@ BRANCHES = {v: (_CLIPPED if eps is not None else (Branch("any valid token", lamb
 # ------------------------------------------------------------------------------------ inputs
 @st.composite
 def inputs(draw, dtype: str, variant: str, data: str):
-    """``{"vpreds", "values", "returns": [B, T] float64 exact in dtype, "mask": [B, T] bool (right-padded,
-    some rows empty, at least one valid token), "partitions": 2 lists of micro-batch row ranges,
+    """``{"vpreds", "values", "returns": [B, T] float64 exact in dtype, "mask": [B, T] bool (right-padded
+    or multi-turn rows, some rows empty, at least one valid token), "partitions": 2 lists of micro-batch row ranges,
     "garbage", "variant"}``; B ≤ 8, T ≤ 64. |v − v_old| spans both sides of ε = 0.2."""
     b = draw(st.integers(1, 8))
     t = draw(st.sampled_from([1, 4, 16, 64]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(0, t + 1, size=b)
     lengths[rng.integers(0, b)] = rng.integers(1, t + 1)
-    mask = np.arange(t)[None, :] < lengths[:, None]
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
+    if not mask.any():
+        mask[rng.integers(0, b), rng.integers(0, t)] = True
     scale = draw(st.sampled_from([0.1, 1.0, 10.0]))
     old = rng.standard_normal((b, t)) * scale
     vpreds = old + rng.uniform(-0.5, 0.5, (b, t))
