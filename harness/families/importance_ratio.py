@@ -8,7 +8,9 @@ rollout correction: the training policy's ``old_log_prob``; SkyRL's TIS: ``old_l
 ``old_log_prob`` the denominator (the rollout policy's log-probs). Only valid tokens are compared.
 The gradient is that of Σ_valid ratio (the output backpropagated with the mask as ``grad_output``),
 compared with :func:`rlconform.reference.importance_ratio_grad`; engines that detach their IS weights
-by design (verl ``rollout_corr_helper``, SkyRL ``compute_tis_ratio``) bind the op ``forward_only``.
+by design (verl ``rollout_corr_helper.compute_rollout_correction_weights``: ``rollout_is_weights.detach()``,
+"mathematically required by IS theory"; SkyRL ``compute_tis_ratio``) bind the op ``detached`` (issue 25
+§4): a gradient that reaches log_prob non-zero fails, no gradient or a zero one passes.
 
 ==========================  ================================  =============================================
 variant                     reference kwargs                  engines
@@ -220,6 +222,25 @@ def reference_variants() -> Variants:
     return Variants({v: faithful(v) for v in VARIANTS})
 
 
+def _detached_problem(out, lp, m, label, ev) -> list:
+    """The detached contract (issue 25 §4): the weight must have no gradient path to log_prob. A backward of
+    Σ_valid weight that reaches log_prob non-zero at a valid token is a problem in ``ev``; no graph, no
+    gradient or an all-zero one pass. Returns no comparison (the gradient has no reference value)."""
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        return []
+    call_engine("importance_ratio backward", out.backward, m.to(out.dtype))
+    if lp.grad is None:
+        return []
+    g = as_numpy(lp.grad)
+    hit = m.numpy() & (g != 0)
+    if hit.any():
+        pos = tuple(int(i) for i in np.argwhere(hit)[0])
+        ev.problems.append(f"{label}gradient: the weight is declared detached (no gradient path to log_prob: a "
+                           f"constant for the policy gradient) but backward gives {int(hit.sum())} non-zero "
+                           f"gradient(s) at valid tokens, e.g. {float(g[pos])!r} at {pos}")
+    return []
+
+
 def _run(binding, fn, lp64, old64, mask, dtype, label, refs, fa, ev) -> list[Compared]:
     """Call the engine, backpropagate the mask (unless the binding is forward-only for the op)."""
     lp = to_tensor(lp64, dtype).requires_grad_(True)
@@ -235,6 +256,8 @@ def _run(binding, fn, lp64, old64, mask, dtype, label, refs, fa, ev) -> list[Com
                     only_where=mask)]
     if "importance_ratio" in binding.forward_only:
         return res
+    if "importance_ratio" in getattr(binding, "detached", ()):
+        return res + _detached_problem(out, lp, m, label, ev)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         ev.problems.append(f"{label}gradient: the ratio has no autograd graph: no gradient reaches log_prob "
                            "(bind the op forward_only if the engine detaches it by design)")
