@@ -542,17 +542,22 @@ def _gdpo_inputs(reward_components, response_mask):
     """What ``ray_trainer.compute_advantage`` passes GDPO: reward keys ``c0 .. c{K-1}`` in the config, one
     per-row score per key in ``non_tensor_batch`` (what ``compute_score`` returned: the component's value
     at the row's last valid token, the column verl writes it back to), and ``batch`` with ``prompts``
-    [B, 1] and the integer ``attention_mask`` [B, 1 + T] of right-padded rows."""
+    [B, 1] and the integer ``attention_mask`` [B, 1 + T]: 1 up to the row's last valid token, so a
+    multi-turn row's tool-observation tokens are attended as in the trainer (issue 25 §1; verl's
+    ``valid_response_length`` = attention_mask.sum − 1 is then the last valid token)."""
     import numpy as np
     import torch
 
-    b = response_mask.shape[0]
-    last = response_mask.long().sum(-1) - 1  # verl's valid_response_length (−1 → last column for an empty row)
+    b, t = response_mask.shape
+    valid = response_mask.bool()
+    # the last valid column (−1 → verl's last column for an empty row, as valid_response_length gives it)
+    last = torch.where(valid.any(-1), t - 1 - valid.flip(-1).long().argmax(-1), torch.full((b,), -1))
+    attended = torch.arange(t)[None, :] <= last[:, None]
     keys = [f"c{k}" for k in range(reward_components.shape[0])]
     non_tensor_batch = {key: np.array(comp[torch.arange(b), last].tolist()) for key, comp in
                         zip(keys, reward_components)}
     batch = {"prompts": torch.zeros(b, 1, dtype=torch.long),
-             "attention_mask": torch.cat([torch.ones(b, 1, dtype=torch.long), response_mask.long()], dim=1)}
+             "attention_mask": torch.cat([torch.ones(b, 1, dtype=torch.long), attended.long()], dim=1)}
     return keys, non_tensor_batch, batch
 
 
