@@ -21,10 +21,11 @@ fp64) and ``<variant>@extreme_log_ratios`` (a few tokens with Δ = ±100 in fp32
 over the call's tokens, batch-global by design, so they are not checked for it); ``mask_invariant``
 writes NaN, ±inf or 1e30 into every input at masked positions.
 
-Yardstick ("faithful" path): the float64 reference evaluated with log_prob perturbed by one rounding
-of the compute dtype (log_prob·(1 + ε), ε = 2⁻²⁴ for fp32 compute of fp32/bf16 inputs, 2⁻⁵³ for fp64),
-rounded to the engine's output dtype: what a correct fp32 computation can differ by, including exp's
-amplification of the log-ratio's rounding ((1 + |Δ|)·ε relative) and a token within that rounding of a
+Yardstick ("faithful" path): the float64 reference evaluated with log_prob moved by one rounding of
+the log-ratio's operands in the compute dtype (log_prob − ε·(|log_prob| + |old_log_prob|), ε = 2⁻²⁴ for
+fp32 compute of fp32/bf16 inputs, 2⁻⁵³ for fp64; ``fl(ℓ − o)`` rounds at the larger operand's scale, e.g.
+o ≈ −25 below a log-ratio beyond the clamp), rounded to the engine's output dtype: what a correct fp32
+computation can differ by, including exp's amplification of the log-ratio's rounding and a token within that rounding of a
 clip threshold falling on the other side. bf16 engines are held to fp32 compute rounded to bf16, as
 everywhere in the catalog. Metrics are logged numbers: they are compared at float32 precision at most
 (an fp64 run's metrics pass through fp32 loggers). The reference engine binds :func:`faithful_loss`
@@ -402,9 +403,13 @@ COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-24, "
 
 
 def yardstick(variant: str, arrays: dict, mask: np.ndarray, dtype: str, ref, agg: str = LOSS_AGG_MODE):
-    """The reference at log_prob·(1 + ε) (module doc); the reference itself where that is undefined."""
+    """The reference at log_prob − ε·(|log_prob| + |old_log_prob|) (module doc); the reference itself where
+    that is undefined."""
+    lp, old = arrays["log_prob"], arrays["old_log_prob"]
+    with np.errstate(invalid="ignore", over="ignore"):
+        moved = lp - COMPUTE_EPS[dtype] * (np.abs(lp) + np.abs(old))
     try:
-        return reference(variant, arrays["old_log_prob"], arrays["log_prob"] * (1.0 + COMPUTE_EPS[dtype]),
+        return reference(variant, old, moved,
                          arrays["advantages"], mask, agg=agg)
     except ValueError:
         return ref
