@@ -30,7 +30,7 @@ policy_loss                 every ``ppo_utils.PolicyLossRegistry`` entry (:func:
 value_loss                  ``ppo_utils.ppo_critic_loss`` x ``b / B`` per micro-batch (:func:`_value_loss`):
                             variants ``seq-mean-token-mean`` (value_clip 0.2) and ``unclipped``
 importance_ratio            ``off_policy_correction_utils.compute_tis_ratio`` token / sequence TIS
-                            (:func:`_importance_ratio`; forward-only)
+                            (:func:`_importance_ratio`; detached)
 outcome_advantage           ``ppo_utils.AdvantageEstimatorRegistry`` read at run time; each estimator
                             called through ``ppo_utils.compute_advantages_and_returns`` as the trainer
                             calls it (:func:`_trainer_call`); ``gae`` listed unchecked (its own op)
@@ -519,7 +519,7 @@ def _importance_ratio():
     tis_ratio_type, off_policy_correction)`` with ``old_log_probs`` = the catalog's log_prob,
     ``rollout_logprobs`` = its old_log_prob, the default caps (token 2.0, sequence 5.0); the sequence
     ratio ([B, 1]) is broadcast over the row (how ``apply_off_policy_correction`` multiplies it). The
-    weights are detached by design (forward-only). Every other ``OffPolicyCorrectionConfig`` field (read
+    weights are detached by design (the op is bound ``detached``: a gradient to log_prob fails). Every other ``OffPolicyCorrectionConfig`` field (read
     at run time: sequence / outlier-token / token masks) is listed unchecked."""
     import dataclasses as dc
 
@@ -713,7 +713,7 @@ binding = Binding(
         "masked_whiten": Lazy(loader=_masked_whiten),
     },
     # compute_tis_ratio detaches its weights by design: their gradient is not part of the contract.
-    forward_only=frozenset({"importance_ratio"}),
+    detached=frozenset({"importance_ratio"}),  # compute_tis_ratio returns .detach()
     notes={
         "value_loss": "ppo_utils.ppo_critic_loss (value_clip 0.2 or None; 1/2 mean over the micro-batch's rows of "
         "masked row means) x b/B (microbatch_weight); values_clipfrac folded by worker_utils.reduce_metrics",

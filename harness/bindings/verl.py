@@ -34,7 +34,7 @@ value_loss                  ``core_algos.compute_value_loss`` per micro-batch wi
                             normalisers (:func:`_value_loss`); ``critic/vf_clipfrac`` folded as the
                             worker does
 importance_ratio            ``rollout_corr_helper.compute_rollout_correction_and_rejection_mask``
-                            IS weights, token / sequence TIS (:func:`_importance_ratio`; forward-only)
+                            IS weights, token / sequence TIS (:func:`_importance_ratio`; detached)
 policy_loss                 every entry of ``core_algos.POLICY_LOSS_REGISTRY`` via ``get_policy_loss_fn``
                             (:func:`_policy_loss`), ``loss_agg_mode="token-mean"`` with the
                             mini-batch's ``global_batch_info``; metrics folded as the worker does
@@ -469,7 +469,8 @@ def _importance_ratio():
     (the entry point the trainer and ``apply_bypass_mode`` call) with ``old_log_prob`` = the catalog's
     log_prob, ``rollout_log_prob`` = its old_log_prob, ``rollout_is`` token / sequence and a TIS threshold
     (2.0 / 5.0), no batch normalisation, no rejection sampling; the weights are
-    ``proto.batch["rollout_is_weights"]`` (detached by design: the op is forward-only for verl).
+    ``proto.batch["rollout_is_weights"]`` (detached by design, ``rollout_is_weights.detach()`` in
+    ``compute_rollout_correction_weights``: the op is bound ``detached``, a gradient to log_prob fails).
     IcePop thresholds, batch normalisation and every rejection-sampling option
     (``SUPPORTED_ROLLOUT_RS_OPTIONS``, read at run time) are listed unchecked."""
     from verl.trainer.ppo import rollout_corr_helper as rc
@@ -541,17 +542,22 @@ def _gdpo_inputs(reward_components, response_mask):
     """What ``ray_trainer.compute_advantage`` passes GDPO: reward keys ``c0 .. c{K-1}`` in the config, one
     per-row score per key in ``non_tensor_batch`` (what ``compute_score`` returned: the component's value
     at the row's last valid token, the column verl writes it back to), and ``batch`` with ``prompts``
-    [B, 1] and the integer ``attention_mask`` [B, 1 + T] of right-padded rows."""
+    [B, 1] and the integer ``attention_mask`` [B, 1 + T]: 1 up to the row's last valid token, so a
+    multi-turn row's tool-observation tokens are attended as in the trainer (issue 25 §1; verl's
+    ``valid_response_length`` = attention_mask.sum − 1 is then the last valid token)."""
     import numpy as np
     import torch
 
-    b = response_mask.shape[0]
-    last = response_mask.long().sum(-1) - 1  # verl's valid_response_length (−1 → last column for an empty row)
+    b, t = response_mask.shape
+    valid = response_mask.bool()
+    # the last valid column (−1 → verl's last column for an empty row, as valid_response_length gives it)
+    last = torch.where(valid.any(-1), t - 1 - valid.flip(-1).long().argmax(-1), torch.full((b,), -1))
+    attended = torch.arange(t)[None, :] <= last[:, None]
     keys = [f"c{k}" for k in range(reward_components.shape[0])]
     non_tensor_batch = {key: np.array(comp[torch.arange(b), last].tolist()) for key, comp in
                         zip(keys, reward_components)}
     batch = {"prompts": torch.zeros(b, 1, dtype=torch.long),
-             "attention_mask": torch.cat([torch.ones(b, 1, dtype=torch.long), response_mask.long()], dim=1)}
+             "attention_mask": torch.cat([torch.ones(b, 1, dtype=torch.long), attended.long()], dim=1)}
     return keys, non_tensor_batch, batch
 
 
@@ -912,7 +918,8 @@ binding = Binding(
     # it wrong at TP > 1), so only values are checked.
     # The rollout-correction IS weights are detached by design ("IS weights change the measure, not the
     # objective", rollout_corr_helper): their gradient is not part of the contract.
-    forward_only=frozenset({"sum_pi_squared", "vocab_parallel_sum_pi_squared", "importance_ratio"}),
+    forward_only=frozenset({"sum_pi_squared", "vocab_parallel_sum_pi_squared"}),
+    detached=frozenset({"importance_ratio"}),  # rollout_corr_helper.py:625 rollout_is_weights.detach()
     notes={
         "entropy": "verl.utils.torch_functional.entropy_from_logits; entropy@chunked: entropy_from_logits_with_chunking "
         "(engine option; contract from its docstring: 2-D only, chunk_size drawn around boundaries; the docstring "

@@ -117,6 +117,10 @@ class Coverage:
     not_bound_under: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
+#: ops whose family checks :attr:`Binding.detached` (the output must carry no gradient to the log-probs)
+DETACHABLE = ("importance_ratio",)
+
+
 @dataclasses.dataclass
 class Binding:
     """An engine bound to the catalog.
@@ -127,6 +131,11 @@ class Binding:
     ``spec``: the ``--engine`` value it was loaded from (set by the loader; used in reproducers).
     ``forward_only``: ops whose gradient is not part of the engine's contract (e.g. a statistic always
     computed detached): their values are checked, their gradients are not.
+    ``detached``: ops whose output must have *no* gradient path to the log-probs (issue 25 §4: a TIS /
+    rejection weight computed from the rollout's and the old log-probs is a constant for the policy
+    gradient): the value is checked, and a gradient that reaches ``log_prob`` non-zero at a valid token
+    fails; an output without autograd graph, or one whose backward gives zeros, passes. Families that check
+    it: :data:`DETACHABLE`. An op may not be both ``forward_only`` and ``detached`` (BindingError).
     ``coverage``: the engine's numerics modules, registries and justifications for the coverage table
     (:class:`Coverage`; ``None``: the binding declares none).
     ``declared``: the engine's declared conventions, preconditions and guards
@@ -149,11 +158,22 @@ class Binding:
     notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     spec: str | None = None
     forward_only: frozenset = frozenset()
+    detached: frozenset = frozenset()
     coverage: Coverage | None = None
     implementations: Mapping[str, Mapping[str, Implementation]] = dataclasses.field(default_factory=dict)
     engine_dtypes: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     declared: tuple = ()
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self):
+        both = set(self.forward_only) & set(self.detached)
+        if both:
+            raise BindingError(f"binding {self.name!r}: {sorted(both)} cannot be both forward_only (gradient not "
+                               "checked) and detached (gradient must be absent or zero)")
+        odd = set(self.detached) - set(DETACHABLE)
+        if odd:
+            raise BindingError(f"binding {self.name!r}: detached {sorted(odd)}: only {list(DETACHABLE)} check the "
+                               "detached contract")
 
     def provided_implementations(self, op: str) -> tuple[str, ...]:
         """The alternative implementations of ``op`` the binding declares (no import needed)."""

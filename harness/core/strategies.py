@@ -10,7 +10,9 @@ generator whose seed and parameters hypothesis draws and shrinks; the extreme en
   ``neg_inf_padded`` (Megatron pads V to a multiple of TP with ``-inf``), ``fp16_extreme`` (near
   ±65504), ``bf16_coarse`` (large magnitudes on bf16's coarse grid); vocab sizes include primes and
   sizes not divisible by TP.
-* :func:`masks` — ``all_on``, ``all_off``, ``padded`` (right or left padding), ``random``.
+* :func:`masks` — ``all_on``, ``all_off``, ``padded`` (right or left padding), ``random``, ``multi_turn``.
+* :func:`multi_turn_mask`, :func:`loss_masks` — masks of agentic / multi-turn rows: observation spans
+  between trainable tokens (single tokens, runs at the start / middle / end, all-observation rows).
 * :func:`row_lengths_data` — per-row unmasked lengths from 0 to 10⁴ tokens: shards with 0, 1 and
   huge token counts, fully masked rows, imbalance up to 1:10⁴.
 * :func:`nested_partitions` — mini-batches -> DP ranks -> micro-batches of contiguous rows; several
@@ -98,7 +100,8 @@ def logits(draw, dtype: str, regime: str, *, max_rows: int = 6, vocab_sizes=VOCA
 
 @st.composite
 def masks(draw, shape: tuple[int, int], regime: str, rng: np.random.Generator | None = None):
-    """Boolean mask [B, T] for ``regime`` in all_on, all_off, padded, random."""
+    """Boolean mask [B, T] for ``regime`` in all_on, all_off, padded, random, multi_turn
+    (:func:`multi_turn_mask`)."""
     b, t = shape
     if rng is None:
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -115,7 +118,60 @@ def masks(draw, shape: tuple[int, int], regime: str, rng: np.random.Generator | 
     if regime == "random":
         p = draw(st.sampled_from([0.05, 0.5, 0.95]))
         return rng.random(shape) < p
+    if regime == "multi_turn":
+        return multi_turn_mask(rng, b, t)
     raise ValueError(f"unknown mask regime {regime!r}")
+
+
+#: row kinds of :func:`multi_turn_mask`
+MULTI_TURN_ROWS = ("single_holes", "span_start", "span_middle", "span_end", "spans", "all_observation", "padded")
+
+
+def multi_turn_mask(rng: np.random.Generator, b: int, t: int) -> np.ndarray:
+    """Loss mask [B, T] bool of agentic / multi-turn rows (issue 25 §1): tool-observation tokens masked out
+    *between* trainable tokens, not only padding at the end. Each row is one of :data:`MULTI_TURN_ROWS`:
+    single masked tokens, a masked run (1 token to half the row) at the start, the middle or the end,
+    several runs (turns), all observation (no valid token), or plain right padding; then, for half the
+    rows, right padding after a random length. With T ≥ 3 at least one row has an interior masked span
+    (a valid token on each side)."""
+    m = np.ones((b, t), bool)
+    for i in range(b):
+        kind = MULTI_TURN_ROWS[rng.integers(0, len(MULTI_TURN_ROWS))]
+        if kind == "single_holes":
+            m[i] = rng.random(t) >= 0.25
+        elif kind.startswith("span_") and t > 1:
+            n = int(rng.integers(1, max(1, t // 2) + 1))
+            a = {"span_start": 0, "span_end": t - n}.get(kind, int(rng.integers(1, max(1, t - n) + 1)) if t - n >= 1 else 0)
+            m[i, a:a + n] = False
+        elif kind == "spans":
+            for _ in range(int(rng.integers(2, 4))):
+                n = int(rng.integers(1, max(1, t // 4) + 1))
+                a = int(rng.integers(0, t))
+                m[i, a:a + n] = False
+        elif kind == "all_observation":
+            m[i] = False
+        if kind == "padded" or rng.random() < 0.5:
+            m[i, int(rng.integers(0, t + 1)):] = False
+    if t >= 3 and not _has_interior_span(m).any():
+        i = int(rng.integers(0, b))
+        m[i] = True
+        m[i, int(rng.integers(1, t - 1))] = False
+    return m
+
+
+def _has_interior_span(m: np.ndarray) -> np.ndarray:
+    """[B] bool: the row has a masked position with a valid token before and after it."""
+    before = np.cumsum(m, axis=1) > 0
+    after = np.cumsum(m[:, ::-1], axis=1)[:, ::-1] > 0
+    return (~m & before & after).any(axis=1)
+
+
+def loss_masks(draw, rng: np.random.Generator, b: int, t: int, lengths: np.ndarray) -> np.ndarray:
+    """A drawn choice between right padding at ``lengths`` and :func:`multi_turn_mask` (issue 25 §1): the mask
+    every token-loss, KL, importance-ratio and advantage strategy draws (``draw`` a hypothesis draw)."""
+    if draw(st.sampled_from(["padded", "multi_turn"])) == "padded":
+        return np.arange(t)[None, :] < np.asarray(lengths)[:, None]
+    return multi_turn_mask(rng, b, t)
 
 
 @st.composite

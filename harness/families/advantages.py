@@ -26,7 +26,7 @@ are compared). Each estimator is a variant (``grpo@uneven_groups``), so a fault 
 finding.
 
 Regimes: ``uneven_groups`` (group sizes 2–5, shuffled index, rows of 0 to T tokens, outcome rewards at
-each row's last token), ``singleton_groups`` (the same with at least one group of one row: the reference
+each row's last valid token), ``singleton_groups`` (the same with at least one group of one row: the reference
 gives it 0, several engines its raw score, a convention kept apart so it never hides other faults) and
 ``near_constant`` (groups whose rewards are equal or differ
 by 1e-7 relative: where E[x²] − μ² cancels; cases.md family 14). A second implementation of an estimator an engine registers
@@ -34,6 +34,13 @@ by 1e-7 relative: where E[x²] − μ² cancels; cases.md family 14). A second i
 under ``grpo+vectorized@uneven_groups`` ... with every property, and against the engine's default
 implementation (``implementations_agree``). The dtype-faithful path is the same
 formulas in float32 (float64 stays float64) with two-pass group statistics.
+
+Masks (issue 25 §1): every regime of every op draws right-padded rows or multi-turn rows
+(:func:`~rlconform.harness.core.strategies.multi_turn_mask`: tool-observation spans between trainable
+tokens, single tokens and long runs at the start, middle and end, rows that are all observation). The
+references skip a masked position: GAE's δ and recurrence jump over an interior span to the next valid
+token (verl 0.9.1 ``core_algos.compute_gae_advantage_return``, lines 250–256: ``nextvalues`` and
+``lastgaelam`` carried through masked columns), the outcome score sums the row's valid rewards.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core.branches import Branch
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.families import OpFamily
@@ -88,7 +96,56 @@ OPS = (
 )
 
 
+# ------------------------------------------------------------------------------------- branches
+def _scores(x) -> np.ndarray:
+    """s_i [B]: the row's unmasked reward sum (gdpo: of its first reward component)."""
+    r = x["reward_components"][0] if "reward_components" in x else x["token_level_rewards"]
+    return np.where(x["response_mask"], r, 0.0).sum(-1)
+
+
+def _group_stats(x):
+    """Per row [B]: its group's size, whether the group's scores are all equal, whether the row holds the
+    group's strict maximum, whether the group's maximum is tied."""
+    idx, s = np.asarray(x["index"]), _scores(x)
+    size, const, top, tied = (np.zeros(idx.size, int), np.zeros(idx.size, bool), np.zeros(idx.size, bool),
+                              np.zeros(idx.size, bool))
+    for g in np.unique(idx):
+        rows = np.flatnonzero(idx == g)
+        sg = s[rows]
+        size[rows] = rows.size
+        const[rows] = np.all(sg == sg[0])
+        n_max = int((sg == sg.max()).sum())
+        tied[rows] = n_max > 1
+        if n_max == 1:
+            top[rows[np.argmax(sg)]] = True
+    return size, const, top, tied
+
+
+_GROUP = (
+    Branch("singleton group (advantage 0)", lambda x: _group_stats(x)[0] == 1),
+    Branch("constant group of ≥ 2 rows (advantage 0)", lambda x: (_group_stats(x)[0] > 1) & _group_stats(x)[1]),
+    Branch("group of ≥ 2 rows with spread", lambda x: (_group_stats(x)[0] > 1) & ~_group_stats(x)[1]),
+    Branch("row with no valid token", lambda x: ~np.asarray(x["response_mask"]).any(-1)),
+)
+_ROWS = (Branch("row with no valid token", lambda x: ~np.asarray(x["response_mask"]).any(-1)),
+         Branch("row with valid tokens", lambda x: np.asarray(x["response_mask"]).any(-1)))
+#: estimator -> the branches of its definition (reference.advantage_estimators S3 and the estimator's own
+#: ``where``s), per row [B]: the CI profile's examples take each one (issue 25 §2)
+BRANCHES = {e: _ROWS if e in ("remax", "reinforce_plus_plus") else _GROUP for e in ESTIMATORS}
+BRANCHES["grpo_passk"] = _GROUP + (
+    Branch("strict group maximum (gets r_max − r_second)", lambda x: (_group_stats(x)[0] > 1) & _group_stats(x)[2]),
+    Branch("group maximum tied (every row 0)", lambda x: (_group_stats(x)[0] > 1) & _group_stats(x)[3]),
+)
+
+
 # ------------------------------------------------------------------------------------- strategies
+def last_valid(mask: np.ndarray) -> np.ndarray:
+    """[B] int: each row's last valid position (0 for a row with none): where an outcome reward sits. With
+    interior observation spans it is not ``mask.sum(-1) − 1``."""
+    t = mask.shape[1]
+    return np.where(mask.any(-1), t - 1 - np.argmax(mask[:, ::-1], axis=1), 0)
+
+
 @st.composite
 def _groups(draw, rng, max_groups: int = 4, max_size: int = 5, singleton: bool = False):
     """Group ids of uneven groups (sizes 2..max_size; with ``singleton``, at least one group of one row)."""
@@ -114,9 +171,9 @@ def outcome_inputs(draw, dtype: str, estimator: str, data: str):
         lengths[rng.integers(0, b)] = 0
     if draw(st.booleans()):
         lengths = np.maximum(lengths, 1)
-    mask = np.arange(t)[None, :] < lengths[:, None]
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
+    lengths, last = mask.sum(-1), last_valid(mask)
     rewards = np.zeros((b, t))
-    last = np.maximum(lengths - 1, 0)
     if data in ("uneven_groups", "singleton_groups"):
         scores = rng.choice([0.0, 1.0, -1.0, 0.5, 0.95], size=b)
         if draw(st.booleans()):
@@ -147,9 +204,9 @@ def gae_inputs(draw, dtype: str):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     b, t = draw(st.integers(1, 6)), draw(st.sampled_from([1, 4, 16, 64]))
     lengths = rng.integers(0, t + 1, size=b)
-    mask = np.arange(t)[None, :] < lengths[:, None]
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
     rewards = np.zeros((b, t))
-    rewards[np.arange(b), np.maximum(lengths - 1, 0)] = rng.choice([0.0, 1.0, -1.0], size=b) * (lengths > 0)
+    rewards[np.arange(b), last_valid(mask)] = rng.choice([0.0, 1.0, -1.0], size=b) * mask.any(-1)
     if draw(st.booleans()):
         rewards += rng.standard_normal((b, t)) * 0.01
     values = rng.standard_normal((b, t)) * draw(st.sampled_from([0.1, 1.0]))
@@ -167,7 +224,7 @@ def whiten_inputs(draw, dtype: str, regime: str):
         if draw(st.booleans()):
             mask[rng.integers(0, b), rng.integers(0, t)] = True
     else:
-        mask = draw(S.masks((b, t), "padded", rng))
+        mask = draw(S.masks((b, t), draw(st.sampled_from(["padded", "multi_turn"])), rng))
     offset = 1e4 if regime == "offset" else 0.0
     values = offset + rng.standard_normal((b, t)) * draw(st.sampled_from([1e-3, 1.0, 30.0]))
     return {"values": S.round_to(values, dtype), "mask": mask, "shift_mean": draw(st.booleans()),

@@ -8,7 +8,9 @@ rollout correction: the training policy's ``old_log_prob``; SkyRL's TIS: ``old_l
 ``old_log_prob`` the denominator (the rollout policy's log-probs). Only valid tokens are compared.
 The gradient is that of Σ_valid ratio (the output backpropagated with the mask as ``grad_output``),
 compared with :func:`rlconform.reference.importance_ratio_grad`; engines that detach their IS weights
-by design (verl ``rollout_corr_helper``, SkyRL ``compute_tis_ratio``) bind the op ``forward_only``.
+by design (verl ``rollout_corr_helper.compute_rollout_correction_weights``: ``rollout_is_weights.detach()``,
+"mathematically required by IS theory"; SkyRL ``compute_tis_ratio``) bind the op ``detached`` (issue 25
+§4): a gradient that reaches log_prob non-zero fails, no gradient or a zero one passes.
 
 ==========================  ================================  =============================================
 variant                     reference kwargs                  engines
@@ -45,6 +47,7 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core.branches import Branch, place_in_regions, place_rows_in_regions
 from rlconform.harness.core.contracts import Variants
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
@@ -82,16 +85,70 @@ OPS = (
 )
 
 
+# ------------------------------------------------------------------------------------ branches
+_LOG2, _LOG5 = np.log(2.0), np.log(5.0)  # the TIS caps of token_tis, sequence_tis
+#: token log-ratio intervals the moderate regime places tokens in (issue 25 §2): inside, above the token TIS
+#: cap 2, beyond the ±20 clamp (exp(25) = 7.2e10: no overflow in fp32)
+TOKEN_REGIONS = ((-0.9, 0.9), (_LOG2 + 0.05, 3.0), (20.5, 25.0), (-25.0, -20.5))
+#: row log-ratio intervals (the row's sum for the products, its mean for the geometric mean)
+ROW_REGIONS = {
+    "sequence_product": ((-1.0, 1.0), (_LOG5 + 0.05, 4.0), (20.5, 25.0), (-25.0, -20.5)),
+    "sequence_geometric": ((-1.0, 1.0), (10.5, 13.0)),
+}
+
+
+def _row(x, mean: bool):
+    m = x["mask"]
+    d = np.where(m, x["log_prob"] - x["old_log_prob"], 0.0).sum(-1)
+    if mean:
+        d = d / np.maximum(m.sum(-1), 1)
+    return d
+
+
+def _tok(x):
+    return x["log_prob"] - x["old_log_prob"]
+
+
+def _br(name, fn):
+    return Branch(name, fn)
+
+
+_SEQ = (_br("row log-ratio sum inside ±20", lambda x: x["mask"].any(-1) & (np.abs(_row(x, False)) <= 20)),
+        _br("row log-ratio sum beyond +20 (clamped)", lambda x: _row(x, False) > 20),
+        _br("row log-ratio sum beyond −20 (clamped)", lambda x: _row(x, False) < -20))
+#: variant -> the branches of its definition (reference.importance: clamp, cap); per token ([B, T]) or per row
+#: ([B], rows with a valid token): the CI profile's moderate examples take each one
+BRANCHES = {
+    "token": (_br("log-ratio inside ±20", lambda x: np.abs(_tok(x)) <= 20),
+              _br("log-ratio beyond +20 (clamped)", lambda x: _tok(x) > 20),
+              _br("log-ratio beyond −20 (clamped)", lambda x: _tok(x) < -20)),
+    "token_tis": (_br("ratio below the cap 2", lambda x: _tok(x) < _LOG2),
+                  _br("ratio above the cap 2 (truncated)", lambda x: (_tok(x) > _LOG2) & (_tok(x) <= 20)),
+                  _br("log-ratio beyond +20 (clamped and truncated)", lambda x: _tok(x) > 20),
+                  _br("log-ratio beyond −20 (clamped)", lambda x: _tok(x) < -20)),
+    "sequence_product": _SEQ,
+    "sequence_tis": _SEQ + (_br("row ratio below the cap 5", lambda x: x["mask"].any(-1) & (_row(x, False) < _LOG5)),
+                            _br("row ratio above the cap 5 (truncated)", lambda x: (_row(x, False) > _LOG5)
+                                & (_row(x, False) <= 20))),
+    "sequence_geometric": (_br("row mean log-ratio ≤ 10", lambda x: x["mask"].any(-1) & (_row(x, True) <= 10)),
+                           _br("row mean log-ratio beyond the 10 clamp", lambda x: _row(x, True) > 10)),
+}
+
+
 @st.composite
 def inputs(draw, dtype: str, variant: str, data: str):
     """``{"log_prob", "old_log_prob": [B, T] float64 exact in dtype (≤ 0), "mask": [B, T] bool (right-padded
-    rows, at least one valid token), "garbage", "variant"}``, B ≤ 8, T ≤ 64."""
+    or multi-turn rows, at least one valid token), "garbage", "variant"}``, B ≤ 8, T ≤ 64. ``moderate``: |Δ| ≤ 1, and in
+    half the examples tokens (sequence levels: rows) placed in :data:`TOKEN_REGIONS` / :data:`ROW_REGIONS`
+    (above the TIS cap, beyond the clamps: ordinary magnitudes, issue 25 §2)."""
     b = draw(st.integers(1, 8))
     t = draw(st.sampled_from([1, 4, 16, 64]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(0, t + 1, size=b)
     lengths[rng.integers(0, b)] = rng.integers(1, t + 1)
-    mask = np.arange(t)[None, :] < lengths[:, None]
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
+    if not mask.any():
+        mask[rng.integers(0, b), rng.integers(0, t)] = True
     old = np.log(rng.uniform(0.05, 1.0, (b, t)))
     delta = rng.uniform(-1.0, 1.0, (b, t)) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
     if data == "extreme_log_ratios":
@@ -101,6 +158,14 @@ def inputs(draw, dtype: str, variant: str, data: str):
         sign = rng.choice([-1.0, 1.0], size=(b, t))
         delta = np.where(hits, sign * big, delta)
         old = np.where(hits & (sign > 0), old - big - 0.5, old)  # keep log_prob = old + Δ ≤ 0
+    elif draw(st.booleans()):
+        level = VARIANTS[variant]["level"]
+        if level == "token":
+            delta, _ = place_in_regions(rng, delta, TOKEN_REGIONS, where=mask)
+        else:
+            delta, _ = place_rows_in_regions(rng, delta, mask, ROW_REGIONS[level],
+                                             reduce="mean" if level == "sequence_geometric" else "sum")
+        old = np.minimum(old, -delta - rng.uniform(0.05, 0.5, (b, t)))  # keep log_prob = old + Δ ≤ 0
     lp = old + delta
     lp = np.where(lp > 0, old - np.abs(delta), lp)
     return {"log_prob": S.round_to(lp, dtype), "old_log_prob": S.round_to(old, dtype), "mask": mask,
@@ -157,6 +222,25 @@ def reference_variants() -> Variants:
     return Variants({v: faithful(v) for v in VARIANTS})
 
 
+def _detached_problem(out, lp, m, label, ev) -> list:
+    """The detached contract (issue 25 §4): the weight must have no gradient path to log_prob. A backward of
+    Σ_valid weight that reaches log_prob non-zero at a valid token is a problem in ``ev``; no graph, no
+    gradient or an all-zero one pass. Returns no comparison (the gradient has no reference value)."""
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        return []
+    call_engine("importance_ratio backward", out.backward, m.to(out.dtype))
+    if lp.grad is None:
+        return []
+    g = as_numpy(lp.grad)
+    hit = m.numpy() & (g != 0)
+    if hit.any():
+        pos = tuple(int(i) for i in np.argwhere(hit)[0])
+        ev.problems.append(f"{label}gradient: the weight is declared detached (no gradient path to log_prob: a "
+                           f"constant for the policy gradient) but backward gives {int(hit.sum())} non-zero "
+                           f"gradient(s) at valid tokens, e.g. {float(g[pos])!r} at {pos}")
+    return []
+
+
 def _run(binding, fn, lp64, old64, mask, dtype, label, refs, fa, ev) -> list[Compared]:
     """Call the engine, backpropagate the mask (unless the binding is forward-only for the op)."""
     lp = to_tensor(lp64, dtype).requires_grad_(True)
@@ -172,6 +256,8 @@ def _run(binding, fn, lp64, old64, mask, dtype, label, refs, fa, ev) -> list[Com
                     only_where=mask)]
     if "importance_ratio" in binding.forward_only:
         return res
+    if "importance_ratio" in getattr(binding, "detached", ()):
+        return res + _detached_problem(out, lp, m, label, ev)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         ev.problems.append(f"{label}gradient: the ratio has no autograd graph: no gradient reaches log_prob "
                            "(bind the op forward_only if the engine detaches it by design)")

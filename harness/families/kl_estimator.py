@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core.branches import Branch, place_in_regions
 from rlconform.harness.core.contracts import Variants
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
@@ -49,21 +50,40 @@ OPS = (
 )
 
 
+#: k3's outer clamp (|k3| ≤ 10) binds for Δ below / above these (reference.kl module doc)
+K3_LOW, K3_HIGH = -2.6108686, 10.9999833
+#: log-ratio intervals the moderate regime places tokens in (issue 25 §2): k3 clamped low, interior, clamped high
+REGIONS = ((-5.0, K3_LOW - 0.05), (-0.9, 0.9), (K3_HIGH + 0.5, 18.0))
+_ANY = (Branch("any valid token", lambda x: np.ones(x["mask"].shape, bool)),)
+_SIGN = (Branch("Δ > 0", lambda x: x["logprob"] > x["ref_logprob"]),
+         Branch("Δ < 0", lambda x: x["logprob"] < x["ref_logprob"]))
+_K3 = (Branch("k3 inside its clamps", lambda x: np.abs(x["logprob"] - x["ref_logprob"] - 4.2) < 6.8),
+       Branch("k3 clamped at 10, Δ < −2.61 (gradient 0)", lambda x: x["logprob"] - x["ref_logprob"] < K3_LOW),
+       Branch("k3 clamped at 10, Δ > 11.0 (gradient 0)", lambda x: x["logprob"] - x["ref_logprob"] > K3_HIGH))
+#: mode -> the branches of its definition (reference.kl): the CI profile's moderate examples take each one
+BRANCHES = {m: _K3 if m.rstrip("+") in ("k3", "low_var_kl") else _SIGN if m.rstrip("+") == "abs" else _ANY
+            for m in MODES}
+
+
 @st.composite
 def inputs(draw, dtype: str, mode: str, data: str):
     """``{"logprob", "ref_logprob": [B, T] float64 exact in dtype, "mask": [B, T] bool, "garbage", "mode"}``,
-    B ≤ 8, T ≤ 64."""
+    B ≤ 8, T ≤ 64. ``moderate``: |Δ| ≤ 1, and in half the examples tokens placed in :data:`REGIONS` (k3's
+    clamps bind at Δ < −2.61 and Δ > 11: ordinary magnitudes, issue 25 §2)."""
     b = draw(st.integers(1, 8))
     t = draw(st.sampled_from([1, 4, 16, 64]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(0, t + 1, size=b)
-    mask = np.arange(t)[None, :] < lengths[:, None]
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
     ref = np.log(rng.uniform(0.05, 1.0, (b, t)))
     delta = rng.uniform(-1.0, 1.0, (b, t)) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
     if data == "extreme_log_ratios":
         hits = rng.random((b, t)) < draw(st.sampled_from([0.05, 0.3]))
         hits[rng.integers(0, b), rng.integers(0, t)] = True
         delta = np.where(hits, rng.choice([-1.0, 1.0], size=(b, t)) * EXTREME[dtype], delta)
+    elif draw(st.booleans()):
+        delta, _ = place_in_regions(rng, delta, REGIONS, where=mask)
+        ref = np.minimum(ref, -delta - rng.uniform(0.05, 0.5, (b, t)))  # keep logprob ≤ 0
     return {"logprob": S.round_to(ref + delta, dtype), "ref_logprob": S.round_to(ref, dtype), "mask": mask,
             "garbage": draw(st.sampled_from(GARBAGE)), "mode": mode}
 

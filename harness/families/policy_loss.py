@@ -21,10 +21,11 @@ fp64) and ``<variant>@extreme_log_ratios`` (a few tokens with Δ = ±100 in fp32
 over the call's tokens, batch-global by design, so they are not checked for it); ``mask_invariant``
 writes NaN, ±inf or 1e30 into every input at masked positions.
 
-Yardstick ("faithful" path): the float64 reference evaluated with log_prob perturbed by one rounding
-of the compute dtype (log_prob·(1 + ε), ε = 2⁻²⁴ for fp32 compute of fp32/bf16 inputs, 2⁻⁵³ for fp64),
-rounded to the engine's output dtype: what a correct fp32 computation can differ by, including exp's
-amplification of the log-ratio's rounding ((1 + |Δ|)·ε relative) and a token within that rounding of a
+Yardstick ("faithful" path): the float64 reference evaluated with log_prob moved by one rounding of
+the log-ratio's operands in the compute dtype (log_prob − ε·(|log_prob| + |old_log_prob|), ε = 2⁻²⁴ for
+fp32 compute of fp32/bf16 inputs, 2⁻⁵³ for fp64; ``fl(ℓ − o)`` rounds at the larger operand's scale, e.g.
+o ≈ −25 below a log-ratio beyond the clamp), rounded to the engine's output dtype: what a correct fp32
+computation can differ by, including exp's amplification of the log-ratio's rounding and a token within that rounding of a
 clip threshold falling on the other side. bf16 engines are held to fp32 compute rounded to bf16, as
 everywhere in the catalog. Metrics are logged numbers: they are compared at float32 precision at most
 (an fp64 run's metrics pass through fp32 loggers). The reference engine binds :func:`faithful_loss`
@@ -41,6 +42,7 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core.branches import Branch, place_in_regions, place_rows_in_regions
 from rlconform.harness.core.contracts import BatchInfo, LossVariants
 from rlconform.harness.core.evaluation import Compared, Evaluation
 from rlconform.harness.families import OpFamily
@@ -101,20 +103,174 @@ OPS = (
 )
 
 
+# ------------------------------------------------------------------------------------ branches
+_LOG_LO, _LOG_HI, _LOG_C = math.log(0.8), math.log(1.2), math.log(3.0)  # 1 − εl, 1 + εh, c (engine defaults)
+#: log-ratio intervals Δ = ℓ − o the moderate regime places tokens in (issue 25 §2), each with the advantage
+#: sign its branch needs (0: any); margins keep a token's fp32 rounding on its side of the threshold
+REGIONS = {
+    "inside the clip range": ((_LOG_LO + 0.03, _LOG_HI - 0.03), 0),
+    "below 1 − εl": ((-1.5, _LOG_LO - 0.03), -1),
+    "above 1 + εh, A > 0": ((_LOG_HI + 0.03, _LOG_C - 0.05), 1),
+    "above 1 + εh, below c, A < 0": ((_LOG_HI + 0.03, _LOG_C - 0.05), -1),
+    "above the dual-clip c, A < 0": ((_LOG_C + 0.05, 2.5), -1),
+    "beyond the +20 clamp": ((20.5, 25.0), 0),
+    "beyond the −20 clamp": ((-25.0, -20.5), 0),
+}
+#: regions of a whole row's mean log-ratio (GSPO's sequence ratio s = exp(mean Δ), log s clamped at 10)
+ROW_REGIONS = {
+    "s above 1 + εh, A > 0": ((_LOG_HI + 0.03, 1.0), 1),
+    "s below 1 − εl, A < 0": ((-1.5, _LOG_LO - 0.03), -1),
+    "log s beyond the 10 clamp": ((10.5, 13.0), 0),
+}
+
+
+def _delta(x):
+    return x["log_prob"] - x["old_log_prob"]
+
+
+def _ratio_clip(x, low=True, high=True):
+    """[B, T] bool: the token ratio below 1 − εl (low) / above 1 + εh (high)."""
+    d = _delta(x)
+    return ((d < _LOG_LO) if low else False) | ((d > _LOG_HI) if high else False)
+
+
+def _gspo_mean(x):
+    m = x["mask"]
+    d = np.where(m, _delta(x), 0.0)
+    return np.broadcast_to((d.sum(-1) / np.maximum(m.sum(-1), 1))[:, None], m.shape)
+
+
+def _cov(x):
+    m, a, lp = x["mask"], x["advantages"], x["log_prob"]
+    n = max(int(m.sum()), 1)
+    return (a - a[m].sum() / n) * (lp - lp[m].sum() / n)
+
+
+def _p(x):
+    return np.exp(x["log_prob"]), np.exp(x["old_log_prob"])
+
+
+def _bkl(x):
+    p, po = _p(x)
+    return po * (x["old_log_prob"] - x["log_prob"]) + (1 - po) * np.log((1 - po + 1e-8) / (1 - p + 1e-8))
+
+
+def _b(name, fn):
+    return Branch(name, fn)
+
+
+_POS = lambda x: x["advantages"] > 0  # noqa: E731
+_NEG = lambda x: x["advantages"] < 0  # noqa: E731
+_PPO = (
+    _b("unclipped (ratio inside [1 − εl, 1 + εh])", lambda x: ~_ratio_clip(x)),
+    _b("clip high binds (ratio > 1 + εh, A > 0)", lambda x: (_delta(x) > _LOG_HI) & _POS(x)),
+    _b("clip low binds (ratio < 1 − εl, A < 0)", lambda x: (_delta(x) < _LOG_LO) & _NEG(x)),
+    _b("unclipped below 1 − εl (A > 0 keeps −A·r)", lambda x: (_delta(x) < _LOG_LO) & _POS(x)),
+    _b("log-ratio beyond the ±20 clamp", lambda x: np.abs(_delta(x)) > 20),
+)
+_CLAMP = (_b("log-ratio beyond the ±20 clamp", lambda x: np.abs(_delta(x)) > 20),)
+_ANY = (_b("any valid token", lambda x: np.ones(x["mask"].shape, bool)),)
+_OUTSIDE = (
+    _b("ratio inside (1 − εl, 1 + εh)", lambda x: ~_ratio_clip(x)),
+    _b("ratio below 1 − εl", lambda x: _ratio_clip(x, high=False)),
+    _b("ratio above 1 + εh", lambda x: _ratio_clip(x, low=False)),
+) + _CLAMP
+
+
+def _dppo(kind, truncated):
+    if kind == "tv":
+        hi = lambda x: _POS(x) & (_p(x)[0] - _p(x)[1] > 0.2)  # noqa: E731
+        lo = lambda x: _NEG(x) & (_p(x)[1] - _p(x)[0] > 0.2)  # noqa: E731
+    else:
+        hi = lambda x: _POS(x) & (_p(x)[0] > _p(x)[1]) & (_bkl(x) > 0.2)  # noqa: E731
+        lo = lambda x: _NEG(x) & (_p(x)[0] < _p(x)[1]) & (_bkl(x) > 0.2)  # noqa: E731
+    out = (_b(f"A > 0, {kind} divergence above εh (token masked out)", hi),
+           _b(f"A < 0, {kind} divergence beyond εl (token masked out)", lo),
+           _b("token kept", lambda x: ~hi(x) & ~lo(x)))
+    if truncated:
+        out += (_b("ratio above the truncation c (kept token)", lambda x: (_delta(x) > _LOG_C) & ~hi(x) & ~lo(x)),)
+    return out + _CLAMP
+
+
+#: variant -> the branches of its definition (reference.policy_loss's module doc; thresholds at the catalog's
+#: parameters, VARIANTS): every one must be taken by the CI profile's moderate examples (issue 25 §2)
+BRANCHES = {
+    "vanilla": _PPO + (
+        _b("above 1 + εh, below c, A < 0 (unclipped −A·r)", lambda x: (_delta(x) > _LOG_HI) & (_delta(x) < _LOG_C)
+           & _NEG(x)),
+        _b("dual clip binds (ratio > c, A < 0)", lambda x: (_delta(x) > _LOG_C) & _NEG(x))),
+    "ppo_clip": _PPO + (
+        _b("above 1 + εh, A < 0 (unclipped −A·r, no dual clip)", lambda x: (_delta(x) > _LOG_HI) & _NEG(x)),),
+    "gspo": (
+        _b("s inside the clip range", lambda x: np.abs(_gspo_mean(x) - (_LOG_LO + _LOG_HI) / 2) < (_LOG_HI - _LOG_LO) / 2),
+        _b("clip high binds (s > 1 + εh, A > 0)", lambda x: (_gspo_mean(x) > _LOG_HI) & _POS(x)),
+        _b("clip low binds (s < 1 − εl, A < 0)", lambda x: (_gspo_mean(x) < _LOG_LO) & _NEG(x)),
+        _b("log s beyond the 10 clamp", lambda x: _gspo_mean(x) > 10)),
+    "sapo": (_b("A > 0 (τ_pos)", _POS), _b("A < 0 (τ_neg)", _NEG)) + _CLAMP,
+    "gpg": _ANY,
+    "cross_entropy": _ANY,
+    "importance_sampling": _ANY,
+    "clip_cov": (
+        _b("selected (unclipped, lb < cov < ub): loss zeroed",
+           lambda x: ~_ratio_clip(x) & (_cov(x) > 1.0) & (_cov(x) < 5.0)),
+        _b("not a candidate: cov outside (lb, ub)", lambda x: (_cov(x) <= 1.0) | (_cov(x) >= 5.0)),
+        _b("not a candidate: clipped", lambda x: ((_delta(x) > _LOG_HI) & _POS(x)) | ((_delta(x) < _LOG_LO) & _NEG(x)))),
+    "kl_cov": (
+        _b("selected (largest cov): KL penalty added", lambda x: _cov(x) >= np.sort(_cov(x)[x["mask"]])[::-1][
+            max(1, int(0.2 * x["mask"].sum())) - 1] if x["mask"].any() else np.zeros(x["mask"].shape, bool)),
+        _b("not selected", lambda x: _cov(x) < np.sort(_cov(x)[x["mask"]])[::-1][
+            max(1, int(0.2 * x["mask"].sum())) - 1] if x["mask"].any() else np.zeros(x["mask"].shape, bool))),
+    "geo_mean": (
+        _b("log-space clip high binds (Δ > εh, A > 0)", lambda x: (_delta(x) > 0.2) & _POS(x)),
+        _b("log-space clip low binds (Δ < −εl, A < 0)", lambda x: (_delta(x) < -0.2) & _NEG(x)),
+        _b("unclipped (−εl ≤ Δ ≤ εh)", lambda x: np.abs(_delta(x)) <= 0.2),
+        _b("unclipped beyond the bounds (Δ > εh with A < 0, Δ < −εl with A > 0)",
+           lambda x: ((_delta(x) > 0.2) & _NEG(x)) | ((_delta(x) < -0.2) & _POS(x)))),
+    "dro": _ANY,
+    "cispo": _OUTSIDE,
+    "rollout_is": _OUTSIDE,
+    "dppo_tv": _dppo("tv", True),
+    "dppo_kl": _dppo("kl", True),
+    "dppo_binary_tv": _dppo("tv", False),
+    "dppo_binary_kl": _dppo("kl", False),
+}
+
+
+def _place_branches(rng, old, delta, adv, mask, variant, forced_signs: bool):
+    """Move tokens (or, for gspo, whole rows) of ``delta`` into :data:`REGIONS` / :data:`ROW_REGIONS`; where
+    a region needs an advantage sign and ``forced_signs``, the token's (row's) advantage gets it."""
+    if variant == "gspo":
+        regs = list(ROW_REGIONS.values())
+        delta, which = place_rows_in_regions(rng, delta, mask, [r for r, _ in regs], reduce="mean")
+        if forced_signs:
+            sign = np.array([s for _, s in regs] + [0])[which][:, None]
+            adv = np.where(sign != 0, sign * (np.abs(adv) + (adv == 0)), adv)
+        return delta, adv
+    regs = list(REGIONS.values())
+    delta, which = place_in_regions(rng, delta, [r for r, _ in regs], where=mask)
+    if forced_signs:
+        sign = np.array([s for _, s in regs] + [0])[which]  # which = -1 picks the trailing 0
+        adv = np.where(sign != 0, sign * (np.abs(adv) + (adv == 0)), adv)
+    return delta, adv
+
+
 # ------------------------------------------------------------------------------------ inputs
 @st.composite
 def inputs(draw, dtype: str, variant: str, data: str):
     """``{"old_log_prob", "log_prob", "advantages": [B, T] float64 (exact in dtype; log-probs ≤ 0),
-    "mask": [B, T] bool (right-padded rows, some empty), "partitions": 2 lists of micro-batch row
+    "mask": [B, T] bool (right-padded or multi-turn rows: observation spans between
+    valid tokens, some rows empty), "partitions": 2 lists of micro-batch row
     ranges, "garbage": float, "variant": str}``; B ≤ 8, T ≤ 64. Masked positions hold ordinary values
-    (a loss that sums them shows in the base run)."""
+    (a loss that sums them shows in the base run). ``moderate``: |Δ| ≤ 1, and in most examples a quarter
+    of the tokens placed in the branch regions of :data:`REGIONS` (ratio below 1 − εl, above 1 + εh, above
+    the dual-clip c with A < 0, log-ratio beyond ±20: :data:`BRANCHES` lists what each variant takes)."""
     b = draw(st.integers(1, 8))
     t = draw(st.sampled_from([1, 4, 16, 64]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(0, t + 1, size=b)
     if draw(st.booleans()):
         lengths[rng.integers(0, b)] = t
-    mask = np.arange(t)[None, :] < lengths[:, None]
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
     old = np.log(rng.uniform(0.05, 1.0, (b, t)))
     delta = rng.uniform(-1.0, 1.0, (b, t)) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
     if data == "extreme_log_ratios":
@@ -124,8 +280,6 @@ def inputs(draw, dtype: str, variant: str, data: str):
         sign = rng.choice([-1.0, 1.0], size=(b, t))
         delta = np.where(hits, sign * big, delta)
         old = np.where(hits & (sign > 0), old - big - 0.5, old)  # keep log_prob = old + Δ ≤ 0
-    lp = old + delta
-    lp = np.where(lp > 0, old - np.abs(delta), lp)
     adv = rng.standard_normal((b, t))
     kind = draw(st.sampled_from(["token", "row", "zeros"]))
     if variant in BATCH_GLOBAL:  # per-token advantages: no tied covariances (the selection is then determined)
@@ -134,6 +288,11 @@ def inputs(draw, dtype: str, variant: str, data: str):
         adv = np.repeat(rng.standard_normal((b, 1)), t, axis=1)
     elif kind == "zeros":
         adv = np.where(rng.random((b, t)) < 0.3, 0.0, adv)
+    if data == "moderate" and draw(st.booleans()):  # take every branch (issue 25 §2); half the examples as before
+        delta, adv = _place_branches(rng, old, delta, adv, mask, variant, forced_signs=kind != "row")
+        old = np.minimum(old, -delta - rng.uniform(0.05, 0.5, (b, t)))  # keep log_prob = old + Δ ≤ 0
+    lp = old + delta
+    lp = np.where(lp > 0, old - np.abs(delta), lp)
     parts = []
     for _ in range(2):
         k = draw(st.integers(1, min(b, 4)))
@@ -244,9 +403,13 @@ COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-24, "
 
 
 def yardstick(variant: str, arrays: dict, mask: np.ndarray, dtype: str, ref, agg: str = LOSS_AGG_MODE):
-    """The reference at log_prob·(1 + ε) (module doc); the reference itself where that is undefined."""
+    """The reference at log_prob − ε·(|log_prob| + |old_log_prob|) (module doc); the reference itself where
+    that is undefined."""
+    lp, old = arrays["log_prob"], arrays["old_log_prob"]
+    with np.errstate(invalid="ignore", over="ignore"):
+        moved = lp - COMPUTE_EPS[dtype] * (np.abs(lp) + np.abs(old))
     try:
-        return reference(variant, arrays["old_log_prob"], arrays["log_prob"] * (1.0 + COMPUTE_EPS[dtype]),
+        return reference(variant, old, moved,
                          arrays["advantages"], mask, agg=agg)
     except ValueError:
         return ref

@@ -44,6 +44,7 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core.branches import Branch
 from rlconform.harness.core.contracts import BatchInfo, LossVariants
 from rlconform.harness.core.evaluation import Compared, Evaluation
 from rlconform.harness.families import OpFamily
@@ -81,18 +82,41 @@ OPS = (
 )
 
 
+# ------------------------------------------------------------------------------------ branches
+def _vc(x):
+    """(v − R)², (v_clip − R)², and where v is above / below the clip range [v_old − ε, v_old + ε]."""
+    v, old, ret = x["vpreds"], x["values"], x["returns"]
+    vc = np.clip(v, old - CLIPRANGE_VALUE, old + CLIPRANGE_VALUE)
+    return (v - ret) ** 2, (vc - ret) ** 2, v > old + CLIPRANGE_VALUE, v < old - CLIPRANGE_VALUE
+
+
+_CLIPPED = (
+    Branch("v inside the clip range (both terms equal)", lambda x: ~_vc(x)[2] & ~_vc(x)[3]),
+    Branch("v above v_old + ε, clipped term larger (clip binds)", lambda x: _vc(x)[2] & (_vc(x)[1] > _vc(x)[0])),
+    Branch("v above v_old + ε, unclipped term larger", lambda x: _vc(x)[2] & (_vc(x)[1] < _vc(x)[0])),
+    Branch("v below v_old − ε, clipped term larger (clip binds)", lambda x: _vc(x)[3] & (_vc(x)[1] > _vc(x)[0])),
+    Branch("v below v_old − ε, unclipped term larger", lambda x: _vc(x)[3] & (_vc(x)[1] < _vc(x)[0])),
+)
+#: variant -> the branches of its definition (reference.value_loss): the CI profile's moderate examples take
+#: each one (issue 25 §2); the aggregation modes share the per-token branches
+BRANCHES = {v: (_CLIPPED if eps is not None else (Branch("any valid token", lambda x: np.ones(x["mask"].shape, bool)),))
+            for v, (eps, _) in VARIANTS.items()}
+
+
 # ------------------------------------------------------------------------------------ inputs
 @st.composite
 def inputs(draw, dtype: str, variant: str, data: str):
-    """``{"vpreds", "values", "returns": [B, T] float64 exact in dtype, "mask": [B, T] bool (right-padded,
-    some rows empty, at least one valid token), "partitions": 2 lists of micro-batch row ranges,
+    """``{"vpreds", "values", "returns": [B, T] float64 exact in dtype, "mask": [B, T] bool (right-padded
+    or multi-turn rows, some rows empty, at least one valid token), "partitions": 2 lists of micro-batch row ranges,
     "garbage", "variant"}``; B ≤ 8, T ≤ 64. |v − v_old| spans both sides of ε = 0.2."""
     b = draw(st.integers(1, 8))
     t = draw(st.sampled_from([1, 4, 16, 64]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(0, t + 1, size=b)
     lengths[rng.integers(0, b)] = rng.integers(1, t + 1)
-    mask = np.arange(t)[None, :] < lengths[:, None]
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
+    if not mask.any():
+        mask[rng.integers(0, b), rng.integers(0, t)] = True
     scale = draw(st.sampled_from([0.1, 1.0, 10.0]))
     old = rng.standard_normal((b, t)) * scale
     vpreds = old + rng.uniform(-0.5, 0.5, (b, t))
