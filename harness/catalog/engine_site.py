@@ -189,7 +189,7 @@ def crash_frame(tracebacks: Iterable[str], packages: Iterable[str]) -> dict | No
 
 def op_object(binding, op: str, regime: str):
     """What the binding calls for the finding ``op`` × ``regime``: the variant's callable (``variant@data``),
-    the alternative implementation's ``fn`` (``impl@data``) or the op's implementation; None when it
+    a variant's second implementation (``variant+impl@data``: verl's ``grpo_vectorized``), the alternative implementation's ``fn`` (``impl@data``) or the op's implementation; None when it
     cannot be resolved (the op is unavailable: no site then)."""
     from rlconform.harness.core.opinfo import split_regime
 
@@ -203,6 +203,11 @@ def op_object(binding, op: str, regime: str):
     impls = getattr(impl, "impls", None)
     if prefix and isinstance(impls, dict) and prefix in impls:
         return impls[prefix]
+    if prefix and isinstance(impls, dict) and hasattr(impl, "get"):  # ``variant+impl``: a second implementation
+        try:
+            return impl.get(op, prefix)
+        except Exception:  # noqa: BLE001 - not provided: no site
+            return None
     return impl
 
 
