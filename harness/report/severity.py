@@ -180,9 +180,12 @@ def effect(finding: dict) -> float:
     for e, r, t in value_clauses(msg):
         if abs(r) > t:
             best = max(best, abs(e - r) / abs(r))
+    agreement = finding.get("property") == "implementations_agree"
     for x, y, r, d in partition_clauses(msg):
-        if abs(r) > d:
-            best = max(best, abs(x - y) / abs(r))
+        # two implementations: at the scale of their own values (the reference may be a convention's 0)
+        scale = max((abs(v) for v in (x, y, r) if math.isfinite(v)), default=0.0) if agreement else abs(r)
+        if scale > d:
+            best = max(best, abs(x - y) / scale)
     ratio = finding.get("max_ratio")
     if not best and isinstance(ratio, (int, float)):
         best = ratio * 1e-6

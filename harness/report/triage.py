@@ -23,20 +23,28 @@ A defect is the failing findings that share a *root key* (``where``, ``class``):
   recorded by the worker that ran the engine (:mod:`rlconform.harness.run.root_cause`), as
   ``module.qualname``. A finding without either (the reference engine, a mutant, a binding that names no
   callable, a report written before issue 20) falls back to ``op <op>``. A rounding-sized failure
-  (``class`` ``rounding in <dtype>``) is located at the engine *module* instead: it names no line to fix,
-  only the precision a module computes in (bf16 log-probs in the policy losses, float64 inputs computed in
-  float32), so one module's rounding in one dtype is one defect.
+  (class ``rounding``) is located at the engine *module* instead: it names no line to fix, only the
+  precision a module computes in (bf16 log-probs in the policy losses, float64 inputs computed in
+  float32), so one module's rounding is one defect (its dtypes listed).
 * ``class``: the kind of failure (table below) folded where two kinds are one symptom: ``mutation`` and
   ``in-place on saved`` are ``changes a tensor``; ``NaN`` and ``inf`` are ``NaN / inf``; ``wrong value`` and
-  ``implementations disagree`` are ``wrong value``; ``crash:<Type>``, ``partition dependence``,
-  ``missing output``, ``missing gradient`` and ``unavailable`` stay apart.
+  ``implementations disagree`` are ``wrong value``; ``inexact value`` is ``rounding``; ``crash:<Type>``,
+  ``partition dependence``, ``missing output``, ``missing gradient`` and ``unavailable`` stay apart.
+
+*Deepest failing function.* A finding whose engine function calls (names in its own code: the site's
+``calls``, :func:`rlconform.harness.catalog.engine_site.callees`) an engine function that fails in the same
+class under the same trigger joins that callee's defect, as a crash joins its deepest frame:
+``compute_policy_loss_gspo`` turning a masked NaN into a NaN loss through ``agg_loss`` is ``agg_loss``'s
+defect, seen from another op (applied until nothing moves; a report without ``calls`` is not folded).
 
 The *trigger* is not part of the key. Each finding is shrunk on its own, so its trigger is a feature its
 shrunk input could not lose; when one engine function fails the same way under two triggers ("any input"
 and "a row with no valid token"), each member fails without the other's feature, so neither is necessary
 for the failure. A trigger is necessary only when the members without it pass, which the key expresses
 through the class: ``partition dependence`` needs its partition (more than one micro-batch, TP > 1: the
-same input unpartitioned passes ``matches_reference``), and is its own class. The defect shows the trigger
+same input unpartitioned passes ``matches_reference``), and is its own class; a ``wrong value`` of the
+same function under the same trigger (``matches_reference`` of a micro-batched check, the empty micro-batch
+that also breaks ``partition_invariant``) is that partition's effect and joins it. The defect shows the trigger
 of its reproducer (the smallest member of its most severe findings) and lists all of them (``triggers``).
 So one root cause failing several properties, ops, dtypes, regimes and triggers is one defect, and two
 engine functions (two crash frames) or two classes are two. The defect ``id`` is a function of the key only
@@ -166,10 +174,10 @@ CLASSES = {"mutation": "changes a tensor", "in-place on saved": "changes a tenso
 
 
 def failure_class(finding: dict, kind_: str | None = None) -> str:
-    """The class of a failing finding's kind (``rounding in <dtype>`` for a rounding-sized one)."""
+    """The class of a failing finding's kind (see the module docstring)."""
     k = kind_ or kind(finding)
     c = CLASSES.get(k, k)
-    return f"rounding in {finding.get('dtype') or 'any dtype'}" if c == "rounding" else c
+    return c
 
 
 def root_key(finding: dict) -> tuple[str, str]:
@@ -183,6 +191,41 @@ def root_key(finding: dict) -> tuple[str, str]:
     if c.startswith("rounding"):
         return str(s.get("module")), c
     return f"{s.get('module')}.{s.get('function')}", c
+
+
+def _fold(keys: dict, findings: dict) -> dict:
+    """Re-key each finding whose engine function calls one that fails in the same class under the same
+    trigger (see the module docstring); ``keys``: finding id -> root key; returns the new mapping."""
+    keys = dict(keys)
+    for _ in range(4):  # a call chain deeper than four engine functions is not followed further
+        triggers: dict[tuple, set] = {}
+        for fid, key in keys.items():
+            triggers.setdefault(key, set()).add(trigger(findings[fid]))
+        moved = False
+        for fid, (place, cls) in list(keys.items()):
+            f = findings[fid]
+            site = f.get("engine_function") or {}
+            if cls.startswith("crash:") or f"{site.get('module')}.{site.get('function')}" != place:
+                continue  # a crash has its frame; a finding already folded moves with its new place's calls
+            for callee in site.get("calls") or ():
+                if callee != place and trigger(f) in triggers.get((callee, cls), ()):
+                    keys[fid] = (callee, cls)
+                    moved = True
+                    break
+        if not moved:
+            break
+    return keys
+
+
+def _join_partition(keys: dict, findings: dict) -> dict:
+    """A ``wrong value`` under the trigger of a ``partition dependence`` of the same place joins it (see the
+    module docstring)."""
+    parted: dict[str, set] = {}
+    for fid, (place, cls) in keys.items():
+        if cls == "partition dependence":
+            parted.setdefault(place, set()).add(trigger(findings[fid]))
+    return {fid: ((place, "partition dependence") if cls == "wrong value" and trigger(findings[fid]) in
+                  parted.get(place, ()) else (place, cls)) for fid, (place, cls) in keys.items()}
 
 
 def _slug(text: str) -> str:
@@ -236,6 +279,15 @@ def _badness(e: float, r: float) -> float:
     return abs(e - r) / max(abs(r), 1e-300)
 
 
+def _place(s: dict | None) -> str:
+    return f"{s.get('module')}.{s.get('function')}" if s else ""
+
+
+def _plain(s: dict | None) -> dict | None:
+    """A site without its ``calls`` (the defect names where it is, the findings keep what it calls)."""
+    return {k: v for k, v in s.items() if k != "calls"} if s else s
+
+
 def _reachable(finding: dict, engine_dtypes: dict) -> bool:
     used = (engine_dtypes or {}).get(finding.get("op"))
     return not used or not finding.get("dtype") or finding["dtype"] in used
@@ -244,11 +296,11 @@ def _reachable(finding: dict, engine_dtypes: dict) -> bool:
 def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dict]:
     """Group the failing findings (those with a severity) into defects by root key, most severe first
     (``engine_dtypes``: op -> the dtypes the engine calls it with, for reachability)."""
+    failing = {f["id"]: f for f in findings if f.get("severity")}
+    keys = _join_partition(_fold({fid: root_key(f) for fid, f in failing.items()}, failing), failing)
     groups: dict[tuple, list[dict]] = {}
-    for f in findings:
-        if not f.get("severity"):
-            continue
-        groups.setdefault(root_key(f), []).append(f)
+    for fid, f in failing.items():
+        groups.setdefault(keys[fid], []).append(f)
     out = []
     for (place, cls), members in groups.items():
         sev = min((m["severity"] for m in members), key=lambda s: (RANK.get(s, 9), SEVERITIES.index(s) if s in SEVERITIES else 9))
@@ -259,10 +311,12 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dic
         rep = shown.get("reproducer") or {}
         crash = k.startswith("crash:")
         sites = [where(m) for m in members]
+        native = [m for m in top if _place(where(m)) == place] or top  # the function the defect is located at
+        located = min(native, key=_size)
         out.append({
             "id": defect_id(place, cls),
             "severity": sev, "effect": size,
-            "engine_function": shown.get("engine_function") if crash else where(shown, k),
+            "engine_function": _plain(located.get("engine_function") if crash else where(located, k)),
             "crash_frame": shown.get("crash_frame") if crash else None,
             "trigger": trigger(shown, k),
             "triggers": sorted({trigger(m) for m in members}),
