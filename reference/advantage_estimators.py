@@ -16,8 +16,8 @@ Conventions shared by every variant (``S`` below):
   S3 degenerate groups: a group of one row (singleton) gets advantage 0. A group whose scores are all
      equal gets advantage 0 (exactly: the statistics are exact rationals, so s_i − μ = 0 exactly).
      ``singleton="raw"`` follows verl's declared convention instead (core_algos.py:315, :572, :622, :678,
-     :817: a singleton group's statistics are μ := 0, σ := 1): the variant's formula with μ = 0 and σ = 1,
-     so grpo a = s/(1 + ε), drgrpo / rloo / opo a = s, gpg a = α·s/f_norm, reinforce_plus_plus_baseline
+     :817; SkyRL ppo_utils.py:1378, :1415: a singleton group's statistics are μ := 0, σ := 1): the
+     variant's formula with μ = 0 and σ = 1, so grpo a = s/(1 + ε), drgrpo / rloo / opo / maxrl a = s, gpg a = α·s/f_norm, reinforce_plus_plus_baseline
      and gdpo x = s (resp. s/(1 + ε) per component) before the batch whitening; grpo_passk stays 0.
   S4 statistics: group mean μ = Σs/n and unbiased std σ = sqrt(Σ(s − μ)²/(n − 1)) are computed from
      exact rationals (never as E[x²] − μ²); ε is added to σ (not to σ²) where a variant divides by it.
@@ -238,9 +238,7 @@ def _group_kernel(name, s, lengths, *, norm, eps, alpha, f_norm, raw=False):
             return _grpo_group(s, norm and name == "grpo", eps, raw=True)
         if name == "gpg":
             return [alpha * Fraction(s[0]) / Fraction(f_norm)]
-        if name == "maxrl":  # no engine declares it for maxrl
-            return [0.0]
-        return [Fraction(s[0])]
+        return [Fraction(s[0])]  # maxrl: (s − 0)·1, SkyRL's singleton branch
     fs = [Fraction(x) for x in s]
     if name in ("grpo", "drgrpo"):
         return _grpo_group(s, norm and name == "grpo", eps)

@@ -28,7 +28,8 @@ RAW = Declared("singleton_raw", "convention", ("outcome_advantage",), "a group o
 
 
 def test_the_reference_computes_the_singleton_convention():
-    for est, want in (("grpo", 0.5 / (1 + 1e-6)), ("drgrpo", 0.5), ("rloo", 0.5), ("opo", 0.5), ("gpg", 0.75)):
+    for est, want in (("grpo", 0.5 / (1 + 1e-6)), ("drgrpo", 0.5), ("rloo", 0.5), ("opo", 0.5), ("gpg", 0.75),
+                      ("maxrl", 0.5)):
         adv, _ = R.outcome_advantage(REWARDS, MASK, INDEX, estimator=est, norm_adv_by_std=est != "drgrpo",
                                      singleton="raw")
         zero, _ = R.outcome_advantage(REWARDS, MASK, INDEX, estimator=est, norm_adv_by_std=est != "drgrpo")
@@ -84,3 +85,16 @@ def test_verl_follows_its_singleton_convention_and_fails_without_it():
         case = dataclasses.replace(_case("float32"), regime=f"{est}@singleton_groups")
         assert run_check(verl, case).ok, est
         assert not run_check(dataclasses.replace(verl, declared=()), case).ok, est
+
+
+@pytest.mark.skipif(importlib.util.find_spec("skyrl") is None, reason="SkyRL not installed")
+def test_skyrl_follows_its_singleton_convention_and_fails_without_it():
+    from rlconform.harness.bindings.load import load_engine
+
+    skyrl = load_engine("skyrl")
+    conv = next(d for d in skyrl.declared if d.name == "singleton_group_raw_score")
+    assert conv.source.startswith("skyrl/") and "rloo" not in conv.variants  # SkyRL's rloo gives 0, as the reference
+    for est in ("grpo", "maxrl"):
+        case = dataclasses.replace(_case("float32"), regime=f"{est}@singleton_groups")
+        assert run_check(skyrl, case).ok, est
+        assert not run_check(dataclasses.replace(skyrl, declared=()), case).ok, est

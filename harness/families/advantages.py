@@ -267,7 +267,7 @@ def faithful_outcome_advantage(estimator: str, rewards: torch.Tensor, mask: torc
         if estimator == "gdpo":
             break
         if n == 1:
-            if raw and estimator not in ("grpo_passk", "maxrl"):
+            if raw and estimator != "grpo_passk":
                 alpha = b / max(int(torch.count_nonzero(s)), 1) if estimator == "gpg" else 1.0
                 a[rows] = g / (1 + EPSILON) if estimator == "grpo" else alpha * g
             continue
