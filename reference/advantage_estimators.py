@@ -15,6 +15,10 @@ Conventions shared by every variant (``S`` below):
      form a prompt group; rows need not be contiguous; sizes may differ.
   S3 degenerate groups: a group of one row (singleton) gets advantage 0. A group whose scores are all
      equal gets advantage 0 (exactly: the statistics are exact rationals, so s_i − μ = 0 exactly).
+     ``singleton="raw"`` follows verl's declared convention instead (core_algos.py:315, :572, :622, :678,
+     :817; SkyRL ppo_utils.py:1378, :1415: a singleton group's statistics are μ := 0, σ := 1): the
+     variant's formula with μ = 0 and σ = 1, so grpo a = s/(1 + ε), drgrpo / rloo / opo / maxrl a = s, gpg a = α·s/f_norm, reinforce_plus_plus_baseline
+     and gdpo x = s (resp. s/(1 + ε) per component) before the batch whitening; grpo_passk stays 0.
   S4 statistics: group mean μ = Σs/n and unbiased std σ = sqrt(Σ(s − μ)²/(n − 1)) are computed from
      exact rationals (never as E[x²] − μ²); ε is added to σ (not to σ²) where a variant divides by it.
   S5 masks: masked positions of every [B, T] input are ignored whatever they hold (NaN, ±inf, 1e30);
@@ -206,11 +210,14 @@ def _div(num: Fraction, den: Fraction) -> float:
     return float(num / den)
 
 
-def _grpo_group(s: list, norm: bool, eps: float) -> list:
-    """(s_i − μ)/(σ + ε) (or s_i − μ) of one group as exact Fractions, σ rounded to float once; singleton 0."""
+def _grpo_group(s: list, norm: bool, eps: float, raw: bool = False) -> list:
+    """(s_i − μ)/(σ + ε) (or s_i − μ) of one group as exact Fractions, σ rounded to float once; singleton 0
+    (``raw``: μ := 0, σ := 1, so s/(1 + ε) or s)."""
     n = len(s)
     if n == 1:
-        return [Fraction(0)]
+        if not raw:
+            return [Fraction(0)]
+        return [Fraction(s[0]) / (1 + Fraction(eps)) if norm else Fraction(s[0])]
     fs = [Fraction(x) for x in s]
     mu = sum(fs, Fraction(0)) / n
     dev = [x - mu for x in fs]
@@ -220,11 +227,18 @@ def _grpo_group(s: list, norm: bool, eps: float) -> list:
     return [d / den if d else Fraction(0) for d in dev]
 
 
-def _group_kernel(name, s, lengths, *, norm, eps, alpha, f_norm):
-    """Advantages of one group (list of floats or Fractions), finite scores."""
+def _group_kernel(name, s, lengths, *, norm, eps, alpha, f_norm, raw=False):
+    """Advantages of one group (list of floats or Fractions), finite scores (``raw``: a singleton's
+    statistics are μ := 0, σ := 1, see S3)."""
     n = len(s)
     if n == 1:
-        return [0.0]
+        if not raw or name == "grpo_passk":
+            return [0.0]
+        if name in ("grpo", "drgrpo"):
+            return _grpo_group(s, norm and name == "grpo", eps, raw=True)
+        if name == "gpg":
+            return [alpha * Fraction(s[0]) / Fraction(f_norm)]
+        return [Fraction(s[0])]  # maxrl: (s − 0)·1, SkyRL's singleton branch
     fs = [Fraction(x) for x in s]
     if name in ("grpo", "drgrpo"):
         return _grpo_group(s, norm and name == "grpo", eps)
@@ -305,6 +319,7 @@ def outcome_advantage(
     reward_components=None,
     reward_weights=None,
     f_norm: float = 1.0,
+    singleton: str = "zero",
 ):
     """Advantages and returns of one outcome-reward estimator variant; returns (advantages, returns).
 
@@ -319,14 +334,19 @@ def outcome_advantage(
       reward_components ``[K, B, T]`` or a sequence of K ``[B, T]`` (gdpo only; default: K = 1 with
                         token_level_rewards); reward_weights ``[K]`` (gdpo only; default ones)
       f_norm            GPG's normaliser (finite, non-zero; default 1.0)
+      singleton         ``"zero"`` (S3: a group of one row gets 0) or ``"raw"`` (an engine's declared
+                        convention: its statistics are μ := 0, σ := 1; see S3)
     Returns two float64 ``[B, T]`` arrays, 0.0 at masked positions. The conventions S1–S7 of the
     module docstring hold for every variant: singleton and constant groups get 0; masked inputs are
     ignored; a non-finite unmasked input poisons its ``NAN_SCOPE`` unit with NaN and nothing else.
     Raises ValueError: unknown estimator, shapes, mask values, index length, missing or unexpected
-    per-variant input, epsilon < 0, f_norm 0 or non-finite, non-finite gamma.
+    per-variant input, epsilon < 0, f_norm 0 or non-finite, non-finite gamma, singleton not "zero" / "raw".
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
+    if singleton not in ("zero", "raw"):
+        raise ValueError(f"singleton must be 'zero' or 'raw', got {singleton!r}")
+    raw = singleton == "raw"
     r, mask = _rewards_and_mask(token_level_rewards, response_mask)
     bsz, seqlen = mask.shape
     eps = _check_eps(epsilon)
@@ -344,7 +364,7 @@ def outcome_advantage(
     lengths = mask.sum(axis=1).astype(int)
 
     if estimator == "gdpo":
-        return _gdpo(r, mask, groups, lengths, reward_components, reward_weights, norm_adv_by_std, eps)
+        return _gdpo(r, mask, groups, lengths, reward_components, reward_weights, norm_adv_by_std, eps, raw)
 
     r0, bad_rows = _token_array(r, mask, "token_level_rewards")
     s = _scores(r0, bad_rows)
@@ -366,12 +386,12 @@ def outcome_advantage(
             poisoned[members] = True
             continue
         if estimator == "reinforce_plus_plus_baseline":
-            dev = _grpo_group(ss, False, 0.0)
+            dev = _grpo_group(ss, False, 0.0, raw=raw)
             for i, d in zip(members, dev):
                 exact_rows[i] = d
             continue
         vals = _group_kernel(estimator, ss, [int(lengths[i]) for i in members],
-                             norm=norm_adv_by_std, eps=eps, alpha=alpha, f_norm=f_norm)
+                             norm=norm_adv_by_std, eps=eps, alpha=alpha, f_norm=f_norm, raw=raw)
         for i, v in zip(members, vals):
             adv_rows[i] = float(v)
 
@@ -433,7 +453,7 @@ def _reinforce_pp(r, mask, gamma):
     return adv, returns
 
 
-def _gdpo(r, mask, groups, lengths, reward_components, reward_weights, norm, eps):
+def _gdpo(r, mask, groups, lengths, reward_components, reward_weights, norm, eps, raw=False):
     bsz, seqlen = mask.shape
     if reward_components is None:
         comps = [r]
@@ -466,7 +486,7 @@ def _gdpo(r, mask, groups, lengths, reward_components, reward_weights, norm, eps
             if not all(math.isfinite(x) for x in ss):
                 poisoned[members] = True
                 continue
-            vals = _grpo_group(ss, norm, eps)
+            vals = _grpo_group(ss, norm, eps, raw=raw)
             for i, v in zip(members, vals):
                 total[i] += Fraction(wk) * v
     adv = _whiten_rows(total, poisoned, lengths, mask)

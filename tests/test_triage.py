@@ -92,9 +92,10 @@ def test_verl_report_borderline_findings_are_precision_and_defects_group_dtypes(
     assert by["token_logprobs.matches_reference.float32.near_uniform_offset"]["severity"] == "precision"
     assert by["agg_loss.matches_reference.float32.seq-mean-token-sum@imbalanced_partitions"]["severity"] == "training"
     nan = [d for d in doc["defects"] if d["op"] == "entropy" and "matches_reference" in d["properties"]
-           and d["signature"]["kind"] == "NaN" and d["trigger"] == "-inf logits"]
-    assert len(nan) == 1 and len(nan[0]["dtypes"]) == 4
-    sizes = {m: len(by[m]["worst_input"]) for m in nan[0]["members"]}
+           and d["signature"]["kind"] == "NaN / inf"]
+    assert len(nan) == 1 and len(nan[0]["dtypes"]) == 4 and "-inf logits" in nan[0]["triggers"]
+    top = [m for m in nan[0]["members"] if by[m]["severity"] == nan[0]["severity"]]
+    sizes = {m: len(by[m]["worst_input"]) for m in top}  # the reproducer: the smallest of the most severe
     assert sizes[nan[0]["reproducer"]["finding"]] == min(sizes.values())
     from rlconform.harness.report.severity import RANK
 

@@ -49,7 +49,7 @@ import importlib.metadata
 import math
 from collections import defaultdict
 
-from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Implementation, Lazy, MetricPipeline
+from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Declared, Implementation, Lazy, MetricPipeline
 from rlconform.harness.catalog.engine_site import calls
 
 from ._compat import import_skyrl, skyrl_cuda_device_on_cpu
@@ -685,10 +685,26 @@ ENGINE_DTYPES = {
 }
 
 
+#: SkyRL's deliberate behaviour (issue 20 §2): checked as declared, listed in "Conventions and guards"
+DECLARED = (
+    Declared(
+        "singleton_group_raw_score", "convention", ("outcome_advantage",),
+        "a group of one sample gets group statistics μ := 0 (grpo also σ := 1), so its advantage is its own "
+        "score (grpo s/(1 + ε); drgrpo s; maxrl s) where rlconform's reference gives 0 (the reference follows: "
+        "singleton='raw'); rloo gives a singleton 0, as the reference",
+        "ppo_utils.compute_grpo_outcome_advantage special-cases the group of one ('if len(id2score[idx]) == 1: "
+        "id2mean[idx] = torch.tensor(0.0); id2std[idx] = torch.tensor(1.0)'); compute_maxrl_advantage "
+        "likewise (ppo_utils.py:1415, a = s − 0)",
+        "skyrl/backends/skyrl_train/utils/ppo_utils.py:1378",
+        variants=("grpo", "drgrpo", "maxrl"), reference=(("singleton", "raw"),)),
+)
+
+
 binding = Binding(
     name="skyrl",
     version=_version(),
     engine_dtypes=ENGINE_DTYPES,
+    declared=DECLARED,
     # issue 11 part 2: logprobs_from_logits_v2 ("a memory efficient implementation of logprobs_from_logits"; its
     # annotations say logits [batch_size, seqlen, vocab_size], and it loops over dim 0, so [N, V] works too:
     # ranks 2 and 3), bound on its own so that it is checked where token_logprobs runs flash-attn instead

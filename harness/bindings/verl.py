@@ -848,6 +848,14 @@ DECLARED = (
         when=lambda case: _nnz(case) <= 1,
         raises="ValueError", match=r"At least one element in the mask has to be 1|The sum of the mask is one"),
     Declared(
+        "gae_whiten_le_one_token", "guard", ("gae",),
+        "compute_gae_advantage_return whitens the advantages over the batch with masked_whiten, which raises "
+        "masked_var's ValueError when the batch holds 0 or 1 valid tokens",
+        "whitening needs a variance (masked_var's guard, torch_functional.py:319, on purpose)",
+        "verl/trainer/ppo/core_algos.py:262",
+        when=lambda case: _nnz(case, "response_mask") <= 1,
+        raises="ValueError", match=r"At least one element in the mask has to be 1|The sum of the mask is one"),
+    Declared(
         "batch_whiten_le_one_token", "guard", ("outcome_advantage",),
         "reinforce_plus_plus, reinforce_plus_plus_baseline and gdpo whiten over the whole batch with "
         "masked_whiten, which raises ValueError when the batch holds 0 or 1 valid tokens",
@@ -869,6 +877,18 @@ DECLARED = (
         "the reward manager writes the score on the last valid token of a zero tensor, so no caller passes "
         "anything else at masked positions", "verl/trainer/ppo/core_algos.py:304",
         inputs=("token_level_rewards",)),
+    Declared(
+        "singleton_group_raw_score", "convention", ("outcome_advantage",),
+        "a group of one sample gets group statistics μ := 0, σ := 1, so its advantage is its own score "
+        "(grpo s/(1 + ε); drgrpo, rloo, opo s; gpg α·s; reinforce_plus_plus_baseline and gdpo s before the batch "
+        "whitening) where rlconform's reference gives 0 (the reference follows: singleton='raw'; a second "
+        "implementation of these variants is held to it too)",
+        "verl's estimators special-case the group of one ('if len(id2score[idx]) == 1: id2mean[idx] = "
+        "torch.tensor(0.0); id2std[idx] = torch.tensor(1.0)'), also at core_algos.py:572 "
+        "(reinforce_plus_plus_baseline), :622 (rloo), :678 (opo), :817 (gpg); gdpo calls grpo per component",
+        "verl/trainer/ppo/core_algos.py:315",
+        variants=("grpo", "drgrpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline", "gdpo"),
+        reference=(("singleton", "raw"),)),
     Declared(
         "sapo_seq_mean_token_mean", "convention", ("policy_loss",),
         "SAPO aggregates seq-mean-token-mean whatever loss_agg_mode it is passed (the reference follows: "

@@ -8,7 +8,8 @@ A binding's adapters name the engine callable they call with :func:`calls` (attr
     {"function": "compute_policy_loss_geo_mean", "module": "verl.trainer.ppo.core_algos",
      "file": "verl/trainer/ppo/core_algos.py", "line": 1234}
 
-``file`` is relative to the directory that holds the engine's top package (``verl/…``), so a fork's
+A finding's site also carries ``calls``: the engine functions the callable names directly
+(:func:`callees`). ``file`` is relative to the directory that holds the engine's top package (``verl/…``), so a fork's
 checkout on ``--engine-path`` gives its own files and lines; ``line`` is the ``def`` line
 (``co_firstlineno``) for a callable, the executing line for a crash frame. Code of rlconform, torch,
 NumPy and the standard library is never an engine site.
@@ -154,6 +155,31 @@ def site(fn: Any) -> dict | None:
             "file": relative(path, mod), "line": int(line)}
 
 
+def callees(fn: Any) -> list[str]:
+    """``module.qualname`` of the engine functions ``fn``'s own code names directly (a global it calls,
+    ``verl_F.masked_mean`` through a module it imported), in the order of its code; ``[]`` for anything
+    that is not a plain engine function. Triage folds a finding into the defect of a callee that fails the
+    same way (:mod:`rlconform.harness.report.triage`)."""
+    target = inspect.unwrap(getattr(fn, "__func__", fn))
+    code, glb = getattr(target, "__code__", None), getattr(target, "__globals__", None)
+    if code is None or glb is None or not is_engine_code(target):
+        return []
+    names = list(code.co_names)
+    found: list[str] = []
+    for const in code.co_consts:  # nested functions and comprehensions name their callees too
+        if inspect.iscode(const):
+            names += [n for n in const.co_names if n not in names]
+    modules = [glb[n] for n in names if inspect.ismodule(glb.get(n))]
+    candidates = [glb.get(n) for n in names] + [getattr(m, n, None) for m in modules for n in names]
+    for obj in candidates:
+        obj = inspect.unwrap(obj) if inspect.isfunction(obj) else obj
+        if inspect.isfunction(obj) and obj is not target and is_engine_code(obj):
+            key = f"{obj.__module__}.{obj.__qualname__}"
+            if key not in found:
+                found.append(key)
+    return found
+
+
 def autograd_function(fn: Any):
     """The ``torch.autograd.Function`` subclass a thin engine wrapper applies (``return _X.apply(...)``:
     a global it names that is such a class), or None."""
@@ -189,7 +215,7 @@ def crash_frame(tracebacks: Iterable[str], packages: Iterable[str]) -> dict | No
 
 def op_object(binding, op: str, regime: str):
     """What the binding calls for the finding ``op`` × ``regime``: the variant's callable (``variant@data``),
-    the alternative implementation's ``fn`` (``impl@data``) or the op's implementation; None when it
+    a variant's second implementation (``variant+impl@data``: verl's ``grpo_vectorized``), the alternative implementation's ``fn`` (``impl@data``) or the op's implementation; None when it
     cannot be resolved (the op is unavailable: no site then)."""
     from rlconform.harness.core.opinfo import split_regime
 
@@ -203,6 +229,11 @@ def op_object(binding, op: str, regime: str):
     impls = getattr(impl, "impls", None)
     if prefix and isinstance(impls, dict) and prefix in impls:
         return impls[prefix]
+    if prefix and isinstance(impls, dict) and hasattr(impl, "get"):  # ``variant+impl``: a second implementation
+        try:
+            return impl.get(op, prefix)
+        except Exception:  # noqa: BLE001 - not provided: no site
+            return None
     return impl
 
 
@@ -229,6 +260,8 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
         return None, packages
     fn = fns[0]
     s = site(fn)
+    if s is not None:
+        s["calls"] = callees(fn)
     if prop == "non_destructive" and s is not None:
         cls = autograd_function(fn)
         low = (message or "").lower()

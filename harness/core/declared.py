@@ -5,9 +5,10 @@ each as a :class:`Declared` with the reason and the engine's source line (``path
 engine package), and the harness then checks it *as declared*:
 
 * ``convention`` — the engine computes something else on purpose (verl's SAPO always aggregates
-  ``seq-mean-token-mean``): the reference follows it (the binding wires it where the op family reads it,
-  e.g. :attr:`~rlconform.harness.core.contracts.LossVariants.agg_modes`), so an engine that stops following
-  it fails;
+  ``seq-mean-token-mean``; verl gives a group of one sample μ := 0, σ := 1): the reference follows it (the
+  binding wires it where the op family reads it, e.g.
+  :attr:`~rlconform.harness.core.contracts.LossVariants.agg_modes`, or names the reference's keyword
+  arguments in ``reference``, read by :func:`followed`), so an engine that stops following it fails;
 * ``precondition`` — something the engine's callers guarantee (rewards are zero outside the response
   mask): the checks do not violate it (``mask_invariant`` writes no garbage into the ``inputs`` named);
 * ``guard`` — a clean error on a degenerate input the engine rejects on purpose (verl's ``masked_var`` on
@@ -36,7 +37,10 @@ class Declared:
     behaviour in one sentence; ``reason``: why the engine does it; ``source``: the engine's ``path:line``.
     Guards: ``when(case) -> bool`` the trigger, read from a case (its ``property`` and ``inputs``); ``raises`` the exception
     type name; ``match`` a regular expression its message matches. Preconditions: ``inputs`` the case
-    inputs whose masked positions the callers keep at zero. Raises ValueError when malformed.
+    inputs whose masked positions the callers keep at zero. Conventions: ``reference`` the keyword arguments
+    (name, value) the family passes its reference so that it follows the convention (e.g.
+    ``(("singleton", "raw"),)`` for :func:`rlconform.reference.outcome_advantage`). Raises ValueError when
+    malformed.
     """
 
     name: str
@@ -50,6 +54,7 @@ class Declared:
     raises: str = ""
     match: str = ""
     inputs: tuple[str, ...] = ()
+    reference: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -60,6 +65,8 @@ class Declared:
             raise ValueError(f"declared guard {self.name!r}: when, raises and match are required")
         if self.kind == "precondition" and not self.inputs:
             raise ValueError(f"declared precondition {self.name!r}: inputs is required")
+        if self.reference and self.kind != "convention":
+            raise ValueError(f"declared {self.name!r}: only a convention names reference arguments")
 
     def concerns(self, op: str, variant: str | None) -> bool:
         """Whether it applies to ``op`` (and catalog ``variant``, None for an op without variants)."""
@@ -70,7 +77,8 @@ class Declared:
         return {"name": self.name, "kind": self.kind, "ops": list(self.ops), "variants": list(self.variants),
                 "what": self.what, "reason": self.reason, "source": self.source,
                 **({"raises": self.raises, "match": self.match} if self.kind == "guard" else {}),
-                **({"inputs": list(self.inputs)} if self.kind == "precondition" else {})}
+                **({"inputs": list(self.inputs)} if self.kind == "precondition" else {}),
+                **({"reference": {k: v for k, v in self.reference}} if self.reference else {})}
 
 
 def _variant(regime: str) -> str | None:
@@ -92,3 +100,21 @@ def matching_guard(declared, case, error_type: str, message: str) -> Declared | 
 def preconditions(declared, op: str, regime: str) -> list[Declared]:
     """The declared preconditions that concern ``op`` under ``regime``."""
     return [d for d in declared or () if d.kind == "precondition" and d.concerns(op, _variant(regime))]
+
+
+def followed(declared, op: str, regime: str) -> dict:
+    """The reference keyword arguments of the declared conventions that concern ``op`` under ``regime``.
+    A second implementation (``rloo+vectorized@…``) is held to the conventions of its variant (``rloo``):
+    the engine's convention is the variant's, whichever implementation computes it. Two conventions that
+    set one argument differently raise ValueError."""
+    variant = _variant(regime or "")
+    plain = variant.split("+", 1)[0] if variant else None
+    out: dict = {}
+    for d in declared or ():
+        if d.kind != "convention" or not d.reference or not d.concerns(op, plain):
+            continue
+        for k, v in d.reference:
+            if k in out and out[k] != v:
+                raise ValueError(f"declared conventions disagree on the reference's {k!r}: {out[k]!r} vs {v!r}")
+            out[k] = v
+    return out

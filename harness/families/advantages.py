@@ -60,7 +60,7 @@ from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
     variant_regime, with_variant_implementations,
 )
-from rlconform.harness.core.declared import preconditions
+from rlconform.harness.core.declared import followed, preconditions
 from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 from rlconform.harness.core.triggers import group_trigger
@@ -292,9 +292,11 @@ def _grpo(s: torch.Tensor, rows: torch.Tensor, norm: bool) -> torch.Tensor:
 
 
 def faithful_outcome_advantage(estimator: str, rewards: torch.Tensor, mask: torch.Tensor, index,
-                               reward_baselines=None, reward_components=None):
+                               reward_baselines=None, reward_components=None, singleton: str = "zero"):
     """The estimator in fp32 (fp64 stays) with two-pass group statistics: (advantages, returns) in the
-    rewards' dtype, masked outputs 0 (formulas: reference.advantage_estimators.ESTIMATOR_DOCS)."""
+    rewards' dtype, masked outputs 0 (formulas: reference.advantage_estimators.ESTIMATOR_DOCS;
+    ``singleton="raw"``: a group of one row has μ := 0, σ := 1, the reference's S3)."""
+    raw = singleton == "raw"
     cd = compute_dtype(rewards.dtype)
     keep = mask != 0
     r = torch.where(keep, rewards.to(cd), torch.zeros((), dtype=cd))
@@ -315,13 +317,16 @@ def faithful_outcome_advantage(estimator: str, rewards: torch.Tensor, mask: torc
         for comp in comps:
             sk = torch.where(keep, comp.to(cd), torch.zeros((), dtype=cd)).sum(-1)
             for rows in groups:
-                a[rows] += _grpo(sk, rows, True)
+                a[rows] += (sk[rows] / (1 + EPSILON)) if raw and len(rows) == 1 else _grpo(sk, rows, True)
     for rows in groups:
         g = s[rows]
         n = g.numel()
         if estimator == "gdpo":
             break
         if n == 1:
+            if raw and estimator != "grpo_passk":
+                alpha = b / max(int(torch.count_nonzero(s)), 1) if estimator == "gpg" else 1.0
+                a[rows] = g / (1 + EPSILON) if estimator == "grpo" else alpha * g
             continue
         mu = g.mean()
         dev = g - mu
@@ -409,23 +414,25 @@ def _call(case, fn, estimator, arrs: dict, dtype: str, *, guard=False):
     return out, given
 
 
-def _reference(case, estimator, arrs):
+def _reference(case, estimator, arrs, conventions=()):
     mask = arrs[_MASK[case.op]].astype(bool)
     if case.op == "outcome_advantage":
         extras = {k: arrs[k] for k in ("reward_baselines", "reward_components") if k in arrs}
         return R.outcome_advantage(arrs["token_level_rewards"], mask, arrs["index"], estimator=estimator,
-                                   epsilon=EPSILON, norm_adv_by_std=estimator != "drgrpo", **extras)
+                                   epsilon=EPSILON, norm_adv_by_std=estimator != "drgrpo", **extras,
+                                   **followed(conventions, case.op, case.regime))
     if case.op == "gae":
         return R.gae(arrs["token_level_rewards"], arrs["values"], mask, arrs["gamma"], arrs["lam"])
     return (R.masked_whiten(arrs["values"], mask, bool(arrs["shift_mean"])),)
 
 
-def _faithful(case, estimator, arrs, dtype):
+def _faithful(case, estimator, arrs, dtype, conventions=()):
     mask = torch.from_numpy(arrs[_MASK[case.op]].astype(bool))
     clean = {k: to_tensor(np.where(arrs[_MASK[case.op]], arrs[k], 0.0), dtype) for k in _TOKEN_INPUTS[case.op]}
     if case.op == "outcome_advantage":
         extras = {k: to_tensor(arrs[k], dtype) for k in ("reward_baselines", "reward_components") if k in arrs}
-        return faithful_outcome_advantage(estimator, clean["token_level_rewards"], mask, arrs["index"], **extras)
+        return faithful_outcome_advantage(estimator, clean["token_level_rewards"], mask, arrs["index"], **extras,
+                                          **followed(conventions, case.op, case.regime))
     if case.op == "gae":
         return faithful_gae(clean["token_level_rewards"], clean["values"], mask, arrs["gamma"], arrs["lam"])
     return (faithful_masked_whiten(clean["values"], mask, bool(arrs["shift_mean"])),)
@@ -477,8 +484,12 @@ def evaluate(binding, case) -> Evaluation:
             call_engine("masked_whiten", fn, tensors["values"], mask_t, bool(arrs["shift_mean"]))
         ev.mutations += [m.describe() for m in guard.check("forward")]
         return ev
-    refs = _reference(case, estimator, arrs)
-    fas = _faithful(case, estimator, arrs, case.dtype)
+    declared = getattr(binding, "declared", ())
+    refs = _reference(case, estimator, arrs, declared)  # a declared convention (verl's singleton) is followed
+    fas = _faithful(case, estimator, arrs, case.dtype, declared)
+    if followed(declared, case.op, case.regime):
+        ev.declared = ev.declared or next(d.name for d in declared if d.kind == "convention" and d.reference
+                                          and d.concerns(case.op, (estimator or "").split("+", 1)[0]))
     outs, _ = _call(case, fn, estimator, arrs, case.dtype)
     outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
     ev.values = _compare(case, outs, refs, fas, mask, case.dtype, "", ev)

@@ -37,7 +37,7 @@ def markdown_section(doc: dict) -> list[str]:
     items = rows(doc)
     if not items:
         return []
-    lines = ["## Conventions and guards", "",
+    lines = ["### Conventions and guards", "",
              "What the engine does on purpose, as its binding declares it, with the engine's source line. Each is "
              "checked as declared (a convention: the reference follows it; a precondition: the checks keep it; a "
              "guard: the declared error, raised only where declared, passes) and is not a defect. An undeclared "

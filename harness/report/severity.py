@@ -145,21 +145,47 @@ def _wrong_value(finding: dict) -> str | None:
     return why
 
 
+_MICRO = re.compile(r"micro-batches \(nnz\) \[(?P<n>[^\]]*)\]")
+
+
+def scaled_by_micro_batches(line: str) -> bool:
+    """Whether a partition clause ``micro-batches (nnz) [n1, …, nk]: X vs Y (reference R, …)`` shows a value
+    k× (or 1/k×) the reference, k ≥ 2 the number of micro-batches: an error that grows with the
+    configuration (verl's ``compute_policy_loss_geo_mean`` sums micro-batch means), unbounded."""
+    m = _MICRO.search(line)
+    k = len([p for p in (m["n"].split(",") if m else []) if p.strip()])
+    if k < 2:
+        return False
+    for x, y, r, _ in partition_clauses(line):
+        for v in (x, y):
+            if math.isfinite(v) and r and math.isfinite(r) and v * r > 0:
+                q = abs(v / r)
+                if abs(q - k) <= 1e-3 * k or abs(q * k - 1) <= 1e-3:
+                    return True
+    return False
+
+
 def effect(finding: dict) -> float:
     """The size of a failing finding's effect, for ordering within a severity: inf for a crash, a
-    mutation or a NaN / inf, else the largest relative error or partition dependence of its clauses,
-    else ``max_ratio`` × 1e-6 (a rounding-sized failure ranks below any wrong value)."""
+    mutation, a NaN / inf, or a value scaled by the number of micro-batches (:func:`scaled_by_micro_batches`:
+    it grows with the configuration), else the largest relative error or partition dependence of its
+    clauses, else ``max_ratio`` × 1e-6 (a rounding-sized failure ranks below any wrong value)."""
     msg = finding.get("message") or ""
     if finding.get("status") in ("crash", "unavailable") or finding.get("property") == "non_destructive" \
             or RANK_CONTRACT.search(msg) or nonfinite_where_finite(finding):
+        return math.inf
+    if any(scaled_by_micro_batches(line) for line in msg.splitlines()):
         return math.inf
     best = 0.0
     for e, r, t in value_clauses(msg):
         if abs(r) > t:
             best = max(best, abs(e - r) / abs(r))
+    agreement = finding.get("property") == "implementations_agree"
     for x, y, r, d in partition_clauses(msg):
-        if abs(r) > d:
-            best = max(best, abs(x - y) / abs(r))
+        # two implementations: at the scale of their own values (the reference may be a convention's 0)
+        scale = max((abs(v) for v in (x, y, r) if math.isfinite(v)), default=0.0) if agreement else abs(r)
+        if scale > d:
+            best = max(best, abs(x - y) / scale)
     ratio = finding.get("max_ratio")
     if not best and isinstance(ratio, (int, float)):
         best = ratio * 1e-6

@@ -7,21 +7,48 @@ Operates on the ``report.json`` document (a dict), whatever produced its finding
   ``precision``) and ``severity_reason`` (:mod:`rlconform.harness.report.severity`, with the document's
   ``engine.engine_dtypes``);
 * to the document: ``defects: [{"id", "severity", "effect", "engine_function", "crash_frame", "trigger",
-  "op", "ops", "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes", "regimes",
-  "numbers": {"engine", "exact", "clause"} | null, "reproducer": {"finding", "case_file", "command",
-  "input"}, "message"}]`` ranked by severity, then by the size of the effect
-  (:func:`rlconform.harness.report.severity.effect`), then by number of members; and ``triage:
+  "triggers", "functions", "op", "ops", "property", "properties", "signature": {"kind", "feature"},
+  "members", "dtypes", "regimes", "reachable", "numbers": {"engine", "exact", "clause"} | null, "reproducer":
+  {"finding", "case_file", "command", "input"}, "message"}]`` (``signature.kind`` the class) ranked by
+  severity, then by the size of the effect (:func:`rlconform.harness.report.severity.effect`: a value
+  scaled by the number of micro-batches is unbounded), then by reachability (``reachable``: a member in a
+  dtype the engine calls the op with, ``engine.engine_dtypes``), then by number of members; and ``triage:
   {"defects": {severity: n}, "findings": {severity: n}}``.
 
-A defect is the failing findings that share a *root key*: (where the engine goes wrong, kind of failure,
-trigger). Where: the finding's ``crash_frame`` for a crash (the deepest engine frame of the traceback),
-else its ``engine_function`` (the engine callable behind the op / variant / implementation), both
-recorded by the worker that ran the engine (:mod:`rlconform.harness.run.root_cause`); a finding without
-either (the reference engine, a mutant, a binding that names no callable, a report written before issue
-20) falls back to its op. Trigger: the finding's ``trigger`` (the shrunk input's feature in a
-maintainer's words, :mod:`rlconform.harness.core.triggers`), or for an older report the input feature of
-:func:`feature`. So one root cause failing several properties, dtypes and regimes is one defect, and two
-engine functions, kinds or triggers are two.
+A defect is the failing findings that share a *root key* (``where``, ``class``):
+
+* ``where``: for a crash, the finding's ``crash_frame`` (the deepest engine frame of the traceback: a
+  ``ValueError`` raised in ``masked_var`` is one defect whichever estimator, property or trigger reached it);
+  else its ``engine_function`` (the engine callable behind the op / variant / second implementation); both
+  recorded by the worker that ran the engine (:mod:`rlconform.harness.run.root_cause`), as
+  ``module.qualname``. A finding without either (the reference engine, a mutant, a binding that names no
+  callable, a report written before issue 20) falls back to ``op <op>``. A rounding-sized failure
+  (class ``rounding``) is located at the engine *module* instead: it names no line to fix, only the
+  precision a module computes in (bf16 log-probs in the policy losses, float64 inputs computed in
+  float32), so one module's rounding is one defect (its dtypes listed).
+* ``class``: the kind of failure (table below) folded where two kinds are one symptom: ``mutation`` and
+  ``in-place on saved`` are ``changes a tensor``; ``NaN`` and ``inf`` are ``NaN / inf``; ``wrong value`` and
+  ``implementations disagree`` are ``wrong value``; ``inexact value`` is ``rounding``; ``crash:<Type>``,
+  ``partition dependence``, ``missing output``, ``missing gradient`` and ``unavailable`` stay apart.
+
+*Deepest failing function.* A finding whose engine function calls (names in its own code: the site's
+``calls``, :func:`rlconform.harness.catalog.engine_site.callees`) an engine function that fails in the same
+class under the same trigger joins that callee's defect, as a crash joins its deepest frame:
+``compute_policy_loss_gspo`` turning a masked NaN into a NaN loss through ``agg_loss`` is ``agg_loss``'s
+defect, seen from another op (applied until nothing moves; a report without ``calls`` is not folded).
+
+The *trigger* is not part of the key. Each finding is shrunk on its own, so its trigger is a feature its
+shrunk input could not lose; when one engine function fails the same way under two triggers ("any input"
+and "a row with no valid token"), each member fails without the other's feature, so neither is necessary
+for the failure. A trigger is necessary only when the members without it pass, which the key expresses
+through the class: ``partition dependence`` needs its partition (more than one micro-batch, TP > 1: the
+same input unpartitioned passes ``matches_reference``), and is its own class; a ``wrong value`` of the
+same function under the same trigger (``matches_reference`` of a micro-batched check, the empty micro-batch
+that also breaks ``partition_invariant``) is that partition's effect and joins it. The defect shows the trigger
+of its reproducer (the smallest member of its most severe findings) and lists all of them (``triggers``).
+So one root cause failing several properties, ops, dtypes, regimes and triggers is one defect, and two
+engine functions (two crash frames) or two classes are two. The defect ``id`` is a function of the key only
+(:func:`defect_id`), stable across runs.
 
 The kind of failure:
 
@@ -141,12 +168,64 @@ def site_text(site: dict | None) -> str:
     return f"{site.get('function')} ({site.get('file')}:{site.get('line')})"
 
 
-def root_key(finding: dict) -> tuple[str, str, str]:
-    """(where: ``module.function`` or ``op <op>``, kind, trigger) of a failing finding."""
+#: the class of each kind of failure (see the module docstring)
+CLASSES = {"mutation": "changes a tensor", "in-place on saved": "changes a tensor", "NaN": "NaN / inf",
+           "inf": "NaN / inf", "implementations disagree": "wrong value", "inexact value": "rounding"}
+
+
+def failure_class(finding: dict, kind_: str | None = None) -> str:
+    """The class of a failing finding's kind (see the module docstring)."""
+    k = kind_ or kind(finding)
+    c = CLASSES.get(k, k)
+    return c
+
+
+def root_key(finding: dict) -> tuple[str, str]:
+    """(where: ``module.qualname``, the engine module for rounding, or ``op <op>``; class) of a failing
+    finding (see the module docstring)."""
     k = kind(finding)
+    c = failure_class(finding, k)
     s = where(finding, k)
-    place = f"{s.get('module')}.{s.get('function')}" if s else f"op {finding.get('op')}"
-    return place, k, trigger(finding, k)
+    if not s:
+        return f"op {finding.get('op')}", c
+    if c.startswith("rounding"):
+        return str(s.get("module")), c
+    return f"{s.get('module')}.{s.get('function')}", c
+
+
+def _fold(keys: dict, findings: dict) -> dict:
+    """Re-key each finding whose engine function calls one that fails in the same class under the same
+    trigger (see the module docstring); ``keys``: finding id -> root key; returns the new mapping."""
+    keys = dict(keys)
+    for _ in range(4):  # a call chain deeper than four engine functions is not followed further
+        triggers: dict[tuple, set] = {}
+        for fid, key in keys.items():
+            triggers.setdefault(key, set()).add(trigger(findings[fid]))
+        moved = False
+        for fid, (place, cls) in list(keys.items()):
+            f = findings[fid]
+            site = f.get("engine_function") or {}
+            if cls.startswith("crash:") or f"{site.get('module')}.{site.get('function')}" != place:
+                continue  # a crash has its frame; a finding already folded moves with its new place's calls
+            for callee in site.get("calls") or ():
+                if callee != place and trigger(f) in triggers.get((callee, cls), ()):
+                    keys[fid] = (callee, cls)
+                    moved = True
+                    break
+        if not moved:
+            break
+    return keys
+
+
+def _join_partition(keys: dict, findings: dict) -> dict:
+    """A ``wrong value`` under the trigger of a ``partition dependence`` of the same place joins it (see the
+    module docstring)."""
+    parted: dict[str, set] = {}
+    for fid, (place, cls) in keys.items():
+        if cls == "partition dependence":
+            parted.setdefault(place, set()).add(trigger(findings[fid]))
+    return {fid: ((place, "partition dependence") if cls == "wrong value" and trigger(findings[fid]) in
+                  parted.get(place, ()) else (place, cls)) for fid, (place, cls) in keys.items()}
 
 
 def _slug(text: str) -> str:
@@ -154,11 +233,11 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
 
 
-def defect_id(place: str, kind_: str, trigger_: str) -> str:
-    """A stable id from the root key, e.g. ``verl.utils.torch_functional.masked_var.crash-valueerror.le-1-valid-token``
+def defect_id(place: str, class_: str) -> str:
+    """A stable id from the root key alone, e.g. ``verl.utils.torch_functional.masked_var.crash-valueerror``
     (the place keeps its dots; an op fallback reads ``op-entropy``)."""
     place = place.replace("op ", "op-", 1) if place.startswith("op ") else place
-    return f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', place)}.{_slug(kind_)}.{_slug(trigger_)}"
+    return f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', place)}.{_slug(class_)}"
 
 
 def _size(finding: dict) -> tuple:
@@ -200,39 +279,61 @@ def _badness(e: float, r: float) -> float:
     return abs(e - r) / max(abs(r), 1e-300)
 
 
-def defects(findings: list[dict]) -> list[dict]:
-    """Group the failing findings (those with a severity) into defects by root key, most severe first."""
+def _place(s: dict | None) -> str:
+    return f"{s.get('module')}.{s.get('function')}" if s else ""
+
+
+def _plain(s: dict | None) -> dict | None:
+    """A site without its ``calls`` (the defect names where it is, the findings keep what it calls)."""
+    return {k: v for k, v in s.items() if k != "calls"} if s else s
+
+
+def _reachable(finding: dict, engine_dtypes: dict) -> bool:
+    used = (engine_dtypes or {}).get(finding.get("op"))
+    return not used or not finding.get("dtype") or finding["dtype"] in used
+
+
+def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dict]:
+    """Group the failing findings (those with a severity) into defects by root key, most severe first
+    (``engine_dtypes``: op -> the dtypes the engine calls it with, for reachability)."""
+    failing = {f["id"]: f for f in findings if f.get("severity")}
+    keys = _join_partition(_fold({fid: root_key(f) for fid, f in failing.items()}, failing), failing)
     groups: dict[tuple, list[dict]] = {}
-    for f in findings:
-        if not f.get("severity"):
-            continue
-        groups.setdefault(root_key(f), []).append(f)
+    for fid, f in failing.items():
+        groups.setdefault(keys[fid], []).append(f)
     out = []
-    for (place, k, trig), members in groups.items():
-        best = min(members, key=_size)
-        rep = best.get("reproducer") or {}
+    for (place, cls), members in groups.items():
         sev = min((m["severity"] for m in members), key=lambda s: (RANK.get(s, 9), SEVERITIES.index(s) if s in SEVERITIES else 9))
-        size = max(effect(m) for m in members if m["severity"] == sev)
         top = [m for m in members if m["severity"] == sev]
-        shown = min(top, key=_size)
+        size = max(effect(m) for m in top)
+        shown = min(top, key=_size)  # the reproducer: the smallest input among the most severe members
+        k = kind(shown)
+        rep = shown.get("reproducer") or {}
+        crash = k.startswith("crash:")
+        sites = [where(m) for m in members]
+        native = [m for m in top if _place(where(m)) == place] or top  # the function the defect is located at
+        located = min(native, key=_size)
         out.append({
-            "id": defect_id(place, k, trig),
+            "id": defect_id(place, cls),
             "severity": sev, "effect": size,
-            "engine_function": where(shown, k) if not k.startswith("crash:") else shown.get("engine_function"),
-            "crash_frame": shown.get("crash_frame") if k.startswith("crash:") else None,
-            "trigger": trig,
-            "op": best["op"], "ops": sorted({m["op"] for m in members}),
-            "property": best["property"], "properties": sorted({m["property"] for m in members}),
-            "signature": {"kind": k, "feature": trig},
+            "engine_function": _plain(located.get("engine_function") if crash else where(located, k)),
+            "crash_frame": shown.get("crash_frame") if crash else None,
+            "trigger": trigger(shown, k),
+            "triggers": sorted({trigger(m) for m in members}),
+            "functions": sorted({site_text(s) for s in sites if s}),
+            "op": shown["op"], "ops": sorted({m["op"] for m in members}),
+            "property": shown["property"], "properties": sorted({m["property"] for m in members}),
+            "signature": {"kind": cls, "feature": trigger(shown, k)},
             "members": sorted(m["id"] for m in members),
             "dtypes": sorted({m.get("dtype") for m in members if m.get("dtype")}),
             "regimes": sorted({m.get("regime") for m in members if m.get("regime")}),
+            "reachable": any(_reachable(m, engine_dtypes) for m in top),
             "numbers": numbers(shown),
-            "reproducer": {"finding": best["id"], "case_file": rep.get("case_file"), "command": rep.get("command"),
-                           "input": best.get("worst_input")},
+            "reproducer": {"finding": shown["id"], "case_file": rep.get("case_file"), "command": rep.get("command"),
+                           "input": shown.get("worst_input")},
             "message": (shown.get("message") or "").strip().splitlines()[0][:300] if shown.get("message") else "",
         })
-    out.sort(key=lambda d: (RANK[d["severity"]], -d["effect"], -len(d["members"]), d["id"]))
+    out.sort(key=lambda d: (RANK[d["severity"]], -d["effect"], not d["reachable"], -len(d["members"]), d["id"]))
     return out
 
 
@@ -249,7 +350,7 @@ def annotate(doc: dict) -> dict:
             f.pop("severity_reason", None)
         else:
             f["severity"], f["severity_reason"] = sev, reason
-    doc["defects"] = defects(doc.get("findings", []))
+    doc["defects"] = defects(doc.get("findings", []), dtypes)
     counts_d = {s: 0 for s in SEVERITIES}
     counts_f = {s: 0 for s in SEVERITIES}
     for d in doc["defects"]:

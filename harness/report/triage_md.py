@@ -63,7 +63,7 @@ def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
     defects = doc.get("defects") or []
     if not defects:
         return []
-    lines = ["### Defects (root causes: engine function or crash frame × failure × trigger)", "", counts_line(doc), "",
+    lines = ["### Defects (root causes: engine function or crash frame × class of failure)", "", counts_line(doc), "",
              *HEADER]
     used = sum(len(x) + 1 for x in lines)
     for n, d in enumerate(defects):
@@ -73,4 +73,4 @@ def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
             break
         used += len(row) + 1
         lines.append(row)
-    return lines + ["", "### All failing findings", ""]
+    return lines + [""]

@@ -290,8 +290,9 @@ def render_markdown(doc: dict) -> str:
     def worst(fs):
         return max(fs, key=lambda f: (f.get("max_ratio") is None, f.get("max_ratio") or 0, f.get("max_abs_err") or 0))
 
-    if keys:
-        lines += ["| status | op | property | findings | dtypes | regimes | worst abs err | reproduce (worst) |",
+    if keys:  # after the defects and the declared section, under its own heading (issue 20 §4)
+        lines += ["### All failing findings", "",
+                  "| status | op | property | findings | dtypes | regimes | worst abs err | reproduce (worst) |",
                   "|---|---|---|---|---|---|---|---|"]
         for k in keys:
             fs = groups[k]

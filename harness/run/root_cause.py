@@ -8,7 +8,19 @@
 * ``trigger``: the feature of the shrunk input that brings the failure out, in a maintainer's words (the
   op family's ``trigger`` hook, else :func:`rlconform.harness.core.triggers.trigger`).
 
-The report's triage groups defects by them (:mod:`rlconform.harness.report.triage`).
+The report's triage groups defects by them (:mod:`rlconform.harness.report.triage`). A defect's *root key*
+is ``(where, class)``:
+
+* ``where`` — ``module.qualname`` of the ``crash_frame`` for a crash, else of the ``engine_function``; the
+  engine module for the class ``rounding``; ``op <op>`` when neither was recorded;
+* ``class`` — the kind of failure folded into ``crash:<Type>``, ``changes a tensor``, ``NaN / inf``,
+  ``partition dependence``, ``wrong value``, ``rounding``, ``missing output``, ``missing gradient``,
+  ``unavailable``;
+
+then two moves over the whole report: a finding whose ``engine_function["calls"]`` names a function that
+fails in the same class under the same trigger takes that function's key, and a ``wrong value`` under the
+trigger of a ``partition dependence`` of the same place takes the partition's key. The trigger is never
+part of the key. The defect id is ``triage.defect_id(where, class)``, a function of the key only.
 """
 
 from __future__ import annotations
