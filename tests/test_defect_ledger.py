@@ -1,0 +1,151 @@
+"""The ledger lists defects (issue 21 §2): one ``defect <where> | <kind> | <scope>`` line per accepted root
+cause, keyed without the trigger (read from the shrunk input, so it moves between the run that wrote the
+ledger and a run that reads it). Any failing finding of a listed defect is ``xfail``; a failing finding of
+an unlisted one is red; a listed defect none of whose findings fails, in a run that checks its scope, is
+``xpass`` (exit 1); finding-id lines keep working alongside."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlconform.harness.cli import main
+from rlconform.harness.report.ledger_text import ledger_lines
+from rlconform.harness.report.xfails import XfailsError, defect_key, parse_ledger, parse_xfails
+
+FID = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
+SITE = {"function": "entropy_from_logits", "module": "verl.utils.torch_functional", "file": "f.py", "line": 1}
+
+
+def _finding(fid: str, status="discrepancy", message="value: engine nan where the reference is finite (0.0) at flat index 0",
+             trigger="a −inf logit", **extra) -> dict:
+    op, prop, dtype, regime = fid.split(".")
+    return {"id": fid, "op": op, "property": prop, "dtype": dtype, "regime": regime, "status": status,
+            "message": message, "worst_input": "logits[1, 2]=[-inf, 0.0]", "engine_function": SITE,
+            "crash_frame": None, "trigger": trigger, **extra}
+
+
+def test_the_key_is_where_and_kind_not_the_trigger_nor_the_example():
+    a = _finding(FID)
+    shrunk_elsewhere = _finding("entropy.finite_where_reference_finite.bfloat16.neg_inf_padded",
+                                trigger="any input", worst_input="logits[4, 8]=[...]")
+    assert defect_key(a) == defect_key(shrunk_elsewhere) == "verl.utils.torch_functional.entropy_from_logits | NaN"
+    other_site = _finding(FID, engine_function={**SITE, "function": "entropy_from_logits_with_chunking"})
+    wrong = _finding(FID, message="value: engine 0.0 vs reference 0.69 at flat index 0: abs err 0.69, rel err 1, "
+                                  "tolerance 1e-05")
+    assert len({defect_key(a), defect_key(other_site), defect_key(wrong)}) == 3
+    crash = _finding(FID, status="crash", message="RuntimeError: boom",
+                     crash_frame={"function": "helper", "module": "verl.utils.x", "file": "x.py", "line": 9})
+    assert defect_key(crash) == "verl.utils.x.helper | crash:RuntimeError"
+    assert defect_key(_finding(FID, engine_function=None)) == "op entropy | NaN"
+
+
+def test_rlconform_ledger_writes_one_line_per_defect_and_reads_it_back(tmp_path):
+    ids = [f"entropy.finite_where_reference_finite.{d}.neg_inf_padded" for d in ("float32", "bfloat16", "float64")]
+    doc = {"engine": {"name": "verl", "version": "0.9.1"},
+           "findings": [_finding(ids[0]), _finding(ids[1], trigger="any input"), _finding(ids[2], status="xfail"),
+                        _finding("entropy.matches_reference.float32.moderate", status="marginal", max_ratio=2.0),
+                        _finding("entropy.matches_reference.float32.peaked", status="marginal", max_ratio=1.2),
+                        _finding("entropy.matches_reference.float64.moderate", status="pass")]}
+    lines = ledger_lines(doc, "r.json")
+    body = [line for line in lines if not line.startswith("#")]
+    assert body[0].startswith("defect verl.utils.torch_functional.entropy_from_logits | NaN | "
+                              "entropy.finite_where_reference_finite  # 3 finding(s); trigger(s): a −inf logit; any input — ")
+    assert body[1:] == ["entropy.matches_reference.float32.moderate  # marginal: value: engine nan where the reference "
+                        "is finite (0.0) at flat index 0"]  # the marginal one above the band's centre only
+    path = tmp_path / "xfails.txt"
+    path.write_text("\n".join(lines) + "\n")
+    ledger = parse_ledger(str(path))
+    assert list(ledger.findings) == ["entropy.matches_reference.float32.moderate"]
+    (line,) = ledger.defects.values()
+    assert line.scope == (("entropy", "finite_where_reference_finite"),) and line.line == len(lines) - 1
+    assert all(ledger.match(f) is line for f in doc["findings"][:3])
+    assert ledger.match(doc["findings"][5]) is None  # a passing finding matches nothing
+    assert ledger.in_scope("entropy", "finite_where_reference_finite") and not ledger.in_scope("entropy",
+                                                                                               "matches_reference")
+    assert parse_xfails(str(path)) == ledger.findings  # the finding-id view the callers of old read
+
+
+@pytest.mark.parametrize("line, words", [
+    ("defect verl.x.f | NaN", "malformed defect line"),
+    ("defect verl.x.f | NaN | entropy", "malformed scope 'entropy'"),
+    ("defect verl.x.f | NaN | entropyy.matches_reference", "unknown op"),
+    ("defect verl.x.f | NaN | entropy.partition_invariant", "does not apply"),
+])
+def test_a_malformed_defect_line_names_the_line_and_exits_2(tmp_path, capsys, line, words):
+    path = tmp_path / "xfails.txt"
+    path.write_text(f"# header\n{line}  # why\n")
+    with pytest.raises(XfailsError, match=words):
+        parse_ledger(str(path))
+    assert main(["check", "--engine", "reference", "--xfails", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2" in err and words in err and "Traceback" not in err
+
+
+def test_a_defect_listed_twice_is_one_warning(tmp_path):
+    path = tmp_path / "xfails.txt"
+    line = "defect op entropy | NaN | entropy.finite_where_reference_finite"
+    path.write_text(f"{line}\n{line}  # again\n")
+    warnings: list[str] = []
+    assert list(parse_ledger(str(path), warnings=warnings).defects) == ["op entropy | NaN"]
+    assert warnings == [f"{path}:2: defect op entropy | NaN is listed again (first on line 1); the duplicate line "
+                        f"is ignored"]
+
+
+# -- end to end, on a mutant: a ledger written from one run, read by runs whose examples differ ----------------
+
+BASE = ["--op", "entropy", "--property", "finite_where_reference_finite", "--profile", "ci", "-q"]
+
+
+def _check(tmp_path, name: str, engine: str, *extra: str):
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", engine, *BASE,
+                           "--out", str(out), *extra], capture_output=True, text=True, timeout=900)
+    doc = json.loads((out / "report.json").read_text())
+    return proc, doc
+
+
+def test_a_defect_ledger_matches_a_run_whose_examples_differ_and_goes_xpass_when_fixed(tmp_path):
+    proc, first = _check(tmp_path, "first", "mutants.naive_entropy", "--max-examples", "6", "--seed", "1")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    failing = {f["id"] for f in first["findings"] if f["status"] in ("discrepancy", "crash")}
+    assert failing
+    wrote = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "ledger", str(tmp_path / "first")],
+                           capture_output=True, text=True, timeout=300)
+    assert wrote.returncode == 0, wrote.stderr
+    ledger = tmp_path / "xfails.txt"
+    ledger.write_text(wrote.stdout)
+    lines = [line for line in wrote.stdout.splitlines() if line and not line.startswith("#")]
+    assert lines and all(line.startswith("defect ") for line in lines), lines  # defects, not finding ids
+    assert len(lines) < len(failing)
+
+    # other examples (another seed and count), listed findings unshrunk: every failure is a listed defect's
+    proc, second = _check(tmp_path, "second", "mutants.naive_entropy", "--max-examples", "4", "--seed", "2",
+                          "--xfails", str(ledger))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    statuses = {f["id"]: f["status"] for f in second["findings"]}
+    assert "xfail" in statuses.values() and not {"discrepancy", "crash"} & set(statuses.values()), statuses
+    assert all(f.get("ledger_defect") for f in second["findings"] if f["status"] == "xfail")
+    assert second["run"]["max_shrinks"]["ledger_listed"] == 0
+    assert {d["status"] for d in second["run"]["ledger_defects"]} == {"xfail"}
+
+    # an unlisted defect is red: the same ledger with its kinds changed lists none of these
+    other = tmp_path / "other.txt"
+    other.write_text(wrote.stdout.replace(" | NaN | ", " | inf | ").replace(" | inf | ", " | wrong value | ", 1))
+    proc, third = _check(tmp_path, "third", "mutants.naive_entropy", "--max-examples", "4", "--xfails", str(other))
+    assert proc.returncode == 1 and "discrepancy" in {f["status"] for f in third["findings"]}
+
+    # the defect fixed (the reference engine): the line is xpass and the run is red, with one line saying so
+    proc, fixed = _check(tmp_path, "fixed", "reference", "--max-examples", "4", "--xfails", str(ledger))
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert {f["status"] for f in fixed["findings"]} == {"pass"}
+    assert {d["status"] for d in fixed["run"]["ledger_defects"]} == {"xpass"}
+    assert "is listed but none of its findings fails now: it is fixed, remove the line" in proc.stderr
+    # ... but a run narrowed below the defect's scope cannot tell: not checked, exit 0
+    proc, narrow = _check(tmp_path, "narrow", "reference", "--max-examples", "4", "--dtype", "float32",
+                          "--xfails", str(ledger))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert {d["status"] for d in narrow["run"]["ledger_defects"]} == {"not checked"}
