@@ -86,8 +86,17 @@ class Ledger:
         return any((op, prop) in d.scope for d in self.defects.values())
 
     def match(self, finding: dict) -> DefectLine | None:
-        """The defect line a failing ``finding`` record (with its root-cause fields) falls under, or None."""
-        if not self.defects or finding.get("status") not in FAILING:
+        """The defect line a ``finding`` record falls under, or None: a failing one (with its root-cause
+        fields) by :func:`defect_key`; a ``marginal`` one by scope (the first line whose ``op.property``
+        pairs hold it), since its kind reads ``inexact value`` where another CPU's last bits make it a
+        ``wrong value`` and it carries no root-cause fields — it is never red either way, and so a listed
+        defect reads ``xfail`` on every machine."""
+        if not self.defects:
+            return None
+        if finding.get("status") == "marginal":
+            pair = (finding.get("op"), finding.get("property"))
+            return next((d for d in sorted(self.defects.values(), key=lambda d: d.line) if pair in d.scope), None)
+        if finding.get("status") not in FAILING:
             return None
         return self.defects.get(defect_key(finding))
 

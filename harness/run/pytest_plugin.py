@@ -526,6 +526,8 @@ def _apply_defect_lines(state: State, finding: dict) -> None:
     if line is None:
         return
     state.ledger_matches.setdefault(line.key, []).append(finding["id"])
+    if finding["status"] == "marginal":
+        finding["message"] = (finding.get("message") or "") + " (marginal: inside the margin band; listed in the ledger)"
     finding["status"] = "xfail"
     finding["xfail_listed"] = True
     finding["ledger_defect"] = line.key
