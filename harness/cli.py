@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shrinking steps per failing finding (default: 50 in the ci profile, none for a finding "
                         "the --xfails ledger lists, no limit in nightly; negative: no limit)")
     c.add_argument("--seed", type=int, default=None, help="random seed (disables derandomization)")
-    c.add_argument("--xfails", default=None, help="ledger of known discrepancies, one finding id per line")
+    c.add_argument("--xfails", default=None, help="ledger of accepted defects (one per line) and known findings (ids)")
     c.add_argument("--corpus", default=None, help="corpus of saved counterexamples to replay first "
                                                   "(default: ./rlconform-corpus if it exists)")
     c.add_argument("-n", "--numprocesses", type=_numprocesses, default="1",
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S,
                    help="seconds the case may take before it is ended as hung (default %(default)s)")
 
-    lg = sub.add_parser("ledger", help="print an xfails ledger listing the failing findings of a report")
+    lg = sub.add_parser("ledger", help="print an xfails ledger listing the defects of a report, one line each")
     lg.add_argument("report", help="a report.json (or the folder holding it)")
 
     from rlconform.harness.run.fuzz import add_parser as add_fuzz_parser
@@ -425,7 +425,11 @@ def _verdict(args, code: int, reaper=None) -> int:
         print("rlconform: error: the harness could not check some findings (status `error`, not the engine's "
               "fault); see their messages in the report", file=sys.stderr)
         return EXIT_USAGE
-    if any(fails(f, args.fail_on) for f in doc["findings"]):
+    fixed = [d for d in (doc.get("run") or {}).get("ledger_defects") or () if d.get("status") == "xpass"]
+    for d in fixed:  # a listed defect none of whose findings failed (issue 21 §2)
+        print(f"rlconform: ledger line {d['line']}: defect {d['key']} is listed but none of its findings fails "
+              f"now: it is fixed, remove the line", file=sys.stderr)
+    if any(fails(f, args.fail_on) for f in doc["findings"]) or fixed:
         return EXIT_DISCREPANCY
     if result["interrupted"]:
         return EXIT_INTERRUPTED
@@ -634,7 +638,7 @@ def cmd_coverage(args) -> int:
 
 
 def cmd_ledger(args) -> int:
-    from rlconform.harness.core.tolerance import LEDGER_ABOVE
+    from rlconform.harness.report.ledger_text import ledger_lines
     from rlconform.harness.report.load import ReportError, load_report, report_path
 
     path = report_path(args.report)
@@ -642,19 +646,8 @@ def cmd_ledger(args) -> int:
         doc = load_report(path)
     except ReportError as exc:
         return _usage_error(f"cannot read report: {exc}")
-    findings = doc["findings"]
-    eng = doc.get("engine") or {}
-    print(f"# rlconform xfails ledger for {eng.get('name')} {eng.get('version') or ''}: known discrepancies, "
-          f"one finding id per line")
-    print(f"# generated from {path} by `rlconform ledger`")
-    for f in sorted(findings, key=lambda f: f["id"]):
-        # a marginal finding above the band's centre is listed too: on a CPU with another vector width its
-        # last bits may take it past the band, and the line keeps that run green (tolerance.LEDGER_ABOVE)
-        beyond = f["status"] == "marginal" and (f.get("max_ratio") or 0) > LEDGER_ABOVE
-        if f["status"] in ("discrepancy", "crash", "xfail") or beyond:
-            first = (f.get("message") or "").strip().splitlines()
-            note = first[0][:140] if first else f["status"]
-            print(f"{f['id']}  # {f['status']}: {note}")
+    for line in ledger_lines(doc, path):
+        print(line)
     return EXIT_CLEAN
 
 

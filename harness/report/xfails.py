@@ -1,11 +1,36 @@
-"""The adopter's ledger of known discrepancies (``--xfails FILE``).
+"""The adopter's ledger of known discrepancies (``--xfails FILE``): a maintainer's list of accepted defects.
 
-One finding id per line (``op.property.dtype.regime``, as printed in reports), ``#`` starts a comment,
-blank lines are ignored. The file is UTF-8 (a byte-order mark, as some editors write, is accepted); a
-file that is not UTF-8 is an :class:`XfailsError` naming the line. A finding listed twice is accepted
-with one warning (``warnings``) naming both lines of the first duplicate and counting the others (a
-million duplicate lines give one warning, not a million). A listed finding that fails is reported ``xfail``; one that now passes is
-reported ``xpass`` and fails the run, so the ledger is kept honest (array-api-tests style).
+Two kinds of line, ``#`` starts a comment (the reason), blank lines are ignored:
+
+* a **defect line** (issue 21 §2), one per accepted root cause::
+
+      defect verl.trainer.ppo.core_algos.agg_loss | wrong value | agg_loss.matches_reference  # a row with ...
+
+  ``defect <where> | <kind> | <scope>``: *where* is the engine function (``module.function``; for a crash the
+  deepest engine frame of its traceback; ``op <op>`` when the finding names no engine callable), *kind* the
+  failure kind of :func:`rlconform.harness.report.triage.kind` (``wrong value``, ``NaN``, ``crash:ValueError``
+  …), *scope* the comma-separated ``op.property`` pairs the defect's findings belong to. Every failing
+  finding whose :func:`defect_key` is ``<where> | <kind>`` is expected (``xfail``), whatever its op,
+  property, dtype or regime. A defect line none of whose findings fails, in a run that checks its whole
+  scope (every ``op.property`` of it ran, and no ``--dtype`` / ``--regime`` narrowed the run), is
+  ``xpass`` and fails the run (fixed: remove the line); in a narrower run it is ``not checked``.
+  Findings in the scope are ledger-listed for the shrink budget (``KNOWN_SHRINKS``: they stop at their
+  first failing example), so a check with a defect ledger costs no more than one with finding ids.
+* a **finding-id line** (``op.property.dtype.regime``, as printed in reports): that one finding is
+  expected; one that now passes is ``xpass`` (array-api-tests style).
+
+**Why the key has no trigger.** A defect of the report is keyed (where, kind, trigger), and its trigger is
+read from the *shrunk* input; a ledger-listed finding is not shrunk, so the same finding's trigger differs
+between the run that wrote the ledger and the runs that read it (and between runs whose examples differ:
+another ``--seed`` or ``--max-examples``). Where and kind come from the engine's code and the failure
+itself, not from the example, so the key is (where, kind) and the trigger goes into the reason, for the
+reader. One consequence: a new trigger of a listed (function, kind) is expected too — a defect is the
+function failing that way, as the maintainer accepted it.
+
+The file is UTF-8 (a byte-order mark, as some editors write, is accepted); a file that is not UTF-8 is an
+:class:`XfailsError` naming the line, as is a malformed line. A line listed twice is accepted with one
+warning (``warnings``) naming both lines of the first duplicate and counting the others (a million
+duplicate lines give one warning, not a million).
 
 A listed finding that is ``marginal`` (inside the margin band of
 :func:`rlconform.harness.core.tolerance.verdict`) stays ``marginal``: a line matches it marginal or failing
@@ -15,6 +40,7 @@ ledgers is retired: the band covers what it was for, and such a comment is now a
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from rlconform.harness.catalog.binding import BindingError
@@ -22,14 +48,112 @@ from rlconform.harness.catalog.ops import FLOAT_DTYPES, OPS, PROPERTIES
 from rlconform.harness.core.opinfo import FINDING_ID
 
 _ID = re.compile(f"^{FINDING_ID}$")
+#: ``defect <where> | <kind> | <op.property>[, <op.property> ...]``
+_DEFECT = re.compile(r"^defect\s+(?P<where>[^|]+?)\s*\|\s*(?P<kind>[^|]+?)\s*\|\s*(?P<scope>[^|]+?)$")
+_SCOPE = re.compile(r"^([A-Za-z0-9_]+)\.([a-z_]+)$")
+#: the finding statuses a defect line matches (a finding the worker recorded as failing)
+FAILING = ("discrepancy", "crash", "xfail")
 
 
 class XfailsError(BindingError):
     """The ledger is malformed; the message names the file and line."""
 
 
+@dataclasses.dataclass(frozen=True)
+class DefectLine:
+    """One defect line: ``key`` (``where | kind``, :func:`defect_key`), ``scope`` (``(op, property)`` pairs),
+    ``reason`` (the comment), ``line`` (its line number in the file)."""
+
+    key: str
+    scope: tuple[tuple[str, str], ...]
+    reason: str
+    line: int
+
+
+@dataclasses.dataclass
+class Ledger:
+    """A parsed ledger: ``findings`` (finding id -> reason) and ``defects`` (:func:`defect_key` ->
+    :class:`DefectLine`)."""
+
+    findings: dict[str, str] = dataclasses.field(default_factory=dict)
+    defects: dict[str, DefectLine] = dataclasses.field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.findings or self.defects)
+
+    def in_scope(self, op: str, prop: str) -> bool:
+        """Whether findings of ``op.prop`` belong to a listed defect's scope (they get the listed shrink budget)."""
+        return any((op, prop) in d.scope for d in self.defects.values())
+
+    def match(self, finding: dict) -> DefectLine | None:
+        """The defect line a ``finding`` record falls under, or None: a failing one (with its root-cause
+        fields) by :func:`defect_key`; a ``marginal`` one by scope (the first line whose ``op.property``
+        pairs hold it), since its kind reads ``inexact value`` where another CPU's last bits make it a
+        ``wrong value`` and it carries no root-cause fields — it is never red either way, and so a listed
+        defect reads ``xfail`` on every machine."""
+        if not self.defects:
+            return None
+        if finding.get("status") == "marginal":
+            pair = (finding.get("op"), finding.get("property"))
+            return next((d for d in sorted(self.defects.values(), key=lambda d: d.line) if pair in d.scope), None)
+        if finding.get("status") not in FAILING:
+            return None
+        return self.defects.get(defect_key(finding))
+
+
+def defect_key(finding: dict) -> str:
+    """``"<where> | <kind>"`` of a failing finding record (a ``report.json`` finding, or the record the plugin
+    builds): where = its crash frame (crash) or engine function as ``module.function``, else ``op <op>``;
+    kind = :func:`rlconform.harness.report.triage.kind`. It is the root key of
+    :func:`rlconform.harness.report.triage.root_key` without its trigger, which is read from the shrunk input
+    and so differs between a shrunk and an unshrunk run of the same finding (see the module docstring)."""
+    from rlconform.harness.report.triage import root_key
+
+    place, kind, _trigger = root_key(finding)
+    return f"{place} | {kind}"
+
+
+def defect_line(key: str, scope, reason: str) -> str:
+    """The ledger text of a defect line (what :func:`parse_ledger` reads back as ``key``, ``scope``)."""
+    pairs = ", ".join(f"{op}.{prop}" for op, prop in sorted(set(scope)))
+    reason = " ".join(reason.split())
+    return f"defect {key} | {pairs}" + (f"  # {reason}" if reason else "")
+
+
 def parse_xfails(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str] | None = None) -> dict[str, str]:
-    """Return ``{finding id: comment}``; raise :class:`XfailsError` naming ``path:line`` on a bad line.
+    """Return the finding-id lines ``{finding id: comment}`` (defect lines are checked, not returned: see
+    :func:`parse_ledger`); raise :class:`XfailsError` naming ``path:line`` on a bad line."""
+    return parse_ledger(path, extra_ops, warnings).findings
+
+
+def _check_op(path: str, n: int, op: str, prop: str, text: str, extra_ops) -> None:
+    if op not in OPS and op not in extra_ops:
+        raise XfailsError(f"{path}:{n}: unknown op {op!r} in {text!r}")
+    if prop not in PROPERTIES:
+        raise XfailsError(f"{path}:{n}: unknown property {prop!r} in {text!r} (one of {', '.join(PROPERTIES)})")
+    info = OPS.get(op)
+    if info is not None and prop not in info.properties:
+        raise XfailsError(f"{path}:{n}: property {prop!r} does not apply to {op!r} "
+                          f"(it has {', '.join(info.properties)})")
+
+
+def _parse_defect(path: str, n: int, text: str, extra_ops) -> tuple[str, tuple[tuple[str, str], ...]]:
+    m = _DEFECT.match(text)
+    if not m:
+        raise XfailsError(f"{path}:{n}: malformed defect line {text!r} (expected "
+                          f"'defect <module.function> | <kind> | <op.property>[, ...]')")
+    scope = []
+    for item in m.group("scope").split(","):
+        sm = _SCOPE.match(item.strip())
+        if not sm:
+            raise XfailsError(f"{path}:{n}: malformed scope {item.strip()!r} in a defect line (expected op.property)")
+        _check_op(path, n, sm.group(1), sm.group(2), text, extra_ops)
+        scope.append((sm.group(1), sm.group(2)))
+    return f"{m.group('where')} | {m.group('kind')}", tuple(scope)
+
+
+def parse_ledger(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str] | None = None) -> Ledger:
+    """The :class:`Ledger` at ``path``; raise :class:`XfailsError` naming ``path:line`` on a bad line.
     Duplicate lines are summed up in one ``path:line: ...`` message appended to ``warnings`` (when given)."""
     try:
         with open(path, "rb") as fh:
@@ -43,13 +167,23 @@ def parse_xfails(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
         raise XfailsError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the ledger as "
                           f"UTF-8") from None
     lines = text.splitlines()
-    out: dict[str, str] = {}
+    ledger = Ledger()
     first_line: dict[str, int] = {}
     first_dup, dups = None, 0
     for n, raw in enumerate(lines, 1):
         text, _, comment = raw.partition("#")
         text = text.strip()
         if not text:
+            continue
+        if text.startswith("defect ") or text == "defect":
+            key, scope = _parse_defect(path, n, text, extra_ops)
+            if key in first_line:
+                if first_dup is None:
+                    first_dup = f"{path}:{n}: defect {key} is listed again (first on line {first_line[key]})"
+                dups += 1
+                continue
+            first_line[key] = n
+            ledger.defects[key] = DefectLine(key, scope, comment.strip(), n)
             continue
         m = _ID.match(text)
         if not m:
@@ -81,8 +215,8 @@ def parse_xfails(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
             dups += 1
             continue
         first_line[text] = n
-        out[text] = comment.strip()
+        ledger.findings[text] = comment.strip()
     if first_dup is not None and warnings is not None:
         more = f", and {dups - 1} more duplicate line(s)" if dups > 1 else ""
         warnings.append(f"{first_dup}{more}; the duplicate line{'s are' if dups > 1 else ' is'} ignored")
-    return out
+    return ledger

@@ -126,7 +126,7 @@ class State:
     def __init__(self, config):
         from rlconform.harness.bindings.load import load_engine
         from rlconform.harness.core.profiles import settings_for
-        from rlconform.harness.report.xfails import parse_xfails
+        from rlconform.harness.report.xfails import Ledger, parse_ledger
 
         opt = config.getoption
         self.config = config
@@ -147,7 +147,9 @@ class State:
         self.properties = set(opt("rlconform_property"))
         self.dtypes = set(opt("rlconform_dtype"))
         self.regimes = set(opt("rlconform_regime"))
-        self.xfails = parse_xfails(opt("rlconform_xfails")) if opt("rlconform_xfails") else {}
+        self.ledger = parse_ledger(opt("rlconform_xfails")) if opt("rlconform_xfails") else Ledger()
+        self.xfails = self.ledger.findings  # finding-id lines; defect lines are matched in the controller
+        self.ledger_matches: dict[str, list[str]] = {}  # controller: defect key -> finding ids it matched
         self.out = os.path.abspath(opt("rlconform_out"))
         self.corpus = opt("rlconform_corpus")
         self.deadline = opt("rlconform_deadline") or None
@@ -229,7 +231,9 @@ class State:
         """Shrinking steps this finding may take (:func:`rlconform.harness.core.profiles.shrink_budget`)."""
         from rlconform.harness.core.profiles import shrink_budget
 
-        return shrink_budget(self.profile, finding_id in self.xfails, self.max_shrinks)
+        op, _, rest = finding_id.partition(".")
+        listed = finding_id in self.xfails or self.ledger.in_scope(op, rest.partition(".")[0])
+        return shrink_budget(self.profile, listed, self.max_shrinks)
 
     def shrink_budget_listed(self) -> int | None:
         from rlconform.harness.core.profiles import shrink_budget
@@ -503,12 +507,50 @@ def pytest_runtest_logreport(report):
     for name, value in report.user_properties:
         if name == "rlconform_finding":
             _keep_case(state, value)
+            _apply_defect_lines(state, value)
             try:
                 state.writer.add(value)
             except ReportWriteError as exc:
                 state.error = str(exc)
                 raise _StopRun(state.error) from None
     interrupts.check()  # an interrupt swallowed anywhere in this process ends the run here
+
+
+def _apply_defect_lines(state: State, finding: dict) -> None:
+    """A failing finding of a defect the ledger lists is ``xfail`` (issue 21 §2): matched here, in the
+    process that writes the report, on the finding record's root-cause fields
+    (:func:`rlconform.harness.report.xfails.defect_key`)."""
+    if not isinstance(finding, dict) or not state.ledger.defects:
+        return
+    line = state.ledger.match(finding)
+    if line is None:
+        return
+    state.ledger_matches.setdefault(line.key, []).append(finding["id"])
+    if finding["status"] == "marginal":
+        finding["message"] = (finding.get("message") or "") + " (marginal: inside the margin band; listed in the ledger)"
+    finding["status"] = "xfail"
+    finding["xfail_listed"] = True
+    finding["ledger_defect"] = line.key
+
+
+def _ledger_verdicts(state: State, recorded: set[str]) -> list[dict]:
+    """One entry per defect line: ``xfail`` (a finding of it failed), ``xpass`` (the run checked its whole
+    scope and none did: fixed, remove the line) or ``not checked`` (the run selected too little to tell:
+    part of its scope, or narrowed by ``--dtype`` / ``--regime``)."""
+    out = []
+    expected = state.expected() | recorded
+    for key, line in sorted(state.ledger.defects.items(), key=lambda kv: kv[1].line):
+        matched = sorted(set(state.ledger_matches.get(key, ())))
+        if matched:
+            status = "xfail"
+        else:
+            scope = {f"{op}.{prop}" for op, prop in line.scope}
+            ran = {".".join(fid.split(".")[:2]) for fid in recorded}
+            wanted = {fid for fid in expected if ".".join(fid.split(".")[:2]) in scope}
+            full = scope <= ran and wanted <= recorded and not state.dtypes and not state.regimes
+            status = "xpass" if full else "not checked"
+        out.append({"key": key, "line": line.line, "status": status, "findings": matched, "reason": line.reason})
+    return out
 
 
 def _keep_case(state: State, finding: dict) -> None:
@@ -627,6 +669,8 @@ def pytest_sessionfinish(session, exitstatus):
     recorded = set(state.writer.findings)
     not_run = sorted(state.expected() - recorded)
     state.writer.run["not_run"] = not_run
+    if state.ledger.defects:
+        state.writer.run["ledger_defects"] = _ledger_verdicts(state, recorded)
     state.writer.run["interrupted"] = interrupted
     from rlconform.harness.report.writer import ReportWriteError
 

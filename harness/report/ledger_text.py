@@ -1,0 +1,63 @@
+"""The text of a defect ledger written from a report (``rlconform ledger REPORT``, issue 21 §2).
+
+:func:`ledger_lines` turns a ``report.json`` document into the lines of an ``--xfails`` file
+(:mod:`rlconform.harness.report.xfails`): a header, then one ``defect <where> | <kind> | <scope>`` line per
+accepted root cause — the failing findings (``discrepancy``, ``crash``, ``xfail``) grouped by
+:func:`~rlconform.harness.report.xfails.defect_key` — in the report's defect order (severity, then effect),
+each with its reason: severity, number of findings, triggers, and the message of its smallest reproducer
+(editable: the maintainer's words replace it). Then one finding-id line per ``marginal`` finding above the
+band's centre (:data:`rlconform.harness.core.tolerance.LEDGER_ABOVE`): on a CPU with another vector width
+its last bits may take it past the band, and the line keeps that run green.
+"""
+
+from __future__ import annotations
+
+from rlconform.harness.core.tolerance import LEDGER_ABOVE
+from rlconform.harness.report.xfails import FAILING, defect_key, defect_line
+
+#: the header's account of the key, repeated in every ledger so that its reader knows what a line matches
+KEY_RULE = ("# A defect line matches every failing finding whose engine function (for a crash: the deepest engine\n"
+            "# frame) and failure kind are those listed, in any dtype or regime; the trigger is not part of the key\n"
+            "# (it is read from the shrunk input, and ledger-listed findings are not shrunk), it is in the reason.\n"
+            "# A defect line none of whose findings fails is `xpass` (fixed: remove the line).")
+
+
+def _first_line(text: str | None, limit: int = 140) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0][:limit] if lines else ""
+
+
+def ledger_lines(doc: dict, source: str) -> list[str]:
+    """The ledger's lines (without newlines) for report ``doc`` read from ``source`` (named in the header)."""
+    from rlconform.harness.report.triage import trigger
+
+    eng = doc.get("engine") or {}
+    out = [f"# rlconform xfails ledger for {eng.get('name')} {eng.get('version') or ''}".rstrip()
+           + ": accepted defects, one per line (defect <where> | <kind> | <op.property, ...>  # reason)",
+           f"# generated from {source} by `rlconform ledger`", *KEY_RULE.splitlines()]
+    groups: dict[str, list[dict]] = {}
+    for f in doc["findings"]:
+        if f.get("status") in FAILING:
+            groups.setdefault(defect_key(f), []).append(f)
+    by_id = {f["id"]: key for key, members in groups.items() for f in members}
+    order = []
+    for d in doc.get("defects") or ():  # the report's ranking: severity, effect, size
+        for fid in d.get("members") or ():
+            key = by_id.get(fid)
+            if key is not None and key not in order:
+                order.append(key)
+    order += sorted(k for k in groups if k not in order)
+    from rlconform.harness.report.severity import RANK
+
+    for key in order:
+        members = sorted(groups[key], key=lambda f: (len(f.get("worst_input") or ""), f["id"]))
+        triggers = sorted({trigger(f) for f in members})
+        sevs = [f.get("severity") for f in members if f.get("severity")]
+        sev = min(sevs, key=lambda s: RANK.get(s, 99)) if sevs else None
+        reason = (f"{sev + ', ' if sev else ''}{len(members)} finding(s); trigger(s): {'; '.join(triggers)} — "
+                  f"{_first_line(members[0].get('message')) or members[0]['status']}")
+        out.append(defect_line(key, {(f["op"], f["property"]) for f in members}, reason))
+    for f in sorted(doc["findings"], key=lambda f: f["id"]):
+        if f.get("status") == "marginal" and (f.get("max_ratio") or 0) > LEDGER_ABOVE:
+            out.append(f"{f['id']}  # marginal: {_first_line(f.get('message'))}")
+    return out

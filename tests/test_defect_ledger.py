@@ -1,0 +1,181 @@
+"""The ledger lists defects (issue 21 §2): one ``defect <where> | <kind> | <scope>`` line per accepted root
+cause, keyed without the trigger (read from the shrunk input, so it moves between the run that wrote the
+ledger and a run that reads it). Any failing finding of a listed defect is ``xfail``; a failing finding of
+an unlisted one is red; a listed defect none of whose findings fails, in a run that checks its scope, is
+``xpass`` (exit 1); finding-id lines keep working alongside."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+from rlconform.harness.cli import main
+from rlconform.harness.report.ledger_text import ledger_lines
+from rlconform.harness.run import pytest_plugin
+from rlconform.harness.report.xfails import XfailsError, defect_key, parse_ledger, parse_xfails
+
+FID = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
+SITE = {"function": "entropy_from_logits", "module": "verl.utils.torch_functional", "file": "f.py", "line": 1}
+
+
+def _finding(fid: str, status="discrepancy", message="value: engine nan where the reference is finite (0.0) at flat index 0",
+             trigger="a −inf logit", **extra) -> dict:
+    op, prop, dtype, regime = fid.split(".")
+    return {"id": fid, "op": op, "property": prop, "dtype": dtype, "regime": regime, "status": status,
+            "message": message, "worst_input": "logits[1, 2]=[-inf, 0.0]", "engine_function": SITE,
+            "crash_frame": None, "trigger": trigger, **extra}
+
+
+def test_the_key_is_where_and_kind_not_the_trigger_nor_the_example():
+    a = _finding(FID)
+    shrunk_elsewhere = _finding("entropy.finite_where_reference_finite.bfloat16.neg_inf_padded",
+                                trigger="any input", worst_input="logits[4, 8]=[...]")
+    assert defect_key(a) == defect_key(shrunk_elsewhere) == "verl.utils.torch_functional.entropy_from_logits | NaN"
+    other_site = _finding(FID, engine_function={**SITE, "function": "entropy_from_logits_with_chunking"})
+    wrong = _finding(FID, message="value: engine 0.0 vs reference 0.69 at flat index 0: abs err 0.69, rel err 1, "
+                                  "tolerance 1e-05")
+    assert len({defect_key(a), defect_key(other_site), defect_key(wrong)}) == 3
+    crash = _finding(FID, status="crash", message="RuntimeError: boom",
+                     crash_frame={"function": "helper", "module": "verl.utils.x", "file": "x.py", "line": 9})
+    assert defect_key(crash) == "verl.utils.x.helper | crash:RuntimeError"
+    assert defect_key(_finding(FID, engine_function=None)) == "op entropy | NaN"
+
+
+def test_rlconform_ledger_writes_one_line_per_defect_and_reads_it_back(tmp_path):
+    ids = [f"entropy.finite_where_reference_finite.{d}.neg_inf_padded" for d in ("float32", "bfloat16", "float64")]
+    doc = {"engine": {"name": "verl", "version": "0.9.1"},
+           "findings": [_finding(ids[0]), _finding(ids[1], trigger="any input"), _finding(ids[2], status="xfail"),
+                        _finding("entropy.matches_reference.float32.moderate", status="marginal", max_ratio=2.0),
+                        _finding("entropy.matches_reference.float32.peaked", status="marginal", max_ratio=1.2),
+                        _finding("entropy.matches_reference.float64.moderate", status="pass")]}
+    lines = ledger_lines(doc, "r.json")
+    body = [line for line in lines if not line.startswith("#")]
+    assert body[0].startswith("defect verl.utils.torch_functional.entropy_from_logits | NaN | "
+                              "entropy.finite_where_reference_finite  # 3 finding(s); trigger(s): a −inf logit; any input — ")
+    assert body[1:] == ["entropy.matches_reference.float32.moderate  # marginal: value: engine nan where the reference "
+                        "is finite (0.0) at flat index 0"]  # the marginal one above the band's centre only
+    path = tmp_path / "xfails.txt"
+    path.write_text("\n".join(lines) + "\n")
+    ledger = parse_ledger(str(path))
+    assert list(ledger.findings) == ["entropy.matches_reference.float32.moderate"]
+    (line,) = ledger.defects.values()
+    assert line.scope == (("entropy", "finite_where_reference_finite"),) and line.line == len(lines) - 1
+    assert all(ledger.match(f) is line for f in doc["findings"][:3])
+    assert ledger.match(doc["findings"][5]) is None  # a passing finding matches nothing
+    assert ledger.in_scope("entropy", "finite_where_reference_finite") and not ledger.in_scope("entropy",
+                                                                                               "matches_reference")
+    assert parse_xfails(str(path)) == ledger.findings  # the finding-id view the callers of old read
+
+
+@pytest.mark.parametrize("line, words", [
+    ("defect verl.x.f | NaN", "malformed defect line"),
+    ("defect verl.x.f | NaN | entropy", "malformed scope 'entropy'"),
+    ("defect verl.x.f | NaN | entropyy.matches_reference", "unknown op"),
+    ("defect verl.x.f | NaN | entropy.partition_invariant", "does not apply"),
+])
+def test_a_malformed_defect_line_names_the_line_and_exits_2(tmp_path, capsys, line, words):
+    path = tmp_path / "xfails.txt"
+    path.write_text(f"# header\n{line}  # why\n")
+    with pytest.raises(XfailsError, match=words):
+        parse_ledger(str(path))
+    assert main(["check", "--engine", "reference", "--xfails", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2" in err and words in err and "Traceback" not in err
+
+
+def test_a_defect_listed_twice_is_one_warning(tmp_path):
+    path = tmp_path / "xfails.txt"
+    line = "defect op entropy | NaN | entropy.finite_where_reference_finite"
+    path.write_text(f"{line}\n{line}  # again\n")
+    warnings: list[str] = []
+    assert list(parse_ledger(str(path), warnings=warnings).defects) == ["op entropy | NaN"]
+    assert warnings == [f"{path}:2: defect op entropy | NaN is listed again (first on line 1); the duplicate line "
+                        f"is ignored"]
+
+
+def _state(ledger, dtypes=(), recorded=()):
+    return types.SimpleNamespace(ledger=ledger, ledger_matches={}, dtypes=set(dtypes), regimes=set(),
+                                 expected=lambda: set(recorded))
+
+
+def test_in_the_report_process_a_listed_defect_is_xfail_an_unlisted_one_stays_red(tmp_path):
+    path = tmp_path / "xfails.txt"
+    path.write_text("defect verl.utils.torch_functional.entropy_from_logits | NaN | "
+                    "entropy.finite_where_reference_finite  # 0 log 0\n"
+                    "defect verl.x.gone | wrong value | entropy.matches_reference  # fixed since\n")
+    state = _state(parse_ledger(str(path)), recorded=[FID, "entropy.matches_reference.float32.moderate"])
+    listed, unlisted = _finding(FID), _finding(FID.replace("float32", "float64"), engine_function={**SITE, "line": 2,
+                                                                                         "function": "other"})
+    passing = _finding("entropy.matches_reference.float32.moderate", status="pass")
+    # marginal in a listed defect's scope: xfail, as a listed id would be (its kind reads `inexact value`
+    # where another CPU makes it a `wrong value`), matched by scope since it has no root-cause fields
+    marginal = _finding(FID.replace("float32", "bfloat16"), status="marginal", engine_function=None)
+    loose = _finding("entropy.matches_reference.float64.moderate", status="marginal", engine_function=None)
+    for f in (listed, unlisted, passing, marginal, loose):
+        pytest_plugin._apply_defect_lines(state, f)
+    assert (listed["status"], listed["ledger_defect"]) == ("xfail", "verl.utils.torch_functional.entropy_from_logits | NaN")
+    assert unlisted["status"] == "discrepancy" and "ledger_defect" not in unlisted  # red: not the listed defect
+    assert passing["status"] == "pass"
+    assert marginal["status"] == "xfail" and "listed in the ledger" in marginal["message"]
+    assert loose["status"] == "xfail"  # entropy.matches_reference is line 2's scope
+    outside = _finding("logsumexp.matches_reference.float32.moderate", status="marginal", engine_function=None)
+    pytest_plugin._apply_defect_lines(state, outside)
+    assert outside["status"] == "marginal"
+    verdicts = pytest_plugin._ledger_verdicts(state, {FID, passing["id"]})
+    state.ledger_matches.pop("verl.x.gone | wrong value")  # without the marginal finding: fixed
+    assert pytest_plugin._ledger_verdicts(state, {FID, passing["id"]})[1]["status"] == "xpass"
+    assert [(v["line"], v["status"], v["findings"]) for v in verdicts] == [(1, "xfail", sorted([FID, marginal["id"]])),
+                                                                         (2, "xfail", [loose["id"]])]
+    # a run narrowed below a line's scope cannot tell it is fixed: not checked
+    narrow = _state(state.ledger, dtypes=["float32"], recorded=[passing["id"]])
+    assert [v["status"] for v in pytest_plugin._ledger_verdicts(narrow, {passing["id"]})] == ["not checked"] * 2
+    part = _state(state.ledger, recorded=[passing["id"]])  # the scope's op.property never ran
+    assert [v["status"] for v in pytest_plugin._ledger_verdicts(part, {passing["id"]})] == ["not checked", "xpass"]
+
+
+# -- end to end, on a mutant: a ledger written from one run, read by runs whose examples differ ----------------
+
+BASE = ["--op", "entropy", "--property", "finite_where_reference_finite", "--profile", "ci", "-q"]
+
+
+def _check(tmp_path, name: str, engine: str, *extra: str):
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", engine, *BASE,
+                           "--out", str(out), *extra], capture_output=True, text=True, timeout=900)
+    doc = json.loads((out / "report.json").read_text())
+    return proc, doc
+
+
+def test_a_defect_ledger_matches_a_run_whose_examples_differ_and_goes_xpass_when_fixed(tmp_path):
+    proc, first = _check(tmp_path, "first", "mutants.naive_entropy", "--max-examples", "6", "--seed", "1")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    failing = {f["id"] for f in first["findings"] if f["status"] in ("discrepancy", "crash")}
+    assert failing
+    wrote = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "ledger", str(tmp_path / "first")],
+                           capture_output=True, text=True, timeout=300)
+    assert wrote.returncode == 0, wrote.stderr
+    ledger = tmp_path / "xfails.txt"
+    ledger.write_text(wrote.stdout)
+    lines = [line for line in wrote.stdout.splitlines() if line and not line.startswith("#")]
+    assert lines and all(line.startswith("defect ") for line in lines), lines  # defects, not finding ids
+    assert len(lines) < len(failing)
+
+    # other examples (another seed and count), listed findings unshrunk: every failure is a listed defect's
+    proc, second = _check(tmp_path, "second", "mutants.naive_entropy", "--max-examples", "4", "--seed", "2",
+                          "--xfails", str(ledger))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    statuses = {f["id"]: f["status"] for f in second["findings"]}
+    assert "xfail" in statuses.values() and not {"discrepancy", "crash"} & set(statuses.values()), statuses
+    assert all(f.get("ledger_defect") for f in second["findings"] if f["status"] == "xfail")
+    assert {d["status"] for d in second["run"]["ledger_defects"]} == {"xfail"}
+
+    # the defect fixed (the reference engine): the line is xpass and the run is red, with one line saying so
+    proc, fixed = _check(tmp_path, "fixed", "reference", "--max-examples", "4", "--xfails", str(ledger))
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert {f["status"] for f in fixed["findings"]} == {"pass"}
+    assert {d["status"] for d in fixed["run"]["ledger_defects"]} == {"xpass"}
+    assert "is listed but none of its findings fails now: it is fixed, remove the line" in proc.stderr
