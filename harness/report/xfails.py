@@ -105,11 +105,13 @@ def defect_key(finding: dict) -> str:
     """``"<where> | <kind>"`` of a failing finding record (a ``report.json`` finding, or the record the plugin
     builds): where = its crash frame (crash) or engine function as ``module.function``, else ``op <op>``;
     kind = :func:`rlconform.harness.report.triage.kind`. It is the root key of
-    :func:`rlconform.harness.report.triage.root_key` without its trigger, which is read from the shrunk input
-    and so differs between a shrunk and an unshrunk run of the same finding (see the module docstring)."""
+    :func:`rlconform.harness.report.triage.root_key` (where, failure class), which holds no trigger: a
+    trigger is read from the shrunk input and so differs between a shrunk and an unshrunk run of the same
+    finding (see the module docstring). It is the key before the table's callee fold
+    (:func:`rlconform.harness.report.triage.defects`), so that it is a function of the finding alone."""
     from rlconform.harness.report.triage import root_key
 
-    place, kind, _trigger = root_key(finding)
+    place, kind = root_key(finding)[:2]  # (where, failure class): never the trigger
     return f"{place} | {kind}"
 
 
