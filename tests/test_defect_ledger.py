@@ -34,7 +34,7 @@ def test_the_key_is_where_and_kind_not_the_trigger_nor_the_example():
     a = _finding(FID)
     shrunk_elsewhere = _finding("entropy.finite_where_reference_finite.bfloat16.neg_inf_padded",
                                 trigger="any input", worst_input="logits[4, 8]=[...]")
-    assert defect_key(a) == defect_key(shrunk_elsewhere) == "verl.utils.torch_functional.entropy_from_logits | NaN"
+    assert defect_key(a) == defect_key(shrunk_elsewhere) == "verl.utils.torch_functional.entropy_from_logits | NaN / inf"
     other_site = _finding(FID, engine_function={**SITE, "function": "entropy_from_logits_with_chunking"})
     wrong = _finding(FID, message="value: engine 0.0 vs reference 0.69 at flat index 0: abs err 0.69, rel err 1, "
                                   "tolerance 1e-05")
@@ -42,7 +42,7 @@ def test_the_key_is_where_and_kind_not_the_trigger_nor_the_example():
     crash = _finding(FID, status="crash", message="RuntimeError: boom",
                      crash_frame={"function": "helper", "module": "verl.utils.x", "file": "x.py", "line": 9})
     assert defect_key(crash) == "verl.utils.x.helper | crash:RuntimeError"
-    assert defect_key(_finding(FID, engine_function=None)) == "op entropy | NaN"
+    assert defect_key(_finding(FID, engine_function=None)) == "op entropy | NaN / inf"
 
 
 def test_rlconform_ledger_writes_one_line_per_defect_and_reads_it_back(tmp_path):
@@ -54,7 +54,7 @@ def test_rlconform_ledger_writes_one_line_per_defect_and_reads_it_back(tmp_path)
                         _finding("entropy.matches_reference.float64.moderate", status="pass")]}
     lines = ledger_lines(doc, "r.json")
     body = [line for line in lines if not line.startswith("#")]
-    assert body[0].startswith("defect verl.utils.torch_functional.entropy_from_logits | NaN | "
+    assert body[0].startswith("defect verl.utils.torch_functional.entropy_from_logits | NaN / inf | "
                               "entropy.finite_where_reference_finite  # 3 finding(s); trigger(s): a −inf logit; any input — ")
     assert body[1:] == ["entropy.matches_reference.float32.moderate  # marginal: value: engine nan where the reference "
                         "is finite (0.0) at flat index 0"]  # the marginal one above the band's centre only
@@ -104,7 +104,7 @@ def _state(ledger, dtypes=(), recorded=()):
 
 def test_in_the_report_process_a_listed_defect_is_xfail_an_unlisted_one_stays_red(tmp_path):
     path = tmp_path / "xfails.txt"
-    path.write_text("defect verl.utils.torch_functional.entropy_from_logits | NaN | "
+    path.write_text("defect verl.utils.torch_functional.entropy_from_logits | NaN / inf | "
                     "entropy.finite_where_reference_finite  # 0 log 0\n"
                     "defect verl.x.gone | wrong value | entropy.matches_reference  # fixed since\n")
     state = _state(parse_ledger(str(path)), recorded=[FID, "entropy.matches_reference.float32.moderate"])
@@ -117,7 +117,7 @@ def test_in_the_report_process_a_listed_defect_is_xfail_an_unlisted_one_stays_re
     loose = _finding("entropy.matches_reference.float64.moderate", status="marginal", engine_function=None)
     for f in (listed, unlisted, passing, marginal, loose):
         pytest_plugin._apply_defect_lines(state, f)
-    assert (listed["status"], listed["ledger_defect"]) == ("xfail", "verl.utils.torch_functional.entropy_from_logits | NaN")
+    assert (listed["status"], listed["ledger_defect"]) == ("xfail", "verl.utils.torch_functional.entropy_from_logits | NaN / inf")
     assert unlisted["status"] == "discrepancy" and "ledger_defect" not in unlisted  # red: not the listed defect
     assert passing["status"] == "pass"
     assert marginal["status"] == "xfail" and "listed in the ledger" in marginal["message"]
