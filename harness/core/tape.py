@@ -74,6 +74,8 @@ class Unreadable:
                         f"referee cannot read (a tensor, numpy value, number, string, list, tuple or dict is read)")
 
     def __getattr__(self, name):
+        if name.startswith("__"):  # pickle, copy and repr look for optional dunders
+            raise AttributeError(name)
         self._fail()
 
     __call__ = __iter__ = __len__ = __getitem__ = __float__ = __int__ = __bool__ = __index__ = _fail

@@ -19,6 +19,16 @@ import collections
 GREEN = ("pass", "xpass", "marginal")
 
 
+def refereed(op) -> bool:
+    """Whether the findings of ``op`` are judged by a referee: the single-process families. A distributed
+    family's comparison runs in the controller's worker from what the gloo ranks sent back
+    (:mod:`rlconform.distributed_tests.checks`)."""
+    from rlconform.harness.catalog.ops import OPS
+
+    info = OPS.get(op) if isinstance(op, str) else None
+    return info is not None and not info.distributed
+
+
 class VerdictBook:
     """Per finding id: how many verdicts the referees sent, and the first failing one."""
 
@@ -52,7 +62,7 @@ class VerdictBook:
             finding["message"] = (f"{message} (the referee's verdict; the engine's worker reported {status})")[:4000]
             return finding
         examples = finding.get("examples") or 0
-        if isinstance(examples, int) and examples > self.seen.get(fid, 0):
+        if isinstance(examples, int) and examples > self.seen.get(fid, 0) and refereed(finding.get("op")):
             finding["status"] = "crash"
             finding["message"] = (f"the engine's worker reported {examples} example(s) of this finding as {status}, "
                                   f"its referee judged {self.seen.get(fid, 0)}: the checks did not all reach the referee")
