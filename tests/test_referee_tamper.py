@@ -32,3 +32,9 @@ def test_a_tampering_engine_stays_red(vector, tmp_path):
     doc = json.loads((out / "report.json").read_text())
     statuses = {f["id"]: f["status"] for f in doc["findings"]}
     assert statuses == {"entropy.matches_reference.float32.moderate": "discrepancy"}, statuses
+    if vector == "tamper_atol":  # `replay` is refereed too: the saved case stays red in a fresh process
+        rep = subprocess.run(
+            [sys.executable, "-m", "rlconform.harness.cli", "replay",
+             str(out / "cases" / "entropy.matches_reference.float32.moderate.json"),
+             "--engine", os.path.join(BINDINGS, f"{vector}.py")], capture_output=True, text=True, timeout=600)
+        assert rep.returncode == 1 and "DISCREPANCY" in rep.stdout, rep.stdout[-2000:] + rep.stderr[-2000:]
