@@ -33,9 +33,10 @@ def main() -> None:
 
     from rlconform.harness.workers import referee as referee_process
     from rlconform.properties import referee
+    from rlconform.properties.checks import referee_judge
 
     t0 = time.perf_counter()
-    ref = referee_process.start(referee.judge, referee.check_clean)  # before any engine import
+    ref = referee_process.start(referee_judge, referee.check_clean)  # before any engine import
     startup = time.perf_counter() - t0
 
     import torch

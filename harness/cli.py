@@ -557,9 +557,10 @@ def cmd_replay(args) -> int:
         if refereed(case.op) and not args.no_referee:  # started before the engine's child imports anything
             from rlconform.harness.workers import referee as referee_process
             from rlconform.properties import referee as judge
+            from rlconform.properties.checks import referee_judge
 
             try:
-                ref = referee_process.start(judge.judge, judge.check_clean)
+                ref = referee_process.start(referee_judge, judge.check_clean)
             except referee_process.RefereeUnavailable as exc:
                 return _usage_error(str(exc))
         at = (ref.address, ref.authkey.hex()) if ref is not None else None

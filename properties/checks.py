@@ -40,6 +40,13 @@ def run_check(binding, case: Case) -> Outcome:
     return run_check_here(binding, case)
 
 
+def referee_judge(payload: bytes):
+    """What a referee process serves (:func:`rlconform.properties.referee.judge` with :func:`run_check_here`)."""
+    from rlconform.properties import referee
+
+    return referee.judge(payload, run_check_here)
+
+
 def run_check_here(binding, case: Case) -> Outcome:
     """Check ``case`` against ``binding`` on this process (the engine's calls and the judgment both)."""
     from rlconform.harness.catalog.binding import BindingError

@@ -175,19 +175,19 @@ def loads(data: bytes):
 
 # -- the referee's side ----------------------------------------------------------------------------------
 
-def judge(payload: bytes):
-    """In the referee: ``(reply, verdict)`` for one request (see the module docstring). ``reply`` is one of
+def judge(payload: bytes, check_here):
+    """In the referee: ``(reply, verdict)`` for one request, judged by ``check_here``
+    (:func:`rlconform.properties.checks.run_check_here`; :func:`rlconform.properties.checks.referee_judge`) (see the module docstring). ``reply`` is one of
     ``("outcome", Outcome)``, ``("crash", message, engine traceback)``, ``("diverged", message)``,
     ``("raised", message, traceback)``; ``verdict`` is ``(finding id, kind, outcome verdict or None, message)``."""
     from rlconform.harness.core.evaluation import EngineCrash
-    from rlconform.properties.checks import run_check_here
 
     req = loads(payload)
     case, binding, tape = req["case"], req["binding"], req["tape"]
     fid = case.finding_id
     try:
         with T.replaying(tape):
-            outcome = run_check_here(binding, case)
+            outcome = check_here(binding, case)
             tape.finish()
         return ("outcome", outcome), (fid, "outcome", outcome.verdict, outcome.message)
     except EngineCrash as exc:

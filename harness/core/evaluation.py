@@ -43,7 +43,12 @@ def call_engine(where: str, fn: Callable, *args, **kwargs):
     exception raised (issue 22 §1)."""
     mode = tape.active()
     if mode is not None and mode[0] == "replay":
-        return mode[1].replay(where, args, kwargs)
+        try:
+            return mode[1].replay(where, args, kwargs)
+        except tape.Replayed as replayed:
+            crash = EngineCrash(where, replayed.exc)
+            crash.engine_traceback = replayed.traceback
+            raise crash from replayed.exc
     if mode is not None:
         def guarded(*a, **k):
             with torch_state.guard():

@@ -62,6 +62,14 @@ class ReplayDiverged(Exception):
     code took another path on the recorded results. A harness error, never a verdict."""
 
 
+class Replayed(Exception):
+    """The recorded call raised ``exc`` (rebuilt: same name and builtin base); ``traceback``: its text."""
+
+    def __init__(self, exc: BaseException, traceback_text: str):
+        super().__init__(str(exc))
+        self.exc, self.traceback = exc, traceback_text
+
+
 class Unreadable:
     """A value the engine returned that the referee cannot read (an object of a type of the engine's):
     every use raises ``TypeError`` naming the type."""
@@ -356,8 +364,7 @@ class Tape:
 
     # replaying
     def replay(self, where: str, args, kwargs):
-        from rlconform.harness.core.evaluation import EngineCrash
-
+        """The next recorded call's result; raises :class:`Replayed` carrying the recorded exception."""
         if self.position >= len(self.entries):
             raise ReplayDiverged(f"the replay called {where!r} after the engine's run had made all of its "
                                  f"{len(self.entries)} call(s)")
@@ -376,10 +383,7 @@ class Tape:
         if entry.printed[1]:
             sys.stderr.write(entry.printed[1])
         if entry.raised is not None:
-            exc = _rebuilt(entry.raised)
-            crash = EngineCrash(where, exc)
-            crash.engine_traceback = entry.raised.traceback
-            raise crash from exc
+            raise Replayed(_rebuilt(entry.raised), entry.raised.traceback)
         return _decode(entry.result, self)
 
     def _apply(self, entry: Entry) -> None:

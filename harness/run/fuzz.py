@@ -573,9 +573,10 @@ def cmd_fuzz(args) -> int:
     if not getattr(args, "no_referee", False):  # started before any engine import (issue 22 §1)
         from rlconform.harness.workers import referee as referee_process
         from rlconform.properties import referee as judge
+        from rlconform.properties.checks import referee_judge
 
         try:
-            ref = referee_process.start(judge.judge, judge.check_clean)
+            ref = referee_process.start(referee_judge, judge.check_clean)
         except referee_process.RefereeUnavailable as exc:
             print(f"rlconform: error: {exc}", file=sys.stderr)
             return EXIT_USAGE

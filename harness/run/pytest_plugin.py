@@ -279,11 +279,12 @@ class State:
         """Controller: the referee of worker ``node``, started before the worker imports the engine."""
         from rlconform.harness.workers import referee
         from rlconform.properties import referee as judge
+        from rlconform.properties.checks import referee_judge
 
         wid = node.gateway.id
         if wid not in self.referees:
             try:
-                self.referees[wid] = referee.start(judge.judge, judge.check_clean)
+                self.referees[wid] = referee.start(referee_judge, judge.check_clean)
             except referee.RefereeUnavailable as exc:
                 raise pytest.UsageError(f"rlconform: {exc}") from None
         r = self.referees[wid]
