@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default %(default)s)")
     c.add_argument("--junitxml", default=None, help="also write JUnit XML here")
     c.add_argument("-q", "--quiet", action="store_true", help="only the summary")
+    c.add_argument("--no-referee", action="store_true",
+                   help="judge in the engine's worker instead of a referee process that never imports the engine "
+                        "(for benchmarks only: an engine that patches torch or rlconform can then bend a verdict)")
     # --- triage (issue 12) ---
     from rlconform.harness.report.severity import DEFAULT_FAIL_ON, FAIL_ON
 
@@ -110,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--engine-path", default=None, help="a fork's checkout, put first on sys.path")
     r.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S,
                    help="seconds the case may take before it is ended as hung (default %(default)s)")
+    r.add_argument("--no-referee", action="store_true",
+                   help="judge in the engine's process instead of a referee process (for benchmarks only)")
 
     lg = sub.add_parser("ledger", help="print an xfails ledger listing the defects of a report, one line each")
     lg.add_argument("report", help="a report.json (or the folder holding it)")
@@ -358,6 +363,8 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
         argv += ["--rlconform-corpus", os.path.abspath(corpus)]
     if args.junitxml:
         argv += ["--junitxml", os.path.abspath(args.junitxml)]
+    if getattr(args, "no_referee", False):
+        argv += ["--rlconform-no-referee"]
     env_engine = os.environ.pop("RLCONFORM_ENGINE", None)
     try:
         return int(pytest.main(argv))
@@ -442,8 +449,13 @@ def _verdict(args, code: int, reaper=None) -> int:
     return EXIT_CLEAN
 
 
-def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, emit=None) -> dict:
-    """In the child process: load the engine, check the case, return what happened (data only)."""
+def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, referee_at=None, emit=None) -> dict:
+    """In the child process: load the engine, check the case, return what happened (data only). With
+    ``referee_at`` (address, authkey hex) the verdict is the referee's (issue 22 §1)."""
+    if referee_at:
+        from rlconform.properties import referee
+
+        referee.connect(referee_at[0], bytes.fromhex(referee_at[1]))
     from rlconform.harness.core import torch_state
     from rlconform.harness.catalog.binding import BindingError, OpUnavailable
     from rlconform.harness.bindings.load import load_engine
@@ -551,14 +563,46 @@ def cmd_replay(args) -> int:
         return code
     from rlconform.harness.workers.isolated import ChildDied, run_isolated
 
+    from rlconform.harness.run.referee_verdicts import refereed
+
+    ref = None
     try:
-        result = run_isolated(_replay_child, (spec, args.engine_path, case.to_json()), deadline_s=args.timeout)
+        if refereed(case.op) and not args.no_referee:  # started before the engine's child imports anything
+            from rlconform.harness.workers import referee as referee_process
+            from rlconform.properties import referee as judge
+            from rlconform.properties.checks import referee_judge
+
+            try:
+                ref = referee_process.start(referee_judge, judge.check_clean)
+            except referee_process.RefereeUnavailable as exc:
+                return _usage_error(str(exc))
+        at = (ref.address, ref.authkey.hex()) if ref is not None else None
+        result = run_isolated(_replay_child, (spec, args.engine_path, case.to_json(), at), deadline_s=args.timeout)
+        if ref is not None:
+            result = _refereed_result(result, case, ref.drain())
     except ChildDied as exc:
         print(f"CRASH: {exc.description}" + (f"\n{exc.stack.strip()}" if exc.stack.strip() else ""))
         return EXIT_DISCREPANCY
     except RuntimeError as exc:
         return _usage_error(f"replay failed in the harness (not the engine): {str(exc).strip().splitlines()[-1]}")
+    finally:
+        if ref is not None:
+            ref.close()
     return _print_replay_result(result)
+
+
+def _refereed_result(result: dict, case, verdicts: list) -> dict:
+    """The replay's result with the referee's verdicts applied (:class:`~rlconform.harness.run.referee_verdicts.VerdictBook`)."""
+    from rlconform.harness.run.referee_verdicts import VerdictBook
+
+    if result.get("kind") not in ("pass", "marginal"):
+        return result
+    book = VerdictBook()
+    book.add(verdicts)
+    entry = book.overrule({"id": case.finding_id, "op": case.op, "status": result["kind"], "examples": 1})
+    if entry["status"] == result["kind"]:
+        return result
+    return dict(result, kind=entry["status"], message=entry["message"], traceback="")
 
 
 def _print_replay_result(result: dict) -> int:

@@ -29,8 +29,26 @@ class PropertyFailure(AssertionError):
 
 
 def run_check(binding, case: Case) -> Outcome:
-    """Check ``case`` against ``binding`` on this process; raises EngineCrash, OpUnavailable,
-    VariantNotProvided or BindingError (a distributed op, or a property that does not apply)."""
+    """Check ``case`` against ``binding``; raises EngineCrash, OpUnavailable, VariantNotProvided or
+    BindingError (a distributed op, or a property that does not apply). With a referee connected
+    (:mod:`rlconform.properties.referee`, issue 22 §1) the engine runs here and the verdict is the referee's;
+    otherwise everything runs on this process (:func:`run_check_here`)."""
+    from rlconform.properties import referee
+
+    if referee.connected():
+        return referee.refereed_check(binding, case, run_check_here)
+    return run_check_here(binding, case)
+
+
+def referee_judge(payload: bytes):
+    """What a referee process serves (:func:`rlconform.properties.referee.judge` with :func:`run_check_here`)."""
+    from rlconform.properties import referee
+
+    return referee.judge(payload, run_check_here)
+
+
+def run_check_here(binding, case: Case) -> Outcome:
+    """Check ``case`` against ``binding`` on this process (the engine's calls and the judgment both)."""
     from rlconform.harness.catalog.binding import BindingError
 
     info = get_op(case.op)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlconform.harness.core import torch_state
+from rlconform.harness.core import tape, torch_state
 
 
 class EngineCrash(Exception):
@@ -35,7 +35,29 @@ def call_engine(where: str, fn: Callable, *args, **kwargs):
     """Call an engine function; anything it raises becomes :class:`EngineCrash` naming ``where``. Torch's
     process-global state (grad mode, default dtype, deterministic / anomaly modes, threads, ...) is
     restored after the call, and a call that changed it is a crash naming what changed
-    (:mod:`rlconform.harness.core.torch_state`, issue 14)."""
+    (:mod:`rlconform.harness.core.torch_state`, issue 14).
+
+    Under :func:`rlconform.harness.core.tape.recording` (the engine's worker, with a referee) the call and
+    everything it did is recorded; under :func:`~rlconform.harness.core.tape.replaying` (the referee) ``fn``
+    is not called: the next recorded result is returned, its effects on the arguments applied, its
+    exception raised (issue 22 §1)."""
+    mode = tape.active()
+    if mode is not None and mode[0] == "replay":
+        try:
+            return mode[1].replay(where, args, kwargs)
+        except tape.Replayed as replayed:
+            crash = EngineCrash(where, replayed.exc)
+            crash.engine_traceback = replayed.traceback
+            raise crash from replayed.exc
+    if mode is not None:
+        def guarded(*a, **k):
+            with torch_state.guard():
+                return fn(*a, **k)
+
+        try:
+            return mode[1].record(where, guarded, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - any engine error is a crash finding
+            raise EngineCrash(where, exc) from exc
     try:
         with torch_state.guard():
             return fn(*args, **kwargs)

@@ -98,11 +98,18 @@ def describe_partition(partition, mask: np.ndarray) -> str:
     return "[" + ", ".join(describe_partition(p, mask) for p in partition) + "]"
 
 
+def _combine(rule, values: list) -> float:
+    """:meth:`AggLoss.combine`; a callable rule is the engine's code, hence an engine call (issue 22 §1)."""
+    if callable(rule):
+        return call_engine("agg_loss combine", AggLoss.combine, rule, list(values))
+    return AggLoss.combine(rule, values)
+
+
 def _weights(rule, values: list) -> list:
     """d rule(values) / d values_m for a linear combination rule, exactly: rule(e_m) − rule(0), with the
     NaN contributions (e.g. an empty micro-batch's 0/0) kept NaN so a rule that skips them skips them."""
     def at(basis):
-        return AggLoss.combine(rule, basis)
+        return _combine(rule, basis)
 
     zero = [math.nan if math.isnan(v) else 0.0 for v in values]
     base = at(zero) if values else 0.0
@@ -151,9 +158,9 @@ def run_agg_loss(agg: AggLoss, loss: torch.Tensor, mask: torch.Tensor, mode: str
                     else:
                         g = rows.grad.detach().to(torch.float64).numpy()
             rank_grads.append(g)
-        per_rank.append(AggLoss.combine(agg.micro_combine, contribs))
+        per_rank.append(_combine(agg.micro_combine, contribs))
         grads.append((_weights(agg.micro_combine, contribs), rank_grads))
-    total = AggLoss.combine(agg.dp_combine, per_rank)
+    total = _combine(agg.dp_combine, per_rank)
     if not grad or any(g is None for _, gs in grads for g in gs):
         return total, None
     out = np.zeros(tuple(loss.shape))

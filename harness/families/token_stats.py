@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core import faithful as F
-from rlconform.harness.core import torch_state
 from rlconform.harness.core import strategies as S
 from rlconform.harness.core.evaluation import Compared, Evaluation, EngineCrash, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
@@ -211,6 +210,12 @@ def faithful(op: OpInfo, x: torch.Tensor, inputs: dict, grad_out: torch.Tensor):
     return value.reshape(x.shape[:-1]), grad.reshape(x.shape)
 
 
+def _backprop(out: torch.Tensor, grad_out: torch.Tensor, *leaves: torch.Tensor) -> None:
+    """Σ grad_out · out, backpropagated through the engine's graph (float64 upstream gradient); ``leaves``
+    (unused) are where the gradient lands, named so that the referee's tape records their ``.grad``."""
+    (out.to(torch.float64) * grad_out).sum().backward()
+
+
 def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev: Evaluation, *, saved_producer=False):
     """Backpropagate ``grad_out`` through an engine output when a gradient is part of the contract.
 
@@ -226,16 +231,15 @@ def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev:
             f"the logits, so a loss built on it would not train; if no gradient is part of the engine's "
             f"contract, bind it with Binding(forward_only={{{op.name!r}}})")
         return False
-    try:
-        with torch_state.guard():  # the engine's backward runs here: it may not leave global state changed either
-            (out.to(torch.float64) * grad_out).sum().backward()
-    except RuntimeError as exc:
-        if saved_producer and ("inplace" in str(exc) or "modified" in str(exc)):
+    try:  # the engine's backward is an engine call (recorded for the referee, issue 22 §1)
+        call_engine(f"{op.name} backward", _backprop, out, grad_out,
+                    *(() if leaf_or_none is None else (leaf_or_none,)))
+    except EngineCrash as crash:
+        exc = crash.__cause__
+        if saved_producer and isinstance(exc, RuntimeError) and ("inplace" in str(exc) or "modified" in str(exc)):
             ev.mutations.append(f"a producer that saved the logits for backward could not backprop: {exc}")
             return False
-        raise EngineCrash(f"{op.name} backward", exc) from exc
-    except Exception as exc:  # noqa: BLE001 - e.g. TorchStateChanged: the engine's fault
-        raise EngineCrash(f"{op.name} backward", exc) from exc
+        raise
     if leaf_or_none is not None and leaf_or_none.grad is None:
         ev.problems.append("gradient: backward ran but no gradient reached the logits (the graph is cut)")
         return False

@@ -385,6 +385,8 @@ def add_parser(sub) -> None:
     f.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds one example may take before the engine is considered hung (default %(default)s)")
     f.add_argument("-q", "--quiet", action="store_true", help="no live progress display")
+    f.add_argument("--no-referee", action="store_true",
+                   help="judge in the engine's process instead of a referee process (for benchmarks only)")
 
 
 def _validate(args) -> str | None:
@@ -476,6 +478,10 @@ def _fuzz_child(params: dict, emit=None) -> dict:
     from rlconform.harness.bindings.load import load_engine
 
     emit = emit or (lambda obj: None)
+    if params.get("referee_at"):  # before the engine is imported: the verdicts are the referee's (issue 22 §1)
+        from rlconform.properties import referee
+
+        referee.connect(params["referee_at"][0], bytes.fromhex(params["referee_at"][1]))
     try:
         binding = load_engine(params["engine"], params["engine_path"])
     except BindingError as exc:
@@ -536,10 +542,8 @@ def _merge_runs(per_run: list[dict[str, dict]]) -> dict[str, dict]:
 
 
 def cmd_fuzz(args) -> int:
-    """Supervise fuzzing children: each runs the engine; the verdict is decided here."""
-    from rlconform.harness.workers import interrupts
-    from rlconform.harness.workers.isolated import ChildDied, run_isolated
-
+    """Supervise fuzzing children: each runs the engine; the verdict is decided here, from the referee's
+    verdicts too (issue 22 §1)."""
     err = _validate(args)
     if err:
         print(f"rlconform: error: {err}", file=sys.stderr)
@@ -565,6 +569,29 @@ def cmd_fuzz(args) -> int:
               "shrink_seconds": args.shrink_seconds, "timeout": args.timeout, "quiet": args.quiet, "exclude": [],
               "max_examples": args.max_examples}
     per_run: list[dict[str, dict]] = []  # what each child reported, finding id -> target (as a dict)
+    ref = None
+    if not getattr(args, "no_referee", False):  # started before any engine import (issue 22 §1)
+        from rlconform.harness.workers import referee as referee_process
+        from rlconform.properties import referee as judge
+        from rlconform.properties.checks import referee_judge
+
+        try:
+            ref = referee_process.start(referee_judge, judge.check_clean)
+        except referee_process.RefereeUnavailable as exc:
+            print(f"rlconform: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        params["referee_at"] = (ref.address, ref.authkey.hex())
+    try:
+        return _supervise(args, params, seconds, t0, per_run, ref)
+    finally:
+        if ref is not None:
+            ref.close()
+
+
+def _supervise(args, params: dict, seconds: float, t0: float, per_run: list, ref) -> int:
+    from rlconform.harness.workers import interrupts
+    from rlconform.harness.workers.isolated import ChildDied, run_isolated
+
     crashed: dict[str, str] = {}
     runs, interrupted = [], False
     while True:
@@ -614,6 +641,17 @@ def cmd_fuzz(args) -> int:
         interrupted = bool(res.get("interrupted")) or interrupts.received() is not None
         break
     merged = _merge_runs(per_run)
+    if ref is not None:  # what the referee judged failing fails, whatever the engine's process reported
+        from rlconform.harness.run.referee_verdicts import VerdictBook
+
+        book = VerdictBook()
+        book.add(ref.drain())
+        for fid, (status, message) in book.failing.items():
+            if (merged.get(fid) or {}).get("status") not in ("found", "known", "crash"):
+                merged[fid] = dict(merged.get(fid) or {"id": fid}, status="found" if status == "discrepancy" else "crash",
+                                   message=f"{message} (the referee's verdict)")
+                if status != "discrepancy":
+                    crashed.setdefault(fid, message)
     if crashed:
         print(f"rlconform fuzz: {len(crashed)} finding(s) crashed the process running the engine: "
               + ", ".join(crashed), file=sys.stderr)

@@ -85,6 +85,8 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-engine-meta", default=None, help=argparse_suppress())
     g.addoption("--rlconform-out-claimed", action="store_true", default=False, help=argparse_suppress())
     g.addoption("--rlconform-seal", action="store_true", default=False, help=argparse_suppress())
+    g.addoption("--rlconform-no-referee", action="store_true", default=False,
+                help="judge in the engine's worker instead of a referee process (benchmarks only; issue 22 §1)")
 
 
 def argparse_suppress():
@@ -177,6 +179,11 @@ class State:
         self.cases: dict[str, bytes] = {}  # controller: each reproducer as it was when its finding arrived
         self.collected: set[str] = set()
         self.error: str | None = None  # a harness error that ended the run (e.g. the report cannot be written)
+        self.referees: dict = {}  # controller: worker id -> its referee (issue 22 §1)
+        from rlconform.harness.run.referee_verdicts import VerdictBook
+
+        self.verdicts = VerdictBook()
+        self.use_referee = not opt("rlconform_no_referee")
         if self.worker:
             self._start_worker(config.workerinput)
         else:
@@ -191,6 +198,11 @@ class State:
             wid = workerinput.get("workerid", f"pid{os.getpid()}")
             self.inflight = InflightWriter(os.path.join(rundir, f"{wid}.case"))
             self.fault_file = open(os.path.join(rundir, f"{wid}.fault"), "w", buffering=1)
+        referee = workerinput.get("rlconform_referee")
+        if referee:  # the verdicts are the referee's (issue 22 §1)
+            from rlconform.properties import referee as judge
+
+            judge.connect(referee[0], bytes.fromhex(referee[1]))
 
     # -- controller (or a single process) ----------------------------------------------------------
     def _start_writer(self, opt) -> None:
@@ -267,7 +279,29 @@ class State:
                                                             profile=self.profile, regimes=self.regimes)}
         return ids
 
+    def start_referee(self, node) -> None:
+        """Controller: the referee of worker ``node``, started before the worker imports the engine."""
+        from rlconform.harness.workers import referee
+        from rlconform.properties import referee as judge
+        from rlconform.properties.checks import referee_judge
+
+        wid = node.gateway.id
+        if wid not in self.referees:
+            try:
+                self.referees[wid] = referee.start(referee_judge, judge.check_clean)
+            except referee.RefereeUnavailable as exc:
+                raise pytest.UsageError(f"rlconform: {exc}") from None
+        r = self.referees[wid]
+        node.workerinput["rlconform_referee"] = [r.address, r.authkey.hex()]
+
+    def drain_referees(self) -> None:
+        for r in self.referees.values():
+            self.verdicts.add(r.drain())
+
     def close(self) -> None:
+        for r in self.referees.values():
+            r.close()
+        self.referees.clear()
         if self.inflight is not None:
             self.inflight.close()
         if self.outdir is not None:
@@ -315,6 +349,8 @@ def pytest_configure_node(node):
         state.nodes[node.gateway.id] = node
         if state.rundir:
             node.workerinput["rlconform_rundir"] = state.rundir
+        if state.use_referee:
+            state.start_referee(node)
 
 
 def pytest_generate_tests(metafunc):
@@ -506,6 +542,9 @@ def pytest_runtest_logreport(report):
 
     for name, value in report.user_properties:
         if name == "rlconform_finding":
+            if state.use_referee and state.referees:  # the referee's verdicts stand (issue 22 §1)
+                state.drain_referees()
+                state.verdicts.overrule(value)
             _keep_case(state, value)
             _apply_defect_lines(state, value)
             try:

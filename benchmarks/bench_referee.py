@@ -1,0 +1,86 @@
+"""Benchmark of the referee (issue 22 §1): the cost of judging a case in a referee process instead of the
+engine's worker, per example, for a CI-sized entropy case and one at real vocabulary size.
+
+For each case: ``off`` = the whole check in this process (``run_check_here``); ``on`` = the same with the
+engine calls recorded, the request sent to a referee process (spawned here before the engine is loaded,
+as ``rlconform check`` does) and its replay and judgment awaited. The engine is verl's
+``entropy_from_logits`` when verl is installed, else the reference binding.
+
+    .venv/bin/python benchmarks/bench_referee.py [--repeat 5] [--rows 64]
+
+Writes benchmarks/results/referee.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=64, help="rows T of the real-vocabulary case [T, 151936]")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "referee.json"))
+    args = ap.parse_args()
+
+    from rlconform.harness.workers import referee as referee_process
+    from rlconform.properties import referee
+    from rlconform.properties.checks import referee_judge
+
+    t0 = time.perf_counter()
+    ref = referee_process.start(referee_judge, referee.check_clean)  # before any engine import
+    startup = time.perf_counter() - t0
+
+    import torch
+
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.properties.case import Case
+    from rlconform.properties.checks import run_check, run_check_here
+
+    try:
+        binding = load_engine("verl", None)
+        binding.resolve("entropy")
+    except Exception:  # noqa: BLE001 - verl not installed
+        binding = load_engine("reference", None)
+    rng = np.random.default_rng(0)
+    cases = {
+        "ci [4, 8] fp32": Case("entropy", "matches_reference", "float32", "moderate",
+                               {"logits": rng.standard_normal((4, 8)) * 3}),
+        f"real vocab [{args.rows}, 151936] fp32": Case(
+            "entropy", "matches_reference", "float32", "moderate",
+            {"logits": torch.randn(args.rows, 151936, dtype=torch.float32).double().numpy() * 2}),
+    }
+    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__},
+              "engine": binding.spec, "referee_startup_s": startup, "cases": {}}
+    for name, case in cases.items():
+        timings = {}
+        for mode in ("off", "on"):
+            if mode == "on":
+                referee.connect(ref.address, ref.authkey)
+            runs = []
+            for _ in range(args.repeat):
+                t = time.perf_counter()
+                outcome = (run_check if mode == "on" else run_check_here)(binding, case)
+                runs.append(time.perf_counter() - t)
+            referee.disconnect()
+            timings[mode] = {"median_s": statistics.median(runs), "verdict": outcome.verdict}
+        timings["ratio"] = timings["on"]["median_s"] / timings["off"]["median_s"]
+        result["cases"][name] = timings
+        print(f"{name}: off {timings['off']['median_s'] * 1e3:.1f} ms, on {timings['on']['median_s'] * 1e3:.1f} ms "
+              f"(x{timings['ratio']:.2f}), verdicts {timings['off']['verdict']} / {timings['on']['verdict']}")
+    ref.close()
+    print(f"referee start-up {startup:.2f} s")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""The referee's process: started before any engine import, it judges what the engine's worker recorded.
+
+:func:`start` spawns (``multiprocessing`` *spawn*: a fresh interpreter, nothing inherited) a process that
+serves ``judge(request_bytes) -> (reply, verdict)`` on a Unix socket (``multiprocessing.connection``, an
+authkey of 32 random bytes): the engine's worker connects with :func:`connect`, sends one request per
+example and waits for the reply. Before each reply the referee sends ``verdict`` (plain data: the finding
+id, what it decided, its message) over a pipe that only the process that started it holds (the controller
+of the run), so the verdict reaches the controller without passing through the engine's process
+(issue 22 §1). ``check_clean()`` runs in the referee before it serves and after every request: it raises
+when a module the referee must never import is loaded (the referee then exits and the worker's request
+fails).
+
+The judging itself lives above this layer (:mod:`rlconform.properties.referee`); this module only runs
+the process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import secrets
+import shutil
+import tempfile
+import traceback
+from typing import Any, Callable
+
+__all__ = ["Referee", "RefereeUnavailable", "connect", "start"]
+
+
+class RefereeUnavailable(Exception):
+    """The referee could not be started, or stopped answering (a harness error, never a verdict)."""
+
+
+def _serve(address: str, authkey: bytes, verdicts, ready, judge: Callable, check_clean: Callable) -> None:
+    from rlconform.harness.workers import interrupts
+
+    interrupts.ignore_sigint()  # the controller handles Ctrl-C and ends this process
+    check_clean()
+    listener = multiprocessing.connection.Listener(address, family="AF_UNIX", authkey=authkey)
+    ready.send(os.getpid())
+    ready.close()
+    while True:
+        try:
+            conn = listener.accept()
+        except (OSError, EOFError, multiprocessing.AuthenticationError):
+            continue
+        with conn:
+            while True:
+                try:
+                    payload = conn.recv_bytes()
+                except (EOFError, OSError):
+                    break  # the worker ended (or was replaced): wait for the next one
+                if payload == b"stop":
+                    return
+                try:
+                    reply, verdict = judge(payload)
+                except BaseException:  # noqa: BLE001 - the referee's own failure: the worker reports it
+                    reply, verdict = ("referee_failed", traceback.format_exc()[-4000:]), None
+                if verdict is not None:
+                    try:
+                        verdicts.send(verdict)
+                    except (OSError, ValueError):
+                        pass
+                check_clean()
+                conn.send_bytes(pickle.dumps(reply))
+
+
+class Referee:
+    """A started referee: ``address`` and ``authkey`` for the worker, ``drain()`` for the controller."""
+
+    def __init__(self, process, address: str, authkey: bytes, verdicts, tmpdir: str):
+        self.process, self.address, self.authkey, self._verdicts, self._tmpdir = process, address, authkey, verdicts, tmpdir
+
+    def drain(self) -> list:
+        """The verdicts the referee sent since the last call (never blocks)."""
+        out = []
+        try:
+            while self._verdicts.poll():
+                out.append(self._verdicts.recv())
+        except (EOFError, OSError):
+            pass
+        return out
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+        shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+
+def start(judge: Callable, check_clean: Callable, timeout_s: float = 120.0) -> Referee:
+    """Spawn a referee serving ``judge`` (both callables picklable by reference). Raises
+    :class:`RefereeUnavailable` when it does not come up within ``timeout_s``."""
+    ctx = multiprocessing.get_context("spawn")
+    tmpdir = tempfile.mkdtemp(prefix="rlconform-referee-")
+    address = os.path.join(tmpdir, "socket")
+    authkey = secrets.token_bytes(32)
+    verdicts_out, verdicts_in = ctx.Pipe(duplex=False)
+    ready_out, ready_in = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_serve, args=(address, authkey, verdicts_in, ready_in, judge, check_clean),
+                    daemon=True, name="rlconform-referee")
+    p.start()
+    verdicts_in.close()
+    ready_in.close()
+    if not ready_out.poll(timeout_s):
+        p.kill()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        raise RefereeUnavailable(f"the referee did not start within {timeout_s:g} s (exit code {p.exitcode})")
+    try:
+        ready_out.recv()
+    except EOFError:
+        p.join(5)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        raise RefereeUnavailable(f"the referee exited at start (exit code {p.exitcode})") from None
+    return Referee(p, address, authkey, verdicts_out, tmpdir)
+
+
+class Client:
+    """The worker's end: ``ask(payload) -> reply``."""
+
+    def __init__(self, address: str, authkey: bytes):
+        self.address, self.authkey = address, authkey
+        self._conn = None
+
+    def ask(self, payload: bytes) -> Any:
+        try:
+            if self._conn is None:
+                self._conn = multiprocessing.connection.Client(self.address, family="AF_UNIX", authkey=self.authkey)
+            self._conn.send_bytes(payload)
+            return pickle.loads(self._conn.recv_bytes())
+        except (OSError, EOFError) as exc:
+            self._conn = None
+            raise RefereeUnavailable(f"the referee stopped answering ({type(exc).__name__}: {exc})") from exc
+
+
+def connect(address: str, authkey: bytes) -> Client:
+    return Client(address, authkey)

@@ -1,0 +1,40 @@
+"""Issue 22 §1 acceptance: an engine that bends the harness in its own process cannot bend the verdict.
+
+Each binding under ``tests/bindings/tamper_*.py`` wraps a buggy ``entropy`` (0.5× or bf16-rounded) in one
+tamper vector: a process-wide bf16 patch of ``torch.log_softmax`` / ``softmax`` / ``exp`` at import, a
+replaced ``rlconform.properties.generic.compare``, an edited ``tolerance.ATOL`` table, a tensor subclass
+whose reading methods lie. The reference, the dtype-faithful path and the comparison run in the referee,
+a process that never imports the engine, so the op is red (exit 1) every time. One regime, five examples
+(the derandomized CI profile fails on the third)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BINDINGS = os.path.join(os.path.dirname(__file__), "bindings")
+VECTORS = ["tamper_global_softmax", "tamper_compare", "tamper_atol", "tamper_subclass"]
+
+
+@pytest.mark.parametrize("vector", VECTORS)
+def test_a_tampering_engine_stays_red(vector, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", os.path.join(BINDINGS, f"{vector}.py"),
+         "--op", "entropy", "--property", "matches_reference", "--dtype", "float32", "--regime", "moderate",
+         "--max-examples", "5", "--out", str(out), "-q"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "report.json").read_text())
+    statuses = {f["id"]: f["status"] for f in doc["findings"]}
+    assert statuses == {"entropy.matches_reference.float32.moderate": "discrepancy"}, statuses
+    if vector == "tamper_atol":  # `replay` is refereed too: the saved case stays red in a fresh process
+        rep = subprocess.run(
+            [sys.executable, "-m", "rlconform.harness.cli", "replay",
+             str(out / "cases" / "entropy.matches_reference.float32.moderate.json"),
+             "--engine", os.path.join(BINDINGS, f"{vector}.py")], capture_output=True, text=True, timeout=600)
+        assert rep.returncode == 1 and "DISCREPANCY" in rep.stdout, rep.stdout[-2000:] + rep.stderr[-2000:]
