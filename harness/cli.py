@@ -48,6 +48,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+
+def _referee_default() -> bool:
+    """``--referee``'s default: on when the environment sets ``RLCONFORM_REFEREE`` to 1 / true / yes."""
+    return os.environ.get("RLCONFORM_REFEREE", "").strip().lower() in ("1", "true", "yes")
+
 def _test_dirs() -> list[str]:
     """The generic property tests and the distributed tests, as installed."""
     import rlconform.distributed_tests as D
@@ -91,9 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default %(default)s)")
     c.add_argument("--junitxml", default=None, help="also write JUnit XML here")
     c.add_argument("-q", "--quiet", action="store_true", help="only the summary")
-    c.add_argument("--no-referee", action="store_true",
-                   help="judge in the engine's worker instead of a referee process that never imports the engine "
-                        "(for benchmarks only: an engine that patches torch or rlconform can then bend a verdict)")
+    c.add_argument("--referee", action="store_true", default=_referee_default(),
+                   help="judge in a referee process that never imports the engine, so that an engine that patches "
+                        "torch or rlconform cannot bend a verdict (opt-in: about 3× the time today; "
+                        "RLCONFORM_REFEREE=1 sets it)")
     # --- triage (issue 12) ---
     from rlconform.harness.report.severity import DEFAULT_FAIL_ON, FAIL_ON
 
@@ -113,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--engine-path", default=None, help="a fork's checkout, put first on sys.path")
     r.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S,
                    help="seconds the case may take before it is ended as hung (default %(default)s)")
-    r.add_argument("--no-referee", action="store_true",
-                   help="judge in the engine's process instead of a referee process (for benchmarks only)")
+    r.add_argument("--referee", action="store_true", default=_referee_default(),
+                   help="judge in a referee process that never imports the engine (RLCONFORM_REFEREE=1 sets it)")
 
     lg = sub.add_parser("ledger", help="print an xfails ledger listing the defects of a report, one line each")
     lg.add_argument("report", help="a report.json (or the folder holding it)")
@@ -363,8 +369,8 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
         argv += ["--rlconform-corpus", os.path.abspath(corpus)]
     if args.junitxml:
         argv += ["--junitxml", os.path.abspath(args.junitxml)]
-    if getattr(args, "no_referee", False):
-        argv += ["--rlconform-no-referee"]
+    if getattr(args, "referee", False):
+        argv += ["--rlconform-referee"]
     env_engine = os.environ.pop("RLCONFORM_ENGINE", None)
     try:
         return int(pytest.main(argv))
@@ -567,7 +573,7 @@ def cmd_replay(args) -> int:
 
     ref = None
     try:
-        if refereed(case.op) and not args.no_referee:  # started before the engine's child imports anything
+        if refereed(case.op) and args.referee:  # started before the engine's child imports anything
             from rlconform.harness.workers import referee as referee_process
             from rlconform.properties import referee as judge
             from rlconform.properties.checks import referee_judge

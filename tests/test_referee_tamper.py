@@ -26,7 +26,7 @@ def test_a_tampering_engine_stays_red(vector, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", os.path.join(BINDINGS, f"{vector}.py"),
          "--op", "entropy", "--property", "matches_reference", "--dtype", "float32", "--regime", "moderate",
-         "--max-examples", "5", "--out", str(out), "-q"],
+         "--max-examples", "5", "--out", str(out), "-q", "--referee"],
         capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "report.json").read_text())
@@ -36,5 +36,5 @@ def test_a_tampering_engine_stays_red(vector, tmp_path):
         rep = subprocess.run(
             [sys.executable, "-m", "rlconform.harness.cli", "replay",
              str(out / "cases" / "entropy.matches_reference.float32.moderate.json"),
-             "--engine", os.path.join(BINDINGS, f"{vector}.py")], capture_output=True, text=True, timeout=600)
+             "--engine", os.path.join(BINDINGS, f"{vector}.py"), "--referee"], capture_output=True, text=True, timeout=600)
         assert rep.returncode == 1 and "DISCREPANCY" in rep.stdout, rep.stdout[-2000:] + rep.stderr[-2000:]

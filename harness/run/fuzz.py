@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -385,8 +386,9 @@ def add_parser(sub) -> None:
     f.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds one example may take before the engine is considered hung (default %(default)s)")
     f.add_argument("-q", "--quiet", action="store_true", help="no live progress display")
-    f.add_argument("--no-referee", action="store_true",
-                   help="judge in the engine's process instead of a referee process (for benchmarks only)")
+    f.add_argument("--referee", action="store_true",
+                   default=os.environ.get("RLCONFORM_REFEREE", "").strip().lower() in ("1", "true", "yes"),
+                   help="judge in a referee process that never imports the engine (RLCONFORM_REFEREE=1 sets it)")
 
 
 def _validate(args) -> str | None:
@@ -570,7 +572,7 @@ def cmd_fuzz(args) -> int:
               "max_examples": args.max_examples}
     per_run: list[dict[str, dict]] = []  # what each child reported, finding id -> target (as a dict)
     ref = None
-    if not getattr(args, "no_referee", False):  # started before any engine import (issue 22 §1)
+    if getattr(args, "referee", False):  # started before any engine import (issue 22 §1)
         from rlconform.harness.workers import referee as referee_process
         from rlconform.properties import referee as judge
         from rlconform.properties.checks import referee_judge

@@ -85,8 +85,8 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-engine-meta", default=None, help=argparse_suppress())
     g.addoption("--rlconform-out-claimed", action="store_true", default=False, help=argparse_suppress())
     g.addoption("--rlconform-seal", action="store_true", default=False, help=argparse_suppress())
-    g.addoption("--rlconform-no-referee", action="store_true", default=False,
-                help="judge in the engine's worker instead of a referee process (benchmarks only; issue 22 §1)")
+    g.addoption("--rlconform-referee", action="store_true", default=False,
+                help="judge in a referee process that never imports the engine (issue 22 §1)")
 
 
 def argparse_suppress():
@@ -183,7 +183,7 @@ class State:
         from rlconform.harness.run.referee_verdicts import VerdictBook
 
         self.verdicts = VerdictBook()
-        self.use_referee = not opt("rlconform_no_referee")
+        self.use_referee = bool(opt("rlconform_referee"))
         if self.worker:
             self._start_worker(config.workerinput)
         else:
