@@ -180,14 +180,15 @@ def load_engine(spec: str | None = None, engine_path: str | None = None) -> Bind
     return binding
 
 
-def engine_meta(binding: Binding, *, variants: bool = False) -> dict:
+def engine_meta(binding: Binding, *, variants: bool = False, sites: bool = False) -> dict:
     """What the process that writes the report needs of an engine (no code): name, spec, version, path,
     revision and the ops it binds; with ``variants`` (in a child process: it resolves the ops that have
     variants, importing the engine), ``variants`` (op -> the catalog variants it provides, None for an op
     that cannot be resolved: its findings then report it unavailable) and ``variant_record`` (for the
     report: per op, the variants checked, not provided, and registered but unchecked, with why) and
     ``coverage`` (the coverage table, :func:`rlconform.harness.catalog.coverage.coverage_record`; None when the
-    binding declares none)."""
+    binding declares none); with ``sites``, ``sites`` (:func:`rlconform.harness.catalog.engine_site.op_sites`:
+    the engine functions behind each op, for ``--changed-since``)."""
     meta = {"name": binding.name, "spec": binding.spec, "version": binding.version, "path": binding.path,
             "revision": binding.revision, "ops": list(binding.provided_ops()),
             "engine_dtypes": {op: list(d) for op, d in (getattr(binding, "engine_dtypes", None) or {}).items()},
@@ -197,6 +198,10 @@ def engine_meta(binding: Binding, *, variants: bool = False) -> dict:
         from rlconform.harness.catalog.coverage import coverage_record
 
         meta["coverage"] = coverage_record(binding)
+    if sites:
+        from rlconform.harness.catalog.engine_site import op_sites
+
+        meta["sites"] = op_sites(binding)
     return meta
 
 
@@ -233,22 +238,23 @@ def variant_info(binding: Binding) -> tuple[dict, dict]:
     return provided, record
 
 
-def _probe(spec: str | None, engine_path: str | None, emit=None) -> dict:
+def _probe(spec: str | None, engine_path: str | None, sites: bool = False, emit=None) -> dict:
     """In a child process: load the engine and return :func:`engine_meta`, or ``{"error": message}``."""
     try:
-        return engine_meta(load_engine(spec, engine_path), variants=True)
+        return engine_meta(load_engine(spec, engine_path), variants=True, sites=sites)
     except BindingError as exc:
         return {"error": str(exc)}
 
 
-def probe_engine(spec: str | None, engine_path: str | None = None, *, deadline_s: float = 600.0) -> dict:
+def probe_engine(spec: str | None, engine_path: str | None = None, *, deadline_s: float = 600.0,
+                 sites: bool = False) -> dict:
     """Load the engine in a child process (a binding module runs code when imported: it must not run in
     the process that decides the exit code) and return :func:`engine_meta`. Raise :class:`BindingError`
     if it cannot be loaded, or if loading it killed or hung its process."""
     from rlconform.harness.workers.isolated import ChildDied, run_isolated
 
     try:
-        meta = run_isolated(_probe, (spec, engine_path), deadline_s=deadline_s)
+        meta = run_isolated(_probe, (spec, engine_path, sites), deadline_s=deadline_s)
     except ChildDied as exc:
         raise BindingError(f"loading engine {spec or os.environ.get('RLCONFORM_ENGINE') or 'reference'!r}: "
                            f"{exc.description}" + (f"\n{exc.stack.strip()}" if exc.stack.strip() else "")) from None

@@ -76,6 +76,7 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-property", action="append", default=[], help="only these properties (repeatable)")
     g.addoption("--rlconform-dtype", action="append", default=[], help="only these dtypes (repeatable)")
     g.addoption("--rlconform-regime", action="append", default=[], help="only these regimes (repeatable)")
+    g.addoption("--rlconform-findings", default=None, help="only the finding ids this file lists (one a line)")
     g.addoption("--rlconform-corpus", default=None, help="folder of saved counterexamples to replay first")
     g.addoption("--rlconform-database", default=None, help="persistent hypothesis example database folder")
     g.addoption("--rlconform-deadline", type=float, default=DEFAULT_DEADLINE_S,
@@ -147,6 +148,14 @@ class State:
         self.properties = set(opt("rlconform_property"))
         self.dtypes = set(opt("rlconform_dtype"))
         self.regimes = set(opt("rlconform_regime"))
+        self.findings = None
+        if opt("rlconform_findings"):
+            from rlconform.harness.run.changed_since import read_selection
+
+            try:
+                self.findings = set(read_selection(opt("rlconform_findings")))
+            except (OSError, ValueError) as exc:
+                raise BindingError(f"cannot read --rlconform-findings: {exc}") from None
         self.xfails = parse_xfails(opt("rlconform_xfails")) if opt("rlconform_xfails") else {}
         self.out = os.path.abspath(opt("rlconform_out"))
         self.corpus = opt("rlconform_corpus")
@@ -260,7 +269,8 @@ class State:
         if self.from_cli:
             ids |= {".".join(f) for f in selected_findings(self.binding.provided_ops(), self.ops, self.properties,
                                                             self.dtypes, variants=self.variants(),
-                                                            profile=self.profile, regimes=self.regimes)}
+                                                            profile=self.profile, regimes=self.regimes,
+                                                            findings=self.findings)}
         return ids
 
     def close(self) -> None:
@@ -326,7 +336,7 @@ def pytest_generate_tests(metafunc):
     params = []
     for finding in selected_findings(state.binding.provided_ops(), state.ops, state.properties, state.dtypes,
                                      distributed=distributed, variants=state.variants(), profile=state.profile,
-                                     regimes=state.regimes):
+                                     regimes=state.regimes, findings=state.findings):
         fid = ".".join(finding)
         marks = [pytest.mark.xfail(strict=True, reason=f"listed in xfails ledger: {state.xfails[fid]}")] \
             if fid in state.xfails else []
