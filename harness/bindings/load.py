@@ -133,6 +133,21 @@ def validate_binding(binding: Binding, where: str) -> None:
                 validate_impl(op, impl.fn, where=f"{where}: binding {binding.name!r} (implementation {name!r})")
 
 
+def _import_root(module: str) -> str | None:
+    """The ``sys.path`` folder ``module`` was imported from, when it is not an installed package's (a
+    ``module:attr`` spec found through the current directory or ``PYTHONPATH``); None otherwise."""
+    top = sys.modules.get(module.split(".")[0])
+    path = getattr(top, "__file__", None) or next(iter(getattr(top, "__path__", []) or []), None)
+    if not path:
+        return None
+    path = os.path.abspath(path)
+    root = os.path.dirname(os.path.dirname(path)) if os.path.basename(path) == "__init__.py" else os.path.dirname(path)
+    if os.path.basename(root) in ("site-packages", "dist-packages") or root.startswith(sys.prefix + os.sep) \
+            or root.startswith(getattr(sys, "base_prefix", sys.prefix) + os.sep):
+        return None
+    return root
+
+
 def load_engine(spec: str | None = None, engine_path: str | None = None) -> Binding:
     """Resolve an engine spec (default: ``$RLCONFORM_ENGINE`` or ``reference``) to a Binding."""
     spec = spec or os.environ.get("RLCONFORM_ENGINE") or "reference"
@@ -173,6 +188,8 @@ def load_engine(spec: str | None = None, engine_path: str | None = None) -> Bind
     else:
         raise BindingError(f"unknown engine {spec!r}; available engines: {', '.join(available_engines())}")
     validate_binding(binding, where=spec)
+    if engine_path is None and ":" in spec and not spec.endswith(".py") and spec not in BUILTIN:
+        engine_path = _import_root(spec.split(":", 1)[0])  # a reproducer must import it too (issue 26 §5)
     if engine_path is not None:
         binding.path = engine_path
         binding.revision = _git_revision(engine_path)
