@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default %(default)s)")
     c.add_argument("--junitxml", default=None, help="also write JUnit XML here")
     c.add_argument("-q", "--quiet", action="store_true", help="only the summary")
+    c.add_argument("-v", "--verbose", action="store_true",
+                   help="also pytest's and pytest-xdist's own output (progress, warnings summary, counts)")
     # --- triage (issue 12) ---
     from rlconform.harness.report.severity import DEFAULT_FAIL_ON, FAIL_ON
 
@@ -395,7 +397,8 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest, only: bo
         "--rlconform-command", " ".join(["rlconform"] + sys.argv[1:]),
         "--rlconform-deadline", str(args.timeout),
         "-n", str(args.numprocesses), "--max-worker-restart", str(args.max_worker_restart),
-        "-q" if not args.quiet else "-qq", "--no-header", "-rN", "--tb=no",
+        *(["-q"] if getattr(args, "verbose", False) else ["-qq", "--disable-warnings", "--rlconform-console"]),
+        "--no-header", "-rN", "--tb=no",
         "-W", "ignore::pytest.PytestAssertRewriteWarning",  # hypothesis is imported before pytest starts
     ]
     if args.engine_path:

@@ -86,6 +86,7 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-engine-meta", default=None, help=argparse_suppress())
     g.addoption("--rlconform-out-claimed", action="store_true", default=False, help=argparse_suppress())
     g.addoption("--rlconform-seal", action="store_true", default=False, help=argparse_suppress())
+    g.addoption("--rlconform-console", action="store_true", default=False, help=argparse_suppress())
 
 
 def argparse_suppress():
@@ -504,6 +505,31 @@ def _controller_state() -> State | None:
     return _CONTROLLER_STATE.get("state")
 
 
+def _silence_pytest(config) -> None:
+    """``rlconform check`` without ``-v`` (issue 26 §7): pytest's and xdist's own lines (progress letters,
+    "bringing up nodes", "18 failed … 54 skipped") are not printed; rlconform's summary and the
+    progress line of :func:`_progress` speak instead."""
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        from _pytest._io import TerminalWriter
+
+        config._rlconform_devnull = open(os.devnull, "w")
+        tr._tw = TerminalWriter(config._rlconform_devnull)
+    config._rlconform_progress = sys.stderr.isatty()
+
+
+def _progress(state: State, fid: str) -> None:
+    """One rewritten line on a terminal: findings recorded of those selected, and the latest."""
+    if not getattr(state.config, "_rlconform_progress", False):
+        return
+    total = len(state.expected()) or 1
+    done = len(state.writer.findings)
+    sys.stderr.write(f"\r\033[Krlconform: {done}/{total} findings · {fid[:90]}")
+    if done >= total:
+        sys.stderr.write("\r\033[K")
+    sys.stderr.flush()
+
+
 def pytest_runtest_logreport(report):
     state = _controller_state()
     if state is None or state.writer is None:
@@ -513,6 +539,7 @@ def pytest_runtest_logreport(report):
     for name, value in report.user_properties:
         if name == "rlconform_finding":
             _keep_case(state, value)
+            _progress(state, value.get("id", "") if isinstance(value, dict) else "")
             try:
                 state.writer.add(value)
             except ReportWriteError as exc:
@@ -607,6 +634,8 @@ def pytest_sessionstart(session):
         return
     if not state.worker:
         _CONTROLLER_STATE["state"] = state
+        if session.config.getoption("rlconform_console", False):
+            _silence_pytest(session.config)
     elif state.fault_file is not None:  # after pytest's own faulthandler set-up, which writes to stderr
         import faulthandler
 
