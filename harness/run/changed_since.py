@@ -91,7 +91,7 @@ def write_selection(path: str, sel: Selection) -> None:
     lines = [f"# rlconform --changed-since {sel.rev}: findings whose engine functions (or what they call) changed, "
              f"and the ledger's", f"# {len(sel.ids)} finding(s); changed bound functions: "
              f"{', '.join(sorted(sel.changed)) or 'none'}"]
-    lines += [f"{fid}  # {sel.why[fid]}" for fid in sel.ids]
+    lines += [f"{fid}  # {sel.why[fid]}" if sel.why.get(fid) else fid for fid in sel.ids]
     with open(path, "w") as fh:
         fh.write("\n".join(lines) + "\n")
 

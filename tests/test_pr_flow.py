@@ -1,0 +1,112 @@
+"""The smaller pieces of the pull-request flow (issue 26 §4-7, §10): extending a stock binding, the lock
+file of an output folder, an unavailable op's cause, and a console that speaks rlconform only."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rlconform.harness.catalog.binding import Binding, BindingError, Coverage
+from rlconform.harness.run.outdir import LOCK_NAME, OutDirError, claim
+
+
+def _cli(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "PYTHONSAFEPATH": "1"})
+
+
+# --------------------------------------------------------------------------- Binding.extend (§4)
+FORK = '''
+import torch
+
+
+def masked_mean(values, mask):
+    m = mask.bool()
+    return (torch.where(m, values, torch.zeros((), dtype=values.dtype)).double().sum() / m.sum()).to(values.dtype)
+
+
+def fancy_norm(x):
+    return x / x.norm()
+'''
+
+
+def _fork(tmp_path, extend: str) -> str:
+    (tmp_path / "forknum.py").write_text(FORK)
+    (tmp_path / "fork_binding.py").write_text(textwrap.dedent(f'''
+        import forknum
+        from rlconform.harness.catalog.binding import Binding, Coverage
+
+        stock = Binding(name="stockish", ops={{}}, coverage=Coverage(modules=()))
+        binding = stock.extend({extend})
+    '''))
+    return str(tmp_path / "fork_binding.py")
+
+
+def test_extend_returns_a_new_binding_and_leaves_the_stock_one():
+    stock = Binding(name="e", ops={"entropy": len}, coverage=Coverage(modules=("a",), not_bound={"a.x": "why"}))
+    fork = stock.extend(ops={"masked_mean": min}, not_bound={"a.y": "a logging helper"}, modules=("b",))
+    assert fork.provided_ops() == ["entropy", "masked_mean"] and stock.provided_ops() == ["entropy"]
+    assert dict(fork.coverage.not_bound) == {"a.x": "why", "a.y": "a logging helper"}
+    assert fork.coverage.modules == ("a", "b") and stock.coverage.modules == ("a",)
+    with pytest.raises(BindingError, match="unknown op"):
+        stock.extend(ops={"no_such_op": min})
+    with pytest.raises(BindingError, match="declares no coverage"):
+        Binding(name="n", ops={}).extend(not_bound={"a.y": "why"})
+
+
+@pytest.mark.slow
+def test_a_forks_function_bound_and_justified_passes_coverage_strict(tmp_path):
+    """The fork's module holds masked_mean (bound to the existing op) and fancy_norm: unbound until justified."""
+    only_bound = _fork(tmp_path, 'ops={"masked_mean": forknum.masked_mean}, modules=("forknum",)')
+    strict = _cli("coverage", "--engine", only_bound, "--engine-path", str(tmp_path), "--strict", "--format", "json")
+    assert strict.returncode == 1 and "forknum.fancy_norm" in strict.stdout, strict.stdout + strict.stderr
+    justified = _fork(tmp_path, 'ops={"masked_mean": forknum.masked_mean}, modules=("forknum",), '
+                                'not_bound={"forknum.fancy_norm": "feature scaling of the reward model, not an op"}')
+    ok = _cli("coverage", "--engine", justified, "--engine-path", str(tmp_path), "--strict", "--format", "md")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "feature scaling of the reward model" in ok.stdout
+
+
+# --------------------------------------------------------------------------- the lock file (§10)
+def test_lock_file_is_removed_when_the_folder_is_released(tmp_path):
+    out = claim(str(tmp_path / "r"))
+    assert (tmp_path / "r" / LOCK_NAME).exists()
+    with pytest.raises(OutDirError, match="another rlconform run"):
+        claim(str(tmp_path / "r"))
+    out.release()
+    assert not (tmp_path / "r" / LOCK_NAME).exists()
+    claim(str(tmp_path / "r")).release()  # the folder is usable again
+    assert os.listdir(tmp_path / "r") == []
+
+
+# --------------------------------------------------------------------------- unavailable op, console (§6, §7)
+BROKEN = '''
+from rlconform.harness.catalog.binding import Binding, Lazy
+
+binding = Binding(name="broken", ops={"masked_mean": Lazy("no_such_module_rlconform_test:fn"),
+                                      "masked_sum": Lazy("torch:sum")})
+'''
+
+
+@pytest.mark.slow
+def test_unavailable_op_is_one_line_with_its_cause_and_the_console_speaks_rlconform(tmp_path):
+    (tmp_path / "broken.py").write_text(BROKEN)
+    proc = _cli("check", "--engine", str(tmp_path / "broken.py"), "--op", "masked_mean", "--property",
+                "matches_reference", "--max-examples", "2", "--out", str(tmp_path / "r"), cwd=tmp_path)
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 1, console
+    assert "Traceback (most recent call last)" not in console
+    assert "ModuleNotFoundError: No module named 'no_such_module_rlconform_test'" in console
+    lines = [x for x in console.splitlines() if x.startswith("unavailable op masked_mean")]
+    assert len(lines) == 1, console  # one line for the op, not one per finding
+    for noise in ("bringing up nodes", "warnings summary", "[100%]", "short test summary"):
+        assert noise not in console, (noise, console)
+    assert not re.search(r"\d+ (passed|failed|skipped)", console), console
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "ModuleNotFoundError: No module named 'no_such_module_rlconform_test'" in report
+    assert not (tmp_path / "r" / LOCK_NAME).exists()
