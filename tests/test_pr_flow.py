@@ -55,7 +55,7 @@ def test_extend_returns_a_new_binding_and_leaves_the_stock_one():
     assert fork.coverage.modules == ("a", "b") and stock.coverage.modules == ("a",)
     with pytest.raises(BindingError, match="unknown op"):
         stock.extend(ops={"no_such_op": min})
-    with pytest.raises(BindingError, match="declares no coverage"):
+    with pytest.raises(BindingError, match="need a binding that declares coverage"):
         Binding(name="n", ops={}).extend(not_bound={"a.y": "why"})
 
 
