@@ -131,7 +131,7 @@ if fixed:
     text += f"\nA fixed defect's command reproduces at the base: `git checkout {since or 'BASE'}` first.\n"
 where = (f"[this run]({server}/{repo}/actions/runs/{run})" if server and repo and run else f"`{rel}`")
 text += (f"\nThe full report: `head/report.html` in the `rlconform-report` artifact of {where}; download it "
-         f"into `{rel}/` of your checkout and the commands above run as printed.\n")
+         f"into `{rel}/` of your checkout and every command above runs as printed.\n")
 open(path, "w").write("<!-- rlconform -->\n" + text if "<!-- rlconform -->" not in text else text)
 PY
 echo "rlconform-pr: comment in $out/comment.md, report in $out/head/report.html (diff exit $rc)"

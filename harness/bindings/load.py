@@ -267,8 +267,12 @@ def variant_info(binding: Binding) -> tuple[dict, dict]:
 
 def _probe(spec: str | None, engine_path: str | None, sites: bool = False, emit=None) -> dict:
     """In a child process: load the engine and return :func:`engine_meta`, or ``{"error": message}``."""
+    import warnings
+
     try:
-        return engine_meta(load_engine(spec, engine_path), variants=True, sites=sites)
+        with warnings.catch_warnings():  # the engine's import-time warnings say nothing of its numerics
+            warnings.simplefilter("ignore")
+            return engine_meta(load_engine(spec, engine_path), variants=True, sites=sites)
     except BindingError as exc:
         return {"error": str(exc)}
 
