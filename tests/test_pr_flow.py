@@ -110,3 +110,36 @@ def test_unavailable_op_is_one_line_with_its_cause_and_the_console_speaks_rlconf
     report = (tmp_path / "r" / "report.md").read_text()
     assert "ModuleNotFoundError: No module named 'no_such_module_rlconform_test'" in report
     assert not (tmp_path / "r" / LOCK_NAME).exists()
+
+
+# --------------------------------------------------------------------------- report.md fits a comment (§8)
+GITHUB_COMMENT_LIMIT = 65_536
+
+
+def _committed_verl_report(tmp_path):
+    import json
+    import pathlib
+    import shutil
+
+    src = pathlib.Path(__file__).resolve().parents[1] / "reports" / "verl-0.9.1"
+    shutil.copy(src / "report.json", tmp_path / "report.json")
+    return json.loads((tmp_path / "report.json").read_text())
+
+
+def test_report_md_of_the_committed_verl_report_fits_a_github_comment(tmp_path):
+    import json
+
+    _committed_verl_report(tmp_path)
+    proc = _cli("report", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert len((tmp_path / "report.md").read_text()) < GITHUB_COMMENT_LIMIT
+    # a fork that declares ten times the conventions still fits: the section is summarised
+    doc = json.loads((tmp_path / "report.json").read_text())
+    declared = doc["engine"].get("declared") or []
+    assert declared, "the committed verl report declares conventions"
+    doc["engine"]["declared"] = [{**d, "name": f"{d['name']}_{k}"} for k in range(10) for d in declared]
+    from rlconform.harness.report.writer import render_markdown
+
+    md = render_markdown(doc)
+    assert len(md) < GITHUB_COMMENT_LIMIT
+    assert "more declared items: see report.html or report.json" in md
