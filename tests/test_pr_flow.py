@@ -177,3 +177,38 @@ def test_longest_bar_label_is_inside_the_examples_plot(monkeypatch):
     right = ax.get_window_extent(renderer).x1
     label = next(t for t in ax.texts if t.get_text().strip() == "123456")
     assert label.get_window_extent(renderer).x1 <= right
+
+
+# --------------------------------------------------------------------------- pasteable reproducers (§5)
+WRONG_COUNT = '''
+import torch
+from rlconform.harness.catalog.binding import Binding
+
+
+def masked_mean(values, mask):
+    m = mask.bool()
+    return (torch.where(m, values, torch.zeros((), dtype=values.dtype)).double().sum() / m.numel()).to(values.dtype)
+
+
+binding = Binding(name="wrongcount", ops={"masked_mean": masked_mean})
+'''
+
+
+@pytest.mark.slow
+def test_printed_reproducer_of_a_module_attr_engine_runs_when_pasted(tmp_path):
+    """`--engine mod:attr` found through PYTHONPATH: the printed command names the folder it imports from."""
+    (tmp_path / "wrongcount.py").write_text(WRONG_COUNT)
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "wrongcount:binding",
+                           "--property", "matches_reference", "--dtype", "float32", "--max-examples", "5",
+                           "--out", "r", "-q"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    printed = [x.split("reproduce: ", 1)[1] for x in proc.stdout.splitlines() if "reproduce: " in x]
+    assert printed and f"--engine-path {tmp_path}" in printed[0], printed
+    import shlex
+
+    argv = shlex.split(printed[0])
+    assert argv[0] == "rlconform"
+    pasted = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *argv[1:]], capture_output=True,
+                            text=True, cwd=tmp_path, env={**os.environ, "PYTHONSAFEPATH": "1"})  # no PYTHONPATH
+    assert pasted.returncode == 1 and "DISCREPANCY" in pasted.stdout, pasted.stdout + pasted.stderr
