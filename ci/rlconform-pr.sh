@@ -4,7 +4,7 @@
 # (.github/actions/rlconform/action.yml calls it).
 #
 #   ci/rlconform-pr.sh --engine SPEC (--base DIR | --base-ref REV) [--head DIR] [--xfails FILE]
-#                      [--out DIR] [--fail-on SEVERITY] [-- more `rlconform check` options]
+#                      [--out DIR] [--fail-on SEVERITY] [--all] [-- more `rlconform check` options]
 #
 #   --engine   verl | skyrl | megatron | module:attr (imported from the checkout) | file.py (a path
 #              inside the checkout); the checkout is the --engine-path of each check
@@ -15,16 +15,21 @@
 #   --out      where the reports go (default: rlconform-ci): OUT/base/, OUT/head/ (report.json, .md,
 #              .html, cases/), OUT/comment.md (the PR comment), OUT/diff.json
 #   --fail-on  passed to `rlconform diff` (default: robustness)
+#   --all      check the whole catalog on both sides; by default (issue 26 §2) the head is checked with
+#              `--changed-since <base commit>` (the findings whose engine functions, or what they call in
+#              the engine's package, changed, and the ledger's) and the base with `--findings` of the head's
+#              selection (OUT/head/selection.txt): the same findings on both sides
 #
-# Environment: RLCONFORM_SKIP_INSTALL=1 uses the `rlconform` already on PATH; otherwise rlconform is
-# installed from this repository with `$PYTHON -m pip install $RLCONFORM_PIP_ARGS <repo>` (PYTHON
-# defaults to python3).
+# Environment: RLCONFORM_SKIP_INSTALL=1 uses the `rlconform` already on PATH (the fork installed it);
+# otherwise rlconform is installed from this repository with
+# `$PYTHON -m pip install -c install/constraints.txt $RLCONFORM_PIP_ARGS <repo>` (PYTHON defaults to
+# python3): the constraints pin torch, so the install never resolves another torch than the CPU one.
 # Exit code: that of `rlconform diff` (0 nothing new at or above --fail-on; 1 something new is), or 2 when a
 # check could not run (bad engine spec, engine does not import, missing ledger) or a usage error.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-engine="" head="." base="" base_ref="" xfails="" out="rlconform-ci" fail_on="robustness"
+engine="" head="." base="" base_ref="" xfails="" out="rlconform-ci" fail_on="robustness" all=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --engine) engine="$2"; shift 2 ;;
@@ -34,6 +39,7 @@ while [ $# -gt 0 ]; do
     --xfails) xfails="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --fail-on) fail_on="$2"; shift 2 ;;
+    --all) all=1; shift ;;
     --) shift; break ;;
     *) echo "rlconform-pr: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -45,11 +51,13 @@ die() { echo "rlconform-pr: error: $*" >&2; exit 2; }
 head="$(cd "$head" && pwd)"
 mkdir -p "$out" && out="$(cd "$out" && pwd)"
 rm -rf "$out/base" "$out/head" "$out/comment.md" "$out/diff.json"
+repo_root="$(dirname "$here")"
 
 if [ "${RLCONFORM_SKIP_INSTALL:-0}" != 1 ]; then
-  echo "rlconform-pr: installing rlconform from $(dirname "$here")"
+  echo "rlconform-pr: installing rlconform from $repo_root (pinned by install/constraints.txt)"
   # shellcheck disable=SC2086  # RLCONFORM_PIP_ARGS is a list of pip options
-  "${PYTHON:-python3}" -m pip install -q ${RLCONFORM_PIP_ARGS:-} "$(dirname "$here")" || die "pip install failed"
+  "${PYTHON:-python3}" -m pip install -q -c "$repo_root/install/constraints.txt" ${RLCONFORM_PIP_ARGS:-} \
+    "$repo_root" || die "pip install failed"
 fi
 command -v rlconform >/dev/null || die "no rlconform on PATH"
 
@@ -79,18 +87,52 @@ check() {
   rlconform check --engine "$spec" --engine-path "$checkout" --out "$out/$side" "${ledger[@]}" -q "$@"
 }
 
-check base "$base" "$@"; base_rc=$?
-check head "$head" "$@"; head_rc=$?
-for side in base head; do
+since="$base_ref"
+[ -n "$since" ] || since="$(git -C "$base" rev-parse HEAD 2>/dev/null)" || since=""
+if [ "$all" = 1 ] || [ -z "$since" ]; then
+  [ "$all" = 1 ] || echo "rlconform-pr: the base is not a git checkout: checking the whole catalog (--all)"
+  check head "$head" "$@"; head_rc=$?
+  [ "$head_rc" -ge 2 ] || { check base "$base" "$@"; base_rc=$?; }
+else
+  check head "$head" --changed-since "$since" "$@"; head_rc=$?
+  if [ "$head_rc" -eq 0 ] && [ ! -f "$out/head/report.json" ] && [ -f "$out/head/selection.txt" ]; then
+    { echo "## rlconform: nothing to check"; echo
+      echo "No engine function bound to the catalog (nor one it calls) changed since \`$since\`, and the ledger"
+      echo "lists no finding: no verdict can have changed. (\`--all\` checks the whole catalog.)"; } > "$out/comment.md"
+    echo "rlconform-pr: nothing to check; comment in $out/comment.md"
+    exit 0
+  fi
+  base_rc=2
+  [ "$head_rc" -ge 2 ] || { check base "$base" --findings "$out/head/selection.txt" "$@"; base_rc=$?; }
+fi
+for side in head base; do
   rc_var="${side}_rc"
-  if [ "${!rc_var}" -ge 2 ] || [ ! -f "$out/$side/report.json" ]; then
+  if [ "${!rc_var:-2}" -ge 2 ] || [ ! -f "$out/$side/report.json" ]; then
     { echo "## rlconform: the $side could not be checked"; echo
-      echo "\`rlconform check\` exited ${!rc_var} on the $side; see the job's log."; } > "$out/comment.md"
-    die "the check of the $side exited ${!rc_var}"
+      echo "\`rlconform check\` exited ${!rc_var:-2} on the $side; see the job's log."; } > "$out/comment.md"
+    die "the check of the $side exited ${!rc_var:-2}"
   fi
 done
 
 rlconform diff "$out/base" "$out/head" --fail-on "$fail_on" --markdown "$out/comment.md" --json "$out/diff.json"
 rc=$?
+# every command of the comment must work pasted in the fork's checkout with the uploaded reports in $out
+# (issue 26 §5): the checkouts' absolute paths become `.` (the head) and the base commit
+"${PYTHON:-python3}" - "$out/comment.md" "$head" "$base" "$out" "$since" "${GITHUB_SERVER_URL:-}" \
+    "${GITHUB_REPOSITORY:-}" "${GITHUB_RUN_ID:-}" <<'PY' || die "cannot rewrite $out/comment.md"
+import os, sys
+path, head, base, out, since, server, repo, run = sys.argv[1:9]
+text = open(path).read()
+rel = os.path.relpath(out, head) if out.startswith(head.rstrip("/") + "/") else out
+fixed = f"--engine-path {base}" in text
+text = text.replace(f"--engine-path {base}", "--engine-path .").replace(f"--engine-path {head}", "--engine-path .")
+text = text.replace(out + "/", rel + "/")
+if fixed:
+    text += f"\nA fixed defect's command reproduces at the base: `git checkout {since or 'BASE'}` first.\n"
+where = (f"[this run]({server}/{repo}/actions/runs/{run})" if server and repo and run else f"`{rel}`")
+text += (f"\nThe full report: `head/report.html` in the `rlconform-report` artifact of {where}; download it "
+         f"into `{rel}/` of your checkout and every command above runs as printed.\n")
+open(path, "w").write("<!-- rlconform -->\n" + text if "<!-- rlconform -->" not in text else text)
+PY
 echo "rlconform-pr: comment in $out/comment.md, report in $out/head/report.html (diff exit $rc)"
 exit "$rc"

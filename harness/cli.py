@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "the --xfails ledger lists, no limit in nightly; negative: no limit)")
     c.add_argument("--seed", type=int, default=None, help="random seed (disables derandomization)")
     c.add_argument("--xfails", default=None, help="ledger of accepted defects (one per line) and known findings (ids)")
+    c.add_argument("--changed-since", default=None, metavar="REV",
+                   help="only the findings whose engine functions, or the engine functions they call, changed "
+                        "between REV and HEAD of the --engine-path checkout, and those the ledger lists; the "
+                        "selection is written to OUT/selection.txt (a --findings file)")
+    c.add_argument("--findings", default=None, metavar="FILE",
+                   help="only the finding ids this file lists, one a line (e.g. another run's selection.txt)")
     c.add_argument("--corpus", default=None, help="corpus of saved counterexamples to replay first "
                                                   "(default: ./rlconform-corpus if it exists)")
     c.add_argument("-n", "--numprocesses", type=_numprocesses, default="1",
@@ -100,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="judge in a referee process that never imports the engine, so that an engine that patches "
                         "torch or rlconform cannot bend a verdict (opt-in: about 3× the time today; "
                         "RLCONFORM_REFEREE=1 sets it)")
+    c.add_argument("-v", "--verbose", action="store_true",
+                   help="also pytest's and pytest-xdist's own output (progress, warnings summary, counts)")
     # --- triage (issue 12) ---
     from rlconform.harness.report.severity import DEFAULT_FAIL_ON, FAIL_ON
 
@@ -239,11 +247,14 @@ def _is_builtin(spec: str) -> bool:
     return spec in BUILTIN or spec.startswith("mutants.")
 
 
-def _engine_metadata(spec: str, engine_path: str | None) -> dict:
+def _engine_metadata(spec: str, engine_path: str | None, sites: bool = False) -> dict:
     """The engine's name, version, ops... A built-in binding (the harness's own code, every engine import
-    lazy) is read here; a user's binding runs code when imported, so it is loaded in a child process."""
+    lazy) is read here; a user's binding runs code when imported, so it is loaded in a child process
+    (as is any binding whose engine ``sites`` are asked for)."""
     from rlconform.harness.bindings.load import engine_meta, load_engine, probe_engine
 
+    if sites:
+        return probe_engine(spec, engine_path, sites=True)
     if _is_builtin(spec) and engine_path is None:
         binding = load_engine(spec, None)
         from rlconform.harness.catalog.ops import OPS
@@ -299,8 +310,22 @@ def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
     from rlconform.harness.catalog.binding import BindingError
     from rlconform.harness.run.outdir import OutDirError, claim
 
+    changed_since = getattr(args, "changed_since", None)
+    if changed_since and not args.engine_path:
+        return _usage_error("--changed-since REV needs --engine-path CHECKOUT (the engine's git checkout whose "
+                            "HEAD is compared with REV)")
+    only = None
+    if getattr(args, "findings", None):
+        from rlconform.harness.run.changed_since import read_selection
+
+        try:
+            only = set(read_selection(args.findings))
+        except OSError as exc:
+            return _usage_error(f"cannot read --findings {args.findings}: {exc.strerror or exc}")
+        except ValueError as exc:
+            return _usage_error(str(exc))
     try:
-        meta = _engine_metadata(spec, args.engine_path)
+        meta = _engine_metadata(spec, args.engine_path, sites=bool(changed_since))
     except BindingError as exc:
         return _usage_error(str(exc))
     provided = meta["ops"]
@@ -310,8 +335,29 @@ def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
                             f"{', '.join(provided)}")
     from rlconform.harness.run.selection import selected_findings
 
-    if not selected_findings(provided, args.op, args.property, args.dtype, variants=meta.get("variants"),
-                             profile=args.profile, regimes=args.regime):
+    chosen = selected_findings(provided, args.op, args.property, args.dtype, variants=meta.get("variants"),
+                               profile=args.profile, regimes=args.regime)
+    selection = None
+    if changed_since and chosen:
+        from rlconform.harness.report.xfails import parse_ledger
+        from rlconform.harness.run.changed_since import ChangeError, select_changed
+
+        listed: set = set()
+        if args.xfails:  # the ledger's finding ids, and every finding in the scope of a defect line
+            ledger = parse_ledger(args.xfails)
+            scopes = {pair for d in ledger.defects.values() for pair in d.scope}
+            listed = set(ledger.findings) | {".".join(f) for f in chosen if (f[0], f[1]) in scopes}
+        try:
+            selection = select_changed(meta, args.engine_path, changed_since, chosen, listed)
+        except ChangeError as exc:
+            return _usage_error(str(exc))
+        only = set(selection.ids) if only is None else only & set(selection.ids)
+    meta.pop("sites", None)
+    if only is not None and chosen:
+        chosen = [f for f in chosen if ".".join(f) in only]
+        if not chosen:
+            return _nothing_changed(args, selection)
+    if not chosen:
         return _usage_error("no finding matches the filters (a property may not apply to the op, or the op "
                             "not to the dtype, or the regime is added by another --profile); see "
                             "`rlconform list-ops`")
@@ -321,7 +367,17 @@ def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
         return _usage_error(str(exc))
     try:
         with tempfile.TemporaryDirectory(prefix="rlconform-check-") as tmp:
-            code = _run_pytest(args, meta, corpus, tmp, pytest)
+            if only is not None:
+                from rlconform.harness.run.changed_since import Selection, write_selection
+
+                sel = selection or Selection(rev="", ids=[".".join(f) for f in chosen], why={}, changed={})
+                sel.ids = [".".join(f) for f in chosen]
+                write_selection(os.path.join(tmp, "findings.txt"), sel)
+                if selection is not None:
+                    write_selection(os.path.join(args.out, "selection.txt"), sel)
+                    print(f"rlconform: --changed-since {changed_since}: {len(sel.ids)} finding(s) selected; "
+                          f"changed bound functions: {', '.join(sorted(sel.changed)) or 'none'}", flush=True)
+            code = _run_pytest(args, meta, corpus, tmp, pytest, only is not None)
             return _verdict(args, code, reaper)
     finally:
         reaper.end()  # whatever happened: nothing the run started outlives it
@@ -333,7 +389,24 @@ def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
             kill_children()
 
 
-def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
+def _nothing_changed(args, selection) -> int:
+    """``--changed-since`` / ``--findings`` left no finding: say why in one line and in OUT/selection.txt;
+    exit 0 (nothing the change touched can have changed a verdict)."""
+    if selection is not None:
+        from rlconform.harness.run.changed_since import write_selection
+
+        try:
+            os.makedirs(args.out, exist_ok=True)
+            write_selection(os.path.join(args.out, "selection.txt"), selection)
+        except OSError as exc:
+            return _usage_error(f"cannot write {args.out}/selection.txt: {exc.strerror or exc}")
+        print(f"rlconform: nothing to check: no bound engine function (nor one it calls) changed since "
+              f"{selection.rev}, and the ledger lists no selected finding")
+        return EXIT_CLEAN
+    return _usage_error("no finding of --findings matches the engine and the filters")
+
+
+def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest, only: bool = False) -> int:
     ini = os.path.join(tmp, "pytest.ini")
     with open(ini, "w") as fh:
         fh.write("[pytest]\naddopts =\n")
@@ -348,7 +421,8 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
         "--rlconform-command", " ".join(["rlconform"] + sys.argv[1:]),
         "--rlconform-deadline", str(args.timeout),
         "-n", str(args.numprocesses), "--max-worker-restart", str(args.max_worker_restart),
-        "-q" if not args.quiet else "-qq", "--no-header", "-rN", "--tb=no",
+        *(["-q"] if getattr(args, "verbose", False) else ["-qq", "--disable-warnings", "--rlconform-console"]),
+        "--no-header", "-rN", "--tb=no",
         "-W", "ignore::pytest.PytestAssertRewriteWarning",  # hypothesis is imported before pytest starts
     ]
     if args.engine_path:
@@ -365,6 +439,8 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest) -> int:
         argv += ["--rlconform-seed", str(args.seed)]
     if args.xfails:
         argv += ["--rlconform-xfails", os.path.abspath(args.xfails)]
+    if only:
+        argv += ["--rlconform-findings", os.path.join(tmp, "findings.txt")]
     if corpus:
         argv += ["--rlconform-corpus", os.path.abspath(corpus)]
     if args.junitxml:

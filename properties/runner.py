@@ -101,7 +101,8 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
     try:
         binding.resolve(op)
     except OpUnavailable as exc:
-        rec.unavailable_detail = exc.detail[-3000:]
+        # the cause first (issue 26 §6: "op 'x' unavailable: ModuleNotFoundError: …"), then the traceback's tail
+        rec.unavailable_detail = f"{exc}\n{exc.detail[-3000:]}"
         pytest.skip(str(exc))
     except BindingError as exc:
         rec.unavailable_detail = f"binding error: {exc}"

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import re
+import shlex
 import subprocess
 import sys
 
@@ -65,6 +67,15 @@ def test_new_bug_in_the_head_is_commented_and_fails(tmp_path, checkouts):
     assert "new **training** `masked_mean.matches_reference.float32." in comment, comment
     assert (tmp_path / "ci" / "head" / "report.html").is_file()
     assert T.git(head, "status", "--porcelain") == "" and T.git(base, "status", "--porcelain") == ""
+    # --changed-since by default: the head's selection is the changed function's, the base ran the same
+    selected = (tmp_path / "ci" / "head" / "selection.txt").read_text()
+    assert "changed: toypkg/ops.py:masked_mean" in selected, selected
+    assert comment.startswith("<!-- rlconform -->") and "rlconform-report" in comment
+    # every printed command works pasted in the fork's checkout (issue 26 §5)
+    commands = re.findall(r"`(rlconform replay [^`]+)`", comment)
+    assert commands and all(str(head) not in c and str(base) not in c for c in commands), comment
+    replay = subprocess.run(shlex.split(commands[0]), capture_output=True, text=True, cwd=head, env=env())
+    assert replay.returncode == 1 and "DISCREPANCY" in replay.stdout, replay.stdout + replay.stderr
 
 
 @pytest.mark.slow
@@ -73,7 +84,10 @@ def test_head_equal_to_base_passes(tmp_path, checkouts):
     base, _ = checkouts
     proc = run_pr(base, "--base-ref", "HEAD", "--out", str(tmp_path / "ci"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "No change" in (tmp_path / "ci" / "comment.md").read_text()
+    assert "nothing to check" in (tmp_path / "ci" / "comment.md").read_text()
+    full = run_pr(base, "--base-ref", "HEAD", "--out", str(tmp_path / "ci-all"), "--all")
+    assert full.returncode == 0, full.stdout + full.stderr
+    assert "No change" in (tmp_path / "ci-all" / "comment.md").read_text()
     assert T.git(base, "worktree", "list").count("\n") == 0  # only the main worktree is left
 
 
@@ -97,22 +111,65 @@ def test_binding_that_does_not_import_exits_2_with_a_comment(tmp_path, checkouts
     assert "the head could not be checked" in (tmp_path / "ci" / "comment.md").read_text()
 
 
-def test_comment_is_posted_with_gh_or_only_located(tmp_path):
+def _fake_gh(tmp_path, *, own: str = "", refuse: bool = False) -> dict:
+    """A `gh` on PATH that logs its arguments; `gh api …/comments` lists ``own`` (a comment id holding the
+    marker) and every posting call fails when ``refuse`` (a fork's read-only token)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "gh.log"
+    (bin_dir / "gh").write_text(f"""#!/bin/sh
+echo "$@" >> {log}
+case "$*" in
+  "api repos/o/r/issues/7/comments"*) [ -n "{own}" ] && echo "{own}"; exit 0 ;;
+esac
+[ "{int(refuse)}" = 1 ] && {{ echo "HTTP 403: Resource not accessible by integration" >&2; exit 1; }}
+exit 0
+""")
+    (bin_dir / "gh").chmod(0o755)
+    event = tmp_path / "event.json"
+    event.write_text('{"pull_request": {"number": 7}}')
+    e = env(GH_TOKEN="x", GITHUB_EVENT_PATH=str(event), GITHUB_REPOSITORY="o/r",
+            GITHUB_STEP_SUMMARY=str(tmp_path / "summary.md"))
+    e["PATH"] = f"{bin_dir}{os.pathsep}{e['PATH']}"
+    return e
+
+
+def test_comment_is_only_located_locally(tmp_path):
     comment = tmp_path / "comment.md"
     comment.write_text("## rlconform diff\n")
     local = subprocess.run(["bash", str(COMMENT), str(comment)], capture_output=True, text=True, env=env())
     assert local.returncode == 0 and "not posting" in local.stdout and str(comment) in local.stdout
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "gh").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "gh.log"}\n')
-    (bin_dir / "gh").chmod(0o755)
-    event = tmp_path / "event.json"
-    event.write_text('{"pull_request": {"number": 7}}')
-    e = env(GH_TOKEN="x", GITHUB_EVENT_PATH=str(event))
-    e["PATH"] = f"{bin_dir}{os.pathsep}{e['PATH']}"
-    posted = subprocess.run(["bash", str(COMMENT), str(comment)], capture_output=True, text=True, env=e)
+
+
+@pytest.mark.parametrize("own", ["", "4242"])
+def test_own_comment_is_found_by_its_marker(tmp_path, own):
+    """Never `--edit-last` (the bot account's last comment may be another workflow's): the comment holding
+    `<!-- rlconform -->` is edited, or a new one is added."""
+    comment = tmp_path / "comment.md"
+    comment.write_text("## rlconform diff\n")
+    posted = subprocess.run(["bash", str(COMMENT), str(comment)], capture_output=True, text=True,
+                            env=_fake_gh(tmp_path, own=own))
     assert posted.returncode == 0, posted.stderr
-    assert (tmp_path / "gh.log").read_text().split("\n")[0] == f"pr comment 7 --body-file {comment} --edit-last"
+    calls = (tmp_path / "gh.log").read_text().splitlines()
+    assert calls[0].startswith("api repos/o/r/issues/7/comments --paginate --jq")
+    assert "<!-- rlconform -->" in calls[0]
+    if own:
+        assert calls[1] == f"api -X PATCH repos/o/r/issues/comments/{own} -F body=@{comment}"
+    else:
+        assert calls[1] == f"pr comment 7 --repo o/r --body-file {comment}"
+    assert not any("--edit-last" in c for c in calls)
+    assert comment.read_text().splitlines()[0] == "<!-- rlconform -->"
+    assert not (tmp_path / "summary.md").exists()
+
+
+def test_refused_comment_goes_to_the_job_summary_with_a_notice(tmp_path):
+    comment = tmp_path / "comment.md"
+    comment.write_text("## rlconform diff\n1 new defect\n")
+    posted = subprocess.run(["bash", str(COMMENT), str(comment)], capture_output=True, text=True,
+                            env=_fake_gh(tmp_path, refuse=True))
+    assert posted.returncode == 0, posted.stderr  # the job's verdict is the diff's, not this step's
+    assert "::notice title=rlconform::GitHub refused the pull-request comment" in posted.stdout
+    assert "1 new defect" in (tmp_path / "summary.md").read_text()
 
 
 def test_action_calls_the_scripts():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,9 @@ def test_fuzz_saves_counterexample_and_check_replays_it(tmp_path, family, op, pr
     assert stats["max_examples"] == 12 and stats["budget"] is None
     assert all(t["granted"] == 12 for t in stats["targets"] if t["status"] == "live")
     assert all(t["found_after_examples"] <= 12 for t in found)
+    # the printed count is the generated examples, shrink replays apart (issue 26 §10)
+    assert all(t["examples"] <= 12 for t in stats["targets"]) and any(t["shrink_replays"] for t in found)
+    assert re.search(r"\d+ examples \(\+\d+ shrink replays\) in", proc.stdout), proc.stdout
     files = sorted(glob.glob(str(tmp_path / "rlconform-corpus" / "*" / "*.json")))
     assert len(files) == len(found)
     assert os.path.isdir(tmp_path / ".rlconform-fuzz-db")  # the persistent example database

@@ -225,6 +225,9 @@ WRITTEN = {
     "rlconform-report/verl/report.json": "make check-verl (Makefile: --out $(OUT)/verl)",
     "rlconform-ci/comment.md": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
     "rlconform-ci/head/report.html": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
+    "rlconform-ci/head/selection.txt": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
+    "rlconform-ci/head/cases/…": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
+    "rlconform-ci/": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
     ".github/workflows/rlconform.yml": "the fork's workflow file the README shows",
     "./rlconform-corpus": "rlconform fuzz",
 }

@@ -133,8 +133,33 @@ def validate_binding(binding: Binding, where: str) -> None:
                 validate_impl(op, impl.fn, where=f"{where}: binding {binding.name!r} (implementation {name!r})")
 
 
+def _import_root(module: str) -> str | None:
+    """The ``sys.path`` folder ``module`` was imported from, when it is not an installed package's (a
+    ``module:attr`` spec found through the current directory or ``PYTHONPATH``); None otherwise."""
+    top = sys.modules.get(module.split(".")[0])
+    path = getattr(top, "__file__", None) or next(iter(getattr(top, "__path__", []) or []), None)
+    if not path:
+        return None
+    path = os.path.abspath(path)
+    root = os.path.dirname(os.path.dirname(path)) if os.path.basename(path) == "__init__.py" else os.path.dirname(path)
+    if os.path.basename(root) in ("site-packages", "dist-packages") or root.startswith(sys.prefix + os.sep) \
+            or root.startswith(getattr(sys, "base_prefix", sys.prefix) + os.sep):
+        return None
+    return root
+
+
 def load_engine(spec: str | None = None, engine_path: str | None = None) -> Binding:
-    """Resolve an engine spec (default: ``$RLCONFORM_ENGINE`` or ``reference``) to a Binding."""
+    """Resolve an engine spec (default: ``$RLCONFORM_ENGINE`` or ``reference``) to a Binding. Warnings the
+    engine's modules raise while they are imported ("Transformer Engine and Apex are not installed") are
+    not printed (issue 26 §7): they say nothing of the numerics checked."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _load_engine(spec, engine_path)
+
+
+def _load_engine(spec: str | None, engine_path: str | None) -> Binding:
     spec = spec or os.environ.get("RLCONFORM_ENGINE") or "reference"
     if engine_path is not None:
         engine_path = os.path.abspath(engine_path)
@@ -173,6 +198,8 @@ def load_engine(spec: str | None = None, engine_path: str | None = None) -> Bind
     else:
         raise BindingError(f"unknown engine {spec!r}; available engines: {', '.join(available_engines())}")
     validate_binding(binding, where=spec)
+    if engine_path is None and ":" in spec and not spec.endswith(".py") and spec not in BUILTIN:
+        engine_path = _import_root(spec.split(":", 1)[0])  # a reproducer must import it too (issue 26 §5)
     if engine_path is not None:
         binding.path = engine_path
         binding.revision = _git_revision(engine_path)
@@ -180,14 +207,15 @@ def load_engine(spec: str | None = None, engine_path: str | None = None) -> Bind
     return binding
 
 
-def engine_meta(binding: Binding, *, variants: bool = False) -> dict:
+def engine_meta(binding: Binding, *, variants: bool = False, sites: bool = False) -> dict:
     """What the process that writes the report needs of an engine (no code): name, spec, version, path,
     revision and the ops it binds; with ``variants`` (in a child process: it resolves the ops that have
     variants, importing the engine), ``variants`` (op -> the catalog variants it provides, None for an op
     that cannot be resolved: its findings then report it unavailable) and ``variant_record`` (for the
     report: per op, the variants checked, not provided, and registered but unchecked, with why) and
     ``coverage`` (the coverage table, :func:`rlconform.harness.catalog.coverage.coverage_record`; None when the
-    binding declares none)."""
+    binding declares none); with ``sites``, ``sites`` (:func:`rlconform.harness.catalog.engine_site.op_sites`:
+    the engine functions behind each op, for ``--changed-since``)."""
     meta = {"name": binding.name, "spec": binding.spec, "version": binding.version, "path": binding.path,
             "revision": binding.revision, "ops": list(binding.provided_ops()),
             "engine_dtypes": {op: list(d) for op, d in (getattr(binding, "engine_dtypes", None) or {}).items()},
@@ -197,6 +225,10 @@ def engine_meta(binding: Binding, *, variants: bool = False) -> dict:
         from rlconform.harness.catalog.coverage import coverage_record
 
         meta["coverage"] = coverage_record(binding)
+    if sites:
+        from rlconform.harness.catalog.engine_site import op_sites
+
+        meta["sites"] = op_sites(binding)
     return meta
 
 
@@ -233,22 +265,27 @@ def variant_info(binding: Binding) -> tuple[dict, dict]:
     return provided, record
 
 
-def _probe(spec: str | None, engine_path: str | None, emit=None) -> dict:
+def _probe(spec: str | None, engine_path: str | None, sites: bool = False, emit=None) -> dict:
     """In a child process: load the engine and return :func:`engine_meta`, or ``{"error": message}``."""
+    import warnings
+
     try:
-        return engine_meta(load_engine(spec, engine_path), variants=True)
+        with warnings.catch_warnings():  # the engine's import-time warnings say nothing of its numerics
+            warnings.simplefilter("ignore")
+            return engine_meta(load_engine(spec, engine_path), variants=True, sites=sites)
     except BindingError as exc:
         return {"error": str(exc)}
 
 
-def probe_engine(spec: str | None, engine_path: str | None = None, *, deadline_s: float = 600.0) -> dict:
+def probe_engine(spec: str | None, engine_path: str | None = None, *, deadline_s: float = 600.0,
+                 sites: bool = False) -> dict:
     """Load the engine in a child process (a binding module runs code when imported: it must not run in
     the process that decides the exit code) and return :func:`engine_meta`. Raise :class:`BindingError`
     if it cannot be loaded, or if loading it killed or hung its process."""
     from rlconform.harness.workers.isolated import ChildDied, run_isolated
 
     try:
-        meta = run_isolated(_probe, (spec, engine_path), deadline_s=deadline_s)
+        meta = run_isolated(_probe, (spec, engine_path, sites), deadline_s=deadline_s)
     except ChildDied as exc:
         raise BindingError(f"loading engine {spec or os.environ.get('RLCONFORM_ENGINE') or 'reference'!r}: "
                            f"{exc.description}" + (f"\n{exc.stack.strip()}" if exc.stack.strip() else "")) from None

@@ -75,6 +75,15 @@ class Lazy:
     loader: Callable[[], Any] | None = None
 
     def load(self) -> Any:
+        """The object, imported now; warnings the engine's modules raise while importing are not printed
+        (issue 26 §7)."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self._load()
+
+    def _load(self) -> Any:
         if self.loader is not None:
             obj = self.loader()
         else:
@@ -214,6 +223,29 @@ class Binding:
 
     def provided_ops(self) -> list[str]:
         return list(self.ops)
+
+    def extend(self, *, ops: Mapping[str, Any] | None = None, not_bound: Mapping[str, str] | None = None,
+               modules: tuple[str, ...] = (), notes: Mapping[str, str] | None = None,
+               name: str | None = None) -> "Binding":
+        """A new binding: this one with ``ops`` bound (an op already bound is replaced: a fork's own
+        function for it), ``not_bound`` justifications (``"module.function": "why it is not an op"``) and
+        ``modules`` added to its coverage (the fork's numerics modules, inventoried by ``coverage``), and
+        ``notes`` added; this binding is left as it was (issue 26 §4). Raises :class:`BindingError` for
+        an unknown op, or justifications on a binding that declares no coverage."""
+        from rlconform.harness.catalog.ops import OPS
+
+        unknown = [op for op in (ops or {}) if op not in OPS]
+        if unknown:
+            raise BindingError(f"extend: unknown op(s) {', '.join(unknown)}; choose from {', '.join(OPS)}")
+        coverage = self.coverage
+        if not_bound or modules:
+            if coverage is None:
+                raise BindingError("extend: not_bound / modules need a binding that declares coverage "
+                                   "(Binding.coverage)")
+            coverage = dataclasses.replace(coverage, modules=tuple(coverage.modules) + tuple(
+                m for m in modules if m not in coverage.modules), not_bound={**coverage.not_bound, **(not_bound or {})})
+        return dataclasses.replace(self, ops={**self.ops, **(ops or {})}, coverage=coverage,
+                                   notes={**self.notes, **(notes or {})}, name=name or self.name)
 
     def provided_variants(self, op: str) -> tuple[str, ...] | None:
         """The variants of ``op`` the engine provides (``None``: all the catalog knows, or the op has no

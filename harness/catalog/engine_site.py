@@ -269,3 +269,80 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
             phase = "backward" if "backward" in low else "forward"
             s = method_site(cls, phase, s["module"]) or s
     return s, packages
+
+
+def op_sites(binding) -> dict[str, dict[str, list[dict]]]:
+    """``op -> regime prefix ("" for the op's own implementation, else a variant or implementation name)
+    -> the sites of every engine callable behind it`` (a loss registry's ``combine_metrics`` included), for
+    ``--changed-since`` (issue 26 §2); an op that cannot be resolved maps to ``{}`` (its findings are then
+    always selected). Resolves the ops: run it where engine code may run (the probe's child process)."""
+    from rlconform.harness.catalog.ops import OPS
+    from rlconform.harness.core.opinfo import split_regime
+
+    out: dict[str, dict[str, list[dict]]] = {}
+    for op in binding.provided_ops():
+        info = OPS.get(op)
+        regimes = {r for profile in (None, "nightly") for _, _, r in info.findings(profile)} if info is not None else set()
+        prefixes = {""} | {split_regime(r)[0] or "" for r in regimes}
+        by_prefix: dict[str, list[dict]] = {}
+        for prefix in sorted(prefixes):
+            obj = op_object(binding, op, f"{prefix}@x" if prefix else "")
+            if obj is None:
+                continue
+            fns = engine_callables(obj) or _referenced(obj)
+            if not fns:  # the computation cannot be located: the op's findings cannot be ruled out
+                by_prefix[prefix] = []
+                continue
+            try:
+                fold = getattr(binding.resolve(op), "combine_metrics", None)
+            except Exception:  # noqa: BLE001 - an op that cannot be loaded has no site
+                fold = None
+            fns += engine_callables(fold) if fold is not None else []
+            sites = [s for s in map(site, fns) if s is not None]
+            for s in sites:
+                s["top"] = _top(s["module"])
+            by_prefix[prefix] = sites
+        out[op] = by_prefix
+    return out
+
+
+def _referenced(obj: Any, _depth: int = 0) -> list:
+    """Engine callables an adapter reaches through a module it holds (``rc.compute_x(...)`` with ``rc`` a
+    closure cell or global that is an engine module), or names directly (a global engine function): the
+    fallback of :func:`op_sites` for an adapter that neither declares (:func:`calls`) nor closes over its
+    engine callable."""
+    import types
+
+    fn = inspect.unwrap(getattr(obj, "__func__", obj)) if callable(obj) else None
+    code = getattr(fn, "__code__", None)
+    if code is None or _depth > 2:
+        return []
+    names, stack = set(), [code]
+    while stack:
+        c = stack.pop()
+        names |= set(c.co_names) | set(c.co_freevars)
+        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    holders = [cell.cell_contents for cell in (fn.__closure__ or ()) if _filled(cell)]
+    holders += [v for k, v in (getattr(fn, "__globals__", {}) or {}).items() if k in names]
+    out = []
+    for h in holders:
+        if isinstance(h, types.ModuleType) and _top(h.__name__) not in NOT_ENGINE:
+            out += [getattr(h, n) for n in sorted(names) if callable(getattr(h, n, None))
+                    and is_engine_code(getattr(h, n))]
+        elif callable(h) and is_engine_code(h) and not inspect.isclass(h):
+            out.append(h)
+        elif inspect.isfunction(h) and not is_engine_code(h):
+            out += _referenced(h, _depth + 1)
+    seen: list = []
+    for f in out:
+        if all(f is not g for g in seen):
+            seen.append(f)
+    return seen
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True

@@ -185,7 +185,7 @@ def faithful(loss: torch.Tensor, mask: torch.Tensor, mode: str, partition, lsf):
         for a, b in rank:
             rows = loss[a:b].detach().clone().requires_grad_(True)
             v = F.agg_loss_micro(rows, mask[a:b], mode, info)
-            parts.append(float(v.to(loss.dtype)))
+            parts.append(float(v.detach().to(loss.dtype)))
             v.backward()
             grad[a:b] = rows.grad.to(loss.dtype).double().numpy() / len(partition)
         ranks.append(math.fsum(parts))

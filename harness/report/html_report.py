@@ -114,6 +114,7 @@ def plot_imbalance(findings: list[dict]) -> list[dict]:
         fig = _figure(4.2 * len(props), 3.4)
         axes = fig.subplots(1, len(props), squeeze=False)[0]
         n_points = 0
+        labelled: set[str] = set()  # one legend entry per dtype × pass/fail for the whole figure (issue 26 §10)
         for ax, prop in zip(axes, props):
             for f in sorted(by_prop[prop], key=lambda f: FLOAT_DTYPES.index(f["dtype"])
                             if f["dtype"] in FLOAT_DTYPES else 9):
@@ -125,9 +126,11 @@ def plot_imbalance(findings: list[dict]) -> list[dict]:
                     xs = [max(1.0, float(s["imbalance"])) for s in pts]
                     ys = [max(ERR_FLOOR, float(s.get("abs_err") or 0.0)) for s in pts]
                     n_points += len(pts)
+                    key = f"{f['dtype']} {'pass' if ok else 'fail'}"
                     ax.scatter(xs, ys, s=26 if ok else 44, marker=marker, alpha=0.75,
                                facecolors="none" if ok else color, edgecolors=color, linewidths=1.0,
-                               label=f"{f['dtype']} {'pass' if ok else 'fail'}")
+                               label=key if key not in labelled else "_nolegend_")
+                    labelled.add(key)
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_title(prop, fontsize=10)
@@ -135,7 +138,13 @@ def plot_imbalance(findings: list[dict]) -> list[dict]:
             ax.set_ylabel("max abs error (exact: bottom)", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(True, which="major", alpha=0.3)
-            ax.legend(fontsize=6, loc="best")
+        handles, labels = [], []
+        for ax in axes:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                handles.append(h)
+                labels.append(lab)
+        if handles:
+            fig.legend(handles, labels, fontsize=7, loc="outside right upper")
         fig.suptitle(f"{op}: error against shard imbalance (sampled examples; ○ pass, ✕ fail)", fontsize=10)
         plots.append({"title": f"{op}: error against shard imbalance", "src": _png(fig),
                       "caption": f"{n_points} sampled examples over {len(props)} properties: one point per example "
@@ -220,12 +229,13 @@ def plot_examples(findings: list[dict]) -> list[dict]:
         left = [a + b for a, b in zip(left, vals)]
     for i, total in enumerate(left):
         ax.text(total, i, f" {int(total)}", va="center", fontsize=7)
+    # room for the longest bar's label inside the axes (it was clipped at the right edge: issue 26 §10)
+    ax.set_xlim(0, max(max(left) * 1.18, 1.0))
     ax.set_yticks(range(len(ops)), ops, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("examples run (all properties, dtypes and regimes)", fontsize=8)
     ax.tick_params(axis="x", labelsize=7)
     ax.legend(fontsize=7, loc="lower right")
-    ax.margins(x=0.12)
     return [{"title": "examples run per op", "src": _png(fig),
              "caption": "hypothesis examples (and replayed corpus cases) per op, coloured by finding status."}]
 

@@ -48,7 +48,15 @@ def print_summary(doc: dict, console: Console | None = None) -> None:
             f"{len(not_run)} selected finding(s) not run, e.g. {not_run[0]}"
         console.print(f"[bold yellow]INCOMPLETE RUN[/] ({why}): the report holds the findings made so far",
                       highlight=False)
-    bad = [f for f in doc["findings"] if f["status"] in ("discrepancy", "crash", "error", "xpass", "unavailable")]
+    # an unavailable op is one line with its cause (issue 26 §6), not one line per finding
+    unavailable: dict[str, list[dict]] = {}
+    for f in doc["findings"]:
+        if f["status"] == "unavailable":
+            unavailable.setdefault(f["op"], []).append(f)
+    for op, fs in unavailable.items():
+        console.print(f"[{_STYLE['unavailable']}]unavailable op {op}[/] ({len(fs)} finding(s)): "
+                      f"{unavailable_cause(fs[0])}"[:400], highlight=False, soft_wrap=True)
+    bad = [f for f in doc["findings"] if f["status"] in ("discrepancy", "crash", "error", "xpass")]
     for f in bad[:12]:
         first = (f.get("message") or "").strip().splitlines()[:1]
         console.print(f"[{_STYLE[f['status']]}]{f['status']}[/] {f['id']}: {first[0] if first else ''}"[:400],
@@ -57,3 +65,14 @@ def print_summary(doc: dict, console: Console | None = None) -> None:
             console.print(f"    reproduce: {f['reproducer']['command']}", highlight=False, soft_wrap=True)
     if len(bad) > 12:
         console.print(f"... and {len(bad) - 12} more (see report.md)")
+
+
+def unavailable_cause(finding: dict) -> str:
+    """The cause of an unavailable op in one line: the exception line of its message (``ModuleNotFoundError:
+    No module named 'x'``), never the traceback's header."""
+    lines = [x.strip() for x in (finding.get("message") or "").strip().splitlines() if x.strip()]
+    for x in lines:
+        if "unavailable:" in x:
+            return x.split("unavailable:", 1)[1].strip()
+    exc = [x for x in lines if not x.startswith(("Traceback", "File ", "^", "~")) and ":" in x]
+    return exc[-1] if exc else (lines[-1] if lines else "unavailable")

@@ -276,7 +276,8 @@ def render_markdown(doc: dict) -> str:
     lines += render_defects(doc)
     from rlconform.harness.report.declared_md import markdown_section  # issue 20 §2, after the defects
 
-    lines += markdown_section(doc)
+    # at most a third of the comment: the defects and the failing groups come first (issue 26 §8)
+    lines += _fit_declared(markdown_section(doc), MARKDOWN_LIMIT // 3)
     from rlconform.harness.report.explain import markdown_lines  # issue 20 §5, one line per defect row
 
     lines += markdown_lines(doc)
@@ -324,6 +325,25 @@ def render_markdown(doc: dict) -> str:
     if section:
         lines += [""] + section
     return "\n".join(lines) + "\n"
+
+
+def _fit_declared(section: list[str], room: int) -> list[str]:
+    """The conventions-and-guards section within ``room`` characters (issue 26 §8: report.md is a
+    pull-request comment, which GitHub refuses over 65,536 characters): its table rows as long as they fit,
+    then one line counting the rest (report.html and report.json list them all)."""
+    if sum(len(x) + 1 for x in section) <= room:
+        return section
+    rows = [i for i, x in enumerate(section) if x.startswith("| ") and not x.startswith("| ---")]
+    head = section[: rows[1]] if len(rows) > 1 else section[:2]  # the title, the prose and the header row
+    out, used = list(head), sum(len(x) + 1 for x in head) + 120
+    body = rows[1:]
+    for n, i in enumerate(body):
+        if used + len(section[i]) + 1 > room:
+            out += [f"| … {len(body) - n} more declared items: see report.html or report.json |", ""]
+            return out
+        out.append(section[i])
+        used += len(section[i]) + 1
+    return out + [""]
 
 
 def rerender(out_dir: str) -> tuple[str, str]:

@@ -82,6 +82,7 @@ class Target:
     found_after_seconds: float | None = None  # wall time since the fuzz started
     found_after_total_examples: int | None = None
     granted: int = 0              # generated examples granted to its slices so far (the example budget)
+    shrink_replays: int = 0       # examples hypothesis replayed while shrinking a counterexample (not generated)
 
     @property
     def id(self) -> str:
@@ -150,6 +151,7 @@ class Fuzzer:
         self.on_current = on_current or (lambda t: None)  # the finding now fuzzed (a crash is blamed on it)
         self.example_timeout = example_timeout
         self.total_examples = 0
+        self.total_shrink_replays = 0
         self.round = 0
         self.current: Target | None = None
         self.interrupted = False
@@ -285,8 +287,12 @@ class Fuzzer:
             if now > state["deadline"]:
                 raise _Stop()
             case = Case(t.op, t.prop, t.dtype, t.regime, inputs)
-            t.examples += 1
-            self.total_examples += 1
+            if state["fail"] is None:  # a generated example (what --max-examples counts)
+                t.examples += 1
+                self.total_examples += 1
+            else:  # a replay of the shrinker: counted apart (issue 26 §10)
+                t.shrink_replays += 1
+                self.total_shrink_replays += 1
             arm_deadline(self.example_timeout)  # a hung engine ends this process: the supervisor reports it
             try:
                 outcome = run_check(self.binding, case)
@@ -432,7 +438,8 @@ def _print_summary(console, fz: Fuzzer, spec: str) -> None:
     found = [t for t in fz.targets if t.status in ("found", "known")]
     el = fz.elapsed()
     ran = [t for t in fz.targets if t.examples]
-    console.print(f"[bold]rlconform fuzz[/] {spec}: {fz.total_examples} examples in {el:.1f} s over {len(ran)} of "
+    shrunk = f" (+{fz.total_shrink_replays} shrink replays)" if fz.total_shrink_replays else ""
+    console.print(f"[bold]rlconform fuzz[/] {spec}: {fz.total_examples} examples{shrunk} in {el:.1f} s over {len(ran)} of "
                   f"{len(fz.targets)} findings, {fz.round + 1 if ran else 0} round(s)"
                   + (" [yellow](interrupted)[/]" if fz.interrupted else ""), highlight=False)
     for t in fz.targets:
@@ -517,7 +524,8 @@ def _fuzz_child(params: dict, emit=None) -> dict:
                   get_renderable=lambda: _progress(fz, spec)):
             fz.run()
     _print_summary(console, fz, spec)
-    return {"spec": spec, "interrupted": fz.interrupted, "examples": fz.total_examples, "rounds": fz.round + 1,
+    return {"spec": spec, "interrupted": fz.interrupted, "examples": fz.total_examples,
+            "shrink_replays": fz.total_shrink_replays, "rounds": fz.round + 1,
             "seconds": fz.elapsed(),
             "targets": [{**dataclasses.asdict(t), "id": t.id,
                          "best_ratio": t.best_ratio if math.isfinite(t.best_ratio) else None} for t in fz.targets]}

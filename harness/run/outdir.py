@@ -7,6 +7,7 @@ Two runs writing one folder would report each other's findings (issue 14: a clea
 2. takes an exclusive ``fcntl`` lock on ``DIR/.rlconform.lock`` for as long as the returned
    :class:`OutDir` is open (held by the process that writes the report; the OS drops it when that
    process ends, however it ends); a second run gets :class:`OutDirError` naming the holder's pid;
+   :meth:`OutDir.release` removes the file (a killed run leaves it, harmlessly);
 3. removes what an earlier run left there and this run would not overwrite: ``report.json``,
    ``report.md``, ``report.html``, the reproducers ``cases/<finding id>.json`` and ``.tmp-*`` files of an
    interrupted atomic write. Nothing else in the folder is touched (``--out .`` is safe).
@@ -23,7 +24,7 @@ from rlconform.harness.core.opinfo import FINDING_ID
 __all__ = ["LOCK_NAME", "OutDir", "OutDirError", "claim"]
 
 LOCK_NAME = ".rlconform.lock"
-REPORT_FILES = ("report.json", "report.md", "report.html")
+REPORT_FILES = ("report.json", "report.md", "report.html", "selection.txt")
 _CASE_FILE = re.compile(rf"^{FINDING_ID}\.json$")
 _TMP_FILE = re.compile(r"^\.tmp-.*(report\.(json|md|html)|\.json)$")
 
@@ -41,6 +42,12 @@ class OutDir:
 
     def release(self) -> None:
         if self._fd is not None:
+            try:  # removed while still held (issue 26 §10): a run that opened it before sees another inode
+                lock = os.path.join(self.path, LOCK_NAME)
+                if os.stat(lock).st_ino == os.fstat(self._fd).st_ino:
+                    os.unlink(lock)
+            except OSError:
+                pass
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             finally:
@@ -64,17 +71,16 @@ def claim(path: str, *, clear: bool = True) -> OutDir:
     except OSError as exc:
         raise OutDirError(f"cannot create the report folder --out {path}: {exc.strerror or exc}") from None
     lock_path = os.path.join(path, LOCK_NAME)
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise OutDirError(f"cannot write in the report folder --out {path}: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = _read_pid(fd)
+    for _ in range(20):  # the lock file is removed at release: hold the file that is there now
+        fd = _lock(path, lock_path)
+        try:
+            if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+                break
+        except OSError:
+            pass
         os.close(fd)
-        raise OutDirError(f"another rlconform run{f' (pid {holder})' if holder else ''} is writing the report "
-                          f"folder {path}; wait for it or give this run another --out") from None
+    else:
+        raise OutDirError(f"cannot lock the report folder --out {path}: its lock file keeps being replaced")
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -86,6 +92,21 @@ def claim(path: str, *, clear: bool = True) -> OutDir:
         os.close(fd)
         raise OutDirError(f"cannot write in the report folder --out {path}: {exc.strerror or exc}") from None
     return OutDir(path, fd)
+
+
+def _lock(path: str, lock_path: str) -> int:
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise OutDirError(f"cannot write in the report folder --out {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _read_pid(fd)
+        os.close(fd)
+        raise OutDirError(f"another rlconform run{f' (pid {holder})' if holder else ''} is writing the report "
+                          f"folder {path}; wait for it or give this run another --out") from None
+    return fd
 
 
 def _read_pid(fd: int) -> str | None:

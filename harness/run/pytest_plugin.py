@@ -76,6 +76,7 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-property", action="append", default=[], help="only these properties (repeatable)")
     g.addoption("--rlconform-dtype", action="append", default=[], help="only these dtypes (repeatable)")
     g.addoption("--rlconform-regime", action="append", default=[], help="only these regimes (repeatable)")
+    g.addoption("--rlconform-findings", default=None, help="only the finding ids this file lists (one a line)")
     g.addoption("--rlconform-corpus", default=None, help="folder of saved counterexamples to replay first")
     g.addoption("--rlconform-database", default=None, help="persistent hypothesis example database folder")
     g.addoption("--rlconform-deadline", type=float, default=DEFAULT_DEADLINE_S,
@@ -87,6 +88,7 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-seal", action="store_true", default=False, help=argparse_suppress())
     g.addoption("--rlconform-referee", action="store_true", default=False,
                 help="judge in a referee process that never imports the engine (issue 22 §1)")
+    g.addoption("--rlconform-console", action="store_true", default=False, help=argparse_suppress())
 
 
 def argparse_suppress():
@@ -152,6 +154,14 @@ class State:
         self.ledger = parse_ledger(opt("rlconform_xfails")) if opt("rlconform_xfails") else Ledger()
         self.xfails = self.ledger.findings  # finding-id lines; defect lines are matched in the controller
         self.ledger_matches: dict[str, list[str]] = {}  # controller: defect key -> finding ids it matched
+        self.findings = None
+        if opt("rlconform_findings"):
+            from rlconform.harness.run.changed_since import read_selection
+
+            try:
+                self.findings = set(read_selection(opt("rlconform_findings")))
+            except (OSError, ValueError) as exc:
+                raise BindingError(f"cannot read --rlconform-findings: {exc}") from None
         self.out = os.path.abspath(opt("rlconform_out"))
         self.corpus = opt("rlconform_corpus")
         self.deadline = opt("rlconform_deadline") or None
@@ -276,7 +286,8 @@ class State:
         if self.from_cli:
             ids |= {".".join(f) for f in selected_findings(self.binding.provided_ops(), self.ops, self.properties,
                                                             self.dtypes, variants=self.variants(),
-                                                            profile=self.profile, regimes=self.regimes)}
+                                                            profile=self.profile, regimes=self.regimes,
+                                                            findings=self.findings)}
         return ids
 
     def start_referee(self, node) -> None:
@@ -366,7 +377,7 @@ def pytest_generate_tests(metafunc):
     params = []
     for finding in selected_findings(state.binding.provided_ops(), state.ops, state.properties, state.dtypes,
                                      distributed=distributed, variants=state.variants(), profile=state.profile,
-                                     regimes=state.regimes):
+                                     regimes=state.regimes, findings=state.findings):
         fid = ".".join(finding)
         marks = [pytest.mark.xfail(strict=True, reason=f"listed in xfails ledger: {state.xfails[fid]}")] \
             if fid in state.xfails else []
@@ -534,6 +545,31 @@ def _controller_state() -> State | None:
     return _CONTROLLER_STATE.get("state")
 
 
+def _silence_pytest(config) -> None:
+    """``rlconform check`` without ``-v`` (issue 26 §7): pytest's and xdist's own lines (progress letters,
+    "bringing up nodes", "18 failed … 54 skipped") are not printed; rlconform's summary and the
+    progress line of :func:`_progress` speak instead."""
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        from _pytest._io import TerminalWriter
+
+        config._rlconform_devnull = open(os.devnull, "w")
+        tr._tw = TerminalWriter(config._rlconform_devnull)
+    config._rlconform_progress = sys.stderr.isatty()
+
+
+def _progress(state: State, fid: str) -> None:
+    """One rewritten line on a terminal: findings recorded of those selected, and the latest."""
+    if not getattr(state.config, "_rlconform_progress", False):
+        return
+    total = len(state.expected()) or 1
+    done = len(state.writer.findings)
+    sys.stderr.write(f"\r\033[Krlconform: {done}/{total} findings · {fid[:90]}")
+    if done >= total:
+        sys.stderr.write("\r\033[K")
+    sys.stderr.flush()
+
+
 def pytest_runtest_logreport(report):
     state = _controller_state()
     if state is None or state.writer is None:
@@ -547,6 +583,7 @@ def pytest_runtest_logreport(report):
                 state.verdicts.overrule(value)
             _keep_case(state, value)
             _apply_defect_lines(state, value)
+            _progress(state, value.get("id", "") if isinstance(value, dict) else "")
             try:
                 state.writer.add(value)
             except ReportWriteError as exc:
@@ -678,6 +715,8 @@ def pytest_sessionstart(session):
         return
     if not state.worker:
         _CONTROLLER_STATE["state"] = state
+        if session.config.getoption("rlconform_console", False):
+            _silence_pytest(session.config)
     elif state.fault_file is not None:  # after pytest's own faulthandler set-up, which writes to stderr
         import faulthandler
 

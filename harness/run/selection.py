@@ -11,11 +11,13 @@ from __future__ import annotations
 
 
 def selected_findings(provided, ops=(), properties=(), dtypes=(), *, distributed: bool | None = None,
-                      variants: dict | None = None, profile: str | None = None, regimes=()) -> list[tuple]:
+                      variants: dict | None = None, profile: str | None = None, regimes=(),
+                      findings=None) -> list[tuple]:
     """``(op, property, dtype, regime)`` of every finding the binding provides that the filters select, in
     catalog order; ``distributed`` keeps only the ops that are (True) or are not (False) checked on ranks;
     ``profile``: the run's profile (its profile-only regimes are added; None: none are); ``regimes``: only
-    these regimes (a data regime name also selects ``variant@data`` and ``<layout>_data`` regimes)."""
+    these regimes (a data regime name also selects ``variant@data`` and ``<layout>_data`` regimes);
+    ``findings``: only these finding ids (``--findings``, ``--changed-since``; None: no such filter)."""
     from rlconform.harness.catalog.ops import OPS
     from rlconform.harness.core.opinfo import split_regime
 
@@ -31,6 +33,8 @@ def selected_findings(provided, ops=(), properties=(), dtypes=(), *, distributed
             if impls is not None and split_regime(regime)[0] not in impls | {None}:
                 continue
             if regimes and not any(regime_matches(regime, r) for r in regimes):
+                continue
+            if findings is not None and ".".join((op.name, prop, dtype, regime)) not in findings:
                 continue
             if (not ops or op.name in ops) and (not properties or prop in properties) and (not dtypes or dtype in dtypes):
                 out.append((op.name, prop, dtype, regime))

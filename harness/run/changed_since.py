@@ -1,0 +1,115 @@
+"""``rlconform check --changed-since REV`` (issue 26 §2): the findings a pull request can have changed.
+
+The rule: a finding is selected when an engine function behind its op (or its variant / implementation:
+:func:`rlconform.harness.catalog.engine_site.op_sites`), or a function of the engine's package that one
+calls, directly or through others (:func:`rlconform.harness.core.code_changes.changed_functions`),
+has a line that ``git diff -U0 REV HEAD`` in the engine's checkout (``--engine-path``) reports changed;
+also every finding the ``--xfails`` ledger lists, and every finding of an op whose engine function
+cannot be located (it cannot be ruled out). The other filters (``--op``, ``--dtype``, ...) still apply.
+Engine functions outside the checkout (an installed dependency) did not change in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from rlconform.harness.core.code_changes import ChangeError, changed_functions, changed_lines
+from rlconform.harness.core.opinfo import split_regime
+
+__all__ = ["ChangeError", "Selection", "select_changed", "write_selection", "read_selection"]
+
+
+@dataclasses.dataclass
+class Selection:
+    """``ids``: the selected finding ids, in catalog order; ``why``: finding id -> its reason (``changed:
+    verl/…/core_algos.py:agg_loss``, ``calls … -> …``, ``ledger``, ``no engine site``); ``changed``: the
+    bound functions found changed, each with the call path to the changed one."""
+
+    rev: str
+    ids: list[str]
+    why: dict[str, str]
+    changed: dict[str, list[str]]
+
+
+def _in_checkout(site: dict, checkout: str) -> str | None:
+    file = site.get("file") or ""
+    if os.path.isabs(file):
+        root = os.path.abspath(checkout).rstrip(os.sep) + os.sep
+        return os.path.relpath(file, checkout) if file.startswith(root) else None
+    return file if os.path.isfile(os.path.join(checkout, file)) else None
+
+
+def select_changed(meta: dict, checkout: str, rev: str, findings: list[tuple], ledger=(), *,
+                   transitive: bool = True) -> Selection:
+    """Apply the rule of this module to ``findings`` (``(op, property, dtype, regime)`` tuples, as
+    :func:`~rlconform.harness.run.selection.selected_findings` returns) with the engine's ``meta["sites"]``;
+    raises :class:`ChangeError` when the change cannot be read."""
+    hunks = changed_lines(checkout, rev)
+    sites = meta.get("sites") or {}
+    cache: dict[tuple[str, str, str], list[str] | None] = {}
+
+    def path_for(s: dict) -> list[str] | None:
+        file = _in_checkout(s, checkout)
+        if file is None:
+            return None
+        qual = s["function"]
+        key = (file, qual, s.get("top") or file.split("/")[0])
+        if key not in cache:
+            found = changed_functions(checkout, hunks, [(file, qual)], key[2], transitive=transitive)
+            cache[key] = [f"{f}:{q}" for f, q in found[(file, qual)]] if (file, qual) in found else None
+        return cache[key]
+
+    ledger = set(ledger)
+    ids, why, changed = [], {}, {}
+    for finding in findings:
+        fid = ".".join(finding)
+        op, regime = finding[0], finding[3]
+        by_prefix = sites.get(op) or {}
+        prefix = split_regime(regime)[0] or ""
+        op_sites = by_prefix.get(prefix, by_prefix.get("")) if by_prefix else None
+        reason = None
+        if not op_sites:
+            reason = "no engine site (cannot be ruled out)"
+        else:
+            for s in op_sites:
+                path = path_for(s)
+                if path:
+                    changed[path[0]] = path
+                    reason = f"changed: {path[0]}" if len(path) == 1 else f"calls {' -> '.join(path)} (changed)"
+                    break
+        if reason is None and fid in ledger:
+            reason = "listed in the ledger"
+        if reason is not None:
+            ids.append(fid)
+            why[fid] = reason
+    return Selection(rev=rev, ids=ids, why=why, changed=changed)
+
+
+def write_selection(path: str, sel: Selection) -> None:
+    """The selection as a findings file (``--findings``): one id a line, ``# reason`` after it."""
+    lines = [f"# rlconform --changed-since {sel.rev}: findings whose engine functions (or what they call) changed, "
+             f"and the ledger's", f"# {len(sel.ids)} finding(s); changed bound functions: "
+             f"{', '.join(sorted(sel.changed)) or 'none'}"]
+    lines += [f"{fid}  # {sel.why[fid]}" if sel.why.get(fid) else fid for fid in sel.ids]
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+def read_selection(path: str) -> list[str]:
+    """The finding ids of a findings file (one a line; ``#`` starts a comment); raises OSError, or
+    ValueError naming the first line that is not a finding id."""
+    from rlconform.harness.core.opinfo import FINDING_ID
+    import re
+
+    pattern = re.compile(rf"^{FINDING_ID}$")
+    out = []
+    with open(path) as fh:
+        for n, line in enumerate(fh, 1):
+            text = line.split("#", 1)[0].strip()
+            if not text:
+                continue
+            if not pattern.match(text):
+                raise ValueError(f"--findings {path}:{n}: not a finding id: {text[:80]!r}")
+            out.append(text)
+    return out

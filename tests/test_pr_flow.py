@@ -1,0 +1,214 @@
+"""The smaller pieces of the pull-request flow (issue 26 §4-7, §10): extending a stock binding, the lock
+file of an output folder, an unavailable op's cause, and a console that speaks rlconform only."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rlconform.harness.catalog.binding import Binding, BindingError, Coverage
+from rlconform.harness.run.outdir import LOCK_NAME, OutDirError, claim
+
+
+def _cli(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "PYTHONSAFEPATH": "1"})
+
+
+# --------------------------------------------------------------------------- Binding.extend (§4)
+FORK = '''
+import torch
+
+
+def masked_mean(values, mask):
+    m = mask.bool()
+    return (torch.where(m, values, torch.zeros((), dtype=values.dtype)).double().sum() / m.sum()).to(values.dtype)
+
+
+def fancy_norm(x):
+    return x / x.norm()
+'''
+
+
+def _fork(tmp_path, extend: str) -> str:
+    (tmp_path / "forknum.py").write_text(FORK)
+    (tmp_path / "fork_binding.py").write_text(textwrap.dedent(f'''
+        import forknum
+        from rlconform.harness.catalog.binding import Binding, Coverage
+
+        stock = Binding(name="stockish", ops={{}}, coverage=Coverage(modules=()))
+        binding = stock.extend({extend})
+    '''))
+    return str(tmp_path / "fork_binding.py")
+
+
+def test_extend_returns_a_new_binding_and_leaves_the_stock_one():
+    stock = Binding(name="e", ops={"entropy": len}, coverage=Coverage(modules=("a",), not_bound={"a.x": "why"}))
+    fork = stock.extend(ops={"masked_mean": min}, not_bound={"a.y": "a logging helper"}, modules=("b",))
+    assert fork.provided_ops() == ["entropy", "masked_mean"] and stock.provided_ops() == ["entropy"]
+    assert dict(fork.coverage.not_bound) == {"a.x": "why", "a.y": "a logging helper"}
+    assert fork.coverage.modules == ("a", "b") and stock.coverage.modules == ("a",)
+    with pytest.raises(BindingError, match="unknown op"):
+        stock.extend(ops={"no_such_op": min})
+    with pytest.raises(BindingError, match="need a binding that declares coverage"):
+        Binding(name="n", ops={}).extend(not_bound={"a.y": "why"})
+
+
+@pytest.mark.slow
+def test_a_forks_function_bound_and_justified_passes_coverage_strict(tmp_path):
+    """The fork's module holds masked_mean (bound to the existing op) and fancy_norm: unbound until justified."""
+    only_bound = _fork(tmp_path, 'ops={"masked_mean": forknum.masked_mean}, modules=("forknum",)')
+    strict = _cli("coverage", "--engine", only_bound, "--engine-path", str(tmp_path), "--strict", "--format", "json")
+    assert strict.returncode == 1 and "forknum.fancy_norm" in strict.stdout, strict.stdout + strict.stderr
+    justified = _fork(tmp_path, 'ops={"masked_mean": forknum.masked_mean}, modules=("forknum",), '
+                                'not_bound={"forknum.fancy_norm": "feature scaling of the reward model, not an op"}')
+    ok = _cli("coverage", "--engine", justified, "--engine-path", str(tmp_path), "--strict", "--format", "md")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "feature scaling of the reward model" in ok.stdout
+
+
+# --------------------------------------------------------------------------- the lock file (§10)
+def test_lock_file_is_removed_when_the_folder_is_released(tmp_path):
+    out = claim(str(tmp_path / "r"))
+    assert (tmp_path / "r" / LOCK_NAME).exists()
+    with pytest.raises(OutDirError, match="another rlconform run"):
+        claim(str(tmp_path / "r"))
+    out.release()
+    assert not (tmp_path / "r" / LOCK_NAME).exists()
+    claim(str(tmp_path / "r")).release()  # the folder is usable again
+    assert os.listdir(tmp_path / "r") == []
+
+
+# --------------------------------------------------------------------------- unavailable op, console (§6, §7)
+BROKEN = '''
+from rlconform.harness.catalog.binding import Binding, Lazy
+
+binding = Binding(name="broken", ops={"masked_mean": Lazy("no_such_module_rlconform_test:fn"),
+                                      "masked_sum": Lazy("torch:sum")})
+'''
+
+
+@pytest.mark.slow
+def test_unavailable_op_is_one_line_with_its_cause_and_the_console_speaks_rlconform(tmp_path):
+    (tmp_path / "broken.py").write_text(BROKEN)
+    proc = _cli("check", "--engine", str(tmp_path / "broken.py"), "--op", "masked_mean", "--property",
+                "matches_reference", "--max-examples", "2", "--out", str(tmp_path / "r"), cwd=tmp_path)
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 1, console
+    assert "Traceback (most recent call last)" not in console
+    assert "ModuleNotFoundError: No module named 'no_such_module_rlconform_test'" in console
+    lines = [x for x in console.splitlines() if x.startswith("unavailable op masked_mean")]
+    assert len(lines) == 1, console  # one line for the op, not one per finding
+    for noise in ("bringing up nodes", "warnings summary", "[100%]", "short test summary"):
+        assert noise not in console, (noise, console)
+    assert not re.search(r"\d+ (passed|failed|skipped)", console), console
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "ModuleNotFoundError: No module named 'no_such_module_rlconform_test'" in report
+    assert not (tmp_path / "r" / LOCK_NAME).exists()
+
+
+# --------------------------------------------------------------------------- report.md fits a comment (§8)
+GITHUB_COMMENT_LIMIT = 65_536
+
+
+def _committed_verl_report(tmp_path):
+    import json
+    import pathlib
+    import shutil
+
+    src = pathlib.Path(__file__).resolve().parents[1] / "reports" / "verl-0.9.1"
+    shutil.copy(src / "report.json", tmp_path / "report.json")
+    return json.loads((tmp_path / "report.json").read_text())
+
+
+def test_report_md_of_the_committed_verl_report_fits_a_github_comment(tmp_path):
+    import json
+
+    _committed_verl_report(tmp_path)
+    proc = _cli("report", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert len((tmp_path / "report.md").read_text()) < GITHUB_COMMENT_LIMIT
+    # a fork that declares ten times the conventions still fits: the section is summarised
+    doc = json.loads((tmp_path / "report.json").read_text())
+    declared = doc["engine"].get("declared") or []
+    assert declared, "the committed verl report declares conventions"
+    doc["engine"]["declared"] = [{**d, "name": f"{d['name']}_{k}"} for k in range(10) for d in declared]
+    from rlconform.harness.report.writer import render_markdown
+
+    md = render_markdown(doc)
+    assert len(md) < GITHUB_COMMENT_LIMIT
+    assert "more declared items: see report.html or report.json" in md
+
+
+# --------------------------------------------------------------------------- plots (§10)
+def _figures(monkeypatch):
+    from rlconform.harness.report import html_report
+
+    monkeypatch.setattr(html_report, "_png", lambda fig: fig)
+    return html_report
+
+
+def test_agg_loss_plot_has_one_legend_entry_per_dtype_and_verdict(monkeypatch):
+    H = _figures(monkeypatch)
+    samples = [{"imbalance": 3, "abs_err": 1e-7, "ok": True}, {"imbalance": 9, "abs_err": 1e-2, "ok": False}]
+    findings = [{"op": "agg_loss", "property": prop, "dtype": dtype, "regime": f"{mode}@imbalanced_partitions",
+                 "samples": samples} for prop in ("matches_reference", "partition_invariant")
+                for dtype in ("float32", "bfloat16") for mode in ("token-mean", "seq-mean-token-sum", "token-sum")]
+    fig = H.plot_imbalance(findings)[0]["src"]
+    assert all(ax.get_legend() is None for ax in fig.axes)  # no legend per panel
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert sorted(labels) == sorted({"float32 pass", "float32 fail", "bfloat16 pass", "bfloat16 fail"}), labels
+
+
+def test_longest_bar_label_is_inside_the_examples_plot(monkeypatch):
+    H = _figures(monkeypatch)
+    findings = [{"op": op, "status": "pass", "examples": n} for op, n in (("entropy", 123456), ("masked_mean", 7))]
+    fig = H.plot_examples(findings)[0]["src"]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    ax = fig.axes[0]
+    right = ax.get_window_extent(renderer).x1
+    label = next(t for t in ax.texts if t.get_text().strip() == "123456")
+    assert label.get_window_extent(renderer).x1 <= right
+
+
+# --------------------------------------------------------------------------- pasteable reproducers (§5)
+WRONG_COUNT = '''
+import torch
+from rlconform.harness.catalog.binding import Binding
+
+
+def masked_mean(values, mask):
+    m = mask.bool()
+    return (torch.where(m, values, torch.zeros((), dtype=values.dtype)).double().sum() / m.numel()).to(values.dtype)
+
+
+binding = Binding(name="wrongcount", ops={"masked_mean": masked_mean})
+'''
+
+
+@pytest.mark.slow
+def test_printed_reproducer_of_a_module_attr_engine_runs_when_pasted(tmp_path):
+    """`--engine mod:attr` found through PYTHONPATH: the printed command names the folder it imports from."""
+    (tmp_path / "wrongcount.py").write_text(WRONG_COUNT)
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "wrongcount:binding",
+                           "--property", "matches_reference", "--dtype", "float32", "--max-examples", "5",
+                           "--out", "r", "-q"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    printed = [x.split("reproduce: ", 1)[1] for x in proc.stdout.splitlines() if "reproduce: " in x]
+    assert printed and f"--engine-path {tmp_path}" in printed[0], printed
+    import shlex
+
+    argv = shlex.split(printed[0])
+    assert argv[0] == "rlconform"
+    pasted = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *argv[1:]], capture_output=True,
+                            text=True, cwd=tmp_path, env={**os.environ, "PYTHONSAFEPATH": "1"})  # no PYTHONPATH
+    assert pasted.returncode == 1 and "DISCREPANCY" in pasted.stdout, pasted.stdout + pasted.stderr
