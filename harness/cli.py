@@ -713,17 +713,13 @@ def _print_replay_result(result: dict) -> int:
 
 def _coverage_child(spec: str | None, engine_path: str | None, emit=None) -> dict:
     """In a child process: load the engine and build its coverage table (data only), or ``{"error": ...}``."""
-    from rlconform.harness.catalog.binding import BindingError
     from rlconform.harness.catalog.coverage import coverage_record
-    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.bindings.load import load_engine_with_coverage
 
-    try:
-        binding = load_engine(spec, engine_path)
-    except BindingError as exc:
-        return {"error": str(exc)}
-    if binding.coverage is None:
-        return {"error": f"engine {binding.spec!r} declares no coverage (Binding.coverage: its numerics modules, "
-                         f"registries and NOT_BOUND justifications)"}
+    binding, error = load_engine_with_coverage(
+        spec, engine_path, "its numerics modules, registries and NOT_BOUND justifications")
+    if binding is None:
+        return {"error": error}
     record = coverage_record(binding)
     record["spec"] = binding.spec
     return record

@@ -295,3 +295,18 @@ def probe_engine(spec: str | None, engine_path: str | None = None, *, deadline_s
     if "error" in meta:
         raise BindingError(meta["error"])
     return meta
+
+
+def load_engine_with_coverage(spec: str | None, engine_path: str | None, needs: str):
+    """``(binding, None)`` for an engine that declares its coverage (``Binding.coverage``), else ``(None, error
+    message)``: a binding that cannot be loaded, or one without coverage, for which ``needs`` says what the
+    caller reads from it (``coverage`` and ``audit`` run this in a child process)."""
+    from rlconform.harness.catalog.binding import BindingError
+
+    try:
+        binding = load_engine(spec, engine_path)
+    except BindingError as exc:
+        return None, str(exc)
+    if binding.coverage is None:
+        return None, f"engine {binding.spec!r} declares no coverage (Binding.coverage): {needs}"
+    return binding, None

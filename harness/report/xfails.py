@@ -171,7 +171,18 @@ def parse_ledger(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
     lines = text.splitlines()
     ledger = Ledger()
     first_line: dict[str, int] = {}
-    first_dup, dups = None, 0
+    dup = {"first": None, "count": 0}
+
+    def listed_again(key: str, n: int, label: str) -> bool:
+        """Record line ``n`` (listing ``key``, shown as ``label``); True when an earlier line listed it."""
+        if key not in first_line:
+            first_line[key] = n
+            return False
+        if dup["first"] is None:
+            dup["first"] = f"{path}:{n}: {label} is listed again (first on line {first_line[key]})"
+        dup["count"] += 1
+        return True
+
     for n, raw in enumerate(lines, 1):
         text, _, comment = raw.partition("#")
         text = text.strip()
@@ -179,12 +190,8 @@ def parse_ledger(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
             continue
         if text.startswith("defect ") or text == "defect":
             key, scope = _parse_defect(path, n, text, extra_ops)
-            if key in first_line:
-                if first_dup is None:
-                    first_dup = f"{path}:{n}: defect {key} is listed again (first on line {first_line[key]})"
-                dups += 1
+            if listed_again(key, n, f"defect {key}"):
                 continue
-            first_line[key] = n
             ledger.defects[key] = DefectLine(key, scope, comment.strip(), n)
             continue
         m = _ID.match(text)
@@ -211,14 +218,11 @@ def parse_ledger(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
             if only is not None and regime not in only:
                 raise XfailsError(f"{path}:{n}: property {prop!r} of {op!r} is not checked under regime {regime!r} "
                                   f"(only {', '.join(only)})")
-        if text in first_line:
-            if first_dup is None:
-                first_dup = f"{path}:{n}: {text} is listed again (first on line {first_line[text]})"
-            dups += 1
+        if listed_again(text, n, text):
             continue
-        first_line[text] = n
         ledger.findings[text] = comment.strip()
-    if first_dup is not None and warnings is not None:
+    dups = dup["count"]
+    if dup["first"] is not None and warnings is not None:
         more = f", and {dups - 1} more duplicate line(s)" if dups > 1 else ""
-        warnings.append(f"{first_dup}{more}; the duplicate line{'s are' if dups > 1 else ' is'} ignored")
+        warnings.append(f"{dup['first']}{more}; the duplicate line{'s are' if dups > 1 else ' is'} ignored")
     return ledger

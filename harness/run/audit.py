@@ -55,17 +55,10 @@ def audit_record(binding) -> dict:
 
 
 def _audit_child(spec: str | None, engine_path: str | None, emit=None) -> dict:
-    from rlconform.harness.bindings.load import load_engine
-    from rlconform.harness.catalog.binding import BindingError
+    from rlconform.harness.bindings.load import load_engine_with_coverage
 
-    try:
-        binding = load_engine(spec, engine_path)
-    except BindingError as exc:
-        return {"error": str(exc)}
-    if binding.coverage is None:
-        return {"error": f"engine {binding.spec!r} declares no coverage (Binding.coverage): the audit reads the "
-                         f"packages its coverage names"}
-    return audit_record(binding)
+    binding, error = load_engine_with_coverage(spec, engine_path, "the audit reads the packages its coverage names")
+    return {"error": error} if binding is None else audit_record(binding)
 
 
 def cmd_audit(args) -> int:
