@@ -98,3 +98,13 @@ def test_report_md_sections_in_order(tmp_path):
     assert "| status | op | property |" in body  # the heading holds the findings table, never an empty section
     page = (tmp_path / "report.html").read_text()
     assert page.index("defects (") < page.index("Conventions and guards") < page.index("findings that do not pass")
+
+
+def test_an_unavailable_op_is_no_defect():
+    """An op the engine does not provide (an import failure: issue 26 §6) is one entry of the report's
+    unavailable list, never a defect per finding nor a row of the defects table."""
+    gone = "op entropy unavailable: ModuleNotFoundError: No module named 'verl.utils.kernel'"
+    fs = [_f(f"entropy.matches_reference.{d}.moderate", gone, status="unavailable") for d in ("float32", "bfloat16")]
+    fs.append(_f("agg_loss.matches_reference.float32.token-mean@r", HALF, site=AGG))
+    doc = annotate({"findings": fs})
+    assert [d["id"] for d in doc["defects"]] == [f"{CORE}.agg_loss.wrong-value"]

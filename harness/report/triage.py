@@ -294,9 +294,10 @@ def _reachable(finding: dict, engine_dtypes: dict) -> bool:
 
 
 def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dict]:
-    """Group the failing findings (those with a severity) into defects by root key, most severe first
+    """Group the failing findings (those with a severity; an ``unavailable`` op's are not) into defects by root key, most severe first
     (``engine_dtypes``: op -> the dtypes the engine calls it with, for reachability)."""
-    failing = {f["id"]: f for f in findings if f.get("severity")}
+    # an unavailable op is one entry of the report's unavailable list (its cause), not a defect of the engine
+    failing = {f["id"]: f for f in findings if f.get("severity") and f.get("status") != "unavailable"}
     keys = _join_partition(_fold({fid: root_key(f) for fid, f in failing.items()}, failing), failing)
     groups: dict[tuple, list[dict]] = {}
     for fid, f in failing.items():
