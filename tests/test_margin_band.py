@@ -105,3 +105,26 @@ def test_the_band_grades_differences_between_runs_like_differences_from_the_refe
     assert outcome.verdict == expected, (outcome, allowed)
     assert (outcome.message == "") == (expected == "pass")
     assert probe.engine.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("prop, kind", [("partition_invariant", "partition dependence"),
+                                        ("mask_invariant", "partition dependence"),
+                                        ("implementations_agree", "implementations disagree")])
+def test_the_report_reads_the_difference_the_property_wrote(prop, kind):
+    """The triage parses the very message the property writes (a value doubled under another partition is a
+    partition dependence, not rounding): the two cannot drift apart (a changed message once sent every
+    partition dependence of verl's report into a rounding row)."""
+    import numpy as np
+
+    from rlconform.harness.core.evaluation import Compared, Evaluation
+    from rlconform.harness.report import triage
+    from rlconform.properties import generic
+
+    ref = np.array([1.0, 2.0])
+    base = Compared("loss", ref.copy(), ref, None, "float32", "reduction")
+    alt = Compared("loss", 2 * ref, ref, None, "float32", "reduction")
+    outcome = getattr(generic, prop)(Evaluation(values=[base], alternatives=[("other", [alt])]))
+    finding = {"id": f"agg_loss.{prop}.float32.token-mean@moderate", "op": "agg_loss", "property": prop,
+               "dtype": "float32", "regime": "token-mean@moderate", "status": outcome.verdict,
+               "message": outcome.message, "max_ratio": outcome.ratio, "max_rel_err": outcome.max_rel_err}
+    assert outcome.verdict == "discrepancy" and triage.kind(finding) == kind, (outcome.message, triage.kind(finding))

@@ -62,7 +62,7 @@ _NUM = r"[-+]?(?:nan|inf|[0-9.]+(?:e[-+]?[0-9]+)?)"
 VALUE_CLAUSE = re.compile(rf"engine (?P<e>{_NUM}) vs reference (?P<r>{_NUM}) at flat index \d+:[^\n]*?"
                           rf"tolerance (?P<t>{_NUM})")
 PARTITION_CLAUSE = re.compile(rf"(?P<x>{_NUM}) vs (?:[^\n]*? = )?(?P<y>{_NUM})(?: at flat index \d+)? "
-                              rf"\(reference (?P<r>{_NUM}), allowed difference (?P<d>{_NUM})\)")
+                              rf"\(reference (?P<r>{_NUM}), allowed difference (?P<d>{_NUM})(?:, [^)\n]*)?\)")
 NONFINITE_WHERE_FINITE = re.compile(rf"engine (?P<e>nan|-?inf) where the reference[a-z ]* is finite")
 #: :func:`rlconform.harness.core.impl_contract.rank_problem`: an input rank the implementation's docstring allows raised
 RANK_CONTRACT = re.compile(r"contract: a rank-(?P<rank>\d+) input [^\n]*?\(its docstring allows ranks [^)]*\) raised "
