@@ -108,3 +108,19 @@ def test_an_unavailable_op_is_no_defect():
     fs.append(_f("agg_loss.matches_reference.float32.token-mean@r", HALF, site=AGG))
     doc = annotate({"findings": fs})
     assert [d["id"] for d in doc["defects"]] == [f"{CORE}.agg_loss.wrong-value"]
+
+
+def test_the_counts_line_adds_up_to_the_table():
+    """The header counts each defect's findings under the defect's severity, as its row does (a row mixing a
+    training member with precision ones is one training defect of all its findings)."""
+    from rlconform.harness.report.triage_md import counts_line
+
+    fs = [_f("agg_loss.matches_reference.float32.token-mean@r", HALF, site=AGG),
+          _f("agg_loss.matches_reference.bfloat16.token-mean@r", HALF, site=AGG),
+          _f("agg_loss.mask_invariant.float32.token-mean@r", NAN, site=AGG, trig="a masked position holding NaN")]
+    doc = annotate({"findings": fs})
+    rows = {d["severity"]: len(d["members"]) for d in doc["defects"]}
+    line = counts_line(doc)
+    for sev, n in rows.items():
+        assert f"{sev} ({sum(len(d['members']) for d in doc['defects'] if d['severity'] == sev)} findings)" in line
+    assert sum(rows.values()) == 3, (rows, line)
