@@ -179,3 +179,17 @@ def test_a_defect_ledger_matches_a_run_whose_examples_differ_and_goes_xpass_when
     assert {f["status"] for f in fixed["findings"]} == {"pass"}
     assert {d["status"] for d in fixed["run"]["ledger_defects"]} == {"xpass"}
     assert "is listed but none of its findings fails now: it is fixed, remove the line" in proc.stderr
+
+
+def test_a_failing_finding_of_a_listed_scope_is_matched_by_scope_when_its_kind_moved(tmp_path):
+    """The kind is read from the example: a finding the ledger's run shrank to a rounding-sized error may fail
+    at its first example as a wrong value (verl's fused_linear_token_stats fp32 peaked). It is the listed
+    line's, by scope; a finding of an op.property no line lists stays unmatched (red)."""
+    path = tmp_path / "xfails.txt"
+    path.write_text("defect verl.utils.torch_functional | rounding | entropy.matches_reference\n")
+    ledger = parse_ledger(str(path))
+    wrong = _finding("entropy.matches_reference.float32.peaked",
+                     message="value: engine 0.0 vs reference 0.69 at flat index 0: abs err 0.69, rel err 1, "
+                             "tolerance 1e-05")
+    assert ledger.match(wrong).key == "verl.utils.torch_functional | rounding" and wrong["ledger_match"] == "scope"
+    assert ledger.match(_finding(FID)) is None  # entropy.finite_where_reference_finite: no line's scope
