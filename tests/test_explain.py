@@ -31,9 +31,9 @@ pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(REPORT, "report.
 #: (op, failure kind, engine functions): the five defects the brief names
 FIVE = {
     "geo_mean": ("policy_loss", "partition dependence", {"compute_policy_loss_geo_mean"}),
-    "tp_entropy_mutation": ("vocab_parallel_entropy", "mutation", {"_VocabParallelEntropy.backward"}),
+    "tp_entropy_mutation": ("vocab_parallel_entropy", "changes a tensor", {"_VocabParallelEntropy.backward"}),
     "agg_loss_wrong": ("agg_loss", "wrong value", {"agg_loss"}),
-    "agg_loss_nan": ("agg_loss", "NaN", {"agg_loss"}),
+    "agg_loss_nan": ("agg_loss", "NaN / inf", {"agg_loss"}),
     "mean_of_means": ("metric_pipeline", "partition dependence", {"Metric.aggregate_dp", "allgather_dict_into_dict"}),
 }
 

@@ -72,6 +72,8 @@ PLAN: dict[str, tuple] = {
     "rlconform list-ops | list-engines | --version": ("run", "each of the three"),
     "rlconform coverage --engine verl [--strict]":
         ("skip", "imports the real engine; tests/test_coverage.py runs the command, --strict included"),
+    "rlconform audit --engine verl --report reports/verl-0.9.1":
+        ("skip", "reads the real engine's source; tests/test_audit.py runs the command"),
     "rlconform fuzz --engine X [--op Y] [--property P] [--dtype D] [--minutes N] [--max-examples K] [--corpus DIR] "
     "[--db DIR] [--seed S]":
         ("skip", "a synopsis; its options are tested in tests/test_fuzz.py"),

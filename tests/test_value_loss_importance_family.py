@@ -172,7 +172,7 @@ def test_verl_value_loss_and_is_weights_bound_completely():
     assert set(ir.impls) <= set(IR.VARIANTS) and ir.impls
     for name in rollout_corr_helper.SUPPORTED_ROLLOUT_RS_OPTIONS:
         assert ir.unchecked[f"rollout_rs={name}"]
-    assert "importance_ratio" in verl.binding.forward_only
+    assert "importance_ratio" in verl.binding.detached  # a constant for the policy gradient (issue 25 §4)
 
 
 @pytest.mark.engines

@@ -136,7 +136,7 @@ def _effect(d: dict) -> str:
 def cause(d: dict) -> str:
     """The cause in one paragraph, from the defect's kind, trigger, engine function, failed property and
     numbers."""
-    kind = (d.get("signature") or {}).get("kind", "failure")
+    kind = _kind(d) or "failure"
     fn = (d.get("engine_function") or {}).get("function") or f"op {d.get('op')}"
     trig = d.get("trigger") or (d.get("signature") or {}).get("feature") or "any input"
     if kind.startswith("crash"):
@@ -220,13 +220,24 @@ _TP = re.compile(r"^tp(\d+)_")
 SCRIPT_ENGINES = ("verl",)
 
 
+#: the report's failure classes (:func:`rlconform.harness.report.triage.failure_class`) -> the kinds the texts
+#: and templates are written for
+_KIND_OF_CLASS = {"changes a tensor": "mutation", "NaN / inf": "NaN"}
+
+
+def _kind(d: dict) -> str | None:
+    """The failure kind of defect ``d`` in the templates' words (its signature's class, mapped)."""
+    k = (d.get("signature") or {}).get("kind")
+    return _KIND_OF_CLASS.get(k, k)
+
+
 def _supported(d: dict, case: dict, engine: str = "verl") -> tuple[str, dict] | str:
     """(kind template, extra context) for the reproducer finding of ``d`` (its op, property, failure kind and
     regime) on ``engine``, or the reason there is none."""
     if engine not in SCRIPT_ENGINES:
         return f"engine {engine}: the templates call {', '.join(SCRIPT_ENGINES)} only"
     op, prop = case.get("op"), case.get("property")
-    kind = (d.get("signature") or {}).get("kind")
+    kind = _kind(d)
     inputs = case["inputs"]
     fam = {"agg_loss": "fam_agg_loss.py.j2", "policy_loss": "fam_policy_loss.py.j2",
            "metric_pipeline": "fam_metric_pipeline.py.j2"}.get(op)
@@ -327,7 +338,7 @@ def standalone_script(doc: dict, d: dict, case: dict | None) -> tuple[str | None
         case.get("op"), "the reference formula written out in run_exact below")
     ctx = dict(extra, engine=eng.get("name", "verl"), version=eng.get("version") or "", defect_id=d["id"],
                function=fn.get("function") or d.get("op"), site=f"{fn.get('file')}:{fn.get('line')}",
-               kind=(d.get("signature") or {}).get("kind"), trigger=d.get("trigger"), prop=case.get("property"),
+               kind=_kind(d), trigger=d.get("trigger"), prop=case.get("property"),
                op=case.get("op"), dtype=dtype, finding=(d.get("reproducer") or {}).get("finding"),
                inputs=_literal(embedded), reference_src=ref_src, reference_doc=ref_doc)
     return _environment().get_template(template).render(**ctx), None
