@@ -192,4 +192,7 @@ def test_a_failing_finding_of_a_listed_scope_is_matched_by_scope_when_its_kind_m
                      message="value: engine 0.0 vs reference 0.69 at flat index 0: abs err 0.69, rel err 1, "
                              "tolerance 1e-05")
     assert ledger.match(wrong).key == "verl.utils.torch_functional | rounding" and wrong["ledger_match"] == "scope"
+    elsewhere = _finding("entropy.matches_reference.float64.peaked", message=wrong["message"],
+                         engine_function={**SITE, "module": "verl.other"})
+    assert ledger.match(elsewhere) is None  # another module: not the listed line's code
     assert ledger.match(_finding(FID)) is None  # entropy.finite_where_reference_finite: no line's scope

@@ -24,9 +24,10 @@ fails first are read from the example, and a ledger-listed finding stops at its 
 the run that wrote the ledger shrank it: the same finding can read ``rounding`` there and ``wrong value``
 here (verl's ``fused_linear_token_stats`` fp32 ``peaked``: 1.3e-7 relative after shrinking, 2.5 at the
 first failing example). So a failing finding whose key no line lists, but whose ``op.property`` is in a
-line's scope, is that line's ``xfail``, marked ``ledger_match: scope`` in report.json; a defect line is
-``xpass`` only when no finding of its scope fails. A new defect of an ``op.property`` the ledger already
-lists is therefore not red; a new ``op.property`` failing is.
+line's scope and whose engine function (or module, for a module-wide rounding line) is the line's, is that
+line's ``xfail``, marked ``ledger_match: scope`` in report.json; a defect line is
+``xpass`` only when no finding of its scope fails. Another engine function failing in a listed
+``op.property`` stays red.
 
 **Why the key has no trigger.** A defect of the report is keyed (where, kind, trigger), and its trigger is
 read from the *shrunk* input; a ledger-listed finding is not shrunk, so the same finding's trigger differs
@@ -113,8 +114,14 @@ class Ledger:
         # the kind (rounding-sized or a wrong value) and even the site (which output failed first) are read
         # from the example, and a listed finding stops at its first failing one where the run that wrote the
         # ledger shrank it: a failing finding of a listed op.property is that line's (reported as by scope)
+        # — provided the line is about the same engine code: the finding's function, or its module for a
+        # module-wide rounding line
         pair = (finding.get("op"), finding.get("property"))
-        line = next((d for d in sorted(self.defects.values(), key=lambda d: d.line) if pair in d.scope), None)
+        place = defect_key(finding).split(" | ")[0]
+        site = finding.get("crash_frame") or finding.get("engine_function") or {}
+        module = site.get("module") if isinstance(site, dict) else None
+        line = next((d for d in sorted(self.defects.values(), key=lambda d: d.line)
+                     if pair in d.scope and d.key.split(" | ")[0] in (place, module)), None)
         if line is not None:
             finding["ledger_match"] = "scope"
         return line
