@@ -728,17 +728,12 @@ def _coverage_child(spec: str | None, engine_path: str | None, emit=None) -> dic
 def cmd_coverage(args) -> int:
     """Print the engine's coverage table; exit 1 with ``--strict`` when an item is unbound."""
     from rlconform.harness.report.coverage_md import print_table, render_markdown
-    from rlconform.harness.workers.isolated import ChildDied, run_isolated
+    from rlconform.harness.bindings.load import engine_record
 
     spec = args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference"
-    try:
-        record = run_isolated(_coverage_child, (spec, args.engine_path), deadline_s=args.timeout)
-    except ChildDied as exc:
-        return _usage_error(f"loading engine {spec!r}: {exc.description}")
-    except RuntimeError as exc:
-        return _usage_error(f"the coverage table could not be built: {str(exc).strip().splitlines()[-1]}")
-    if "error" in record:
-        return _usage_error(record["error"])
+    record, error = engine_record(_coverage_child, spec, args.engine_path, args.timeout, "the coverage table")
+    if error is not None:
+        return _usage_error(error)
     fmt = args.format or ("table" if sys.stdout.isatty() else "md")
     if fmt == "json":
         print(json.dumps(record, indent=1))

@@ -310,3 +310,20 @@ def load_engine_with_coverage(spec: str | None, engine_path: str | None, needs: 
     if binding.coverage is None:
         return None, f"engine {binding.spec!r} declares no coverage (Binding.coverage): {needs}"
     return binding, None
+
+
+def engine_record(child, spec: str, engine_path: str | None, deadline_s: float | None, what: str):
+    """``(record, None)``: ``child(spec, engine_path)`` run in an isolated process (it loads the engine and
+    returns data only), or ``(None, one-line error)`` when the child died, raised, or returned
+    ``{"error": ...}``; ``what`` names what the record is for, in the message (``coverage`` and ``audit``)."""
+    from rlconform.harness.workers.isolated import ChildDied, run_isolated
+
+    try:
+        record = run_isolated(child, (spec, engine_path), deadline_s=deadline_s)
+    except ChildDied as exc:
+        return None, f"loading engine {spec!r}: {exc.description}"
+    except RuntimeError as exc:
+        return None, f"{what} could not be built: {str(exc).strip().splitlines()[-1]}"
+    if "error" in record:
+        return None, record["error"]
+    return record, None

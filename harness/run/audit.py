@@ -65,7 +65,6 @@ def cmd_audit(args) -> int:
     from rlconform.harness.catalog.audit import RULES
     from rlconform.harness.report.audit_md import link, render_markdown
     from rlconform.harness.report.load import ReportError, load_report, report_path
-    from rlconform.harness.workers.isolated import ChildDied, run_isolated
 
     def usage(message: str) -> int:
         print(f"rlconform: error: {message}", file=sys.stderr)
@@ -78,14 +77,11 @@ def cmd_audit(args) -> int:
         except (ReportError, OSError) as exc:
             return usage(f"cannot read report {args.report!r}: {exc}")
     spec = args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference"
-    try:
-        record = run_isolated(_audit_child, (spec, args.engine_path), deadline_s=args.timeout)
-    except ChildDied as exc:
-        return usage(f"loading engine {spec!r}: {exc.description}")
-    except RuntimeError as exc:
-        return usage(f"the audit could not be built: {str(exc).strip().splitlines()[-1]}")
-    if "error" in record:
-        return usage(record["error"])
+    from rlconform.harness.bindings.load import engine_record
+
+    record, error = engine_record(_audit_child, spec, args.engine_path, args.timeout, "the audit")
+    if error is not None:
+        return usage(error)
     record = link(record, doc)
     if args.format == "json":
         print(json.dumps({k: v for k, v in record.items() if k != "coverage"}, indent=1))
