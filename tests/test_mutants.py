@@ -1,5 +1,12 @@
 """Every mutant is caught by the property cases.md names, under the CI profile; every generic property is
-failed by at least one mutant; the reference engine passes everything it is checked on."""
+failed by at least one mutant; the reference engine passes everything it is checked on.
+
+A mutant that declares ``CAUGHT_BY`` (finding ids of its ``EXPECTED`` / ``EXPECTED_CRASH`` pairs) is checked
+on those findings only (``--findings``), with the CI profile's own examples (derandomized per finding, so
+the same as in a check of the whole op): each listed finding must fail, and every declared pair must have
+a listed finding (:func:`test_caught_by_covers_the_declared_pairs`). The findings of the op that the mutant
+does not break pass and cost 20 examples each; they prove nothing about the mutant (the reference engine's
+run, :func:`test_reference_engine_passes_everything`, proves they pass for a correct engine)."""
 
 from __future__ import annotations
 
@@ -32,6 +39,25 @@ def expected_crash(name: str) -> list[tuple[str, str]]:
     """(op, property) pairs whose finding must be a ``crash``: a mutant of a "raises on a legal input"
     family (cases.md 16) declares them in ``EXPECTED_CRASH``."""
     return list(getattr(importlib.import_module(f"rlconform.harness.mutants.{name}"), "EXPECTED_CRASH", []))
+
+
+def caught_by(name: str) -> list[str]:
+    """Finding ids that catch the mutant under the CI profile (optional ``CAUGHT_BY`` of its module)."""
+    return list(getattr(importlib.import_module(f"rlconform.harness.mutants.{name}"), "CAUGHT_BY", []))
+
+
+@pytest.mark.parametrize("name", [n for n in MUTANTS if caught_by(n)])
+def test_caught_by_covers_the_declared_pairs(name):
+    from rlconform.harness.core.opinfo import FINDING_ID
+    import re
+
+    ids = caught_by(name)
+    declared = set(expected(name)) | set(expected_crash(name))
+    bad = [i for i in ids if not re.fullmatch(FINDING_ID, i)]
+    assert not bad, f"mutants.{name}: CAUGHT_BY entries that are not finding ids: {bad}"
+    named = {tuple(i.split(".")[:2]) for i in ids}
+    assert named <= declared, f"mutants.{name}: CAUGHT_BY names undeclared pairs {named - declared}"
+    assert declared <= named, f"mutants.{name}: no CAUGHT_BY finding for {declared - named}"
 
 
 def test_mutant_zoo_covers_every_property():
@@ -67,17 +93,25 @@ def test_mutant_is_caught(name, tmp_path):
     # --max-shrinks 0: a finding's status never depends on shrinking (harness/core/profiles.py), only its
     # reproducer's size, and the unshrunk reproducer is replayed below; the caught mutant stops at its first
     # failing example instead of spending up to 50 shrinking steps per failing finding
-    args = ["check", "--engine", f"mutants.{name}", "--out", str(tmp_path), "--profile", "ci", "-q",
+    out = tmp_path / "out"
+    args = ["check", "--engine", f"mutants.{name}", "--out", str(out), "--profile", "ci", "-q",
             "--fail-on", "precision", "--max-shrinks", "0"]
     for op in sorted({op for op, _ in pairs + crash_pairs}):
         args += ["--op", op]
     for prop in sorted({p for _, p in pairs + crash_pairs}):
         args += ["--property", prop]
+    listed = caught_by(name)  # the findings that catch it, with the CI profile's examples; else its whole op
+    if listed:
+        (tmp_path / "caught_by.txt").write_text("\n".join(listed) + "\n")
+        args += ["--findings", str(tmp_path / "caught_by.txt")]
     proc = run_cli(*args)
     assert proc.returncode == 1, f"mutants.{name} not caught (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    with open(tmp_path / "report.json") as fh:
+    with open(out / "report.json") as fh:
         doc = json.load(fh)
     assert doc["run"]["complete"]
+    by_id = {f["id"]: f["status"] for f in doc["findings"]}
+    for fid in listed:
+        assert by_id.get(fid) in ("discrepancy", "crash"), f"mutants.{name}: CAUGHT_BY {fid} is {by_id.get(fid)}"
     for op, prop in pairs:
         statuses = {f["status"] for f in doc["findings"] if f["op"] == op and f["property"] == prop}
         assert "discrepancy" in statuses, f"mutants.{name}: {op}.{prop} statuses {statuses}"

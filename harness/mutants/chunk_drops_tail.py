@@ -18,5 +18,9 @@ def chunked_entropy(logits, chunk_size=2048):
 
 
 EXPECTED = [("entropy", "matches_reference")]
+CAUGHT_BY = [  # findings that fail under the CI profile; tests/test_mutants.py checks only these
+    "entropy.matches_reference.float32.chunked@moderate",
+    "entropy.matches_reference.bfloat16.chunked@moderate",
+]
 binding = mutant("chunk_drops_tail", __doc__, implementations={
     "entropy": {"chunked": Implementation(chunked_entropy, chunk_arg="chunk_size")}})
