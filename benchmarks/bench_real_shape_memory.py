@@ -4,7 +4,8 @@ Each measurement runs in a fresh subprocess (``ru_maxrss`` is a process's high-w
 
 * ``engine``: what the engine needs on its own for the case: the logits materialised in the dtype under
   test (:meth:`~rlconform.harness.core.generated.LogitsGen.materialise`), the engine's forward, its
-  backward for a float64 ``grad_output`` (as the harness drives it) and the gradient kept;
+  backward for a float64 ``grad_output`` (as the harness drives it under both properties) and the
+  gradient kept;
 * ``finding``: the whole check of the same case (:func:`rlconform.properties.checks.run_check` on a
   :class:`~rlconform.properties.case.Case` of regime ``real_shapes``): the engine, the chunked float64
   reference, the chunked dtype-faithful path, the comparison (``matches_reference``) or the digest input
@@ -92,10 +93,9 @@ def child(args) -> dict:
         op = next(o for o in OPS if o.name == args.op)
         leaf = inputs["logits"].materialise(args.dtype).requires_grad_(True)
         out = fn(*engine_args(op, leaf, inputs))
-        if args.property == "matches_reference":
-            (out.to(torch.float64) * torch.from_numpy(inputs["grad_output"])).sum().backward()
-            del out
-            result["grad_bytes"] = leaf.grad.numel() * leaf.grad.element_size()
+        (out.to(torch.float64) * torch.from_numpy(inputs["grad_output"])).sum().backward()  # both properties do
+        del out
+        result["grad_bytes"] = leaf.grad.numel() * leaf.grad.element_size()
     else:
         outcome = run_check(binding, Case(args.op, args.property, args.dtype, "real_shapes", inputs))
         result.update(ok=bool(outcome.ok), message=str(outcome.message)[:300])

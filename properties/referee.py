@@ -247,6 +247,7 @@ def refereed_check(binding, case, check_here):
                 local = exc
         payload = pickle.dumps({"case": case, "binding": standin(binding, case), "tape": tape},
                                protocol=pickle.HIGHEST_PROTOCOL)
+        tape.release()
     except BaseException:
         tape.discard()
         raise

@@ -97,3 +97,41 @@ def test_spilled_tensor_is_read_in_place_twice_and_discarded(monkeypatch, tmp_pa
                                                   x.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
     tape.discard()
     assert not os.path.exists(path)
+
+
+def test_refereed_real_shapes_case_is_judged_by_the_referee_alone(monkeypatch):
+    """Under a referee the worker stops after the engine's calls (no float64 reference, no faithful path:
+    they are the referee's), keeps none of its tensors while the referee judges, and the verdicts stand:
+    the referee, a fresh process, imports numpy.random for the generator and passes the reference engine,
+    fails a wrong gradient in the last row (test_real_shapes' wrong engine)."""
+    from rlconform.harness.bindings.reference import binding as reference
+    from rlconform.harness.catalog.binding import Binding
+    from rlconform.harness.workers import referee as referee_process
+    from rlconform.properties import referee
+    from rlconform.properties.checks import referee_judge
+
+    def entropy(logits):
+        h = reference.ops["entropy"](logits)
+        bump = torch.zeros_like(h)
+        bump[-1] = 1.0
+        return h + bump * (logits[..., 0] - logits[..., 0].detach())
+
+    wrong = Binding(name="wrong", ops=dict(reference.ops, entropy=entropy))
+    calls = []
+    fused = TS.R.token_stats
+    monkeypatch.setattr(TS.R, "token_stats", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    released = []
+    release = T.Tape.release
+    monkeypatch.setattr(T.Tape, "release", lambda self: released.append(len(self.tensors)) or release(self))
+    case = Case("entropy", "matches_reference", "float32", "real_shapes", _inputs())
+    ref = referee_process.start(referee_judge, referee.check_clean)
+    try:
+        referee.connect(ref.address, ref.authkey)
+        good = run_check(load_engine("reference", None), case)
+        bad = run_check(wrong, case)
+    finally:
+        referee.disconnect()
+        ref.close()
+    assert good.ok, good.message
+    assert not bad.ok and "gradient (rows" in bad.message and "flat index 4000" in bad.message, bad.message  # row 4
+    assert calls == [] and len(released) == 2 and all(released)
