@@ -258,7 +258,11 @@ def _evaluate_generated(op: OpInfo, fn, binding, case) -> Evaluation:
     and the faithful path run over row chunks regenerated from the seed (never a float64 copy of the
     logits, never a second copy of the engine's input: an engine that wrote into its input cannot move the
     reference either). Values are compared whole ([T]); the gradient chunk by chunk, the chunk with the
-    worst error / tolerance kept for the judgment (any failing element fails it)."""
+    worst error / tolerance kept for the judgment (any failing element fails it). In the engine's worker
+    under a referee (:func:`rlconform.harness.core.tape.recording_only`) it returns after the engine's calls:
+    the referee computes the rest. Memory above the engine's own (issue 22 §5,
+    benchmarks/bench_real_shape_memory.py): ≈ 0 for ``matches_reference`` (chunks of ≤ ``REAL_CHUNK_BYTES``
+    float64 after the engine's graph is freed), 1× the logits for ``non_destructive`` (the producer's copy)."""
     gen = case.inputs["logits"]
     t, vocab = gen.shape
     grad_out64 = np.asarray(case.inputs["grad_output"], dtype=np.float64)
