@@ -35,6 +35,7 @@ ALLOWED_TOP = frozenset({
     "__main__", "__mp_main__", "_distutils_hack", "google", "yaml", "packaging", "_pytest", "pytest", "pluggy",
     "iniconfig", "py", "xdist", "execnet", "optree", "psutil", "certifi", "idna", "urllib3", "charset_normalizer",
     "requests", "six", "tqdm", "pkg_resources", "setuptools", "importlib_metadata", "zipp", "scipy",
+    "cython_runtime",  # made by the first Cython extension loaded: numpy.random (a real_shapes case's generator)
 })
 #: rlconform packages that hold engine code (bindings import engines; mutants are engines)
 ENGINE_PACKAGES = ("rlconform.harness.bindings", "rlconform.harness.mutants")
@@ -246,6 +247,7 @@ def refereed_check(binding, case, check_here):
                 local = exc
         payload = pickle.dumps({"case": case, "binding": standin(binding, case), "tape": tape},
                                protocol=pickle.HIGHEST_PROTOCOL)
+        tape.release()
     except BaseException:
         tape.discard()
         raise
