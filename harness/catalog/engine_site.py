@@ -11,7 +11,7 @@ A binding's adapters name the engine callable they call with :func:`calls` (attr
 A finding's site also carries ``calls``: the engine functions the callable names directly
 (:func:`callees`). ``file`` is relative to the directory that holds the engine's top package (``verl/…``), so a fork's
 checkout on ``--engine-path`` gives its own files and lines; ``line`` is the ``def`` line
-(``co_firstlineno``) for a callable, the executing line for a crash frame. Code of rlconform, torch,
+(below its decorators) for a callable, the executing line for a crash frame. Code of rlconform, torch,
 NumPy and the standard library is never an engine site.
 """
 
@@ -133,8 +133,24 @@ def relative(path: str, module: str) -> str:
     return path
 
 
+def def_line(lines: list[str], first: int) -> int:
+    """The line of the ``def`` / ``class`` statement of the source ``lines`` that start at line ``first``
+    (what :func:`inspect.getsourcelines` returns: its first line is the first decorator's, as is
+    ``co_firstlineno``): ``first`` plus the decorators' lines, e.g. 1929 for verl's
+    ``@register_policy_loss("geo_mean")`` on line 1928 above ``def compute_policy_loss_geo_mean``."""
+    import ast
+    import textwrap
+
+    try:
+        node = ast.parse(textwrap.dedent("".join(lines))).body[0]
+    except (SyntaxError, IndexError, ValueError):
+        return int(first)
+    return int(first) + getattr(node, "lineno", 1) - 1
+
+
 def site(fn: Any) -> dict | None:
-    """``{"function", "module", "file", "line"}`` of an engine callable (its ``def`` line), or None."""
+    """``{"function", "module", "file", "line"}`` of an engine callable (its ``def`` line, below any
+    decorator: :func:`def_line`), or None."""
     obj = getattr(fn, "__func__", fn)
     if isinstance(obj, functools.partial):
         obj = obj.func
@@ -146,9 +162,10 @@ def site(fn: Any) -> dict | None:
     mod = getattr(target, "__module__", None) or _module_of(obj)
     try:
         path = inspect.getsourcefile(target)
-        line = inspect.getsourcelines(target)[1]
+        lines, line = inspect.getsourcelines(target)
     except (TypeError, OSError):
         return None
+    line = def_line(lines, line)
     if not path or not mod:
         return None
     return {"function": getattr(target, "__qualname__", getattr(target, "__name__", repr(target))), "module": mod,

@@ -66,7 +66,8 @@ NaN / inf           a NaN / ±inf where the exact value is finite
 partition dependence  ``partition_invariant`` / ``mask_invariant`` beyond the thresholds of a wrong value
 implementations disagree  ``implementations_agree`` (two implementations of one variant) beyond them
 wrong value         beyond the thresholds of a wrong value (the tolerance table)
-inexact value       any other failure (rounding-sized)
+inexact value       any other failure (rounding-sized), and a wrong value that rounding of an extreme
+                    input in bf16 / fp16 explains (:func:`~rlconform.harness.report.severity.rounding_of_extreme_input`)
 ==================  ============================================================================
 
 Input features of a report without triggers (first that applies; from the regime, the worst input and
@@ -83,7 +84,7 @@ import re
 
 from rlconform.harness.report.severity import (
     NONFINITE_WHERE_FINITE, RANK, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses,
-    value_clauses,
+    rounding_of_extreme_input, value_clauses,
 )
 
 #: kinds of failure whose input feature tells defects apart in a report without triggers
@@ -119,6 +120,8 @@ def kind(finding: dict) -> str:
         return "partition dependence"
     if prop == "implementations_agree" and wrong:
         return "implementations disagree"
+    if wrong and rounding_of_extreme_input(finding):  # bf16 rounding of an extreme input: its module's rounding
+        return "inexact value"
     return "wrong value" if wrong else "inexact value"
 
 
