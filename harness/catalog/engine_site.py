@@ -258,7 +258,9 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
                  metric: bool = False) -> tuple[dict | None, list[str]]:
     """``(engine_function site, engine top packages)`` of a finding. A ``non_destructive`` failure in the
     backward of a thin wrapper around a ``torch.autograd.Function`` is located at that Function's
-    ``backward`` (``forward`` for a mutation during the forward). ``metric``: only logged metrics are
+    ``backward`` (``forward`` for a mutation during the forward); one seen *after another op's backward*
+    (``vocab_parallel_sum_pi_squared`` on logits ``vocab_parallel_entropy``'s backward wrote into) at that
+    op's Function's ``backward``. ``metric``: only logged metrics are
     wrong, so a loss registry's ``combine_metrics`` (how the engine folds the micro-batches' metrics) is
     the site when it names an engine callable."""
     obj = op_object(binding, op, regime)
@@ -279,6 +281,14 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
     s = site(fn)
     if s is not None:
         s["calls"] = callees(fn)
+    after = _AFTER_OP.search(message or "") if prop == "non_destructive" else None
+    if after and after["op"] != op:  # the tensor was written by another op's backward run before this op
+        other = op_object(binding, after["op"], "")
+        other_fns = engine_callables(other) if other is not None else []
+        cls = autograd_function(other_fns[0]) if other_fns else None
+        moved = method_site(cls, "backward", "") if cls is not None else None
+        if moved is not None:
+            return moved, packages
     if prop == "non_destructive" and s is not None:
         cls = autograd_function(fn)
         low = (message or "").lower()
@@ -286,6 +296,10 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
             phase = "backward" if "backward" in low else "forward"
             s = method_site(cls, phase, s["module"]) or s
     return s, packages
+
+
+#: a non_destructive message about a tensor another op's backward wrote ("after vocab_parallel_entropy backward")
+_AFTER_OP = __import__("re").compile(r"after (?P<op>[a-z0-9_]+) backward")
 
 
 def op_sites(binding) -> dict[str, dict[str, list[dict]]]:
