@@ -368,6 +368,12 @@ def _reachable(finding: dict, engine_dtypes: dict) -> bool:
     return not used or not finding.get("dtype") or finding["dtype"] in used
 
 
+def change_text(message: str) -> str:
+    from rlconform.harness.report.triage_md import change_text as text
+
+    return text(message)
+
+
 def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dict]:
     """Group the failing findings (those with a severity; an ``unavailable`` op's are not) into defects by root key, most severe first
     (``engine_dtypes``: op -> the dtypes the engine calls it with, for reachability)."""
@@ -408,6 +414,7 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dic
             "reproducer": {"finding": shown["id"], "case_file": rep.get("case_file"), "command": rep.get("command"),
                            "input": shown.get("worst_input")},
             "message": (shown.get("message") or "").strip().splitlines()[0][:300] if shown.get("message") else "",
+            "change": change_text(shown.get("message") or "") if cls == "changes a tensor" else "",
         })
     out.sort(key=lambda d: (RANK[d["severity"]], -d["effect"], not d["reachable"], -len(d["members"]), d["id"]))
     return out
