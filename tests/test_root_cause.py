@@ -83,7 +83,9 @@ def test_verl_sites_name_the_engine_function():
     import verl.trainer.ppo.core_algos as ca
     import inspect
 
-    assert s["line"] == inspect.getsourcelines(inspect.unwrap(ca.compute_policy_loss_geo_mean))[1]
+    src, first = inspect.getsourcelines(inspect.unwrap(ca.compute_policy_loss_geo_mean))
+    assert src[0].lstrip().startswith("@")  # registered with a decorator: the site is the def line below it
+    assert src[s["line"] - first].lstrip().startswith("def compute_policy_loss_geo_mean")
     # a logged metric of the loss is folded by Metric.aggregate_dp, not computed by the loss function
     m, _ = finding_site(b, "policy_loss", "partition_invariant", "vanilla@moderate", metric=True)
     assert m["function"] == "Metric.aggregate_dp"
