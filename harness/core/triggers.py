@@ -223,7 +223,8 @@ def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, message: 
             return "a NaN input"
     if dtype == "float16" and (kind == "inf" or "fp16_extreme" in (regime or "")):
         return "fp16 overflow"
-    if kind not in ("NaN", "inf") and mask_trigger(mask_of(inputs)) == "a row with no valid token":
+    if kind not in ("NaN", "inf") and shard_trigger(inputs) is None and \
+            mask_trigger(mask_of(inputs)) == "a row with no valid token":
         return "a row with no valid token"  # a finite wrong value: the empty row, not exp's range (SAPO's row mean)
     old, new = _array(inputs.get("old_log_prob")), _array(inputs.get("log_prob"))
     if old is not None and new is not None and old.shape == new.shape:
