@@ -252,8 +252,9 @@ def _fold(keys: dict, findings: dict) -> dict:
 def _join_partition(keys: dict, findings: dict) -> dict:
     """A ``wrong value`` under the trigger of a ``partition dependence`` of the same place joins it, and so
     does a wrong logged metric of a place whose metric depends on the partition, whatever its trigger (the
-    function that folds shards' metrics: a mean of shard means is wrong on every uneven partition) (see the
-    module docstring)."""
+    function that folds shards' metrics: a mean of shard means is wrong on every uneven partition), and a
+    rounding-sized ``partition_invariant`` failure of that function's metric (the same mean of means on a
+    partition whose shards differ little) (see the module docstring)."""
     from rlconform.harness.report.severity import is_metric
 
     parted: dict[str, set] = {}
@@ -264,14 +265,16 @@ def _join_partition(keys: dict, findings: dict) -> dict:
             if is_metric(findings[fid]):
                 metric_parted.add(place)
 
-    def joins(fid, place, cls):
-        if cls != "wrong value":
-            return False
+    def joined(fid, place, cls):
         f = findings[fid]
-        return trigger(f) in parted.get(place, ()) or (place in metric_parted and is_metric(f))
+        if cls == "wrong value" and (trigger(f) in parted.get(place, ()) or (place in metric_parted and is_metric(f))):
+            return place, "partition dependence"
+        own = _place(where(f))  # a rounding-sized partition effect of that aggregator's metric: the same fold
+        if cls == "rounding" and f.get("property") == "partition_invariant" and is_metric(f) and own in metric_parted:
+            return own, "partition dependence"
+        return place, cls
 
-    return {fid: ((place, "partition dependence") if joins(fid, place, cls) else (place, cls))
-            for fid, (place, cls) in keys.items()}
+    return {fid: joined(fid, place, cls) for fid, (place, cls) in keys.items()}
 
 
 _AFTER_OP = re.compile(r"after (?P<op>[a-z0-9_]+) backward")

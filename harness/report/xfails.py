@@ -135,8 +135,8 @@ class Ledger:
         (:func:`rlconform.harness.report.triage.folded_keys`), read from the finding alone: a callee its
         engine function names (``calls``) listed with the same class; the ``changes a tensor`` line of the
         op whose backward the message says wrote the tensor ("after <op> backward", a ``.backward`` place
-        whose scope holds ``<op>.non_destructive``); a wrong value's place listed as a partition
-        dependence. The trigger is not required to agree (see the module docstring)."""
+        whose scope holds ``<op>.non_destructive``); a wrong value's place (a rounding-sized failure's
+        function) listed as a partition dependence. The trigger is not required to agree (see the module docstring)."""
         import re
 
         place, cls = defect_key(finding).split(" | ", 1)
@@ -144,6 +144,8 @@ class Ledger:
         tries = [f"{callee} | {cls}" for callee in (site.get("calls") or ()) if not cls.startswith("crash:")]
         if cls == "wrong value":
             tries.append(f"{place} | partition dependence")
+        if cls == "rounding" and site.get("function"):  # a rounding-sized partition effect of its function
+            tries.append(f"{site.get('module')}.{site.get('function')} | partition dependence")
         for key in tries:
             if key in self.defects:
                 return self.defects[key]
