@@ -245,3 +245,35 @@ def test_a_decorated_function_is_located_at_its_def_line(tmp_path, monkeypatch):
         assert site(mod.loss)["line"] == 10
     finally:
         sys.modules.pop("engine_mod_x", None)
+
+
+def test_a_mutation_deeper_down_names_its_frame(tmp_path, monkeypatch):
+    """Maintainer's error 2: verl's vocab_parallel_log_probs_from_logits mutates through Megatron-core's
+    cross entropy (``vocab_parallel_logits -= logits_max``): the card names that statement's frame, the root
+    key stays verl's function."""
+    import importlib
+    import sys
+
+    from rlconform.harness.catalog.engine_site import mutation_frame
+    from rlconform.harness.report.triage_md import where_cell
+
+    (tmp_path / "engine_mod_y.py").write_text("def inner(y, m):\n    z = y\n    y -= m\n    return y\n\n\n"
+                                              "def outer(x):\n    from engine_mod_y import inner\n"
+                                              "    return inner(x, 1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("engine_mod_y")
+    try:
+        via = mutation_frame(mod.outer)
+        assert via["function"] == "inner" and via["line"] == 3
+    finally:
+        sys.modules.pop("engine_mod_y", None)
+    site = dict(SPS, function="vocab_parallel_log_probs_from_logits", line=201,
+                via={"function": "VocabParallelCrossEntropy.calculate_predicted_logits",
+                     "module": "megatron.core.tensor_parallel.cross_entropy",
+                     "file": "megatron/core/tensor_parallel/cross_entropy.py", "line": 42})
+    (d,) = annotate({"findings": [_f("vocab_parallel_token_logprobs.non_destructive.float32.tp2_moderate",
+                                     "input 'logits' mutated during forward: 2 element(s) changed, e.g. [0] 1.0 -> 0.5; "
+                                     "_version 0 -> 3", site=site)]})["defects"]
+    assert d["id"] == "verl.utils.megatron.tensor_parallel.vocab_parallel_log_probs_from_logits.changes-a-tensor"
+    assert where_cell(d).endswith("via `VocabParallelCrossEntropy.calculate_predicted_logits` "
+                                  "(megatron/core/tensor_parallel/cross_entropy.py:42)")

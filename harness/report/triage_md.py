@@ -84,6 +84,9 @@ def where_cell(d: dict) -> str:
     site = d.get("crash_frame") or d.get("engine_function")
     if site:
         text = f"`{site.get('function')}` ({site.get('file')}:{site.get('line')})"
+        via = (d.get("engine_function") or {}).get("via") if not d.get("crash_frame") else None
+        if via:  # where a forward mutation happens, deeper down (another package's function)
+            text += f" via `{via.get('function')}` ({via.get('file')}:{via.get('line')})"
         if d.get("crash_frame") and d.get("engine_function") and \
                 d["engine_function"].get("function") != site.get("function"):
             text += f" via `{d['engine_function'].get('function')}`"
