@@ -371,10 +371,21 @@ def _reachable(finding: dict, engine_dtypes: dict) -> bool:
     return not used or not finding.get("dtype") or finding["dtype"] in used
 
 
-def change_text(message: str) -> str:
-    from rlconform.harness.report.triage_md import change_text as text
+_VERSION = re.compile(r"_version (?P<a>\d+) -> (?P<b>\d+)|is at version (?P<b2>\d+); expected version (?P<a2>\d+)")
+_CHANGED = re.compile(r"(?P<n>\d+) element\(s\) changed, e\.g\. \[\d+\] (?P<x>[-+0-9.e]+|nan|-?inf) -> (?P<y>[-+0-9.e]+|nan|-?inf)")
 
-    return text(message)
+
+def change_text(msg: str) -> str:
+    """What a changed-tensor message records: ``version 0 → 3``, how many elements changed and one of them
+    (``""``: neither)."""
+    parts = []
+    v = _VERSION.search(msg)
+    if v:
+        parts.append(f"version {v['a'] or v['a2']} → {v['b'] or v['b2']}")
+    c = _CHANGED.search(msg)
+    if c:
+        parts.append(f"{c['n']} element(s) changed, e.g. {c['x']} → {c['y']}")
+    return "; ".join(parts)
 
 
 def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dict]:

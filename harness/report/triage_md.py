@@ -10,8 +10,6 @@ reproducer command of its smallest member.
 
 from __future__ import annotations
 
-import re
-
 from rlconform.harness.report.severity import SEVERITIES
 
 #: characters the defect table may take in report.md (the findings table and examples follow)
@@ -44,10 +42,6 @@ def _num(x, other=None) -> str:
     return text
 
 
-_VERSION = re.compile(r"_version (?P<a>\d+) -> (?P<b>\d+)|is at version (?P<b2>\d+); expected version (?P<a2>\d+)")
-_CHANGED = re.compile(r"(?P<n>\d+) element\(s\) changed, e\.g\. \[\d+\] (?P<x>[-+0-9.e]+|nan|-?inf) -> (?P<y>[-+0-9.e]+|nan|-?inf)")
-
-
 def numbers_cell(d: dict) -> str:
     """Engine vs exact on the smallest input, each with the digits that tell them apart, and their relative
     error; for a changed tensor, what changed (``version 0 → 3``, elements changed and one of them) when
@@ -61,20 +55,9 @@ def numbers_cell(d: dict) -> str:
         elif isinstance(e, (int, float)) and isinstance(r, (int, float)):
             text += f" (abs err {abs(e - r):.3g})"
         return text
+    from rlconform.harness.report.triage import change_text
+
     return d.get("change") or change_text(d.get("message") or "")
-
-
-def change_text(msg: str) -> str:
-    """What a changed-tensor message records: ``version 0 → 3``, how many elements changed and one of them
-    (``""``: neither)."""
-    parts = []
-    v = _VERSION.search(msg)
-    if v:
-        parts.append(f"version {v['a'] or v['a2']} → {v['b'] or v['b2']}")
-    c = _CHANGED.search(msg)
-    if c:
-        parts.append(f"{c['n']} element(s) changed, e.g. {c['x']} → {c['y']}")
-    return "; ".join(parts)
 
 
 def where_cell(d: dict) -> str:
