@@ -196,3 +196,35 @@ def test_a_failing_finding_of_a_listed_scope_is_matched_by_scope_when_its_kind_m
                          engine_function={**SITE, "module": "verl.other"})
     assert ledger.match(elsewhere) is None  # another module: not the listed line's code
     assert ledger.match(_finding(FID)) is None  # entropy.finite_where_reference_finite: no line's scope
+
+
+def test_the_ledger_writes_the_report_tables_folded_rows_and_matches_every_member(tmp_path):
+    """Maintainer's error 8 (issue 20): the ledger's lines are the defects table's rows (folded keys), and
+    each failing finding of a listed row matches its line: a callee fold, a wrong value joined to its
+    partition dependence, a mutation seen after another op's backward."""
+    from rlconform.harness.report.triage import annotate
+
+    core = "verl.trainer.ppo.core_algos"
+    agg = {"function": "agg_loss", "module": core, "file": "c.py", "line": 1}
+    gspo = dict(agg, function="compute_policy_loss_gspo", calls=[f"{core}.agg_loss"])
+    bwd = {"function": "_E.backward", "module": "verl.utils.megatron.tensor_parallel", "file": "t.py", "line": 2}
+    sps = dict(bwd, function="vocab_parallel_sum_pi_squared")
+    nan = "loss: engine nan where the reference is finite (0.5) at flat index 0"
+    after = "rank 0: after vocab_parallel_entropy backward, ... is at version 2; expected version 0 instead."
+    fs = [_finding("agg_loss.mask_invariant.float32.token-mean@moderate", message=nan, engine_function=agg,
+                   trigger="a masked position holding NaN"),
+          _finding("policy_loss.mask_invariant.float32.gspo@moderate", message=nan, engine_function=gspo,
+                   trigger="a masked position holding NaN"),
+          _finding("vocab_parallel_entropy.non_destructive.float32.tp2_moderate", message="after the backward, "
+                   "... is at version 2; expected version 0 instead.", engine_function=bwd),
+          _finding("vocab_parallel_sum_pi_squared.non_destructive.float32.tp2_after_entropy", message=after,
+                   engine_function=sps)]
+    doc = annotate({"engine": {"name": "verl", "version": "0.9.1"}, "findings": fs})
+    lines = ledger_lines(doc, "r.json")
+    defects = [ln for ln in lines if ln.startswith("defect ")]
+    assert len(defects) == len(doc["defects"]) == 2
+    path = tmp_path / "xfails.txt"
+    path.write_text("\n".join(lines) + "\n")
+    ledger = parse_ledger(str(path))
+    assert {ledger.match(f).key for f in fs[:2]} == {f"{core}.agg_loss | NaN / inf"}
+    assert {ledger.match(f).key for f in fs[2:]} == {"verl.utils.megatron.tensor_parallel._E.backward | changes a tensor"}

@@ -83,7 +83,9 @@ def test_verl_sites_name_the_engine_function():
     import verl.trainer.ppo.core_algos as ca
     import inspect
 
-    assert s["line"] == inspect.getsourcelines(inspect.unwrap(ca.compute_policy_loss_geo_mean))[1]
+    src, first = inspect.getsourcelines(inspect.unwrap(ca.compute_policy_loss_geo_mean))
+    assert src[0].lstrip().startswith("@")  # registered with a decorator: the site is the def line below it
+    assert src[s["line"] - first].lstrip().startswith("def compute_policy_loss_geo_mean")
     # a logged metric of the loss is folded by Metric.aggregate_dp, not computed by the loss function
     m, _ = finding_site(b, "policy_loss", "partition_invariant", "vanilla@moderate", metric=True)
     assert m["function"] == "Metric.aggregate_dp"
@@ -94,6 +96,19 @@ def test_verl_sites_name_the_engine_function():
     assert v["file"] == "verl/utils/megatron/tensor_parallel.py"
     e, _ = finding_site(b, "outcome_advantage", "matches_reference", "grpo@singleton_groups")
     assert e["function"] == "compute_grpo_outcome_advantage"
+    # issue 20's maintainer review: where each metric is folded, and where the mutations are
+    assert finding_site(b, "value_loss", "partition_invariant", "token-mean@moderate", metric=True)[0][
+        "function"] == "reduce_metrics"
+    assert finding_site(b, "dp_metric_all_reduce", "partition_invariant", "dp2_imbalanced", metric=True)[0][
+        "function"] == "Metric.aggregate_dp"
+    after, _ = finding_site(b, "vocab_parallel_sum_pi_squared", "non_destructive", "tp2_after_entropy",
+                            "rank 0 (tp 0): after vocab_parallel_entropy backward, a producer that saved the logits")
+    assert after == v
+    lp, _ = finding_site(b, "vocab_parallel_token_logprobs", "non_destructive", "tp2_moderate",
+                         "rank 0 (tp 0): input 'logits' mutated during forward: 42 element(s) changed")
+    assert lp["function"] == "vocab_parallel_log_probs_from_logits"
+    assert lp["via"]["function"] == "VocabParallelCrossEntropy.calculate_predicted_logits"
+    assert lp["via"]["file"] == "megatron/core/tensor_parallel/cross_entropy.py"
 
 
 def _crash_text(fake_engine, fn):

@@ -93,7 +93,11 @@ def test_report_md_sections_in_order(tmp_path):
     md = (tmp_path / "report.md").read_text()
     heads = [ln for ln in md.splitlines() if ln.startswith("#")]
     names = [h.lstrip("# ").split(" (")[0] for h in heads]
-    assert names[1:] == ["Defects", "Conventions and guards", "All failing findings", "Coverage of the engine's numerics"]
+    assert [n for n in names[1:] if not n.startswith("Precision:")] == [
+        "Defects", "Conventions and guards", "All failing findings", "Coverage of the engine's numerics"]
+    defects_part = md.split("### Defects", 1)[1].split("### Conventions", 1)[0]
+    table = [ln for ln in defects_part.split("#### Precision")[0].splitlines() if ln.startswith("| **")]
+    assert table and not any(ln.startswith("| **precision**") for ln in table)  # precision rows: their own table
     body = md.split("### All failing findings", 1)[1].split("###", 1)[0]
     assert "| status | op | property |" in body  # the heading holds the findings table, never an empty section
     page = (tmp_path / "report.html").read_text()
@@ -124,3 +128,152 @@ def test_the_counts_line_adds_up_to_the_table():
     for sev, n in rows.items():
         assert f"{sev} ({sum(len(d['members']) for d in doc['defects'] if d['severity'] == sev)} findings)" in line
     assert sum(rows.values()) == 3, (rows, line)
+
+
+METRIC = {"function": "Metric.aggregate_dp", "module": "verl.utils.metric.utils", "file": "verl/utils/metric/utils.py",
+          "line": 139}
+BACKWARD = {"function": "_VocabParallelEntropy.backward", "module": "verl.utils.megatron.tensor_parallel",
+            "file": "verl/utils/megatron/tensor_parallel.py", "line": 130}
+SPS = {"function": "vocab_parallel_sum_pi_squared", "module": "verl.utils.megatron.tensor_parallel",
+       "file": "verl/utils/megatron/tensor_parallel.py", "line": 174}
+KL = ("micro-batches (nnz) [0, 1]: metric ppo_kl = -0.000435 vs metric ppo_kl = -0.00087 at flat index 0 "
+      "(reference -0.00087, allowed difference 2.06e-05, 21.2×)")
+GEO_SCALED = ("micro-batches (nnz) [1, 1]: loss = -1.666 vs loss = -0.833 at flat index 0 (reference -0.833, "
+              "allowed difference 2.45e-05, 3.4e+04×)")
+
+
+def test_a_metric_partition_dependence_is_its_aggregator_and_a_loss_one_stays_apart():
+    """Maintainer's error 1 (issue 20): ppo_kl of seven policy-loss variants, verl's metric pipeline and the DP
+    gather are one cause (a mean of shard means in Metric.aggregate_dp, where the worker records the metric's
+    site), whatever the trigger of the wrong values; geo_mean's loss scaled by the micro-batches is its own."""
+    geo = dict(AGG, function="compute_policy_loss_geo_mean", line=1929)
+    fs = [_f(f"policy_loss.partition_invariant.float32.{v}@moderate", KL, site=METRIC,
+             trig="a micro-batch with no valid token") for v in ("cispo", "vanilla", "gspo")]
+    fs += [_f("dp_metric_all_reduce.matches_reference.float32.dp2_imbalanced",
+              "dp2: DP rank 0, tokens per DP rank [1, 0]: engine -6.6e-05 vs reference -0.000132 at flat index 0: "
+              "abs err 6.6e-05, rel err 0.5, tolerance 1e-05", site=METRIC, trig="a micro-batch with no valid token"),
+           _f("metric_statistics.matches_reference.float32.large_counts",
+              "actor/x/mean (len_mean), shards (rows) [[[[0, 2]], [[2, 3]]]], 3 tokens: engine 2.3e6 vs reference "
+              "2.4e6 at flat index 0: abs err 1e5, rel err 0.04, tolerance 1", site=METRIC),
+           _f("policy_loss.partition_invariant.float32.geo_mean@moderate", GEO_SCALED, site=geo,
+              trig="more than one micro-batch")]
+    ds = annotate({"findings": fs})["defects"]
+    by = {d["id"]: d for d in ds}
+    assert set(by) == {"verl.utils.metric.utils.Metric.aggregate_dp.partition-dependence",
+                       f"{CORE}.compute_policy_loss_geo_mean.partition-dependence"}
+    assert by["verl.utils.metric.utils.Metric.aggregate_dp.partition-dependence"]["severity"] == "logging"
+    assert len(by["verl.utils.metric.utils.Metric.aggregate_dp.partition-dependence"]["members"]) == 5
+    assert ds[0]["id"].endswith("geo_mean.partition-dependence") and ds[0]["severity"] == "training"
+    # the DP finding's trigger is read from its message: a DP rank, not a micro-batch, holds no valid token
+    assert "a DP rank with no valid token" in by["verl.utils.metric.utils.Metric.aggregate_dp.partition-dependence"][
+        "triggers"]
+
+
+def test_a_mutation_seen_after_another_ops_backward_is_that_backward():
+    """Maintainer's error 2: sum_pi_squared run on logits that the entropy backward wrote into is the entropy
+    backward's mutation, one row; the card says what changed."""
+    after = ("rank 0 (tp 0): after vocab_parallel_entropy backward, a producer that saved the logits for backward "
+             "could not backprop: ... is at version 2; expected version 0 instead.")
+    own = ("rank 0 (tp 0): after the backward, a producer that saved the logits for backward could not backprop: "
+           "... is at version 2; expected version 0 instead.")
+    fs = [_f("vocab_parallel_entropy.non_destructive.float32.tp2_moderate", own, site=BACKWARD),
+          _f("vocab_parallel_sum_pi_squared.non_destructive.float32.tp2_after_entropy", after, site=SPS)]
+    (d,) = annotate({"findings": fs})["defects"]
+    assert d["engine_function"]["function"] == "_VocabParallelEntropy.backward" and len(d["members"]) == 2
+    from rlconform.harness.report.triage_md import defect_row
+
+    assert "version 0 → 2" in defect_row(d)
+
+
+def test_triggers_name_the_narrowest_shared_condition():
+    """Maintainer's error 4: numpy scalars, not an empty micro-batch, crash Metric.append; a failure seen
+    only in bf16 / fp16 does not read "any input"."""
+    append = {"function": "Metric.append", "module": "verl.utils.metric.utils", "file": "f.py", "line": 103}
+    crash = "engine raised in metric_statistics.wrap: ValueError: Unsupported value type: <class 'numpy.float32'>"
+    ent = dict(AGG, function="entropy_from_logits")
+    fs = [_f("metric_statistics.matches_reference.float32.numpy_values", crash, site=METRIC, frame=append,
+             status="crash", trig="a micro-batch with no valid token"),
+          _f("entropy.matches_reference.bfloat16.bf16_coarse", HALF, site=ent),
+          _f("entropy.matches_reference.float16.bf16_coarse", HALF, site=ent)]
+    by = {d["id"]: d for d in annotate({"findings": fs})["defects"]}
+    assert by["verl.utils.metric.utils.Metric.append.crash-valueerror"]["trigger"] == "numpy scalar values"
+    assert by[f"{CORE}.entropy_from_logits.wrong-value"]["trigger"] == "bf16 or fp16 input, large logits"
+
+
+def test_bf16_rounding_of_an_extreme_input_is_precision_and_a_real_bf16_defect_stays_training():
+    """Maintainer's error 5: exp of a ±20 log-ratio in bf16 (2.60e8 vs 2.46e8: 5.8 % ≤ 20·2⁻⁸) is rounding of
+    the inputs, folded into the module's rounding row; entropy computed in bf16 (−0.459 where fp32 gives 0)
+    stays training; an error beyond the bound on the same regime stays a wrong value."""
+    geo = dict(AGG, function="compute_policy_loss_geo_mean", line=1929)
+    clip = dict(AGG, function="compute_policy_loss_clip_cov", line=1744)
+    ext = ("loss: engine 259639184.0 vs reference 245821441.1 at flat index 0: abs err 1.38e+07, rel err 0.0562, "
+           "tolerance 2.83e+03")
+    far = "loss: engine 359639184.0 vs reference 245821441.1 at flat index 0: abs err 1.1e+08, rel err 0.46, tolerance 2.83e+03"
+    ent = dict(AGG, function="entropy_from_logits")
+    fs = [_f("policy_loss.matches_reference.bfloat16.geo_mean@extreme_log_ratios", ext, site=geo),
+          _f("policy_loss.matches_reference.bfloat16.clip_cov@extreme_log_ratios", ext, site=clip),
+          _f("policy_loss.matches_reference.bfloat16.kl_cov@extreme_log_ratios", far, site=dict(clip, function="k")),
+          _f("entropy.matches_reference.bfloat16.bf16_coarse",
+             "gradient: engine -0.458984375 vs reference 0.5 at flat index 0: abs err 0.959, rel err 1.9, tolerance 0.02",
+             site=ent)]
+    by = {d["id"]: d for d in annotate({"findings": fs})["defects"]}
+    assert by[f"{CORE}.rounding"]["severity"] == "precision" and len(by[f"{CORE}.rounding"]["members"]) == 2
+    assert by[f"{CORE}.k.wrong-value"]["severity"] == "training"
+    assert by[f"{CORE}.entropy_from_logits.wrong-value"]["severity"] == "training"
+
+
+def test_numbers_show_the_digits_that_differ_and_the_relative_error():
+    """Maintainer's error 6: "-0.0772241 vs -0.0772241" tells nothing."""
+    from rlconform.harness.report.triage_md import numbers_cell
+
+    cell = numbers_cell({"numbers": {"engine": -0.07722413, "exact": -0.077224142, "clause": ""}})
+    assert cell.startswith("-0.07722413 vs -0.07722414") and "rel err 1.55e-07" in cell
+
+
+def test_a_decorated_function_is_located_at_its_def_line(tmp_path, monkeypatch):
+    """Maintainer's error 3: the line of a function is its ``def``, not its decorator's."""
+    import importlib
+    import sys
+
+    from rlconform.harness.catalog.engine_site import site
+
+    (tmp_path / "engine_mod_x.py").write_text("import functools\n\n\ndef reg(name):\n    return lambda f: f\n\n\n"
+                                              "@reg(\n    'geo')\ndef loss(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("engine_mod_x")
+    try:
+        assert site(mod.loss)["line"] == 10
+    finally:
+        sys.modules.pop("engine_mod_x", None)
+
+
+def test_a_mutation_deeper_down_names_its_frame(tmp_path, monkeypatch):
+    """Maintainer's error 2: verl's vocab_parallel_log_probs_from_logits mutates through Megatron-core's
+    cross entropy (``vocab_parallel_logits -= logits_max``): the card names that statement's frame, the root
+    key stays verl's function."""
+    import importlib
+    import sys
+
+    from rlconform.harness.catalog.engine_site import mutation_frame
+    from rlconform.harness.report.triage_md import where_cell
+
+    (tmp_path / "engine_mod_y.py").write_text("def inner(y, m):\n    z = y\n    y -= m\n    return y\n\n\n"
+                                              "def outer(x):\n    from engine_mod_y import inner\n"
+                                              "    return inner(x, 1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("engine_mod_y")
+    try:
+        via = mutation_frame(mod.outer)
+        assert via["function"] == "inner" and via["line"] == 3
+    finally:
+        sys.modules.pop("engine_mod_y", None)
+    site = dict(SPS, function="vocab_parallel_log_probs_from_logits", line=201,
+                via={"function": "VocabParallelCrossEntropy.calculate_predicted_logits",
+                     "module": "megatron.core.tensor_parallel.cross_entropy",
+                     "file": "megatron/core/tensor_parallel/cross_entropy.py", "line": 42})
+    (d,) = annotate({"findings": [_f("vocab_parallel_token_logprobs.non_destructive.float32.tp2_moderate",
+                                     "input 'logits' mutated during forward: 2 element(s) changed, e.g. [0] 1.0 -> 0.5; "
+                                     "_version 0 -> 3", site=site)]})["defects"]
+    assert d["id"] == "verl.utils.megatron.tensor_parallel.vocab_parallel_log_probs_from_logits.changes-a-tensor"
+    assert where_cell(d).endswith("via `VocabParallelCrossEntropy.calculate_predicted_logits` "
+                                  "(megatron/core/tensor_parallel/cross_entropy.py:42)")

@@ -450,6 +450,9 @@ def _value_loss():
         value_loss.__qualname__ = f"verl.compute_value_loss[{mode}]"
         return value_loss
 
+    from verl.utils.metric import reduce_metrics
+
+    @calls(reduce_metrics)  # vf_clipfrac is a plain float: reduce_metrics' np.mean over micro-batches folds it
     def combine_metrics(parts):
         pipe = _metric_pipeline()
         micro = [dict(m) for m, _ in parts]
@@ -690,10 +693,13 @@ def _dp_metric_all_reduce():
     emit (``masked_mean(...).item()`` as a ``Metric(MEAN)``) -> ``append_to_dict`` -> the real
     ``verl.utils.torch_functional.allgather_dict_into_dict`` over the DP group (``all_gather_object``) ->
     ``Metric.aggregate_dp`` (as ``engine_workers.train_mini_batch``) -> ``reduce_metrics``."""
+    from verl.utils.metric import Metric
     from verl.utils.torch_functional import allgather_dict_into_dict
 
     pipeline = _metric_pipeline()
 
+    # the gather only moves values: Metric.aggregate_dp is what averages the ranks' means (its site)
+    @calls(Metric.aggregate_dp, allgather_dict_into_dict)
     def dp_metric_all_reduce(local_values, local_mask, group):
         local = pipeline.reduce_micro([pipeline.emit(local_values, local_mask)])
         gathered = allgather_dict_into_dict(local, group=group)  # {key: [rank 0 value, rank 1 value, ...]}

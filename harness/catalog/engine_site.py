@@ -11,7 +11,7 @@ A binding's adapters name the engine callable they call with :func:`calls` (attr
 A finding's site also carries ``calls``: the engine functions the callable names directly
 (:func:`callees`). ``file`` is relative to the directory that holds the engine's top package (``verl/…``), so a fork's
 checkout on ``--engine-path`` gives its own files and lines; ``line`` is the ``def`` line
-(``co_firstlineno``) for a callable, the executing line for a crash frame. Code of rlconform, torch,
+(below its decorators) for a callable, the executing line for a crash frame. Code of rlconform, torch,
 NumPy and the standard library is never an engine site.
 """
 
@@ -133,8 +133,24 @@ def relative(path: str, module: str) -> str:
     return path
 
 
+def def_line(lines: list[str], first: int) -> int:
+    """The line of the ``def`` / ``class`` statement of the source ``lines`` that start at line ``first``
+    (what :func:`inspect.getsourcelines` returns: its first line is the first decorator's, as is
+    ``co_firstlineno``): ``first`` plus the decorators' lines, e.g. 1929 for verl's
+    ``@register_policy_loss("geo_mean")`` on line 1928 above ``def compute_policy_loss_geo_mean``."""
+    import ast
+    import textwrap
+
+    try:
+        node = ast.parse(textwrap.dedent("".join(lines))).body[0]
+    except (SyntaxError, IndexError, ValueError):
+        return int(first)
+    return int(first) + getattr(node, "lineno", 1) - 1
+
+
 def site(fn: Any) -> dict | None:
-    """``{"function", "module", "file", "line"}`` of an engine callable (its ``def`` line), or None."""
+    """``{"function", "module", "file", "line"}`` of an engine callable (its ``def`` line, below any
+    decorator: :func:`def_line`), or None."""
     obj = getattr(fn, "__func__", fn)
     if isinstance(obj, functools.partial):
         obj = obj.func
@@ -146,9 +162,10 @@ def site(fn: Any) -> dict | None:
     mod = getattr(target, "__module__", None) or _module_of(obj)
     try:
         path = inspect.getsourcefile(target)
-        line = inspect.getsourcelines(target)[1]
+        lines, line = inspect.getsourcelines(target)
     except (TypeError, OSError):
         return None
+    line = def_line(lines, line)
     if not path or not mod:
         return None
     return {"function": getattr(target, "__qualname__", getattr(target, "__name__", repr(target))), "module": mod,
@@ -241,7 +258,11 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
                  metric: bool = False) -> tuple[dict | None, list[str]]:
     """``(engine_function site, engine top packages)`` of a finding. A ``non_destructive`` failure in the
     backward of a thin wrapper around a ``torch.autograd.Function`` is located at that Function's
-    ``backward`` (``forward`` for a mutation during the forward). ``metric``: only logged metrics are
+    ``backward`` (``forward`` for a mutation during the forward); one seen *after another op's backward*
+    (``vocab_parallel_sum_pi_squared`` on logits ``vocab_parallel_entropy``'s backward wrote into) at that
+    op's Function's ``backward``; a forward mutation deeper down the calls, in another function (another
+    package's: Megatron-core's cross entropy under verl's ``vocab_parallel_log_probs_from_logits``), adds
+    that statement's site as ``via`` (:func:`mutation_frame`). ``metric``: only logged metrics are
     wrong, so a loss registry's ``combine_metrics`` (how the engine folds the micro-batches' metrics) is
     the site when it names an engine callable."""
     obj = op_object(binding, op, regime)
@@ -262,13 +283,32 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
     s = site(fn)
     if s is not None:
         s["calls"] = callees(fn)
+    after = _AFTER_OP.search(message or "") if prop == "non_destructive" else None
+    if after and after["op"] != op:  # the tensor was written by another op's backward run before this op
+        other = op_object(binding, after["op"], "")
+        other_fns = engine_callables(other) if other is not None else []
+        cls = autograd_function(other_fns[0]) if other_fns else None
+        moved = method_site(cls, "backward", "") if cls is not None else None
+        if moved is not None:
+            return moved, packages
     if prop == "non_destructive" and s is not None:
         cls = autograd_function(fn)
         low = (message or "").lower()
         if cls is not None:
             phase = "backward" if "backward" in low else "forward"
             s = method_site(cls, phase, s["module"]) or s
+        elif "mutated during forward" in low:  # written in place deeper down: name that frame ("via")
+            try:
+                via = mutation_frame(fn)
+            except Exception:  # noqa: BLE001 - a frame that cannot be found is not named
+                via = None
+            if via is not None and via["function"] != s["function"]:
+                s["via"] = {k: via[k] for k in ("function", "module", "file", "line")}
     return s, packages
+
+
+#: a non_destructive message about a tensor another op's backward wrote ("after vocab_parallel_entropy backward")
+_AFTER_OP = __import__("re").compile(r"after (?P<op>[a-z0-9_]+) backward")
 
 
 def op_sites(binding) -> dict[str, dict[str, list[dict]]]:
@@ -346,3 +386,104 @@ def _filled(cell) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _local_engine_refs(fn: Any) -> list:
+    """Engine functions and classes ``fn``'s code reaches: globals and function-local imports
+    (``from megatron.core import tensor_parallel`` then ``tensor_parallel.vocab_parallel_cross_entropy``), and
+    attributes of a class it names (``VocabParallelCrossEntropy.calculate_predicted_logits``)."""
+    import dis
+    import importlib
+
+    target = inspect.unwrap(getattr(fn, "__func__", fn))
+    code, glb = getattr(target, "__code__", None), getattr(target, "__globals__", {}) or {}
+    if code is None:
+        return []
+    holders: dict[str, Any] = {}
+    last_module = None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "IMPORT_NAME":
+            last_module = ins.argval
+        elif ins.opname == "IMPORT_FROM" and last_module:
+            try:
+                mod = importlib.import_module(last_module)
+                holders[ins.argval] = mod.__dict__.get(ins.argval) or importlib.import_module(
+                    f"{last_module}.{ins.argval}")
+            except Exception:  # noqa: BLE001 - an import that fails names nothing
+                pass
+    def attr(holder, name):
+        try:  # a module's lazy __getattr__ may import what this machine lacks
+            return inspect.getattr_static(holder, name, None) if inspect.isclass(holder) else \
+                holder.__dict__.get(name)
+        except Exception:  # noqa: BLE001
+            return None
+
+    out = []
+    for name in code.co_names:
+        obj = holders.get(name, glb.get(name))
+        for cand in ([obj] if obj is not None else []) + [attr(h, name) for h in holders.values()
+                                                           if inspect.ismodule(h) or inspect.isclass(h)] + \
+                [attr(g, name) for g in glb.values() if inspect.isclass(g) and is_engine_code(g)]:
+            cand = getattr(cand, "__func__", cand)
+            if (inspect.isfunction(cand) or inspect.isclass(cand)) and is_engine_code(cand) and \
+                    all(cand is not o for o in out) and cand is not target:
+                out.append(cand)
+    return out
+
+
+def _inplace_line(fn: Any) -> int | None:
+    """The first line of ``fn`` that writes into its first tensor parameter in place (``x -= …``,
+    ``x.div_(…)``, ``torch.exp(x, out=x)``), or None."""
+    import ast
+    import textwrap
+
+    try:
+        lines, first = inspect.getsourcelines(inspect.unwrap(fn))
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (TypeError, OSError, SyntaxError):
+        return None
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    params = [a.arg for a in node.args.args if a.arg not in ("self", "cls", "ctx")]
+    if not params:
+        return None
+    p = params[0]
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.AugAssign) and isinstance(sub.target, ast.Name) and sub.target.id == p:
+            return first + sub.lineno - 1
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr.endswith("_") \
+                and not sub.func.attr.startswith("_") and isinstance(sub.func.value, ast.Name) and sub.func.value.id == p:
+            return first + sub.lineno - 1
+    return None
+
+
+def mutation_frame(fn: Any, depth: int = 4) -> dict | None:
+    """Where a forward that writes into its input does it, when not in ``fn`` itself: the first engine
+    function along ``fn``'s calls (:func:`_local_engine_refs`, an autograd Function's ``forward`` for a
+    ``.apply``) that writes into its first tensor parameter in place (:func:`_inplace_line`), as a site
+    whose ``line`` is that statement — verl's ``vocab_parallel_log_probs_from_logits`` ->
+    Megatron-core's ``VocabParallelCrossEntropy.calculate_predicted_logits`` (``vocab_parallel_logits -=
+    logits_max``: its fp32 ``.float()`` returned the caller's tensor). None when none is found."""
+    seen: set = set()
+    frontier = [fn]
+    for _ in range(depth):
+        nxt = []
+        for f in frontier:
+            for ref in _local_engine_refs(f):
+                if id(ref) in seen:
+                    continue
+                seen.add(id(ref))
+                cands = [ref]
+                if inspect.isclass(ref):
+                    cands = [getattr(ref, m) for m in ("forward",) if m in ref.__dict__] + \
+                            [getattr(ref, m) for m, v in ref.__dict__.items() if isinstance(v, staticmethod)]
+                for c in cands:
+                    line = _inplace_line(c) if c is not fn else None
+                    if line is not None:
+                        s = site(c)
+                        if s is not None:
+                            return {**s, "line": line}
+                    nxt.append(c)
+        frontier = nxt
+    return None

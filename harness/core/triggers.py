@@ -14,6 +14,10 @@ trigger                         when
 ==============================  =================================================================
 a rank-N input                  the message says a documented input rank raised (``contract: a
                                 rank-N input``)
+numpy scalar values             the message says the engine rejected a NumPy scalar type
+                                (``Unsupported value type: <class 'numpy.float32'>``)
+a <shard> with no valid token   any property: the message's shard counts (``tokens per DP rank
+                                [1, 0]``, ``micro-batches (nnz) [0, 1]``) hold a 0
 a masked position holding X     property ``mask_invariant`` (X: the garbage it wrote: NaN, +inf, …)
 a <shard> with no valid token   property ``partition_invariant``, a shard count of 0 in the message
                                 (``micro-batches (nnz) [0, 1]``; shard: micro-batch, DP rank, CP rank)
@@ -21,6 +25,9 @@ more than one <shard>           property ``partition_invariant`` otherwise (a TP
 bf16 input / fp16 input         kind ``inexact value`` (rounding-sized: the dtype is the trigger)
 a −inf logit / a NaN input      a −inf in ``logits``, a NaN in any floating input
 fp16 overflow                   float16 and kind ``inf``, or regime ``*fp16_extreme``
+a row with no valid token       a finite wrong value (not NaN / inf) whose mask holds a row with no
+                                True: the empty row, not the log-ratio's range, makes the mean wrong
+                                (verl's SAPO, seq-mean-token-mean)
 an extreme log-ratio            ``old_log_prob`` / ``log_prob`` more than 20 apart at a valid token
 a group of one sample           an ``index`` value held by one row only
 a micro-batch with no valid     ``partitions`` (row ranges) with a partition of several shards, one
@@ -174,12 +181,31 @@ def layout_trigger(regime: str) -> str | None:
     return None
 
 
-def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, message: str = "", kind: str = "") -> str:
-    """The generic trigger (module docstring table) of a failing finding's shrunk input."""
-    inputs = inputs if isinstance(inputs, dict) else {}
+_NUMPY_TYPE = re.compile(r"<class 'numpy\.[a-z0-9_]+'>")
+
+
+def message_trigger(message: str) -> str | None:
+    """The trigger the failure message alone shows (the first three rows of the module table), else None:
+    ``a rank-N input``, ``numpy scalar values``, ``a <shard> with no valid token`` (a shard count of 0 in
+    the message; counts of rows, ``(rows)``, are not tokens)."""
     m = _RANK.search(message or "")
     if m:
         return f"a rank-{m['rank']} input"
+    if _NUMPY_TYPE.search(message or ""):
+        return "numpy scalar values"
+    m = _SHARDS.search(message or "")
+    if m and "(rows)" not in message[m.start():m.start("list")]:
+        if 0 in [int(x) for x in re.findall(r"\d+", m["list"])]:
+            return f"a {_shard_word(m['what'])} with no valid token"
+    return None
+
+
+def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, message: str = "", kind: str = "") -> str:
+    """The generic trigger (module docstring table) of a failing finding's shrunk input."""
+    inputs = inputs if isinstance(inputs, dict) else {}
+    said = message_trigger(message)
+    if said:
+        return said
     if prop == "mask_invariant":
         return f"a masked position holding {_garbage_words(inputs.get('garbage'))}"
     if prop == "partition_invariant":
@@ -197,6 +223,9 @@ def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, message: 
             return "a NaN input"
     if dtype == "float16" and (kind == "inf" or "fp16_extreme" in (regime or "")):
         return "fp16 overflow"
+    if kind not in ("NaN", "inf") and shard_trigger(inputs) is None and \
+            mask_trigger(mask_of(inputs)) == "a row with no valid token":
+        return "a row with no valid token"  # a finite wrong value: the empty row, not exp's range (SAPO's row mean)
     old, new = _array(inputs.get("old_log_prob")), _array(inputs.get("log_prob"))
     if old is not None and new is not None and old.shape == new.shape:
         keep = mask_of(inputs)

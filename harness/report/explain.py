@@ -380,5 +380,5 @@ def markdown_lines(doc: dict) -> list[str]:
     defects = doc.get("defects") or []
     if not defects:
         return []
-    return ["Upstream-ready text and standalone script of a defect (row n of the table):", "",
+    return ["Upstream-ready text and standalone script of a defect (row n of the defects tables, the precision table continuing the count):", "",
             *[f"{n}. `{explain_command(d)}`" for n, d in enumerate(defects, 1)], ""]

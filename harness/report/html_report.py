@@ -558,16 +558,19 @@ def read_blob(html: str) -> list[list[str]]:
 
 
 def _where(d: dict) -> str:
-    """The engine function of a defect card: ``function (file:line)``, the crash frame first; else its op."""
-    site = d.get("crash_frame") or d.get("engine_function")
-    if not site:
-        return f"op {d.get('op')}"
-    return f"{site.get('function')} ({site.get('file')}:{site.get('line')})"
+    """The engine function of a defect card: ``function (file:line)``, the crash frame first (and the
+    frame a mutation happens in, "via"); else its op — report.md's cell without its code marks."""
+    from rlconform.harness.report.triage_md import where_cell
+
+    return where_cell(d).replace("`", "")
 
 
 def _nums(d: dict) -> str:
-    n = d.get("numbers")
-    return f"{_fmt(n['engine'])} vs {_fmt(n['exact'])}" if n else ""
+    """Engine vs exact with the digits that tell them apart and the relative error, or what changed
+    (report.md's cell)."""
+    from rlconform.harness.report.triage_md import numbers_cell
+
+    return numbers_cell(d)
 
 
 def _page_parts(doc: dict) -> dict:

@@ -2,8 +2,10 @@
 
 :func:`ledger_lines` turns a ``report.json`` document into the lines of an ``--xfails`` file
 (:mod:`rlconform.harness.report.xfails`): a header, then one ``defect <where> | <kind> | <scope>`` line per
-accepted root cause — the failing findings (``discrepancy``, ``crash``, ``xfail``) grouped by
-:func:`~rlconform.harness.report.xfails.defect_key` — in the report's defect order (severity, then effect),
+accepted root cause — the failing findings (``discrepancy``, ``crash``, ``xfail``) grouped by the keys of
+the report's defects table (:func:`rlconform.harness.report.triage.folded_keys`: a finding folded into a
+callee's, another op's backward or a partition dependence is on that row's line, and
+:meth:`~rlconform.harness.report.xfails.Ledger.match` follows the same folds) — in the report's defect order (severity, then effect),
 each with its reason: severity, number of findings, triggers, and the message of its smallest reproducer
 (editable: the maintainer's words replace it). Then one finding-id line per ``marginal`` finding above the
 band's centre (:data:`rlconform.harness.core.tolerance.LEDGER_ABOVE`): on a CPU with another vector width
@@ -13,7 +15,7 @@ its last bits may take it past the band, and the line keeps that run green.
 from __future__ import annotations
 
 from rlconform.harness.core.tolerance import LEDGER_ABOVE
-from rlconform.harness.report.xfails import FAILING, defect_key, defect_line
+from rlconform.harness.report.xfails import FAILING, defect_line
 
 #: the header's account of the key, repeated in every ledger so that its reader knows what a line matches
 KEY_RULE = ("# A defect line matches every failing finding whose engine function (for a crash: the deepest engine\n"
@@ -35,10 +37,14 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
     out = [f"# rlconform xfails ledger for {eng.get('name')} {eng.get('version') or ''}".rstrip()
            + ": accepted defects, one per line (defect <where> | <kind> | <op.property, ...>  # reason)",
            f"# generated from {source} by `rlconform ledger`", *KEY_RULE.splitlines()]
+    from rlconform.harness.report.triage import folded_keys
+
+    failing = {f["id"]: f for f in doc["findings"] if f.get("status") in FAILING}
+    keys = folded_keys(failing)  # the report table's keys: a row of the table is a line of the ledger
     groups: dict[str, list[dict]] = {}
-    for f in doc["findings"]:
-        if f.get("status") in FAILING:
-            groups.setdefault(defect_key(f), []).append(f)
+    for fid, f in failing.items():
+        place, cls = keys[fid]
+        groups.setdefault(f"{place} | {cls}", []).append(f)
     by_id = {f["id"]: key for key, members in groups.items() for f in members}
     order = []
     for d in doc.get("defects") or ():  # the report's ranking: severity, effect, size

@@ -21,8 +21,9 @@ logging       a wrong value of a metric: ops ``metric_pipeline`` / ``metric_stat
               metric (``metric ppo_kl = …``): the loss is right, what is logged is not
 training      a wrong value (beyond the thresholds of ``wrong`` of the tolerance table), a missing
               gradient or output of a loss, gradient, advantage, log-prob or importance weight
-precision     every other failure (rounding-sized), and any of the above (but ``destructive``) in a
-              dtype the engine never calls the op with
+precision     every other failure (rounding-sized); a wrong value in bf16 / fp16 on an extreme input
+              that rounding of the inputs to that dtype explains (:func:`rounding_of_extreme_input`);
+              and any of the above (but ``destructive``) in a dtype the engine never calls the op with
 ============  ======================================================================================
 
 The message describes the shrunk example (the simplest failing input hypothesis found), ``max_ratio``
@@ -146,6 +147,41 @@ def _wrong_value(finding: dict) -> str | None:
 
 
 _MICRO = re.compile(r"micro-batches \(nnz\) \[(?P<n>[^\]]*)\]")
+#: unit roundoff of the low precisions (half an ulp at 1: 2⁻⁸ for bf16's 8-bit significand, 2⁻¹¹ for fp16)
+UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+#: data regimes whose inputs sit at the edge of a low precision: log-ratios of ±20 (exp(20) ≈ 4.9e8, one bf16
+#: rounding of the log-ratio moves exp by up to 20·2⁻⁸ ≈ 8 %), value errors of 1e9 (a clipped and an
+#: unclipped branch that differ below the dtype's resolution round to a tie)
+EXTREME_INPUT_REGIMES = {"extreme_log_ratios": "log-ratios of ±20", "large_errors": "value errors near the dtype's range"}
+#: |log π − log π_old| of the extreme_log_ratios regime in bf16 (the condition number of exp there)
+EXTREME_LOG_RATIO = 20.0
+
+
+def rounding_of_extreme_input(finding: dict) -> str | None:
+    """Why a wrong value in bf16 / fp16 is the rounding of an extreme input to that dtype (``precision``),
+    else None. Decided from the numbers: on an extreme-input regime (:data:`EXTREME_INPUT_REGIMES`), every
+    failing value clause's relative error is within what one rounding of the inputs gives there — for a
+    log-ratio Δ, exp(Δ) moves by |Δ|·u (u the unit roundoff, :data:`UNIT_ROUNDOFF`: 20·2⁻⁸ ≈ 0.078 in
+    bf16; verl's geo_mean / clip_cov / kl_cov bf16: 2.60e8 vs 2.46e8, 5.8 %); for large value errors, two
+    loss branches rounded to a tie, whose max() splits the gradient (``torch.maximum`` gives each tied
+    branch half: a gradient ×½ or ×¾ of the exact one, verl's bf16 value_loss 4.69e7 vs 6.26e7). A NaN /
+    inf is never rounding; a value wrong beyond these bounds stays a wrong value."""
+    from rlconform.harness.core.opinfo import split_regime
+
+    u = UNIT_ROUNDOFF.get(finding.get("dtype") or "")
+    data = split_regime(finding.get("regime") or "")[1]
+    if u is None or data not in EXTREME_INPUT_REGIMES or nonfinite_where_finite(finding):
+        return None
+    bound = EXTREME_LOG_RATIO * u if data == "extreme_log_ratios" else 0.5 + 1e-2
+    rels = [abs(e - r) / abs(r) for e, r, t in value_clauses(finding.get("message") or "")
+            if math.isfinite(e) and math.isfinite(r) and r and abs(e - r) > t]
+    if not rels or max(rels) > bound:
+        return None
+    how = (f"≤ |Δ|·u = {EXTREME_LOG_RATIO:g}·{u:.3g} = {bound:.3g}, what one rounding of the log-ratio to "
+           f"{finding['dtype']} moves exp(Δ) by" if data == "extreme_log_ratios" else
+           "a gradient split between two loss branches that round to a tie (≤ ½ of it)")
+    return (f"rounding of an extreme input ({EXTREME_INPUT_REGIMES[data]}) in {finding['dtype']}: rel err "
+            f"{max(rels):.3g} {how}")
 
 
 def scaled_by_micro_batches(line: str) -> bool:
@@ -233,6 +269,9 @@ def _impact(finding: dict) -> tuple[str | None, str]:
         return "logging", "a metric is lost or malformed on its way to the final dict"
     why = _wrong_value(finding)
     if why:
+        rounding = rounding_of_extreme_input(finding)
+        if rounding:
+            return "precision", rounding
         return target, ("a logged metric: " if metric else "") + why
     ratio = finding.get("max_ratio")
     ratio_txt = f"{ratio:.3g}× its tolerance" if isinstance(ratio, (int, float)) else "beyond its tolerance"

@@ -66,7 +66,8 @@ NaN / inf           a NaN / ±inf where the exact value is finite
 partition dependence  ``partition_invariant`` / ``mask_invariant`` beyond the thresholds of a wrong value
 implementations disagree  ``implementations_agree`` (two implementations of one variant) beyond them
 wrong value         beyond the thresholds of a wrong value (the tolerance table)
-inexact value       any other failure (rounding-sized)
+inexact value       any other failure (rounding-sized), and a wrong value that rounding of an extreme
+                    input in bf16 / fp16 explains (:func:`~rlconform.harness.report.severity.rounding_of_extreme_input`)
 ==================  ============================================================================
 
 Input features of a report without triggers (first that applies; from the regime, the worst input and
@@ -83,7 +84,7 @@ import re
 
 from rlconform.harness.report.severity import (
     NONFINITE_WHERE_FINITE, RANK, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses,
-    value_clauses,
+    rounding_of_extreme_input, value_clauses,
 )
 
 #: kinds of failure whose input feature tells defects apart in a report without triggers
@@ -119,6 +120,8 @@ def kind(finding: dict) -> str:
         return "partition dependence"
     if prop == "implementations_agree" and wrong:
         return "implementations disagree"
+    if wrong and rounding_of_extreme_input(finding):  # bf16 rounding of an extreme input: its module's rounding
+        return "inexact value"
     return "wrong value" if wrong else "inexact value"
 
 
@@ -157,8 +160,37 @@ def where(finding: dict, kind_: str | None = None) -> dict | None:
 
 
 def trigger(finding: dict, kind_: str | None = None) -> str:
-    """The finding's recorded ``trigger``, else (an older report) its input :func:`feature`."""
-    return finding.get("trigger") or feature(finding, kind_)
+    """What the failure message itself shows (:func:`rlconform.harness.core.triggers.message_trigger`: a
+    NumPy scalar type, a shard without a valid token), else the finding's recorded ``trigger``, else (an
+    older report) its input :func:`feature`."""
+    from rlconform.harness.core.triggers import message_trigger
+
+    return message_trigger(finding.get("message") or "") or finding.get("trigger") or feature(finding, kind_)
+
+
+#: data regimes whose inputs are large logits (a logit offset of thousands; bf16's coarse grid)
+LARGE_LOGIT_REGIMES = ("near_uniform_offset", "bf16_coarse")
+_LOW = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def narrowest(trig: str, members: list[dict]) -> str:
+    """The defect's trigger ``trig`` narrowed to what all its members share when it reads ``any input``
+    (issue 20: "any input" only for a failure seen on any input): a low precision every member is in
+    (``bf16 input``, ``bf16 or fp16 input``), large logits every member's regime holds."""
+    if trig != "any input" or not members:
+        return trig
+    from rlconform.harness.core.opinfo import split_regime
+
+    parts = []
+    dtypes = {m.get("dtype") for m in members}
+    if dtypes and dtypes <= set(_LOW):
+        parts.append(" or ".join(_LOW[d] for d in sorted(dtypes)) + " input")
+    data = [split_regime(m.get("regime") or "")[1] for m in members]
+    if all(any(r in d for r in LARGE_LOGIT_REGIMES) for d in data):
+        parts.append("large logits")
+    elif all("fp16_extreme" in d for d in data):
+        parts.append("fp16 overflow")
+    return ", ".join(parts) or trig
 
 
 def site_text(site: dict | None) -> str:
@@ -218,14 +250,60 @@ def _fold(keys: dict, findings: dict) -> dict:
 
 
 def _join_partition(keys: dict, findings: dict) -> dict:
-    """A ``wrong value`` under the trigger of a ``partition dependence`` of the same place joins it (see the
-    module docstring)."""
+    """A ``wrong value`` under the trigger of a ``partition dependence`` of the same place joins it, and so
+    does a wrong logged metric of a place whose metric depends on the partition, whatever its trigger (the
+    function that folds shards' metrics: a mean of shard means is wrong on every uneven partition), and a
+    rounding-sized ``partition_invariant`` failure of that function's metric (the same mean of means on a
+    partition whose shards differ little) (see the module docstring)."""
+    from rlconform.harness.report.severity import is_metric
+
     parted: dict[str, set] = {}
+    metric_parted: set = set()
     for fid, (place, cls) in keys.items():
         if cls == "partition dependence":
             parted.setdefault(place, set()).add(trigger(findings[fid]))
-    return {fid: ((place, "partition dependence") if cls == "wrong value" and trigger(findings[fid]) in
-                  parted.get(place, ()) else (place, cls)) for fid, (place, cls) in keys.items()}
+            if is_metric(findings[fid]):
+                metric_parted.add(place)
+
+    def joined(fid, place, cls):
+        f = findings[fid]
+        if cls == "wrong value" and (trigger(f) in parted.get(place, ()) or (place in metric_parted and is_metric(f))):
+            return place, "partition dependence"
+        own = _place(where(f))  # a rounding-sized partition effect of that aggregator's metric: the same fold
+        if cls == "rounding" and f.get("property") == "partition_invariant" and is_metric(f) and own in metric_parted:
+            return own, "partition dependence"
+        return place, cls
+
+    return {fid: joined(fid, place, cls) for fid, (place, cls) in keys.items()}
+
+
+_AFTER_OP = re.compile(r"after (?P<op>[a-z0-9_]+) backward")
+
+
+def _fold_after_op(keys: dict, findings: dict) -> dict:
+    """A ``changes a tensor`` seen *after another op's backward* (``vocab_parallel_sum_pi_squared`` run on
+    logits that ``vocab_parallel_entropy``'s backward wrote into: "after vocab_parallel_entropy backward")
+    is that op's mutation: it joins the ``changes a tensor`` defect of that op's findings located at a
+    ``backward`` (``_VocabParallelEntropy.backward``), when the report holds one."""
+    backward: dict[str, tuple] = {}
+    for fid, (place, cls) in keys.items():
+        if cls == "changes a tensor" and place.endswith(".backward"):
+            backward.setdefault(findings[fid].get("op"), (place, cls))
+    out = dict(keys)
+    for fid, (place, cls) in keys.items():
+        m = _AFTER_OP.search(findings[fid].get("message") or "")
+        if cls == "changes a tensor" and m and m["op"] != findings[fid].get("op") and m["op"] in backward:
+            out[fid] = backward[m["op"]]
+    return out
+
+
+def folded_keys(failing: dict) -> dict:
+    """finding id -> the root key of the defect it belongs to (the table's, and the ledger's): its
+    :func:`root_key`, folded into a callee that fails the same way, into another op's backward that
+    changed the tensor, and a wrong value into its place's partition dependence (see the module
+    docstring). ``failing``: finding id -> failing finding."""
+    keys = _fold({fid: root_key(f) for fid, f in failing.items()}, failing)
+    return _join_partition(_fold_after_op(keys, failing), failing)
 
 
 def _slug(text: str) -> str:
@@ -293,12 +371,29 @@ def _reachable(finding: dict, engine_dtypes: dict) -> bool:
     return not used or not finding.get("dtype") or finding["dtype"] in used
 
 
+_VERSION = re.compile(r"_version (?P<a>\d+) -> (?P<b>\d+)|is at version (?P<b2>\d+); expected version (?P<a2>\d+)")
+_CHANGED = re.compile(r"(?P<n>\d+) element\(s\) changed, e\.g\. \[\d+\] (?P<x>[-+0-9.e]+|nan|-?inf) -> (?P<y>[-+0-9.e]+|nan|-?inf)")
+
+
+def change_text(msg: str) -> str:
+    """What a changed-tensor message records: ``version 0 → 3``, how many elements changed and one of them
+    (``""``: neither)."""
+    parts = []
+    v = _VERSION.search(msg)
+    if v:
+        parts.append(f"version {v['a'] or v['a2']} → {v['b'] or v['b2']}")
+    c = _CHANGED.search(msg)
+    if c:
+        parts.append(f"{c['n']} element(s) changed, e.g. {c['x']} → {c['y']}")
+    return "; ".join(parts)
+
+
 def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dict]:
     """Group the failing findings (those with a severity; an ``unavailable`` op's are not) into defects by root key, most severe first
     (``engine_dtypes``: op -> the dtypes the engine calls it with, for reachability)."""
     # an unavailable op is one entry of the report's unavailable list (its cause), not a defect of the engine
     failing = {f["id"]: f for f in findings if f.get("severity") and f.get("status") != "unavailable"}
-    keys = _join_partition(_fold({fid: root_key(f) for fid, f in failing.items()}, failing), failing)
+    keys = folded_keys(failing)
     groups: dict[tuple, list[dict]] = {}
     for fid, f in failing.items():
         groups.setdefault(keys[fid], []).append(f)
@@ -319,12 +414,12 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dic
             "severity": sev, "effect": size,
             "engine_function": _plain(located.get("engine_function") if crash else where(located, k)),
             "crash_frame": shown.get("crash_frame") if crash else None,
-            "trigger": trigger(shown, k),
+            "trigger": narrowest(trigger(shown, k), members),
             "triggers": sorted({trigger(m) for m in members}),
             "functions": sorted({site_text(s) for s in sites if s}),
             "op": shown["op"], "ops": sorted({m["op"] for m in members}),
             "property": shown["property"], "properties": sorted({m["property"] for m in members}),
-            "signature": {"kind": cls, "feature": trigger(shown, k)},
+            "signature": {"kind": cls, "feature": narrowest(trigger(shown, k), members)},
             "members": sorted(m["id"] for m in members),
             "dtypes": sorted({m.get("dtype") for m in members if m.get("dtype")}),
             "regimes": sorted({m.get("regime") for m in members if m.get("regime")}),
@@ -333,6 +428,7 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dic
             "reproducer": {"finding": shown["id"], "case_file": rep.get("case_file"), "command": rep.get("command"),
                            "input": shown.get("worst_input")},
             "message": (shown.get("message") or "").strip().splitlines()[0][:300] if shown.get("message") else "",
+            "change": change_text(shown.get("message") or "") if cls == "changes a tensor" else "",
         })
     out.sort(key=lambda d: (RANK[d["severity"]], -d["effect"], not d["reachable"], -len(d["members"]), d["id"]))
     return out

@@ -1,6 +1,7 @@
 """Markdown of a report's defects (``report.md`` leads with it; ``rlconform diff`` reuses the row format).
 
-One line of counts per severity, then one row per defect (a root cause, :mod:`rlconform.harness.report.triage`),
+One line of counts per severity, then one row per defect of every severity but ``precision`` (those
+follow in a compact table of their own) (a root cause, :mod:`rlconform.harness.report.triage`),
 most severe first, then by size of effect: severity; the engine function (or crash frame) with
 ``file:line`` (the op when none was recorded); the kind of failure and its trigger; engine vs exact on
 the smallest input; members (how many findings, over which ops · properties · dtypes); and the
@@ -30,8 +31,33 @@ def counts_line(doc: dict) -> str:
         f"{d.get(s, 0)} {s} ({f.get(s, 0)} findings)" for s in SEVERITIES if d.get(s))
 
 
-def _num(x) -> str:
-    return f"{x:.6g}" if isinstance(x, (int, float)) else str(x)
+def _num(x, other=None) -> str:
+    """``x`` with 6 significant digits, more (up to 17) until it reads differently from ``other``."""
+    if not isinstance(x, (int, float)):
+        return str(x)
+    for digits in range(6, 18):
+        text = f"{x:.{digits}g}"
+        if not isinstance(other, (int, float)) or text != f"{other:.{digits}g}":
+            return text
+    return text
+
+
+def numbers_cell(d: dict) -> str:
+    """Engine vs exact on the smallest input, each with the digits that tell them apart, and their relative
+    error; for a changed tensor, what changed (``version 0 → 3``, elements changed and one of them) when
+    the message records it."""
+    n = d.get("numbers")
+    if n:
+        e, r = n["engine"], n["exact"]
+        text = f"{_num(e, r)} vs {_num(r, e)}"
+        if isinstance(e, (int, float)) and isinstance(r, (int, float)) and r:
+            text += f" (rel err {abs(e - r) / abs(r):.3g})"
+        elif isinstance(e, (int, float)) and isinstance(r, (int, float)):
+            text += f" (abs err {abs(e - r):.3g})"
+        return text
+    from rlconform.harness.report.triage import change_text
+
+    return d.get("change") or change_text(d.get("message") or "")
 
 
 def where_cell(d: dict) -> str:
@@ -41,7 +67,11 @@ def where_cell(d: dict) -> str:
     site = d.get("crash_frame") or d.get("engine_function")
     if site:
         text = f"`{site.get('function')}` ({site.get('file')}:{site.get('line')})"
-        if d.get("crash_frame") and d.get("engine_function"):
+        via = (d.get("engine_function") or {}).get("via") if not d.get("crash_frame") else None
+        if via:  # where a forward mutation happens, deeper down (another package's function)
+            text += f" via `{via.get('function')}` ({via.get('file')}:{via.get('line')})"
+        if d.get("crash_frame") and d.get("engine_function") and \
+                d["engine_function"].get("function") != site.get("function"):
             text += f" via `{d['engine_function'].get('function')}`"
         return text
     return f"op {d.get('op')}" + (f" ({site_text(site)})" if site else "")
@@ -51,8 +81,7 @@ def defect_row(d: dict) -> str:
     sig = d["signature"]
     rep = d.get("reproducer") or {}
     cmd = f"`{rep['command']}`" if rep.get("command") else (rep.get("finding") or "")
-    n = d.get("numbers")
-    nums = f"{_num(n['engine'])} vs {_num(n['exact'])}" if n else ""
+    nums = numbers_cell(d)
     what = " · ".join(x for x in (", ".join(d.get("ops") or [d["op"]]),
                                    ", ".join(d.get("properties") or [d["property"]]),
                                    ", ".join(d.get("dtypes") or [])) if x)
@@ -64,18 +93,42 @@ HEADER = ["| severity | engine function (file:line) | failure · trigger | engin
           "|---|---|---|---|---|---|"]
 
 
+PRECISION_TITLE = ("#### Precision: rounding-level, or only in dtypes the engine does not call the op with; "
+                   "not failing by default")
+PRECISION_HEADER = ["| engine function (file:line) | failure · trigger | engine vs exact | findings (ops · dtypes) | reproduce (smallest) |",
+                    "|---|---|---|---|---|"]
+
+
+def precision_row(d: dict) -> str:
+    """A compact row of the precision table: where, failure · trigger, numbers, members, reproducer."""
+    rep = d.get("reproducer") or {}
+    cmd = f"`{rep['command']}`" if rep.get("command") else (rep.get("finding") or "")
+    what = " · ".join(x for x in (", ".join(d.get("ops") or [d["op"]]), ", ".join(d.get("dtypes") or [])) if x)
+    sig = d["signature"]
+    return (f"| {where_cell(d)} | {sig['kind']} · {d.get('trigger') or sig['feature']} | {numbers_cell(d)} | "
+            f"{len(d['members'])} ({what}) | {cmd} |")
+
+
 def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
-    """The defects section of report.md (empty when there is no defect)."""
+    """The defects section of report.md (empty when there is no defect): the defects table (every
+    severity but ``precision``, which ``--fail-on``'s default does not fail on), then the ``precision``
+    defects in a compact table of their own; rows are numbered across both, in the report's order."""
     defects = doc.get("defects") or []
     if not defects:
         return []
-    lines = ["### Defects (root causes: engine function or crash frame × class of failure)", "", counts_line(doc), "",
-             *HEADER]
+    lines = ["### Defects (root causes: engine function or crash frame × class of failure)", "", counts_line(doc), ""]
+    main = [d for d in defects if d.get("severity") != "precision"]
+    fine = [d for d in defects if d.get("severity") == "precision"]
+    if main:
+        lines += HEADER
     used = sum(len(x) + 1 for x in lines)
-    for n, d in enumerate(defects):
-        row = defect_row(d)
+    rows = [(d, defect_row) for d in main] + [(d, precision_row) for d in fine]
+    for n, (d, render) in enumerate(rows):
+        if render is precision_row and (n == 0 or rows[n - 1][1] is not precision_row):
+            lines += ["", PRECISION_TITLE, "", *PRECISION_HEADER]
+        row = render(d)
         if used + len(row) > budget:
-            lines.append(f"| … | {len(defects) - n} more defects: see report.json | | | | |")
+            lines.append(f"| … | {len(rows) - n} more defects: see report.json | | | |" + (" |" if render is defect_row else ""))
             break
         used += len(row) + 1
         lines.append(row)

@@ -111,6 +111,9 @@ class Ledger:
         by_key = self.defects.get(defect_key(finding))
         if by_key is not None:
             return by_key
+        folded = self._folded(finding)
+        if folded is not None:
+            return folded
         # the kind (rounding-sized or a wrong value) and even the site (which output failed first) are read
         # from the example, and a listed finding stops at its first failing one where the run that wrote the
         # ledger shrank it: a failing finding of a listed op.property is that line's (reported as by scope)
@@ -127,6 +130,33 @@ class Ledger:
         return line
 
 
+    def _folded(self, finding: dict) -> DefectLine | None:
+        """The line a finding's key folds into, as the report's table folds it
+        (:func:`rlconform.harness.report.triage.folded_keys`), read from the finding alone: a callee its
+        engine function names (``calls``) listed with the same class; the ``changes a tensor`` line of the
+        op whose backward the message says wrote the tensor ("after <op> backward", a ``.backward`` place
+        whose scope holds ``<op>.non_destructive``); a wrong value's place (a rounding-sized failure's
+        function) listed as a partition dependence. The trigger is not required to agree (see the module docstring)."""
+        import re
+
+        place, cls = defect_key(finding).split(" | ", 1)
+        site = finding.get("engine_function") or {}
+        tries = [f"{callee} | {cls}" for callee in (site.get("calls") or ()) if not cls.startswith("crash:")]
+        if cls == "wrong value":
+            tries.append(f"{place} | partition dependence")
+        if cls == "rounding" and site.get("function"):  # a rounding-sized partition effect of its function
+            tries.append(f"{site.get('module')}.{site.get('function')} | partition dependence")
+        for key in tries:
+            if key in self.defects:
+                return self.defects[key]
+        after = re.search(r"after (?P<op>[a-z0-9_]+) backward", finding.get("message") or "")
+        if cls == "changes a tensor" and after:
+            for d in sorted(self.defects.values(), key=lambda d: d.line):
+                if d.key.endswith(".backward | changes a tensor") and (after["op"], "non_destructive") in d.scope:
+                    return d
+        return None
+
+
 def defect_key(finding: dict) -> str:
     """``"<where> | <kind>"`` of a failing finding record (a ``report.json`` finding, or the record the plugin
     builds): where = its crash frame (crash) or engine function as ``module.function``, else ``op <op>``;
@@ -134,7 +164,8 @@ def defect_key(finding: dict) -> str:
     :func:`rlconform.harness.report.triage.root_key` (where, failure class), which holds no trigger: a
     trigger is read from the shrunk input and so differs between a shrunk and an unshrunk run of the same
     finding (see the module docstring). It is the key before the table's callee fold
-    (:func:`rlconform.harness.report.triage.defects`), so that it is a function of the finding alone."""
+    (:func:`rlconform.harness.report.triage.defects`), so that it is a function of the finding alone; a
+    ledger's line holds the folded key, and :meth:`Ledger.match` follows the folds."""
     from rlconform.harness.report.triage import root_key
 
     place, kind = root_key(finding)[:2]  # (where, failure class): never the trigger
