@@ -113,6 +113,7 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
     gap = binding.device_gap(op, regime)
     if gap is not None:  # a CUDA-only kernel on a CPU run (issue 27 §1): unavailable with its reason, never skipped
         rec.unavailable_detail = f"op {op!r} unavailable: {gap}"
+        rec.needs = "cuda"
         pytest.skip(rec.unavailable_detail)
 
     budget = getattr(state, "shrink_budget", None)

@@ -92,7 +92,7 @@ def describe(name: str | None = None) -> dict:
     import torch
 
     dev = parse(name) if name else current()
-    doc = {"device": dev, "name": platform.processor() or platform.machine() or "cpu", "torch": torch.__version__,
+    doc = {"device": dev, "name": _cpu_name(), "torch": torch.__version__,
            "cuda": None, "capability": None}
     if dev != "cpu":
         index = int(dev.split(":")[1])
@@ -100,6 +100,18 @@ def describe(name: str | None = None) -> dict:
         doc["cuda"] = torch.version.cuda
         doc["capability"] = "%d.%d" % torch.cuda.get_device_capability(index)
     return doc
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()`` / ``machine()``."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
 
 
 # ------------------------------------------------------------------------------- moves around a call
