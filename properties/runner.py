@@ -112,7 +112,9 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
 
     gap = binding.device_gap(op, regime)
     if gap is not None:  # a CUDA-only kernel on a CPU run (issue 27 §1): unavailable with its reason, never skipped
-        rec.unavailable_detail = f"op {op!r} unavailable: {gap}"
+        impl = regime.split("@", 1)[0] if "@" in regime and regime.split("@", 1)[0] in \
+            binding.provided_implementations(op) else None
+        rec.unavailable_detail = f"op {op + '@' + impl if impl else op!r} unavailable: {gap}"
         rec.needs = "cuda"
         pytest.skip(rec.unavailable_detail)
 
