@@ -211,9 +211,9 @@ def _numprocesses(text: str) -> str:
 
 
 def _device_arg(p) -> None:
-    p.add_argument("--device", default=None,
-                   help="where the engine computes: cpu, cuda or cuda:N (default: $RLCONFORM_DEVICE or cpu); inputs "
-                        "are drawn on the CPU as always, outputs compared on the CPU with the float64 reference")
+    from rlconform.harness.core.device import add_argument
+
+    add_argument(p)
 
 
 def _apply_device(args) -> str | None:

@@ -44,6 +44,14 @@ class DeviceError(ValueError):
     """A ``--device`` that is malformed or absent on this machine (exit code 2, one line)."""
 
 
+def add_argument(parser) -> None:
+    """``--device`` on an argparse (sub)parser: ``check``, ``replay`` and ``fuzz`` take it."""
+    parser.add_argument("--device", default=None,
+                        help="where the engine computes: cpu, cuda or cuda:N (default: $RLCONFORM_DEVICE or cpu); "
+                             "inputs are drawn on the CPU as always, outputs compared on the CPU with the float64 "
+                             "reference")
+
+
 def parse(text: str | None) -> str:
     """The canonical name of device ``text``: ``cpu``, or ``cuda:N`` (``cuda`` is ``cuda:0``). Raises
     :class:`DeviceError` for anything else (``tpu``, ``cuda:x``, ``gpu``)."""

@@ -377,9 +377,9 @@ def add_parser(sub) -> None:
     f.add_argument("--engine", default=None, help="reference | verl | skyrl | megatron | mutants.<family> | "
                                                  "module:attr | file.py (default: $RLCONFORM_ENGINE or reference)")
     f.add_argument("--engine-path", default=None, help="a fork's checkout, put first on sys.path")
-    from rlconform.harness.cli import _device_arg
+    from rlconform.harness.core.device import add_argument as add_device_argument
 
-    _device_arg(f)
+    add_device_argument(f)
     f.add_argument("--op", action="append", default=[], help="only this op (repeatable)")
     f.add_argument("--property", action="append", default=[], help="only this property (repeatable)")
     f.add_argument("--dtype", action="append", default=[], help="only this dtype (repeatable)")
