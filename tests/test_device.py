@@ -179,3 +179,30 @@ def test_diff_refuses_reports_of_two_devices_unless_told(tmp_path, capsys):
     capsys.readouterr()
     assert main(["diff", old, cpu]) == 0  # a report without run.device is a CPU run
     assert main(["diff", gpu, other]) == 0  # two GPUs of one model: the index is not compared
+
+
+def test_coverage_reaches_the_forward_and_backward_of_an_applied_autograd_function():
+    """verl's Triton kernel is bound through ``LinearCrossEntropy.apply``: the coverage walk must reach the
+    Function's forward and backward from an adapter that holds the class (else they read as unbound)."""
+    import torch
+
+    from rlconform.harness.catalog.coverage import _walk
+
+    class Kernel(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    def make():
+        kernel = Kernel
+
+        def adapter(x):
+            return kernel.apply(x)
+        return adapter
+
+    reach = _walk(make(), frozenset({"verl"}))
+    assert reach.has(Kernel.forward) and reach.has(Kernel.backward)
