@@ -18,9 +18,10 @@ from rlconform.harness.core import device
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NEEDS_CUDA = os.path.join(HERE, "bindings", "needs_cuda.py")
-#: one failing finding (the nan_times_mask mutant), one passing, one of the op that needs CUDA
+#: one failing finding (the nan_times_mask mutant), one passing, one of the op and one of the implementation
+#: that need CUDA
 FINDINGS = ("masked_mean.mask_invariant.float32.padded", "masked_mean.matches_reference.float32.padded",
-            "entropy.matches_reference.float32.moderate")
+            "entropy.matches_reference.float32.moderate", "token_logprobs.matches_reference.float32.naive@moderate")
 
 
 def _check(tmp_path, name, *extra, env=None):
@@ -28,7 +29,7 @@ def _check(tmp_path, name, *extra, env=None):
     sel.write_text("\n".join(FINDINGS) + "\n")
     out = tmp_path / name
     proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", NEEDS_CUDA,
-                           "--op", "masked_mean", "--op", "entropy", "--findings", str(sel), "--max-examples", "5",
+                           "--op", "masked_mean", "--op", "entropy", "--op", "token_logprobs", "--findings", str(sel), "--max-examples", "5",
                            "--out", str(out), "-q", *extra], capture_output=True, text=True, timeout=600,
                           env=env, cwd=tmp_path)
     doc = json.loads((out / "report.json").read_text())
@@ -48,7 +49,8 @@ def test_explicit_cpu_gives_the_default_statuses(runs):
     s0 = {f["id"]: f["status"] for f in d0["findings"]}
     s1 = {f["id"]: f["status"] for f in d1["findings"]}
     assert s0 == s1
-    assert s0 == {FINDINGS[0]: "discrepancy", FINDINGS[1]: "pass", FINDINGS[2]: "unavailable"}
+    assert s0 == {FINDINGS[0]: "discrepancy", FINDINGS[1]: "pass", FINDINGS[2]: "unavailable",
+                  FINDINGS[3]: "unavailable"}
     assert p0.returncode == p1.returncode == 1  # the mutant's discrepancy; not the op that needs CUDA
 
 
@@ -62,6 +64,9 @@ def test_an_op_that_needs_cuda_is_unavailable_needs_cuda_on_cpu(runs):
 
     assert not fails(f)  # declared, on a run of another device: listed, not red
     assert fails(dict(f, needs=None))  # an op that cannot be loaded stays red
+    impl = next(f for f in doc["findings"] if f["regime"] == "naive@moderate")
+    assert impl["status"] == "unavailable" and impl["needs"] == "cuda"
+    assert "op 'token_logprobs@naive' unavailable: needs CUDA" in impl["message"]
 
 
 def test_the_report_records_the_device(runs):
