@@ -68,7 +68,11 @@ def run_ranks(world: int, fn, payloads: list, where: str) -> list:
     try:
         if in_torchrun():
             return _run_torchrun(world, fn, payloads)
-        pool = get_pool(world, timeout_s=DEADLINE_S, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+        from rlconform.harness.core import device
+
+        backend, devices = device.pool_backend(world)  # gloo on cpu; nccl, or gloo over CUDA tensors (issue 27)
+        pool = get_pool(world, backend=backend, devices=devices, timeout_s=DEADLINE_S,
+                        collective_timeout_s=COLLECTIVE_TIMEOUT_S)
         return pool.run(fn, payloads, timeout_s=DEADLINE_S)
     except RankFailure as exc:
         raise EngineCrash(where, exc) from exc

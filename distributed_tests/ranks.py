@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from rlconform.harness.core import torch_state
+from rlconform.harness.core import device, torch_state
 from rlconform.harness.core.layout import Layout
 
 _BINDINGS: dict = {}
@@ -270,6 +270,9 @@ def vocab_parallel_rank(ctx, payload: dict) -> list:
         else:
             from rlconform.harness.bindings.reference import vocab_parallel_entropy as entropy
     ps = uses_parallel_state(fn, entropy)
+    fn = device.engine_call(fn, ctx.device)  # the rank's device (issue 27); the identity on the CPU
+    if entropy is not None:
+        entropy = device.engine_call(entropy, ctx.device)
     results = []
     for run in payload["runs"]:
         groups = layout_groups(ctx, Layout(**run["layout"]), ps)
@@ -301,6 +304,7 @@ def token_reduction_rank(ctx, payload: dict) -> list:
     binding = load_binding(payload["engine"])
     fn = binding.resolve(payload["op"])
     ps = uses_parallel_state(fn)
+    fn = device.engine_call(fn, ctx.device)  # the rank's device (issue 27); the identity on the CPU
     results = []
     for run in payload["runs"]:
         groups = layout_groups(ctx, Layout(**run["layout"]), ps)

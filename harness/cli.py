@@ -1,6 +1,6 @@
 """The ``rlconform`` command line.
 
-    rlconform check --engine verl [--op entropy] [--profile ci] [--out DIR] [--xfails FILE] [-n 2]
+    rlconform check --engine verl [--op entropy] [--profile ci] [--out DIR] [--xfails FILE] [-n 2] [--device cuda]
     rlconform replay DIR/cases/<finding id>.json
     rlconform fuzz --engine X [--op Y] --minutes N [--corpus DIR] [--db DIR]
     rlconform report DIR                       (re-render report.md and report.html from report.json)
@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="check an engine against the exact references and write a report")
     _engine_args(c)
+    _device_arg(c)
     c.add_argument("--out", default="rlconform-report", help="report directory (default: %(default)s)")
     c.add_argument("--op", action="append", default=[], help="only this op (repeatable)")
     c.add_argument("--property", action="append", default=[], help="only this property (repeatable)")
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--engine", default=None, help="the engine to run the case on (default: $RLCONFORM_ENGINE or "
                                                  "reference; never taken from the case file)")
     r.add_argument("--engine-path", default=None, help="a fork's checkout, put first on sys.path")
+    _device_arg(r)
     r.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S,
                    help="seconds the case may take before it is ended as hung (default %(default)s)")
     r.add_argument("--referee", action="store_true", default=_referee_default(),
@@ -206,6 +208,26 @@ def _numprocesses(text: str) -> str:
     if text in ("auto", "logical"):
         return text
     return str(_positive_int(text))
+
+
+def _device_arg(p) -> None:
+    from rlconform.harness.core.device import add_argument
+
+    add_argument(p)
+
+
+def _apply_device(args) -> str | None:
+    """Validate ``--device`` (or ``RLCONFORM_DEVICE``) and export it to every process the run starts; returns
+    the one-line error for a malformed or absent device, else None."""
+    from rlconform.harness.core import device
+
+    text = getattr(args, "device", None) or os.environ.get(device.ENV) or device.DEFAULT
+    try:
+        args.device = device.check_available(text)
+    except device.DeviceError as exc:
+        return str(exc)
+    os.environ[device.ENV] = args.device
+    return None
 
 
 def _engine_args(p) -> None:
@@ -808,6 +830,10 @@ def _main(argv: list[str] | None = None) -> int:
         return cmd_list_ops()
     if args.command == "list-engines":
         return cmd_list_engines()
+    if args.command in ("check", "replay", "fuzz"):
+        bad = _apply_device(args)
+        if bad:
+            return _usage_error(bad)
     if args.command == "check":
         return cmd_check(args)
     if args.command == "replay":

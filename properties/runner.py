@@ -1,7 +1,8 @@
 """Running one finding (``op.property.dtype.regime``) under hypothesis: shared by the generic property
 tests and the distributed tests.
 
-Resolves the op (an unavailable one is skipped and recorded), replays the corpus of saved
+Resolves the op (an unavailable one — an import that fails, a kernel that needs CUDA on a CPU run — is
+skipped and recorded ``unavailable``), replays the corpus of saved
 counterexamples first, then draws examples, records each outcome in the finding recorder and raises
 :class:`PropertyFailure` with a uniform message and a reproducer command when an example is a
 ``discrepancy`` (beyond the margin band of :func:`rlconform.harness.core.tolerance.verdict`; a
@@ -108,6 +109,14 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
         rec.unavailable_detail = f"binding error: {exc}"
         rec.binding_error = str(exc)
         pytest.skip(str(exc))
+
+    gap = binding.device_gap(op, regime) if hasattr(binding, "device_gap") else None
+    if gap is not None:  # a CUDA-only kernel on a CPU run (issue 27 §1): unavailable with its reason, never skipped
+        impl = regime.split("@", 1)[0] if "@" in regime and regime.split("@", 1)[0] in \
+            binding.provided_implementations(op) else None
+        rec.unavailable_detail = f"op {op + '@' + impl if impl else op!r} unavailable: {gap}"
+        rec.needs = "cuda"
+        pytest.skip(rec.unavailable_detail)
 
     budget = getattr(state, "shrink_budget", None)
     max_shrinks = budget(rec.id) if callable(budget) else None

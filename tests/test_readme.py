@@ -60,6 +60,8 @@ PLAN: dict[str, tuple] = {
     "make test": ("skip", "the whole self-test suite, this test included"),
     "rlconform check --engine verl": ("skip", "a real-engine check (29 min)"),
     "rlconform check --engine skyrl --op metric_pipeline": ("skip", "a real-engine check"),
+    "rlconform check --engine verl --device cuda":
+        ("skip", "needs a GPU; benchmarks/cuda_check.sh runs it there, tests/test_device.py its CPU paths"),
     "rlconform check --engine verl --engine-path ~/src/my-verl-fork":
         ("skip", "a real-engine check of a fork checkout only the reader has (tests/test_engine_path.py)"),
     "rlconform check --engine my_binding.py": ("run", ["--max-examples", "3"]),

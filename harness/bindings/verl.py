@@ -763,9 +763,37 @@ def _fused_linear():
                           "not stated, not checked")
 
 
+KERNEL = "verl.utils.kernel.linear_cross_entropy"
+
+
+def _triton_linear_ce():
+    """``linear_cross_entropy(hidden, weight, labels, temperature, "none")`` (``LinearCrossEntropy.apply``) as
+    verl's Triton model backend calls it (``models/transformers/dense_common.py forward_with_triton_backend``):
+    the fused Triton kernels of ``verl/utils/kernel/kernels.py``, CUDA only (``needs="cuda"``). Contract, from
+    its docstring: "hidden: (batch_size, num_tokens, hidden_size) -> (batch_size * num_tokens, hidden_size)",
+    labels likewise flattened: the outputs are one row per token, so the flat ``[T, H]`` rank is the one whose
+    output shape is stated (rank 3 returns flat rows: a shape the docstring gives, not the caller's); no
+    output dtype stated (the kernel allocates float32): not checked; no chunk size (the kernel tiles itself)."""
+    import importlib
+
+    kernel = importlib.import_module(KERNEL).LinearCrossEntropy
+
+    def triton_linear_cross_entropy(hidden, weight, labels, temperature, chunk_size):
+        return kernel.apply(hidden, weight, labels, float(temperature), "none")
+
+    triton_linear_cross_entropy.__qualname__ = "verl.linear_cross_entropy"
+    return triton_linear_cross_entropy
+
+
 #: verl's alternative implementations of catalog ops (issue 11 part 2), each checked as the op under regimes
 #: ``impl@data`` with the contract its docstring states.
 IMPLEMENTATIONS = {
+    "fused_linear_token_stats": {
+        # the Triton kernel verl's models run on GPUs (issue 27): unavailable: needs CUDA on a CPU run
+        "triton": Implementation(Lazy(loader=_triton_linear_ce), ranks=(2,), needs="cuda",
+                                 doc="hidden (batch_size, num_tokens, hidden_size) -> (batch_size * num_tokens, "
+                                 "hidden_size); output dtype not stated, not checked; CUDA only (Triton)"),
+    },
     "entropy": {
         # "logits: Unnormalized log-probabilities of shape (batch_size, vocab_size)": 2-D only. "Converts chunks to
         # float32 for numerical stability during computation" is about the computation: the docstring states no
@@ -1225,8 +1253,8 @@ NOT_BOUND.update({
 NOT_BOUND_UNDER: dict[str, str] = {
     "verl.models.": "model forward: model definitions and patches (attention, MoE routing, packed-sequence "
     "layout), not the RL objective",
-    "verl.utils.kernel.": "kernel: needs CUDA: Triton fused linear-entropy kernels; FusedLinearForPPO "
-    "(bound, fused_linear_token_stats) is the torch backend of the same computation",
+    "verl.utils.kernel.": "kernel: needs CUDA: the Triton kernels behind linear_cross_entropy (bound: "
+    "fused_linear_token_stats@triton, checked with --device cuda) and the fp8 kernels (not the RL objective)",
     "verl.workers.rollout.": "not in the RL objective: rollout-server generation (sampling log-probs are inputs "
     "of importance_ratio)",
     "verl.checkpoint_engine.": _NOT_NUMERICS + "weight synchronisation between trainer and rollout",

@@ -157,6 +157,9 @@ class Binding:
     calls it with (issue 20 §3; e.g. verl's ``masked_var`` on fp32 advantages, ``entropy`` on the model's
     bf16 logits). A defect only in dtypes outside this set is graded ``precision``; an op not listed
     counts every dtype as used.
+    ``needs``: op -> the device its default implementation needs (``"cuda"``: a Triton / CUDA kernel); an
+    alternative implementation declares it on its :class:`Implementation` (``needs``). On a run whose
+    ``--device`` is not one, the op's findings are ``unavailable: needs CUDA`` (:meth:`device_gap`).
     """
 
     name: str
@@ -172,6 +175,7 @@ class Binding:
     implementations: Mapping[str, Mapping[str, Implementation]] = dataclasses.field(default_factory=dict)
     engine_dtypes: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     declared: tuple = ()
+    needs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
@@ -183,6 +187,23 @@ class Binding:
         if odd:
             raise BindingError(f"binding {self.name!r}: detached {sorted(odd)}: only {list(DETACHABLE)} check the "
                                "detached contract")
+
+    def device_gap(self, op: str, regime: str | None = None) -> str | None:
+        """Why ``op`` (under ``regime``: an ``impl@data`` regime checks implementation ``impl``) cannot run on
+        the run's device (:func:`rlconform.harness.core.device.missing`: ``"needs CUDA (...)"``), or None.
+        Reads only the declarations (:attr:`needs`, :attr:`Implementation.needs`): nothing is imported."""
+        from rlconform.harness.core import device
+
+        needs = self.needs.get(op)
+        impl = self.ops.get(op)
+        if isinstance(impl, Implementation) and impl.needs:
+            needs = impl.needs
+        if regime and "@" in regime:
+            name = regime.split("@", 1)[0]
+            alt = self.implementations.get(op, {}).get(name)
+            if isinstance(alt, Implementation):
+                needs = alt.needs
+        return device.missing(needs)
 
     def provided_implementations(self, op: str) -> tuple[str, ...]:
         """The alternative implementations of ``op`` the binding declares (no import needed)."""

@@ -310,6 +310,10 @@ def _walk(root: Any, engine_roots: frozenset) -> _Reach:
             stack += list(obj.values())
         elif isinstance(obj, (list, tuple, set, frozenset)):
             stack += list(obj)
+        elif isinstance(obj, type) and any(c.__name__ == "Function" and c.__module__ == "torch.autograd.function"
+                                           for c in obj.__mro__[1:]):
+            # an autograd.Function an adapter applies (verl's LinearCrossEntropy.apply): its forward and backward
+            stack += [getattr(obj, "forward", None), getattr(obj, "backward", None)]
         elif isinstance(obj, types.FunctionType):
             if hasattr(obj, "__wrapped__"):
                 stack.append(obj.__wrapped__)

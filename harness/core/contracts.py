@@ -221,7 +221,10 @@ class Implementation:
       ``chunk_size`` (drawn by the family from its ``CHUNK_SIZES``, which hold small sizes and 2048, the
       default of every chunked function bound so far, with row counts one short of, at and one past one
       and two chunks) is passed as that keyword;
-    * ``doc``: the docstring's words the contract comes from (shown in the report's notes).
+    * ``doc``: the docstring's words the contract comes from (shown in the report's notes);
+    * ``needs``: the device the implementation needs (``"cuda"``: a Triton or CUDA kernel; ``None``: any).
+      On a run whose ``--device`` is not one, its findings are ``unavailable`` with the reason ``needs CUDA``
+      (issue 27 §1), never skipped in silence; the coverage table counts it bound either way.
     """
 
     fn: Any
@@ -229,6 +232,7 @@ class Implementation:
     out_dtype: str | Mapping[str, str] | None = None
     chunk_arg: str | None = None
     doc: str = ""
+    needs: str | None = None
 
     def promised(self, output: str | None = None) -> str | None:
         """``"input"``, the dtype name the contract promises for ``output`` (None: the only output), or

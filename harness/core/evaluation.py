@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlconform.harness.core import tape, torch_state
+from rlconform.harness.core import device, tape, torch_state
 
 
 class EngineCrash(Exception):
@@ -40,8 +40,14 @@ def call_engine(where: str, fn: Callable, *args, **kwargs):
     Under :func:`rlconform.harness.core.tape.recording` (the engine's worker, with a referee) the call and
     everything it did is recorded; under :func:`~rlconform.harness.core.tape.replaying` (the referee) ``fn``
     is not called: the next recorded result is returned, its effects on the arguments applied, its
-    exception raised (issue 22 §1)."""
+    exception raised (issue 22 §1).
+
+    On a CUDA run (``--device cuda``) ``fn`` runs on the device: its tensor arguments are moved there, its
+    tensor results brought back to the CPU and its writes into its inputs mirrored into the caller's tensors
+    (:func:`rlconform.harness.core.device.engine_call`); the tape records the CPU side of the call."""
     mode = tape.active()
+    if mode is None or mode[0] != "replay":
+        fn = device.engine_call(fn)
     if mode is not None and mode[0] == "replay":
         try:
             return mode[1].replay(where, args, kwargs)

@@ -208,3 +208,18 @@ def fused_linear_token_stats(hidden: torch.Tensor, weight: torch.Tensor, labels:
         ents.append(-(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1))
     lead = hidden.shape[:-1]
     return torch.cat(lps).reshape(lead), torch.cat(ents).reshape(lead)
+
+
+def _on_the_run_device() -> None:
+    """Every public function of this module computes on the run's device (issue 27 §1: the faithful path runs
+    where the engine runs), its results brought back to the CPU (:func:`rlconform.harness.core.device.faithful_call`)."""
+    from rlconform.harness.core.device import faithful_call
+
+    g = globals()
+    for name, obj in list(g.items()):
+        if callable(obj) and not name.startswith("_") and getattr(obj, "__module__", None) == __name__ \
+                and name != "compute_dtype":
+            g[name] = faithful_call(obj)
+
+
+_on_the_run_device()

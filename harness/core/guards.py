@@ -110,6 +110,9 @@ class InputGuard:
         self._versions = {k: v._version for k, v in self._tensors.items()}
 
     def check(self, stage: str) -> list[Mutation]:
+        from rlconform.harness.core import device
+
+        device.sync_back()  # a CUDA run: what the engine wrote into its device copies, into these tensors first
         found = []
         for name, t in self._tensors.items():
             version = t._version

@@ -32,7 +32,8 @@ from rlconform.harness.core.contracts import Implementation
 from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
 from rlconform.harness.core.guards import InputGuard
-from rlconform.harness.core.opinfo import FINITE, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function
+from rlconform.harness.core.opinfo import (FINITE, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, implementation_regimes,
+                                           reference_function, split_regime)
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 
 NAME = "fused_linear_token_stats"
@@ -42,6 +43,10 @@ NAME = "fused_linear_token_stats"
 #: chance, so half-precision cases need a tolerance for intermediate rounding first (left open, issue 11 §2).
 FUSED_DTYPES = ("float32", "float64")
 REGIMES = {"moderate": FUSED_DTYPES, "peaked": FUSED_DTYPES}
+#: alternative implementations (issue 11 part 2), checked under ``impl@data``; ``triton``: a fused Triton kernel
+#: (verl's ``linear_cross_entropy``), bound with ``needs="cuda"``: ``unavailable: needs CUDA`` on a CPU run (issue 27)
+IMPLEMENTATIONS = {"triton": "a fused Triton kernel of the same computation (verl utils/kernel linear_cross_entropy; "
+                             "CUDA only)"}
 #: chunk sizes drawn (rows one short of, at, one past one and two chunks); 512 = FusedLinearForPPO's default
 CHUNK_SIZES = (1, 2, 3, 512)
 HIDDEN_SIZES = (1, 3, 16)
@@ -50,11 +55,12 @@ TEMPERATURES = (1.0, 0.7, 1.5)
 OUTPUTS = ("logprobs", "entropy")
 
 OPS = (
-    OpInfo(NAME, "fused_linear", 5, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE), REGIMES,
+    OpInfo(NAME, "fused_linear", 5, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE),
+           dict(REGIMES, **implementation_regimes(REGIMES, IMPLEMENTATIONS)),
            reference_function(NAME), reference_function(NAME + "_grad"), differentiable=True,
            source="z = hidden @ Wᵀ / τ in float64; log softmax(z)_y and H(softmax(z)); d_hidden = G @ W / τ, "
            "d_weight = Gᵀ @ hidden / τ with G = g_lp·(e_y − p) − g_H·p ⊙ (log p + H) (verl FusedLinearForPPO)",
-           family="fused_linear"),
+           family="fused_linear", implementations=dict(IMPLEMENTATIONS)),
 )
 
 
@@ -75,12 +81,17 @@ def _inputs(draw, dtype: str, regime: str):
 
 
 def strategy(op: OpInfo, dtype: str, regime: str):
+    _, regime = split_regime(regime)
     if regime not in REGIMES:
         raise ValueError(f"unknown fused-linear regime {regime!r}")
     return _inputs(dtype, regime)
 
 
-def _contract(binding) -> Implementation:
+def _contract(binding, case=None) -> Implementation:
+    """The implementation ``case`` checks: the one its ``impl@data`` regime names, else the op's own."""
+    name = split_regime(case.regime)[0] if case is not None else None
+    if name is not None:
+        return binding.resolve_implementation(NAME, name)
     impl = binding.resolve(NAME)
     return impl if isinstance(impl, Implementation) else Implementation(impl)
 
@@ -123,7 +134,7 @@ def _faithful(inputs: dict, dtype: str):
 
 
 def evaluate(binding, case) -> Evaluation:
-    impl = _contract(binding)
+    impl = _contract(binding, case)
     inputs = case.inputs
     n, h_size = inputs["hidden"].shape
     ev = Evaluation()

@@ -3,7 +3,8 @@
 BASE and HEAD are ``report.json`` files or folders holding one (e.g. the report of a pull request's base
 and of its head), read by :func:`rlconform.harness.report.load.load_report` (a malformed report, a finding
 without a status, ``"findings": "nope"``, 200 000 nested ``[``: exit 2, one line). Reports of two different
-engines (``engine.name``, else ``engine.spec``) are refused unless ``--cross-engine`` is given. Both are
+engines (``engine.name``, else ``engine.spec``) are refused unless ``--cross-engine`` is given, reports of two
+devices (``run.device``: cpu, or cuda and the GPU's name, issue 27) unless ``--allow-device-mismatch``. Both are
 triaged (:func:`rlconform.harness.report.triage.annotate`), then compared by id:
 
 * findings: *new* (failing in HEAD, passing or absent in BASE), *fixed* (failing in BASE, passing in HEAD:
@@ -51,6 +52,17 @@ def load(path: str) -> dict:
     from rlconform.harness.report.load import report_path
 
     return annotate(relativise(load_report(path), os.path.dirname(os.path.abspath(report_path(path)))))
+
+
+def device_of(doc: dict) -> str:
+    """The device a report's engine computed on, as diff compares it: ``cpu``, or ``cuda (GPU name)`` (the
+    index is not compared: two GPUs of one model compute alike). A report without ``run.device`` (written
+    before issue 27) is a CPU run."""
+    dev = (doc.get("run") or {}).get("device")
+    if not isinstance(dev, dict):
+        return "cpu"
+    kind = str(dev.get("device") or "cpu").split(":", 1)[0]
+    return kind if kind == "cpu" else f"{kind} ({dev.get('name') or 'unknown GPU'})"
 
 
 def engine_name(doc: dict) -> str | None:
@@ -259,6 +271,12 @@ def cmd_diff(args) -> int:
         print(f"rlconform: error: the base is a report of engine {bn!r} and the head of {hn!r}; a diff compares "
               f"two runs of one engine (give --cross-engine to compare them anyway)", file=sys.stderr)
         return 2
+    bd, hd = device_of(base), device_of(head)
+    if bd != hd and not getattr(args, "allow_device_mismatch", False):
+        print(f"rlconform: error: the base ran on {bd} and the head on {hd}; their kernels differ, so a diff would "
+              f"show the device, not the change (give --allow-device-mismatch to compare them anyway)",
+              file=sys.stderr)
+        return 2
     change = compare(base, head)
     md = render_markdown(base, head, change, args.fail_on)
     try:
@@ -286,5 +304,7 @@ def add_parser(sub) -> None:
                         "robustness > precision; default: %(default)s)")
     p.add_argument("--markdown", default=None, help="also write the Markdown comment here")
     p.add_argument("--json", default=None, help="also write the change as JSON here")
+    p.add_argument("--allow-device-mismatch", action="store_true",
+                   help="compare reports run on different devices (cpu, cuda of another GPU; refused otherwise: exit 2)")
     p.add_argument("--cross-engine", action="store_true",
                    help="compare reports of two different engines (refused otherwise: exit 2)")

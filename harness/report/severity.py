@@ -36,7 +36,9 @@ severe (:data:`SEVERITIES` order; ``training`` and ``destructive`` rank together
 ``robustness``, fails on ``training``, ``destructive``, ``logging`` and ``robustness``; ``precision``
 fails on every failing finding. The names of issue 12 are read as aliases (``wrong`` = ``robustness``,
 ``imprecise`` = ``precision``: what they selected before). ``xpass`` and ``unavailable`` always fail:
-the ledger works as before, and an op that cannot be loaded is never fine.
+the ledger works as before, and an op that cannot be loaded is never fine — save an op its binding declares
+to need CUDA, on a run of another device (``unavailable: needs CUDA``, issue 27): listed in every report,
+red on none (a CPU CI of an engine with a Triton kernel stays green; ``--device cuda`` checks the kernel).
 """
 
 from __future__ import annotations
@@ -314,9 +316,13 @@ def at_least(severity: str | None, fail_on: str) -> bool:
 
 
 def fails(finding: dict, fail_on: str = DEFAULT_FAIL_ON) -> bool:
-    """Whether ``finding`` turns the exit code red: ``xpass`` / ``unavailable`` always, ``discrepancy`` /
-    ``crash`` when their severity is at least ``fail_on``, ``xfail`` / ``pass`` never."""
+    """Whether ``finding`` turns the exit code red: ``xpass`` / ``unavailable`` always — except an op the
+    binding declares to need CUDA on a run of another device (``"needs": "cuda"``, issue 27: reported
+    ``unavailable: needs CUDA``, not a fault of the engine nor of its binding) — ``discrepancy`` / ``crash``
+    when their severity is at least ``fail_on``, ``xfail`` / ``pass`` never."""
     status = finding.get("status")
+    if status == "unavailable" and finding.get("needs"):
+        return False
     if status in ("xpass", "unavailable"):
         return True
     if status not in ("discrepancy", "crash"):

@@ -10,6 +10,8 @@ Schema ``rlconform.report/1``::
     {"schema": "rlconform.report/1", "tool": {"name", "version"},
      "engine": {"name", "spec", "version", "path", "revision"},
      "run": {"started", "finished", "complete", "profile", "seed", "command", "python", "torch",
+             "device": {"device": "cpu" | "cuda:N", "name": the CPU's or GPU's name, "torch", "cuda": the CUDA
+                        version (CUDA runs; else null), "capability": "major.minor" | null} (issue 27),
              "not_run": [finding ids selected but never run (a run that ended early), when known],
              "interrupted": true when Ctrl-C / SIGTERM ended it},
      "summary": {"pass": n, "marginal": n, "discrepancy": n, "crash": n, "error": n, "unavailable": n, "xfail": n,
@@ -123,6 +125,14 @@ class ReportWriter:
             self.run.setdefault("torch", torch.__version__)
         except ImportError:  # pragma: no cover
             pass
+        if "device" not in self.run:
+            from rlconform.harness.core import device
+
+            try:
+                self.run["device"] = device.describe()
+            except Exception as exc:  # noqa: BLE001 - a report is written whatever the device says of itself
+                self.run["device"] = {"device": os.environ.get(device.ENV) or "cpu", "name": f"unknown ({exc})",
+                                      "torch": self.run.get("torch"), "cuda": None, "capability": None}
         self.findings: dict[str, dict] = {}
         self.last: tuple[dict, str, str] | None = None  # (document, report.json text, report.md text) last written
         if resume and os.path.exists(self.json_path):
@@ -248,6 +258,17 @@ def _profile_lines(doc: dict) -> list[str]:
     return [text, ""]
 
 
+def device_line(doc: dict) -> str:
+    """``device `cuda:0` (NVIDIA H200, compute capability 9.0) · torch 2.x · CUDA 12.x`` from ``run.device``
+    (issue 27); "" for a report without it."""
+    dev = (doc.get("run") or {}).get("device")
+    if not isinstance(dev, dict):
+        return ""
+    extra = f", compute capability {dev['capability']}" if dev.get("capability") else ""
+    return (f"device `{dev.get('device')}` ({dev.get('name')}{extra}) · torch {dev.get('torch')}"
+            + (f" · CUDA {dev['cuda']}" if dev.get("cuda") else ""))
+
+
 def render_markdown(doc: dict) -> str:
     """A summary fit for a pull-request comment: counts, then one row per status × op × property with the
     dtypes and regimes it covers (failing groups first), then one worst example per group. Stays under
@@ -268,6 +289,9 @@ def render_markdown(doc: dict) -> str:
         " · ".join(f"{k}: **{v}**" for k, v in s.items() if v),
         "",
     ]
+    dev_line = device_line(doc)
+    if dev_line:
+        lines += [dev_line, ""]
     lines += _profile_lines(doc)
     # --- triage (issue 12): the defects first, ranked by severity -------------------------------------
     from rlconform.harness.report.measures import error_text

@@ -13,5 +13,12 @@ def checker_for(op: str):
 
 
 def run_check(binding, case):
-    """Check ``case`` against ``binding``; raises EngineCrash, OpUnavailable, VariantNotProvided or BindingError."""
+    """Check ``case`` against ``binding``; raises EngineCrash, OpUnavailable (also for an op that needs CUDA
+    on a CPU run), VariantNotProvided or BindingError."""
+    gap = getattr(binding, "device_gap", None)
+    gap = gap(case.op, case.regime) if callable(gap) else None
+    if gap is not None:
+        from rlconform.harness.catalog.binding import OpUnavailable
+
+        raise OpUnavailable(case.op, gap)
     return checker_for(case.op)(binding, case)

@@ -229,6 +229,10 @@ class Fuzzer:
                     seen[t.op] = ("error", f"binding error: {exc}")
             if seen[t.op] is not None:
                 t.status, t.message = seen[t.op]
+                continue
+            gap = self.binding.device_gap(t.op, t.regime) if hasattr(self.binding, "device_gap") else None  # a CUDA-only kernel on a CPU run (issue 27 §1)
+            if gap is not None:
+                t.status, t.message = "unavailable", f"op {t.op!r} unavailable: {gap}"
 
     def _replay_corpus(self) -> None:
         from rlconform.harness.workers import interrupts
@@ -373,6 +377,9 @@ def add_parser(sub) -> None:
     f.add_argument("--engine", default=None, help="reference | verl | skyrl | megatron | mutants.<family> | "
                                                  "module:attr | file.py (default: $RLCONFORM_ENGINE or reference)")
     f.add_argument("--engine-path", default=None, help="a fork's checkout, put first on sys.path")
+    from rlconform.harness.core.device import add_argument as add_device_argument
+
+    add_device_argument(f)
     f.add_argument("--op", action="append", default=[], help="only this op (repeatable)")
     f.add_argument("--property", action="append", default=[], help="only this property (repeatable)")
     f.add_argument("--dtype", action="append", default=[], help="only this dtype (repeatable)")

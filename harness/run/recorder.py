@@ -124,6 +124,7 @@ class FindingRecorder:
         self.message = ""
         self.note = ""  # shown with a passing finding (e.g. torch state an import changed, restored)
         self.unavailable_detail = None
+        self.needs = None  # the device an unavailable op needs (issue 27: "cuda" on a CPU run), else None
         self.binding_error = None
         self.max_ratio = 0.0  # worst error / tolerance seen (see tolerance.verdict: the margin band)
         self.marginal_message = ""  # the worst marginal example's message (a finding that ends marginal)
@@ -285,6 +286,7 @@ def _finding_entry(rec, params, status, tb, reproducer, failing, case) -> dict:
         "max_ratio": rec.max_ratio if math.isfinite(rec.max_ratio) else None,
         "samples": rec.samples.as_list(),
         **({"declared": dict(rec.declared)} if rec.declared else {}),
+        **({"needs": rec.needs} if getattr(rec, "needs", None) else {}),
     }
 
 

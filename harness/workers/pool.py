@@ -2,7 +2,9 @@
 
 A :class:`WorkerPool` spawns ``world_size`` processes once (``spawn``, never ``fork``), each pinned to
 one thread, rendezvoused over a TCPStore that the parent hosts on port 0 (no port race), with a
-``gloo`` (CPU) or ``nccl`` (GPU) default group. Hypothesis draws each case in the parent; ``run``
+``gloo`` (CPU) or ``nccl`` (GPU) default group, each rank on its device (``devices``; issue 27: the run's
+``--device`` picks them with :func:`rlconform.harness.core.device.pool_backend`: gloo on the CPU, nccl with
+one GPU per rank, gloo over CUDA tensors when ranks share one GPU). Hypothesis draws each case in the parent; ``run``
 ships the case's function and payload(s) to the ranks over one Pipe per rank and gathers the results
 in rank order.
 
@@ -154,6 +156,7 @@ class WorkerPool:
         world_size: int,
         *,
         backend: str = "gloo",
+        devices: list[str] | None = None,
         timeout_s: float = 60.0,
         collective_timeout_s: float = 30.0,
         startup_timeout_s: float = 120.0,
@@ -166,6 +169,12 @@ class WorkerPool:
             raise ValueError(f"backend must be 'gloo' or 'nccl', not {backend!r}")
         self.world_size = int(world_size)
         self.backend = backend
+        # the device of each rank (issue 27): cpu; cuda:r with nccl; one shared cuda:N with gloo on fewer GPUs
+        # than ranks (rlconform.harness.core.device.pool_backend)
+        self.devices = list(devices) if devices else (
+            [f"cuda:{r}" for r in range(self.world_size)] if backend == "nccl" else ["cpu"] * self.world_size)
+        if len(self.devices) != self.world_size:
+            raise ValueError(f"devices: {len(self.devices)} given for {self.world_size} ranks")
         self.timeout_s = float(timeout_s)
         self.collective_timeout_s = float(collective_timeout_s)
         self.startup_timeout_s = float(startup_timeout_s)
@@ -255,6 +264,7 @@ class WorkerPool:
                         child_conn,
                         os.getpid(),
                         stack_path,
+                        self.devices[rank],
                     ),
                     name=f"rlconform-rank{rank}",
                     daemon=False,

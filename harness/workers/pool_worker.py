@@ -133,6 +133,7 @@ def worker_main(
     conn,
     parent_pid: int,
     stack_path: str,
+    rank_device: str = "cpu",
 ) -> None:
     for k, v in _THREAD_ENV.items():
         os.environ[k] = v
@@ -162,11 +163,9 @@ def worker_main(
         except RuntimeError:
             pass
         timeout = datetime.timedelta(seconds=collective_timeout_s)
-        device = torch.device("cpu")
-        if backend == "nccl":
-            local = rank % max(torch.cuda.device_count(), 1)
-            torch.cuda.set_device(local)
-            device = torch.device("cuda", local)
+        device = torch.device(rank_device)
+        if device.type == "cuda":  # nccl: cuda:rank; gloo over CUDA tensors: the ranks share one GPU (issue 27)
+            torch.cuda.set_device(device)
         store = dist.TCPStore(store_host, store_port, is_master=False, timeout=timeout)
         store = dist.PrefixStore(store_prefix, store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
