@@ -8,7 +8,9 @@ valid tokens the filter keeps and 0 at every other position (the mask the loss i
 metrics are the diagnostics of :func:`rlconform.reference.rollout_correction_metrics` an engine logs with the
 mask (canonical names; a binding maps its keys): rejected fractions (token-weighted / over rows with a valid
 token), the token-level IS weight's mean, ESS and raw (before truncation) high / low fractions at cap 2,
-KL, k3-KL, χ² and perplexities. ``rs_masked_fraction`` is required; the others are compared when logged.
+KL, k3-KL, χ² and perplexities. The rejected fraction of the filter's level is required
+(``rs_masked_fraction`` for token filters, ``rs_seq_masked_fraction`` for row filters); the others are
+compared when logged.
 
 ==================  =====================================  =================================================
 variant             reference options (level, k, lo, hi)   engines
@@ -89,8 +91,12 @@ VARIANTS = {
 }
 #: the IS cap of the diagnostics (verl rollout_is_threshold 2.0, token level)
 IS_CAP = 2.0
-#: metrics an engine must log (the others are compared when logged)
-REQUIRED_METRICS = ("rs_masked_fraction",)
+#: the rejected fraction an engine must log with the mask: token-level filters' token fraction, row-level
+#: filters' row fraction (the others are compared when logged)
+def required_metrics(variant: str) -> tuple[str, ...]:
+    levels = {level for level, *_ in VARIANTS[variant]}
+    return tuple(k for k, need in (("rs_masked_fraction", "token" in levels),
+                                   ("rs_seq_masked_fraction", bool(levels - {"token"}))) if need)
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
 COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-24, "float16": 2.0**-24}
 KAPPA = 8.0
@@ -225,7 +231,7 @@ def _place(rng, delta, mask, variant, dtype):
             others = [k for k in valid if k != j]
             if others and level in ("seq_sum", "seq_mean"):  # an opposite one: the row's exact sum stays ordinary
                 k = int(rng.choice(others))
-                delta[i, k] = -x + rng.uniform(-1.0, 1.0)
+                delta[i, k] = -x + rng.uniform(-3.0, 3.0)
     return delta
 
 
@@ -320,12 +326,12 @@ def _call(fn, lp64, old64, mask, dtype, ev, label):
     return kept, dict(out[1])
 
 
-def _compared(label, got, keep, ok, metrics_ref, metrics_fa, keys, ev) -> list[Compared]:
+def _compared(label, got, keep, ok, metrics_ref, metrics_fa, keys, ev, required=()) -> list[Compared]:
     kept, metrics = got
     res = [Compared(f"{label}kept mask", kept, keep, keep, "float64", "pipeline", only_where=ok)]
     for key in keys:
         if key not in metrics:
-            if key in REQUIRED_METRICS:
+            if key in required:
                 ev.problems.append(f"{label}metric {key!r} missing: the engine logged {sorted(metrics)}")
             res.append(Compared(f"{label}metric {key}", np.float64(np.nan), np.float64(metrics_ref[key]),
                                 np.float64(metrics_fa[key]), "float32", "pipeline", only_where=np.zeros(1, bool)))
@@ -369,15 +375,16 @@ def evaluate(binding, case) -> Evaluation:
     for sign in (1.0, -1.0):
         moved = reference_metrics(np.where(mask, lp64 + sign * shift, lp64), old64, mask, effective)
         fa_m = {k: (moved[k] if abs(moved[k] - ref_m[k]) > abs(fa_m[k] - ref_m[k]) else fa_m[k]) for k in ref_m}
-    keys = sorted(k for k in ref_m if k in got[1] or k in REQUIRED_METRICS)
-    ev.values = _compared("", got, keep, ok, ref_m, fa_m, keys, ev)
+    required = required_metrics(variant)
+    keys = sorted(k for k in ref_m if k in got[1] or k in required)
+    ev.values = _compared("", got, keep, ok, ref_m, fa_m, keys, ev, required)
     if case.property == MASK_INVARIANT:
         garbage = float(case.inputs.get("garbage", np.nan))
         alt = _call(fn, np.where(mask, lp64, garbage), np.where(mask, old64, garbage), mask, case.dtype, ev,
                     f"masked = {garbage!r}: ")
         if alt is not None:
             ev.alternatives.append((f"masked positions set to {garbage!r}",
-                                    _compared(f"masked = {garbage!r}: ", alt, keep, ok, ref_m, fa_m, keys, ev)))
+                                    _compared(f"masked = {garbage!r}: ", alt, keep, ok, ref_m, fa_m, keys, ev, required)))
     return ev
 
 
