@@ -94,7 +94,10 @@ MASKED = {"policy_loss": ("vanilla@moderate", "mask"), "value_loss": ("token-mea
           "kl_estimator": ("k3@moderate", "mask"), "importance_ratio": ("sequence_tis@moderate", "mask"),
           "rollout_rejection_mask": ("seq_sum_k1@moderate", "mask"),
           "outcome_advantage": ("grpo@uneven_groups", "response_mask"), "gae": ("padded", "response_mask"),
-          "masked_whiten": ("padded", "mask")}
+          "masked_whiten": ("padded", "mask"), "masked_mean": ("multi_turn", "mask"),
+          "agg_loss": ("seq-mean-token-mean@imbalanced_partitions", "mask"),
+          "metric_pipeline": ("imbalanced_partitions", "mask"), "dp_masked_whiten": ("dp2_imbalanced", "mask"),
+          "cp_masked_mean": ("cp2_multi_turn", "mask")}
 
 
 @pytest.mark.parametrize("op", sorted(MASKED))
