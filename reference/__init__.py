@@ -14,7 +14,8 @@ and the gradients w.r.t. both),
 (outcome_advantage for every estimator variant, gae), ``whitening`` (masked_whiten with exact,
 mergeable global statistics), ``kl`` (kl_estimator), ``importance`` (importance_ratio),
 ``policy_loss`` (policy_loss and its variants), ``value_loss`` (the clipped critic loss); the last four
-with closed-form gradients w.r.t. the log-probs / values.
+with closed-form gradients w.r.t. the log-probs / values; ``rejection`` (rollout_rejection_mask and the
+rollout-correction diagnostics).
 """
 
 from .advantage import optimal_token_baseline
@@ -53,6 +54,7 @@ from .softmax_stats import (
     token_logprobs,
     token_logprobs_grad,
 )
+from .rejection import RS_ESTIMATORS, RS_LEVELS, rejection_statistics, rollout_correction_metrics, rollout_rejection_mask
 from .value_loss import value_loss, value_loss_grad
 from .whitening import WHITEN_EPS, ExactMoments, exact_moments, masked_whiten, merge_exact_moments
 
@@ -107,6 +109,12 @@ __all__ = [
     "policy_loss_grad",
     "value_loss",
     "value_loss_grad",
+    # rollout-correction rejection masks and diagnostics
+    "RS_LEVELS",
+    "RS_ESTIMATORS",
+    "rollout_rejection_mask",
+    "rejection_statistics",
+    "rollout_correction_metrics",
     # outcome-reward advantage estimators, GAE, whitening
     "ESTIMATORS",
     "ESTIMATOR_DOCS",

@@ -14,7 +14,7 @@ from rlconform.harness.catalog.ops import OPS, strategy_for
 from rlconform.harness.core.branches import branch_counts
 from rlconform.harness.core.opinfo import split_regime
 from rlconform.harness.core.profiles import PROFILES, settings_for
-from rlconform.harness.families import importance_ratio, kl_estimator, policy_loss, value_loss, advantages
+from rlconform.harness.families import importance_ratio, kl_estimator, policy_loss, rejection_mask, value_loss, advantages
 
 #: op -> (family module, the data regimes of ordinary magnitudes, the inputs' mask key)
 FAMILIES = {
@@ -22,6 +22,7 @@ FAMILIES = {
     "value_loss": (value_loss, ("moderate",), "mask"),
     "kl_estimator": (kl_estimator, ("moderate",), "mask"),
     "importance_ratio": (importance_ratio, ("moderate",), "mask"),
+    "rollout_rejection_mask": (rejection_mask, ("moderate",), "mask"),
     "outcome_advantage": (advantages, ("uneven_groups", "singleton_groups", "near_constant"), "response_mask"),
 }
 CASES = [(op, v) for op, (mod, _, _) in FAMILIES.items() for v in OPS[op].variants]
@@ -91,8 +92,12 @@ def mask_shapes(m) -> dict[str, int]:
 #: op -> (a regime and dtype of each op with a loss / response mask, the mask key)
 MASKED = {"policy_loss": ("vanilla@moderate", "mask"), "value_loss": ("token-mean@moderate", "mask"),
           "kl_estimator": ("k3@moderate", "mask"), "importance_ratio": ("sequence_tis@moderate", "mask"),
+          "rollout_rejection_mask": ("seq_sum_k1@moderate", "mask"),
           "outcome_advantage": ("grpo@uneven_groups", "response_mask"), "gae": ("padded", "response_mask"),
-          "masked_whiten": ("padded", "mask")}
+          "masked_whiten": ("padded", "mask"), "masked_mean": ("multi_turn", "mask"),
+          "agg_loss": ("seq-mean-token-mean@imbalanced_partitions", "mask"),
+          "metric_pipeline": ("imbalanced_partitions", "mask"), "dp_masked_whiten": ("dp2_imbalanced", "mask"),
+          "cp_masked_mean": ("cp2_multi_turn", "mask")}
 
 
 @pytest.mark.parametrize("op", sorted(MASKED))

@@ -19,6 +19,7 @@ from rlconform.harness.families import advantages as A
 from rlconform.harness.families import importance_ratio as _ir
 from rlconform.harness.families import kl_estimator as _kl
 from rlconform.harness.families import policy_loss as _pl
+from rlconform.harness.families import rejection_mask as _rs
 from rlconform.harness.families import value_loss as _vl
 
 
@@ -423,6 +424,7 @@ binding = Binding(
         "kl_estimator": _kl.reference_variants(),
         "policy_loss": _pl.reference_variants(),
         "importance_ratio": _ir.reference_variants(),
+        "rollout_rejection_mask": _rs.reference_variants(),
         "value_loss": _vl.reference_variants(),
     },
     notes={"all": "dtype-faithful torch computations (rlconform.harness.core.faithful)",
@@ -430,6 +432,7 @@ binding = Binding(
            "policy_loss": "the float64 reference per micro-batch (global token-mean normaliser) as an autograd op, "
                           "rounded to the input dtype; metrics folded token-weighted (sum/count)",
            "importance_ratio": "the float64 reference as an autograd op, rounded to the input dtype",
+           "rollout_rejection_mask": "the float64 reference (mask in the input dtype, metrics as Python floats)",
            "value_loss": "the float64 reference per micro-batch (each row's token sum weighted by the mini-batch's "
                          "normaliser) as an autograd op, rounded to the input dtype; vf_clipfrac folded token-weighted"},
     implementations=IMPLEMENTATIONS,

@@ -31,6 +31,8 @@ value_loss                  ``ppo_utils.ppo_critic_loss`` x ``b / B`` per micro-
                             variants ``seq-mean-token-mean`` (value_clip 0.2) and ``unclipped``
 importance_ratio            ``off_policy_correction_utils.compute_tis_ratio`` token / sequence TIS
                             (:func:`_importance_ratio`; detached)
+rollout_rejection_mask      ``off_policy_correction_utils.compute_off_policy_correction`` with one token /
+                            product / geometric / outlier-token mask (:func:`_rollout_rejection_mask`)
 outcome_advantage           ``ppo_utils.AdvantageEstimatorRegistry`` read at run time; each estimator
                             called through ``ppo_utils.compute_advantages_and_returns`` as the trainer
                             calls it (:func:`_trainer_call`); ``gae`` listed unchecked (its own op)
@@ -537,8 +539,56 @@ def _importance_ratio():
         return importance_ratio
 
     unchecked = {f"off_policy_correction.{f.name}": "a rejection mask (sequences/tokens dropped), not an IS weight: "
-                 "no reference" for f in dc.fields(cfg) if f.name not in _TIS_FIELDS}
+                 "checked by op rollout_rejection_mask" for f in dc.fields(cfg) if f.name not in _TIS_FIELDS}
     return Variants({v: bind(k) for v, k in TIS_VARIANTS.items()}, unchecked=unchecked)
+
+
+#: catalog variant of ``rollout_rejection_mask`` -> the OffPolicyCorrectionConfig fields that enable it, and
+#: SkyRL's metric key of the rejected fraction -> the catalog's diagnostic
+SKYRL_RS = {
+    "token_k1": ({"token_mask_is_threshold_low": 0.5, "token_mask_is_threshold_high": 2.0},
+                 {"token_mask_ratio": "rs_masked_fraction"}),
+    "token_k1_asym": ({"token_mask_is_threshold_low": 0.8, "token_mask_is_threshold_high": 1.5},
+                      {"token_mask_ratio": "rs_masked_fraction"}),
+    "seq_sum_k1": ({"sequence_mask_metric": "product", "product_mask_low": 0.2, "product_mask_high": 5.0},
+                   {"product_sequence_mask_masked_ratio": "rs_seq_masked_fraction"}),
+    "seq_mean_k1": ({"sequence_mask_metric": "geometric", "geo_mask_low": 0.8, "geo_mask_high": 1.25},
+                    {"geo_sequence_mask_masked_ratio": "rs_seq_masked_fraction"}),
+    "seq_all_k1": ({"outlier_token_is_threshold_low": 0.5, "outlier_token_is_threshold_high": 2.0},
+                   {"outlier_seq_masked_ratio": "rs_seq_masked_fraction"}),
+}
+
+
+def _rollout_rejection_mask():
+    """``off_policy_correction_utils.compute_off_policy_correction(old_log_probs, rollout_logprobs, loss_mask,
+    off_policy_correction)`` (the driver ``apply_off_policy_correction`` calls) with ``old_log_probs`` = the
+    catalog's log_prob, ``rollout_logprobs`` = its old_log_prob, a float loss mask, no TIS and one mask enabled
+    per variant (:data:`SKYRL_RS`: token mask, product / geometric sequence mask, outlier-token mask); the kept
+    mask is the returned loss_mask, the metric SkyRL's rejected fraction of that mask. SkyRL has no k2 / k3
+    divergence filters (verl's token_k2 ... seq_max_k3) and no chaining of two filters of one kind: those
+    catalog variants are not provided."""
+    import dataclasses as dc
+
+    from rlconform.harness.catalog.binding import Variants
+
+    fn = _skyrl(OPC, "compute_off_policy_correction")
+    config = _skyrl("skyrl.train.config", "OffPolicyCorrectionConfig")
+
+    def bind(variant, fields, keys):
+        cfg = dc.replace(config(), **fields)
+
+        def rollout_rejection_mask(log_prob, old_log_prob, mask):
+            _, metrics, kept = fn(log_prob, old_log_prob, mask.to(log_prob.dtype), cfg)
+            return kept, {name: metrics[key] for key, name in keys.items() if key in metrics}
+
+        rollout_rejection_mask.__qualname__ = f"skyrl.compute_off_policy_correction[{variant}]"
+        return rollout_rejection_mask
+
+    unchecked = {"is_ratio_mean / is_ratio_std / is_ratio_max / is_ratio_min": "compute_off_policy_correction's IS "
+                 "ratio statistics over (is_ratio * loss_mask), padding zeros included in std / min: no catalog "
+                 "metric yet", "outlier_seq_over_high_ratio / *_under_low_ratio": "per-side row fractions: no "
+                 "catalog metric yet"}
+    return Variants({v: bind(v, *spec) for v, spec in SKYRL_RS.items()}, unchecked=unchecked)
 
 
 def _entropy():
@@ -681,6 +731,7 @@ ENGINE_DTYPES = {
     **{op: LOGITS_DTYPES for op in ("entropy", "token_logprobs", "policy_loss", "kl_estimator", "importance_ratio",
                                     "agg_loss", "value_loss")},
     **{op: ("float32",) for op in ("masked_mean", "masked_var", "masked_whiten", "outcome_advantage", "gae",
+                                   "rollout_rejection_mask",
                                    "metric_pipeline", "metric_statistics", "dp_metric_all_reduce")},
 }
 
@@ -724,6 +775,7 @@ binding = Binding(
         "policy_loss": Lazy(loader=_policy_loss),
         "value_loss": Lazy(loader=_value_loss),
         "importance_ratio": Lazy(loader=_importance_ratio),
+        "rollout_rejection_mask": Lazy(loader=_rollout_rejection_mask),
         "outcome_advantage": Lazy(loader=_outcome_advantage),
         "gae": Lazy(loader=_gae),
         "masked_whiten": Lazy(loader=_masked_whiten),
@@ -733,6 +785,8 @@ binding = Binding(
     notes={
         "value_loss": "ppo_utils.ppo_critic_loss (value_clip 0.2 or None; 1/2 mean over the micro-batch's rows of "
         "masked row means) x b/B (microbatch_weight); values_clipfrac folded by worker_utils.reduce_metrics",
+        "rollout_rejection_mask": "off_policy_correction_utils.compute_off_policy_correction(no TIS; one of the "
+        "token / product / geometric / outlier-token masks) -> loss_mask and its masked-ratio metric",
         "importance_ratio": "off_policy_correction_utils.compute_tis_ratio(token|sequence, clip_high 2.0|5.0; "
         "detached: forward-only)",
         "kl_estimator": "ppo_utils.compute_approx_kl(loss_mask=mask, kl_estimator_type=k1|abs|k2|k3)",
@@ -876,12 +930,11 @@ _MCORE_LOGPROB = ("not yet bound: SkyRL's Megatron TP / CP log-prob and entropy 
                   "vocab_parallel_entropy would check it once bound")
 _MTP = ("not yet bound: multi-token-prediction draft-head soft cross-entropy (a speculative-decoding head's loss, "
         "not the policy objective)")
-_ISSUE25 = ("issue 25 §3: rollout-correction rejection masks (outlier / sequence masks and the correction driver "
-            "branch on thresholds and modes), checked by the inputs-that-take-every-branch work")
+_ISSUE25 = ("checked by op rollout_rejection_mask: called by compute_off_policy_correction (bound) for every "
+            "rollout_rejection_mask finding")
 _WRAPPER_FWD = "model forward: a model wrapper's forward returning log-probs / entropy of the model's logits"
 NOT_BOUND.update({
     # ---- found by whole-package discovery (issue 24), outside NUMERICS_MODULES
-    f"{OPC}.compute_off_policy_correction": _ISSUE25,
     f"{OPC}.compute_sequence_mask": _ISSUE25,
     f"{OPC}.compute_outlier_token_mask": _ISSUE25,
     f"{OPC}.compute_token_mask": _ISSUE25,

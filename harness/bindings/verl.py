@@ -35,6 +35,8 @@ value_loss                  ``core_algos.compute_value_loss`` per micro-batch wi
                             worker does
 importance_ratio            ``rollout_corr_helper.compute_rollout_correction_and_rejection_mask``
                             IS weights, token / sequence TIS (:func:`_importance_ratio`; detached)
+rollout_rejection_mask      the same entry point with ``rollout_rs`` (every option, one chain) and its
+                            ``rollout_corr/`` metrics (:func:`_rollout_rejection_mask`)
 policy_loss                 every entry of ``core_algos.POLICY_LOSS_REGISTRY`` via ``get_policy_loss_fn``
                             (:func:`_policy_loss`), ``loss_agg_mode="token-mean"`` with the
                             mini-batch's ``global_batch_info``; metrics folded as the worker does
@@ -497,8 +499,68 @@ def _importance_ratio():
                            "no reference",
     }
     for name in sorted(getattr(rc, "SUPPORTED_ROLLOUT_RS_OPTIONS", ())):
-        unchecked[f"rollout_rs={name}"] = "a rejection-sampling mask, not an IS weight: no reference"
+        unchecked[f"rollout_rs={name}"] = "a rejection-sampling mask, not an IS weight: checked by op rollout_rejection_mask"
     return Variants({v: bind(*spec) for v, spec in ROLLOUT_IS.items()}, unchecked=unchecked)
+
+
+#: catalog variant of ``rollout_rejection_mask`` -> (verl ``rollout_rs``, ``rollout_rs_threshold``)
+ROLLOUT_RS = {
+    "token_k1": ("token_k1", "2.0"), "token_k1_asym": ("token_k1", "0.8_1.5"), "seq_sum_k1": ("seq_sum_k1", "0.2_5.0"),
+    "seq_mean_k1": ("seq_mean_k1", "0.8_1.25"), "token_k2": ("token_k2", "0.5"), "token_k3": ("token_k3", "0.5"),
+    "seq_sum_k2": ("seq_sum_k2", "2.0"), "seq_sum_k3": ("seq_sum_k3", "2.0"), "seq_mean_k2": ("seq_mean_k2", "0.1"),
+    "seq_mean_k3": ("seq_mean_k3", "0.1"), "seq_max_k2": ("seq_max_k2", "0.5"), "seq_max_k3": ("seq_max_k3", "0.5"),
+    "chained": ("token_k1,seq_mean_k3", "2.0,0.1"),
+}
+#: verl's metric key (after the ``rollout_corr/`` prefix) -> the catalog's diagnostic
+ROLLOUT_CORR_METRICS = {
+    "rollout_rs_masked_fraction": "rs_masked_fraction", "rollout_rs_seq_masked_fraction": "rs_seq_masked_fraction",
+    "rollout_is_mean": "is_mean", "rollout_is_ratio_fraction_high": "is_fraction_high",
+    "rollout_is_ratio_fraction_low": "is_fraction_low", "rollout_is_eff_sample_size": "is_ess",
+    "kl": "kl", "k3_kl": "k3_kl", "chi2_token": "chi2_token", "chi2_seq": "chi2_seq",
+    "training_ppl": "training_ppl", "rollout_ppl": "rollout_ppl", "log_ppl_diff": "log_ppl_diff",
+    "ppl_ratio": "ppl_ratio",
+}
+
+
+def _rollout_rejection_mask():
+    """verl's rejection sampling: ``rollout_corr_helper.compute_rollout_correction_and_rejection_mask`` (the
+    entry point ``compute_rollout_correction_and_add_to_batch`` calls) with ``old_log_prob`` = the catalog's
+    log_prob, ``rollout_log_prob`` = its old_log_prob, ``rollout_rs`` / ``rollout_rs_threshold`` per variant
+    (:data:`ROLLOUT_RS`) and ``rollout_is="token"``, threshold 2.0 (so that ``compute_is_metrics`` runs); the
+    kept mask is the modified ``response_mask`` (a float mask in, as the trainer's DataProto holds it), the
+    metrics those of :data:`ROLLOUT_CORR_METRICS` (``compute_rs_metrics``' per-option keys, ``*_std`` and the
+    ``*_seq_*`` breakdowns are not compared: listed unchecked)."""
+    from verl.trainer.ppo import rollout_corr_helper as rc
+
+    from rlconform.harness.catalog.binding import Variants
+
+    fn = rc.compute_rollout_correction_and_rejection_mask
+
+    def bind(option, threshold):
+        def rollout_rejection_mask(log_prob, old_log_prob, mask):
+            m = mask.to(log_prob.dtype)
+            _, kept, metrics = fn(old_log_prob=log_prob, rollout_log_prob=old_log_prob, response_mask=m,
+                                  rollout_is="token", rollout_is_threshold=2.0, rollout_rs=option,
+                                  rollout_rs_threshold=threshold)
+            out = {}
+            for key, value in metrics.items():
+                name = ROLLOUT_CORR_METRICS.get(key.removeprefix("rollout_corr/"))
+                if name is not None:
+                    out[name] = value
+            return kept, out
+
+        rollout_rejection_mask.__qualname__ = f"verl.rollout_rs[{option}, {threshold}]"
+        return rollout_rejection_mask
+
+    unchecked = {
+        "seq_all_k1": "no verl option rejects a row when any token's ratio is outside the bounds (SkyRL's outlier "
+                      "mask); verl's seq_max_k2 / seq_max_k3 do it for k2 / k3 (bound)",
+        "compute_rs_metrics per-option keys": "rollout_rs_<option>_{mean,max,min,std,fraction_high,fraction_low,"
+                                              "seq_*}: a per-option breakdown with no catalog metric yet",
+        "compute_is_metrics sequence level": "rollout_is='sequence' metrics (the weights are importance_ratio's "
+                                             "sequence_tis): no catalog metric yet",
+    }
+    return Variants({v: bind(*spec) for v, spec in ROLLOUT_RS.items()}, unchecked=unchecked)
 
 
 # ---------------------------------------------------------------------------------- advantages
@@ -839,6 +901,8 @@ ENGINE_DTYPES = {
                                     "vocab_parallel_entropy", "vocab_parallel_sum_pi_squared",
                                     "fused_linear_token_stats", "policy_loss", "kl_estimator", "importance_ratio",
                                     "agg_loss", "value_loss")},
+    # the rollout and training log-probs of the DataProto: fp32
+    "rollout_rejection_mask": SCALAR_DTYPES,
     **{op: SCALAR_DTYPES for op in ("masked_sum", "masked_mean", "masked_var", "masked_whiten", "outcome_advantage",
                                     "gae", "optimal_token_baseline", "metric_pipeline", "metric_statistics",
                                     "dp_metric_all_reduce", "cp_masked_mean")},
@@ -966,6 +1030,7 @@ binding = Binding(
         "policy_loss": Lazy(loader=_policy_loss),
         "value_loss": Lazy(loader=_value_loss),
         "importance_ratio": Lazy(loader=_importance_ratio),
+        "rollout_rejection_mask": Lazy(loader=_rollout_rejection_mask),
     },
     # verl computes Σπ² for the optimal token baseline only, as a detached statistic (compute_log_prob):
     # its gradient is not part of the contract (vocab_parallel_sum_pi_squared's raw all_reduce would make
@@ -1022,6 +1087,10 @@ binding = Binding(
         "importance_ratio": "rollout_corr_helper.compute_rollout_correction_and_rejection_mask(old_log_prob=log_prob, "
         "rollout_log_prob=old_log_prob, rollout_is=token|sequence, rollout_is_threshold=2.0|5.0) -> "
         "rollout_is_weights (detached: forward-only)",
+        "rollout_rejection_mask": "rollout_corr_helper.compute_rollout_correction_and_rejection_mask(old_log_prob=log_prob, "
+        "rollout_log_prob=old_log_prob, response_mask=float mask, rollout_is='token', rollout_is_threshold=2.0, "
+        "rollout_rs=<option>, rollout_rs_threshold=<spec>) -> modified response_mask and the rollout_corr/ metrics "
+        "(rejected fractions, IS mean / ESS / raw high-low fractions, KL, k3-KL, chi2, perplexities)",
         "outcome_advantage": "core_algos.ADV_ESTIMATOR_REGISTRY as ray_trainer.compute_advantage calls it (uids as an "
         "object ndarray of str; AlgoConfig(gamma=1, lam=1, norm_adv_by_std_in_grpo); drgrpo = grpo with "
         "norm_adv_by_std_in_grpo=False; gdpo components through non_tensor_batch/batch); grpo_vectorized as "
@@ -1181,8 +1250,8 @@ NOT_BOUND: dict[str, str] = {
     "driven per micro-batch as this wrapper calls it): a TensorDict adapter with no arithmetic of its own",
 }
 RCH = "verl.trainer.ppo.rollout_corr_helper"
-_ISSUE25 = ("issue 25 §3: rollout-correction rejection masks / IS metrics (branches on thresholds and modes), "
-            "checked by the inputs-that-take-every-branch work; the weights are bound (importance_ratio)")
+_RS_CALLED = ("checked by op rollout_rejection_mask: called by compute_rollout_correction_and_rejection_mask "
+              "(bound) for every rollout_rejection_mask finding")
 _DISTILL = ("not yet bound: on-policy distillation loss (teacher top-k log-probs vs the student's log-softmax); "
             "the catalog has no distillation / forward-KL op yet")
 _ENGINE_OUT = ("not yet bound: the training engine's model-output post-processing (calls logprobs_from_logits / "
@@ -1194,10 +1263,10 @@ _FIT = "not numerics on its own: the trainer loop (it calls the bound advantage 
 _HF_TRITON = "model forward: a patched HF model forward returning log-probs / entropy from the fused Triton kernel"
 NOT_BOUND.update({
     # ---- found by whole-package discovery (issue 24), outside NUMERICS_MODULES
-    f"{RCH}.compute_rollout_rejection_mask": _ISSUE25,
-    f"{RCH}.compute_rs_metrics": _ISSUE25,
-    f"{RCH}.compute_is_metrics": _ISSUE25,
-    f"{RCH}.compute_offpolicy_metrics": _ISSUE25,
+    f"{RCH}.compute_rollout_rejection_mask": _RS_CALLED,
+    f"{RCH}.compute_rs_metrics": _RS_CALLED + " (its per-option keys are listed unchecked)",
+    f"{RCH}.compute_is_metrics": _RS_CALLED + " (rollout_is='token')",
+    f"{RCH}.compute_offpolicy_metrics": _RS_CALLED,
     f"{RCH}.compute_rollout_correction_weights": "checked by op importance_ratio: called by "
     "compute_rollout_correction_and_rejection_mask (bound) for every importance_ratio finding",
     "verl.trainer.distillation.megatron.losses.vocab_parallel_log_softmax": "not yet bound: log-softmax over TP "

@@ -195,7 +195,9 @@ def values(draw, shape: tuple[int, int], dtype: str, rng: np.random.Generator | 
 @st.composite
 def row_lengths_data(draw, dtype: str, max_rows: int = 12):
     """Rows of imbalanced length: ``{"values": [B, T], "mask": [B, T]}`` with right-padded masks whose
-    per-row lengths are drawn from {0, 1, small, T} and T from {1, 8, 100, 10⁴}."""
+    per-row lengths are drawn from {0, 1, small, T} and T from {1, 8, 100, 10⁴}; in half the examples the
+    rows also get multi-turn holes (:func:`interior_holes`: masked spans between valid tokens, issue 25 §1),
+    drawn last so that the other half is unchanged."""
     b = draw(st.integers(1, max_rows))
     t = draw(st.sampled_from([1, 8, 100, 10_000]))
     p_empty = draw(st.sampled_from([0.0, 0.3, 0.7]))
@@ -203,7 +205,42 @@ def row_lengths_data(draw, dtype: str, max_rows: int = 12):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = [0 if rng.random() < p_empty else n for n in lengths]
     mask = np.arange(t)[None, :] < np.asarray(lengths)[:, None]
-    return {"values": draw(values((b, t), dtype, rng)), "mask": mask}
+    vals = draw(values((b, t), dtype, rng))
+    if draw(st.booleans()):
+        mask = interior_holes(rng, mask)
+    return {"values": vals, "mask": mask}
+
+
+def interior_holes(rng: np.random.Generator, mask: np.ndarray) -> np.ndarray:
+    """``mask`` [B, T] bool with multi-turn holes (issue 25 §1) in each row with at least 3 valid tokens: single
+    masked tokens, a run or several runs strictly between its first and last valid token (tool observations
+    between trainable tokens), or a masked run at its start (an observation before the first trainable token).
+    Empty rows, rows of 1 or 2 tokens, each row's last valid position (a "length" read off the mask) and the
+    right padding stay as they were; only the count (and, for a start run, the first valid position) changes."""
+    m = np.array(mask, bool, copy=True)
+    for i in range(m.shape[0]):
+        valid = np.flatnonzero(m[i])
+        if valid.size < 3:
+            continue
+        first, last = int(valid[0]), int(valid[-1])
+        inner = last - first - 1
+        kind = int(rng.integers(0, 4))
+        if kind == 3:  # a run at the start of the row
+            m[i, first:first + int(rng.integers(1, valid.size - 1))] = False
+        elif kind == 0:  # single tokens: at least one isolated hole (a valid token on each side)
+            m[i, first + 1:last] &= rng.random(inner) >= 0.25
+            j = int(rng.integers(first + 1, last))
+            m[i, j - 1:j + 2] = (True, False, True)
+        else:  # one run (kind 1) or several (kind 2)
+            for _ in range(1 if kind == 1 else int(rng.integers(2, 4))):
+                short = 2 if kind == 1 and inner >= 3 else 1  # one run: of ≥ 2 tokens where it fits
+                n = int(rng.integers(short, max(short, inner // (2 if kind == 1 else 4)) + 1))
+                a = int(rng.integers(first + 1, last - n + 1)) if last - n >= first + 1 else first + 1
+                m[i, a:min(a + n, last)] = False
+            if kind == 2:  # and one isolated hole among the turns
+                j = int(rng.integers(first + 1, last))
+                m[i, j - 1:j + 2] = (True, False, True)
+    return m
 
 
 @st.composite

@@ -27,6 +27,7 @@ CONTEXT_PARALLEL_REGIMES = {
     "cp2_padded": FLOAT_DTYPES,
     "cp4_random": ("float32", "bfloat16"),
     "tp2cp2_padded": ("float32",),
+    "cp2_multi_turn": ("float32",),  # issue 25 §1: interior observation spans split over the CP chunks
 }
 
 OPS = (

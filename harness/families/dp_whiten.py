@@ -49,7 +49,8 @@ OPS = (
 def inputs(draw, dtype: str, regime: str):
     """``{"values": [B, T], "mask": [B, T], "shift_mean": bool, "partitions": [[[a, b], ...] per DP rank] × 2,
     "garbage": float}``: B ≥ the DP size rows, two different contiguous splits of them over the DP ranks
-    (each rank ≥ 1 row, maybe fully masked), values exactly representable in ``dtype``."""
+    (each rank ≥ 1 row, maybe fully masked; right-padded, or in half the examples multi-turn rows: interior
+    observation spans, issue 25 §1), values exactly representable in ``dtype``."""
     layout, data = parse_regime(regime)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     b = draw(st.integers(layout.dp, layout.dp + 5))
@@ -62,8 +63,13 @@ def inputs(draw, dtype: str, regime: str):
     offset = 1e4 if data == "offset" else 0.0
     values = offset + rng.standard_normal((b, t)) * draw(st.sampled_from([1e-3, 1.0, 30.0]))
     partitions = [[[int(a), int(c)] for a, c in draw(S.composition(b, layout.dp))] for _ in range(2)]
-    return {"values": S.round_to(values, dtype), "mask": mask, "shift_mean": draw(st.booleans()),
-            "partitions": partitions, "garbage": draw(st.sampled_from(GARBAGE))}
+    out = {"values": S.round_to(values, dtype), "mask": mask, "shift_mean": draw(st.booleans()),
+           "partitions": partitions, "garbage": draw(st.sampled_from(GARBAGE))}
+    if draw(st.booleans()):  # multi-turn rows (issue 25 §1), drawn last: the other examples are unchanged
+        mt = S.multi_turn_mask(rng, b, t)
+        if mt.any():
+            out["mask"] = mt
+    return out
 
 
 def strategy(op: OpInfo, dtype: str, regime: str):

@@ -6,7 +6,8 @@ Canonical signatures: ``(values [B, T], mask [B, T]) -> 0-d`` (``masked_count(ma
 (:mod:`rlconform.reference.reductions`). A reduction over no tokens is undefined (NaN in the
 reference) except the sum (0) and the count (0): there any result, or a loud error, is accepted.
 
-Regimes are mask regimes (``all_on``, ``padded``, ``random``, ``all_off``), and ``real_shapes``
+Regimes are mask regimes (``all_on``, ``padded``, ``random``, ``all_off``, ``multi_turn``: tool-observation
+spans between trainable tokens, rows that are all observation, issue 25 §1), and ``real_shapes``
 (``nightly`` profile only; issue 13 §1): sequences of up to 32 768 tokens, more than 2^24 unmasked tokens
 in all (where an fp32 count or a float32 running sum stops being exact), described by a seed
 (:class:`~rlconform.harness.core.generated.TokensGen`; ~150 MB of float64 values when materialised). ``mask_invariant``
@@ -33,7 +34,7 @@ from rlconform.harness.core.profiles import profile_regimes
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 
 #: Mask regimes for token reductions.
-MASK_REGIMES = {name: FLOAT_DTYPES for name in ("all_on", "padded", "random", "all_off")}
+MASK_REGIMES = {name: FLOAT_DTYPES for name in ("all_on", "padded", "random", "all_off", "multi_turn")}
 #: the profile-only regime at real sizes (issue 13 §1)
 REAL_SHAPES = "real_shapes"
 REGIMES = dict(MASK_REGIMES, **{REAL_SHAPES: ("float32", "bfloat16")})
@@ -48,7 +49,7 @@ GARBAGE = (np.nan, np.inf, -np.inf, 1e30, -1e30)
 def _op(name: str, arity: int, source: str) -> OpInfo:
     props = (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE) + ((MASK_INVARIANT,) if name != "masked_count" else ())
     return OpInfo(name, "reduction", arity, props, REGIMES, reference_function(name), source=source,
-                  family="reductions", property_regimes={MASK_INVARIANT: ("padded", "random")},
+                  family="reductions", property_regimes={MASK_INVARIANT: ("padded", "random", "multi_turn")},
                   profile_regimes=profile_regimes(REGIMES))
 
 
