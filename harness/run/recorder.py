@@ -125,6 +125,8 @@ class FindingRecorder:
         self.note = ""  # shown with a passing finding (e.g. torch state an import changed, restored)
         self.unavailable_detail = None
         self.binding_error = None
+        self.adapter_error = None  # the binding's adapter raised (status binding_error, issue 23 §2)
+        self.transcribed = None  # the op's part that is a transcription of the engine's code (issue 23 §1)
         self.max_ratio = 0.0  # worst error / tolerance seen (see tolerance.verdict: the margin band)
         self.marginal_message = ""  # the worst marginal example's message (a finding that ends marginal)
         self._marginal_ratio = -1.0
@@ -285,6 +287,7 @@ def _finding_entry(rec, params, status, tb, reproducer, failing, case) -> dict:
         "max_ratio": rec.max_ratio if math.isfinite(rec.max_ratio) else None,
         "samples": rec.samples.as_list(),
         **({"declared": dict(rec.declared)} if rec.declared else {}),
+        **({"transcribed": rec.transcribed} if rec.transcribed else {}),
     }
 
 
