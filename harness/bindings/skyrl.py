@@ -408,6 +408,10 @@ def _metric_statistics() -> MetricPipeline:
     return MetricPipeline(
         emit=emit, reduce_micro=pipe.reduce_micro, reduce_dp=pipe.reduce_dp, reduce_mini=reduce_mini,
         finalize=finalize, stats={stat: f"policy/{key}" for stat, key in k.items()},
+        transcribed="the trainer's stages (RayPPOTrainer._execute_training_step's fold over mini-batches, "
+        "train_critic_and_policy's 'policy/' prefix) are transcribed: reduce_metrics(sum_loss_metrics=False) is "
+        "called directly, without finalize_minibatch_rollout_logprob_diff_std (the sq_mean key is followed as "
+        "reduced); the emitted token sum, count and lengths are SkyRL's idioms, not a SkyRL function",
         emitted_to_final={key: f"policy/{key}" for key in list(k.values()) + [sq_mean]})
 
 
