@@ -36,7 +36,7 @@ from hypothesis import given, seed, settings
 from rlconform.harness.workers import interrupts
 from rlconform.harness.catalog.binding import BindingError, OpUnavailable, VariantNotProvided
 from rlconform.harness.catalog.ops import OPS
-from rlconform.harness.core.binding_errors import adapter_error
+from rlconform.properties.binding_errors import adapter_error
 from rlconform.harness.core.evaluation import EngineCrash
 from rlconform.harness.workers.pool import PoolStartupError, RankFailure
 from rlconform.harness.core.profiles import capped_settings, example_cap
@@ -63,7 +63,7 @@ class EngineAbort(Exception):
 
 
 class AdapterError(Exception):
-    """The binding's own adapter raised (:mod:`rlconform.harness.core.binding_errors`): status
+    """The binding's own adapter raised (:mod:`rlconform.properties.binding_errors`): status
     ``binding_error``."""
 
 

@@ -52,7 +52,7 @@ from collections import defaultdict
 from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Declared, Implementation, Lazy, MetricPipeline
 from rlconform.harness.catalog.engine_site import calls
 
-from ._compat import import_skyrl, skyrl_cuda_device_on_cpu
+from ._compat import accepted_keywords, import_skyrl, skyrl_cuda_device_on_cpu
 
 WORKER_UTILS = "skyrl.backends.skyrl_train.workers.worker_utils"
 TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
@@ -227,21 +227,7 @@ def _experience(values, mask):
                   base_action_log_probs=None, values=None, returns=None, advantages=torch.zeros(b, T),
                   attention_mask=torch.ones(b, T + 1, dtype=torch.long), loss_mask=mask, response_mask=None,
                   rollout_logprobs=None, rollout_expert_indices=None, num_actions=T, info={}, metadata={})
-    accepted = _accepted_keywords(replay_buffer.Experience)
-    return replay_buffer.Experience(**{k: v for k, v in fields.items() if accepted is None or k in accepted})
-
-
-def _accepted_keywords(fn):
-    """The keyword names ``fn``'s signature accepts, or None when it takes ``**kwargs`` (or has no signature)."""
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind == p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return replay_buffer.Experience(**accepted_keywords(replay_buffer.Experience, fields))
 
 
 def _stand_in_trainer(minis=None, reduced=None):
@@ -300,7 +286,8 @@ def _metric_pipeline() -> MetricPipeline:
     execute_training_step = engine_function(TRAINER, "RayPPOTrainer._execute_training_step", import_skyrl)
     train_critic_and_policy = engine_function(TRAINER, "RayPPOTrainer.train_critic_and_policy", import_skyrl)
 
-    def emit(values, mask, info):
+    def emit(values, mask, info=None):
+        info = info or {"dp_size": 1, "num_micro_batches": 1}
         worker = _stand_in_worker(info["dp_size"])
         worker.model.entropy = values
         with skyrl_cuda_device_on_cpu(), warnings.catch_warnings():

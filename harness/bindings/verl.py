@@ -89,6 +89,8 @@ import math
 from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Declared, Implementation, Lazy, MetricPipeline
 from rlconform.harness.catalog.engine_site import calls
 
+from ._compat import accepted_keywords
+
 TF = "verl.utils.torch_functional"
 CORE = "verl.trainer.ppo.core_algos"
 
@@ -159,15 +161,11 @@ def _agg_loss(agg_loss) -> AggLoss:
     """
 
     def loss(loss_mat, mask, mode, info):
-        return agg_loss(
-            loss_mat,
-            mask,
-            mode,
-            dp_size=info.dp_size,
-            batch_num_tokens=info.global_nnz,
-            global_batch_size=info.global_batch_size,
-            loss_scale_factor=info.loss_scale_factor,
-        )
+        # only the keywords this verl's agg_loss accepts (issue 23 §2: releases before the global batch
+        # info have no dp_size / batch_num_tokens / global_batch_size)
+        return agg_loss(loss_mat, mask, mode, **accepted_keywords(agg_loss, dict(
+            dp_size=info.dp_size, batch_num_tokens=info.global_nnz, global_batch_size=info.global_batch_size,
+            loss_scale_factor=info.loss_scale_factor)))
 
     loss.__qualname__ = "verl.agg_loss"
     return AggLoss(
@@ -328,18 +326,25 @@ def _metric_statistics() -> MetricPipeline:
     """
     import torch
     import verl.utils.torch_functional as verl_F
-    from verl.trainer.distillation.losses import compute_distillation_loss_range
     from verl.utils.metric import AggregationType, Metric
 
+    try:  # issue 23 §2: a release without the distillation trainer still checks every other statistic
+        from verl.trainer.distillation.losses import compute_distillation_loss_range
+    except ImportError as exc:
+        compute_distillation_loss_range, no_range = None, f"{type(exc).__name__}: {exc}"
     pipe = _metric_pipeline()
     aggregation = {key: AggregationType[agg] for key, agg in VERL_STATISTICS.values()}
     k = {stat: key for stat, (key, _) in VERL_STATISTICS.items()}
+    stats = dict(k) if compute_distillation_loss_range is not None else {
+        stat: key for stat, key in k.items() if stat not in ("min", "max")}
 
     def emit(values, mask, info):
         dp = info["dp_size"]
         response_mask = mask.bool()
         out = {k["mean"]: verl_F.masked_mean(values, response_mask).detach().item()}
-        if bool(response_mask.any()):
+        if compute_distillation_loss_range is None:
+            pass  # not in this release: the token min / max are not emitted (nor checked)
+        elif bool(response_mask.any()):
             rng = compute_distillation_loss_range(values, response_mask)
             out[k["min"]] = rng["distillation/loss_min"].values[0]
             out[k["max"]] = rng["distillation/loss_max"].values[0]
@@ -359,7 +364,9 @@ def _metric_statistics() -> MetricPipeline:
 
     return MetricPipeline(
         emit=emit, reduce_micro=pipe.reduce_micro, reduce_dp=pipe.reduce_dp, reduce_mini=pipe.reduce_mini,
-        finalize=pipe.finalize, stats=dict(k), equal_micro_batches_per_rank=True, wrap=wrap)
+        finalize=pipe.finalize, stats=stats, equal_micro_batches_per_rank=True, wrap=wrap,
+        transcribed=None if compute_distillation_loss_range is not None else
+        f"the token min / max are not checked: this verl has no compute_distillation_loss_range ({no_range})")
 
 
 # ------------------------------------------------------------------------ KL and policy losses

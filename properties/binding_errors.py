@@ -2,7 +2,8 @@
 
 When an op's call raises ``TypeError``, ``AttributeError``, ``ImportError`` (``ModuleNotFoundError``) or
 ``NameError`` and the innermost Python frame of the traceback is the binding's code — a file of
-``rlconform/harness/bindings/`` or the file of one of the binding's ``Lazy`` loaders (an adapter) — the
+``rlconform/harness/bindings/`` or the file of one of the binding's ``Lazy`` loaders or ``adapt``
+functions (an adapter) — the
 adapter does not fit the installed engine (``agg_loss() got an unexpected keyword argument 'dp_size'``,
 ``module 'verl.utils' has no attribute 'metric'``): the finding's status is ``binding_error``, not
 ``crash``, with the engine's version and the missing name, and it is no engine defect. The same exception
@@ -18,21 +19,22 @@ import types
 
 #: exception types an adapter raises when it does not fit the engine version
 ADAPTER_TYPES = (TypeError, AttributeError, ImportError, NameError)
-_BINDINGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bindings") + os.sep
+_BINDINGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "harness", "bindings") + os.sep
 _QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_.]*)'")
 
 
 def binding_files(binding) -> set[str]:
-    """The files whose frames are the binding's: its ``Lazy`` loaders' files (the adapters live there)."""
+    """The files whose frames are the binding's: the files of its ``Lazy`` loaders and ``adapt`` functions
+    (the adapters live there)."""
     from rlconform.harness.catalog.binding import Lazy
 
     files = set()
     for impl in list(getattr(binding, "ops", {}).values()) + [
             i.fn for impls in getattr(binding, "implementations", {}).values() for i in impls.values()]:
-        loader = getattr(impl, "loader", None) if isinstance(impl, Lazy) else None
-        code = getattr(loader, "__code__", None)
-        if code is not None:
-            files.add(os.path.abspath(code.co_filename))
+        for fn in ((impl.loader, impl.adapt) if isinstance(impl, Lazy) else ()):
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                files.add(os.path.abspath(code.co_filename))
     return files
 
 
