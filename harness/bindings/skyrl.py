@@ -4,11 +4,12 @@
 ==========================  =======================================================================
 op                          SkyRL callable (adapter semantics)
 ==========================  =======================================================================
-metric_pipeline             the policy entropy as SkyRL 0.4.0 workers log it (:func:`_metric_pipeline`):
-                            per micro-batch ``masked_mean(entropy, loss_mask).item()`` ->
-                            ``worker_utils.reduce_metrics`` -> ``worker_utils.all_reduce_metrics``
-                            (DP) -> trainer ``reduce_metrics`` over mini-batches -> ``policy/`` prefix.
-                            A mean of per-micro-batch / per-rank means: family 1 of cases.md.
+metric_pipeline             the policy entropy through SkyRL's own code (:func:`_metric_pipeline`):
+                            ``PolicyWorkerBase._forward_backward_micro`` on a stand-in worker (0.4.0:
+                            ``masked_mean(entropy, loss_mask).item()``) -> ``worker_utils.reduce_metrics``
+                            -> ``worker_utils.all_reduce_metrics`` (DP) -> the trainer's
+                            ``_execute_training_step`` and ``train_critic_and_policy`` (from source).
+                            In 0.4.0 a mean of per-micro-batch / per-rank means: family 1 of cases.md.
 agg_loss                    the policy-loss reduction (:func:`_agg_loss`): the trainer pre-scales the
                             per-token loss with ``ppo_utils.apply_loss_reduction_to_advantages_minibatch``
                             over the whole mini-batch, each micro-batch reduces with
@@ -871,9 +872,11 @@ binding = Binding(
         "token sum, count, number of sequences (_loss keys: the summing convention) and response lengths "
         "(_mean / _min / _max) per micro-batch -> the metric_pipeline path (reduce_metrics, all_reduce_metrics, "
         "trainer reduce_metrics, 'policy/')",
-        "metric_pipeline": "policy_entropy: torch_utils.masked_mean(...).item() per micro-batch -> "
-        "worker_utils.reduce_metrics -> worker_utils.all_reduce_metrics (DP, float32 /world then SUM, simulated "
-        "in-process) -> trainer reduce_metrics over mini-batches -> 'policy/' prefix",
+        "metric_pipeline": "policy_entropy: PolicyWorkerBase._forward_backward_micro (stand-in worker, fake model "
+        "returning the values as entropy) per micro-batch -> worker_utils.reduce_metrics -> "
+        "worker_utils.all_reduce_metrics (DP, float32 /world then SUM, simulated in-process) -> "
+        "RayPPOTrainer._execute_training_step -> train_critic_and_policy ('policy/'), both compiled from the "
+        "installed source",
         "agg_loss": "ppo_utils.apply_loss_reduction_to_advantages_minibatch (mini-batch scope, fed through context "
         "rows) + ppo_utils.reduce_loss, x dp_size; sum over micro-batches, mean over DP. Modes: token_mean, "
         "sequence_mean, seq_mean_token_sum_norm (max_seq_len = loss_scale_factor or T).",

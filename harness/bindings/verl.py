@@ -1006,7 +1006,8 @@ binding = Binding(
         "sum over micro-batches, mean over DP (FSDP engine)",
         "optimal_token_baseline": "verl.trainer.ppo.core_algos.compute_optimal_token_baseline_advantage (defaults)",
         "metric_pipeline": "actor/pg_clipfrac: masked_mean per micro-batch -> Metric(MEAN) -> append_to_dict -> "
-        "allgather + Metric.aggregate_dp -> append_to_dict over mini-batches -> rename_dict + reduce_metrics",
+        "allgather (in-process) -> TrainingWorker.train_mini_batch (from source: Metric.aggregate_dp, append_to_dict "
+        "over mini-batches) -> rename_dict + reduce_metrics",
         "metric_statistics": "Metric(MEAN | SUM | MIN | MAX) per micro-batch (token mean by masked_mean, min / max by "
         "distillation compute_distillation_loss_range, sum / counts x dp_size for SUM, response lengths as "
         "metric_utils) -> append_to_dict -> allgather + Metric.aggregate_dp -> reduce_metrics",
