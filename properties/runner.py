@@ -37,6 +37,7 @@ from hypothesis import given, seed, settings
 from rlconform.harness.workers import interrupts
 from rlconform.harness.catalog.binding import BindingError, OpUnavailable, VariantNotProvided
 from rlconform.harness.catalog.ops import OPS
+from rlconform.properties.binding_errors import adapter_error
 from rlconform.harness.core.evaluation import EngineCrash
 from rlconform.harness.workers.pool import PoolStartupError, RankFailure
 from rlconform.harness.core.profiles import capped_settings, example_cap
@@ -60,6 +61,11 @@ class EngineAbort(Exception):
     def __init__(self, exc: BaseException):
         super().__init__(f"the engine raised {type(exc).__name__}({str(exc)!r}) (no Ctrl-C or SIGTERM was "
                          f"received: this is the engine's doing, not an interrupt of the run)")
+
+
+class AdapterError(Exception):
+    """The binding's own adapter raised (:mod:`rlconform.properties.binding_errors`): status
+    ``binding_error``."""
 
 
 class NoShrink(BaseException):
@@ -100,7 +106,8 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
     shrunk)."""
     op, prop, dtype, regime = finding
     try:
-        binding.resolve(op)
+        # issue 23 §1: a stage transcribed from the engine instead of called is named on every finding
+        rec.transcribed = getattr(binding.resolve(op), "transcribed", None)
     except OpUnavailable as exc:
         # the cause first (issue 26 §6: "op 'x' unavailable: ModuleNotFoundError: …"), then the traceback's tail
         rec.unavailable_detail = f"{exc}\n{exc.detail[-3000:]}"
@@ -133,6 +140,13 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
         try:
             outcome = check(binding, case)
         except EngineCrash as exc:
+            adapter = adapter_error(binding, getattr(exc, "where", op), exc.__cause__) \
+                if exc.__cause__ is not None else None
+            if adapter is not None:  # issue 23 §2: the binding does not fit this engine version; no crash
+                rec.adapter_error = rec.binding_error = adapter
+                err = AdapterError(adapter)
+                err.__cause__ = exc.__cause__
+                raise NoShrink(err) from None
             rec.crashed()
             if isinstance(exc.__cause__, RankFailure):
                 raise NoShrink(exc) from exc

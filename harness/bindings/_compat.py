@@ -34,7 +34,7 @@ import importlib.util
 import sys
 import threading
 import types
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 __all__ = [
     "PAGED_STASH_MODULE",
@@ -151,3 +151,20 @@ def import_megatron(module: str) -> types.ModuleType:
         with megatron_without_triton():
             importlib.import_module("megatron.core")
     return importlib.import_module(module)
+
+
+# ------------------------------------------------------------------------------ version tolerance
+def accepted_keywords(fn: Callable[..., Any], kwargs: dict) -> dict:
+    """``kwargs`` less the keywords ``fn``'s signature does not accept (issue 23 §2: an older engine release
+    lacks a keyword a newer one added, e.g. verl's ``agg_loss(dp_size=...)``); all of them when ``fn``
+    takes ``**kwargs`` or has no readable signature."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return dict(kwargs)
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return dict(kwargs)
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: v for k, v in kwargs.items() if k in names}

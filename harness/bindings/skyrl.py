@@ -4,11 +4,12 @@
 ==========================  =======================================================================
 op                          SkyRL callable (adapter semantics)
 ==========================  =======================================================================
-metric_pipeline             the policy entropy as SkyRL 0.4.0 workers log it (:func:`_metric_pipeline`):
-                            per micro-batch ``masked_mean(entropy, loss_mask).item()`` ->
-                            ``worker_utils.reduce_metrics`` -> ``worker_utils.all_reduce_metrics``
-                            (DP) -> trainer ``reduce_metrics`` over mini-batches -> ``policy/`` prefix.
-                            A mean of per-micro-batch / per-rank means: family 1 of cases.md.
+metric_pipeline             the policy entropy through SkyRL's own code (:func:`_metric_pipeline`):
+                            ``PolicyWorkerBase._forward_backward_micro`` on a stand-in worker (0.4.0:
+                            ``masked_mean(entropy, loss_mask).item()``) -> ``worker_utils.reduce_metrics``
+                            -> ``worker_utils.all_reduce_metrics`` (DP) -> the trainer's
+                            ``_execute_training_step`` and ``train_critic_and_policy`` (from source).
+                            In 0.4.0 a mean of per-micro-batch / per-rank means: family 1 of cases.md.
 agg_loss                    the policy-loss reduction (:func:`_agg_loss`): the trainer pre-scales the
                             per-token loss with ``ppo_utils.apply_loss_reduction_to_advantages_minibatch``
                             over the whole mini-batch, each micro-batch reduces with
@@ -54,7 +55,7 @@ from collections import defaultdict
 from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Declared, Implementation, Lazy, MetricPipeline
 from rlconform.harness.catalog.engine_site import calls
 
-from ._compat import import_skyrl, skyrl_cuda_device_on_cpu
+from ._compat import accepted_keywords, import_skyrl, skyrl_cuda_device_on_cpu
 
 WORKER_UTILS = "skyrl.backends.skyrl_train.workers.worker_utils"
 TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
@@ -163,32 +164,140 @@ def _dp_metric_all_reduce():
 
 
 # ------------------------------------------------------------------------------ metric pipeline
+WORKER = "skyrl.backends.skyrl_train.workers.worker"
+TRAINER = "skyrl.train.trainer"
+
+#: what :func:`_metric_pipeline` does not run of SkyRL's own code (issue 23 §1), shown on every finding of the
+#: op (``transcribed``) and in the coverage table
+METRIC_PIPELINE_TRANSCRIBED = (
+    "PolicyWorkerBase.forward_backward's micro-batch loop (collect each micro-batch's dict into lists, drop "
+    "loss_fn_outputs, reduce_metrics(sum_loss_metrics=True), all_reduce_metrics over the DP group) is "
+    "transcribed: its SampleBasedBatchIterator cuts equal-size micro-batches, so the checked partitions "
+    "cannot be fed through it; the functions it calls are SkyRL's own")
+
+
+class _FakeEntropyModel:
+    """Stands in for SkyRL's ``HFModelWrapper`` in ``_forward_backward_micro``: called as
+    ``model(sequences, num_actions, ..., return_output=True, compute_entropy=True)``, it returns log-probs
+    ``[b, num_actions]`` (zeros; the policy loss and backward are irrelevant to the entropy metric) and
+    ``{"entropy": [b, num_actions + 1]}``, the case's token values placed where the worker slices them
+    (``entropy_BS[:, -num_actions - 1 : -1]``)."""
+
+    def __init__(self):
+        self.entropy = None
+
+    def train(self, mode: bool = True):
+        return self
+
+    def __call__(self, sequences, num_actions, **kwargs):
+        import torch
+
+        values = self.entropy
+        b = values.shape[0]
+        full = torch.cat([values, values.new_zeros(b, 1)], dim=1)
+        return torch.zeros(b, num_actions, dtype=torch.float32), {"entropy": full}
+
+
+def _stand_in_worker(dp_size: int):
+    """A stand-in ``self`` for ``PolicyWorkerBase._forward_backward_micro``: SkyRL's own default
+    ``AlgorithmConfig`` (KL and entropy losses off, as the defaults a trainer logs ``policy_entropy`` with),
+    the registered policy loss of its ``policy_loss_type``, a no-op ``strategy.backward``, a scheduler with
+    learning rate 0."""
+    import types
+
+    worker = _skyrl(WORKER)
+    config = import_skyrl("skyrl.train.config")
+    algorithm = config.AlgorithmConfig()
+    for name, value in (("use_kl_loss", False), ("use_entropy_loss", False)):
+        if hasattr(algorithm, name):
+            setattr(algorithm, name, value)
+    return types.SimpleNamespace(
+        model=_FakeEntropyModel(), cfg=types.SimpleNamespace(algorithm=algorithm), optimizer=None,
+        policy_loss_fn=worker.PolicyLossRegistry.get(algorithm.policy_loss_type),
+        mesh_rank=types.SimpleNamespace(dp_size=dp_size),
+        strategy=types.SimpleNamespace(backward=lambda loss, model, optimizer: None),
+        scheduler=types.SimpleNamespace(get_last_lr=lambda: [0.0]))
+
+
+def _experience(values, mask):
+    """A ``replay_buffer.Experience`` of one micro-batch ``[b, T]``: ``loss_mask`` is the case's mask, the
+    sequences ``[b, T + 1]`` zeros, old log-probs and advantages zeros, no rollout log-probs."""
+    import torch
+
+    replay_buffer = import_skyrl("skyrl.train.dataset.replay_buffer")
+    b, T = values.shape
+    fields = dict(sequences=torch.zeros(b, T + 1, dtype=torch.long), action_log_probs=torch.zeros(b, T),
+                  base_action_log_probs=None, values=None, returns=None, advantages=torch.zeros(b, T),
+                  attention_mask=torch.ones(b, T + 1, dtype=torch.long), loss_mask=mask, response_mask=None,
+                  rollout_logprobs=None, rollout_expert_indices=None, num_actions=T, info={}, metadata={})
+    return replay_buffer.Experience(**accepted_keywords(replay_buffer.Experience, fields))
+
+
+def _stand_in_trainer(minis=None, reduced=None):
+    """A stand-in ``self`` for ``RayPPOTrainer._execute_training_step`` / ``train_critic_and_policy``: one
+    epoch; ``dispatch`` hands back each mini-batch's DP-reduced dict as ``forward_backward_from_staged``'s
+    ``WorkerOutput.metrics`` and ``optim_step`` returns None (no grad norm); ``_normalize_advantages`` is the
+    identity (the advantages do not reach the metric)."""
+    import types
+
+    data = types.SimpleNamespace(metadata={"policy_mini_batch_boundaries": list(range(len(minis or [])))})
+    dispatch = types.SimpleNamespace(
+        stage_data=lambda model, data, boundaries: list(minis or []),
+        forward_backward_from_staged=lambda model, metrics: types.SimpleNamespace(metrics=dict(metrics)),
+        optim_step=lambda model: None, empty_cache=lambda: None)
+    trainer = types.SimpleNamespace(
+        cfg=types.SimpleNamespace(trainer=types.SimpleNamespace(update_epochs_per_batch=1)), dispatch=dispatch,
+        _normalize_advantages=lambda data, boundaries, prompt_boundaries=None: data, has_critic=False,
+        all_timings={}, all_metrics={}, global_step=0)
+    trainer._execute_training_step = lambda model, data: dict(reduced)
+    return trainer, data
+
+
 def _metric_pipeline() -> MetricPipeline:
-    """The policy entropy metric of SkyRL 0.4.0, from worker to logger.
+    """The policy entropy metric, from worker to logger, through the installed SkyRL's own code (issue 23 §1:
+    a fork's fix is what gets checked).
 
-    * emit: ``PolicyWorkerBase._forward_backward_micro`` (workers/worker.py) computes
-      ``entropy = masked_mean(entropy_BS, loss_mask)`` (``torch_utils.masked_mean``: sum / clamp(nnz, 1))
-      and logs ``{"policy_entropy": entropy.item()}``. (Megatron's wrapper does the same.)
-    * reduce_micro: ``forward_backward`` collects the micro-batches' dicts into lists and calls
-      ``worker_utils.reduce_metrics(all_metrics, sum_loss_metrics=True)`` (plain mean for this key).
-    * reduce_dp: ``all_reduce_metrics(result, strategy, group=dp_group, sum_loss_metrics=True)``, the real
+    * emit: ``PolicyWorkerBase._forward_backward_micro`` (workers/worker.py), the real method, on a stand-in
+      worker (:func:`_stand_in_worker`) whose model (:class:`_FakeEntropyModel`) returns the micro-batch's
+      token values as the entropy: 0.4.0 logs ``{"policy_entropy": masked_mean(entropy_BS, loss_mask).item()}``
+      with the loss and its metrics; every key it logs is followed (``loss_fn_outputs`` dropped, as
+      ``forward_backward`` does).
+    * reduce_micro: ``worker_utils.reduce_metrics(all_metrics, sum_loss_metrics=True)`` over the micro-batches'
+      dicts collected into lists (``forward_backward``'s loop: transcribed, see
+      :data:`METRIC_PIPELINE_TRANSCRIBED`).
+    * reduce_dp: ``worker_utils.all_reduce_metrics(result, strategy, sum_loss_metrics=True)``, the real
       function, with :class:`_InProcessDPStrategy` standing in for the DP collectives.
-    * reduce_mini: ``RayPPOTrainer._execute_training_step`` collects each mini-batch's (and epoch's)
-      dict into lists and calls ``reduce_metrics(all_metrics, sum_loss_metrics=False)``; then
-      ``finalize_minibatch_rollout_logprob_diff_std`` (trainer_utils), a no-op for this key (it only
-      rewrites the ``minibatch_rollout_logprobs_abs_diff_*`` keys) and not imported (trainer_utils pulls
-      in the Ray worker stack).
-    * finalize: ``train_critic_and_policy`` logs every key as ``policy/<key>``.
+    * reduce_mini: ``RayPPOTrainer._execute_training_step`` (train/trainer.py: the mini-batch loop,
+      ``reduce_metrics(sum_loss_metrics=False)``, its ``finalize_*`` derivations), compiled from the installed
+      source by :func:`.source.engine_function` (``trainer.py`` / ``trainer_utils.py`` do not import without
+      ``torchdata`` and the generator stack), on :func:`_stand_in_trainer`.
+    * finalize: ``RayPPOTrainer.train_critic_and_policy``, likewise: every key logged as ``policy/<key>``.
 
-    With TokenBasedBatchIterator, SkyRL pads DP ranks to the same micro-batch count with micro-batches
-    whose loss_mask is all zero; they log entropy 0.0 and are averaged in (family 7).
+    0.4.0 logs a mean of per-micro-batch / per-rank / per-mini-batch means (family 1; SkyRL issue #1822,
+    fixed upstream by the sum/count PR of seed 000). With TokenBasedBatchIterator SkyRL pads DP ranks with
+    fully masked micro-batches; they log entropy 0.0 and are averaged in (family 7).
+
+    Raises ``ModuleNotFoundError`` / ``AttributeError`` when the installed SkyRL has no such worker method or
+    trainer function (a binding error of this op).
     """
-    worker_utils = _skyrl(WORKER_UTILS)
-    masked_mean = _skyrl(TORCH_UTILS, "masked_mean")
+    import warnings
 
-    def emit(values, mask):
-        entropy = masked_mean(values, mask)
-        return {ENTROPY_KEY: entropy.item()}
+    from .source import engine_function
+
+    worker_utils = _skyrl(WORKER_UTILS)
+    forward_backward_micro = _skyrl(WORKER, "PolicyWorkerBase")._forward_backward_micro
+    execute_training_step = engine_function(TRAINER, "RayPPOTrainer._execute_training_step", import_skyrl)
+    train_critic_and_policy = engine_function(TRAINER, "RayPPOTrainer.train_critic_and_policy", import_skyrl)
+
+    def emit(values, mask, info=None):
+        info = info or {"dp_size": 1, "num_micro_batches": 1}
+        worker = _stand_in_worker(info["dp_size"])
+        worker.model.entropy = values
+        with skyrl_cuda_device_on_cpu(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="CUDA is not available", category=UserWarning)
+            status = forward_backward_micro(worker, _experience(values, mask), 1.0 / info["num_micro_batches"])
+        status.pop("loss_fn_outputs", None)
+        return status
 
     def _collect(dicts):
         all_metrics = defaultdict(list)
@@ -205,10 +314,13 @@ def _metric_pipeline() -> MetricPipeline:
         return worker_utils.all_reduce_metrics(dict(rank_dicts[0]), strategy, group=None, sum_loss_metrics=True)
 
     def reduce_mini(mini_dicts):
-        return worker_utils.reduce_metrics(_collect(mini_dicts), sum_loss_metrics=False)
+        trainer, data = _stand_in_trainer(minis=mini_dicts)
+        return execute_training_step(trainer, "policy", data)
 
     def finalize(metrics):
-        return {f"policy/{k}": v for k, v in metrics.items()}
+        trainer, data = _stand_in_trainer(reduced=metrics)
+        train_critic_and_policy(trainer, data)
+        return trainer.all_metrics
 
     return MetricPipeline(
         emit=emit,
@@ -217,7 +329,8 @@ def _metric_pipeline() -> MetricPipeline:
         reduce_mini=reduce_mini,
         finalize=finalize,
         stats={"mean": FINAL_ENTROPY_KEY},
-        emitted_to_final={ENTROPY_KEY: FINAL_ENTROPY_KEY},
+        emitted_to_final=lambda key: f"policy/{key}",
+        transcribed=METRIC_PIPELINE_TRANSCRIBED,
     )
 
 
@@ -238,7 +351,9 @@ SKYRL_STATISTICS = {
 def _metric_statistics() -> MetricPipeline:
     """Every statistic SkyRL 0.4.0's metric reducers handle, along :func:`_metric_pipeline`'s path
     (``reduce_metrics(sum_loss_metrics=True)`` over micro-batches, the real ``all_reduce_metrics`` over DP
-    with :class:`_InProcessDPStrategy`, the trainer's ``reduce_metrics`` over mini-batches, ``policy/``).
+    with :class:`_InProcessDPStrategy`, the trainer's ``reduce_metrics`` over mini-batches, ``policy/``;
+    the trainer's ``finalize_minibatch_rollout_logprob_diff_std``, which replaces the ``sq_mean`` key by a
+    std, is not applied: the emitted second moment is followed as it is reduced).
 
     * emit: ``worker_utils.compute_minibatch_rollout_logprob_diff_metrics(action_log_probs=values,
       rollout_logprobs=0, loss_mask)`` — the engine's per-micro-batch token mean, ``sq_mean``, min and max
@@ -270,9 +385,23 @@ def _metric_statistics() -> MetricPipeline:
         return out
 
     sq_mean = "minibatch_rollout_logprobs_abs_diff_sq_mean"
+    def reduce_mini(mini_dicts):  # the trainer's reduce_metrics, without its finalize_* derivations
+        all_metrics = defaultdict(list)
+        for metrics in mini_dicts:
+            for key, value in metrics.items():
+                all_metrics[key].append(value)
+        return worker_utils.reduce_metrics(all_metrics, sum_loss_metrics=False)
+
+    def finalize(metrics):
+        return {f"policy/{key}": value for key, value in metrics.items()}
+
     return MetricPipeline(
-        emit=emit, reduce_micro=pipe.reduce_micro, reduce_dp=pipe.reduce_dp, reduce_mini=pipe.reduce_mini,
-        finalize=pipe.finalize, stats={stat: f"policy/{key}" for stat, key in k.items()},
+        emit=emit, reduce_micro=pipe.reduce_micro, reduce_dp=pipe.reduce_dp, reduce_mini=reduce_mini,
+        finalize=finalize, stats={stat: f"policy/{key}" for stat, key in k.items()},
+        transcribed="the trainer's stages (RayPPOTrainer._execute_training_step's fold over mini-batches, "
+        "train_critic_and_policy's 'policy/' prefix) are transcribed: reduce_metrics(sum_loss_metrics=False) is "
+        "called directly, without finalize_minibatch_rollout_logprob_diff_std (the sq_mean key is followed as "
+        "reduced); the emitted token sum, count and lengths are SkyRL's idioms, not a SkyRL function",
         emitted_to_final={key: f"policy/{key}" for key in list(k.values()) + [sq_mean]})
 
 
@@ -797,9 +926,11 @@ binding = Binding(
         "token sum, count, number of sequences (_loss keys: the summing convention) and response lengths "
         "(_mean / _min / _max) per micro-batch -> the metric_pipeline path (reduce_metrics, all_reduce_metrics, "
         "trainer reduce_metrics, 'policy/')",
-        "metric_pipeline": "policy_entropy: torch_utils.masked_mean(...).item() per micro-batch -> "
-        "worker_utils.reduce_metrics -> worker_utils.all_reduce_metrics (DP, float32 /world then SUM, simulated "
-        "in-process) -> trainer reduce_metrics over mini-batches -> 'policy/' prefix",
+        "metric_pipeline": "policy_entropy: PolicyWorkerBase._forward_backward_micro (stand-in worker, fake model "
+        "returning the values as entropy) per micro-batch -> worker_utils.reduce_metrics -> "
+        "worker_utils.all_reduce_metrics (DP, float32 /world then SUM, simulated in-process) -> "
+        "RayPPOTrainer._execute_training_step -> train_critic_and_policy ('policy/'), both compiled from the "
+        "installed source",
         "agg_loss": "ppo_utils.apply_loss_reduction_to_advantages_minibatch (mini-batch scope, fed through context "
         "rows) + ppo_utils.reduce_loss, x dp_size; sum over micro-batches, mean over DP. Modes: token_mean, "
         "sequence_mean, seq_mean_token_sum_norm (max_seq_len = loss_scale_factor or T).",

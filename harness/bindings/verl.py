@@ -87,10 +87,11 @@ import dataclasses
 import functools
 import importlib.metadata
 import math
-from itertools import chain
 
 from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Declared, Implementation, Lazy, MetricPipeline
 from rlconform.harness.catalog.engine_site import calls
+
+from ._compat import accepted_keywords
 
 TF = "verl.utils.torch_functional"
 CORE = "verl.trainer.ppo.core_algos"
@@ -162,15 +163,11 @@ def _agg_loss(agg_loss) -> AggLoss:
     """
 
     def loss(loss_mat, mask, mode, info):
-        return agg_loss(
-            loss_mat,
-            mask,
-            mode,
-            dp_size=info.dp_size,
-            batch_num_tokens=info.global_nnz,
-            global_batch_size=info.global_batch_size,
-            loss_scale_factor=info.loss_scale_factor,
-        )
+        # only the keywords this verl's agg_loss accepts (issue 23 §2: releases before the global batch
+        # info have no dp_size / batch_num_tokens / global_batch_size)
+        return agg_loss(loss_mat, mask, mode, **accepted_keywords(agg_loss, dict(
+            dp_size=info.dp_size, batch_num_tokens=info.global_nnz, global_batch_size=info.global_batch_size,
+            loss_scale_factor=info.loss_scale_factor)))
 
     loss.__qualname__ = "verl.agg_loss"
     return AggLoss(
@@ -185,30 +182,80 @@ def _agg_loss(agg_loss) -> AggLoss:
 PG_KEY = "actor/pg_clipfrac"
 
 
+ENGINE_WORKERS = "verl.workers.engine_workers"
+
+#: what :func:`_metric_pipeline` does not run of verl's own code (issue 23 §1); shown on every finding of the op
+METRIC_PIPELINE_TRANSCRIBED = (
+    "emit is core_algos.compute_policy_loss_vanilla's metric line, masked_mean(clip indicator, "
+    "response_mask).detach().item(), with the case's token values in place of the 0/1 clip indicator (the real "
+    "loss cannot carry arbitrary values); the micro-batch fold of engine/utils.postprocess_batch_func "
+    "(append_to_dict per micro-batch) and the DP all_gather_object of _postprocess_output "
+    "(allgather_dict_into_dict) are simulated in-process; the functions they call are verl's own")
+
+
+def _stand_in_training_worker(minis):
+    """A stand-in ``self`` for ``TrainingWorker.train_mini_batch`` (workers/engine_workers.py): one DP rank
+    of a DP-1 engine (``get_data_parallel_size`` 1, rank 0, ``is_mp_src_rank_with_outputs`` True, a no-op
+    ``train_mode``), a no-op profiler, and ``train_batch`` handing back mini-batch *i*'s DP-gathered metrics
+    dict as its output's ``metrics`` (what ``_postprocess_output`` returns). The data is a TensorDict of the
+    mini-batch indices, ``mini_batch_size`` 1, unshuffled (``dataloader_kwargs={"shuffle": False}``), so
+    ``train_mini_batch`` runs its real mini-batch loop and its real fold over them."""
+    import contextlib
+    import types
+
+    import torch
+    from verl.utils import tensordict_utils as tu
+
+    def train_batch(mini_batch_td):
+        index = int(mini_batch_td["rlconform_mini_batch"][0])
+        return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": dict(minis[index])})
+
+    engine = types.SimpleNamespace(
+        train_mode=lambda disable_auto_offload=False: contextlib.nullcontext(), get_data_parallel_size=lambda: 1,
+        get_data_parallel_rank=lambda: 0, is_mp_src_rank_with_outputs=lambda: True,
+        get_data_parallel_group=lambda: None)
+    worker = types.SimpleNamespace(engine=engine, train_batch=train_batch,
+                                   profiler=types.SimpleNamespace(step=lambda: None))
+    data = tu.get_tensordict(tensor_dict={"rlconform_mini_batch": torch.arange(len(minis))},
+                             non_tensor_dict={"mini_batch_size": 1, "dataloader_kwargs": {"shuffle": False}})
+    return worker, data
+
+
 def _metric_pipeline() -> MetricPipeline:
     """verl's path for a token-level metric reduced inside the loss: ``actor/pg_clipfrac``.
 
     * emit (per micro-batch): ``core_algos.compute_policy_loss_vanilla`` computes
       ``verl_F.masked_mean(token_values, response_mask)`` and logs ``.detach().item()``;
       ``losses.ppo_loss`` wraps ``pg_metrics`` with ``Metric.from_dict(..., AggregationType.MEAN)``.
-      The harness's token values take the place of the clip indicator.
+      The harness's token values take the place of the clip indicator (transcribed: see
+      :data:`METRIC_PIPELINE_TRANSCRIBED`).
     * reduce_micro: ``engine/utils.postprocess_batch_func`` folds the micro-batches with
       ``verl.utils.py_functional.append_to_dict`` (one ``Metric`` holding one value per micro-batch).
     * reduce_dp: ``engine_workers._postprocess_output`` calls ``allgather_dict_into_dict`` over the DP
       group (``all_gather_object``: every rank gets ``{key: [rank0 value, rank1 value, ...]}`` in rank
       order; simulated in-process by collecting the ranks' dicts in rank order, which is exactly what
-      the gather returns), then ``engine_workers.train_mini_batch`` applies
-      ``Metric.aggregate_dp`` to each list (MEAN: mean over ranks per micro-batch index, then mean
-      over micro-batches; it raises when ranks hold different numbers of micro-batches: verl's
-      ``prepare_micro_batches(same_micro_num_in_dp=True)`` makes the counts equal).
-    * reduce_mini: ``train_mini_batch`` appends each mini-batch's floats with ``append_to_dict``.
+      the gather returns).
+    * reduce_mini: ``TrainingWorker.train_mini_batch`` (workers/engine_workers.py), the real method, compiled
+      from the installed source by :func:`.source.engine_function` (the module does not import without
+      ``uvicorn``), on :func:`_stand_in_training_worker`: it applies ``Metric.aggregate_dp`` to each gathered
+      list (MEAN: mean over ranks per micro-batch index, then mean over micro-batches; it raises when ranks
+      hold different numbers of micro-batches: verl's ``prepare_micro_batches(same_micro_num_in_dp=True)``
+      makes the counts equal) and appends each mini-batch's floats with ``append_to_dict``.
     * finalize: ``ray_trainer._update_actor`` applies ``rename_dict(metrics, "actor/")`` and
       ``ray_trainer.fit`` applies ``verl.utils.metric.reduce_metrics`` (np.mean, or np.max / np.min
       when the key contains "max" / "min").
+
+    Raises ``ModuleNotFoundError`` / ``AttributeError`` when the installed verl lacks one of these (a binding
+    error of this op).
     """
     import verl.utils.torch_functional as verl_F
+    from verl.utils import tensordict_utils as tu
     from verl.utils.metric import AggregationType, Metric, reduce_metrics
     from verl.utils.py_functional import append_to_dict, rename_dict
+
+    from .source import engine_function
+
+    train_mini_batch = engine_function(ENGINE_WORKERS, "TrainingWorker.train_mini_batch")
 
     def emit(values, mask):
         pg_metrics = {PG_KEY: verl_F.masked_mean(values, mask).detach().item()}
@@ -220,26 +267,18 @@ def _metric_pipeline() -> MetricPipeline:
             append_to_dict(aggregated, metrics)
         return aggregated
 
-    @calls(Metric.aggregate_dp)
     def reduce_dp(rank_dicts):
         # allgather_dict_into_dict, in-process: {key: [value of rank 0, value of rank 1, ...]}
         gathered = {}
         for rank_metrics in rank_dicts:
             for key, val in rank_metrics.items():
                 gathered.setdefault(key, []).append(val)
-        # engine_workers.train_mini_batch, verbatim in effect
-        for key, val in gathered.items():
-            if isinstance(val, list):
-                gathered[key] = (
-                    Metric.aggregate_dp(val) if isinstance(val[0], Metric) else list(chain.from_iterable(val))
-                )
         return gathered
 
+    @calls(Metric.aggregate_dp)
     def reduce_mini(mini_dicts):
-        metrics = {}
-        for output in mini_dicts:
-            append_to_dict(metrics, output)
-        return metrics
+        worker, data = _stand_in_training_worker(list(mini_dicts))
+        return dict(tu.get(train_mini_batch(worker, data), "metrics"))
 
     def finalize(metrics):
         return reduce_metrics(rename_dict(metrics, "actor/"))
@@ -253,6 +292,7 @@ def _metric_pipeline() -> MetricPipeline:
         stats={"mean": PG_KEY},
         emitted_to_final={PG_KEY: PG_KEY},
         equal_micro_batches_per_rank=True,  # prepare_micro_batches(same_micro_num_in_dp=True)
+        transcribed=METRIC_PIPELINE_TRANSCRIBED,
     )
 
 
@@ -288,18 +328,25 @@ def _metric_statistics() -> MetricPipeline:
     """
     import torch
     import verl.utils.torch_functional as verl_F
-    from verl.trainer.distillation.losses import compute_distillation_loss_range
     from verl.utils.metric import AggregationType, Metric
 
+    try:  # issue 23 §2: a release without the distillation trainer still checks every other statistic
+        from verl.trainer.distillation.losses import compute_distillation_loss_range
+    except ImportError as exc:
+        compute_distillation_loss_range, no_range = None, f"{type(exc).__name__}: {exc}"
     pipe = _metric_pipeline()
     aggregation = {key: AggregationType[agg] for key, agg in VERL_STATISTICS.values()}
     k = {stat: key for stat, (key, _) in VERL_STATISTICS.items()}
+    stats = dict(k) if compute_distillation_loss_range is not None else {
+        stat: key for stat, key in k.items() if stat not in ("min", "max")}
 
     def emit(values, mask, info):
         dp = info["dp_size"]
         response_mask = mask.bool()
         out = {k["mean"]: verl_F.masked_mean(values, response_mask).detach().item()}
-        if bool(response_mask.any()):
+        if compute_distillation_loss_range is None:
+            pass  # not in this release: the token min / max are not emitted (nor checked)
+        elif bool(response_mask.any()):
             rng = compute_distillation_loss_range(values, response_mask)
             out[k["min"]] = rng["distillation/loss_min"].values[0]
             out[k["max"]] = rng["distillation/loss_max"].values[0]
@@ -319,7 +366,9 @@ def _metric_statistics() -> MetricPipeline:
 
     return MetricPipeline(
         emit=emit, reduce_micro=pipe.reduce_micro, reduce_dp=pipe.reduce_dp, reduce_mini=pipe.reduce_mini,
-        finalize=pipe.finalize, stats=dict(k), equal_micro_batches_per_rank=True, wrap=wrap)
+        finalize=pipe.finalize, stats=stats, equal_micro_batches_per_rank=True, wrap=wrap,
+        transcribed=None if compute_distillation_loss_range is not None else
+        f"the token min / max are not checked: this verl has no compute_distillation_loss_range ({no_range})")
 
 
 # ------------------------------------------------------------------------ KL and policy losses
@@ -1056,7 +1105,8 @@ binding = Binding(
         "sum over micro-batches, mean over DP (FSDP engine)",
         "optimal_token_baseline": "verl.trainer.ppo.core_algos.compute_optimal_token_baseline_advantage (defaults)",
         "metric_pipeline": "actor/pg_clipfrac: masked_mean per micro-batch -> Metric(MEAN) -> append_to_dict -> "
-        "allgather + Metric.aggregate_dp -> append_to_dict over mini-batches -> rename_dict + reduce_metrics",
+        "allgather (in-process) -> TrainingWorker.train_mini_batch (from source: Metric.aggregate_dp, append_to_dict "
+        "over mini-batches) -> rename_dict + reduce_metrics",
         "metric_statistics": "Metric(MEAN | SUM | MIN | MAX) per micro-batch (token mean by masked_mean, min / max by "
         "distillation compute_distillation_loss_range, sum / counts x dp_size for SUM, response lengths as "
         "metric_utils) -> append_to_dict -> allgather + Metric.aggregate_dp -> reduce_metrics",

@@ -119,6 +119,8 @@ class Inventory:
     errors: list[str] = dataclasses.field(default_factory=list)
     stale: list[str] = dataclasses.field(default_factory=list)
     discovery: dict = dataclasses.field(default_factory=dict)
+    #: op -> the part of its engine path the binding transcribes instead of calling (issue 23 §1)
+    transcribed: dict = dataclasses.field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         out = {s: 0 for s in STATUSES}
@@ -132,7 +134,8 @@ class Inventory:
     def to_json(self) -> dict:
         return {"engine": self.engine, "version": self.version, "modules": list(self.modules),
                 "counts": self.counts(), "items": [it.to_json() for it in self.items],
-                "errors": list(self.errors), "stale": list(self.stale), "discovery": dict(self.discovery)}
+                "errors": list(self.errors), "stale": list(self.stale), "discovery": dict(self.discovery),
+                "transcribed": dict(self.transcribed)}
 
 
 # ----------------------------------------------------------------------------------- the inventory
@@ -454,12 +457,15 @@ def inventory(binding) -> Inventory:
     discovery = _discovered_items(spec, items, errors)
     engine_roots = frozenset(m.split(".")[0] for m in spec.modules)
     reaches: list[tuple[str, _Reach]] = []
+    transcribed: dict[str, str] = {}
     for op in binding.provided_ops():
         try:
             targets = _targets(binding, op)
         except (OpUnavailable, BindingError) as exc:
             errors.append(f"op {op} could not be resolved (what it binds is not counted): {exc}")
             continue
+        if getattr(binding.resolve(op), "transcribed", None):
+            transcribed[op] = binding.resolve(op).transcribed
         reaches += [(label, _walk(impl, engine_roots)) for label, impl in targets]
     for item in items:
         if item.obj is None and not item.listed:
@@ -506,7 +512,7 @@ def inventory(binding) -> Inventory:
     order = {s: i for i, s in enumerate(STATUSES)}
     items.sort(key=lambda it: (order[it.status], it.module, it.short))
     return Inventory(engine=binding.name, version=binding.version, modules=modules, items=items,
-                     errors=errors, stale=stale, discovery=discovery)
+                     errors=errors, stale=stale, discovery=discovery, transcribed=transcribed)
 
 
 def _under(module: str, under: Mapping[str, str]) -> str | None:

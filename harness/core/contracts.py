@@ -118,7 +118,11 @@ class MetricPipeline:
 
     ``stats`` maps a reference statistic (``"mean"``, ``"std"``, ``"min"``, ``"max"``) to the final
     key that must carry it. ``emitted_to_final`` maps every emitted key to the final key that must
-    carry it (default: each emitted key must itself reach the final dict).
+    carry it (default: each emitted key must itself reach the final dict); a callable ``key -> final key``
+    serves an engine whose emitted keys are known only once it ran (SkyRL's worker logs ``policy/<key>``).
+    ``transcribed`` (issue 23 §1): a sentence naming the part of the pipeline that is a transcription of the
+    engine's code rather than a call of it (None: every stage calls the engine); it is shown on every finding
+    of the op (field ``transcribed``, a line of its card) and in the coverage table.
     ``equal_micro_batches_per_rank``: the engine requires every DP rank of a mini-batch to hold the same
     number of micro-batches (verl's ``same_micro_num_in_dp``); partitions are regularised to that.
     ``emit`` may take a third argument ``info`` (dict: mini_batch, dp_rank, dp_size, micro_batch,
@@ -135,9 +139,10 @@ class MetricPipeline:
     finalize: Callable[[dict], dict]
     stats: Mapping[str, str]
     reduce_mini: Callable[[list], dict] | None = None
-    emitted_to_final: Mapping[str, str] | None = None
+    emitted_to_final: Mapping[str, str] | Callable[[str], str] | None = None
     equal_micro_batches_per_rank: bool = False
     wrap: Callable[[str, Any], Any] | None = None
+    transcribed: str | None = None
 
 
 @dataclasses.dataclass

@@ -27,6 +27,7 @@ class EngineCrash(Exception):
     """The engine raised while computing a case. ``engine_traceback`` holds its traceback text."""
 
     def __init__(self, where: str, exc: BaseException):
+        self.where = where
         self.engine_traceback = "".join(traceback.format_exception(exc))
         super().__init__(f"engine raised in {where}: {type(exc).__name__}: {exc}")
 

@@ -150,7 +150,9 @@ def evaluate(binding, case) -> Evaluation:
         ev.problems.append("the binding's MetricPipeline maps no statistic (stats is empty): nothing is checked")
     if case.property == METRIC_INTEGRITY:
         emitted, final = run_metric_pipeline(mp, values, mask, partitions[0])
-        ev.metrics = MetricFlow(emitted, final, dict(mp.emitted_to_final or {}))
+        mapping = mp.emitted_to_final
+        to_final = {k: mapping(k) for k in emitted} if callable(mapping) else dict(mapping or {})
+        ev.metrics = MetricFlow(emitted, final, to_final)
         return ev
     ref = R.token_metrics(values64, mask_np)
     if not ref["nnz"]:

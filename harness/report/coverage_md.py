@@ -51,6 +51,16 @@ def _what(item: dict) -> str:
     return _cell(item.get("reason") or "no binding and no justification")
 
 
+def transcribed_lines(record: dict) -> list[str]:
+    """The ops whose engine path the binding transcribes in part instead of calling it (issue 23 §1): what
+    a fork changes there is not checked."""
+    rows = (record or {}).get("transcribed") or {}
+    if not rows:
+        return []
+    return (["", "#### Transcribed, not run (a fork's change there is not checked)", ""]
+            + [f"- `{op}`: {_cell(text)}" for op, text in sorted(rows.items())] + [""])
+
+
 def render_markdown(record: dict, *, command: str | None = None) -> str:
     """The whole table: counts, problems (unbound items, errors, stale justifications), then one table per
     numerics module (and registry), unbound rows first."""
@@ -74,6 +84,7 @@ def render_markdown(record: dict, *, command: str | None = None) -> str:
     for title_, key in (("Errors", "errors"), ("Stale justifications", "stale")):
         if record.get(key):
             lines += [f"## {title_}", ""] + [f"- {_cell(e)}" for e in record[key]] + [""]
+    lines += transcribed_lines(record)
     groups: dict[str, list] = {}
     for it in record.get("items", []):
         groups.setdefault(it["module"], []).append(it)
@@ -104,6 +115,7 @@ def render_section(record: dict | None, engine_spec: str | None = None) -> list[
             lines.append(f"- … and {len(unbound) - SECTION_LIMIT} more: see report.json")
     for e in (record.get("errors") or [])[:5]:
         lines.append(f"\nCoverage error: {_cell(e)}")
+    lines += transcribed_lines(record)
     spec = engine_spec or record.get("engine")
     lines += ["", f"Full table: `rlconform coverage --engine {spec}`.", ""]
     return lines
@@ -128,3 +140,5 @@ def print_table(record: dict, console=None) -> None:
     for key in ("errors", "stale"):
         for e in record.get(key) or []:
             console.print(f"[yellow]{key[:-1] if key == 'errors' else 'stale'}:[/] {e}")
+    for op, text in sorted((record.get("transcribed") or {}).items()):
+        console.print(f"[yellow]transcribed, not run:[/] {op}: {text}")

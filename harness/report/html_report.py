@@ -46,10 +46,10 @@ from rlconform.harness.report.atomic_write import atomic_write
 from rlconform.harness.catalog.ops import FLOAT_DTYPES, LOGITS_REGIMES
 from rlconform.harness.report.measures import error_text, number_text
 
-STATUS_ORDER = ("crash", "discrepancy", "error", "xpass", "unavailable", "xfail", "marginal", "pass")
-STATUS_COLOR = {"crash": "#b3261e", "discrepancy": "#d93025", "error": "#5f6368", "xpass": "#a142f4",
+STATUS_ORDER = ("crash", "discrepancy", "error", "binding_error", "xpass", "unavailable", "xfail", "marginal", "pass")
+STATUS_COLOR = {"crash": "#b3261e", "discrepancy": "#d93025", "error": "#5f6368", "binding_error": "#5f6368", "xpass": "#a142f4",
                 "unavailable": "#e37400", "xfail": "#1a73e8", "marginal": "#81c995", "pass": "#188038"}
-SHORT = {"crash": "CRASH", "discrepancy": "FAIL", "error": "ERROR", "xpass": "XPASS", "unavailable": "n/a",
+SHORT = {"crash": "CRASH", "discrepancy": "FAIL", "error": "ERROR", "binding_error": "BIND", "xpass": "XPASS", "unavailable": "n/a",
          "xfail": "xfail", "marginal": "~ok", "pass": "ok"}
 DTYPE_COLOR = {"float16": "#e8710a", "bfloat16": "#9334e6", "float32": "#1a73e8", "float64": "#188038"}
 PARTITION_OPS = ("agg_loss", "metric_pipeline")

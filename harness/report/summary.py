@@ -7,10 +7,10 @@ from rich.table import Table
 
 from rlconform.harness.catalog.ops import FLOAT_DTYPES
 
-_ORDER = ("crash", "discrepancy", "error", "xpass", "unavailable", "xfail", "marginal", "pass")
-_STYLE = {"crash": "bold red", "discrepancy": "bold red", "error": "bold yellow", "xpass": "bold magenta",
+_ORDER = ("crash", "discrepancy", "error", "binding_error", "xpass", "unavailable", "xfail", "marginal", "pass")
+_STYLE = {"crash": "bold red", "discrepancy": "bold red", "error": "bold yellow", "binding_error": "bold yellow", "xpass": "bold magenta",
           "unavailable": "yellow", "xfail": "cyan", "marginal": "dim green", "pass": "green"}
-_SHORT = {"crash": "CRASH", "discrepancy": "FAIL", "error": "ERROR", "xpass": "XPASS", "unavailable": "n/a",
+_SHORT = {"crash": "CRASH", "discrepancy": "FAIL", "error": "ERROR", "binding_error": "BIND", "xpass": "XPASS", "unavailable": "n/a",
           "xfail": "xfail", "marginal": "~ok", "pass": "ok"}
 
 
@@ -56,6 +56,14 @@ def print_summary(doc: dict, console: Console | None = None) -> None:
     for op, fs in unavailable.items():
         console.print(f"[{_STYLE['unavailable']}]unavailable op {op}[/] ({len(fs)} finding(s)): "
                       f"{unavailable_cause(fs[0])}"[:400], highlight=False, soft_wrap=True)
+    binding_errors: dict[str, list[dict]] = {}  # issue 23 §2: the binding does not fit this engine version
+    for f in doc["findings"]:
+        if f["status"] == "binding_error":
+            binding_errors.setdefault(f["op"], []).append(f)
+    for op, fs in binding_errors.items():
+        first = (fs[0].get("message") or "").strip().splitlines()[:1]
+        console.print(f"[{_STYLE['binding_error']}]binding error, op {op}[/] ({len(fs)} finding(s), not an engine "
+                      f"defect): {first[0] if first else ''}"[:400], highlight=False, soft_wrap=True)
     bad = [f for f in doc["findings"] if f["status"] in ("discrepancy", "crash", "error", "xpass")]
     for f in bad[:12]:
         first = (f.get("message") or "").strip().splitlines()[:1]

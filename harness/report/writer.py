@@ -31,7 +31,9 @@ Schema ``rlconform.report/1``::
                    "crash_frame": {"function", "module", "file", "line"} | null (a crash: the deepest
                    traceback frame inside the engine's package, ``line`` the executing one),
                    "trigger": the shrunk input's feature that brings the failure out ("a row with no valid
-                   token", "TP > 1", …)}],
+                   token", "TP > 1", …),
+                   "transcribed": the part of the op's engine path the binding transcribes instead of calling
+                   (issue 23 §1; absent when every stage calls the engine's code)}],
      "defects": [{"id", "severity", "effect", "engine_function", "crash_frame", "trigger", "op", "ops",
                   "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes", "regimes",
                   "numbers": {"engine", "exact", "clause"} | null, "reproducer": {"finding", "case_file",
@@ -55,7 +57,9 @@ the engine's trainer calls it with (the binding's ``engine_dtypes``; ``{}`` when
 imbalance of the example (max shard nnz / max(1, min shard nnz), worst partition) and its errors.
 
 Status: ``pass``, ``discrepancy``, ``crash`` (the engine raised, killed or hung its process, or left
-torch's global state changed), ``error`` (the harness could not check the finding — a corrupt corpus
+torch's global state changed), ``binding_error`` (the binding's own adapter raised a TypeError /
+AttributeError / ImportError / NameError: it does not fit this engine version; the message names the
+version and the missing name; no engine defect, listed in its own section; exit code 2), ``error`` (the harness could not check the finding — a corrupt corpus
 file, a strategy or plugin error — never the engine's fault; exit code 2), ``unavailable`` (the op could
 not be loaded), ``xfail`` (a discrepancy listed in the ``--xfails`` ledger), ``xpass`` (listed but now
 passes: remove it from the ledger; counts as a failure), ``marginal`` (no example beyond the margin band,
@@ -80,7 +84,7 @@ from rlconform.harness.report.atomic_write import atomic_write
 from rlconform.harness.report.case_paths import relativise
 
 SCHEMA = "rlconform.report/1"
-STATUSES = ("discrepancy", "crash", "error", "xpass", "unavailable", "xfail", "marginal", "pass")
+STATUSES = ("discrepancy", "crash", "error", "binding_error", "xpass", "unavailable", "xfail", "marginal", "pass")
 #: statuses that make a run red: an unavailable op too (a renamed or broken function must not pass CI)
 FAILING = ("discrepancy", "crash", "error", "xpass", "unavailable")
 
@@ -306,8 +310,9 @@ def render_markdown(doc: dict) -> str:
 
     lines += markdown_lines(doc)
     groups: dict[tuple, list] = {}
+    lines += binding_error_lines(doc)
     for f in doc["findings"]:
-        if f["status"] != "pass":
+        if f["status"] not in ("pass", "binding_error"):
             groups.setdefault((f["status"], f["op"], f["property"]), []).append(f)
     order = {st: i for i, st in enumerate(STATUSES)}
     keys = sorted(groups, key=lambda k: (order.get(k[0], 99), k[1], k[2]))
@@ -335,6 +340,8 @@ def render_markdown(doc: dict) -> str:
             entry = f"- **{w['id']}** ({w['status']}):\n\n    {msg}\n"
             if w.get("worst_input"):
                 entry += f"\n    input: `{w['worst_input'][:300]}`\n"
+            if w.get("transcribed"):
+                entry += f"\n    transcribed, not run: {w['transcribed'][:400]}\n"
             if len(entry) > budget:
                 lines.append(f"- … {len(keys) - n} more rows: see report.json")
                 break
@@ -349,6 +356,25 @@ def render_markdown(doc: dict) -> str:
     if section:
         lines += [""] + section
     return "\n".join(lines) + "\n"
+
+
+def binding_error_lines(doc: dict) -> list[str]:
+    """The findings whose binding does not fit the engine version (status ``binding_error``, issue 23 §2):
+    their own section, one line per op, never among the defects."""
+    errors: dict[str, list] = {}
+    for f in doc.get("findings", []):
+        if f.get("status") == "binding_error":
+            errors.setdefault(f["op"], []).append(f)
+    if not errors:
+        return []
+    eng = doc.get("engine") or {}
+    lines = ["### Binding errors (the binding does not fit this engine version; not engine defects)", "",
+             f"{sum(map(len, errors.values()))} finding(s) of {len(errors)} op(s) could not be checked on "
+             f"{eng.get('name')} {eng.get('version') or ''}".rstrip() + ":", ""]
+    for op, fs in sorted(errors.items()):
+        msg = (fs[0].get("message") or "").strip().splitlines()[0][:400] if fs[0].get("message") else ""
+        lines.append(f"- `{op}` ({len(fs)} finding(s)): {msg}")
+    return lines + [""]
 
 
 def _fit_declared(section: list[str], room: int) -> list[str]:

@@ -486,6 +486,10 @@ def pytest_runtest_makereport(item, call):
     exc = call.excinfo.value if call.excinfo is not None else None
     if rec.unavailable_detail is not None:
         status = "xfail" if listed else "unavailable"
+    elif rec.adapter_error is not None:  # issue 23 §2: never an engine defect, never matched by the ledger
+        status = "binding_error"
+        rec.message = rec.adapter_error
+        tb = format_traceback(exc) if exc is not None else None
     elif hasattr(report, "wasxfail") and report.skipped:
         status = "error" if classify(exc) == "error" else "xfail"
     elif (report.passed or report.failed and listed and exc is None) and verdict(rec.max_ratio) == "marginal":

@@ -126,6 +126,8 @@ class FindingRecorder:
         self.unavailable_detail = None
         self.needs = None  # the device an unavailable op needs (issue 27: "cuda" on a CPU run), else None
         self.binding_error = None
+        self.adapter_error = None  # the binding's adapter raised (status binding_error, issue 23 §2)
+        self.transcribed = None  # the op's part that is a transcription of the engine's code (issue 23 §1)
         self.max_ratio = 0.0  # worst error / tolerance seen (see tolerance.verdict: the margin band)
         self.marginal_message = ""  # the worst marginal example's message (a finding that ends marginal)
         self._marginal_ratio = -1.0
@@ -287,6 +289,7 @@ def _finding_entry(rec, params, status, tb, reproducer, failing, case) -> dict:
         "samples": rec.samples.as_list(),
         **({"declared": dict(rec.declared)} if rec.declared else {}),
         **({"needs": rec.needs} if getattr(rec, "needs", None) else {}),
+        **({"transcribed": rec.transcribed} if rec.transcribed else {}),
     }
 
 
