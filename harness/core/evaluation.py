@@ -38,12 +38,15 @@ def call_engine(where: str, fn: Callable, *args, **kwargs):
     (:mod:`rlconform.harness.core.torch_state`, issue 14).
 
     Under :func:`rlconform.harness.core.tape.recording` (the engine's worker, with a referee) the call and
-    everything it did is recorded; under :func:`~rlconform.harness.core.tape.replaying` (the referee) ``fn``
+    everything it did is recorded; under :func:`~rlconform.harness.core.tape.replaying` ``fn``
     is not called: the next recorded result is returned, its effects on the arguments applied, its
-    exception raised (issue 22 §1)."""
+    exception raised; under :func:`~rlconform.harness.core.tape.remote` (the referee) the call is made
+    in the engine's worker and its record applied the same way (issue 22 §1)."""
     mode = tape.active()
-    if mode is not None and mode[0] == "replay":
+    if mode is not None and mode[0] in ("replay", "remote"):
         try:
+            if mode[0] == "remote":
+                return mode[1].call(where, fn, args, kwargs)
             return mode[1].replay(where, args, kwargs)
         except tape.Replayed as replayed:
             crash = EngineCrash(where, replayed.exc)
