@@ -26,7 +26,9 @@ import numpy as np
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=5, help="runs of each mode, real-vocabulary case")
+    ap.add_argument("--repeat-ci", type=int, default=30, help="runs of each mode, CI-sized case")
+    ap.add_argument("--only", choices=("ci", "real"), help="one case only (the results file is not written)")
     ap.add_argument("--rows", type=int, default=64, help="rows T of the real-vocabulary case [T, 151936]")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "referee.json"))
     args = ap.parse_args()
@@ -58,26 +60,33 @@ def main() -> None:
             "entropy", "matches_reference", "float32", "moderate",
             {"logits": torch.randn(args.rows, 151936, dtype=torch.float32).double().numpy() * 2}),
     }
+    verdicts: dict = {}
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__},
               "engine": binding.spec, "referee_startup_s": startup, "cases": {}}
     for name, case in cases.items():
-        timings = {}
-        for mode in ("off", "on"):
-            if mode == "on":
-                referee.connect(ref.address, ref.authkey)
-            runs = []
-            for _ in range(args.repeat):
+        if args.only and not name.startswith(args.only):
+            continue
+        runs = {"off": [], "on": []}
+        for _ in range(args.repeat_ci if name.startswith("ci") else args.repeat):
+            for mode in ("off", "on"):  # interleaved: a load that changes during the run hits both
+                if mode == "on":
+                    referee.connect(ref.address, ref.authkey)
                 t = time.perf_counter()
                 outcome = (run_check if mode == "on" else run_check_here)(binding, case)
-                runs.append(time.perf_counter() - t)
-            referee.disconnect()
-            timings[mode] = {"median_s": statistics.median(runs), "verdict": outcome.verdict}
+                runs[mode].append(time.perf_counter() - t)
+                referee.disconnect()
+                verdicts[mode] = outcome.verdict
+        timings = {mode: {"median_s": statistics.median(r), "runs": len(r), "verdict": verdicts[mode]}
+                   for mode, r in runs.items()}
         timings["ratio"] = timings["on"]["median_s"] / timings["off"]["median_s"]
         result["cases"][name] = timings
         print(f"{name}: off {timings['off']['median_s'] * 1e3:.1f} ms, on {timings['on']['median_s'] * 1e3:.1f} ms "
               f"(x{timings['ratio']:.2f}), verdicts {timings['off']['verdict']} / {timings['on']['verdict']}")
     ref.close()
     print(f"referee start-up {startup:.2f} s")
+    if args.only:
+        return
+    result["load_average"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

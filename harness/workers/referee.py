@@ -120,7 +120,16 @@ def start(judge: Callable, check_clean: Callable, timeout_s: float = 120.0) -> R
     ready_out, ready_in = ctx.Pipe(duplex=False)
     p = ctx.Process(target=_serve, args=(address, authkey, verdicts_in, ready_in, judge, check_clean),
                     daemon=True, name="rlconform-referee")
-    p.start()
+    # the worker and its referee take turns, call by call: an idle OpenMP thread that spins for the next
+    # parallel region would take a core from the other process (the user's own setting is kept)
+    passive = "OMP_WAIT_POLICY" not in os.environ
+    if passive:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        p.start()
+    finally:
+        if passive:
+            os.environ.pop("OMP_WAIT_POLICY", None)
     verdicts_in.close()
     ready_in.close()
     if not ready_out.poll(timeout_s):
