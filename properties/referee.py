@@ -1,18 +1,21 @@
 """The referee: the verdict on a case is computed in a process that has never imported engine code
 (issue 22 §1).
 
-In the engine's worker, :func:`refereed_check` runs the family's ``evaluate`` as always but under a
-:class:`~rlconform.harness.core.tape.Tape` recording (every engine call's results as raw data, its effects
-on the tensors the evaluation knows, what it printed or raised), and sends the case, the tape and a
-stand-in of the binding (:func:`standin`: the binding's data, every engine callable replaced by a
-:class:`ReplayFn`) to the referee. The referee (:func:`judge`, in a process started by
-:mod:`rlconform.harness.workers.referee` before any engine import) loads them with :func:`loads` (only
-rlconform, numpy, torch and builtin types), re-runs the same ``evaluate`` with every engine call replayed,
-so that the float64 reference, the dtype-faithful path, the tolerance and the property's judgment run in
-a torch no engine has touched, and answers with the :class:`~rlconform.properties.generic.Outcome`, which
-it also sends to the controller of the run. The worker's own ``evaluate`` serves only to call the engine:
-whatever the engine patched in that process (``torch.log_softmax``, ``rlconform.properties.generic.compare``,
-``tolerance.ATOL``), or a returned tensor subclass whose methods lie, never reaches the verdict.
+The engine's worker (:func:`refereed_check`) sends the referee the case and a stand-in of the binding
+(:func:`standin`: the binding's data, every engine callable replaced by a :class:`ReplayFn`, every other
+engine object by an :class:`~rlconform.harness.core.tape.Unreadable`, both numbered; the declared triggers
+decided). The referee (:func:`judge`, in a process started by :mod:`rlconform.harness.workers.referee`
+before any engine import) loads them with :func:`loads` (only rlconform, numpy, torch and builtin types)
+and runs the family's ``evaluate``: the float64 reference, the dtype-faithful path, the tolerance and the
+property's judgment run there, in a torch no engine has touched. Each engine call goes back to the worker
+(:class:`~rlconform.harness.core.tape.Remote` in the referee, :class:`~rlconform.harness.core.tape.Server`
+in the worker: engine calls only), which makes the call on its real binding and answers with its record:
+the results as raw bytes of plain tensors, what the call did to the tensors it was handed, what it printed
+or raised. The referee answers the worker with the :class:`~rlconform.properties.generic.Outcome` and sends
+the verdict to the controller of the run. Whatever the engine patched in its process
+(``torch.log_softmax``, ``rlconform.properties.generic.compare``, ``tolerance.ATOL``), or a returned
+tensor subclass whose methods lie, never reaches the verdict; the reference and the faithful path are
+computed once, in the referee.
 
 A declared guard's trigger (issue 20 §2) is the binding's code: it is evaluated on the case in the worker and
 travels as its value (:class:`Decided`).
@@ -288,11 +291,12 @@ def refereed_check(binding, case, check_here=None):
     kind = reply[0]
     if kind == "outcome":
         return reply[1]
-    if kind == "crash":
-        crash = EngineCrash("the referee's evaluation", RuntimeError(reply[1]))
+    if kind == "crash":  # the engine's own exception where this process has it (its type, for the triage)
+        real = server.raised.get(reply[2])
+        crash = EngineCrash("the referee's evaluation", real if real is not None else RuntimeError(reply[1]))
         crash.args = (reply[1],)
         crash.engine_traceback = reply[2]
-        raise crash
+        raise crash from real
     if kind == "not_checked":
         raise _not_checked(*reply[1:])
     if kind == "diverged":

@@ -149,3 +149,36 @@ def test_engine_calls_only_the_referees_own_changes_reach_the_worker_and_a_produ
         call_engine("look", standin["look"], buf)
     assert leaf.grad.tolist() == [2.0, 2.0]  # through the worker's graph, then the referee's
     assert seen == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_an_example_interrupted_mid_call_leaves_the_next_one_its_own_verdict():
+    """The worker is interrupted while the referee waits for an engine call: the connection is dropped,
+    so the referee never takes the next example's request for that call's answer."""
+    import numpy as np
+
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.workers import referee as referee_process
+    from rlconform.properties import referee
+    from rlconform.properties.case import Case
+    from rlconform.properties.checks import referee_judge, run_check
+
+    ref = referee_process.start(referee_judge, referee.check_clean)
+    try:
+        binding = load_engine("mutants.naive_entropy", None)
+        logits = np.random.default_rng(0).standard_normal((4, 8))
+        logits[0, 0] = -np.inf  # a masked vocabulary entry: 0 · (−inf) = NaN in the naive entropy
+        case = Case("entropy", "finite_where_reference_finite", "float32", "moderate", {"logits": logits})
+        referee.connect(ref.address, ref.authkey)
+        client = referee._CLIENT[0]
+
+        def interrupted(message):
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            client.ask(pickle.dumps({"case": case, "binding": referee.standin(binding, case, [])}), interrupted)
+        assert run_check(binding, case).verdict == "discrepancy"
+        verdicts = ref.drain()
+        assert [v[1:3] for v in verdicts] == [("outcome", "discrepancy")]
+    finally:
+        referee.disconnect()
+        ref.close()

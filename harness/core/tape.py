@@ -1,12 +1,14 @@
 """Record and replay of engine calls: what lets the referee judge a case without the engine (issue 22 §1).
 
-The engine's worker runs a family's ``evaluate`` as always, under :func:`recording`: every
-:func:`~rlconform.harness.core.evaluation.call_engine` appends an :class:`Entry` to the :class:`Tape` — what the
-call returned, what it did to every tensor the evaluation has handed it or got from it so far (data bytes,
-``_version``, ``.grad``), what it printed, or what it raised. The referee process (it never imports engine
-code) runs the same ``evaluate`` on the same case under :func:`replaying`: each ``call_engine`` returns the
-next recorded result and applies the recorded effects, so the reference, the dtype-faithful path and the
-comparison run in a torch no engine has touched.
+A :class:`Tape` records engine calls: under :func:`recording`, every
+:func:`~rlconform.harness.core.evaluation.call_engine` appends an :class:`Entry` — what the call returned,
+what it did to every tensor the evaluation has handed it or got from it so far (data bytes, ``_version``,
+``.grad``), what it printed, or what it raised — and under :func:`replaying` each ``call_engine``
+returns the next recorded result and applies the recorded effects instead. The referee uses the same
+records one call at a time (:class:`Remote` / :class:`Server`, under :func:`remote`): it runs the family's
+``evaluate`` itself, and each engine call is made in the engine's worker, recorded there and applied in
+the referee, so the reference, the dtype-faithful path and the comparison run once, in a torch no
+engine has touched.
 
 Values are read as raw data, never through the returned object's methods: a tensor (any subclass) is
 viewed as a plain ``torch.Tensor`` with ``torch.Tensor.as_subclass`` (which no ``__torch_function__``
@@ -575,8 +577,7 @@ class Remote(Tape):
             raise ReplayDiverged(f"{where!r}: the engine's worker could not make the call: {answer}")
         if not isinstance(answer, Entry):
             raise ReplayDiverged(f"{where!r}: the engine's worker answered a {type(answer).__name__}")
-        self.entries.append(answer)
-        try:
+        try:  # the entry is not kept: its data lives on in the tensors it made
             return self._take(where, answer, args, kwargs)
         finally:
             for i, t in enumerate(self.tensors):
@@ -629,11 +630,13 @@ class Server:
     saved it for backward (:func:`rlconform.harness.core.guards.produce`), which keeps its gradient:
     what the engine may do to it (write in place, backpropagate through it) is what it may do in the
     family's own evaluation. The answer is the pickled :class:`Entry`, or a string when the call could not
-    be made (a harness error)."""
+    be made (a harness error). ``raised`` keeps each exception the engine raised, by its recorded
+    traceback text (the worker reports a crash with the engine's own exception)."""
 
     def __init__(self, opaque: list, guard, spill_dir: str | None = None):
         self.tape = Tape(spill_dir)
         self.opaque, self.guard = opaque, guard
+        self.raised: dict = {}  # recorded traceback text -> the exception the engine raised
 
     def _new(self, data: TensorData, version: int):
         t = data.raw()
@@ -681,11 +684,10 @@ class Server:
             with guard():
                 return fn(*a, **k)
 
-        where = "engine call"
         try:
-            tape.record(where, guarded, args, kwargs)
-        except Exception:  # noqa: BLE001 - recorded in the entry
-            pass
+            tape.record("engine call", guarded, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - recorded in the entry; kept for the worker's crash report
+            self.raised[tape.entries[-1].raised.traceback] = exc
         entry = tape.entries.pop()
         try:
             return pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)

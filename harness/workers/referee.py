@@ -167,8 +167,19 @@ class Client:
                     raise OSError(f"the referee sent an unexpected message ({message[:1]!r})")
                 self._conn.send_bytes(on_call(message[1:]))
         except (OSError, EOFError) as exc:
-            self._conn = None
+            self._drop()
             raise RefereeUnavailable(f"the referee stopped answering ({type(exc).__name__}: {exc})") from exc
+        except BaseException:  # an interrupt mid-example: the referee must not take the next request for an answer
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except OSError:
+                pass
 
 
 def connect(address: str, authkey: bytes) -> Client:
