@@ -74,9 +74,20 @@ class ReplayFn(T.Opaque):
     :func:`~rlconform.harness.core.evaluation.call_engine` may use it: the call is made in the engine's
     worker (:class:`~rlconform.harness.core.tape.Remote`), or replayed from a tape; any other call raises."""
 
-    def __init__(self, label: str, index: int = -1):
-        self.index, self.label = index, label
+    def __init__(self, label: str, index: int = -1, params: tuple | None = None):
+        self.index, self.label, self.params = index, label, params
         self.__name__ = self.__qualname__ = label
+
+    @property
+    def __signature__(self):
+        """The engine callable's parameters (names, kinds, whether defaulted), as the family reads them
+        (e.g. whether a metric pipeline's ``emit`` takes ``info``); defaults are not carried."""
+        import inspect
+
+        if self.params is None:
+            raise ValueError(f"no signature known for {self.label}")
+        return inspect.Signature([inspect.Parameter(n, inspect._ParameterKind(k),
+                                                    **({"default": None} if d else {})) for n, k, d in self.params])
 
     def __call__(self, *args, **kwargs):
         mode = T.active()
@@ -99,9 +110,25 @@ class Decided:
 
 
 def _safe_ref(obj) -> bool:
+    """Whether ``obj`` is rlconform's own (not an engine package's) and travels as a reference: its module
+    and qualified name lead back to it."""
     mod = getattr(obj, "__module__", None) or ""
-    return mod.startswith("rlconform.") and not mod.startswith(ENGINE_PACKAGES) \
-        and getattr(obj, "__qualname__", "").find("<") < 0 and not hasattr(obj, "__self__")
+    if not (mod.startswith("rlconform.") and not mod.startswith(ENGINE_PACKAGES)
+            and getattr(obj, "__qualname__", "").find("<") < 0 and not hasattr(obj, "__self__")):
+        return False
+    found = sys.modules.get(mod)
+    for part in obj.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is obj
+
+
+def _params(fn) -> tuple | None:
+    import inspect
+
+    try:
+        return tuple((p.name, int(p.kind), p.default is not p.empty) for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
 
 
 def _strip(obj, label: str, depth: int = 0, table: list | None = None):
@@ -131,7 +158,7 @@ def _strip(obj, label: str, depth: int = 0, table: list | None = None):
         return obj
     if callable(obj):
         return obj if (_safe_ref(obj) and getattr(obj, "__name__", "") != "<lambda>") else ReplayFn(
-            f"{label} ({getattr(obj, '__qualname__', type(obj).__name__)})", keep(obj))
+            f"{label} ({getattr(obj, '__qualname__', type(obj).__name__)})", keep(obj), _params(obj))
     return T.Unreadable(type(obj).__qualname__, keep(obj))
 
 

@@ -37,6 +37,7 @@ import os
 import pickle
 import sys
 import tempfile
+import traceback
 import uuid
 from typing import Any
 
@@ -595,7 +596,10 @@ class Remote(Tape):
             prev = self._grads.get(i)
             delta = g if prev is None else g - prev
             self._grads[i] = g
-            torch.autograd.backward([t], [delta.to(t.dtype)])
+            try:
+                torch.autograd.backward([t], [delta.to(t.dtype)])
+            except RuntimeError as exc:  # e.g. the engine wrote into a producer's saved output: its backward fails
+                raise Replayed(exc, "".join(traceback.format_exception(exc))) from exc
         if entry.printed[0]:
             sys.stdout.write(entry.printed[0])
         if entry.printed[1]:
