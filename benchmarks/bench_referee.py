@@ -1,12 +1,13 @@
 """Benchmark of the referee (issue 22 §1): the cost of judging a case in a referee process instead of the
 engine's worker, per example, for a CI-sized entropy case and one at real vocabulary size.
 
-For each case: ``off`` = the whole check in this process (``run_check_here``); ``on`` = the same with the
-engine calls recorded, the request sent to a referee process (spawned here before the engine is loaded,
-as ``rlconform check`` does) and its replay and judgment awaited. The engine is verl's
-``entropy_from_logits`` when verl is installed, else the reference binding.
+For each case: ``off`` = the whole check in this process (``run_check_here``); ``on`` = the same judged by
+a referee process (spawned here before the engine is loaded, as ``rlconform check`` does): the referee runs
+the evaluation and sends each engine call back to this process, which makes it and answers with its
+record. Off and on runs alternate (a load that changes during the run hits both); the medians are kept.
+The engine is verl's ``entropy_from_logits`` when verl is installed, else the reference binding.
 
-    .venv/bin/python benchmarks/bench_referee.py [--repeat 5] [--rows 64]
+    .venv/bin/python benchmarks/bench_referee.py [--repeat 5] [--repeat-ci 30] [--rows 64] [--only ci|real]
 
 Writes benchmarks/results/referee.json.
 """
