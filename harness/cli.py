@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-q", "--quiet", action="store_true", help="only the summary")
     c.add_argument("--referee", action="store_true", default=_referee_default(),
                    help="judge in a referee process that never imports the engine, so that an engine that patches "
-                        "torch or rlconform cannot bend a verdict (opt-in: about 3× the time today; "
+                        "torch or rlconform cannot bend a verdict (opt-in: about 1.4× the time of a check today; "
                         "RLCONFORM_REFEREE=1 sets it)")
     c.add_argument("-v", "--verbose", action="store_true",
                    help="also pytest's and pytest-xdist's own output (progress, warnings summary, counts)")

@@ -31,7 +31,8 @@ class PropertyFailure(AssertionError):
 def run_check(binding, case: Case) -> Outcome:
     """Check ``case`` against ``binding``; raises EngineCrash, OpUnavailable, VariantNotProvided or
     BindingError (a distributed op, or a property that does not apply). With a referee connected
-    (:mod:`rlconform.properties.referee`, issue 22 §1) the engine runs here and the verdict is the referee's;
+    (:mod:`rlconform.properties.referee`, issue 22 §1) only the engine's calls run here: the evaluation and
+    the verdict are the referee's;
     otherwise everything runs on this process (:func:`run_check_here`)."""
     from rlconform.properties import referee
 
@@ -40,11 +41,11 @@ def run_check(binding, case: Case) -> Outcome:
     return run_check_here(binding, case)
 
 
-def referee_judge(payload: bytes):
+def referee_judge(payload: bytes, exchange=None):
     """What a referee process serves (:func:`rlconform.properties.referee.judge` with :func:`run_check_here`)."""
     from rlconform.properties import referee
 
-    return referee.judge(payload, run_check_here)
+    return referee.judge(payload, run_check_here, exchange)
 
 
 def run_check_here(binding, case: Case) -> Outcome:

@@ -1,18 +1,21 @@
 """The referee: the verdict on a case is computed in a process that has never imported engine code
 (issue 22 §1).
 
-In the engine's worker, :func:`refereed_check` runs the family's ``evaluate`` as always but under a
-:class:`~rlconform.harness.core.tape.Tape` recording (every engine call's results as raw data, its effects
-on the tensors the evaluation knows, what it printed or raised), and sends the case, the tape and a
-stand-in of the binding (:func:`standin`: the binding's data, every engine callable replaced by a
-:class:`ReplayFn`) to the referee. The referee (:func:`judge`, in a process started by
-:mod:`rlconform.harness.workers.referee` before any engine import) loads them with :func:`loads` (only
-rlconform, numpy, torch and builtin types), re-runs the same ``evaluate`` with every engine call replayed,
-so that the float64 reference, the dtype-faithful path, the tolerance and the property's judgment run in
-a torch no engine has touched, and answers with the :class:`~rlconform.properties.generic.Outcome`, which
-it also sends to the controller of the run. The worker's own ``evaluate`` serves only to call the engine:
-whatever the engine patched in that process (``torch.log_softmax``, ``rlconform.properties.generic.compare``,
-``tolerance.ATOL``), or a returned tensor subclass whose methods lie, never reaches the verdict.
+The engine's worker (:func:`refereed_check`) sends the referee the case and a stand-in of the binding
+(:func:`standin`: the binding's data, every engine callable replaced by a :class:`ReplayFn`, every other
+engine object by an :class:`~rlconform.harness.core.tape.Unreadable`, both numbered; the declared triggers
+decided). The referee (:func:`judge`, in a process started by :mod:`rlconform.harness.workers.referee`
+before any engine import) loads them with :func:`loads` (only rlconform, numpy, torch and builtin types)
+and runs the family's ``evaluate``: the float64 reference, the dtype-faithful path, the tolerance and the
+property's judgment run there, in a torch no engine has touched. Each engine call goes back to the worker
+(:class:`~rlconform.harness.core.tape.Remote` in the referee, :class:`~rlconform.harness.core.tape.Server`
+in the worker: engine calls only), which makes the call on its real binding and answers with its record:
+the results as raw bytes of plain tensors, what the call did to the tensors it was handed, what it printed
+or raised. The referee answers the worker with the :class:`~rlconform.properties.generic.Outcome` and sends
+the verdict to the controller of the run. Whatever the engine patched in its process
+(``torch.log_softmax``, ``rlconform.properties.generic.compare``, ``tolerance.ATOL``), or a returned
+tensor subclass whose methods lie, never reaches the verdict; the reference and the faithful path are
+computed once, in the referee.
 
 A declared guard's trigger (issue 20 §2) is the binding's code: it is evaluated on the case in the worker and
 travels as its value (:class:`Decided`).
@@ -67,15 +70,30 @@ def check_clean() -> None:
 
 # -- the stand-in binding --------------------------------------------------------------------------------
 
-class ReplayFn:
-    """An engine callable in the referee: only :func:`~rlconform.harness.core.evaluation.call_engine` may use
-    it (and replays the recorded call); a direct call raises."""
+class ReplayFn(T.Opaque):
+    """An engine callable in the referee (``index``: where the engine's worker keeps the real one). Only
+    :func:`~rlconform.harness.core.evaluation.call_engine` may use it: the call is made in the engine's
+    worker (:class:`~rlconform.harness.core.tape.Remote`), or replayed from a tape; any other call raises."""
 
-    def __init__(self, label: str):
-        self.label = label
+    def __init__(self, label: str, index: int = -1, params: tuple | None = None):
+        self.index, self.label, self.params = index, label, params
         self.__name__ = self.__qualname__ = label
 
+    @property
+    def __signature__(self):
+        """The engine callable's parameters (names, kinds, whether defaulted), as the family reads them
+        (e.g. whether a metric pipeline's ``emit`` takes ``info``); defaults are not carried."""
+        import inspect
+
+        if self.params is None:
+            raise ValueError(f"no signature known for {self.label}")
+        return inspect.Signature([inspect.Parameter(n, inspect._ParameterKind(k),
+                                                    **({"default": None} if d else {})) for n, k, d in self.params])
+
     def __call__(self, *args, **kwargs):
+        mode = T.active()
+        if mode is not None and mode[0] == "remote" and mode[1].inside and self.index >= 0:
+            return mode[1].call_opaque(self.label, self.index, args, kwargs)
         raise T.ReplayDiverged(f"the engine function {self.label} was called outside call_engine: the referee "
                                f"cannot replay it")
 
@@ -93,37 +111,63 @@ class Decided:
 
 
 def _safe_ref(obj) -> bool:
+    """Whether ``obj`` is rlconform's own (not an engine package's) and travels as a reference: its module
+    and qualified name lead back to it."""
     mod = getattr(obj, "__module__", None) or ""
-    return mod.startswith("rlconform.") and not mod.startswith(ENGINE_PACKAGES) \
-        and getattr(obj, "__qualname__", "").find("<") < 0 and not hasattr(obj, "__self__")
+    if not (mod.startswith("rlconform.") and not mod.startswith(ENGINE_PACKAGES)
+            and getattr(obj, "__qualname__", "").find("<") < 0 and not hasattr(obj, "__self__")):
+        return False
+    found = sys.modules.get(mod)
+    for part in obj.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is obj
 
 
-def _strip(obj, label: str, depth: int = 0):
-    """``obj`` with every engine callable replaced by a :class:`ReplayFn` (binding data kept)."""
+def _params(fn) -> tuple | None:
+    import inspect
+
+    try:
+        return tuple((p.name, int(p.kind), p.default is not p.empty) for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _strip(obj, label: str, depth: int = 0, table: list | None = None):
+    """``obj`` with every engine callable replaced by a :class:`ReplayFn` and every other object of the
+    engine's by an :class:`~rlconform.harness.core.tape.Unreadable` (binding data kept); ``table`` gets the
+    originals, by the stand-ins' indices."""
+    table = [] if table is None else table
+
+    def keep(x):
+        table.append(x)
+        return len(table) - 1
+
     if depth > 20:
         return None
     if obj is None or isinstance(obj, (str, int, float, bool, bytes)):
         return obj
     if isinstance(obj, (list, tuple, frozenset, set)):
-        return type(obj)(_strip(x, label, depth + 1) for x in obj) if type(obj) in (list, tuple, frozenset, set) \
-            else tuple(_strip(x, label, depth + 1) for x in obj)
+        return type(obj)(_strip(x, label, depth + 1, table) for x in obj) if type(obj) in (list, tuple, frozenset, set) \
+            else tuple(_strip(x, label, depth + 1, table) for x in obj)
     if isinstance(obj, dict) or hasattr(obj, "items") and hasattr(obj, "keys"):
-        return {k: _strip(v, f"{label}[{k!r}]", depth + 1) for k, v in obj.items()}
+        return {k: _strip(v, f"{label}[{k!r}]", depth + 1, table) for k, v in obj.items()}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and _safe_ref(type(obj)):
-        changes = {f.name: _strip(getattr(obj, f.name), f"{label}.{f.name}", depth + 1)
+        changes = {f.name: _strip(getattr(obj, f.name), f"{label}.{f.name}", depth + 1, table)
                    for f in dataclasses.fields(obj) if f.init}
         return dataclasses.replace(obj, **changes)
     if isinstance(obj, type) and _safe_ref(obj):
         return obj
     if callable(obj):
         return obj if (_safe_ref(obj) and getattr(obj, "__name__", "") != "<lambda>") else ReplayFn(
-            f"{label} ({getattr(obj, '__qualname__', type(obj).__name__)})")
-    return T.Unreadable(type(obj).__qualname__)
+            f"{label} ({getattr(obj, '__qualname__', type(obj).__name__)})", keep(obj), _params(obj))
+    return T.Unreadable(type(obj).__qualname__, keep(obj))
 
 
-def standin(binding, case):
+def standin(binding, case, table: list | None = None):
     """A picklable copy of what ``evaluate`` reads of ``binding`` for ``case``: its data, the resolved op
-    and its implementations with engine callables as :class:`ReplayFn`, the declared triggers decided."""
+    and its implementations with engine callables as :class:`ReplayFn`, the declared triggers decided;
+    ``table`` (a list) gets the engine callables and objects the stand-ins replace, by index."""
+    table = [] if table is None else table
     from rlconform.harness.catalog.binding import Binding
 
     base = getattr(binding, "_binding", binding)  # an ImplementationView is rebuilt by run_check itself
@@ -131,7 +175,7 @@ def standin(binding, case):
     impls = {}
     for name in base.provided_implementations(op) if hasattr(base, "provided_implementations") else ():
         try:
-            impls[name] = _strip(base.resolve_implementation(op, name), f"{op}@{name}")
+            impls[name] = _strip(base.resolve_implementation(op, name), f"{op}@{name}", table=table)
         except Exception:  # noqa: BLE001 - unavailable: the evaluation raises the same in the worker
             pass
     declared = []
@@ -143,7 +187,7 @@ def standin(binding, case):
             except Exception:  # noqa: BLE001 - a trigger that raises does not hold
                 when = Decided(False)
         declared.append(dataclasses.replace(d, when=when))
-    return Binding(name=base.name, ops={op: _strip(base.resolve(op), op)}, version=base.version, path=base.path,
+    return Binding(name=base.name, ops={op: _strip(base.resolve(op), op, table=table)}, version=base.version, path=base.path,
                    revision=getattr(base, "revision", None), spec=base.spec,
                    forward_only=frozenset(getattr(base, "forward_only", ()) or ()),
                    implementations={op: impls} if impls else {},
@@ -176,26 +220,45 @@ def loads(data: bytes):
 
 # -- the referee's side ----------------------------------------------------------------------------------
 
-def judge(payload: bytes, check_here):
+#: what the worker raises itself when the referee's evaluation raises it (not a verdict: the finding is
+#: unavailable, skipped or malformed)
+_NOT_A_VERDICT = ("BindingError", "OpUnavailable", "VariantNotProvided", "CaseError")
+
+
+def judge(payload: bytes, check_here, exchange=None):
     """In the referee: ``(reply, verdict)`` for one request, judged by ``check_here``
-    (:func:`rlconform.properties.checks.run_check_here`; :func:`rlconform.properties.checks.referee_judge`) (see the module docstring). ``reply`` is one of
-    ``("outcome", Outcome)``, ``("crash", message, engine traceback)``, ``("diverged", message)``,
-    ``("raised", message, traceback)``; ``verdict`` is ``(finding id, kind, outcome verdict or None, message)``."""
+    (:func:`rlconform.properties.checks.run_check_here`; :func:`rlconform.properties.checks.referee_judge`)
+    (see the module docstring). ``exchange(bytes) -> bytes`` asks the engine's worker to make one engine
+    call (:class:`~rlconform.harness.core.tape.Remote`); a request that carries a ``tape`` is replayed from
+    it instead. ``reply`` is one of ``("outcome", Outcome)``, ``("crash", message, engine traceback)``,
+    ``("diverged", message)``, ``("raised", message, traceback)``, ``("not_checked", class name, message,
+    attributes)``; ``verdict`` is ``(finding id, kind, outcome verdict or None, message)`` (None for
+    ``not_checked``)."""
     from rlconform.harness.core.evaluation import EngineCrash
 
     req = loads(payload)
-    case, binding, tape = req["case"], req["binding"], req["tape"]
+    case, binding = req["case"], req["binding"]
     fid = case.finding_id
+    if req.get("tape") is not None:
+        tape, mode = req["tape"], T.replaying
+    else:
+        if exchange is None:
+            raise T.ReplayDiverged("no engine worker to make the engine's calls")
+        tape, mode = T.Remote(exchange, loads), T.remote
     try:
-        with T.replaying(tape):
+        with mode(tape):
             outcome = check_here(binding, case)
-            tape.finish()
+            if mode is T.replaying:
+                tape.finish()
         return ("outcome", outcome), (fid, "outcome", outcome.verdict, outcome.message)
     except EngineCrash as exc:
         return ("crash", str(exc), getattr(exc, "engine_traceback", "")), (fid, "crash", None, str(exc))
     except T.ReplayDiverged as exc:
         return ("diverged", str(exc)), (fid, "diverged", None, str(exc))
     except Exception as exc:  # noqa: BLE001 - the check raised on what the engine returned
+        if type(exc).__name__ in _NOT_A_VERDICT and type(exc).__module__.startswith("rlconform."):
+            attrs = {k: v for k, v in vars(exc).items() if isinstance(v, (str, int, float, bool, type(None)))}
+            return ("not_checked", type(exc).__module__, type(exc).__qualname__, str(exc), attrs), None
         msg = f"{type(exc).__name__}: {exc}"
         return ("raised", msg, traceback.format_exc()[-4000:]), (fid, "raised", None, msg)
     finally:
@@ -226,47 +289,46 @@ class RefereeRaised(Exception):
     """The referee's evaluation raised on what the engine returned (or its replay diverged)."""
 
 
-def refereed_check(binding, case, check_here):
-    """``check_here(binding, case)`` with the engine's calls recorded, judged by the referee (module
-    docstring). Raises what ``check_here`` raises for reasons that are not a verdict (BindingError,
-    OpUnavailable, VariantNotProvided, CaseError, interrupts); EngineCrash when the referee's replay raised
-    the engine's exception; :class:`RefereeRaised` when the check raised on the engine's output there."""
-    from rlconform.harness.catalog.binding import BindingError, OpUnavailable, VariantNotProvided
-    from rlconform.harness.core.evaluation import EngineCrash
-    from rlconform.properties.case import CaseError
+def _not_checked(module: str, qualname: str, message: str, attrs: dict) -> Exception:
+    """The referee's BindingError / OpUnavailable / VariantNotProvided / CaseError, rebuilt here."""
+    import importlib
 
-    tape = T.Tape()
-    local = None
-    try:
-        with T.recording(tape):
-            try:
-                check_here(binding, case)
-            except (BindingError, OpUnavailable, VariantNotProvided, CaseError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - judged by the referee, which replays the same
-                local = exc
-        payload = pickle.dumps({"case": case, "binding": standin(binding, case), "tape": tape},
-                               protocol=pickle.HIGHEST_PROTOCOL)
-        tape.release()
-    except BaseException:
-        tape.discard()
-        raise
-    try:
-        reply = _CLIENT[0].ask(payload)
-    except BaseException:
-        tape.discard()
-        raise
+    cls = importlib.import_module(module)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    exc.__dict__.update(attrs)
+    return exc
+
+
+def refereed_check(binding, case, check_here=None):
+    """The check of ``case`` with the engine's calls only made here: the referee runs the family's
+    evaluation (the float64 reference, the dtype-faithful path, the judgment) and sends each engine call
+    to this process, which makes it and answers with its record (module docstring). Raises what the
+    evaluation raises for reasons that are not a verdict (BindingError, OpUnavailable, VariantNotProvided,
+    CaseError, interrupts); EngineCrash when the engine raised (and no declared guard covers it);
+    :class:`RefereeRaised` when the check raised on the engine's output in the referee."""
+    from rlconform.harness.core import torch_state
+    from rlconform.harness.core.evaluation import EngineCrash
+
+    table: list = []
+    payload = pickle.dumps({"case": case, "binding": standin(binding, case, table)}, protocol=pickle.HIGHEST_PROTOCOL)
+    server = T.Server(table, torch_state.guard)
+    reply = _CLIENT[0].ask(payload, server.handle)
     kind = reply[0]
     if kind == "outcome":
         return reply[1]
-    if kind == "crash":
-        if isinstance(local, EngineCrash):
-            raise local
-        crash = EngineCrash("the referee's replay", RuntimeError(reply[1]))
+    if kind == "crash":  # the engine's own exception where this process has it (its type, for the triage)
+        real = server.raised.get(reply[2])
+        crash = EngineCrash("the referee's evaluation", real if real is not None else RuntimeError(reply[1]))
+        crash.args = (reply[1],)
         crash.engine_traceback = reply[2]
-        raise crash
+        raise crash from real
+    if kind == "not_checked":
+        raise _not_checked(*reply[1:])
     if kind == "diverged":
-        raise RefereeRaised(f"the referee's replay of the engine's calls diverged: {reply[1]}")
+        raise RefereeRaised(f"the referee's evaluation of the engine's calls diverged: {reply[1]}")
     if kind == "raised":
         raise RefereeRaised(reply[1])
     raise RefereeRaised(f"the referee failed: {reply[-1]}")

@@ -99,3 +99,86 @@ def test_the_referee_refuses_engine_modules_and_their_pickles():
         referee.loads(pickle.dumps(rlconform.harness.mutants.naive_entropy.entropy))
     with pytest.raises(pickle.UnpicklingError):
         referee.loads(pickle.dumps(print))
+
+
+def _remote(table):
+    """A referee-side tape whose engine calls run in a :class:`~rlconform.harness.core.tape.Server` (here
+    in-process; a Unix socket between the processes of a run)."""
+    from rlconform.harness.core import torch_state
+    from rlconform.properties import referee
+
+    server = T.Server(list(table.values()), torch_state.guard)
+    return T.Remote(server.handle, referee.loads), {k: referee.ReplayFn(k, i) for i, k in enumerate(table)}
+
+
+def test_engine_calls_only_give_the_engine_bytes_effects_versions_and_gradients():
+    tape, standin = _remote(ENGINE)
+    with T.remote(tape):
+        y, g, b, v = _family(standin)
+    assert tape.calls == 3
+    assert type(y) is torch.Tensor and y.tolist() == [2.0, 4.0, 6.0]  # the bytes, not Lying.double()'s zeros
+    assert y.requires_grad and y.grad_fn is not None
+    assert g.tolist() == [2.0, 2.0, 2.0] and b.tolist() == [5.0, 5.0] and v == 1
+
+
+def test_engine_calls_only_a_lambda_of_the_family_runs_in_the_referee_and_its_engine_calls_travel():
+    tape, standin = _remote({"fwd": lambda x, k: x * k, "boom": lambda: 1 / 0})
+    with T.remote(tape):
+        x = torch.tensor([1.0, 2.0])
+        out = call_engine("fwd", lambda t: standin["fwd"](t, 3.0), x)
+        with pytest.raises(EngineCrash) as exc:
+            call_engine("boom", standin["boom"])
+    assert out.tolist() == [3.0, 6.0] and tape.calls == 2
+    assert isinstance(exc.value.__cause__, ZeroDivisionError)
+
+
+def test_engine_calls_only_the_referees_own_changes_reach_the_worker_and_a_producer_gradient_comes_back():
+    from rlconform.harness.core.guards import produce
+
+    seen = []
+    tape, standin = _remote({"fwd": lambda x: x * 2, "bwd": lambda y: y.sum().backward(),
+                             "look": lambda x: seen.append(x.tolist())})
+    with T.remote(tape):
+        leaf = torch.tensor([1.0, 2.0], requires_grad=True)
+        x = produce(leaf)  # an interior node in the referee
+        y = call_engine("fwd", standin["fwd"], x)
+        call_engine("bwd", standin["bwd"], y)
+        buf = torch.zeros(2)
+        call_engine("look", standin["look"], buf)
+        buf.add_(1.0)  # the referee's code writes between two calls
+        call_engine("look", standin["look"], buf)
+    assert leaf.grad.tolist() == [2.0, 2.0]  # through the worker's graph, then the referee's
+    assert seen == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_an_example_interrupted_mid_call_leaves_the_next_one_its_own_verdict():
+    """The worker is interrupted while the referee waits for an engine call: the connection is dropped,
+    so the referee never takes the next example's request for that call's answer."""
+    import numpy as np
+
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.workers import referee as referee_process
+    from rlconform.properties import referee
+    from rlconform.properties.case import Case
+    from rlconform.properties.checks import referee_judge, run_check
+
+    ref = referee_process.start(referee_judge, referee.check_clean)
+    try:
+        binding = load_engine("mutants.naive_entropy", None)
+        logits = np.random.default_rng(0).standard_normal((4, 8))
+        logits[0, 0] = -np.inf  # a masked vocabulary entry: 0 · (−inf) = NaN in the naive entropy
+        case = Case("entropy", "finite_where_reference_finite", "float32", "moderate", {"logits": logits})
+        referee.connect(ref.address, ref.authkey)
+        client = referee._CLIENT[0]
+
+        def interrupted(message):
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            client.ask(pickle.dumps({"case": case, "binding": referee.standin(binding, case, [])}), interrupted)
+        assert run_check(binding, case).verdict == "discrepancy"
+        verdicts = ref.drain()
+        assert [v[1:3] for v in verdicts] == [("outcome", "discrepancy")]
+    finally:
+        referee.disconnect()
+        ref.close()

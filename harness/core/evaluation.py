@@ -39,18 +39,22 @@ def call_engine(where: str, fn: Callable, *args, **kwargs):
     (:mod:`rlconform.harness.core.torch_state`, issue 14).
 
     Under :func:`rlconform.harness.core.tape.recording` (the engine's worker, with a referee) the call and
-    everything it did is recorded; under :func:`~rlconform.harness.core.tape.replaying` (the referee) ``fn``
+    everything it did is recorded; under :func:`~rlconform.harness.core.tape.replaying` ``fn``
     is not called: the next recorded result is returned, its effects on the arguments applied, its
-    exception raised (issue 22 §1).
+    exception raised; under :func:`~rlconform.harness.core.tape.remote` (the referee) the call is made
+    in the engine's worker and its record applied the same way (issue 22 §1).
 
     On a CUDA run (``--device cuda``) ``fn`` runs on the device: its tensor arguments are moved there, its
     tensor results brought back to the CPU and its writes into its inputs mirrored into the caller's tensors
-    (:func:`rlconform.harness.core.device.engine_call`); the tape records the CPU side of the call."""
+    (:func:`rlconform.harness.core.device.engine_call`); the tape records the CPU side of the call (in the
+    referee's remote mode the worker's :class:`~rlconform.harness.core.tape.Server` makes that move)."""
     mode = tape.active()
-    if mode is None or mode[0] != "replay":
+    if mode is None or mode[0] not in ("replay", "remote"):
         fn = device.engine_call(fn)
-    if mode is not None and mode[0] == "replay":
+    if mode is not None and mode[0] in ("replay", "remote"):
         try:
+            if mode[0] == "remote":
+                return mode[1].call(where, fn, args, kwargs)
             return mode[1].replay(where, args, kwargs)
         except tape.Replayed as replayed:
             crash = EngineCrash(where, replayed.exc)

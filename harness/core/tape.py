@@ -1,12 +1,14 @@
 """Record and replay of engine calls: what lets the referee judge a case without the engine (issue 22 §1).
 
-The engine's worker runs a family's ``evaluate`` as always, under :func:`recording`: every
-:func:`~rlconform.harness.core.evaluation.call_engine` appends an :class:`Entry` to the :class:`Tape` — what the
-call returned, what it did to every tensor the evaluation has handed it or got from it so far (data bytes,
-``_version``, ``.grad``), what it printed, or what it raised. The referee process (it never imports engine
-code) runs the same ``evaluate`` on the same case under :func:`replaying`: each ``call_engine`` returns the
-next recorded result and applies the recorded effects, so the reference, the dtype-faithful path and the
-comparison run in a torch no engine has touched.
+A :class:`Tape` records engine calls: under :func:`recording`, every
+:func:`~rlconform.harness.core.evaluation.call_engine` appends an :class:`Entry` — what the call returned,
+what it did to every tensor the evaluation has handed it or got from it so far (data bytes, ``_version``,
+``.grad``), what it printed, or what it raised — and under :func:`replaying` each ``call_engine``
+returns the next recorded result and applies the recorded effects instead. The referee uses the same
+records one call at a time (:class:`Remote` / :class:`Server`, under :func:`remote`): it runs the family's
+``evaluate`` itself, and each engine call is made in the engine's worker, recorded there and applied in
+the referee, so the reference, the dtype-faithful path and the comparison run once, in a torch no
+engine has touched.
 
 Values are read as raw data, never through the returned object's methods: a tensor (any subclass) is
 viewed as a plain ``torch.Tensor`` with ``torch.Tensor.as_subclass`` (which no ``__torch_function__``
@@ -32,8 +34,10 @@ import dataclasses
 import hashlib
 import io
 import os
+import pickle
 import sys
 import tempfile
+import traceback
 import uuid
 from typing import Any
 
@@ -74,8 +78,9 @@ class Unreadable:
     """A value the engine returned that the referee cannot read (an object of a type of the engine's):
     every use raises ``TypeError`` naming the type."""
 
-    def __init__(self, type_name: str):
+    def __init__(self, type_name: str, index: int | None = None):
         object.__setattr__(self, "_type_name", type_name)
+        object.__setattr__(self, "_index", index)  # where the engine's worker keeps the object (or None)
 
     def _fail(self, *args, **kwargs):
         raise TypeError(f"the engine returned a {object.__getattribute__(self, '_type_name')} object, which the "
@@ -87,6 +92,9 @@ class Unreadable:
         self._fail()
 
     __call__ = __iter__ = __len__ = __getitem__ = __float__ = __int__ = __bool__ = __index__ = _fail
+
+    def __reduce__(self):
+        return (Unreadable, (object.__getattribute__(self, "_type_name"), object.__getattribute__(self, "_index")))
 
     def __repr__(self):
         return f"<unreadable {object.__getattribute__(self, '_type_name')}>"
@@ -220,7 +228,7 @@ def _encode(obj, tape: "Tape", depth: int = 0):
         return ("__list__", [_encode(x, tape, depth + 1) for x in list.__iter__(obj)])
     if isinstance(obj, dict):
         return ("__dict__", [(_encode(k, tape, depth + 1), _encode(v, tape, depth + 1)) for k, v in dict.items(obj)])
-    return Unreadable(type(obj).__qualname__)
+    return Unreadable(type(obj).__qualname__, tape.keep(obj))
 
 
 def _decode(obj, tape: "Tape"):
@@ -296,6 +304,7 @@ class Tape:
         self.tensors: list[torch.Tensor] = []  # the registry: arguments and results, in first-seen order
         self._ids: dict[int, int] = {}
         self._state: list = []  # recording: last recorded (version, data digest, grad digest) per tensor
+        self.objects: list = []  # recording: the unreadable objects the engine returned, by Unreadable._index
         self.spill_dir = spill_dir
         self.position = 0
 
@@ -312,9 +321,13 @@ class Tape:
         self._state.append(None)
         return len(self.tensors) - 1
 
+    def keep(self, obj) -> int:
+        self.objects.append(obj)
+        return len(self.objects) - 1
+
     def _snapshot(self, t):
         p = t if type(t) is _Tensor else _as_subclass(t, _Tensor)
-        g = p.grad if p.is_leaf else None
+        g = p.grad if p.is_leaf or p.retains_grad else None
         return (t._version, digest(t), None if g is None else digest(g))
 
     # recording
@@ -356,7 +369,7 @@ class Tape:
                 e.data = TensorData.of(t, self.spill_dir)
             if now[2] != before[2]:
                 p = t if type(t) is _Tensor else _as_subclass(t, _Tensor)
-                g = p.grad if p.is_leaf else None
+                g = p.grad if p.is_leaf or p.retains_grad else None
                 if g is None:
                     e.grad_cleared = True
                 else:
@@ -443,6 +456,257 @@ class Tape:
         self.entries = state["entries"]
 
 
+# -- engine calls only: the referee evaluates, the engine's worker answers each call ---------------------
+
+class NotPortable(Exception):
+    """What a call needs cannot travel to the engine's worker (a lambda or a closure of the family's code)."""
+
+
+class Opaque:
+    """An engine callable or object of the binding, as it travels: its index in the worker's table."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def _light(t) -> tuple:
+    """What changes when the referee's own code changes ``t`` (the referee runs no engine: plain torch)."""
+    g = t.grad if t.is_leaf or t.retains_grad else None
+    return (t._version, t.data_ptr(), tuple(t.shape), None if g is None else (id(g), g._version))
+
+
+class Remote(Tape):
+    """The referee's tape of one evaluation whose engine calls run in the engine's worker, one by one.
+
+    :func:`~rlconform.harness.core.evaluation.call_engine` under :func:`remote` hands ``(where, fn, args,
+    kwargs)`` to :meth:`call`: ``fn`` and the arguments are pickled, every tensor as a reference to one
+    both sides know (same registry indices as :class:`Tape`) or as new data with its ``_version``, every
+    engine callable of the stand-in binding as :class:`Opaque`; ``exchange(bytes) -> bytes`` sends them
+    to the worker (:class:`Server`), which runs the one call under :meth:`Tape.record` and answers with
+    its :class:`Entry`; the entry is applied as :meth:`Tape.replay` applies a recorded one. A ``fn`` that
+    cannot travel (a lambda of the family's code) runs here, and each engine callable it calls is sent
+    alone. What the referee's code changed on a known tensor since the last call (data, ``_version``,
+    ``.grad``) travels with the next call. A gradient the worker put on a tensor that is an interior
+    node here (a producer's output) is backpropagated here into the referee's own graph.
+
+    ``loads(bytes)``: how entries are read (the referee's restricted unpickler)."""
+
+    def __init__(self, exchange, loads, spill_dir: str | None = None):
+        super().__init__(spill_dir)
+        self._exchange, self._loads = exchange, loads
+        self._light: list = []
+        self._grads: dict = {}  # index -> the gradient last applied to an interior node
+        self.inside = 0  # depth of call_engine calls whose fn runs here
+        self.calls = 0
+
+    def register(self, t, data) -> int:
+        idx = super().register(t, data)
+        while len(self._light) < len(self.tensors):
+            self._light.append(None)
+        return idx
+
+    def call(self, where: str, fn, args, kwargs):
+        try:
+            packed = self._pack(fn, args, kwargs)
+        except NotPortable:
+            self.inside += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.inside -= 1
+        return self._send(where, packed, args, kwargs)
+
+    def call_opaque(self, where: str, index: int, args, kwargs):
+        """An engine callable of the stand-in binding called by code that runs here."""
+        return self._send(where, self._pack(Opaque(index), args, kwargs), args, kwargs)
+
+    def _pack(self, fn, args, kwargs) -> bytes:
+        pending: list = []
+
+        def pid(obj):
+            if isinstance(obj, _Tensor):
+                idx = self.index_of(obj)
+                if idx is not None:
+                    return ("ref", idx)
+                for j, q in enumerate(pending):
+                    if q is obj:
+                        return ("ref", len(self.tensors) + j)
+                pending.append(obj)
+                return ("new", len(self.tensors) + len(pending) - 1)
+            if isinstance(obj, Opaque):
+                return ("opaque", obj.index)
+            if isinstance(obj, Unreadable):
+                i = object.__getattribute__(obj, "_index")
+                if i is None:
+                    raise NotPortable("an unreadable value")
+                return ("object", i)
+            return None
+
+        buf = io.BytesIO()
+        p = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        p.persistent_id = pid
+        try:
+            p.dump((fn, args, kwargs))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise NotPortable(str(exc)) from exc
+        news = []
+        for t in pending:
+            news.append((TensorData.of(t, self.spill_dir), t._version))
+            self.register(t, None)
+        return pickle.dumps((self._sync(), news, buf.getvalue()), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _sync(self) -> list:
+        """Effects of the referee's own code on known tensors since the last call."""
+        out = []
+        for i, t in enumerate(self.tensors):
+            before = self._light[i]
+            now = _light(t)
+            if before is None or now == before:
+                self._light[i] = now
+                continue
+            e = Effect(i, t._version)
+            if now[:3] != before[:3]:
+                e.data = TensorData.of(t, self.spill_dir)
+            if now[3] != before[3]:
+                g = t.grad if t.is_leaf or t.retains_grad else None
+                if g is None:
+                    e.grad_cleared = True
+                else:
+                    e.grad = TensorData.of(g, self.spill_dir)
+            out.append(e)
+            self._light[i] = now
+        return out
+
+    def _send(self, where, packed: bytes, args, kwargs):
+        self.calls += 1
+        answer = self._loads(self._exchange(packed))
+        if isinstance(answer, str):
+            raise ReplayDiverged(f"{where!r}: the engine's worker could not make the call: {answer}")
+        if not isinstance(answer, Entry):
+            raise ReplayDiverged(f"{where!r}: the engine's worker answered a {type(answer).__name__}")
+        try:  # the entry is not kept: its data lives on in the tensors it made
+            return self._take(where, answer, args, kwargs)
+        finally:
+            for i, t in enumerate(self.tensors):
+                self._light[i] = _light(t)
+
+    def _take(self, where, entry: Entry, args, kwargs):
+        self.position += 1
+        with _no_grad():
+            interior = {e.index: self.tensors[e.index] for e in entry.effects if e.grad is not None
+                        and e.index < len(self.tensors) and self.tensors[e.index].grad_fn is not None}
+        self._apply(entry)
+        for i, t in interior.items():  # a producer's output got a gradient in the worker: on into our graph
+            g = t.grad
+            t.grad = None
+            prev = self._grads.get(i)
+            delta = g if prev is None else g - prev
+            self._grads[i] = g
+            try:
+                torch.autograd.backward([t], [delta.to(t.dtype)])
+            except RuntimeError as exc:  # e.g. the engine wrote into a producer's saved output: its backward fails
+                raise Replayed(exc, "".join(traceback.format_exception(exc))) from exc
+        if entry.printed[0]:
+            sys.stdout.write(entry.printed[0])
+        if entry.printed[1]:
+            sys.stderr.write(entry.printed[1])
+        if entry.raised is not None:
+            raise Replayed(_rebuilt(entry.raised), entry.raised.traceback)
+        return _decode(entry.result, self)
+
+
+class _Produced(torch.autograd.Function):
+    """Identity whose output (at ``_version`` ``version``) is saved for backward, like
+    :class:`rlconform.harness.core.guards.SavesOutputIdentity`: written in place, it fails backward."""
+
+    @staticmethod
+    def forward(ctx, x, version):
+        out = x.clone()
+        _set_version((out,), (version,))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.saved_tensors  # noqa: B018 - raises when the output was modified in place
+        return grad, None
+
+
+class Server:
+    """The engine's worker's end of a :class:`Remote` evaluation: ``handle(bytes) -> bytes`` runs one call.
+
+    ``opaque``: the binding's engine callables and objects, by :class:`Opaque` index. A tensor that is an
+    interior node in the referee (it has a ``grad_fn``) is rebuilt here as the output of a producer that
+    saved it for backward (:func:`rlconform.harness.core.guards.produce`), which keeps its gradient:
+    what the engine may do to it (write in place, backpropagate through it) is what it may do in the
+    family's own evaluation. The answer is the pickled :class:`Entry`, or a string when the call could not
+    be made (a harness error). ``raised`` keeps each exception the engine raised, by its recorded
+    traceback text (the worker reports a crash with the engine's own exception)."""
+
+    def __init__(self, opaque: list, guard, spill_dir: str | None = None):
+        self.tape = Tape(spill_dir)
+        self.opaque, self.guard = opaque, guard
+        self.raised: dict = {}  # recorded traceback text -> the exception the engine raised
+
+    def _new(self, data: TensorData, version: int):
+        t = data.raw()
+        if data.requires_grad and t.is_floating_point():
+            if data.has_grad_fn:
+                t = _Produced.apply(_requires_grad_(t, True), version)
+                t.retain_grad()
+                return t
+            _requires_grad_(t, True)
+        _set_version((t,), (version,))
+        return t
+
+    def handle(self, message: bytes) -> bytes:
+        tape = self.tape
+        try:
+            sync, news, packed = pickle.loads(message)
+            if sync:
+                tape._apply(Entry("sync", [], effects=sync))
+                for e in sync:
+                    tape._state[e.index] = tape._snapshot(tape.tensors[e.index])
+            base = len(tape.tensors)
+            fresh = [self._new(d, v) for d, v in news]
+
+            def load(pid):
+                kind, i = pid
+                if kind == "ref":
+                    return tape.tensors[i] if i < base else fresh[i - base]
+                if kind == "new":
+                    return fresh[i - base]
+                if kind == "opaque":
+                    return self.opaque[i]
+                return tape.objects[i]
+
+            u = pickle.Unpickler(io.BytesIO(packed))
+            u.persistent_load = load
+            fn, args, kwargs = u.load()
+            for t in fresh:
+                i = tape.register(t, None)
+                tape._state[i] = tape._snapshot(t)
+        except Exception as exc:  # noqa: BLE001 - a harness error: the referee reports it
+            return pickle.dumps(f"{type(exc).__name__}: {exc}")
+        guard = self.guard
+
+        def guarded(*a, **k):
+            with guard():
+                return fn(*a, **k)
+
+        try:
+            tape.record("engine call", guarded, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - recorded in the entry; kept for the worker's crash report
+            self.raised[tape.entries[-1].raised.traceback] = exc
+        entry = tape.entries.pop()
+        try:
+            return pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001
+            return pickle.dumps(f"the call's record could not be sent: {type(exc).__name__}: {exc}")
+
+
 def _raised(exc: BaseException) -> Raised:
     import traceback
 
@@ -515,6 +779,15 @@ def recording_only() -> bool:
 @contextlib.contextmanager
 def recording(tape: Tape):
     _MODE.append(("record", tape))
+    try:
+        yield tape
+    finally:
+        _MODE.pop()
+
+
+@contextlib.contextmanager
+def remote(tape: Remote):
+    _MODE.append(("remote", tape))
     try:
         yield tape
     finally:

@@ -98,6 +98,12 @@ def describe_partition(partition, mask: np.ndarray) -> str:
     return "[" + ", ".join(describe_partition(p, mask) for p in partition) + "]"
 
 
+def _backward64(v: torch.Tensor) -> None:
+    """Backpropagate a micro-batch's loss (upcast to float64) through the engine's graph: one engine call,
+    made where the graph is (the engine's worker, under a referee; issue 22 §1)."""
+    v.to(torch.float64).backward()
+
+
 def _combine(rule, values: list) -> float:
     """:meth:`AggLoss.combine`; a callable rule is the engine's code, hence an engine call (issue 22 §1)."""
     if callable(rule):
@@ -152,7 +158,7 @@ def run_agg_loss(agg: AggLoss, loss: torch.Tensor, mask: torch.Tensor, mode: str
                     problems.append("gradient: a micro-batch's loss has no autograd graph (requires_grad=False): "
                                     "no gradient reaches the per-token loss")
                 else:
-                    call_engine("agg_loss backward", v.to(torch.float64).backward)
+                    call_engine("agg_loss backward", _backward64, v)
                     if rows.grad is None:
                         problems.append("gradient: backward ran but no gradient reached the per-token loss")
                     else:

@@ -1,9 +1,11 @@
 """The referee's process: started before any engine import, it judges what the engine's worker recorded.
 
 :func:`start` spawns (``multiprocessing`` *spawn*: a fresh interpreter, nothing inherited) a process that
-serves ``judge(request_bytes) -> (reply, verdict)`` on a Unix socket (``multiprocessing.connection``, an
-authkey of 32 random bytes): the engine's worker connects with :func:`connect`, sends one request per
-example and waits for the reply. Before each reply the referee sends ``verdict`` (plain data: the finding
+serves ``judge(request_bytes, exchange) -> (reply, verdict)`` on a Unix socket (``multiprocessing.connection``,
+an authkey of 32 random bytes): the engine's worker connects with :func:`connect`, sends one request per
+example and answers the engine calls the referee asks for (``exchange(bytes) -> bytes``: ``b"C"`` +
+the call; the worker's answer) until the reply comes (``b"R"`` + the pickled reply). A worker that dies
+mid-example ends that example without a verdict. Before each reply the referee sends ``verdict`` (plain data: the finding
 id, what it decided, its message) over a pipe that only the process that started it holds (the controller
 of the run), so the verdict reaches the controller without passing through the engine's process
 (issue 22 §1). ``check_clean()`` runs in the referee before it serves and after every request: it raises
@@ -54,8 +56,18 @@ def _serve(address: str, authkey: bytes, verdicts, ready, judge: Callable, check
                     break  # the worker ended (or was replaced): wait for the next one
                 if payload == b"stop":
                     return
+
+                def exchange(message: bytes, conn=conn) -> bytes:
+                    try:
+                        conn.send_bytes(b"C" + message)
+                        return conn.recv_bytes()
+                    except (EOFError, OSError) as exc:
+                        raise _WorkerGone(str(exc)) from exc
+
                 try:
-                    reply, verdict = judge(payload)
+                    reply, verdict = judge(payload, exchange)
+                except _WorkerGone:
+                    break  # the worker died or was ended mid-example: no verdict; wait for the next one
                 except BaseException:  # noqa: BLE001 - the referee's own failure: the worker reports it
                     reply, verdict = ("referee_failed", traceback.format_exc()[-4000:]), None
                 if verdict is not None:
@@ -64,7 +76,14 @@ def _serve(address: str, authkey: bytes, verdicts, ready, judge: Callable, check
                     except (OSError, ValueError):
                         pass
                 check_clean()
-                conn.send_bytes(pickle.dumps(reply))
+                try:
+                    conn.send_bytes(b"R" + pickle.dumps(reply))
+                except (EOFError, OSError):
+                    break
+
+
+class _WorkerGone(BaseException):
+    """The engine's worker stopped answering during an example (it died, or the controller ended it)."""
 
 
 class Referee:
@@ -101,7 +120,16 @@ def start(judge: Callable, check_clean: Callable, timeout_s: float = 120.0) -> R
     ready_out, ready_in = ctx.Pipe(duplex=False)
     p = ctx.Process(target=_serve, args=(address, authkey, verdicts_in, ready_in, judge, check_clean),
                     daemon=True, name="rlconform-referee")
-    p.start()
+    # the worker and its referee take turns, call by call: an idle OpenMP thread that spins for the next
+    # parallel region would take a core from the other process (the user's own setting is kept)
+    passive = "OMP_WAIT_POLICY" not in os.environ
+    if passive:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        p.start()
+    finally:
+        if passive:
+            os.environ.pop("OMP_WAIT_POLICY", None)
     verdicts_in.close()
     ready_in.close()
     if not ready_out.poll(timeout_s):
@@ -124,15 +152,34 @@ class Client:
         self.address, self.authkey = address, authkey
         self._conn = None
 
-    def ask(self, payload: bytes) -> Any:
+    def ask(self, payload: bytes, on_call: Callable[[bytes], bytes] | None = None) -> Any:
+        """Send one request; answer each engine call the referee asks for with ``on_call(message)``
+        until the referee's reply comes."""
         try:
             if self._conn is None:
                 self._conn = multiprocessing.connection.Client(self.address, family="AF_UNIX", authkey=self.authkey)
             self._conn.send_bytes(payload)
-            return pickle.loads(self._conn.recv_bytes())
+            while True:
+                message = self._conn.recv_bytes()
+                if message[:1] == b"R":
+                    return pickle.loads(message[1:])
+                if message[:1] != b"C" or on_call is None:
+                    raise OSError(f"the referee sent an unexpected message ({message[:1]!r})")
+                self._conn.send_bytes(on_call(message[1:]))
         except (OSError, EOFError) as exc:
-            self._conn = None
+            self._drop()
             raise RefereeUnavailable(f"the referee stopped answering ({type(exc).__name__}: {exc})") from exc
+        except BaseException:  # an interrupt mid-example: the referee must not take the next request for an answer
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except OSError:
+                pass
 
 
 def connect(address: str, authkey: bytes) -> Client:
