@@ -320,6 +320,10 @@ def render_markdown(doc: dict) -> str:
     def worst(fs):
         return max(fs, key=lambda f: (f.get("max_ratio") is None, f.get("max_ratio") or 0, f.get("max_abs_err") or 0))
 
+    from rlconform.harness.report.coverage_md import render_section
+
+    coverage = render_section(doc.get("coverage"), eng.get("spec"))  # the last section, inside the budget too
+    tail_chars = sum(len(x) + 1 for x in coverage or []) + 80
     if keys:  # after the defects and the declared section, under its own heading (issue 20 §4)
         lines += ["### All failing findings", "",
                   "| status | op | property | findings | dtypes | regimes | worst abs err | reproduce (worst) |",
@@ -333,7 +337,7 @@ def render_markdown(doc: dict) -> str:
                 f"{', '.join(sorted({f['regime'] for f in fs}))} | {error_text(w)} | "
                 + (f"`{rep['command']}`" if rep.get("command") else "") + " |")
         lines += ["", "<details><summary>one example per row</summary>\n"]
-        budget = MARKDOWN_LIMIT - sum(len(x) + 1 for x in lines) - 400
+        budget = MARKDOWN_LIMIT - sum(len(x) + 1 for x in lines) - tail_chars - 400
         for n, k in enumerate(keys):
             w = worst(groups[k])
             msg = (w.get("message") or "").strip()[:700].replace("\n", "\n    ")
@@ -350,11 +354,8 @@ def render_markdown(doc: dict) -> str:
         lines.append("</details>\n")
     lines.append(f"{s.get('pass', 0)} finding(s) pass.")
     # --- coverage table (issue 11): counts and what is unbound ------------------------------------------
-    from rlconform.harness.report.coverage_md import render_section
-
-    section = render_section(doc.get("coverage"), eng.get("spec"))
-    if section:
-        lines += [""] + section
+    if coverage:
+        lines += [""] + coverage
     return "\n".join(lines) + "\n"
 
 
