@@ -393,13 +393,7 @@ class Tape:
         for t in arg_tensors:
             self.register(t, None)
         self._apply(entry)
-        if entry.printed[0]:
-            sys.stdout.write(entry.printed[0])
-        if entry.printed[1]:
-            sys.stderr.write(entry.printed[1])
-        if entry.raised is not None:
-            raise Replayed(_rebuilt(entry.raised), entry.raised.traceback)
-        return _decode(entry.result, self)
+        return _finish(entry, self)
 
     def _apply(self, entry: Entry) -> None:
         for e in entry.effects:
@@ -608,13 +602,7 @@ class Remote(Tape):
                 torch.autograd.backward([t], [delta.to(t.dtype)])
             except RuntimeError as exc:  # e.g. the engine wrote into a producer's saved output: its backward fails
                 raise Replayed(exc, "".join(traceback.format_exception(exc))) from exc
-        if entry.printed[0]:
-            sys.stdout.write(entry.printed[0])
-        if entry.printed[1]:
-            sys.stderr.write(entry.printed[1])
-        if entry.raised is not None:
-            raise Replayed(_rebuilt(entry.raised), entry.raised.traceback)
-        return _decode(entry.result, self)
+        return _finish(entry, self)
 
 
 class _Produced(torch.autograd.Function):
@@ -705,6 +693,18 @@ class Server:
             return pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001
             return pickle.dumps(f"the call's record could not be sent: {type(exc).__name__}: {exc}")
+
+
+def _finish(entry: Entry, tape) -> object:
+    """The end of applying a recorded call (replayed or made remotely): what it printed is printed, what it
+    raised is raised (:class:`Replayed`), else its result decoded against ``tape``."""
+    if entry.printed[0]:
+        sys.stdout.write(entry.printed[0])
+    if entry.printed[1]:
+        sys.stderr.write(entry.printed[1])
+    if entry.raised is not None:
+        raise Replayed(_rebuilt(entry.raised), entry.raised.traceback)
+    return _decode(entry.result, tape)
 
 
 def _raised(exc: BaseException) -> Raised:
