@@ -1,10 +1,12 @@
 """``rlconform explain`` and the standalone reproducers (issue 20 §5).
 
-The scripts of five verl defects are generated from the committed ``reports/verl-0.9.1/`` (defects chosen by
-op, failure kind and engine function, not by id text); the geo_mean one runs in a subprocess where rlconform
-cannot be imported, first against verl as installed (exit 1, both numbers printed), then with
-``compute_policy_loss_geo_mean`` patched to the correct micro-batch scaling (exit 0). Both runs share one
-interpreter (runpy) so verl is imported once.
+The scripts of verl's defects are generated from the committed ``reports/verl-0.9.1/`` (defects found by engine
+function and failure class, the script's member chosen by explain among the defect's member findings, never by
+id text). All of them run in one subprocess where rlconform cannot be imported (a meta-path blocker ahead of every
+finder, the editable install's included; runpy, so torch and verl are imported once): each exits 1 against verl
+as installed and prints the engine's and the exact value; then four run again with the engine function replaced
+by a correct stand-in (geo_mean's micro-batch scaling, an entropy that handles bf16 and −inf logits, the loop
+RLOO that follows verl's singleton convention, a masked mean that selects) and exit 0.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 
 from rlconform.harness.cli import main
 from rlconform.harness.report.explain import (
-    NO_SCRIPT, explain_markdown, find_defect, read_case, standalone_script,
+    NO_SCRIPT, explain_markdown, find_defect, read_case, script_member_id, scripted_member, standalone_script,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,14 +30,25 @@ REPORT = os.path.join(ROOT, "reports", "verl-0.9.1")
 pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(REPORT, "report.json")),
                                 reason="the committed verl report is not in this checkout")
 
-#: (op, failure kind, engine functions): the five defects the brief names
-FIVE = {
-    "geo_mean": ("policy_loss", "partition dependence", {"compute_policy_loss_geo_mean"}),
-    "agg_loss_wrong": ("agg_loss", "wrong value", {"agg_loss"}),
-    "agg_loss_nan": ("agg_loss", "NaN / inf", {"agg_loss"}),
-    # the TP-entropy mutation's and the metric mean-of-means' rows are now represented (issue 20's folds) by
-    # cases explain has no standalone template for (a Σπ² read after the entropy's backward, a DP gather)
+#: name -> (failure class, engine functions): verl's defects whose standalone script must exist and exit 1
+SCRIPTED = {
+    "geo_mean": ("partition dependence", {"compute_policy_loss_geo_mean"}),
+    "agg_loss_wrong": ("wrong value", {"agg_loss"}),
+    "agg_loss_nan": ("NaN / inf", {"agg_loss"}),
+    "tp_entropy_backward": ("changes a tensor", {"_VocabParallelEntropy.backward"}),
+    "entropy_bf16": ("wrong value", {"entropy_from_logits"}),
+    "entropy_neg_inf": ("NaN / inf", {"entropy_from_logits"}),
+    "sum_pi_squared_bf16": ("wrong value", {"calculate_sum_pi_squared_from_logits"}),
+    "rloo_vectorized_singleton": ("wrong value", {"compute_rloo_vectorized_outcome_advantage"}),
+    "grpo_vectorized": ("wrong value", {"compute_grpo_vectorized_outcome_advantage"}),
+    "dp_mean_of_means": ("partition dependence", {"Metric.aggregate_dp"}),
+    "cp_masked_mean_nan": ("NaN / inf", {"distributed_masked_mean"}),
+    "gae_nan": ("NaN / inf", {"compute_gae_advantage_return"}),
+    "rejection_mask_bounds": ("wrong value", {"compute_rollout_correction_and_rejection_mask",
+                                              "compute_rollout_rejection_mask"}),
 }
+#: the scripts that also run against a correct stand-in of the engine function (PRELUDE's FIXES)
+FIXED = ("geo_mean", "entropy_bf16", "entropy_neg_inf", "rloo_vectorized_singleton", "cp_masked_mean_nan")
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +57,18 @@ def doc():
         return json.load(f)
 
 
+def _candidates(doc, name):
+    cls, functions = SCRIPTED[name]
+    return [d for d in doc["defects"] if d["signature"]["kind"] == cls
+            and (d.get("engine_function") or {}).get("function") in functions and d["severity"] != "precision"]
+
+
 def _defect(doc, name):
-    op, kind, functions = FIVE[name]
-    for d in doc["defects"]:
-        if (d["op"] == op and d["signature"]["kind"] == kind
-                and (d.get("engine_function") or {}).get("function") in functions):
-            return d
-    pytest.fail(f"no {name} defect ({op}, {kind}, {functions}) in the committed report")
+    """The defect of ``name`` (the first with a script when the grouping splits it)."""
+    found = _candidates(doc, name)
+    if not found:
+        pytest.fail(f"no {name} defect {SCRIPTED[name]} in the committed report")
+    return next((d for d in found if standalone_script(doc, d, REPORT)[0] is not None), found[0])
 
 
 def _imports(text: str) -> set[str]:
@@ -66,20 +84,22 @@ def _imports(text: str) -> set[str]:
 @pytest.fixture(scope="module")
 def scripts(doc):
     out = {}
-    for name in FIVE:
+    for name in SCRIPTED:
         d = _defect(doc, name)
-        text, why = standalone_script(doc, d, read_case(REPORT, d))
+        text, why = standalone_script(doc, d, REPORT)
         assert text is not None, f"{name}: {why}"
         out[name] = text
     return out
 
 
-def test_five_scripts_import_only_torch_the_engine_and_the_standard_library(scripts):
+def test_scripts_import_only_torch_the_engine_and_the_standard_library(scripts):
     allowed = set(sys.stdlib_module_names) | {"torch", "verl", "megatron"}
     for name, text in scripts.items():
         imported = _imports(text)
-        assert imported <= allowed, (name, imported - allowed)
-        assert "rlconform" not in imported and "numpy" not in imported, name
+        # numpy only where verl's own call needs it (the trainer's uids are a NumPy object array)
+        extra = {"numpy"} if name in ("rloo_vectorized_singleton", "grpo_vectorized") else set()
+        assert imported <= allowed | extra, (name, imported - allowed)
+        assert "rlconform" not in imported, name
         assert "sys.exit(main())" in text, name
 
 
@@ -96,18 +116,55 @@ def test_script_embeds_the_smallest_input_bit_for_bit(doc, scripts):
     assert namespace["INPUTS"]["partitions"] == case["inputs"]["partitions"]
 
 
-def test_a_kind_without_template_says_so(doc):
-    d = next(d for d in doc["defects"] if d["signature"]["kind"].startswith("crash"))
-    case = read_case(REPORT, d)
-    text, why = standalone_script(doc, d, case)
-    assert text is None and why
-    md = explain_markdown(doc, d, case)
-    assert NO_SCRIPT in md and "```python" not in md
+def _crash_defect(doc):
+    return next(d for d in doc["defects"] if d["signature"]["kind"].startswith("crash"))
+
+
+def test_a_defect_without_templatable_member_says_so_in_one_line(doc):
+    d = _crash_defect(doc)
+    text, why = standalone_script(doc, d, REPORT)
+    assert text is None and why.startswith(f"none of its {len(d['members'])} member finding")
+    assert "\n" not in why
+    md = explain_markdown(doc, d, read_case(REPORT, d), REPORT)
+    assert f"**Standalone script:** {NO_SCRIPT} (none of its" in md and "```python" not in md
+
+
+def test_the_script_reproduces_a_member_when_the_representative_case_has_no_template(doc, scripts):
+    # the TP-entropy row's representative is a Σπ² read after the entropy's backward; its script is the
+    # smallest vocab_parallel_entropy member, run on one rank (its trigger needs no TP > 1)
+    d = _defect(doc, "tp_entropy_backward")
+    member = script_member_id(scripts["tp_entropy_backward"])
+    assert member in d["members"] and member != d["reproducer"]["finding"]
+    assert member.startswith("vocab_parallel_entropy.non_destructive.")
+    assert "\nTP = 1\n" in scripts["tp_entropy_backward"]
+    md = explain_markdown(doc, d, read_case(REPORT, d), REPORT)
+    assert f"**Standalone script** of member `{member}`" in md
+
+
+def test_selection_skips_members_without_template_or_case_and_prefers_the_smallest(doc, tmp_path):
+    import shutil
+
+    d = _defect(doc, "entropy_neg_inf")
+    by_id = {f["id"]: f for f in doc["findings"]}
+    crash = by_id[_crash_defect(doc)["reproducer"]["finding"]]
+    members = [m for m in d["members"] if m.startswith("entropy.finite_where_reference_finite.")]
+    (tmp_path / "cases").mkdir()
+    for fid in [crash["id"], *members]:
+        rel = by_id[fid]["reproducer"]["case_file"]
+        shutil.copy(os.path.join(REPORT, rel), tmp_path / rel)
+    gone = dict(by_id[members[0]], reproducer={"case_file": "cases/missing.json"})
+    synthetic = dict(doc, findings=[crash, gone, *(by_id[m] for m in members[1:])],
+                     defects=[dict(d, reproducer=dict(crash["reproducer"], finding=crash["id"]),
+                                   members=[crash["id"], *members])])
+    f, case, _ = scripted_member(synthetic, synthetic["defects"][0], str(tmp_path))
+    sizes = {m: len(json.dumps(read_case(REPORT, by_id[m])["inputs"])) for m in members[1:]}
+    assert f["id"] in members[1:] and case["op"] == "entropy"
+    assert sizes[f["id"]] == min(sizes.values())
 
 
 def test_explain_markdown_has_every_part(doc):
     d = _defect(doc, "geo_mean")
-    md = explain_markdown(doc, d, read_case(REPORT, d))
+    md = explain_markdown(doc, d, read_case(REPORT, d), REPORT)
     for part in ("compute_policy_loss_geo_mean", "verl/trainer/ppo/core_algos.py:", "more than one micro-batch",
                  "-1.30481732", "-0.652408658", "rlconform replay", "```python", "0x1.2f257c0000000p+0"):
         assert part in md, part
@@ -134,7 +191,9 @@ def test_script_flag_writes_only_the_script(doc, tmp_path, capsys):
 
 
 def test_script_flag_on_a_kind_without_template_is_exit_2(doc, tmp_path, capsys):
-    d = next(d for d in doc["defects"] if d["signature"]["kind"].startswith("crash"))
+    d = _crash_defect(doc)
+    assert main(["explain", d["id"], "--report", REPORT]) == 0  # explained, with the line in place of a script
+    assert NO_SCRIPT in capsys.readouterr().out
     assert main(["explain", d["id"], "--report", REPORT, "--script", str(tmp_path / "x.py")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and NO_SCRIPT in err
@@ -174,52 +233,86 @@ def test_report_pages_carry_the_explain_text_and_line(doc):
 
 
 # The subprocess: rlconform cannot be imported (a meta-path blocker ahead of every finder, the editable
-# install's included), the script runs as __main__ twice: as installed, then with the fix.
+# install's included); every script runs as __main__ against verl as installed, then FIXED ones again with the
+# engine function replaced by a correct stand-in.
 PRELUDE = r"""
-import importlib.abc, json, runpy, sys
+import importlib.abc, json, os, runpy, sys
+BLOCKED = ("rlconform", "harness", "reference", "properties", "distributed_tests")
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "rlconform" or name.startswith("rlconform."):
-            raise ImportError("rlconform is blocked in this test")
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(name + " is blocked in this test")
 sys.meta_path.insert(0, Block())
-def run(path):
+def run(name):
+    path = os.path.join(sys.argv[1], name + ".py")
+    sys.argv[1:] = [sys.argv[1]]  # the script's own argv: none
+    print("=== " + name, flush=True)
+    saved, sys.argv = sys.argv, [path]
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:
         return exc.code
+    finally:
+        sys.argv = saved
     return None
-codes = [run(sys.argv[1])]
+names = json.loads(sys.argv[2])
+codes = {n: run(n) for n in names["all"]}
+
+import torch
 from verl.trainer.ppo import core_algos
-buggy = core_algos.POLICY_LOSS_REGISTRY["geo_mean"]
-def fixed(*args, **kw):
+from verl.utils import torch_functional as verl_F
+buggy_geo = core_algos.POLICY_LOSS_REGISTRY["geo_mean"]
+def geo_mean(*args, **kw):
     # the fix: a micro-batch's mean over its rows, weighted by its share of the mini-batch's rows
-    loss, metrics = buggy(*args, **kw)
-    rows = kw["response_mask"].shape[0]
-    return loss * rows / kw["config"].global_batch_info["global_batch_size"], metrics
-core_algos.POLICY_LOSS_REGISTRY["geo_mean"] = fixed
-print("=== fixed")
-codes.append(run(sys.argv[1]))
-assert not any(m.startswith("rlconform") for m in sys.modules), "rlconform was imported"
-print("CODES " + json.dumps(codes))
+    loss, metrics = buggy_geo(*args, **kw)
+    return loss * kw["response_mask"].shape[0] / kw["config"].global_batch_info["global_batch_size"], metrics
+def entropy(logits):
+    # float32, a -inf logit contributes 0 (log p taken where p > 0 only)
+    x = logits.float()
+    p, logp = torch.softmax(x, -1), torch.log_softmax(x, -1)
+    return -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1).to(logits.dtype)
+buggy_mean = verl_F.distributed_masked_mean
+def masked_mean(t, m):
+    return buggy_mean(torch.where(m.bool(), t, torch.zeros_like(t)), m)
+core_algos.POLICY_LOSS_REGISTRY["geo_mean"] = geo_mean
+core_algos.ADV_ESTIMATOR_REGISTRY["rloo_vectorized"] = core_algos.compute_rloo_outcome_advantage
+verl_F.entropy_from_logits = entropy
+verl_F.distributed_masked_mean = masked_mean
+fixed = {n: run(n) for n in names["fixed"]}
+assert not any(m.split(".")[0] in BLOCKED for m in sys.modules), "rlconform was imported"
+print("CODES " + json.dumps({"engine": codes, "fixed": fixed}))
 """
 
 
 @pytest.mark.engines
 @pytest.mark.slow
-def test_geo_mean_script_exits_1_without_rlconform_and_0_once_fixed(scripts, tmp_path):
+def test_scripts_exit_1_without_rlconform_and_0_once_fixed(scripts, tmp_path):
     pytest.importorskip("verl")
-    path = tmp_path / "geo_mean.py"
-    path.write_text(scripts["geo_mean"])
+    for name, text in scripts.items():
+        (tmp_path / f"{name}.py").write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    proc = subprocess.run([sys.executable, "-I", "-c", PRELUDE, str(path)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path)
+    names = json.dumps({"all": list(scripts), "fixed": list(FIXED)})
+    proc = subprocess.run([sys.executable, "-I", "-c", PRELUDE, str(tmp_path), names], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=600)
     out = proc.stdout
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(out.rsplit("CODES ", 1)[1]) == [1, 0], out
-    broken, repaired = out.split("=== fixed")
-    assert "DEFECT: partition dependence" in broken and "engine -1.66606292" in broken
-    assert "vs exact -0.83303146" in broken
-    assert "fixed: every partition gives the same result" in repaired
+    assert proc.returncode == 0, (out[-3000:], proc.stderr[-3000:])
+    codes = json.loads(out.rsplit("CODES ", 1)[1])
+    assert codes["engine"] == {n: 1 for n in scripts}, out
+    assert codes["fixed"] == {n: 0 for n in FIXED}, out
+    runs = out.split("=== ")[1:]
+    broken = {r.split("\n", 1)[0]: r for r in runs[:len(scripts)]}
+    repaired = {r.split("\n", 1)[0]: r for r in runs[len(scripts):]}
+    for name, text in broken.items():
+        assert "DEFECT: " in text, (name, text)
+        assert " vs exact " in text, (name, text)  # both numbers, on one line
+    assert "engine -1.66606292" in broken["geo_mean"] and "vs exact -0.83303146" in broken["geo_mean"]
+    assert "value: engine 0.0 vs exact 0.6931471805599453" in broken["entropy_bf16"]
+    assert "value: engine nan vs exact 0.0" in broken["entropy_neg_inf"]
+    assert "advantages: engine 0.0 vs exact 0.5" in broken["rloo_vectorized_singleton"]
+    assert "kept mask: engine 1.0 vs exact 0.0" in broken["rejection_mask_bounds"]
+    assert "the caller's logits were written" in broken["tp_entropy_backward"]
+    for name, text in repaired.items():
+        assert "fixed: " in text and "DEFECT" not in text, (name, text)
 
 
 def test_a_folder_without_report_or_with_a_malformed_one_is_one_line(tmp_path, capsys):
@@ -235,5 +328,5 @@ def test_a_folder_without_report_or_with_a_malformed_one_is_one_line(tmp_path, c
 def test_no_script_for_an_engine_the_templates_do_not_call(doc):
     d = _defect(doc, "agg_loss_wrong")
     other = dict(doc, engine=dict(doc["engine"], name="skyrl"))
-    text, why = standalone_script(other, d, read_case(REPORT, d))
+    text, why = standalone_script(other, d, REPORT)
     assert text is None and "skyrl" in why

@@ -9,11 +9,19 @@ The standalone script reproduces the defect with plain PyTorch and the engine on
 embeds the smallest input bit for bit (floats as ``float.hex`` strings), calls the engine function as the
 binding does (``harness/bindings/verl.py``), computes the exact value in float64 (the reference formula written
 out, citing ``reference/``), prints both and exits 1 while the defect is there, 0 once it is gone. Scripts come
-from jinja2 templates under ``templates/``: one per op family (the engine call and the exact value) and one per
-failure kind (wrong value, partition dependence: every partition run, NaN: garbage at masked positions,
-mutation: digests and tensor versions before / after, on gloo TP ranks it spawns). A template is chosen by the
-op, property and failure kind of the defect's reproducer finding (never by the id's text); a defect with no
-template says so ("no standalone script for this kind yet") instead of getting a wrong one.
+from jinja2 templates under ``templates/``: one per op family (the engine call and the exact value: agg_loss,
+policy_loss geo_mean, metric_pipeline, entropy / Σπ², outcome_advantage grpo / drgrpo / rloo and their
+vectorized implementations, gae, cp_masked_mean on a gloo world of one, the token_k1 rejection mask) and one per
+failure kind (wrong value or NaN against the exact value, partition dependence: every partition run, NaN:
+garbage at masked positions, mutation: digests and tensor versions before / after, on gloo TP ranks, one in
+process unless the trigger needs TP > 1).
+
+A defect groups member findings (however triage groups them); its script reproduces one member:
+:func:`scripted_member` picks, among the members whose case a template is written for (chosen by the member's
+op, property, failure kind and regime, never by the id's text), the smallest input. A defect none of whose
+members has a template says so in one line ("no standalone script for this kind yet (none of its N member
+findings is a case a template is written for; e.g. …)") instead of getting a wrong one: ``explain`` prints
+that line in place of the script (exit 0), ``explain --script`` exits 2 with it.
 
 The command itself is :mod:`rlconform.harness.report.explain_cmd`. Errors (:class:`ExplainError`, one line,
 exit 2 there): no report, no ``defects`` in it, an unknown or ambiguous id
@@ -29,6 +37,7 @@ import os
 import re
 
 __all__ = ["ExplainError", "find_defect", "read_case", "explain_markdown", "standalone_script", "script_support",
+           "scripted_member", "script_member_id",
            "explain_command", "explain_blob", "markdown_lines"]
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
@@ -190,10 +199,11 @@ def explain_command(d: dict) -> str:
     return f"rlconform explain {d['id']} --report {m.group(1) if m else 'DIR'}"
 
 
-def explain_markdown(doc: dict, d: dict, case: dict | None) -> str:
-    """The Markdown a maintainer pastes into an upstream issue."""
+def explain_markdown(doc: dict, d: dict, case: dict | None, folder: str | None = None) -> str:
+    """The Markdown a maintainer pastes into an upstream issue (``case``: the case of the defect's reproducer;
+    ``folder``: the report folder, where the script's member case is read; None: no script)."""
     eng = doc.get("engine") or {}
-    script, why = standalone_script(doc, d, case)
+    script, why = standalone_script(doc, d, folder) if folder is not None else (None, "no report folder")
     rep = d.get("reproducer") or {}
     lines = [f"### {eng.get('name', 'engine')} {eng.get('version') or ''}: `{(d.get('engine_function') or {}).get('function') or d.get('op')}`"
              f" — {(d.get('signature') or {}).get('kind')} · {d.get('trigger')}", "",
@@ -207,9 +217,18 @@ def explain_markdown(doc: dict, d: dict, case: dict | None) -> str:
     if script is None:
         lines += [f"**Standalone script:** {NO_SCRIPT} ({why})."]
     else:
-        lines += ["**Standalone script** (torch and the engine only; exits 1 while the defect is there):", "",
+        member = script_member_id(script)
+        of = "" if member == rep.get("finding") else (
+            f" of member `{member}`, the smallest member whose case a template is written for")
+        lines += [f"**Standalone script**{of} (torch and the engine only; exits 1 while the defect is there):", "",
                   "```python", script.rstrip("\n"), "```"]
     return "\n".join(lines) + "\n"
+
+
+def script_member_id(script: str) -> str | None:
+    """The finding id a standalone script reproduces (its docstring's ``finding:`` line)."""
+    m = re.search(r"^finding:\s+(\S+)$", script, re.M)
+    return m.group(1) if m else None
 
 
 # ------------------------------------------------------------------------------------------- scripts
@@ -220,9 +239,10 @@ _TP = re.compile(r"^tp(\d+)_")
 SCRIPT_ENGINES = ("verl",)
 
 
-#: the report's failure classes (:func:`rlconform.harness.report.triage.failure_class`) -> the kinds the texts
-#: and templates are written for
-_KIND_OF_CLASS = {"changes a tensor": "mutation", "NaN / inf": "NaN"}
+#: the report's failure classes (:func:`rlconform.harness.report.triage.failure_class`) and the kinds of a finding
+#: (:func:`rlconform.harness.report.triage.kind`) -> the kinds the texts and templates are written for
+_KIND_OF_CLASS = {"changes a tensor": "mutation", "in-place on saved": "mutation", "NaN / inf": "NaN",
+                  "implementations disagree": "wrong value"}
 
 
 def _kind(d: dict) -> str | None:
@@ -231,21 +251,72 @@ def _kind(d: dict) -> str | None:
     return _KIND_OF_CLASS.get(k, k)
 
 
-def _supported(d: dict, case: dict, engine: str = "verl") -> tuple[str, dict] | str:
-    """(kind template, extra context) for the reproducer finding of ``d`` (its op, property, failure kind and
-    regime) on ``engine``, or the reason there is none."""
+def _member_kind(f: dict) -> str:
+    """The failure kind of a member finding ``f`` in the templates' words (triage's kind, mapped; inf is NaN's)."""
+    from rlconform.harness.report.triage import kind
+
+    k = kind(f)
+    return _KIND_OF_CLASS.get(k, "NaN" if k == "inf" else k)
+
+
+#: single-call families: op -> (family template, the engine function the template calls); the kind templates
+#: run them without partitions
+_TOKEN_STATS = {"entropy": "entropy_from_logits", "sum_pi_squared": "calculate_sum_pi_squared_from_logits"}
+#: ``outcome_advantage`` variants the exact formula is written out for -> verl's registry name of the default
+#: implementation (``+vectorized``: ``<name>_vectorized``), and whether the advantage is divided by the group std
+_ESTIMATORS = {"grpo": ("grpo", True), "drgrpo": ("grpo", False), "rloo": ("rloo", None)}
+#: ops whose family appends a masked time step to an all-valid mask under mask_invariant
+#: (:func:`rlconform.harness.core.garbage.with_masked_column`); the others clear the mask's last bit
+_APPENDS_MASKED_COLUMN = {"gae": "response_mask", "outcome_advantage": "response_mask"}
+#: properties a wrong value / NaN of a single-call family is read from
+_VALUE_PROPERTIES = ("matches_reference", "finite_where_reference_finite", "implementations_agree")
+
+
+def _template(f: dict, case: dict, engine: str = "verl") -> tuple[str, dict] | str:
+    """(kind template, extra context) for member finding ``f`` of a defect and its case (its op, property,
+    failure kind and regime) on ``engine``, or the reason there is none."""
     if engine not in SCRIPT_ENGINES:
         return f"engine {engine}: the templates call {', '.join(SCRIPT_ENGINES)} only"
-    op, prop = case.get("op"), case.get("property")
-    kind = _kind(d)
+    op, prop, regime = case.get("op"), case.get("property"), case.get("regime") or ""
+    kind = _member_kind(f)
     inputs = case["inputs"]
+    variant = regime.split("@", 1)[0] if "@" in regime else None
+    if op == "vocab_parallel_entropy" and prop == "non_destructive" and kind == "mutation":
+        m = _TP.match(regime)
+        if not m or variant is not None:
+            return f"op {op} regime {regime!r}: only the unchunked function on TP-only layouts"
+        from rlconform.harness.report.triage import trigger
+
+        tp = int(m.group(1))  # the script runs one rank unless the failure needs TP > 1 (its trigger says so)
+        return "vp_mutation.py.j2", {"case_tp": tp, "tp": tp if "TP > 1" in trigger(f) else 1,
+                                     "vp_function": "vocab_parallel_entropy"}
+    single = ""
+    if op in _TOKEN_STATS and variant is None and prop in _VALUE_PROPERTIES[:2]:
+        single = "fam_token_stats.py.j2"
+    elif op == "outcome_advantage" and prop in _VALUE_PROPERTIES:
+        est, _, impl = (variant or "").partition("+")
+        if est not in _ESTIMATORS or impl not in ("", "vectorized"):
+            return f"outcome_advantage variant {variant!r} (the exact formula is written out for {', '.join(_ESTIMATORS)})"
+        name, norm = _ESTIMATORS[est]
+        return "kind_wrong_value.py.j2", {
+            "family_template": "fam_outcome_advantage.py.j2", "partition_words": "", "estimator": est,
+            "registry_name": name + ("_vectorized" if impl else ""), "norm": norm}
+    elif op == "rollout_rejection_mask" and prop == "matches_reference" and variant == "token_k1_asym":
+        if not (f.get("message") or "").startswith("kept mask"):
+            return "rollout_rejection_mask: the script checks the kept mask, and this finding's kept mask is right"
+        return "kind_wrong_value.py.j2", {"family_template": "fam_rejection_mask.py.j2", "partition_words": "",
+                                          "rs_option": "token_k1", "rs_threshold": "0.8_1.5"}
+    elif op in ("gae", "cp_masked_mean") and prop == "mask_invariant" and kind == "NaN":
+        garbage = inputs.get("garbage")
+        value = garbage.get("float") if isinstance(garbage, dict) else garbage
+        return "kind_nan.py.j2", {"family_template": f"fam_{op}.py.j2", "partition_words": "", "garbage": str(value)}
+    if single:
+        if kind not in ("wrong value", "NaN"):
+            return f"failure kind {kind!r} of property {prop} on op {op}"
+        return "kind_wrong_value.py.j2", {"family_template": single, "partition_words": "", "stat": op,
+                                          "engine_fn": _TOKEN_STATS[op]}
     fam = {"agg_loss": "fam_agg_loss.py.j2", "policy_loss": "fam_policy_loss.py.j2",
            "metric_pipeline": "fam_metric_pipeline.py.j2"}.get(op)
-    if op == "vocab_parallel_entropy" and prop == "non_destructive" and kind == "mutation":
-        m = _TP.match(case.get("regime") or "")
-        if not m or "@" in (case.get("regime") or ""):
-            return f"op {op} regime {case.get('regime')!r}: only the unchunked function on TP-only layouts"
-        return "vp_mutation.py.j2", {"tp": int(m.group(1)), "vp_function": "vocab_parallel_entropy"}
     if fam is None:
         return f"failure kind {kind!r} of property {prop} on op {op}"
     if op == "policy_loss" and inputs.get("variant") != "geo_mean":
@@ -257,18 +328,78 @@ def _supported(d: dict, case: dict, engine: str = "verl") -> tuple[str, dict] | 
         return "kind_wrong_value.py.j2", ctx
     if kind == "partition dependence" and prop == "partition_invariant":
         return "kind_partition.py.j2", ctx
-    if kind in ("NaN", "inf") and prop == "mask_invariant" and op == "agg_loss":
+    if kind == "NaN" and prop == "mask_invariant" and op == "agg_loss":
         garbage = inputs.get("garbage")
         value = garbage.get("float") if isinstance(garbage, dict) else garbage
         return "kind_nan.py.j2", dict(ctx, garbage=str(value))
     return f"failure kind {kind!r} of property {prop} on op {op}"
 
 
-def script_support(d: dict, case: dict | None, engine: str = "verl") -> str | None:
-    """None when :func:`standalone_script` can write a script for ``d`` of ``engine``, else the reason."""
-    if case is None:
-        return "the defect has no case file"
-    got = _supported(d, case, engine)
+def _elements(case: dict) -> int:
+    """Scalars in a case's inputs (tensor elements, partition bounds): the size of the input a script embeds."""
+    def count(v):
+        if isinstance(v, dict) and "shape" in v:
+            return math.prod(v["shape"]) if v["shape"] else 1
+        if isinstance(v, (list, tuple)):
+            return sum(count(x) for x in v)
+        return 1
+    return sum(count(v) for v in (case.get("inputs") or {}).values())
+
+
+#: the order in which equally small members are preferred: the exact value first, then another implementation
+_PROPERTY_RANK = {"matches_reference": 0, "finite_where_reference_finite": 1, "partition_invariant": 1,
+                  "mask_invariant": 1, "non_destructive": 1, "implementations_agree": 2}
+
+
+def _members(doc: dict, d: dict) -> list[dict]:
+    """The member findings of defect ``d`` (its reproducer's finding first), as the report holds them."""
+    by_id = {f.get("id"): f for f in doc.get("findings") or [] if isinstance(f, dict)}
+    first = (d.get("reproducer") or {}).get("finding")
+    ids = ([first] if first else []) + [m for m in d.get("members") or [] if m != first]
+    out = [by_id[i] for i in ids if i in by_id]
+    if not out and first:  # a report without its findings: the defect's own reproducer
+        out = [{"id": first, "reproducer": d.get("reproducer"), "message": d.get("message"), "status": "discrepancy",
+                "property": d.get("property"), "op": d.get("op")}]
+    return out
+
+
+def scripted_member(doc: dict, d: dict, folder: str) -> tuple[dict, dict, tuple[str, dict]] | str:
+    """(member finding, its case, (template, context)) of defect ``d`` that a standalone script is written
+    for: among the members whose case a template is written for, the smallest input (fewest scalars, then
+    fewest processes, then the exact value before another implementation, then id); or, when no member has
+    one, the reason in one line. Selects by the members' cases, never by the defect's id, so it holds
+    whatever the grouping. Raises :class:`ExplainError` for a case path that leaves the folder."""
+    engine = (doc.get("engine") or {}).get("name") or ""
+    members = _members(doc, d)
+    if engine not in SCRIPT_ENGINES:
+        return f"engine {engine}: the templates call {', '.join(SCRIPT_ENGINES)} only"
+    best, first_reason = None, None
+    for f in members:
+        try:
+            case = read_case(folder, f)
+        except ExplainError as exc:
+            first_reason = first_reason or str(exc)
+            continue
+        if case is None:
+            first_reason = first_reason or f"{f.get('id')} has no case file"
+            continue
+        got = _template(f, case, engine)
+        if isinstance(got, str):
+            first_reason = first_reason or got
+            continue
+        key = (_elements(case), got[1].get("tp", 1), _PROPERTY_RANK.get(case.get("property"), 3), f["id"])
+        if best is None or key < best[0]:
+            best = (key, f, case, got)
+    if best is None:
+        n = len(members)
+        return (f"none of its {n} member finding{'s' if n != 1 else ''} is a case a template is written for"
+                + (f"; e.g. {first_reason}" if first_reason else ""))
+    return best[1:]
+
+
+def script_support(doc: dict, d: dict, folder: str) -> str | None:
+    """None when :func:`standalone_script` can write a script for ``d``, else the reason (one line)."""
+    got = scripted_member(doc, d, folder)
     return got if isinstance(got, str) else None
 
 
@@ -312,34 +443,61 @@ def _environment():
                               undefined=jinja2.StrictUndefined, autoescape=False)
 
 
-def standalone_script(doc: dict, d: dict, case: dict | None) -> tuple[str | None, str | None]:
-    """(script text, None), or (None, the reason there is no template for this defect)."""
-    if case is None:
-        return None, "the defect has no case file"
-    got = _supported(d, case, (doc.get("engine") or {}).get("name") or "")
+def _with_masked_position(case: dict) -> dict:
+    """The case's inputs as the family hands them to the engine under ``mask_invariant``: an all-valid mask
+    gets a masked position, as the family gives it one (the advantage families append a masked time step to
+    every ``[B, T]`` input, :func:`rlconform.harness.core.garbage.with_masked_column`, padding 0; the others
+    clear the mask's last bit)."""
+    inputs = dict(case["inputs"])
+    key = _APPENDS_MASKED_COLUMN.get(case.get("op"), "mask")
+    mask = inputs.get(key)
+    if case.get("property") != "mask_invariant" or not isinstance(mask, dict) or not all(mask.get("data") or [0]):
+        return inputs
+    shape = list(mask["shape"])
+    if key == "mask":
+        inputs[key] = dict(mask, data=list(mask["data"][:-1]) + [0])
+        return inputs
+    b, t = shape[0], shape[-1]
+    for k, v in list(inputs.items()):
+        if isinstance(v, dict) and list(v.get("shape") or []) == shape:
+            field = "hex" if "hex" in v else "data"
+            pad = "0x0.0p+0" if field == "hex" else 0
+            rows = [list(v[field][i * t:(i + 1) * t]) + [pad] for i in range(b)]
+            inputs[k] = dict(v, shape=[b, t + 1], **{field: [x for r in rows for x in r]})
+    return inputs
+
+
+def standalone_script(doc: dict, d: dict, folder: str) -> tuple[str | None, str | None]:
+    """(script text, None), or (None, the reason no member of defect ``d`` has a template). The script
+    reproduces :func:`scripted_member`'s member finding, read from the report folder ``folder``."""
+    got = scripted_member(doc, d, folder)
     if isinstance(got, str):
         return None, got
-    template, extra = got
+    from rlconform.harness.report.triage import narrowest, trigger
+
+    f, case, (template, extra) = got
     eng = doc.get("engine") or {}
     fn = d.get("engine_function") or {}
     dtype = case.get("dtype") or "float32"
-    inputs = dict(case["inputs"])
-    mask = inputs.get("mask")
-    if case.get("property") == "mask_invariant" and isinstance(mask, dict) and all(mask.get("data") or [0]):
-        # the family clears the last mask bit of an all-valid mask (garbage needs a masked position)
-        inputs["mask"] = dict(mask, data=list(mask["data"][:-1]) + [0])
-    embedded = {k: _embed(v, dtype) for k, v in inputs.items()}
+    embedded = {k: _embed(v, dtype) for k, v in _with_masked_position(case).items()}
+    op = case.get("op")
     ref_src = {"agg_loss": "reference/loss_agg.py agg_loss, agg_loss_grad",
                "policy_loss": "reference/policy_loss.py policy_loss, policy_loss_grad (geo_mean)",
                "metric_pipeline": "reference/metrics.py token_metrics",
+               "entropy": "reference/token_stats.py entropy and its gradient −p ⊙ (log p + H)",
+               "sum_pi_squared": "reference/token_stats.py sum_pi_squared and its gradient 2p ⊙ (p − Σπ²)",
+               "outcome_advantage": "reference/advantage_estimators.py, with verl's declared singleton convention",
+               "gae": "reference/advantage_estimators.py gae, reference/whitening.py",
+               "cp_masked_mean": "reference/reductions.py masked_mean",
+               "rollout_rejection_mask": "reference/rejection_mask.py (token_k1: keep lower ≤ π/π_old ≤ upper)",
                "vocab_parallel_entropy": "non_destructive: inputs hold the same bits after forward and backward"
-               }.get(case.get("op"), "reference/")
+               }.get(op, "reference/")
     ref_doc = {"vocab_parallel_entropy": "the caller's logits unchanged (bits and autograd version)"}.get(
-        case.get("op"), "the reference formula written out in run_exact below")
+        op, "the reference formula written out in run_exact below")
     ctx = dict(extra, engine=eng.get("name", "verl"), version=eng.get("version") or "", defect_id=d["id"],
                function=fn.get("function") or d.get("op"), site=f"{fn.get('file')}:{fn.get('line')}",
-               kind=_kind(d), trigger=d.get("trigger"), prop=case.get("property"),
-               op=case.get("op"), dtype=dtype, finding=(d.get("reproducer") or {}).get("finding"),
+               kind=_member_kind(f), trigger=narrowest(trigger(f), [f]), prop=case.get("property"),
+               op=op, dtype=dtype, finding=f["id"], regime=case.get("regime") or "",
                inputs=_literal(embedded), reference_src=ref_src, reference_doc=ref_doc)
     return _environment().get_template(template).render(**ctx), None
 
@@ -351,9 +509,8 @@ def explain_texts(doc: dict, folder: str) -> list[tuple[str, bool]]:
     out = []
     for d in doc.get("defects") or []:
         try:
-            case = read_case(folder, d)
-            script, _ = standalone_script(doc, d, case)
-            out.append((f"$ {explain_command(d)}\n\n{explain_markdown(doc, d, case)}", script is not None))
+            text = explain_markdown(doc, d, read_case(folder, d), folder)
+            out.append((f"$ {explain_command(d)}\n\n{text}", "```python" in text))
         except (ExplainError, OSError, ValueError, KeyError) as exc:
             out.append((f"{explain_command(d)}: {exc}\n", False))
     return out

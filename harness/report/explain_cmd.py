@@ -1,8 +1,10 @@
 """The ``rlconform explain DEFECT_ID --report DIR [--script PATH]`` command (issue 20 §5): reads the report
 folder (:func:`rlconform.harness.report.load.load_report`), finds the defect (its id or a unique prefix) and
 prints :func:`rlconform.harness.report.explain.explain_markdown`, or writes the standalone script only. A bad
-report, an unknown or ambiguous id, a case file outside the folder or a defect without script (with
-``--script``) is one line on stderr and exit 2. (A module of its own: ``explain`` is imported by the report
+report, an unknown or ambiguous id, a case file outside the folder or a defect none of whose member findings
+has a script template (with ``--script``: "no standalone script for this kind yet (none of its N member
+findings is a case a template is written for; e.g. …)") is one line on stderr and exit 2; without
+``--script`` such a defect is explained with that line in place of the script, exit 0. (A module of its own: ``explain`` is imported by the report
 writer, which ``load`` imports.)
 """
 
@@ -34,14 +36,14 @@ def cmd_explain(args) -> int:
         d = find_defect(doc, args.defect, report_path(args.report))
         case = read_case(folder, d)
         if args.script:
-            text, why = standalone_script(doc, d, case)
+            text, why = standalone_script(doc, d, folder)
             if text is None:
                 raise ExplainError(f"defect {d['id']}: {NO_SCRIPT} ({why})")
             with open(args.script, "w", encoding="utf-8") as f:
                 f.write(text)
             print(f"wrote {args.script}")
             return 0
-        sys.stdout.write(explain_markdown(doc, d, case))
+        sys.stdout.write(explain_markdown(doc, d, case, folder))
     except (ExplainError, ReportError) as exc:
         print(f"rlconform: {exc}", file=sys.stderr)
         return 2
