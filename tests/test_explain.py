@@ -2,8 +2,9 @@
 
 The scripts of verl's defects are generated from the committed ``reports/verl-0.9.1/`` (defects found by engine
 function and failure class, the script's member chosen by explain among the defect's member findings, never by
-id text). All of them run in one subprocess where rlconform cannot be imported (a meta-path blocker ahead of every
-finder, the editable install's included; runpy, so torch and verl are imported once): each exits 1 against verl
+id text). All of them run in one subprocess of a venv holding only torch, verl, megatron-core and their
+dependencies (symlinked from this environment, no network; about 2 s to build), where rlconform cannot be
+imported (runpy, so torch and verl are imported once): each exits 1 against verl
 as installed and prints the engine's and the exact value; then four run again with the engine function replaced
 by a correct stand-in (geo_mean's micro-batch scaling, an entropy that handles bf16 and −inf logits, the loop
 RLOO that follows verl's singleton convention, a masked mean that selects) and exit 0.
@@ -232,9 +233,9 @@ def test_report_pages_carry_the_explain_text_and_line(doc):
     assert f"`rlconform explain {small['defects'][0]['id']} --report reports/verl-0.9.1`" in md
 
 
-# The subprocess: rlconform cannot be imported (a meta-path blocker ahead of every finder, the editable
-# install's included); every script runs as __main__ against verl as installed, then FIXED ones again with the
-# engine function replaced by a correct stand-in.
+# The subprocess, in a venv of torch and verl only (:func:`engine_only_venv`; a meta-path blocker besides, should
+# any rlconform folder be reachable): every script runs as __main__ against verl as installed, then FIXED ones
+# again with the engine function replaced by a correct stand-in.
 PRELUDE = r"""
 import importlib.abc, json, os, runpy, sys
 BLOCKED = ("rlconform", "harness", "reference", "properties", "distributed_tests")
@@ -284,15 +285,65 @@ print("CODES " + json.dumps({"engine": codes, "fixed": fixed}))
 """
 
 
+#: the distributions the engine-only venv starts from: torch, the engine, and what the project's install recipe
+#: installs for it (install/verl.txt, install/megatron.txt: what verl imports on CPU, omegaconf included, which
+#: verl does not declare); their declared dependencies are added
+ENGINE_ROOTS = ("torch", "verl", "megatron-core")
+RECIPES = ("verl.txt", "megatron.txt")
+
+
+def engine_only_venv(dest) -> str:
+    """A venv at ``dest`` whose site-packages holds torch, verl, megatron-core and their dependencies only
+    (symlinks to their installed top-level entries, dist-info included; no .pth file, so no editable finder:
+    rlconform cannot be imported there). Returns its python."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
+    site = os.path.join(str(dest), "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+    todo = list(ENGINE_ROOTS)
+    for recipe in RECIPES:
+        with open(os.path.join(ROOT, "install", recipe)) as f:
+            todo += [Requirement(line.split("#")[0].strip()).name for line in f if line.split("#")[0].strip()]
+    seen = {}
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen:
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:  # an optional dependency not installed here
+            continue
+        seen[name] = dist
+        for r in dist.requires or ():
+            req = Requirement(r)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    assert "rlconform" not in seen
+    for dist in seen.values():
+        for top in {f.parts[0] for f in dist.files or ()}:
+            if top in ("..", "__pycache__") or top.endswith(".pth"):
+                continue
+            target = os.path.join(site, top)
+            if not os.path.lexists(target):
+                os.symlink(str(dist.locate_file(top)), target)
+    return os.path.join(str(dest), "bin", "python")
+
+
 @pytest.mark.engines
 @pytest.mark.slow
-def test_scripts_exit_1_without_rlconform_and_0_once_fixed(scripts, tmp_path):
+def test_scripts_exit_1_in_a_venv_of_torch_and_verl_only_and_0_once_fixed(scripts, tmp_path):
     pytest.importorskip("verl")
+    python = engine_only_venv(tmp_path / "venv")
+    probe = subprocess.run([python, "-c", "import rlconform"], capture_output=True, text=True)
+    assert probe.returncode == 1 and "No module named 'rlconform'" in probe.stderr, probe.stderr
     for name, text in scripts.items():
         (tmp_path / f"{name}.py").write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     names = json.dumps({"all": list(scripts), "fixed": list(FIXED)})
-    proc = subprocess.run([sys.executable, "-I", "-c", PRELUDE, str(tmp_path), names], capture_output=True,
+    proc = subprocess.run([python, "-I", "-c", PRELUDE, str(tmp_path), names], capture_output=True,
                           text=True, env=env, cwd=tmp_path, timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, (out[-3000:], proc.stderr[-3000:])
