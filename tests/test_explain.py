@@ -39,6 +39,8 @@ SCRIPTED = {
     "tp_entropy_backward": ("changes a tensor", {"_VocabParallelEntropy.backward"}),
     "entropy_bf16": ("wrong value", {"entropy_from_logits"}),
     "entropy_neg_inf": ("NaN / inf", {"entropy_from_logits"}),
+    "entropy_chunked_bf16": ("wrong value", {"entropy_from_logits_with_chunking"}),
+    "entropy_chunked_neg_inf": ("NaN / inf", {"entropy_from_logits_with_chunking"}),
     "sum_pi_squared_bf16": ("wrong value", {"calculate_sum_pi_squared_from_logits"}),
     "rloo_vectorized_singleton": ("wrong value", {"compute_rloo_vectorized_outcome_advantage"}),
     "grpo_vectorized": ("wrong value", {"compute_grpo_vectorized_outcome_advantage"}),

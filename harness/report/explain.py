@@ -291,7 +291,9 @@ def _template(f: dict, case: dict, engine: str = "verl") -> tuple[str, dict] | s
         return "vp_mutation.py.j2", {"case_tp": tp, "tp": tp if "TP > 1" in trigger(f) else 1,
                                      "vp_function": "vocab_parallel_entropy"}
     single = ""
-    if op in _TOKEN_STATS and variant is None and prop in _VALUE_PROPERTIES[:2]:
+    if op in _TOKEN_STATS and variant in (None, "chunked") and prop in _VALUE_PROPERTIES[:2]:
+        if variant == "chunked" and op != "entropy":
+            return f"op {op} has no chunked implementation in the templates"
         single = "fam_token_stats.py.j2"
     elif op == "outcome_advantage" and prop in _VALUE_PROPERTIES:
         est, _, impl = (variant or "").partition("+")
@@ -313,8 +315,10 @@ def _template(f: dict, case: dict, engine: str = "verl") -> tuple[str, dict] | s
     if single:
         if kind not in ("wrong value", "NaN"):
             return f"failure kind {kind!r} of property {prop} on op {op}"
+        chunked = variant == "chunked"  # verl's engine option entropy_from_logits_with_chunking (2-D logits)
         return "kind_wrong_value.py.j2", {"family_template": single, "partition_words": "", "stat": op,
-                                          "engine_fn": _TOKEN_STATS[op]}
+                                          "engine_fn": "entropy_from_logits_with_chunking" if chunked
+                                          else _TOKEN_STATS[op], "chunked": chunked}
     fam = {"agg_loss": "fam_agg_loss.py.j2", "policy_loss": "fam_policy_loss.py.j2",
            "metric_pipeline": "fam_metric_pipeline.py.j2"}.get(op)
     if fam is None:
