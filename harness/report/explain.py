@@ -202,6 +202,11 @@ def explain_command(d: dict) -> str:
 def explain_markdown(doc: dict, d: dict, case: dict | None, folder: str | None = None) -> str:
     """The Markdown a maintainer pastes into an upstream issue (``case``: the case of the defect's reproducer;
     ``folder``: the report folder, where the script's member case is read; None: no script)."""
+    return _explain(doc, d, case, folder)[0]
+
+
+def _explain(doc: dict, d: dict, case: dict | None, folder: str | None) -> tuple[str, bool]:
+    """(:func:`explain_markdown`'s text, whether it holds a standalone script)."""
     eng = doc.get("engine") or {}
     script, why = standalone_script(doc, d, folder) if folder is not None else (None, "no report folder")
     rep = d.get("reproducer") or {}
@@ -222,7 +227,7 @@ def explain_markdown(doc: dict, d: dict, case: dict | None, folder: str | None =
             f" of member `{member}`, the smallest member whose case a template is written for")
         lines += [f"**Standalone script**{of} (torch and the engine only; exits 1 while the defect is there):", "",
                   "```python", script.rstrip("\n"), "```"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", script is not None
 
 
 def script_member_id(script: str) -> str | None:
@@ -298,7 +303,8 @@ def _template(f: dict, case: dict, engine: str = "verl") -> tuple[str, dict] | s
     elif op == "outcome_advantage" and prop in _VALUE_PROPERTIES:
         est, _, impl = (variant or "").partition("+")
         if est not in _ESTIMATORS or impl not in ("", "vectorized"):
-            return f"outcome_advantage variant {variant!r} (the exact formula is written out for {', '.join(_ESTIMATORS)})"
+            return (f"outcome_advantage variant {variant!r} (the exact formula is written out for "
+                    f"{', '.join(_ESTIMATORS)})")
         name, norm = _ESTIMATORS[est]
         return "kind_wrong_value.py.j2", {
             "family_template": "fam_outcome_advantage.py.j2", "partition_words": "", "estimator": est,
@@ -513,8 +519,8 @@ def explain_texts(doc: dict, folder: str) -> list[tuple[str, bool]]:
     out = []
     for d in doc.get("defects") or []:
         try:
-            text = explain_markdown(doc, d, read_case(folder, d), folder)
-            out.append((f"$ {explain_command(d)}\n\n{text}", "```python" in text))
+            text, scripted = _explain(doc, d, read_case(folder, d), folder)
+            out.append((f"$ {explain_command(d)}\n\n{text}", scripted))
         except (ExplainError, OSError, ValueError, KeyError) as exc:
             out.append((f"{explain_command(d)}: {exc}\n", False))
     return out
