@@ -5,9 +5,10 @@ function and failure class, the script's member chosen by explain among the defe
 id text). All of them run in one subprocess of a venv holding only torch, verl, megatron-core and their
 dependencies (symlinked from this environment, no network; about 2 s to build), where rlconform cannot be
 imported (runpy, so torch and verl are imported once): each exits 1 against verl
-as installed and prints the engine's and the exact value; then four run again with the engine function replaced
-by a correct stand-in (geo_mean's micro-batch scaling, an entropy that handles bf16 and −inf logits, the loop
-RLOO that follows verl's singleton convention, a masked mean that selects) and exit 0.
+as installed and prints the engine's and the exact value; then six run again with the engine function replaced
+by a correct stand-in (geo_mean's micro-batch scaling, the TP entropy on a copy of the caller's logits, an entropy
+that handles bf16 and −inf logits, the loop RLOO that follows verl's singleton convention, a masked mean that
+selects) and exit 0.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ SCRIPTED = {
                                               "compute_rollout_rejection_mask"}),
 }
 #: the scripts that also run against a correct stand-in of the engine function (PRELUDE's FIXES)
-FIXED = ("geo_mean", "entropy_bf16", "entropy_neg_inf", "rloo_vectorized_singleton", "cp_masked_mean_nan")
+FIXED = ("geo_mean", "tp_entropy_backward", "entropy_bf16", "entropy_neg_inf", "rloo_vectorized_singleton",
+         "cp_masked_mean_nan")
 
 
 @pytest.fixture(scope="module")
@@ -277,6 +279,11 @@ def entropy(logits):
 buggy_mean = verl_F.distributed_masked_mean
 def masked_mean(t, m):
     return buggy_mean(torch.where(m.bool(), t, torch.zeros_like(t)), m)
+tp = sys.modules["verl.utils.megatron.tensor_parallel"]  # imported by the TP script's first run
+def vocab_parallel_entropy(logits):
+    # the backward's in-place arithmetic on a copy of the caller's logits
+    return tp._VocabParallelEntropy.apply(logits.clone())
+tp.vocab_parallel_entropy = vocab_parallel_entropy
 core_algos.POLICY_LOSS_REGISTRY["geo_mean"] = geo_mean
 core_algos.ADV_ESTIMATOR_REGISTRY["rloo_vectorized"] = core_algos.compute_rloo_outcome_advantage
 verl_F.entropy_from_logits = entropy
