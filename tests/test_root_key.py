@@ -134,6 +134,21 @@ def test_the_counts_line_adds_up_to_the_table():
     assert sum(rows.values()) == 3, (rows, line)
 
 
+def test_the_header_and_report_json_counts_are_one_computation():
+    """Maintainer's item 7: report.md's header said 95/30/49/102/79 findings per severity where report.json's
+    triage said 59/30/23/65/190 (each finding's own severity): both are severity_counts of the defects now."""
+    from rlconform.harness.report.triage_md import counts_line
+
+    doc = annotate(json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text()))
+    t = doc["triage"]
+    line = counts_line(doc)
+    for sev, n in t["findings"].items():
+        if t["defects"][sev]:
+            assert f"{t['defects'][sev]} {sev} ({n} findings)" in line, (sev, n, line)
+    assert sum(t["findings"].values()) == sum(len(d["members"]) for d in doc["defects"])
+    assert sum(t["defects"].values()) == len(doc["defects"])
+
+
 METRIC = {"function": "Metric.aggregate_dp", "module": "verl.utils.metric.utils", "file": "verl/utils/metric/utils.py",
           "line": 139}
 BACKWARD = {"function": "_VocabParallelEntropy.backward", "module": "verl.utils.megatron.tensor_parallel",
