@@ -147,7 +147,8 @@ def _mean(x):
     return math.fsum(x) / x.size if x.size else float("nan")
 
 
-def rollout_correction_metrics(log_prob, old_log_prob, response_mask, kept, *, is_cap: float = 2.0) -> dict:
+def rollout_correction_metrics(log_prob, old_log_prob, response_mask, kept, *, is_cap: float = 2.0,
+                               log_ratio_clamp: float | None = None) -> dict:
     """The diagnostics of one batch (Python floats), given the kept mask of :func:`rollout_rejection_mask`.
     Token-weighted quantities average over valid tokens, per-row ones over the rows with a valid token
     (a row with none, e.g. an all-observation multi-turn row or a row an earlier filter rejected, has no
@@ -155,19 +156,23 @@ def rollout_correction_metrics(log_prob, old_log_prob, response_mask, kept, *, i
 
     * ``rs_masked_fraction``: rejected valid tokens / valid tokens (verl ``rollout_rs_masked_fraction``);
     * ``rs_seq_masked_fraction``: rows with a rejected valid token / rows with a valid token;
-    * ``is_mean``: token mean of the truncated IS weight w = min(e^{clamp(Δ, ±20)}, is_cap) (verl
+    * ``is_mean``: token mean of the truncated IS weight w = min(e^{clamp(Δ, ±c)}, is_cap) (verl
       ``rollout_is_mean``, rollout_is="token");
-    * ``is_fraction_high`` / ``is_fraction_low``: token fraction of the *raw* weight e^{clamp(Δ, ±20)} above
+    * ``is_fraction_high`` / ``is_fraction_low``: token fraction of the *raw* weight e^{clamp(Δ, ±c)} above
       is_cap / below 1/is_cap (before truncation: a truncated weight is never above the cap);
     * ``is_ess``: effective sample size fraction (Σ w)² / (n Σ w²) ∈ (0, 1] of the truncated weights (Kong
       1992; verl ``rollout_is_eff_sample_size`` = 1 / mean((w / mean w)²)): 1 when all weights are equal, at
-      any scale, however small (e^−20 included);
+      any scale, however small;
     * ``kl``: token mean of −Δ (KL(π_rollout ‖ π_train), verl ``kl``); ``k3_kl``: token mean of e^Δ − 1 − Δ;
-    * ``chi2_token``: token mean of e^{2 clamp(Δ, ±20)} − 1; ``chi2_seq``: row mean of e^{2 clamp(ΣΔ, ±20)} − 1
+    * ``chi2_token``: token mean of e^{2 clamp(Δ, ±c)} − 1; ``chi2_seq``: row mean of e^{2 clamp(ΣΔ, ±c)} − 1
       (verl ``compute_offpolicy_metrics``, χ² divergence E[ρ²] − 1);
     * ``training_ppl`` / ``rollout_ppl``: row mean of exp(−row mean of log_prob / old_log_prob);
       ``log_ppl_diff``: row mean of (row mean old_log_prob − row mean log_prob); ``ppl_ratio``: row mean of
       exp of that.
+
+    ``log_ratio_clamp``: None (the exact quantities, below with clamp(Δ, ±c) read as Δ) or c: each token's
+    and each row's log-ratio is clamped to [−c, c] before exp, a convention an engine declares (verl's
+    ``SAFETY_BOUND`` = 20 in ``compute_rollout_correction_weights`` and ``compute_offpolicy_metrics``).
 
     Raises ValueError when the mask has no valid token (nothing is defined)."""
     m, lp, old, d = _delta(log_prob, old_log_prob, response_mask)
@@ -177,10 +182,13 @@ def rollout_correction_metrics(log_prob, old_log_prob, response_mask, kept, *, i
     rows = m.any(-1)
     n = m.sum(-1)
     dv = d[m]
-    raw = np.exp(np.clip(dv, -SAFETY_BOUND, SAFETY_BOUND))
+    c = math.inf if log_ratio_clamp is None else float(log_ratio_clamp)
+    with np.errstate(over="ignore"):
+        raw = np.exp(np.clip(dv, -c, c))
     w = np.minimum(raw, is_cap)
-    # ESS in a scale-free form: w / max(w) (w ≥ e^-20 > 0) so nothing underflows
-    wn = w / w.max()
+    # ESS in a scale-free form, from the log-weights (w / max(w)) so that nothing underflows
+    lw = np.minimum(np.clip(dv, -c, c), math.log(is_cap))
+    wn = np.exp(lw - lw.max())
     ess = math.fsum(wn) ** 2 / (wn.size * math.fsum(wn * wn))
     row_sum = np.array([math.fsum(r) for r in d])
     lp_mean = np.array([math.fsum(r) for r in lp]) / np.maximum(n, 1)
@@ -196,8 +204,8 @@ def rollout_correction_metrics(log_prob, old_log_prob, response_mask, kept, *, i
             "is_ess": float(ess),
             "kl": _mean(-dv),
             "k3_kl": _mean(np.expm1(dv) - dv),
-            "chi2_token": _mean(np.exp(2 * np.clip(dv, -SAFETY_BOUND, SAFETY_BOUND))) - 1.0,
-            "chi2_seq": _mean(np.exp(2 * np.clip(row_sum[rows], -SAFETY_BOUND, SAFETY_BOUND))) - 1.0,
+            "chi2_token": _mean(np.exp(2 * np.clip(dv, -c, c))) - 1.0,
+            "chi2_seq": _mean(np.exp(2 * np.clip(row_sum[rows], -c, c))) - 1.0,
             "training_ppl": _mean(np.exp(-lp_mean[rows])),
             "rollout_ppl": _mean(np.exp(-old_mean[rows])),
             "log_ppl_diff": _mean(diff),

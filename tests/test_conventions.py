@@ -98,3 +98,21 @@ def test_skyrl_follows_its_singleton_convention_and_fails_without_it():
         case = dataclasses.replace(_case("float32"), regime=f"{est}@singleton_groups")
         assert run_check(skyrl, case).ok, est
         assert not run_check(dataclasses.replace(skyrl, declared=()), case).ok, est
+
+
+@verl_only
+def test_verl_follows_its_log_ratio_clamp_convention_and_fails_without_it():
+    """verl clamps the IS / χ² log-ratios to ±20 (SAFETY_BOUND): declared, the reference follows it; without
+    the declaration the exact χ² (e^44 where verl gives e^40) fails."""
+    from rlconform.harness.bindings.load import load_engine
+
+    verl = load_engine("verl")
+    conv = next(d for d in verl.declared if d.name == "is_log_ratio_clamp_20")
+    assert conv.source.startswith("verl/trainer/ppo/rollout_corr_helper.py:") and \
+        conv.reference == (("log_ratio_clamp", 20.0),)
+    old = np.array([[-23.0, -1.0]])
+    case = Case("rollout_rejection_mask", "matches_reference", "float32", "token_k1@moderate",
+                {"log_prob": old + np.array([[22.0, 0.1]]), "old_log_prob": old, "mask": np.ones((1, 2), bool),
+                 "garbage": 0.0, "variant": "token_k1"})
+    assert run_check(verl, case).ok
+    assert not run_check(dataclasses.replace(verl, declared=()), case).ok

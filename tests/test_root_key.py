@@ -134,6 +134,21 @@ def test_the_counts_line_adds_up_to_the_table():
     assert sum(rows.values()) == 3, (rows, line)
 
 
+def test_the_header_and_report_json_counts_are_one_computation():
+    """Maintainer's item 7: report.md's header said 95/30/49/102/79 findings per severity where report.json's
+    triage said 59/30/23/65/190 (each finding's own severity): both are severity_counts of the defects now."""
+    from rlconform.harness.report.triage_md import counts_line
+
+    doc = annotate(json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text()))
+    t = doc["triage"]
+    line = counts_line(doc)
+    for sev, n in t["findings"].items():
+        if t["defects"][sev]:
+            assert f"{t['defects'][sev]} {sev} ({n} findings)" in line, (sev, n, line)
+    assert sum(t["findings"].values()) == sum(len(d["members"]) for d in doc["defects"])
+    assert sum(t["defects"].values()) == len(doc["defects"])
+
+
 METRIC = {"function": "Metric.aggregate_dp", "module": "verl.utils.metric.utils", "file": "verl/utils/metric/utils.py",
           "line": 139}
 BACKWARD = {"function": "_VocabParallelEntropy.backward", "module": "verl.utils.megatron.tensor_parallel",
@@ -281,3 +296,66 @@ def test_a_mutation_deeper_down_names_its_frame(tmp_path, monkeypatch):
     assert d["id"] == "verl.utils.megatron.tensor_parallel.vocab_parallel_log_probs_from_logits.changes-a-tensor"
     assert where_cell(d).endswith("via `VocabParallelCrossEntropy.calculate_predicted_logits` "
                                   "(megatron/core/tensor_parallel/cross_entropy.py:42)")
+
+
+def test_one_entry_point_is_located_at_the_function_of_its_failing_output(tmp_path, monkeypatch):
+    """Maintainer's item 1: verl's compute_rollout_correction_and_rejection_mask dispatches to four causes; the
+    binding's output_sites locate each failing output (kept mask, per-row metrics, IS metrics) at the function
+    computing it, the rule's trigger picks masked_mean's ε tie; removing the rules puts them back in one row."""
+    import importlib
+    import sys
+    import types
+
+    from rlconform.harness.catalog.engine_site import output_site
+
+    (tmp_path / "engine_mod_z.py").write_text("def mask_fn(x):\n    return x\n\n\ndef metrics_fn(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("engine_mod_z")
+    try:
+        b = types.SimpleNamespace(output_sites={"op": (("^kept mask$", "engine_mod_z:metrics_fn", "ε"),
+                                                       ("^kept mask$", "engine_mod_z:mask_fn", ""),
+                                                       (r"^metric ", "engine_mod_z:metrics_fn", ""))})
+        kept = ("kept mask: engine 1.0 vs reference 0.0 at flat index 0: abs err 1, tolerance 1e-09\n"
+                "metric chi2_seq: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, tolerance 1e-05")
+        metric = "metric chi2_seq: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, tolerance 1e-05"
+        passing = "metric chi2_seq: engine 0.5 vs reference 0.5 at flat index 0: abs err 0, tolerance 1e-05"
+        assert output_site(b, "op", kept)["function"] == "mask_fn"
+        assert output_site(b, "op", kept, "within ε of a bound")["function"] == "metrics_fn"
+        assert output_site(b, "op", metric)["function"] == "metrics_fn"
+        assert output_site(b, "op", passing) is None and output_site(b, "other", kept) is None
+    finally:
+        sys.modules.pop("engine_mod_z", None)
+
+
+def test_the_rejection_family_names_each_cause():
+    """The rejection family's trigger: asymmetric k1 bounds read on the inverse ratio, masked_mean's ε tie, an
+    empty row in the per-row metrics, ESS's + 1e-8 on tiny weights; the per-row metrics are logging."""
+    import numpy as np
+
+    from rlconform.harness.families.rejection_mask import trigger
+    from rlconform.harness.report.severity import classify
+
+    def case(delta, mask, variant):
+        d = np.asarray(delta, float)
+        return types_case({"log_prob": d - 1.0, "old_log_prob": np.full_like(d, -1.0), "mask": np.asarray(mask),
+                           "variant": variant})
+
+    kept = "kept mask: engine 1.0 vs reference 0.0 at flat index 0: abs err 1, tolerance 1e-09"
+    assert trigger(case([[-0.2234]], [[True]], "token_k1_asym"), kept, "wrong value").startswith("asymmetric k1")
+    tie = case([[-0.22314355131466446]], [[True]], "seq_mean_k1")
+    assert "masked_mean" in trigger(tie, kept, "wrong value")
+    row = "metric chi2_seq: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, rel err 0.5, tolerance 1e-05"
+    assert trigger(case([[0.1, 0.2], [0.0, 0.0]], [[True, True], [False, False]], "token_k1"), row,
+                   "wrong value").startswith("a row with no valid token")
+    ess = "metric is_ess: engine 34.2 vs reference 1.0 at flat index 0: abs err 33.2, rel err 33.2, tolerance 1e-05"
+    assert "ESS" in trigger(case([[-25.0, -24.0]], [[True, True]], "token_k3"), ess, "wrong value")
+    f = {"status": "discrepancy", "op": "rollout_rejection_mask", "property": "matches_reference",
+         "dtype": "float32", "message": row, "max_ratio": 1e4}
+    assert classify(f)[0] == "logging" and classify(dict(f, message=kept + "\n" + row))[0] == "training"
+
+
+def types_case(inputs):
+    import types
+
+    return types.SimpleNamespace(inputs=inputs, op="rollout_rejection_mask", property="matches_reference",
+                                 dtype="float32", regime=f"{inputs['variant']}@moderate")

@@ -1042,7 +1042,26 @@ DECLARED = (
         "LossVariants.agg_modes)",
         "'for SAPO, we need to aggregate the loss at the sequence level' (SAPO's paper recommends it)",
         "verl/trainer/ppo/core_algos.py:1688", variants=("sapo",)),
+    Declared(
+        "is_log_ratio_clamp_20", "convention", ("rollout_rejection_mask",),
+        "the rollout_corr/ IS weights and χ² metrics clamp each token's (and each row's) log-ratio to ±20 before "
+        "exp (SAFETY_BOUND), so ESS, is_mean and χ² are those of the clamped weights (the reference follows: "
+        "log_ratio_clamp=20)",
+        "'safety clamp' against exp overflow: SAFETY_BOUND = 20.0 in compute_rollout_correction_weights and "
+        "compute_offpolicy_metrics", "verl/trainer/ppo/rollout_corr_helper.py:75",
+        reference=(("log_ratio_clamp", 20.0),)),
 )
+
+RC = "verl.trainer.ppo.rollout_corr_helper"
+#: the function behind each output of compute_rollout_correction_and_rejection_mask (kept mask first)
+OUTPUT_SITES = {"rollout_rejection_mask": (
+    ("^kept mask$", "verl.utils.torch_functional:masked_mean", "masked_mean"),
+    ("^kept mask$", f"{RC}:compute_rollout_rejection_mask", ""),
+    (r"^metric (kl|k3_kl|chi2_token|chi2_seq|training_ppl|rollout_ppl|log_ppl_diff|ppl_ratio)$",
+     f"{RC}:compute_offpolicy_metrics", ""),
+    (r"^metric is_", f"{RC}:compute_is_metrics", ""),
+    (r"^metric rs_", f"{RC}:compute_rollout_rejection_mask", ""),
+)}
 
 
 binding = Binding(
@@ -1050,6 +1069,7 @@ binding = Binding(
     implementations=IMPLEMENTATIONS,
     engine_dtypes=ENGINE_DTYPES,
     declared=DECLARED,
+    output_sites=OUTPUT_SITES,
     version=_version(),
     ops={
         "entropy": Lazy(f"{TF}:entropy_from_logits"),

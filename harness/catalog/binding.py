@@ -157,6 +157,14 @@ class Binding:
     calls it with (issue 20 §3; e.g. verl's ``masked_var`` on fp32 advantages, ``entropy`` on the model's
     bf16 logits). A defect only in dtypes outside this set is graded ``precision``; an op not listed
     counts every dtype as used.
+    ``output_sites``: op -> rules ``(output, "module:qualname", trigger)`` naming the engine function that
+    computes each output of an op whose one entry point dispatches to several (verl's
+    ``compute_rollout_correction_and_rejection_mask``: the kept mask in ``compute_rollout_rejection_mask``, the
+    ``rollout_corr/`` metrics in ``compute_offpolicy_metrics`` / ``compute_is_metrics``): ``output`` a regular
+    expression over a failing value clause's label (``kept mask``, ``metric is_ess``), ``trigger`` one over the
+    finding's trigger (``""``: any). A failing finding is located at the first rule, in order, that one of its
+    failing outputs and its trigger match (:func:`rlconform.harness.catalog.engine_site.output_site`);
+    resolved only then (the name is imported in the process that ran the engine).
     ``needs``: op -> the device its default implementation needs (``"cuda"``: a Triton / CUDA kernel); an
     alternative implementation declares it on its :class:`Implementation` (``needs``). On a run whose
     ``--device`` is not one, the op's findings are ``unavailable: needs CUDA`` (:meth:`device_gap`).
@@ -176,6 +184,7 @@ class Binding:
     engine_dtypes: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     declared: tuple = ()
     needs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    output_sites: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):

@@ -24,6 +24,7 @@ import sys
 from typing import Any, Callable, Iterable
 
 from rlconform.harness.core.engine_frames import deepest_frame
+from rlconform.harness.core.triggers import failing_labels
 
 #: the attribute an adapter names its engine callable(s) with (see :func:`calls`)
 CALLS_ATTR = "rlconform_calls"
@@ -254,8 +255,39 @@ def op_object(binding, op: str, regime: str):
     return impl
 
 
+def _resolve_name(name: str):
+    import importlib
+
+    module, _, qual = name.partition(":")
+    obj = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def output_site(binding, op: str, message: str, trigger: str = "") -> dict | None:
+    """The site of the engine function that computes the first failing output of ``message`` (the binding's
+    ``output_sites`` rules for ``op``, in order: the first whose output pattern matches a failing clause's label
+    and whose trigger pattern matches ``trigger``), or None (no rule applies, or its name cannot be resolved)."""
+    import re
+
+    rules = (getattr(binding, "output_sites", None) or {}).get(op) or ()
+    labels = failing_labels(message)
+    for output, name, trig in rules:
+        if any(re.search(output, lab) for lab in labels) and (not trig or re.search(trig, trigger or "")):
+            try:
+                fn = _resolve_name(name)
+            except Exception:  # noqa: BLE001 - a name this engine version lacks locates nothing
+                continue
+            s = site(fn)
+            if s is not None:
+                s["calls"] = callees(fn)
+                return s
+    return None
+
+
 def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
-                 metric: bool = False) -> tuple[dict | None, list[str]]:
+                 metric: bool = False, trigger: str = "") -> tuple[dict | None, list[str]]:
     """``(engine_function site, engine top packages)`` of a finding. A ``non_destructive`` failure in the
     backward of a thin wrapper around a ``torch.autograd.Function`` is located at that Function's
     ``backward`` (``forward`` for a mutation during the forward); one seen *after another op's backward*
@@ -264,7 +296,9 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
     package's: Megatron-core's cross entropy under verl's ``vocab_parallel_log_probs_from_logits``), adds
     that statement's site as ``via`` (:func:`mutation_frame`). ``metric``: only logged metrics are
     wrong, so a loss registry's ``combine_metrics`` (how the engine folds the micro-batches' metrics) is
-    the site when it names an engine callable."""
+    the site when it names an engine callable. The binding's ``output_sites`` rules for ``op``
+    (:func:`output_site`, with the finding's ``trigger``) locate a failing output at the function that
+    computes it, first."""
     obj = op_object(binding, op, regime)
     fns = engine_callables(obj) if obj is not None else []
     if metric:
@@ -283,6 +317,9 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
     s = site(fn)
     if s is not None:
         s["calls"] = callees(fn)
+    by_output = output_site(binding, op, message, trigger) if prop != "non_destructive" else None
+    if by_output is not None:  # one entry point dispatching to several functions: the one that failed
+        return by_output, packages
     after = _AFTER_OP.search(message or "") if prop == "non_destructive" else None
     if after and after["op"] != op:  # the tensor was written by another op's backward run before this op
         other = op_object(binding, after["op"], "")

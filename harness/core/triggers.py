@@ -181,6 +181,26 @@ def layout_trigger(regime: str) -> str | None:
     return None
 
 
+_CLAUSE = re.compile(
+    r"^(?P<label>[^\n]*?): engine (?P<e>[-+0-9.e]+|nan|-?inf) vs reference (?P<r>[-+0-9.e]+|nan|-?inf) at flat "
+    r"index \d+:[^\n]*?tolerance (?P<t>[-+0-9.e]+)", re.M)
+
+
+def failing_labels(message: str) -> list[str]:
+    """The labels of ``message``'s value clauses (``LABEL: engine E vs reference R at flat index i: …
+    tolerance T``) beyond their tolerance, in order (a ``masked = G: `` prefix dropped)."""
+    out = []
+    for m in _CLAUSE.finditer(message or ""):
+        try:
+            e, r, t = float(m["e"]), float(m["r"]), float(m["t"])
+        except ValueError:
+            continue
+        if not abs(e - r) <= t:
+            label = m["label"].strip()
+            out.append(label.split(": ")[-1] if label.startswith("masked = ") else label)
+    return out
+
+
 _NUMPY_TYPE = re.compile(r"<class 'numpy\.[a-z0-9_]+'>")
 
 

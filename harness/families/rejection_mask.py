@@ -69,6 +69,7 @@ from rlconform.harness.core.opinfo import (
     variant_regime,
 )
 from rlconform.harness.core.tensors import as_numpy, to_tensor
+from rlconform.harness.core.triggers import failing_labels
 from rlconform.harness.families import OpFamily
 
 OP = "rollout_rejection_mask"
@@ -291,8 +292,10 @@ def decided(variant: str, lp, old, mask, dtype: str):
     return keep, (wide == narrow) | ~m
 
 
-def reference_metrics(lp, old, mask, kept) -> dict:
-    return R.rollout_correction_metrics(lp, old, mask, kept, is_cap=IS_CAP)
+def reference_metrics(lp, old, mask, kept, **conventions) -> dict:
+    """:func:`rlconform.reference.rollout_correction_metrics` at the IS cap :data:`IS_CAP`; ``conventions``: the
+    reference keyword arguments of the binding's declared conventions (verl's ``log_ratio_clamp=20``)."""
+    return R.rollout_correction_metrics(lp, old, mask, kept, is_cap=IS_CAP, **conventions)
 
 
 def faithful(variant: str):
@@ -370,11 +373,14 @@ def evaluate(binding, case) -> Evaluation:
         ev.problems.append(f"kept mask: at a boundary token the engine returned {kept[~ok][~np.isin(kept[~ok], (0.0, 1.0))][0]!r}, "
                            "neither 0 nor 1")
     effective = np.where(ok, keep, kept)  # at the boundary the engine's decision stands
-    ref_m = reference_metrics(lp64, old64, mask, effective)
+    from rlconform.harness.core.declared import followed
+
+    conv = followed(getattr(binding, "declared", ()), OP, case.regime)  # a declared clamp of the log-ratio
+    ref_m = reference_metrics(lp64, old64, mask, effective, **conv)
     shift = COMPUTE_EPS[case.dtype] * (np.abs(np.where(mask, lp64, 0.0)) + np.abs(np.where(mask, old64, 0.0)))
     fa_m = dict(ref_m)
     for sign in (1.0, -1.0):
-        moved = reference_metrics(np.where(mask, lp64 + sign * shift, lp64), old64, mask, effective)
+        moved = reference_metrics(np.where(mask, lp64 + sign * shift, lp64), old64, mask, effective, **conv)
         fa_m = {k: (moved[k] if abs(moved[k] - ref_m[k]) > abs(fa_m[k] - ref_m[k]) else fa_m[k]) for k in ref_m}
     required = required_metrics(variant)
     keys = sorted(k for k in ref_m if k in got[1] or k in required)
@@ -389,12 +395,63 @@ def evaluate(binding, case) -> Evaluation:
     return ev
 
 
+#: the metrics compute_offpolicy_metrics-like code takes per row, then averages over the batch's rows
+ROW_METRICS = ("chi2_seq", "training_ppl", "rollout_ppl", "log_ppl_diff", "ppl_ratio", "rs_seq_masked_fraction")
+#: the epsilon masked_mean-style reductions add to the count (verl: ``mask.sum() + 1e-8``)
+COUNT_EPS = 1e-8
+
+
+def _mask_trigger(x, m, d) -> str | None:
+    """Why a token's keep decision differs, read from the input: asymmetric k1 bounds, a clamped token
+    before a sequence sum, a row statistic within the count's ε of a bound."""
+    variant = x.get("variant")
+    for level, est, lower, upper in VARIANTS.get(variant, ()):
+        if est == "k1" and level in ("token", "seq_mean", "seq_sum") and abs(lower * upper - 1.0) > 1e-12:
+            lo, hi = math.log(lower), math.log(upper)
+            stat = _row_stat(d, m, level)
+            flips = m & (((stat >= lo) & (stat <= hi)) != ((-stat >= lo) & (-stat <= hi)))
+            if flips.any():
+                return "asymmetric k1 bounds (lower ≠ 1/upper) read as bounds of the inverse ratio"
+        if level == "seq_sum" and (m & (np.abs(d) > 20)).any():
+            return "a log-ratio beyond ±20 in a sequence sum (each token clamped before the sum)"
+        if level == "seq_mean":
+            stat = _row_stat(d, m, level)
+            near = np.zeros_like(m)
+            for bound in ((math.log(lower), math.log(upper)) if est == "k1" else (upper,)):
+                for b in (bound, -bound) if est == "k1" else (bound,):
+                    near |= m & (np.abs(stat - b) <= 2 * COUNT_EPS * abs(stat) + 1e-300)
+            if near.any():
+                return "a row mean within 1e-8 of a bound (masked_mean's count + 1e-8)"
+    return None
+
+
+def _row_stat(d, m, level):
+    if level == "token":
+        return d
+    n = np.maximum(m.sum(-1, keepdims=True), 1)
+    s = np.where(m, d, 0.0).sum(-1, keepdims=True)
+    return np.broadcast_to(s / n if level == "seq_mean" else s, d.shape)
+
+
 def trigger(case, message: str, kind: str):
-    """The shrunk input's feature a maintainer reads: a row with no valid token, an overflow-range log-ratio,
-    or a token at a bound."""
+    """The shrunk input's feature a maintainer reads, for the output that fails first (the kept mask, then
+    the per-row metrics, then the IS metrics): asymmetric k1 bounds, a clamped token in a sequence sum, a row
+    mean at masked_mean's ε from a bound; a row with no valid token (per-row metrics averaged over every
+    row); IS weights at the scale of ESS's + 1e-8; an overflow-range log-ratio."""
     x = case.inputs
     m = np.asarray(x["mask"], bool)
-    d = np.where(m, np.asarray(x["log_prob"]) - np.asarray(x["old_log_prob"]), 0.0)
+    d = np.where(m, np.asarray(x["log_prob"], np.float64) - np.asarray(x["old_log_prob"], np.float64), 0.0)
+    failing = failing_labels(message)
+    if "kept mask" in failing:
+        found = _mask_trigger(x, m, d)
+        if found:
+            return found
+    if any(f.removeprefix("metric ") in ROW_METRICS for f in failing) and (~m.any(-1)).any():
+        return "a row with no valid token (all observation / already rejected)"
+    if "metric is_ess" in failing:
+        w = np.minimum(np.exp(np.clip(d[m], -20.0, 20.0)), IS_CAP)
+        if w.size and w.mean() < 1e3 * COUNT_EPS:
+            return "IS weights within 1000× of ESS's + 1e-8 (every |log-ratio| ≳ 11)"
     if "metric" in message and (~m.any(-1)).any():
         return "a row with no valid token (all observation / already rejected)"
     if (np.abs(d) > 20).any():

@@ -59,7 +59,7 @@ DEFAULT_FAIL_ON = "robustness"
 JUDGED = ("discrepancy", "crash", "xfail", "unavailable")
 #: ops whose values are logged metrics, not what the optimiser sees
 METRIC_OPS = ("metric_pipeline", "metric_statistics", "dp_metric_all_reduce")
-_METRIC_CLAUSE = re.compile(r"\bmetric [A-Za-z0-9_/]+ =")
+_METRIC_CLAUSE = re.compile(r"\bmetric [A-Za-z0-9_/]+(?: =|: engine)")
 
 _NUM = r"[-+]?(?:nan|inf|[0-9.]+(?:e[-+]?[0-9]+)?)"
 VALUE_CLAUSE = re.compile(rf"engine (?P<e>{_NUM}) vs reference (?P<r>{_NUM}) at flat index \d+:[^\n]*?"

@@ -13,7 +13,8 @@ Operates on the ``report.json`` document (a dict), whatever produced its finding
   severity, then by the size of the effect (:func:`rlconform.harness.report.severity.effect`: a value
   scaled by the number of micro-batches is unbounded), then by reachability (``reachable``: a member in a
   dtype the engine calls the op with, ``engine.engine_dtypes``), then by number of members; and ``triage:
-  {"defects": {severity: n}, "findings": {severity: n}}``.
+  {"defects": {severity: n}, "findings": {severity: n}}`` (:func:`severity_counts`: a defect's findings
+  count under the defect's severity, as report.md's header line counts them).
 
 A defect is the failing findings that share a *root key* (``where``, ``class``):
 
@@ -448,12 +449,18 @@ def annotate(doc: dict) -> dict:
         else:
             f["severity"], f["severity_reason"] = sev, reason
     doc["defects"] = defects(doc.get("findings", []), dtypes)
+    doc["triage"] = severity_counts(doc["defects"])
+    return doc
+
+
+def severity_counts(rows: list[dict]) -> dict:
+    """``{"defects": {severity: n}, "findings": {severity: n}}`` of the defect ``rows``: a defect counts
+    under its severity (its most severe member's) with all its member findings, as its table row shows
+    them, so that report.json's ``triage`` and report.md's header are this one computation and add up to
+    the table (an unavailable op's findings, no defect, are not counted)."""
     counts_d = {s: 0 for s in SEVERITIES}
     counts_f = {s: 0 for s in SEVERITIES}
-    for d in doc["defects"]:
+    for d in rows:
         counts_d[d["severity"]] += 1
-    for f in doc.get("findings", []):
-        if f.get("severity"):
-            counts_f[f["severity"]] += 1
-    doc["triage"] = {"defects": counts_d, "findings": counts_f}
-    return doc
+        counts_f[d["severity"]] += len(d.get("members") or ())
+    return {"defects": counts_d, "findings": counts_f}

@@ -17,14 +17,13 @@ DEFECTS_BUDGET = 20_000
 
 
 def counts_line(doc: dict) -> str:
-    """Defects per severity and the findings they hold (a defect's findings count under the defect's
-    severity, its most severe member's, so that the line adds up to the table's rows)."""
-    t = doc.get("triage") or {}
-    d, f = t.get("defects") or {}, dict(t.get("findings") or {})
-    if doc.get("defects"):
-        f = {}
-        for row in doc["defects"]:
-            f[row.get("severity")] = f.get(row.get("severity"), 0) + len(row.get("members") or ())
+    """Defects per severity and the findings they hold: :func:`rlconform.harness.report.triage.severity_counts`,
+    the computation of report.json's ``triage`` (a defect's findings count under the defect's severity, its
+    most severe member's, so that the line adds up to the table's rows)."""
+    from rlconform.harness.report.triage import severity_counts
+
+    t = severity_counts(doc["defects"]) if doc.get("defects") else (doc.get("triage") or {})
+    d, f = t.get("defects") or {}, t.get("findings") or {}
     if not any(d.values()):
         return ""
     return "**" + str(sum(d.values())) + " defect(s)**: " + ", ".join(

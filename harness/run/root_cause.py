@@ -79,11 +79,11 @@ def fields(binding, finding: dict, exc: BaseException | None, case) -> dict:
     from rlconform.harness.report.triage import kind
 
     msg = finding.get("message") or ""
-    site, packages = finding_site(binding, finding["op"], finding["property"], finding["regime"], msg,
-                                  metric=is_metric(finding))
     k = kind(finding)
+    trig = trigger_of(case, msg, k) if case is not None else "any input"
+    site, packages = finding_site(binding, finding["op"], finding["property"], finding["regime"], msg,
+                                  metric=is_metric(finding), trigger=trig)
     frame = None
     if k.startswith("crash:") or contract_crash_type(msg):
         frame = crash_frame(engine_tracebacks(exc) + [finding.get("traceback") or "", msg], packages)
-    return {"engine_function": site, "crash_frame": frame,
-            "trigger": trigger_of(case, msg, k) if case is not None else "any input"}
+    return {"engine_function": site, "crash_frame": frame, "trigger": trig}
