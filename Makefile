@@ -4,7 +4,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 OUT    ?= rlconform-report
-PYTEST_ARGS ?= -n 2
+# --dist worksteal: an idle xdist worker takes tests queued on the other, so one long test (a fork's own
+# code, the reference engine's whole catalog) does not end the run alone while the other worker sits idle
+PYTEST_ARGS ?= -n 2 --dist worksteal
 # two engine worker processes for the checks (2 cores); override with CHECK_ARGS=...
 CHECK_ARGS ?= -n 2
 
