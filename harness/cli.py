@@ -155,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_audit_parser(sub)
 
+    from rlconform.harness.run.matrix import add_parser as add_matrix_parser  # --- version matrix (issue 23 §3) ---
+
+    add_matrix_parser(sub)
+
     cv = sub.add_parser("coverage", help="inventory the engine's numerics: every public function bound to an op, "
                         "justified, or unbound (issue 11)")
     _engine_args(cv)
@@ -864,6 +868,10 @@ def _main(argv: list[str] | None = None) -> int:
         from rlconform.harness.run.audit import cmd_audit
 
         return cmd_audit(args)
+    if args.command == "matrix":  # --- version matrix (issue 23 §3) ---
+        from rlconform.harness.run.matrix import cmd_matrix
+
+        return cmd_matrix(args)
     return _usage_error(f"unknown command {args.command!r}")  # pragma: no cover
 
 

@@ -172,10 +172,25 @@ def _agg_loss(agg_loss) -> AggLoss:
     loss.__qualname__ = "verl.agg_loss"
     return AggLoss(
         loss=loss,
-        modes=("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+        modes=_agg_modes(agg_loss),
         micro_combine="sum",
         dp_combine="mean",
     )
+
+
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def _agg_modes(agg_loss) -> tuple[str, ...]:
+    """The :data:`AGG_MODES` this verl's ``agg_loss`` dispatches on (issue 23 §2: ``token-sum`` is newer than
+    0.7), read from its source (``loss_agg_mode == "..."``); all of them when the source cannot be read."""
+    from rlconform.harness.catalog.coverage import compared_strings
+
+    try:
+        known = set(compared_strings(agg_loss, "loss_agg_mode"))
+    except (OSError, TypeError):
+        return AGG_MODES
+    return tuple(m for m in AGG_MODES if m in known) or AGG_MODES
 
 
 # ------------------------------------------------------------------------------ metric pipeline
@@ -392,7 +407,13 @@ def _kl_estimator():
         kl.__qualname__ = f"verl.kl_penalty[{name}]"
         return calls(core_algos.kl_penalty)(kl)
 
-    names = KL_NAMES + tuple(n + "+" for n in KL_NAMES)
+    import inspect
+
+    try:  # issue 23 §2: the straight-through "+" modes are newer than verl 0.5 (kl_penalty strips the suffix)
+        straight_through = 'endswith("+")' in inspect.getsource(core_algos.kl_penalty)
+    except (OSError, TypeError):
+        straight_through = True
+    names = KL_NAMES + (tuple(n + "+" for n in KL_NAMES) if straight_through else ())
     return Variants({n: bind(n) for n in names}, unchecked=dict(KL_UNCHECKED))
 
 
@@ -424,16 +445,19 @@ def _policy_loss():
     micro-batch means.
     """
     from verl.trainer.ppo import core_algos
-    from verl.utils.metric import AggregationType, Metric
+    from verl.utils import metric as verl_metric
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
     from rlconform.harness.catalog.binding import LossVariants
 
     def config():
-        return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.2,
-                           clip_ratio_high=0.2, clip_ratio_c=3.0, tau_pos=1.0, tau_neg=1.05,
-                           policy_loss=PolicyLossConfig(dro_beta=0.5, clip_cov_ratio=1.0, clip_cov_lb=1.0,
-                                                        clip_cov_ub=5.0, kl_cov_ratio=0.2, ppo_kl_coef=1.0))
+        # only the fields this verl's configs have (issue 23 §2: tau_pos / tau_neg, dro_beta... are newer)
+        return ActorConfig(**accepted_keywords(ActorConfig, dict(
+            strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.2, clip_ratio_high=0.2,
+            clip_ratio_c=3.0, tau_pos=1.0, tau_neg=1.05,
+            policy_loss=PolicyLossConfig(**accepted_keywords(PolicyLossConfig, dict(
+                dro_beta=0.5, clip_cov_ratio=1.0, clip_cov_lb=1.0, clip_cov_ub=5.0, kl_cov_ratio=0.2,
+                ppo_kl_coef=1.0))))))
 
     def bind(name):
         fn = core_algos.get_policy_loss_fn(name)
@@ -441,8 +465,9 @@ def _policy_loss():
         keys = dict(_METRIC_KEYS, ppo_kl="ppo_kl_abs") if name == "kl_cov" else _METRIC_KEYS
 
         def loss(old_log_prob, log_prob, advantages, response_mask, info):
-            cfg.global_batch_info.update(dp_size=info.dp_size, batch_num_tokens=info.global_nnz,
-                                         global_batch_size=info.global_batch_size, loss_scale_factor=None)
+            if hasattr(cfg, "global_batch_info"):  # verl >= 0.7 (issue 23 §2)
+                cfg.global_batch_info.update(dp_size=info.dp_size, batch_num_tokens=info.global_nnz,
+                                             global_batch_size=info.global_batch_size, loss_scale_factor=None)
             value, metrics = fn(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
                                 response_mask=response_mask, loss_agg_mode="token-mean", config=cfg)
             out = {}
@@ -454,12 +479,24 @@ def _policy_loss():
         loss.__qualname__ = f"verl.policy_loss[{name}]"
         return loss
 
-    @calls(Metric.aggregate_dp)
-    def combine_metrics(parts):
-        pipe = _metric_pipeline()
-        micro = [Metric.from_dict(dict(m), aggregation=AggregationType.MEAN) for m, _ in parts]
-        final = pipe.finalize(pipe.reduce_mini([pipe.reduce_dp([pipe.reduce_micro(micro)])]))
-        return {k.removeprefix("actor/"): v for k, v in final.items()}
+    if hasattr(verl_metric, "Metric"):  # verl >= 0.8: typed metrics folded by the worker's chain
+        Metric, AggregationType = verl_metric.Metric, verl_metric.AggregationType
+
+        @calls(Metric.aggregate_dp)
+        def combine_metrics(parts):
+            pipe = _metric_pipeline()
+            micro = [Metric.from_dict(dict(m), aggregation=AggregationType.MEAN) for m, _ in parts]
+            final = pipe.finalize(pipe.reduce_mini([pipe.reduce_dp([pipe.reduce_micro(micro)])]))
+            return {k.removeprefix("actor/"): v for k, v in final.items()}
+    else:  # older verl (issue 23 §2): dp_actor.update_policy appends each micro-batch's floats, reduce_metrics folds
+        from verl.utils.py_functional import append_to_dict
+
+        @calls(verl_metric.reduce_metrics)
+        def combine_metrics(parts):
+            gathered: dict = {}
+            for m, _ in parts:
+                append_to_dict(gathered, dict(m))
+            return dict(verl_metric.reduce_metrics(gathered))
 
     impls, unchecked = {}, {}
     for name in sorted(core_algos.POLICY_LOSS_REGISTRY):
@@ -492,10 +529,12 @@ def _value_loss():
 
     def bind(mode):
         def value_loss(vpreds, values, returns, response_mask, info):
+            # only the keywords this verl accepts (issue 23 §2: no global batch info before 0.7)
             loss, clipfrac = fn(vpreds=vpreds, returns=returns, values=values, response_mask=response_mask,
-                                cliprange_value=CLIPRANGE_VALUE, loss_agg_mode=mode, dp_size=info.dp_size,
-                                batch_num_tokens=info.global_nnz, global_batch_size=info.global_batch_size,
-                                loss_scale_factor=info.loss_scale_factor)
+                                cliprange_value=CLIPRANGE_VALUE, loss_agg_mode=mode, **accepted_keywords(fn, dict(
+                                    dp_size=info.dp_size, batch_num_tokens=info.global_nnz,
+                                    global_batch_size=info.global_batch_size,
+                                    loss_scale_factor=info.loss_scale_factor)))
             return loss, {"vf_clipfrac": clipfrac.detach().item()}
 
         value_loss.__qualname__ = f"verl.compute_value_loss[{mode}]"
@@ -510,7 +549,8 @@ def _value_loss():
         final = pipe.finalize(pipe.reduce_mini([pipe.reduce_dp([pipe.reduce_micro(micro)])]))
         return {k.removeprefix("actor/"): v for k, v in final.items()}  # the pipeline's rename_dict
 
-    impls = {v: bind(mode) for v, (eps, mode) in VARIANTS.items() if eps is not None}
+    modes = _agg_modes(core_algos.agg_loss)
+    impls = {v: bind(mode) for v, (eps, mode) in VARIANTS.items() if eps is not None and mode in modes}
     return LossVariants(impls, combine_metrics=combine_metrics)
 
 
@@ -865,7 +905,10 @@ def _fused_linear():
     forward = module_class.forward  # nn.Module.__call__ adds nothing here (no hooks); held for the coverage table
 
     def fused_linear_token_stats(hidden, weight, labels, temperature, chunk_size):
-        return forward(module_class(chunk_size=chunk_size, impl_backend="torch"), hidden, weight, labels,
+        # impl_backend only where the constructor has it (issue 23 §2: verl <= 0.5 has the torch path only)
+        module = module_class(**accepted_keywords(module_class.__init__, dict(chunk_size=chunk_size,
+                                                                              impl_backend="torch")))
+        return forward(module, hidden, weight, labels,
                        temperature=temperature)
 
     fused_linear_token_stats.__qualname__ = "verl.FusedLinearForPPO"
