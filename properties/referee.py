@@ -149,7 +149,7 @@ def _strip(obj, label: str, depth: int = 0, table: list | None = None):
     if isinstance(obj, (list, tuple, frozenset, set)):
         return type(obj)(_strip(x, label, depth + 1, table) for x in obj) if type(obj) in (list, tuple, frozenset, set) \
             else tuple(_strip(x, label, depth + 1, table) for x in obj)
-    if isinstance(obj, dict) or hasattr(obj, "items") and hasattr(obj, "keys"):
+    if isinstance(obj, dict) or not isinstance(obj, type) and hasattr(obj, "items") and hasattr(obj, "keys"):
         return {k: _strip(v, f"{label}[{k!r}]", depth + 1, table) for k, v in obj.items()}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and _safe_ref(type(obj)):
         changes = {f.name: _strip(getattr(obj, f.name), f"{label}.{f.name}", depth + 1, table)
