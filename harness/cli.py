@@ -673,7 +673,7 @@ def cmd_replay(args) -> int:
         if refereed(case.op) and args.referee:  # started before the engine's child imports anything
             from rlconform.harness.workers import referee as referee_process
             from rlconform.properties import referee as judge
-            from rlconform.properties.checks import referee_judge
+            from rlconform.harness.run.dispatch import referee_judge
 
             try:
                 ref = referee_process.start(referee_judge, judge.check_clean)

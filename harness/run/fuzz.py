@@ -590,7 +590,7 @@ def cmd_fuzz(args) -> int:
     if getattr(args, "referee", False):  # started before any engine import (issue 22 §1)
         from rlconform.harness.workers import referee as referee_process
         from rlconform.properties import referee as judge
-        from rlconform.properties.checks import referee_judge
+        from rlconform.harness.run.dispatch import referee_judge
 
         try:
             ref = referee_process.start(referee_judge, judge.check_clean)
