@@ -203,6 +203,7 @@ def standin(binding, case, table: list | None = None):
     return Binding(name=base.name, ops={op: _strip(base.resolve(op), op, table=table)}, version=base.version, path=base.path,
                    revision=getattr(base, "revision", None), spec=base.spec,
                    forward_only=frozenset(getattr(base, "forward_only", ()) or ()),
+                   detached=frozenset(getattr(base, "detached", ()) or ()),
                    implementations={op: impls} if impls else {},
                    engine_dtypes=dict(getattr(base, "engine_dtypes", {}) or {}), declared=tuple(declared))
 
