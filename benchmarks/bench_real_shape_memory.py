@@ -72,7 +72,7 @@ def child(args) -> dict:
     if args.referee and args.what == "finding":  # started before any engine import, as `rlconform check` does
         from rlconform.harness.workers import referee as referee_process
         from rlconform.properties import referee
-        from rlconform.properties.checks import referee_judge
+        from rlconform.harness.run.dispatch import referee_judge
 
         ref = referee_process.start(referee_judge, referee.check_clean)
         referee.connect(ref.address, ref.authkey)

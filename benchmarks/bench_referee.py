@@ -36,7 +36,7 @@ def main() -> None:
 
     from rlconform.harness.workers import referee as referee_process
     from rlconform.properties import referee
-    from rlconform.properties.checks import referee_judge
+    from rlconform.harness.run.dispatch import referee_judge
 
     t0 = time.perf_counter()
     ref = referee_process.start(referee_judge, referee.check_clean)  # before any engine import

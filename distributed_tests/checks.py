@@ -42,16 +42,15 @@ from rlconform.harness.core.layout import Layout, parse_regime, row_chunks, zigz
 from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding, BindingError
 from rlconform.harness.catalog.ops import MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, get_op
-from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation
+from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation, call_engine
 from rlconform.harness.core.generated import LogitsGen
-from rlconform.harness.workers.pool import RankFailure, get_pool, in_torchrun
+from rlconform.harness.workers.pool import PoolStartupError, RankFailure, get_pool, in_torchrun
 from rlconform.harness.core.tensors import to_tensor
 from rlconform.properties.case import Case
 from rlconform.properties.generic import JUDGES, Outcome
 
 __all__ = ["EVALUATORS", "evaluate_context_parallel", "evaluate_dp_metric", "evaluate_dp_whiten",
-           "evaluate_vocab_parallel", "run_check",
-           "run_ranks"]
+           "evaluate_vocab_parallel", "on_pool", "run_check", "run_check_here", "run_ranks"]
 
 #: deadline of one case on the ranks, ``RLCONFORM_DIST_DEADLINE_S`` (the first call of verl's vocab-parallel
 #: entropy in a worker compiles a kernel: 15–40 s on 2 busy cores)
@@ -64,18 +63,37 @@ COLLECTIVE_TIMEOUT_S = float(os.environ.get("RLCONFORM_DIST_COLLECTIVE_TIMEOUT_S
 # ------------------------------------------------------------------------------------- running
 def run_ranks(world: int, fn, payloads: list, where: str) -> list:
     """Run ``fn`` on ``world`` ranks (the session's pool, or this torchrun job) and return the results in
-    rank order; a failure on any rank becomes an :class:`EngineCrash` with every rank's traceback."""
-    try:
-        if in_torchrun():
-            return _run_torchrun(world, fn, payloads)
-        from rlconform.harness.core import device
+    rank order; a failure on any rank becomes an :class:`EngineCrash` with every rank's traceback.
 
-        backend, devices = device.pool_backend(world)  # gloo on cpu; nccl, or gloo over CUDA tensors (issue 27)
-        pool = get_pool(world, backend=backend, devices=devices, timeout_s=DEADLINE_S,
-                        collective_timeout_s=COLLECTIVE_TIMEOUT_S)
-        return pool.run(fn, payloads, timeout_s=DEADLINE_S)
-    except RankFailure as exc:
-        raise EngineCrash(where, exc) from exc
+    The round trip to the pool is an engine call (:func:`~rlconform.harness.core.evaluation.call_engine` of
+    :func:`on_pool`): under a referee (issue 22 §1) the evaluation runs in the referee, the engine's worker
+    makes only this call on its pool and the ranks' raw outputs (NumPy arrays as bytes, dtype names,
+    guard messages) travel back to the referee, which computes the reference, the faithful path and the
+    verdict. Raises :class:`~rlconform.harness.workers.pool.PoolStartupError` (a harness error, never a
+    verdict) when the pool cannot start."""
+    if in_torchrun():  # every rank is a process of this job (no referee: `replay` under torchrun)
+        try:
+            return _run_torchrun(world, fn, payloads)
+        except RankFailure as exc:
+            raise EngineCrash(where, exc) from exc
+    try:
+        return call_engine(where, on_pool, world, fn, payloads)
+    except EngineCrash as exc:
+        cause = exc.__cause__
+        if cause is not None and type(cause).__name__ == PoolStartupError.__name__:
+            raise PoolStartupError(str(cause)) from None
+        raise
+
+
+def on_pool(world: int, fn, payloads: list) -> list:
+    """``fn`` on ``world`` ranks of the session's pool (started on first use, in the calling process: the
+    engine's worker); raises :class:`~rlconform.harness.workers.pool.RankFailure` when a rank fails."""
+    from rlconform.harness.core import device
+
+    backend, devices = device.pool_backend(world)  # gloo on cpu; nccl, or gloo over CUDA tensors (issue 27)
+    pool = get_pool(world, backend=backend, devices=devices, timeout_s=DEADLINE_S,
+                    collective_timeout_s=COLLECTIVE_TIMEOUT_S)
+    return pool.run(fn, payloads, timeout_s=DEADLINE_S)
 
 
 def _run_torchrun(world: int, fn, payloads: list) -> list:
@@ -567,10 +585,34 @@ EVALUATORS = {
 
 def run_check(binding: Binding, case: Case) -> Outcome:
     """Check a distributed ``case`` against ``binding`` on gloo ranks (or this torchrun job): the
-    Evaluation assembled from every rank is judged by the generic property."""
+    Evaluation assembled from every rank is judged by the generic property. With a referee connected
+    (:mod:`rlconform.properties.referee`, issue 22 §1) the op is resolved here (OpUnavailable and
+    BindingError surface in the engine's worker, as without one), then the evaluation and the verdict are
+    the referee's (:func:`run_check_here` there), the pool round trips the engine calls made here
+    (:func:`run_ranks`); otherwise everything runs on this process."""
+    from rlconform.properties import referee
+
+    info = _applies(case)
+    if referee.connected():
+        binding.resolve(case.op)
+        if info.kind == "vocab_parallel" and case.regime.endswith("after_entropy") and \
+                "vocab_parallel_entropy" in binding.ops:
+            binding.resolve("vocab_parallel_entropy")
+        return referee.refereed_check(binding, case)
+    return run_check_here(binding, case)
+
+
+def run_check_here(binding: Binding, case: Case) -> Outcome:
+    """:func:`run_check` on this process (the evaluation and the judgment both; the referee's side)."""
+    info = _applies(case)
+    return JUDGES[case.property](EVALUATORS[info.kind](binding, case))
+
+
+def _applies(case: Case):
+    """The op's catalog entry; BindingError when the property does not apply or the op is not distributed."""
     info = get_op(case.op)
     if case.property not in info.properties:
         raise BindingError(f"property {case.property!r} does not apply to op {case.op!r}")
     if info.kind not in EVALUATORS:
         raise BindingError(f"op {case.op!r} is not a distributed op")
-    return JUDGES[case.property](EVALUATORS[info.kind](binding, case))
+    return info

@@ -49,9 +49,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 
-def _referee_default() -> bool:
-    """``--referee``'s default: on when the environment sets ``RLCONFORM_REFEREE`` to 1 / true / yes."""
-    return os.environ.get("RLCONFORM_REFEREE", "").strip().lower() in ("1", "true", "yes")
 
 def _test_dirs() -> list[str]:
     """The generic property tests and the distributed tests, as installed."""
@@ -103,10 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default %(default)s)")
     c.add_argument("--junitxml", default=None, help="also write JUnit XML here")
     c.add_argument("-q", "--quiet", action="store_true", help="only the summary")
-    c.add_argument("--referee", action="store_true", default=_referee_default(),
-                   help="judge in a referee process that never imports the engine, so that an engine that patches "
-                        "torch or rlconform cannot bend a verdict (opt-in: about 1.4× the time of a check today; "
-                        "RLCONFORM_REFEREE=1 sets it)")
+    _referee_arg(c)
     c.add_argument("-v", "--verbose", action="store_true",
                    help="also pytest's and pytest-xdist's own output (progress, warnings summary, counts)")
     # --- triage (issue 12) ---
@@ -129,8 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _device_arg(r)
     r.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S,
                    help="seconds the case may take before it is ended as hung (default %(default)s)")
-    r.add_argument("--referee", action="store_true", default=_referee_default(),
-                   help="judge in a referee process that never imports the engine (RLCONFORM_REFEREE=1 sets it)")
+    _referee_arg(r)
 
     lg = sub.add_parser("ledger", help="print an xfails ledger listing the defects of a report, one line each")
     lg.add_argument("report", help="a report.json (or the folder holding it)")
@@ -212,6 +205,12 @@ def _numprocesses(text: str) -> str:
     if text in ("auto", "logical"):
         return text
     return str(_positive_int(text))
+
+
+def _referee_arg(p) -> None:
+    from rlconform.harness.run.referee_flag import add_argument
+
+    add_argument(p)
 
 
 def _device_arg(p) -> None:
@@ -678,7 +677,7 @@ def cmd_replay(args) -> int:
         if refereed(case.op) and args.referee:  # started before the engine's child imports anything
             from rlconform.harness.workers import referee as referee_process
             from rlconform.properties import referee as judge
-            from rlconform.properties.checks import referee_judge
+            from rlconform.harness.run.dispatch import referee_judge
 
             try:
                 ref = referee_process.start(referee_judge, judge.check_clean)

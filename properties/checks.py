@@ -37,15 +37,8 @@ def run_check(binding, case: Case) -> Outcome:
     from rlconform.properties import referee
 
     if referee.connected():
-        return referee.refereed_check(binding, case, run_check_here)
+        return referee.refereed_check(binding, case)
     return run_check_here(binding, case)
-
-
-def referee_judge(payload: bytes, exchange=None):
-    """What a referee process serves (:func:`rlconform.properties.referee.judge` with :func:`run_check_here`)."""
-    from rlconform.properties import referee
-
-    return referee.judge(payload, run_check_here, exchange)
 
 
 def run_check_here(binding, case: Case) -> Outcome:

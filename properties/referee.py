@@ -75,9 +75,11 @@ class ReplayFn(T.Opaque):
     :func:`~rlconform.harness.core.evaluation.call_engine` may use it: the call is made in the engine's
     worker (:class:`~rlconform.harness.core.tape.Remote`), or replayed from a tape; any other call raises."""
 
-    def __init__(self, label: str, index: int = -1, params: tuple | None = None):
+    def __init__(self, label: str, index: int = -1, params: tuple | None = None, marks: dict | None = None):
         self.index, self.label, self.params = index, label, params
         self.__name__ = self.__qualname__ = label
+        for name, value in (marks or {}).items():  # the binding's declarations on the callable, as plain data
+            setattr(self, name, value)
 
     @property
     def __signature__(self):
@@ -132,6 +134,17 @@ def _params(fn) -> tuple | None:
         return None
 
 
+def _marks(fn) -> dict:
+    """The binding's plain-data declarations on an engine callable (``rlconform_world_group``,
+    ``rlconform_parallel_state``, ...: attributes named ``rlconform_*`` holding a bool, int, float or str),
+    which the distributed families read to lay out the ranks' collectives."""
+    try:
+        attrs = dict(vars(fn))
+    except TypeError:
+        return {}
+    return {k: v for k, v in attrs.items() if k.startswith("rlconform_") and type(v) in (bool, int, float, str)}
+
+
 def _strip(obj, label: str, depth: int = 0, table: list | None = None):
     """``obj`` with every engine callable replaced by a :class:`ReplayFn` and every other object of the
     engine's by an :class:`~rlconform.harness.core.tape.Unreadable` (binding data kept); ``table`` gets the
@@ -149,7 +162,7 @@ def _strip(obj, label: str, depth: int = 0, table: list | None = None):
     if isinstance(obj, (list, tuple, frozenset, set)):
         return type(obj)(_strip(x, label, depth + 1, table) for x in obj) if type(obj) in (list, tuple, frozenset, set) \
             else tuple(_strip(x, label, depth + 1, table) for x in obj)
-    if isinstance(obj, dict) or hasattr(obj, "items") and hasattr(obj, "keys"):
+    if isinstance(obj, dict) or not isinstance(obj, type) and hasattr(obj, "items") and hasattr(obj, "keys"):
         return {k: _strip(v, f"{label}[{k!r}]", depth + 1, table) for k, v in obj.items()}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and _safe_ref(type(obj)):
         changes = {f.name: _strip(getattr(obj, f.name), f"{label}.{f.name}", depth + 1, table)
@@ -159,7 +172,7 @@ def _strip(obj, label: str, depth: int = 0, table: list | None = None):
         return obj
     if callable(obj):
         return obj if (_safe_ref(obj) and getattr(obj, "__name__", "") != "<lambda>") else ReplayFn(
-            f"{label} ({getattr(obj, '__qualname__', type(obj).__name__)})", keep(obj), _params(obj))
+            f"{label} ({getattr(obj, '__qualname__', type(obj).__name__)})", keep(obj), _params(obj), _marks(obj))
     return T.Unreadable(type(obj).__qualname__, keep(obj))
 
 
@@ -190,6 +203,7 @@ def standin(binding, case, table: list | None = None):
     return Binding(name=base.name, ops={op: _strip(base.resolve(op), op, table=table)}, version=base.version, path=base.path,
                    revision=getattr(base, "revision", None), spec=base.spec,
                    forward_only=frozenset(getattr(base, "forward_only", ()) or ()),
+                   detached=frozenset(getattr(base, "detached", ()) or ()),
                    implementations={op: impls} if impls else {},
                    engine_dtypes=dict(getattr(base, "engine_dtypes", {}) or {}), declared=tuple(declared))
 
@@ -222,12 +236,12 @@ def loads(data: bytes):
 
 #: what the worker raises itself when the referee's evaluation raises it (not a verdict: the finding is
 #: unavailable, skipped or malformed)
-_NOT_A_VERDICT = ("BindingError", "OpUnavailable", "VariantNotProvided", "CaseError")
+_NOT_A_VERDICT = ("BindingError", "OpUnavailable", "VariantNotProvided", "CaseError", "PoolStartupError")
 
 
 def judge(payload: bytes, check_here, exchange=None):
     """In the referee: ``(reply, verdict)`` for one request, judged by ``check_here``
-    (:func:`rlconform.properties.checks.run_check_here`; :func:`rlconform.properties.checks.referee_judge`)
+    (:func:`rlconform.harness.run.dispatch.run_check_here`, served by :func:`rlconform.harness.run.dispatch.referee_judge`)
     (see the module docstring). ``exchange(bytes) -> bytes`` asks the engine's worker to make one engine
     call (:class:`~rlconform.harness.core.tape.Remote`); a request that carries a ``tape`` is replayed from
     it instead. ``reply`` is one of ``("outcome", Outcome)``, ``("crash", message, engine traceback)``,
@@ -302,7 +316,7 @@ def _not_checked(module: str, qualname: str, message: str, attrs: dict) -> Excep
     return exc
 
 
-def refereed_check(binding, case, check_here=None):
+def refereed_check(binding, case):
     """The check of ``case`` with the engine's calls only made here: the referee runs the family's
     evaluation (the float64 reference, the dtype-faithful path, the judgment) and sends each engine call
     to this process, which makes it and answers with its record (module docstring). Raises what the

@@ -108,7 +108,7 @@ def test_refereed_real_shapes_case_is_judged_by_the_referee_alone(monkeypatch):
     from rlconform.harness.catalog.binding import Binding
     from rlconform.harness.workers import referee as referee_process
     from rlconform.properties import referee
-    from rlconform.properties.checks import referee_judge
+    from rlconform.harness.run.dispatch import referee_judge
 
     def entropy(logits):
         h = reference.ops["entropy"](logits)

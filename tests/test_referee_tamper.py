@@ -38,3 +38,21 @@ def test_a_tampering_engine_stays_red(vector, tmp_path):
              str(out / "cases" / "entropy.matches_reference.float32.moderate.json"),
              "--engine", os.path.join(BINDINGS, f"{vector}.py"), "--referee"], capture_output=True, text=True, timeout=600)
         assert rep.returncode == 1 and "DISCREPANCY" in rep.stdout, rep.stdout[-2000:] + rep.stderr[-2000:]
+
+
+@pytest.mark.parametrize("referee", ["--referee", "--no-referee"])
+def test_a_tampering_distributed_engine_is_red_only_under_the_referee(referee, tmp_path):
+    """A distributed family (gloo ranks) is judged by the referee too: the ranks' raw outputs travel to it.
+    Without the referee (``--no-referee``, for debugging only) the same tampering binding bends the verdict,
+    which shows this test can fail."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine",
+         os.path.join(BINDINGS, "tamper_distributed_compare.py"), "--op", "cp_masked_mean", "--property",
+         "matches_reference", "--dtype", "float32", "--regime", "cp2_all_on", "--max-examples", "5",
+         "--out", str(out), "-q", referee], capture_output=True, text=True, timeout=600)
+    doc = json.loads((out / "report.json").read_text())
+    statuses = {f["id"]: f["status"] for f in doc["findings"]}
+    expected = "discrepancy" if referee == "--referee" else "pass"
+    assert statuses == {"cp_masked_mean.matches_reference.float32.cp2_all_on": expected}, \
+        proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -160,7 +160,8 @@ def test_an_example_interrupted_mid_call_leaves_the_next_one_its_own_verdict():
     from rlconform.harness.workers import referee as referee_process
     from rlconform.properties import referee
     from rlconform.properties.case import Case
-    from rlconform.properties.checks import referee_judge, run_check
+    from rlconform.harness.run.dispatch import referee_judge
+    from rlconform.properties.checks import run_check
 
     ref = referee_process.start(referee_judge, referee.check_clean)
     try:

@@ -1,4 +1,5 @@
-"""Runner layer: check one saved case with the checker of its op's family (single process, or gloo ranks)."""
+"""Runner layer: check one saved case with the checker of its op's family (single process, or gloo ranks),
+and the judge a referee serves for every family."""
 
 from __future__ import annotations
 
@@ -22,3 +23,17 @@ def run_check(binding, case):
 
         raise OpUnavailable(case.op, gap)
     return checker_for(case.op)(binding, case)
+
+
+def run_check_here(binding, case):
+    """The referee's check of ``case`` (every family: the evaluation and the judgment on this process, the
+    engine's calls made by the engine's worker; issue 22 §1)."""
+    here = distributed_checks.run_check_here if get_op(case.op).distributed else process_checks.run_check_here
+    return here(binding, case)
+
+
+def referee_judge(payload: bytes, exchange=None):
+    """What a referee process serves (:func:`rlconform.properties.referee.judge` with :func:`run_check_here`)."""
+    from rlconform.properties import referee
+
+    return referee.judge(payload, run_check_here, exchange)

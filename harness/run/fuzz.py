@@ -399,9 +399,9 @@ def add_parser(sub) -> None:
     f.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds one example may take before the engine is considered hung (default %(default)s)")
     f.add_argument("-q", "--quiet", action="store_true", help="no live progress display")
-    f.add_argument("--referee", action="store_true",
-                   default=os.environ.get("RLCONFORM_REFEREE", "").strip().lower() in ("1", "true", "yes"),
-                   help="judge in a referee process that never imports the engine (RLCONFORM_REFEREE=1 sets it)")
+    from rlconform.harness.run.referee_flag import add_argument as add_referee_argument
+
+    add_referee_argument(f)
 
 
 def _validate(args) -> str | None:
@@ -590,7 +590,7 @@ def cmd_fuzz(args) -> int:
     if getattr(args, "referee", False):  # started before any engine import (issue 22 §1)
         from rlconform.harness.workers import referee as referee_process
         from rlconform.properties import referee as judge
-        from rlconform.properties.checks import referee_judge
+        from rlconform.harness.run.dispatch import referee_judge
 
         try:
             ref = referee_process.start(referee_judge, judge.check_clean)

@@ -294,7 +294,7 @@ class State:
         """Controller: the referee of worker ``node``, started before the worker imports the engine."""
         from rlconform.harness.workers import referee
         from rlconform.properties import referee as judge
-        from rlconform.properties.checks import referee_judge
+        from rlconform.harness.run.dispatch import referee_judge
 
         wid = node.gateway.id
         if wid not in self.referees:

@@ -20,13 +20,12 @@ GREEN = ("pass", "xpass", "marginal")
 
 
 def refereed(op) -> bool:
-    """Whether the findings of ``op`` are judged by a referee: the single-process families. A distributed
-    family's comparison runs in the controller's worker from what the gloo ranks sent back
-    (:mod:`rlconform.distributed_tests.checks`)."""
+    """Whether the findings of ``op`` are judged by a referee: every op of the catalog, single-process and
+    distributed families alike (a distributed family's evaluation runs in the referee; the engine's worker
+    makes the round trips to its gloo ranks: :func:`rlconform.distributed_tests.checks.run_ranks`)."""
     from rlconform.harness.catalog.ops import OPS
 
-    info = OPS.get(op) if isinstance(op, str) else None
-    return info is not None and not info.distributed
+    return isinstance(op, str) and op in OPS
 
 
 class VerdictBook:
