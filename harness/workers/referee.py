@@ -24,6 +24,7 @@ import os
 import pickle
 import secrets
 import shutil
+import threading
 import tempfile
 import traceback
 from typing import Any, Callable
@@ -91,18 +92,40 @@ class Referee:
 
     def __init__(self, process, address: str, authkey: bytes, verdicts, tmpdir: str):
         self.process, self.address, self.authkey, self._verdicts, self._tmpdir = process, address, authkey, verdicts, tmpdir
+        # a thread reads the verdict pipe as verdicts arrive: a controller that drains only at the end (fuzz)
+        # must not leave the referee blocked on a full pipe after ~64 KiB of verdicts
+        self._received: list = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._reader = threading.Thread(target=self._read, name="rlconform-referee-verdicts", daemon=True)
+        self._reader.start()
+
+    def _take(self) -> None:
+        """Move every verdict already in the pipe to ``_received`` (the caller holds ``_lock``)."""
+        while self._verdicts.poll():
+            self._received.append(self._verdicts.recv())
+
+    def _read(self) -> None:
+        try:
+            while not self._closed:
+                if self._verdicts.poll(0.05):
+                    with self._lock:
+                        self._take()
+        except (EOFError, OSError):
+            pass
 
     def drain(self) -> list:
         """The verdicts the referee sent since the last call (never blocks)."""
-        out = []
-        try:
-            while self._verdicts.poll():
-                out.append(self._verdicts.recv())
-        except (EOFError, OSError):
-            pass
+        with self._lock:
+            try:
+                self._take()
+            except (EOFError, OSError):
+                pass
+            out, self._received = self._received, []
         return out
 
     def close(self) -> None:
+        self._closed = True
         if self.process.is_alive():
             self.process.kill()
         self.process.join(5)
