@@ -151,7 +151,10 @@ def evaluate(binding, case) -> Evaluation:
     if case.property == METRIC_INTEGRITY:
         emitted, final = run_metric_pipeline(mp, values, mask, partitions[0])
         mapping = mp.emitted_to_final
-        to_final = {k: mapping(k) for k in emitted} if callable(mapping) else dict(mapping or {})
+        # a callable mapping is the binding's code: it runs where the binding does (under the referee, in
+        # the engine's worker), like every other engine call
+        to_final = ({k: call_engine("metric_pipeline.emitted_to_final", mapping, k) for k in sorted(emitted)}
+                    if callable(mapping) else dict(mapping or {}))
         ev.metrics = MetricFlow(emitted, final, to_final)
         return ev
     ref = R.token_metrics(values64, mask_np)
