@@ -507,7 +507,9 @@ def _policy_loss():
     # compute_policy_loss_sapo ignores the loss_agg_mode it is passed: "for SAPO, we need to aggregate the loss
     # at the sequence level (seq-mean-token-mean)", agg_loss(..., loss_agg_mode="seq-mean-token-mean",
     # **config.global_batch_info) (verl/trainer/ppo/core_algos.py:1688): a declared convention, checked as such
-    return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics, agg_modes=SAPO_AGG_MODES)
+    # every loss is called with loss_agg_mode="token-mean" (bind's loss above), SAPO's forced mode aside
+    return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics, agg_modes=SAPO_AGG_MODES,
+                        calls_agg_mode="token-mean")
 
 
 # ---------------------------------------------------------------------- value loss, IS weights

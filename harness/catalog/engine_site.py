@@ -286,6 +286,23 @@ def output_site(binding, op: str, message: str, trigger: str = "") -> dict | Non
     return None
 
 
+def calls_variant(binding, op: str, regime: str) -> str | None:
+    """The variant (an aggregation mode) under which the finding's engine function calls the engine's
+    aggregation, as the binding declares it (:class:`~rlconform.harness.core.contracts.LossVariants`
+    ``calls_agg_mode``, ``agg_modes`` for a variant the engine forces); None when not declared."""
+    from rlconform.harness.core.opinfo import split_regime
+
+    try:
+        impl = binding.resolve(op)
+    except Exception:  # noqa: BLE001 - an op that cannot be loaded declares nothing
+        return None
+    default = getattr(impl, "calls_agg_mode", None)
+    if not default:
+        return None
+    variant = split_regime(regime or "")[0]
+    return (getattr(impl, "agg_modes", None) or {}).get(variant, default)
+
+
 def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
                  metric: bool = False, trigger: str = "") -> tuple[dict | None, list[str]]:
     """``(engine_function site, engine top packages)`` of a finding. A ``non_destructive`` failure in the
@@ -317,6 +334,9 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
     s = site(fn)
     if s is not None:
         s["calls"] = callees(fn)
+        mode = calls_variant(binding, op, regime)
+        if mode:
+            s["calls_variant"] = mode
     by_output = output_site(binding, op, message, trigger) if prop != "non_destructive" else None
     if by_output is not None:  # one entry point dispatching to several functions: the one that failed
         return by_output, packages

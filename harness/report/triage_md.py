@@ -49,6 +49,8 @@ def numbers_cell(d: dict) -> str:
     if n:
         e, r = n["engine"], n["exact"]
         text = f"{_num(e, r)} vs {_num(r, e)}"
+        if str(n.get("clause") or "").lower().lstrip("- ").startswith("gradient"):
+            text = "gradient: " + text  # the value may be right: the numbers are the gradient's
         if isinstance(e, (int, float)) and isinstance(r, (int, float)) and r:
             text += f" (rel err {abs(e - r) / abs(r):.3g})"
         elif isinstance(e, (int, float)) and isinstance(r, (int, float)):
@@ -72,6 +74,8 @@ def where_cell(d: dict) -> str:
         if d.get("crash_frame") and d.get("engine_function") and \
                 d["engine_function"].get("function") != site.get("function"):
             text += f" via `{d['engine_function'].get('function')}`"
+        if d.get("upstream"):  # the deepest frame is another package's: the fix belongs there
+            text += f" — upstream: {d['upstream']}"
         return text
     return f"op {d.get('op')}" + (f" ({site_text(site)})" if site else "")
 
