@@ -269,6 +269,27 @@ def test_triggers_in_a_maintainers_words():
     assert T("x", "matches_reference", "float32", "r", {"values": np.ones(3)}) == "any input"
 
 
+def test_triggers_say_what_the_shrunk_input_shows():
+    """A chunked implementation's crash or changed tensor needs more than one chunk (not the TP layout it ran
+    in); a NaN from exp of a log-ratio past the dtype's range says so (88.7 in float32), an extreme one
+    within it keeps > 20; a ``masked = X:`` clause is the garbage, whatever a family hook read."""
+    T = triggers.trigger
+    x = {"logits": np.ones((1, 3, 14)), "chunk_size": 1}
+    assert T("vocab_parallel_entropy", "matches_reference", "bfloat16", "chunked@tp2_moderate", x,
+             kind="crash:RuntimeError") == "more than one chunk (chunk_size 1 < 3 tokens)"
+    one = {"logits": np.ones((1, 3, 14)), "chunk_size": 2048}
+    assert T("vocab_parallel_entropy", "matches_reference", "bfloat16", "chunked@tp2_moderate", one,
+             kind="crash:RuntimeError") == "TP > 1"
+    lp = {"old_log_prob": np.array([[0.0, 0.0]]), "log_prob": np.array([[96.0, 0.0]]),
+          "response_mask": np.ones((1, 2), bool)}
+    assert T("policy_loss", "matches_reference", "float32", "kl_cov@extreme_log_ratios", lp, kind="NaN") == \
+        "a log-ratio past exp's float32 range (|log π − log π_old| > 88.7: exp overflows)"
+    assert T("policy_loss", "matches_reference", "float32", "kl_cov@extreme_log_ratios", lp, kind="wrong value") == \
+        "an extreme log-ratio (|log π − log π_old| > 20)"
+    assert triggers.message_trigger("masked = nan: kept mask = 1.0 vs kept mask = 0.0 at flat index 0") == \
+        "a masked position holding NaN"
+
+
 def test_family_trigger_hook_reads_its_own_inputs():
     from rlconform.harness.run.root_cause import trigger_of
 

@@ -42,7 +42,12 @@ def family_of(op: str):
 
 
 def trigger_of(case, message: str, kind: str) -> str:
-    """The family's trigger of ``case`` (its hook first, then the generic reading)."""
+    """The family's trigger of ``case``: what the message alone shows first (``a masked position holding
+    NaN`` for a ``masked = nan:`` clause, as the report's triage reads it), then its hook, then the generic
+    reading."""
+    said = triggers.message_trigger(message)
+    if said:
+        return said
     fam = family_of(case.op)
     hook = getattr(fam, "trigger", None)
     if hook is not None:
