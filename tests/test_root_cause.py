@@ -392,3 +392,22 @@ def test_mutant_finding_gets_its_severity(severity, tmp_path):
     sevs = {f.get("severity") for f in doc["findings"] if f["op"] == op and f["property"] == prop}
     assert severity in sevs, sevs
     assert doc["defects"][0]["severity"] == severity
+
+
+def test_a_variants_configuration_is_its_trigger_where_the_binding_declares_it():
+    """verl's grpo_vectorized reads only its own ``norm_adv_by_std_in_grpo`` keyword (default True), so Dr. GRPO
+    through the trainer's AlgoConfig divides by σ on any input: the binding declares the variant's words, which
+    replace ``any input`` (and nothing more specific)."""
+    import types
+
+    from rlconform.harness.bindings.verl import VARIANT_TRIGGERS
+    from rlconform.harness.run.root_cause import declared_trigger
+
+    b = types.SimpleNamespace(variant_triggers=VARIANT_TRIGGERS)
+    words = declared_trigger(b, "outcome_advantage", "drgrpo+vectorized@uneven_groups", "any input")
+    assert "norm_adv_by_std_in_grpo=False" in words and "ignores" in words
+    assert declared_trigger(b, "outcome_advantage", "drgrpo+vectorized@singleton_groups", "a group of one sample") == \
+        "a group of one sample"
+    assert declared_trigger(b, "outcome_advantage", "grpo+vectorized@uneven_groups", "any input") == "any input"
+    assert declared_trigger(types.SimpleNamespace(), "outcome_advantage", "drgrpo+vectorized@r", "any input") == \
+        "any input"

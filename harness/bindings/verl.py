@@ -1109,9 +1109,19 @@ OUTPUT_SITES = {"rollout_rejection_mask": (
 )}
 
 
+#: the configuration a variant sets, where it is the trigger of a failure seen on any input (Binding.variant_triggers)
+VARIANT_TRIGGERS = {"outcome_advantage": {
+    # compute_grpo_vectorized_outcome_advantage(…, norm_adv_by_std_in_grpo: bool = True, config=None) reads only
+    # its keyword; ray_trainer.compute_advantage's non-GRPO branch passes the flag in config (AlgoConfig)
+    "drgrpo+vectorized": "norm_adv_by_std_in_grpo=False (Dr. GRPO), passed in the AlgoConfig as the trainer "
+                         "does: grpo_vectorized ignores config.norm_adv_by_std_in_grpo and divides by σ",
+}}
+
+
 binding = Binding(
     name="verl",
     implementations=IMPLEMENTATIONS,
+    variant_triggers=VARIANT_TRIGGERS,
     engine_dtypes=ENGINE_DTYPES,
     declared=DECLARED,
     output_sites=OUTPUT_SITES,

@@ -60,6 +60,17 @@ def trigger_of(case, message: str, kind: str) -> str:
     return triggers.trigger(case.op, case.property, case.dtype, case.regime, case.inputs, message, kind)
 
 
+def declared_trigger(binding, op: str, regime: str, trig: str) -> str:
+    """``trig``, or — when it reads ``any input`` — the binding's words for the finding's variant
+    (``Binding.variant_triggers``: op -> variant -> trigger), when it declares them."""
+    if trig != "any input":
+        return trig
+    from rlconform.harness.core.opinfo import split_regime
+
+    words = ((getattr(binding, "variant_triggers", None) or {}).get(op) or {}).get(split_regime(regime or "")[0])
+    return words or trig
+
+
 def engine_tracebacks(exc: BaseException | None) -> list[str]:
     """The engine tracebacks carried by ``exc`` and everything it groups or chains (``engine_traceback``
     of an EngineCrash, a rank's text), deepest last."""
@@ -86,6 +97,7 @@ def fields(binding, finding: dict, exc: BaseException | None, case) -> dict:
     msg = finding.get("message") or ""
     k = kind(finding)
     trig = trigger_of(case, msg, k) if case is not None else "any input"
+    trig = declared_trigger(binding, finding["op"], finding.get("regime") or "", trig)
     site, packages = finding_site(binding, finding["op"], finding["property"], finding["regime"], msg,
                                   metric=is_metric(finding), trigger=trig)
     frame = None
