@@ -411,3 +411,35 @@ def test_a_variants_configuration_is_its_trigger_where_the_binding_declares_it()
     assert declared_trigger(b, "outcome_advantage", "grpo+vectorized@uneven_groups", "any input") == "any input"
     assert declared_trigger(types.SimpleNamespace(), "outcome_advantage", "drgrpo+vectorized@r", "any input") == \
         "any input"
+
+
+def test_skyrl_metric_sites_name_the_reducer_that_folds_them():
+    """SkyRL's logged metrics: a mean of micro-batch means is ``worker_utils.reduce_metrics``' (so is a value
+    it prints and drops), a mean of DP-rank means ``all_reduce_metrics``', a min that sees masked zeros the
+    emitter's (``compute_minibatch_rollout_logprob_diff_metrics``); read from value, partition and lost-metric
+    clauses alike (:func:`output_labels`)."""
+    from rlconform.harness.bindings.skyrl import WORKER_UTILS, _skyrl, binding
+    from rlconform.harness.catalog.engine_site import output_labels, output_site
+
+    _skyrl(WORKER_UTILS)  # as running the op does: SkyRL imports through the binding's shim
+
+    part = ("policy/minibatch_rollout_logprobs_abs_diff_mean (mean), shards (nnz) [[[0, 1]]] = 2.06e-05 vs "
+            "policy/minibatch_rollout_logprobs_abs_diff_mean (mean), shards (nnz) [[[1]]] = 4.13e-05 at flat index 0 "
+            "(reference 4.13e-05, allowed difference 2e-05, 21×)")
+    lost = ("emitted key 'minibatch_rollout_logprobs_abs_diff_max' was printed instead of logged ('Metrics for key "
+            "minibatch_rollout_logprobs_abs_diff_max are not all numbers: [tensor(0.0409)]')")
+    low = ("policy/minibatch_rollout_logprobs_abs_diff_min (min), shards (nnz) [[[1]]]: engine 0.0 vs reference 1.0 at "
+           "flat index 0: abs err 1, rel err 1, 128 ulp, tolerance 0.0256")
+    dp = ("dp2: DP rank 0, tokens per DP rank [1, 0]: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, "
+          "rel err 0.5, 64 ulp, tolerance 0.0256")
+    assert output_labels(part)[0].startswith("policy/minibatch_rollout_logprobs_abs_diff_mean (mean)")
+    assert output_labels(lost) == ["minibatch_rollout_logprobs_abs_diff_max"]
+
+    def fn(op, msg, trig):
+        return (output_site(binding, op, msg, trig) or {}).get("function")
+
+    assert fn("metric_statistics", part, "a micro-batch with no valid token") == "reduce_metrics"
+    assert fn("metric_statistics", lost, "a micro-batch with no valid token") == "reduce_metrics"
+    assert fn("metric_statistics", low, "a row with no valid token") == "compute_minibatch_rollout_logprob_diff_metrics"
+    assert fn("metric_statistics", part, "a DP rank with no valid token") == "all_reduce_metrics"
+    assert fn("dp_metric_all_reduce", dp, "a DP rank with no valid token") == "all_reduce_metrics"

@@ -259,10 +259,29 @@ def _resolve_name(name: str):
     import importlib
 
     module, _, qual = name.partition(":")
-    obj = importlib.import_module(module)
+    # a module the binding already imported (SkyRL's through its own shim) is taken as it is
+    obj = sys.modules.get(module) or importlib.import_module(module)
     for part in qual.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+_PART_LABEL = __import__("re").compile(r"^(?P<label>[^\n]*?) = [-+0-9.einaf]+ vs ", __import__("re").M)
+_LOST = __import__("re").compile(r"^(?P<label>[^\n]*?) missing from the final dict|emitted key '(?P<key>[^']+)' was "
+                                 r"printed instead of logged", __import__("re").M)
+
+
+def output_labels(message: str) -> list[str]:
+    """The outputs a failure message names as failing: the labels of its failing value clauses
+    (:func:`~rlconform.harness.core.triggers.failing_labels`), of its partition clauses (``LABEL = X vs …``)
+    and of a metric lost on its way (``LABEL missing from the final dict``, ``emitted key 'K' was printed
+    instead of logged``), in order."""
+    out = list(failing_labels(message))
+    for m in _PART_LABEL.finditer(message or ""):
+        out.append(m["label"].strip())
+    for m in _LOST.finditer(message or ""):
+        out.append((m["label"] or m["key"] or "").strip())
+    return [x for x in out if x]
 
 
 def output_site(binding, op: str, message: str, trigger: str = "") -> dict | None:
@@ -272,7 +291,7 @@ def output_site(binding, op: str, message: str, trigger: str = "") -> dict | Non
     import re
 
     rules = (getattr(binding, "output_sites", None) or {}).get(op) or ()
-    labels = failing_labels(message)
+    labels = output_labels(message)
     for output, name, trig in rules:
         if any(re.search(output, lab) for lab in labels) and (not trig or re.search(trig, trigger or "")):
             try:

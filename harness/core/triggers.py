@@ -209,7 +209,7 @@ def failing_labels(message: str) -> list[str]:
 _NUMPY_TYPE = re.compile(r"<class 'numpy\.[a-z0-9_]+'>")
 
 
-_MASKED_GARBAGE = re.compile(r"^(?:[^\n]*?: )?masked = (?P<g>nan|[-+]?inf|[-+0-9.e]+)[: ]", re.M)
+_MASKED_GARBAGE = re.compile(r"^(?:[^\n]*?(?::|,) )?masked = (?P<g>nan|[-+]?inf|[-+0-9.e]+)[: ]", re.M)
 
 
 def message_trigger(message: str) -> str | None:
