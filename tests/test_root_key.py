@@ -102,6 +102,7 @@ def test_report_md_sections_in_order(tmp_path):
     defects_part = md.split("### Defects", 1)[1].split("### Conventions", 1)[0]
     table = [ln for ln in defects_part.split("#### Precision")[0].splitlines() if ln.startswith("| **")]
     assert table and not any(ln.startswith("| **precision**") for ln in table)  # precision rows: their own table
+    assert "Ranked by severity" in defects_part and "reachability" in defects_part  # the order, said where read
     body = md.split("### All failing findings", 1)[1].split("###", 1)[0]
     assert "| status | op | property |" in body  # the heading holds the findings table, never an empty section
     page = (tmp_path / "report.html").read_text()
