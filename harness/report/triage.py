@@ -396,6 +396,34 @@ def _fold_inplace_crash(keys: dict, findings: dict) -> dict:
     return out
 
 
+_GENERIC_TRIGGER = re.compile(r"^(?:any input|(?:bf16|fp16|fp32|fp64)(?: or (?:bf16|fp16|fp32|fp64))* input.*|"
+                              r"large logits|(?:TP|CP|DP) > 1)$")
+
+
+def _join_rounding(keys: dict, findings: dict) -> dict:
+    """A rounding-sized failure of a function under a *specific* trigger (not ``any input``, a dtype or a
+    layout) that the same function's ``wrong value`` or ``partition dependence`` defect also shows is that
+    defect at a small magnitude, not its module's rounding: it joins it (verl's Dr. GRPO through
+    ``grpo_vectorized`` divides a singleton's score by 1 + 1e-6 in float64 — rel err 1e-6 — and by σ
+    elsewhere; the ignored ``norm_adv_by_std_in_grpo`` is one cause)."""
+    shown: dict[tuple, set] = {}
+    for fid, (place, cls) in keys.items():
+        if cls in ("wrong value", "partition dependence"):
+            shown.setdefault(place, set()).add((cls, trigger(findings[fid])))
+    out = dict(keys)
+    for fid, (place, cls) in keys.items():
+        if cls != "rounding":
+            continue
+        t, own = trigger(findings[fid]), _place(where(findings[fid]))
+        if _GENERIC_TRIGGER.match(t):
+            continue
+        for c in ("wrong value", "partition dependence"):
+            if (c, t) in shown.get(own, ()):
+                out[fid] = (own, c)
+                break
+    return out
+
+
 def folded_keys(failing: dict, everything: list[dict] | None = None) -> dict:
     """finding id -> the root key of the defect it belongs to (the table's, and the ledger's): its
     :func:`root_key`, folded into a callee that fails the same way, into another op's backward that
@@ -406,7 +434,7 @@ def folded_keys(failing: dict, everything: list[dict] | None = None) -> dict:
     failing = read_layouts(failing, everything)
     keys = _fold({fid: root_key(f) for fid, f in failing.items()}, failing)
     keys = _fold_inplace_crash(_fold_after_op(keys, failing), failing)
-    return _join_partition(keys, failing)
+    return _join_rounding(_join_partition(keys, failing), failing)
 
 
 def _slug(text: str) -> str:
