@@ -457,3 +457,19 @@ def test_cells_say_gradient_and_upstream():
                                      "clause": "gradient: engine -0.459 vs reference 0.0 at flat index 0"}})
     assert cell.startswith("gradient: -0.459 vs 0")
     assert not numbers_cell({"numbers": {"engine": 0.5, "exact": 1.0, "clause": "value: engine 0.5"}}).startswith("g")
+
+
+def test_a_rounding_sized_failure_under_its_functions_specific_trigger_joins_that_defect():
+    """verl's Dr. GRPO through grpo_vectorized divides by σ (rel err 0.29) and, on a singleton group in float64,
+    by 1 + 1e-6 (rel err 1e-6): one cause under one declared trigger, so the small one joins the wrong value
+    instead of sitting in the module's rounding row; a rounding failure under ``any input`` stays there."""
+    vec = dict(AGG, function="compute_grpo_vectorized_outcome_advantage", line=335)
+    words = "norm_adv_by_std_in_grpo=False (Dr. GRPO) … ignored"
+    small = ("advantages: engine 0.49999952316329654 vs reference 0.5 at flat index 0: abs err 4.77e-07, rel err 9.54e-07, "
+             "tolerance 1e-09")
+    fs = [_f("outcome_advantage.matches_reference.float32.drgrpo+vectorized@uneven_groups", HALF, site=vec, trig=words),
+          _f("outcome_advantage.matches_reference.float64.drgrpo+vectorized@singleton_groups", small, site=vec, trig=words),
+          _f("outcome_advantage.matches_reference.float64.grpo+vectorized@singleton_groups", ROUND, site=vec)]
+    by = {d["id"]: d for d in annotate({"findings": fs})["defects"]}
+    assert len(by[f"{CORE}.compute_grpo_vectorized_outcome_advantage.wrong-value"]["members"]) == 2
+    assert by[f"{CORE}.rounding"]["members"] == ["outcome_advantage.matches_reference.float64.grpo+vectorized@singleton_groups"]
