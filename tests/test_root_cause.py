@@ -443,3 +443,17 @@ def test_skyrl_metric_sites_name_the_reducer_that_folds_them():
     assert fn("metric_statistics", low, "a row with no valid token") == "compute_minibatch_rollout_logprob_diff_metrics"
     assert fn("metric_statistics", part, "a DP rank with no valid token") == "all_reduce_metrics"
     assert fn("dp_metric_all_reduce", dp, "a DP rank with no valid token") == "all_reduce_metrics"
+
+
+def test_verl_policy_losses_record_the_mode_they_call_agg_loss_in():
+    """verl's binding passes loss_agg_mode="token-mean" (SAPO forces seq-mean-token-mean): the engine site of
+    a policy-loss finding records it (``calls_variant``), which the callee fold reads; value_loss declares none."""
+    from rlconform.harness.bindings.verl import binding
+    from rlconform.harness.catalog.engine_site import calls_variant, finding_site
+
+    assert calls_variant(binding, "policy_loss", "gspo@moderate") == "token-mean"
+    assert calls_variant(binding, "policy_loss", "sapo@moderate") == "seq-mean-token-mean"
+    assert calls_variant(binding, "value_loss", "token-mean@moderate") is None
+    s, _ = finding_site(binding, "policy_loss", "mask_invariant", "gspo@moderate", "masked = nan: loss = nan vs x",
+                        trigger="a masked position holding NaN")
+    assert s["function"] == "compute_policy_loss_gspo" and s["calls_variant"] == "token-mean"
