@@ -228,3 +228,34 @@ def test_the_ledger_writes_the_report_tables_folded_rows_and_matches_every_membe
     ledger = parse_ledger(str(path))
     assert {ledger.match(f).key for f in fs[:2]} == {f"{core}.agg_loss | NaN / inf"}
     assert {ledger.match(f).key for f in fs[2:]} == {"verl.utils.megatron.tensor_parallel._E.backward | changes a tensor"}
+
+
+def test_the_ledger_follows_the_second_readings_folds(tmp_path):
+    """An autograd version-check crash joins its place's changed-tensor line, and a rounding-sized failure
+    under a specific trigger its function's wrong-value line, in the table and in the ledger alike."""
+    from rlconform.harness.report.triage import annotate
+
+    bwd = {"function": "_E.backward", "module": "verl.utils.megatron.tensor_parallel", "file": "t.py", "line": 2}
+    vec = {"function": "grpo_vec", "module": "verl.trainer.ppo.core_algos", "file": "c.py", "line": 3}
+    crash = ("engine raised in every input rank its docstring allows: RuntimeError: rank-3 input (1, 3, 14): "
+             "RuntimeError: one of the variables needed for gradient computation has been modified by an inplace "
+             "operation: [CPUBFloat16Type [1, 1, 7]], which is output 0 of AsStrided, is at version 2")
+    words = "norm_adv_by_std_in_grpo=False ignored"
+    fs = [_finding("vocab_parallel_entropy.non_destructive.float32.tp2_moderate", message="after the backward, "
+                   "... is at version 2; expected version 0 instead.", engine_function=bwd, trigger="any input"),
+          _finding("vocab_parallel_entropy.matches_reference.bfloat16.chunked@tp2_moderate", status="crash",
+                   message=crash, engine_function=dict(bwd, function="chunked"), crash_frame=bwd),
+          _finding("outcome_advantage.matches_reference.float32.drgrpo+vectorized@uneven_groups", engine_function=vec,
+                   message="advantages: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, rel err 0.5, "
+                           "tolerance 1e-05", trigger=words, max_ratio=100.0),
+          _finding("outcome_advantage.matches_reference.float64.drgrpo+vectorized@singleton_groups",
+                   engine_function=vec, trigger=words, max_ratio=100.0,
+                   message="advantages: engine 0.4999995 vs reference 0.5 at flat index 0: abs err 4.8e-07, "
+                           "rel err 9.5e-07, tolerance 1e-09")]
+    doc = annotate({"engine": {"name": "verl", "version": "0.9.1"}, "findings": fs})
+    assert len(doc["defects"]) == 2
+    path = tmp_path / "xfails.txt"
+    path.write_text("\n".join(ledger_lines(doc, "r.json")) + "\n")
+    ledger = parse_ledger(str(path))
+    assert {ledger.match(f).key for f in fs[:2]} == {"verl.utils.megatron.tensor_parallel._E.backward | changes a tensor"}
+    assert {ledger.match(f).key for f in fs[2:]} == {"verl.trainer.ppo.core_algos.grpo_vec | wrong value"}

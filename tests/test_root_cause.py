@@ -269,6 +269,27 @@ def test_triggers_in_a_maintainers_words():
     assert T("x", "matches_reference", "float32", "r", {"values": np.ones(3)}) == "any input"
 
 
+def test_triggers_say_what_the_shrunk_input_shows():
+    """A chunked implementation's crash or changed tensor needs more than one chunk (not the TP layout it ran
+    in); a NaN from exp of a log-ratio past the dtype's range says so (88.7 in float32), an extreme one
+    within it keeps > 20; a ``masked = X:`` clause is the garbage, whatever a family hook read."""
+    T = triggers.trigger
+    x = {"logits": np.ones((1, 3, 14)), "chunk_size": 1}
+    assert T("vocab_parallel_entropy", "matches_reference", "bfloat16", "chunked@tp2_moderate", x,
+             kind="crash:RuntimeError") == "more than one chunk (chunk_size 1 < 3 tokens)"
+    one = {"logits": np.ones((1, 3, 14)), "chunk_size": 2048}
+    assert T("vocab_parallel_entropy", "matches_reference", "bfloat16", "chunked@tp2_moderate", one,
+             kind="crash:RuntimeError") == "TP > 1"
+    lp = {"old_log_prob": np.array([[0.0, 0.0]]), "log_prob": np.array([[96.0, 0.0]]),
+          "response_mask": np.ones((1, 2), bool)}
+    assert T("policy_loss", "matches_reference", "float32", "kl_cov@extreme_log_ratios", lp, kind="NaN") == \
+        "a log-ratio past exp's float32 range (|log π − log π_old| > 88.7: exp overflows)"
+    assert T("policy_loss", "matches_reference", "float32", "kl_cov@extreme_log_ratios", lp, kind="wrong value") == \
+        "an extreme log-ratio (|log π − log π_old| > 20)"
+    assert triggers.message_trigger("masked = nan: kept mask = 1.0 vs kept mask = 0.0 at flat index 0") == \
+        "a masked position holding NaN"
+
+
 def test_family_trigger_hook_reads_its_own_inputs():
     from rlconform.harness.run.root_cause import trigger_of
 
@@ -371,3 +392,68 @@ def test_mutant_finding_gets_its_severity(severity, tmp_path):
     sevs = {f.get("severity") for f in doc["findings"] if f["op"] == op and f["property"] == prop}
     assert severity in sevs, sevs
     assert doc["defects"][0]["severity"] == severity
+
+
+def test_a_variants_configuration_is_its_trigger_where_the_binding_declares_it():
+    """verl's grpo_vectorized reads only its own ``norm_adv_by_std_in_grpo`` keyword (default True), so Dr. GRPO
+    through the trainer's AlgoConfig divides by σ on any input: the binding declares the variant's words, which
+    replace ``any input`` (and nothing more specific)."""
+    import types
+
+    from rlconform.harness.bindings.verl import VARIANT_TRIGGERS
+    from rlconform.harness.run.root_cause import declared_trigger
+
+    b = types.SimpleNamespace(variant_triggers=VARIANT_TRIGGERS)
+    words = declared_trigger(b, "outcome_advantage", "drgrpo+vectorized@uneven_groups", "any input")
+    assert "norm_adv_by_std_in_grpo=False" in words and "ignores" in words
+    assert declared_trigger(b, "outcome_advantage", "drgrpo+vectorized@singleton_groups", "a group of one sample") == \
+        "a group of one sample"
+    assert declared_trigger(b, "outcome_advantage", "grpo+vectorized@uneven_groups", "any input") == "any input"
+    assert declared_trigger(types.SimpleNamespace(), "outcome_advantage", "drgrpo+vectorized@r", "any input") == \
+        "any input"
+
+
+def test_skyrl_metric_sites_name_the_reducer_that_folds_them():
+    """SkyRL's logged metrics: a mean of micro-batch means is ``worker_utils.reduce_metrics``' (so is a value
+    it prints and drops), a mean of DP-rank means ``all_reduce_metrics``', a min that sees masked zeros the
+    emitter's (``compute_minibatch_rollout_logprob_diff_metrics``); read from value, partition and lost-metric
+    clauses alike (:func:`output_labels`)."""
+    from rlconform.harness.bindings.skyrl import WORKER_UTILS, _skyrl, binding
+    from rlconform.harness.catalog.engine_site import output_labels, output_site
+
+    _skyrl(WORKER_UTILS)  # as running the op does: SkyRL imports through the binding's shim
+
+    part = ("policy/minibatch_rollout_logprobs_abs_diff_mean (mean), shards (nnz) [[[0, 1]]] = 2.06e-05 vs "
+            "policy/minibatch_rollout_logprobs_abs_diff_mean (mean), shards (nnz) [[[1]]] = 4.13e-05 at flat index 0 "
+            "(reference 4.13e-05, allowed difference 2e-05, 21×)")
+    lost = ("emitted key 'minibatch_rollout_logprobs_abs_diff_max' was printed instead of logged ('Metrics for key "
+            "minibatch_rollout_logprobs_abs_diff_max are not all numbers: [tensor(0.0409)]')")
+    low = ("policy/minibatch_rollout_logprobs_abs_diff_min (min), shards (nnz) [[[1]]]: engine 0.0 vs reference 1.0 at "
+           "flat index 0: abs err 1, rel err 1, 128 ulp, tolerance 0.0256")
+    dp = ("dp2: DP rank 0, tokens per DP rank [1, 0]: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, "
+          "rel err 0.5, 64 ulp, tolerance 0.0256")
+    assert output_labels(part)[0].startswith("policy/minibatch_rollout_logprobs_abs_diff_mean (mean)")
+    assert output_labels(lost) == ["minibatch_rollout_logprobs_abs_diff_max"]
+
+    def fn(op, msg, trig):
+        return (output_site(binding, op, msg, trig) or {}).get("function")
+
+    assert fn("metric_statistics", part, "a micro-batch with no valid token") == "reduce_metrics"
+    assert fn("metric_statistics", lost, "a micro-batch with no valid token") == "reduce_metrics"
+    assert fn("metric_statistics", low, "a row with no valid token") == "compute_minibatch_rollout_logprob_diff_metrics"
+    assert fn("metric_statistics", part, "a DP rank with no valid token") == "all_reduce_metrics"
+    assert fn("dp_metric_all_reduce", dp, "a DP rank with no valid token") == "all_reduce_metrics"
+
+
+def test_verl_policy_losses_record_the_mode_they_call_agg_loss_in():
+    """verl's binding passes loss_agg_mode="token-mean" (SAPO forces seq-mean-token-mean): the engine site of
+    a policy-loss finding records it (``calls_variant``), which the callee fold reads; value_loss declares none."""
+    from rlconform.harness.bindings.verl import binding
+    from rlconform.harness.catalog.engine_site import calls_variant, finding_site
+
+    assert calls_variant(binding, "policy_loss", "gspo@moderate") == "token-mean"
+    assert calls_variant(binding, "policy_loss", "sapo@moderate") == "seq-mean-token-mean"
+    assert calls_variant(binding, "value_loss", "token-mean@moderate") is None
+    s, _ = finding_site(binding, "policy_loss", "mask_invariant", "gspo@moderate", "masked = nan: loss = nan vs x",
+                        trigger="a masked position holding NaN")
+    assert s["function"] == "compute_policy_loss_gspo" and s["calls_variant"] == "token-mean"

@@ -102,6 +102,7 @@ def test_report_md_sections_in_order(tmp_path):
     defects_part = md.split("### Defects", 1)[1].split("### Conventions", 1)[0]
     table = [ln for ln in defects_part.split("#### Precision")[0].splitlines() if ln.startswith("| **")]
     assert table and not any(ln.startswith("| **precision**") for ln in table)  # precision rows: their own table
+    assert "Ranked by severity" in defects_part and "reachability" in defects_part  # the order, said where read
     body = md.split("### All failing findings", 1)[1].split("###", 1)[0]
     assert "| status | op | property |" in body  # the heading holds the findings table, never an empty section
     page = (tmp_path / "report.html").read_text()
@@ -295,7 +296,8 @@ def test_a_mutation_deeper_down_names_its_frame(tmp_path, monkeypatch):
                                      "_version 0 -> 3", site=site)]})["defects"]
     assert d["id"] == "verl.utils.megatron.tensor_parallel.vocab_parallel_log_probs_from_logits.changes-a-tensor"
     assert where_cell(d).endswith("via `VocabParallelCrossEntropy.calculate_predicted_logits` "
-                                  "(megatron/core/tensor_parallel/cross_entropy.py:42)")
+                                  "(megatron/core/tensor_parallel/cross_entropy.py:42) — upstream: megatron-core")
+    assert d["upstream"] == "megatron-core"  # the deepest frame is another package's: the fix belongs there
 
 
 def test_one_entry_point_is_located_at_the_function_of_its_failing_output(tmp_path, monkeypatch):
@@ -359,3 +361,115 @@ def types_case(inputs):
 
     return types.SimpleNamespace(inputs=inputs, op="rollout_rejection_mask", property="matches_reference",
                                  dtype="float32", regime=f"{inputs['variant']}@moderate")
+
+
+# ---------------------------------------------------------------- a maintainer's second reading (issue 20)
+def test_an_inplace_version_crash_joins_the_write_that_caused_it():
+    """verl's chunked vocab-parallel entropy: one chunk's backward writes into the logits every chunk's view
+    shares, the next chunk's backward finds its saved view at a newer version and autograd raises. The
+    crash at ``_VocabParallelEntropy.backward`` is the in-place write's effect: one destructive row, whose
+    trigger says what the shrunk input shows (a backward pass). A crash there of another kind stays apart."""
+    own = ("rank 0 (tp 0): after the backward, a producer that saved the logits for backward could not backprop: "
+           "... is at version 2; expected version 0 instead.\nrank 0 (tp 0): input 'logits' mutated during "
+           "backward: 20 element(s) changed, e.g. [33] -0.0287 -> -0.0286; _version 0 -> 2")
+    crash = ("engine raised in every input rank its docstring allows: RuntimeError: rank-3 input (1, 3, 14): "
+             "RuntimeError: one of the variables needed for gradient computation has been modified by an inplace "
+             "operation: [CPUBFloat16Type [1, 1, 7]], which is output 0 of AsStrided, is at version 2")
+    chunked = dict(BACKWARD, function="vocab_parallel_entropy_with_chunking", line=154)
+    frame = dict(BACKWARD, line=131)
+    other = "engine raised in vocab_parallel_entropy: RuntimeError: expected scalar type Float but found Half"
+    fs = [_f("vocab_parallel_entropy.non_destructive.float32.tp2_moderate", own, site=BACKWARD),
+          _f("vocab_parallel_entropy.matches_reference.bfloat16.chunked@tp2_moderate", crash, site=chunked,
+             frame=frame, status="crash", trig="more than one chunk (chunk_size 1 < 3 tokens)"),
+          _f("vocab_parallel_entropy.matches_reference.float16.tp2_moderate", other, site=BACKWARD, frame=frame,
+             status="crash")]
+    by = {d["id"]: d for d in annotate({"findings": fs})["defects"]}
+    mut = by["verl.utils.megatron.tensor_parallel._VocabParallelEntropy.backward.changes-a-tensor"]
+    assert mut["severity"] == "destructive" and len(mut["members"]) == 2
+    assert mut["trigger"] == "a backward pass" and "more than one chunk (chunk_size 1 < 3 tokens)" in mut["triggers"]
+    assert "verl.utils.megatron.tensor_parallel._VocabParallelEntropy.backward.crash-runtimeerror" in by
+
+
+def test_a_layout_is_no_trigger_where_the_unpartitioned_value_is_wrong_too():
+    """verl's bf16 vocab_parallel_entropy: unsharded (TP = 1) 0.5 and TP = 2 0.0 where the exact entropy is
+    0.113: wrong at every layout, so a wrong value whose trigger is the dtype, and the matches_reference
+    finding of that op, dtype and regime reads the same; a partition whose unsharded value is right (or
+    off by float32 rounding only, Megatron's float64 smoothed log-prob) stays a partition dependence."""
+    vpe = dict(BACKWARD, function="vocab_parallel_entropy", line=142)
+    both = ("value, unsharded (TP = 1) = 0.5 vs value on TP rank 0 of tp2 = 0.0 at flat index 0 "
+            "(reference 0.1130894347342089, allowed difference 0.0427, 11.7×)")
+    value = ("value on TP rank 0 of tp2: engine 0.5 vs reference 0.3122007195407699 at flat index 1: abs err 0.188, "
+             "rel err 0.602, 96.2 ulp, tolerance 0.0245")
+    ce = dict(BACKWARD, function="vocab_parallel_cross_entropy", module="megatron.core.tensor_parallel.cross_entropy")
+    layout = ("gradient, unsharded (TP = 1) = -0.00010046780516859144 vs gradient w.r.t. the vocab shards of tp2 "
+              "(concatenated) = 0.0008073017816059291 at flat index 0 (reference -0.00010046774383567609, allowed "
+              "difference 2e-12, 4.54e+08×)")
+    fs = [_f("vocab_parallel_entropy.partition_invariant.bfloat16.tp2_moderate", both, site=vpe, trig="TP > 1"),
+          _f("vocab_parallel_entropy.matches_reference.bfloat16.tp2_moderate", value, site=vpe, trig="TP > 1"),
+          _f("vocab_parallel_smoothed_token_logprobs.partition_invariant.float64.tp2_near_uniform_offset", layout,
+             site=ce, trig="TP > 1")]
+    by = {d["id"]: d for d in annotate({"findings": fs})["defects"]}
+    ent = by["verl.utils.megatron.tensor_parallel.vocab_parallel_entropy.wrong-value"]
+    assert len(ent["members"]) == 2 and ent["trigger"] == "bf16 input" and ent["triggers"] == ["any input"]
+    part = by["megatron.core.tensor_parallel.cross_entropy.vocab_parallel_cross_entropy.partition-dependence"]
+    assert part["trigger"] == "TP > 1"
+
+
+def test_a_changed_tensor_names_the_dtypes_it_happens_in():
+    """Megatron's cross entropy writes into fp32 logits and copies the others (``.float()`` is a no-op on
+    float32 only): the trigger is ``fp32 input`` when the same check passed in the other dtypes."""
+    site = dict(SPS, function="vocab_parallel_log_probs_from_logits", line=201)
+    msg = "input 'logits' mutated during forward: 2 element(s) changed, e.g. [0] 1.0 -> 0.5; _version 0 -> 3"
+    ok = [dict(_f(f"vocab_parallel_token_logprobs.non_destructive.{dt}.tp2_moderate", "", site=site), status="pass")
+          for dt in ("bfloat16", "float16", "float64")]
+    (d,) = annotate({"findings": [_f("vocab_parallel_token_logprobs.non_destructive.float32.tp2_moderate", msg,
+                                     site=site), *ok]})["defects"]
+    assert d["trigger"] == "fp32 input"
+    (d,) = annotate({"findings": [_f("vocab_parallel_token_logprobs.non_destructive.float32.tp2_moderate", msg,
+                                     site=site)]})["defects"]
+    assert d["trigger"] == "any input"  # nothing ran in another dtype: nothing to narrow to
+
+
+def test_a_caller_joins_its_aggregation_only_where_that_fails_in_the_callers_mode():
+    """verl's agg_loss turns a masked NaN into a NaN loss in the seq-mean modes only; GSPO calls it with
+    token-mean (the binding's ``calls_agg_mode``, recorded as ``calls_variant``), so GSPO's NaN — its own
+    sequence sum of the masked log-ratio — is GSPO's defect; SAPO, forced to seq-mean-token-mean, joins
+    agg_loss's. A site that records no variant folds as before."""
+    garbage = "a masked position holding NaN"
+    sapo = dict(GSPO, function="compute_policy_loss_sapo", line=1650)
+    fs = [_f("agg_loss.mask_invariant.float32.seq-mean-token-mean@r", NAN, site=AGG, trig=garbage),
+          _f("policy_loss.mask_invariant.float32.gspo@r", NAN, site=dict(GSPO, calls_variant="token-mean"), trig=garbage),
+          _f("policy_loss.mask_invariant.float32.sapo@r", NAN, site=dict(sapo, calls_variant="seq-mean-token-mean"),
+             trig=garbage),
+          _f("policy_loss.mask_invariant.float32.x@r", NAN, site=dict(GSPO, function="x"), trig=garbage)]
+    by = {d["id"]: d for d in annotate({"findings": fs})["defects"]}
+    assert sorted(by[f"{CORE}.agg_loss.nan-inf"]["members"]) == [
+        "agg_loss.mask_invariant.float32.seq-mean-token-mean@r", "policy_loss.mask_invariant.float32.sapo@r",
+        "policy_loss.mask_invariant.float32.x@r"]
+    assert by[f"{CORE}.compute_policy_loss_gspo.nan-inf"]["members"] == ["policy_loss.mask_invariant.float32.gspo@r"]
+
+
+def test_cells_say_gradient_and_upstream():
+    """The numbers of a gradient clause read ``gradient: …`` (the value may be right)."""
+    from rlconform.harness.report.triage_md import numbers_cell
+
+    cell = numbers_cell({"numbers": {"engine": -0.459, "exact": 0.0,
+                                     "clause": "gradient: engine -0.459 vs reference 0.0 at flat index 0"}})
+    assert cell.startswith("gradient: -0.459 vs 0")
+    assert not numbers_cell({"numbers": {"engine": 0.5, "exact": 1.0, "clause": "value: engine 0.5"}}).startswith("g")
+
+
+def test_a_rounding_sized_failure_under_its_functions_specific_trigger_joins_that_defect():
+    """verl's Dr. GRPO through grpo_vectorized divides by σ (rel err 0.29) and, on a singleton group in float64,
+    by 1 + 1e-6 (rel err 1e-6): one cause under one declared trigger, so the small one joins the wrong value
+    instead of sitting in the module's rounding row; a rounding failure under ``any input`` stays there."""
+    vec = dict(AGG, function="compute_grpo_vectorized_outcome_advantage", line=335)
+    words = "norm_adv_by_std_in_grpo=False (Dr. GRPO) … ignored"
+    small = ("advantages: engine 0.49999952316329654 vs reference 0.5 at flat index 0: abs err 4.77e-07, rel err 9.54e-07, "
+             "tolerance 1e-09")
+    fs = [_f("outcome_advantage.matches_reference.float32.drgrpo+vectorized@uneven_groups", HALF, site=vec, trig=words),
+          _f("outcome_advantage.matches_reference.float64.drgrpo+vectorized@singleton_groups", small, site=vec, trig=words),
+          _f("outcome_advantage.matches_reference.float64.grpo+vectorized@singleton_groups", ROUND, site=vec)]
+    by = {d["id"]: d for d in annotate({"findings": fs})["defects"]}
+    assert len(by[f"{CORE}.compute_grpo_vectorized_outcome_advantage.wrong-value"]["members"]) == 2
+    assert by[f"{CORE}.rounding"]["members"] == ["outcome_advantage.matches_reference.float64.grpo+vectorized@singleton_groups"]

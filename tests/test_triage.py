@@ -144,3 +144,53 @@ def test_html_of_verl_report_is_under_500_kb(tmp_path):
     assert all(d["reproducer"]["command"] in text for d in doc["defects"])
     assert all(f'id="{f["id"]}"' in text for f in doc["findings"] if f["status"] != "pass")
     assert [r[0] for r in read_blob(text)] == [f["id"] for f in doc["findings"]]
+
+
+def test_a_wrong_value_at_an_exact_zero_is_not_rounding():
+    """verl's vectorized GRPO gives 0.0119 where the exact advantage is 0: no relative error exists, and an
+    absolute one of a percent at unit scale is a wrong value (its row, not its module's rounding row);
+    5.9e-8 at 0 (float32 arithmetic in a float64 check) stays rounding."""
+    from rlconform.harness.report.triage import kind
+
+    big = "advantages: engine 0.011920928940766656 vs reference 0.0 at flat index 0: abs err 0.0119, tolerance 1e-09"
+    small = "advantages: engine 5.929928925674233e-08 vs reference 0.0 at flat index 0: abs err 5.93e-08, tolerance 1e-09"
+    wrong = _f("outcome_advantage.matches_reference.float32.grpo+vectorized@near_constant", message=big, ratio=1e7)
+    assert classify(wrong)[0] == "training" and kind(wrong) == "wrong value"
+    fine = _f("optimal_token_baseline.matches_reference.float32.groups", message=small, ratio=59.0)
+    assert classify(fine)[0] == "precision" and kind(fine) == "inexact value"
+
+
+def test_ulp_level_at_the_inputs_scale_is_precision():
+    """verl's chunked entropy upcasts bf16 logits of 266 to float32 and gives 0 where the exact entropy is
+    1.4e-5: below 4 float32 ulps at 266 (1.3e-4), what any float32 computation gives — precision, its
+    module's rounding; the unchunked entropy computing in bf16 (0 where the exact value is 0.69 at logits
+    of 256) is far beyond it and stays training."""
+    from rlconform.harness.report.severity import input_scale
+    from rlconform.harness.report.triage import kind
+
+    inp = ("logits[2, 3]=[256.0, 229.0, 251.0, 252.0, 266.0, 250.0], grad_output[2]=[0.8196, -1000.0], "
+           "labels[2]=[2, 2], chunk_size=1")
+    assert input_scale(inp) == 266.0  # ids, chunk sizes and the upstream gradient are no scale
+    tiny = ("value (rank 2): engine 0.0 vs reference 1.4386015621091178e-05 at flat index 1: abs err 1.44e-05, "
+            "rel err 1, 1.58e+07 ulp, tolerance 2.31e-06")
+    f = _f("entropy.matches_reference.bfloat16.chunked@bf16_coarse", message=tiny, ratio=14.3, inp=inp)
+    sev, why = classify(f, {"entropy": ["float32", "bfloat16"]})
+    assert sev == "precision" and why.startswith("ulp-level") and kind(f) == "inexact value"
+    bf16 = ("value: engine 0.0 vs reference 0.6931471805599453 at flat index 0: abs err 0.693, rel err 1, 177 ulp, "
+            "tolerance 0.0313")
+    g = _f("entropy.matches_reference.bfloat16.bf16_coarse", message=bf16, ratio=1416.0, inp="logits[1, 2]=[256.0, 256.0]")
+    assert classify(g, {"entropy": ["float32", "bfloat16"]})[0] == "training" and kind(g) == "wrong value"
+
+
+def test_a_crash_is_robustness_in_every_dtype_and_a_value_is_gated_by_it():
+    """The dtype gate (a dtype the engine never calls the op with: precision) reads values only: verl's
+    compute_is_metrics raises ZeroDivisionError on fp16 weights that underflow to 0 — an uncontrolled
+    exception loses the step of a caller in that dtype (verl trains in fp16 mixed precision too), so it is
+    robustness; a NaN in that dtype stays precision."""
+    used = {"importance_ratio": ["float32", "bfloat16"]}
+    crash = _f("importance_ratio.matches_reference.float16.token_tis@extreme_log_ratios", status="crash",
+               message="engine raised in compute_is_metrics: ZeroDivisionError: float division by zero")
+    assert classify(crash, used)[0] == "robustness"
+    nan = _f("importance_ratio.matches_reference.float16.token_tis@extreme_log_ratios",
+             message="weights: engine nan where the reference is finite (0.5) at flat index 0")
+    assert classify(nan, used)[0] == "precision"

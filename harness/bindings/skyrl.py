@@ -880,8 +880,26 @@ DECLARED = (
 )
 
 
+#: the SkyRL function behind each failing logged metric (Binding.output_sites): a metric folded over micro-batches
+#: is reduce_metrics' (a mean of micro-batch means, a non-number printed and dropped), over DP ranks
+#: all_reduce_metrics' (a mean of rank means); a min / max that sees a row with no valid token is the emitter's
+_REDUCE, _ALL_REDUCE = f"{WORKER_UTILS}:reduce_metrics", f"{WORKER_UTILS}:all_reduce_metrics"
+_FOLDED = r"^(?!.*masked = )"  # not a masked-garbage clause: a NaN written there is the emitting code's
+OUTPUT_SITES = {
+    "metric_statistics": (
+        (r"_(min|max) \((min|max|len_min|len_max)\)", f"{WORKER_UTILS}:compute_minibatch_rollout_logprob_diff_metrics",
+         ""),
+        (_FOLDED, _ALL_REDUCE, "DP rank"),
+        (_FOLDED, _REDUCE, ""),
+    ),
+    "metric_pipeline": ((_FOLDED, _ALL_REDUCE, "DP rank"), (_FOLDED, _REDUCE, "micro-batch")),
+    "dp_metric_all_reduce": ((_FOLDED, _ALL_REDUCE, ""),),
+}
+
+
 binding = Binding(
     name="skyrl",
+    output_sites=OUTPUT_SITES,
     version=_version(),
     engine_dtypes=ENGINE_DTYPES,
     declared=DECLARED,

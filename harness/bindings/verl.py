@@ -507,7 +507,9 @@ def _policy_loss():
     # compute_policy_loss_sapo ignores the loss_agg_mode it is passed: "for SAPO, we need to aggregate the loss
     # at the sequence level (seq-mean-token-mean)", agg_loss(..., loss_agg_mode="seq-mean-token-mean",
     # **config.global_batch_info) (verl/trainer/ppo/core_algos.py:1688): a declared convention, checked as such
-    return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics, agg_modes=SAPO_AGG_MODES)
+    # every loss is called with loss_agg_mode="token-mean" (bind's loss above), SAPO's forced mode aside
+    return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics, agg_modes=SAPO_AGG_MODES,
+                        calls_agg_mode="token-mean")
 
 
 # ---------------------------------------------------------------------- value loss, IS weights
@@ -1107,9 +1109,19 @@ OUTPUT_SITES = {"rollout_rejection_mask": (
 )}
 
 
+#: the configuration a variant sets, where it is the trigger of a failure seen on any input (Binding.variant_triggers)
+VARIANT_TRIGGERS = {"outcome_advantage": {
+    # compute_grpo_vectorized_outcome_advantage(…, norm_adv_by_std_in_grpo: bool = True, config=None) reads only
+    # its keyword; ray_trainer.compute_advantage's non-GRPO branch passes the flag in config (AlgoConfig)
+    "drgrpo+vectorized": "norm_adv_by_std_in_grpo=False (Dr. GRPO), passed in the AlgoConfig as the trainer "
+                         "does: grpo_vectorized ignores config.norm_adv_by_std_in_grpo and divides by σ",
+}}
+
+
 binding = Binding(
     name="verl",
     implementations=IMPLEMENTATIONS,
+    variant_triggers=VARIANT_TRIGGERS,
     engine_dtypes=ENGINE_DTYPES,
     declared=DECLARED,
     output_sites=OUTPUT_SITES,

@@ -165,6 +165,11 @@ class Binding:
     finding's trigger (``""``: any). A failing finding is located at the first rule, in order, that one of its
     failing outputs and its trigger match (:func:`rlconform.harness.catalog.engine_site.output_site`);
     resolved only then (the name is imported in the process that ran the engine).
+    ``variant_triggers``: op -> {regime variant (``drgrpo+vectorized``) -> the trigger in a maintainer's words
+    of a failure of that variant seen on any input}: the configuration the variant sets is what brings it
+    out (verl's ``grpo_vectorized`` ignores ``norm_adv_by_std_in_grpo=False`` in the AlgoConfig, so Dr. GRPO
+    divides by σ on every input). Replaces a finding's trigger only when it reads ``any input``
+    (:func:`rlconform.harness.run.root_cause.declared_trigger`).
     ``needs``: op -> the device its default implementation needs (``"cuda"``: a Triton / CUDA kernel); an
     alternative implementation declares it on its :class:`Implementation` (``needs``). On a run whose
     ``--device`` is not one, the op's findings are ``unavailable: needs CUDA`` (:meth:`device_gap`).
@@ -185,6 +190,7 @@ class Binding:
     declared: tuple = ()
     needs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     output_sites: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
+    variant_triggers: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):

@@ -259,10 +259,29 @@ def _resolve_name(name: str):
     import importlib
 
     module, _, qual = name.partition(":")
-    obj = importlib.import_module(module)
+    # a module the binding already imported (SkyRL's through its own shim) is taken as it is
+    obj = sys.modules.get(module) or importlib.import_module(module)
     for part in qual.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+_PART_LABEL = __import__("re").compile(r"^(?P<label>[^\n]*?) = [-+0-9.einaf]+ vs ", __import__("re").M)
+_LOST = __import__("re").compile(r"^(?P<label>[^\n]*?) missing from the final dict|emitted key '(?P<key>[^']+)' was "
+                                 r"printed instead of logged", __import__("re").M)
+
+
+def output_labels(message: str) -> list[str]:
+    """The outputs a failure message names as failing: the labels of its failing value clauses
+    (:func:`~rlconform.harness.core.triggers.failing_labels`), of its partition clauses (``LABEL = X vs …``)
+    and of a metric lost on its way (``LABEL missing from the final dict``, ``emitted key 'K' was printed
+    instead of logged``), in order."""
+    out = list(failing_labels(message))
+    for m in _PART_LABEL.finditer(message or ""):
+        out.append(m["label"].strip())
+    for m in _LOST.finditer(message or ""):
+        out.append((m["label"] or m["key"] or "").strip())
+    return [x for x in out if x]
 
 
 def output_site(binding, op: str, message: str, trigger: str = "") -> dict | None:
@@ -272,7 +291,7 @@ def output_site(binding, op: str, message: str, trigger: str = "") -> dict | Non
     import re
 
     rules = (getattr(binding, "output_sites", None) or {}).get(op) or ()
-    labels = failing_labels(message)
+    labels = output_labels(message)
     for output, name, trig in rules:
         if any(re.search(output, lab) for lab in labels) and (not trig or re.search(trig, trigger or "")):
             try:
@@ -284,6 +303,23 @@ def output_site(binding, op: str, message: str, trigger: str = "") -> dict | Non
                 s["calls"] = callees(fn)
                 return s
     return None
+
+
+def calls_variant(binding, op: str, regime: str) -> str | None:
+    """The variant (an aggregation mode) under which the finding's engine function calls the engine's
+    aggregation, as the binding declares it (:class:`~rlconform.harness.core.contracts.LossVariants`
+    ``calls_agg_mode``, ``agg_modes`` for a variant the engine forces); None when not declared."""
+    from rlconform.harness.core.opinfo import split_regime
+
+    try:
+        impl = binding.resolve(op)
+    except Exception:  # noqa: BLE001 - an op that cannot be loaded declares nothing
+        return None
+    default = getattr(impl, "calls_agg_mode", None)
+    if not default:
+        return None
+    variant = split_regime(regime or "")[0]
+    return (getattr(impl, "agg_modes", None) or {}).get(variant, default)
 
 
 def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
@@ -317,6 +353,9 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
     s = site(fn)
     if s is not None:
         s["calls"] = callees(fn)
+        mode = calls_variant(binding, op, regime)
+        if mode:
+            s["calls_variant"] = mode
     by_output = output_site(binding, op, message, trigger) if prop != "non_destructive" else None
     if by_output is not None:  # one entry point dispatching to several functions: the one that failed
         return by_output, packages

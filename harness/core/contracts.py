@@ -200,10 +200,16 @@ class LossVariants(Variants):
     ``agg_modes``: variant -> the loss_agg_mode the engine forces for it whatever the caller passes (a
     declared convention, issue 20 §2: verl's SAPO aggregates ``seq-mean-token-mean``); the reference then
     aggregates that variant the same way. A variant not named uses the catalog's token-mean.
+    ``calls_agg_mode``: the loss_agg_mode the binding's losses pass to the engine's aggregation (verl's
+    ``agg_loss``) for a variant ``agg_modes`` does not name (``None``: not declared). Recorded with each
+    finding's engine site (``calls_variant``), so that a loss failing the way its aggregation fails joins
+    the aggregation's defect only when the aggregation fails in that mode (issue 20 §1: verl's GSPO NaN on
+    masked garbage is GSPO's own sequence sum, token-mean ``agg_loss`` does not fail there).
     """
 
     combine_metrics: Callable[[list], dict] | None = None
     agg_modes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    calls_agg_mode: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

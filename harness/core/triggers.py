@@ -18,7 +18,10 @@ numpy scalar values             the message says the engine rejected a NumPy sca
                                 (``Unsupported value type: <class 'numpy.float32'>``)
 a <shard> with no valid token   any property: the message's shard counts (``tokens per DP rank
                                 [1, 0]``, ``micro-batches (nnz) [0, 1]``) hold a 0
-a masked position holding X     property ``mask_invariant`` (X: the garbage it wrote: NaN, +inf, …)
+a masked position holding X     the message's ``masked = X:`` clause (every family), or property
+                                ``mask_invariant`` (X: the garbage it wrote: NaN, +inf, …)
+more than one chunk             a crash or a changed tensor of a case whose ``chunk_size`` is below its
+                                token count
 a <shard> with no valid token   property ``partition_invariant``, a shard count of 0 in the message
                                 (``micro-batches (nnz) [0, 1]``; shard: micro-batch, DP rank, CP rank)
 more than one <shard>           property ``partition_invariant`` otherwise (a TP / CP layout: ``TP > 1``)
@@ -28,7 +31,9 @@ fp16 overflow                   float16 and kind ``inf``, or regime ``*fp16_extr
 a row with no valid token       a finite wrong value (not NaN / inf) whose mask holds a row with no
                                 True: the empty row, not the log-ratio's range, makes the mean wrong
                                 (verl's SAPO, seq-mean-token-mean)
-an extreme log-ratio            ``old_log_prob`` / ``log_prob`` more than 20 apart at a valid token
+an extreme log-ratio            ``old_log_prob`` / ``log_prob`` more than 20 apart at a valid token;
+                                for a NaN / inf beyond exp's range in the dtype (88.7 in float32 / bf16,
+                                11.1 in fp16): ``a log-ratio past exp's <dtype> range``
 a group of one sample           an ``index`` value held by one row only
 a micro-batch with no valid     ``partitions`` (row ranges) with a partition of several shards, one
 token / more than one           of them without a valid token / none empty: how the engine combines
@@ -204,20 +209,47 @@ def failing_labels(message: str) -> list[str]:
 _NUMPY_TYPE = re.compile(r"<class 'numpy\.[a-z0-9_]+'>")
 
 
+_MASKED_GARBAGE = re.compile(r"^(?:[^\n]*?(?::|,) )?masked = (?P<g>nan|[-+]?inf|[-+0-9.e]+)[: ]", re.M)
+
+
 def message_trigger(message: str) -> str | None:
-    """The trigger the failure message alone shows (the first three rows of the module table), else None:
-    ``a rank-N input``, ``numpy scalar values``, ``a <shard> with no valid token`` (a shard count of 0 in
-    the message; counts of rows, ``(rows)``, are not tokens)."""
+    """The trigger the failure message alone shows (the first rows of the module table), else None:
+    ``a rank-N input``, ``numpy scalar values``, ``a masked position holding X`` (a ``mask_invariant``
+    clause ``masked = X: …``: the garbage is what the check changed, whatever else the input holds),
+    ``a <shard> with no valid token`` (a shard count of 0 in the message; counts of rows, ``(rows)``, are
+    not tokens)."""
     m = _RANK.search(message or "")
     if m:
         return f"a rank-{m['rank']} input"
     if _NUMPY_TYPE.search(message or ""):
         return "numpy scalar values"
+    m = _MASKED_GARBAGE.search(message or "")
+    if m:
+        return f"a masked position holding {_garbage_words(m['g'])}"
     m = _SHARDS.search(message or "")
     if m and "(rows)" not in message[m.start():m.start("list")]:
         if 0 in [int(x) for x in re.findall(r"\d+", m["list"])]:
             return f"a {_shard_word(m['what'])} with no valid token"
     return None
+
+
+#: |Δ| beyond which exp(Δ) overflows the dtype (log of its largest finite value)
+EXP_LIMIT = {"float16": 11.09, "bfloat16": 88.72, "float32": 88.72, "float64": 709.78}
+
+
+def chunk_trigger(inputs: dict) -> str | None:
+    """``more than one chunk (chunk_size C < N tokens)`` when the case holds a ``chunk_size`` smaller than
+    its token count (the ``logits`` entries but the last, vocabulary, dimension), else None."""
+    size, logits = inputs.get("chunk_size"), inputs.get("logits")
+    shape = getattr(logits, "shape", None)
+    try:
+        c = int(size)
+    except (TypeError, ValueError):
+        return None
+    if shape is None or len(shape) < 2 or c < 1:
+        return None
+    tokens = int(np.prod(shape[:-1]))
+    return f"more than one chunk (chunk_size {c} < {tokens} tokens)" if tokens > c else None
 
 
 def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, message: str = "", kind: str = "") -> str:
@@ -232,6 +264,9 @@ def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, message: 
         return _partition_trigger(message, inputs, regime)
     if kind == "inexact value":
         return {"bfloat16": "bf16 input", "float16": "fp16 input"}.get(dtype, "any input")
+    chunks = chunk_trigger(inputs)
+    if chunks and (kind.startswith("crash:") or kind in ("mutation", "in-place on saved")):
+        return chunks  # a chunked implementation that breaks when one chunk's work meets another's
     if kind in ("mutation", "in-place on saved"):
         return "any input"
     logits = _array(inputs.get("logits"))
@@ -251,6 +286,10 @@ def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, message: 
         keep = mask_of(inputs)
         gap = np.abs(new - old) if keep is None or keep.shape != old.shape else np.abs(new - old)[keep]
         if gap.size and np.nanmax(gap) > EXTREME_LOG_RATIO:
+            limit = EXP_LIMIT.get(dtype)
+            if kind in ("NaN", "inf") and limit and np.nanmax(gap) > limit:  # exp itself overflows there
+                return (f"a log-ratio past exp's {dtype} range (|log π − log π_old| > {limit:.3g}: "
+                        f"exp overflows)")
             return f"an extreme log-ratio (|log π − log π_old| > {EXTREME_LOG_RATIO:g})"
     if "index" in inputs:
         g = group_trigger(inputs["index"])

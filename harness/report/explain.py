@@ -142,6 +142,18 @@ def _effect(d: dict) -> str:
     return text + "."
 
 
+def _when(trig: str) -> str:
+    """The trigger as a clause of the cause: ``on every input rlconform drew``, ``in a backward pass``, ``on
+    fp32 input``, ``when the input has a −inf logit``."""
+    if trig == "any input":
+        return "on every input rlconform drew"
+    if trig == "a backward pass":
+        return "in a backward pass, on any input"
+    if re.match(r"^(?:bf16|fp16|fp32|fp64)(?: or \w+)* input", trig):
+        return f"on {trig}"
+    return f"when the input has {trig}"
+
+
 def cause(d: dict) -> str:
     """The cause in one paragraph, from the defect's kind, trigger, engine function, failed property and
     numbers."""
@@ -155,7 +167,7 @@ def cause(d: dict) -> str:
                                   if frame else "") + " on an input its docstring allows"
     else:
         what = _KIND_WORDS.get(kind, kind)
-    when = "on every input rlconform drew" if trig == "any input" else f"when the input has {trig}"
+    when = _when(trig)
     props = d.get("properties") or [d.get("property")]
     against = "; ".join(_PROPERTY_WORDS.get(p, p) for p in props if p)
     dtypes = ", ".join(d.get("dtypes") or [])
@@ -213,7 +225,8 @@ def _explain(doc: dict, d: dict, case: dict | None, folder: str | None) -> tuple
     lines = [f"### {eng.get('name', 'engine')} {eng.get('version') or ''}: `{(d.get('engine_function') or {}).get('function') or d.get('op')}`"
              f" — {(d.get('signature') or {}).get('kind')} · {d.get('trigger')}", "",
              cause(d), "",
-             f"**Where:** `{_site(d)}`", "",
+             f"**Where:** `{_site(d)}`" + (f" — the deepest frame is {d['upstream']}'s: the fix belongs upstream"
+                                           if d.get("upstream") else ""), "",
              f"**Numbers (smallest input):** {_numbers(d)}", "",
              f"**Smallest input** (`{rep.get('finding')}`; floats as float64 hex):", "",
              "```json", _case_input(case, d), "```", ""]

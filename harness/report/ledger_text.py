@@ -40,7 +40,7 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
     from rlconform.harness.report.triage import folded_keys
 
     failing = {f["id"]: f for f in doc["findings"] if f.get("status") in FAILING}
-    keys = folded_keys(failing)  # the report table's keys: a row of the table is a line of the ledger
+    keys = folded_keys(failing, doc["findings"])  # the report table's keys: a row of the table is a line of the ledger
     groups: dict[str, list[dict]] = {}
     for fid, f in failing.items():
         place, cls = keys[fid]

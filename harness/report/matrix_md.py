@@ -96,7 +96,7 @@ def matrix_doc(engine: str, reports: dict[str, dict], *, source: str, options: d
         findings = doc.get("findings") or []
         ran[v] = {f["op"] for f in findings if f.get("status") in RAN}
         failing = {f["id"]: f for f in findings if f.get("status") in FAILING}
-        for fid, (place, cls) in folded_keys(failing).items():
+        for fid, (place, cls) in folded_keys(failing, findings).items():
             key = f"{place} | {cls}"
             present.setdefault(key, {}).setdefault(v, []).append(fid)
             key_ops.setdefault(key, set()).add(failing[fid]["op"])

@@ -23,7 +23,9 @@ training      a wrong value (beyond the thresholds of ``wrong`` of the tolerance
               gradient or output of a loss, gradient, advantage, log-prob or importance weight
 precision     every other failure (rounding-sized); a wrong value in bf16 / fp16 on an extreme input
               that rounding of the inputs to that dtype explains (:func:`rounding_of_extreme_input`);
-              and any of the above (but ``destructive``) in a dtype the engine never calls the op with
+              a wrong value within 4 float32 ulps of the input's magnitude (:func:`ulp_level`);
+              and any of the above (but ``destructive`` and a crash, :func:`is_crash`) in a dtype the
+              engine never calls the op with
 ============  ======================================================================================
 
 The message describes the shrunk example (the simplest failing input hypothesis found), ``max_ratio``
@@ -132,6 +134,10 @@ def _wrong_value(finding: dict) -> str | None:
             rel = err / abs(r)
             if rel >= WRONG_REL and rel > worst:
                 worst, why = rel, f"rel err {rel:.3g} at reference {r:.6g} (tolerance {t:.3g})"
+        elif abs(r) <= t < err and err >= WRONG_REL and err > worst:
+            # an exact value at (or below) the absolute floor: no relative error exists, so the absolute one
+            # is read at unit scale (verl's vectorized GRPO gives 0.0119 where the exact advantage is 0)
+            worst, why = err, f"abs err {err:.3g} where the exact value is {r:.3g} (tolerance {t:.3g})"
     agreement = finding.get("property") == "implementations_agree"
     for x, y, r, d in partition_clauses(msg):
         diff = abs(x - y)
@@ -186,6 +192,52 @@ def rounding_of_extreme_input(finding: dict) -> str | None:
             f"{max(rels):.3g} {how}")
 
 
+#: names of inputs whose values are no scale of the computation (ids, masks, the upstream gradient)
+_NOT_SCALE = ("grad_output", "labels", "index", "mask", "response_mask", "loss_mask", "attention_mask", "garbage")
+_INPUT_VALUES = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)\[[^\]]*\]=\[(?P<vals>[^\]]*)\]")
+#: an error within this many float32 ulps of the input's magnitude is rounding of a float32 computation
+ULP_LEVEL = 4.0
+
+
+def input_scale(worst_input: str) -> float:
+    """The largest finite magnitude among the shown values of a finding's floating inputs (``worst_input``,
+    the first values of each tensor: a lower bound), leaving out ids, masks and ``grad_output``; 0 when none."""
+    best = 0.0
+    for m in _INPUT_VALUES.finditer(worst_input or ""):
+        if m["name"] in _NOT_SCALE:
+            continue
+        for tok in m["vals"].split(","):
+            try:
+                v = abs(float(tok))
+            except ValueError:
+                continue
+            if math.isfinite(v):
+                best = max(best, v)
+    return best
+
+
+def ulp_level(finding: dict) -> str | None:
+    """Why a wrong value is ulp-level at the scale of its input (``precision``), else None: every failing
+    value clause's absolute error is at most :data:`ULP_LEVEL` float32 ulps of the largest input magnitude
+    (|E − R| ≤ 4·2⁻²³·max|x|; float64 ulps for a float64 finding, whose faithful path is float64). A float32 computation of the formula (an upcast included) cannot resolve
+    less: verl's chunked entropy upcasts bf16 logits of 266 and gives 0 where the exact entropy is 1.4e-5,
+    below the 3e-5 spacing of float32 there. A partition or agreement clause, a NaN / inf, or a value off
+    by more than that stays what it is; a low-precision computation (bf16 logits of 256 giving entropy 0
+    instead of 0.69) is far beyond float32's resolution and stays a wrong value."""
+    msg = finding.get("message") or ""
+    if nonfinite_where_finite(finding) or partition_clauses(msg):
+        return None
+    scale = input_scale(finding.get("worst_input") or "")
+    wide = finding.get("dtype") == "float64"  # computed in float64 (a float32 engine path is module rounding)
+    bound = ULP_LEVEL * (2.0 ** -52 if wide else 2.0 ** -23) * scale
+    errs = [abs(e - r) for e, r, t in value_clauses(msg) if math.isfinite(e) and math.isfinite(r) and abs(e - r) > t]
+    if not errs or not scale or max(errs) > bound:
+        return None
+    kind = "float64" if wide else "float32"
+    return (f"ulp-level: abs err {max(errs):.3g} ≤ {ULP_LEVEL:g} {kind} ulps of the input's magnitude "
+            f"{scale:.3g} ({bound:.3g}), what any {kind} computation of it may give")
+
+
 def scaled_by_micro_batches(line: str) -> bool:
     """Whether a partition clause ``micro-batches (nnz) [n1, …, nk]: X vs Y (reference R, …)`` shows a value
     k× (or 1/k×) the reference, k ≥ 2 the number of micro-batches: an error that grows with the
@@ -218,6 +270,8 @@ def effect(finding: dict) -> float:
     for e, r, t in value_clauses(msg):
         if abs(r) > t:
             best = max(best, abs(e - r) / abs(r))
+        elif abs(e - r) > t:  # an exact value at the floor: the absolute error, at unit scale (see _wrong_value)
+            best = max(best, abs(e - r))
     agreement = finding.get("property") == "implementations_agree"
     for x, y, r, d in partition_clauses(msg):
         # two implementations: at the scale of their own values (the reference may be a convention's 0)
@@ -271,7 +325,7 @@ def _impact(finding: dict) -> tuple[str | None, str]:
         return "logging", "a metric is lost or malformed on its way to the final dict"
     why = _wrong_value(finding)
     if why:
-        rounding = rounding_of_extreme_input(finding)
+        rounding = rounding_of_extreme_input(finding) or ulp_level(finding)
         if rounding:
             return "precision", rounding
         return target, ("a logged metric: " if metric else "") + why
@@ -292,10 +346,19 @@ def classify(finding: dict, engine_dtypes: dict | None = None) -> tuple[str | No
     sev, why = _impact(finding)
     used = (engine_dtypes or {}).get(finding.get("op"))
     dtype = finding.get("dtype")
-    if sev not in ("precision", "destructive") and used and dtype and dtype not in used:
+    if sev not in ("precision", "destructive") and used and dtype and dtype not in used and not is_crash(finding):
         return "precision", f"{sev} in {dtype}, a dtype the engine never calls {finding.get('op')} with " \
                             f"(it uses {', '.join(used)}): {why}"
     return sev, why
+
+
+def is_crash(finding: dict) -> bool:
+    """Whether the finding is an uncontrolled exception (status ``crash``, or a documented input rank that
+    raised). The dtype gate of :func:`classify` never demotes one: a dtype outside ``engine_dtypes`` explains
+    a value's rounding or range, not an exception — a caller in that dtype (verl's fp16 mixed precision)
+    loses the step, so the crash stays ``robustness`` in every dtype (verl's ``compute_is_metrics``
+    ZeroDivisionError on fp16 weights that underflow to 0). A declared guard is no finding at all."""
+    return finding.get("status") == "crash" or bool(RANK_CONTRACT.search(finding.get("message") or ""))
 
 
 def normalise(fail_on: str) -> str:

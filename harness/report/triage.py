@@ -35,8 +35,11 @@ A defect is the failing findings that share a *root key* (``where``, ``class``):
 *Deepest failing function.* A finding whose engine function calls (names in its own code: the site's
 ``calls``, :func:`rlconform.harness.catalog.engine_site.callees`) an engine function that fails in the same
 class under the same trigger joins that callee's defect, as a crash joins its deepest frame:
-``compute_policy_loss_gspo`` turning a masked NaN into a NaN loss through ``agg_loss`` is ``agg_loss``'s
-defect, seen from another op (applied until nothing moves; a report without ``calls`` is not folded).
+``compute_policy_loss_sapo`` turning a masked NaN into a NaN loss through ``agg_loss`` is ``agg_loss``'s
+defect, seen from another op (applied until nothing moves; a report without ``calls`` is not folded). When
+the binding declares the variant the function calls its callee in (the site's ``calls_variant``: verl's
+policy losses pass ``token-mean``, SAPO forces ``seq-mean-token-mean``), the callee must fail in that
+variant: GSPO's NaN, with ``agg_loss`` passing in token-mean, is GSPO's own.
 
 The *trigger* is not part of the key. Each finding is shrunk on its own, so its trigger is a feature its
 shrunk input could not lose; when one engine function fails the same way under two triggers ("any input"
@@ -85,7 +88,7 @@ import re
 
 from rlconform.harness.report.severity import (
     NONFINITE_WHERE_FINITE, RANK, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses,
-    rounding_of_extreme_input, value_clauses,
+    rounding_of_extreme_input, ulp_level, value_clauses,
 )
 
 #: kinds of failure whose input feature tells defects apart in a report without triggers
@@ -117,13 +120,44 @@ def kind(finding: dict) -> str:
     if nf:
         return "NaN" if nf == "nan" else "inf"
     wrong = _wrong_value(finding) is not None
+    if prop == "partition_invariant" and wrong and wrong_unpartitioned(finding):
+        return "wrong value"  # the unpartitioned value is as wrong: the layout is where it ran, not the cause
     if prop in ("partition_invariant", "mask_invariant") and wrong:
         return "partition dependence"
     if prop == "implementations_agree" and wrong:
         return "implementations disagree"
-    if wrong and rounding_of_extreme_input(finding):  # bf16 rounding of an extreme input: its module's rounding
+    if wrong and (rounding_of_extreme_input(finding) or ulp_level(finding)):  # rounding: its module's
         return "inexact value"
     return "wrong value" if wrong else "inexact value"
+
+
+_LABELLED_WHOLE = re.compile(r"unsharded|unpartitioned|\((?:TP|CP|DP) = 1\)")
+
+
+def wrong_unpartitioned(finding: dict) -> bool:
+    """Whether a ``partition_invariant`` failure shows the *unpartitioned* value wrong too: some clause
+    ``X vs Y (reference R, allowed difference D)`` whose side labelled unsharded / ``(TP = 1)`` is farther than
+    D from R (and, when neither side is labelled, both are). Then the value is wrong at every layout tried
+    and the partition is not what brings it out (verl's bf16 ``vocab_parallel_entropy``: unsharded 0.5 and
+    TP = 2 0.0 where the exact entropy is 0.113)."""
+    from rlconform.harness.core.tolerance import WRONG_REL
+    from rlconform.harness.report.severity import PARTITION_CLAUSE
+
+    for line in (finding.get("message") or "").splitlines():
+        for m in PARTITION_CLAUSE.finditer(line):
+            x, y, r, d = (float(m[k]) for k in ("x", "y", "r", "d"))
+            if not all(math.isfinite(v) for v in (x, y, r)) or d <= 0:
+                continue
+            head = line[:m.start("x")]
+            left_whole = bool(_LABELLED_WHOLE.search(head.rsplit(" vs ", 1)[-1] if " vs " in head else head))
+            right_whole = bool(_LABELLED_WHOLE.search(line[m.end("x"):m.start("y")]))
+            sides = [x] if left_whole else [y] if right_whole else [x, y]
+            # wrong beyond the thresholds of a wrong value, not by rounding (Megatron's float64 smoothed
+            # log-prob, unsharded 6e-11 off in float32 arithmetic, TP = 2 9e-4 off: the layout's)
+            if all(abs(v - r) > d and abs(v - r) >= WRONG_REL * max(abs(r), 1.0 if abs(r) <= d else 0.0)
+                   for v in sides):
+                return True
+    return False
 
 
 def feature(finding: dict, kind_: str | None = None) -> str:
@@ -163,10 +197,41 @@ def where(finding: dict, kind_: str | None = None) -> dict | None:
 def trigger(finding: dict, kind_: str | None = None) -> str:
     """What the failure message itself shows (:func:`rlconform.harness.core.triggers.message_trigger`: a
     NumPy scalar type, a shard without a valid token), else the finding's recorded ``trigger``, else (an
-    older report) its input :func:`feature`."""
+    older report) its input :func:`feature`. A layout trigger (``TP > 1``) of a finding whose unpartitioned
+    value is wrong too (:func:`wrong_unpartitioned`) reads ``any input``."""
     from rlconform.harness.core.triggers import message_trigger
 
-    return message_trigger(finding.get("message") or "") or finding.get("trigger") or feature(finding, kind_)
+    said = message_trigger(finding.get("message") or "") or finding.get("trigger") or feature(finding, kind_)
+    if _LAYOUT_TRIGGER.match(said) and finding.get("property") == "partition_invariant" and \
+            wrong_unpartitioned(finding):
+        return "any input"
+    return said
+
+
+_LAYOUT_TRIGGER = re.compile(r"^(?:TP|CP|DP) > 1$")
+
+
+def read_layouts(failing: dict, everything: list[dict] | None = None) -> dict:
+    """``failing`` with the layout trigger (``TP > 1``, ``CP > 1``, ``DP > 1``: the regime the check ran in)
+    of each finding read as ``any input`` where the report shows the layout is not what brings the failure
+    out: the ``partition_invariant`` finding of the same op, dtype and regime shows the unpartitioned value
+    wrong too (:func:`wrong_unpartitioned`). A passing ``partition_invariant`` is no such evidence (its
+    examples are not the failing one's), and without a failing one the layout trigger stands.
+    ``everything``: every finding of the report; returns a new mapping (changed findings are copies)."""
+    pool = list(everything) if everything is not None else list(failing.values())
+    part = {(f.get("op"), f.get("dtype"), f.get("regime")): f for f in pool if f.get("property") == "partition_invariant"}
+    out = {}
+    for fid, f in failing.items():
+        t = trigger(f)
+        if _LAYOUT_TRIGGER.match(t):
+            p = part.get((f.get("op"), f.get("dtype"), f.get("regime")))
+            if p is not None and p.get("status") in FAILING_STATUSES and wrong_unpartitioned(p):
+                f = dict(f, trigger="any input", trigger_recorded=t)
+        out[fid] = f
+    return out
+
+
+FAILING_STATUSES = ("discrepancy", "crash", "xfail")
 
 
 #: data regimes whose inputs are large logits (a logit offset of thousands; bf16's coarse grid)
@@ -174,17 +239,25 @@ LARGE_LOGIT_REGIMES = ("near_uniform_offset", "bf16_coarse")
 _LOW = {"bfloat16": "bf16", "float16": "fp16"}
 
 
-def narrowest(trig: str, members: list[dict]) -> str:
+_SHORT = dict(_LOW, float32="fp32", float64="fp64")
+
+
+def narrowest(trig: str, members: list[dict], checked: set | None = None) -> str:
     """The defect's trigger ``trig`` narrowed to what all its members share when it reads ``any input``
-    (issue 20: "any input" only for a failure seen on any input): a low precision every member is in
-    (``bf16 input``, ``bf16 or fp16 input``), large logits every member's regime holds."""
+    (issue 20: "any input" only for a failure seen on any input): the dtypes every member is in when the
+    same ops and properties ran and passed in others (``checked``: the dtypes they ran in; ``fp32 input``
+    for Megatron's in-place cross entropy, which copies bf16 / fp16 / fp64 logits and writes into fp32
+    ones), or, without ``checked``, a low precision every member is in (``bf16 input``, ``bf16 or fp16
+    input``); large logits every member's regime holds."""
     if trig != "any input" or not members:
         return trig
     from rlconform.harness.core.opinfo import split_regime
 
     parts = []
     dtypes = {m.get("dtype") for m in members}
-    if dtypes and dtypes <= set(_LOW):
+    if dtypes and None not in dtypes and checked and dtypes < set(checked) and dtypes <= set(_SHORT):
+        parts.append(" or ".join(_SHORT[d] for d in sorted(dtypes, key=list(_SHORT).index)) + " input")
+    elif dtypes and dtypes <= set(_LOW):
         parts.append(" or ".join(_LOW[d] for d in sorted(dtypes)) + " input")
     data = [split_regime(m.get("regime") or "")[1] for m in members]
     if all(any(r in d for r in LARGE_LOGIT_REGIMES) for d in data):
@@ -229,18 +302,26 @@ def root_key(finding: dict) -> tuple[str, str]:
 def _fold(keys: dict, findings: dict) -> dict:
     """Re-key each finding whose engine function calls one that fails in the same class under the same
     trigger (see the module docstring); ``keys``: finding id -> root key; returns the new mapping."""
+    from rlconform.harness.core.opinfo import split_regime
+
     keys = dict(keys)
     for _ in range(4):  # a call chain deeper than four engine functions is not followed further
         triggers: dict[tuple, set] = {}
+        variants: dict[tuple, set] = {}  # (key, trigger) -> the variants (of the callee's own op) failing so
         for fid, key in keys.items():
             triggers.setdefault(key, set()).add(trigger(findings[fid]))
+            variants.setdefault((key, trigger(findings[fid])), set()).add(
+                split_regime(findings[fid].get("regime") or "")[0])
         moved = False
         for fid, (place, cls) in list(keys.items()):
             f = findings[fid]
             site = f.get("engine_function") or {}
             if cls.startswith("crash:") or f"{site.get('module')}.{site.get('function')}" != place:
                 continue  # a crash has its frame; a finding already folded moves with its new place's calls
+            mode = site.get("calls_variant")  # the callee runs in this variant: it must fail in it
             for callee in site.get("calls") or ():
+                if mode and mode not in variants.get(((callee, cls), trigger(f)), ()):
+                    continue
                 if callee != place and trigger(f) in triggers.get((callee, cls), ()):
                     keys[fid] = (callee, cls)
                     moved = True
@@ -298,13 +379,62 @@ def _fold_after_op(keys: dict, findings: dict) -> dict:
     return out
 
 
-def folded_keys(failing: dict) -> dict:
+_VERSION_CHECK = re.compile(r"modified by an inplace operation")
+
+
+def _fold_inplace_crash(keys: dict, findings: dict) -> dict:
+    """A crash that is autograd's version check ("one of the variables needed for gradient computation has
+    been modified by an inplace operation") at a function whose own ``changes a tensor`` defect the report
+    holds is that write's effect, not a second cause: it joins it (verl's chunked vocab-parallel entropy:
+    the backward of one chunk writes into the logits every chunk's view shares, so the next chunk's
+    backward finds its saved view at a newer version — ``_VocabParallelEntropy.backward`` is one defect)."""
+    changed = {place for place, cls in keys.values() if cls == "changes a tensor"}
+    out = dict(keys)
+    for fid, (place, cls) in keys.items():
+        if cls.startswith("crash:") and place in changed and _VERSION_CHECK.search(findings[fid].get("message") or ""):
+            out[fid] = (place, "changes a tensor")
+    return out
+
+
+_GENERIC_TRIGGER = re.compile(r"^(?:any input|(?:bf16|fp16|fp32|fp64)(?: or (?:bf16|fp16|fp32|fp64))* input.*|"
+                              r"large logits|(?:TP|CP|DP) > 1)$")
+
+
+def _join_rounding(keys: dict, findings: dict) -> dict:
+    """A rounding-sized failure of a function under a *specific* trigger (not ``any input``, a dtype or a
+    layout) that the same function's ``wrong value`` or ``partition dependence`` defect also shows is that
+    defect at a small magnitude, not its module's rounding: it joins it (verl's Dr. GRPO through
+    ``grpo_vectorized`` divides a singleton's score by 1 + 1e-6 in float64 — rel err 1e-6 — and by σ
+    elsewhere; the ignored ``norm_adv_by_std_in_grpo`` is one cause)."""
+    shown: dict[tuple, set] = {}
+    for fid, (place, cls) in keys.items():
+        if cls in ("wrong value", "partition dependence"):
+            shown.setdefault(place, set()).add((cls, trigger(findings[fid])))
+    out = dict(keys)
+    for fid, (place, cls) in keys.items():
+        if cls != "rounding":
+            continue
+        t, own = trigger(findings[fid]), _place(where(findings[fid]))
+        if _GENERIC_TRIGGER.match(t):
+            continue
+        for c in ("wrong value", "partition dependence"):
+            if (c, t) in shown.get(own, ()):
+                out[fid] = (own, c)
+                break
+    return out
+
+
+def folded_keys(failing: dict, everything: list[dict] | None = None) -> dict:
     """finding id -> the root key of the defect it belongs to (the table's, and the ledger's): its
     :func:`root_key`, folded into a callee that fails the same way, into another op's backward that
-    changed the tensor, and a wrong value into its place's partition dependence (see the module
-    docstring). ``failing``: finding id -> failing finding."""
+    changed the tensor, an in-place version-check crash into the write that caused it, and a wrong value
+    into its place's partition dependence (see the module docstring); triggers read as
+    :func:`read_layouts` reads them. ``failing``: finding id -> failing finding; ``everything``: every
+    finding of the report (passing ones included), when at hand."""
+    failing = read_layouts(failing, everything)
     keys = _fold({fid: root_key(f) for fid, f in failing.items()}, failing)
-    return _join_partition(_fold_after_op(keys, failing), failing)
+    keys = _fold_inplace_crash(_fold_after_op(keys, failing), failing)
+    return _join_rounding(_join_partition(keys, failing), failing)
 
 
 def _slug(text: str) -> str:
@@ -394,7 +524,12 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dic
     (``engine_dtypes``: op -> the dtypes the engine calls it with, for reachability)."""
     # an unavailable op is one entry of the report's unavailable list (its cause), not a defect of the engine
     failing = {f["id"]: f for f in findings if f.get("severity") and f.get("status") != "unavailable"}
-    keys = folded_keys(failing)
+    keys = folded_keys(failing, findings)
+    failing = read_layouts(failing, findings)
+    ran: dict[tuple, set] = {}
+    for f in findings:
+        if f.get("status") not in ("unavailable", "skipped") and f.get("dtype"):
+            ran.setdefault((f.get("op"), f.get("property")), set()).add(f["dtype"])
     groups: dict[tuple, list[dict]] = {}
     for fid, f in failing.items():
         groups.setdefault(keys[fid], []).append(f)
@@ -403,24 +538,36 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dic
         sev = min((m["severity"] for m in members), key=lambda s: (RANK.get(s, 9), SEVERITIES.index(s) if s in SEVERITIES else 9))
         top = [m for m in members if m["severity"] == sev]
         size = max(effect(m) for m in top)
-        shown = min(top, key=_size)  # the reproducer: the smallest input among the most severe members
+        # the reproducer: the smallest input among the most severe members, one with numbers to show first
+        shown = min(top, key=lambda m: (numbers(m) is None, _size(m)))
         k = kind(shown)
         rep = shown.get("reproducer") or {}
         crash = k.startswith("crash:")
         sites = [where(m) for m in members]
         native = [m for m in top if _place(where(m)) == place] or top  # the function the defect is located at
-        located = min(native, key=_size)
+        # a crash is located at an entry point its non_destructive members do not relocate to a backward
+        located = min(native, key=lambda m: (crash and m.get("property") == "non_destructive", _size(m)))
+        trig = trigger(shown, k)
+        if cls == "changes a tensor":  # the dtype decides a copy or an alias: those the check ran and passed in count
+            nd = [m for m in members if m.get("property") == "non_destructive"]
+            checked = set().union(*(ran.get((m["op"], m["property"]), set()) for m in nd))
+            trig = _phase(narrowest(trig, nd or members, checked), nd)
+        else:
+            trig = narrowest(trig, members)
+        site_ = _plain(located.get("engine_function") if crash else where(located, k))
+        frame_ = shown.get("crash_frame") if crash else None
         out.append({
             "id": defect_id(place, cls),
             "severity": sev, "effect": size,
-            "engine_function": _plain(located.get("engine_function") if crash else where(located, k)),
-            "crash_frame": shown.get("crash_frame") if crash else None,
-            "trigger": narrowest(trigger(shown, k), members),
+            "engine_function": site_,
+            "crash_frame": frame_,
+            "upstream": upstream(site_, frame_),
+            "trigger": trig,
             "triggers": sorted({trigger(m) for m in members}),
             "functions": sorted({site_text(s) for s in sites if s}),
             "op": shown["op"], "ops": sorted({m["op"] for m in members}),
             "property": shown["property"], "properties": sorted({m["property"] for m in members}),
-            "signature": {"kind": cls, "feature": narrowest(trigger(shown, k), members)},
+            "signature": {"kind": cls, "feature": trig},
             "members": sorted(m["id"] for m in members),
             "dtypes": sorted({m.get("dtype") for m in members if m.get("dtype")}),
             "regimes": sorted({m.get("regime") for m in members if m.get("regime")}),
@@ -433,6 +580,41 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dic
         })
     out.sort(key=lambda d: (RANK[d["severity"]], -d["effect"], not d["reachable"], -len(d["members"]), d["id"]))
     return out
+
+
+def _phase(trig: str, members: list[dict]) -> str:
+    """A changed-tensor defect's trigger with the pass it happens in, when every ``non_destructive`` member
+    shows the change in the backward only ("mutated during backward", "after the backward, a producer …
+    could not backprop"): ``any input`` reads ``a backward pass``, another trigger gets ``, in the backward``."""
+    msgs = [(m.get("message") or "").lower() for m in members]
+    if not msgs or any("during forward" in t for t in msgs) or \
+            not all("backward" in t for t in msgs):
+        return trig
+    return "a backward pass" if trig == "any input" else f"{trig}, in the backward"
+
+
+def _distribution(top: str) -> str:
+    """The distribution that installs the top-level package ``top`` (``megatron`` -> ``megatron-core``),
+    else ``top``."""
+    try:
+        from importlib.metadata import packages_distributions
+
+        names = packages_distributions().get(top) or []
+    except Exception:  # noqa: BLE001 - no metadata: the package name
+        names = []
+    return names[0] if names else top
+
+
+def upstream(site: dict | None, frame: dict | None) -> str | None:
+    """The distribution holding the deepest engine frame of a defect — its crash frame, or the ``via`` frame a
+    mutation happens in — when that is another package than the engine function's (verl's
+    ``vocab_parallel_log_probs_from_logits`` writing through Megatron-core's
+    ``calculate_predicted_logits``: ``megatron-core``): the fix belongs upstream. None otherwise."""
+    deep = frame or (site or {}).get("via")
+    if not deep or not site:
+        return None
+    top, own = str(deep.get("module") or "").split(".")[0], str(site.get("module") or "").split(".")[0]
+    return _distribution(top) if top and own and top != own else None
 
 
 def annotate(doc: dict) -> dict:

@@ -16,6 +16,15 @@ from rlconform.harness.report.severity import SEVERITIES
 DEFECTS_BUDGET = 20_000
 
 
+#: how the rows are ranked (:func:`rlconform.harness.report.triage.defects`; README "Severity, defects and
+#: pull-request diffs")
+ORDER_NOTE = ("Ranked by severity (training = destructive > logging > robustness > precision), then by the size "
+              "of the effect of the worst member of that severity (its relative error; the absolute one where "
+              "the exact value is 0; unbounded for a crash, a NaN / inf, a changed tensor or a value scaled by "
+              "the number of micro-batches), then by reachability (a member in a dtype the engine calls the op "
+              "with), then by the number of findings.")
+
+
 def counts_line(doc: dict) -> str:
     """Defects per severity and the findings they hold: :func:`rlconform.harness.report.triage.severity_counts`,
     the computation of report.json's ``triage`` (a defect's findings count under the defect's severity, its
@@ -49,6 +58,8 @@ def numbers_cell(d: dict) -> str:
     if n:
         e, r = n["engine"], n["exact"]
         text = f"{_num(e, r)} vs {_num(r, e)}"
+        if str(n.get("clause") or "").lower().lstrip("- ").startswith("gradient"):
+            text = "gradient: " + text  # the value may be right: the numbers are the gradient's
         if isinstance(e, (int, float)) and isinstance(r, (int, float)) and r:
             text += f" (rel err {abs(e - r) / abs(r):.3g})"
         elif isinstance(e, (int, float)) and isinstance(r, (int, float)):
@@ -72,6 +83,8 @@ def where_cell(d: dict) -> str:
         if d.get("crash_frame") and d.get("engine_function") and \
                 d["engine_function"].get("function") != site.get("function"):
             text += f" via `{d['engine_function'].get('function')}`"
+        if d.get("upstream"):  # the deepest frame is another package's: the fix belongs there
+            text += f" — upstream: {d['upstream']}"
         return text
     return f"op {d.get('op')}" + (f" ({site_text(site)})" if site else "")
 
@@ -115,7 +128,8 @@ def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
     defects = doc.get("defects") or []
     if not defects:
         return []
-    lines = ["### Defects (root causes: engine function or crash frame × class of failure)", "", counts_line(doc), ""]
+    lines = ["### Defects (root causes: engine function or crash frame × class of failure)", "", counts_line(doc), "",
+             ORDER_NOTE, ""]
     main = [d for d in defects if d.get("severity") != "precision"]
     fine = [d for d in defects if d.get("severity") == "precision"]
     if main:

@@ -34,10 +34,14 @@ Schema ``rlconform.report/1``::
                    token", "TP > 1", …),
                    "transcribed": the part of the op's engine path the binding transcribes instead of calling
                    (issue 23 §1; absent when every stage calls the engine's code)}],
-     "defects": [{"id", "severity", "effect", "engine_function", "crash_frame", "trigger", "op", "ops",
-                  "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes", "regimes",
-                  "numbers": {"engine", "exact", "clause"} | null, "reproducer": {"finding", "case_file",
-                  "command", "input"}, "message"}],
+     "defects": [{"id", "severity", "effect", "engine_function", "crash_frame", "upstream", "trigger", "op",
+                  "ops", "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes",
+                  "regimes", "numbers": {"engine", "exact", "clause"} | null, "reproducer": {"finding",
+                  "case_file", "command", "input"}, "message"}]  (ranked by severity, then ``effect``
+                  — the worst member's relative error, the absolute one at an exact 0, inf for a crash, a
+                  NaN / inf, a changed tensor or a value scaled by the number of micro-batches —, then
+                  reachability, then the number of members; ``upstream``: the distribution holding the
+                  deepest frame when another package than the engine function's, else null),
      "triage": {"defects": {severity: n}, "findings": {severity: n}},
      "coverage": {"engine", "version", "modules", "counts": {"unbound", "bound", "justified"},
                   "items": [{"name", "module", "short", "kind", "status", "bound_to", "reason"}],

@@ -136,7 +136,9 @@ class Ledger:
         engine function names (``calls``) listed with the same class; the ``changes a tensor`` line of the
         op whose backward the message says wrote the tensor ("after <op> backward", a ``.backward`` place
         whose scope holds ``<op>.non_destructive``); a wrong value's place (a rounding-sized failure's
-        function) listed as a partition dependence. The trigger is not required to agree (see the module docstring)."""
+        function) listed as a partition dependence, or — under a specific trigger — as a wrong value; an
+        autograd version-check crash listed as its place's ``changes a tensor``. The trigger is not required
+        to agree (see the module docstring)."""
         import re
 
         place, cls = defect_key(finding).split(" | ", 1)
@@ -146,6 +148,12 @@ class Ledger:
             tries.append(f"{place} | partition dependence")
         if cls == "rounding" and site.get("function"):  # a rounding-sized partition effect of its function
             tries.append(f"{site.get('module')}.{site.get('function')} | partition dependence")
+            from rlconform.harness.report.triage import _GENERIC_TRIGGER, trigger
+
+            if not _GENERIC_TRIGGER.match(trigger(finding)):  # that function's wrong value, small (its trigger)
+                tries.append(f"{site.get('module')}.{site.get('function')} | wrong value")
+        if cls.startswith("crash:") and re.search(r"modified by an inplace operation", finding.get("message") or ""):
+            tries.append(f"{place} | changes a tensor")  # autograd's version check: the write's effect
         for key in tries:
             if key in self.defects:
                 return self.defects[key]

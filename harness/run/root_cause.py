@@ -42,7 +42,12 @@ def family_of(op: str):
 
 
 def trigger_of(case, message: str, kind: str) -> str:
-    """The family's trigger of ``case`` (its hook first, then the generic reading)."""
+    """The family's trigger of ``case``: what the message alone shows first (``a masked position holding
+    NaN`` for a ``masked = nan:`` clause, as the report's triage reads it), then its hook, then the generic
+    reading."""
+    said = triggers.message_trigger(message)
+    if said:
+        return said
     fam = family_of(case.op)
     hook = getattr(fam, "trigger", None)
     if hook is not None:
@@ -53,6 +58,17 @@ def trigger_of(case, message: str, kind: str) -> str:
         if found:
             return found
     return triggers.trigger(case.op, case.property, case.dtype, case.regime, case.inputs, message, kind)
+
+
+def declared_trigger(binding, op: str, regime: str, trig: str) -> str:
+    """``trig``, or — when it reads ``any input`` — the binding's words for the finding's variant
+    (``Binding.variant_triggers``: op -> variant -> trigger), when it declares them."""
+    if trig != "any input":
+        return trig
+    from rlconform.harness.core.opinfo import split_regime
+
+    words = ((getattr(binding, "variant_triggers", None) or {}).get(op) or {}).get(split_regime(regime or "")[0])
+    return words or trig
 
 
 def engine_tracebacks(exc: BaseException | None) -> list[str]:
@@ -81,6 +97,7 @@ def fields(binding, finding: dict, exc: BaseException | None, case) -> dict:
     msg = finding.get("message") or ""
     k = kind(finding)
     trig = trigger_of(case, msg, k) if case is not None else "any input"
+    trig = declared_trigger(binding, finding["op"], finding.get("regime") or "", trig)
     site, packages = finding_site(binding, finding["op"], finding["property"], finding["regime"], msg,
                                   metric=is_metric(finding), trigger=trig)
     frame = None
