@@ -570,6 +570,7 @@ def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, ref
     from rlconform.properties.case import Case
     from rlconform.harness.run.dispatch import run_check
     from rlconform.harness.core.evaluation import EngineCrash
+    from rlconform.properties.referee import RefereeError
 
     case = Case.from_json(case_doc)
     try:
@@ -587,6 +588,8 @@ def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, ref
         return {"kind": "usage", "message": str(exc)}
     except PoolStartupError as exc:
         return {"kind": "usage", "message": f"the worker pool could not start (not the engine's fault): {exc}"}
+    except RefereeError as exc:  # rlconform's own failure to judge: exit 2, never the engine's crash
+        return {"kind": "usage", "message": str(exc)}
     except (KeyboardInterrupt, SystemExit) as exc:
         return {"kind": "crash", "message": f"the engine raised {type(exc).__name__}({str(exc)!r})",
                 "traceback": "", "spec": binding.spec}

@@ -300,7 +300,20 @@ def connected() -> bool:
 
 
 class RefereeRaised(Exception):
-    """The referee's evaluation raised on what the engine returned (or its replay diverged)."""
+    """The referee's evaluation raised on what the engine returned (an output the check cannot read): the
+    engine's crash, as :class:`~rlconform.properties.runner.CheckRaised` is without a referee."""
+
+
+class RefereeError(Exception):
+    """rlconform's own failure to judge a case under the referee: its evaluation of the engine's calls
+    diverged (:class:`~rlconform.harness.core.tape.ReplayDiverged`: e.g. an engine function called
+    outside ``call_engine``, a call the worker could not make or answer), the referee failed, or it
+    stopped answering. A harness error (status ``error``, exit 2), never a verdict on the engine."""
+
+    def __init__(self, message: str):
+        from rlconform.harness.run.referee_verdicts import REFEREE_ERROR
+
+        super().__init__(f"{REFEREE_ERROR}: {message}")
 
 
 def _not_checked(module: str, qualname: str, message: str, attrs: dict) -> Exception:
@@ -322,14 +335,20 @@ def refereed_check(binding, case):
     to this process, which makes it and answers with its record (module docstring). Raises what the
     evaluation raises for reasons that are not a verdict (BindingError, OpUnavailable, VariantNotProvided,
     CaseError, interrupts); EngineCrash when the engine raised (and no declared guard covers it);
-    :class:`RefereeRaised` when the check raised on the engine's output in the referee."""
+    :class:`RefereeRaised` when the check raised on the engine's output in the referee;
+    :class:`RefereeError` when the referee could not judge (its evaluation diverged, it failed or stopped
+    answering): rlconform's error, not the engine's."""
+    from rlconform.harness.workers.referee import RefereeUnavailable
     from rlconform.harness.core import torch_state
     from rlconform.harness.core.evaluation import EngineCrash
 
     table: list = []
     payload = pickle.dumps({"case": case, "binding": standin(binding, case, table)}, protocol=pickle.HIGHEST_PROTOCOL)
     server = T.Server(table, torch_state.guard)
-    reply = _CLIENT[0].ask(payload, server.handle)
+    try:
+        reply = _CLIENT[0].ask(payload, server.handle)
+    except RefereeUnavailable as exc:
+        raise RefereeError(str(exc)) from exc
     kind = reply[0]
     if kind == "outcome":
         return reply[1]
@@ -342,7 +361,7 @@ def refereed_check(binding, case):
     if kind == "not_checked":
         raise _not_checked(*reply[1:])
     if kind == "diverged":
-        raise RefereeRaised(f"the referee's evaluation of the engine's calls diverged: {reply[1]}")
+        raise RefereeError(f"its evaluation of the engine's calls diverged: {reply[1]}")
     if kind == "raised":
         raise RefereeRaised(reply[1])
-    raise RefereeRaised(f"the referee failed: {reply[-1]}")
+    raise RefereeError(f"the referee failed: {str(reply[-1]).strip()[-2000:]}")

@@ -145,8 +145,8 @@ class TensorData:
         if dtype not in _DTYPES:
             raise TypeError(f"a tensor of dtype {dtype} cannot be recorded")
         nbytes = p.numel() * p.element_size()
-        rg = bool(t.requires_grad)
-        gf = _as_subclass(t, _Tensor).grad_fn is not None if type(t) is not _Tensor else t.grad_fn is not None
+        q = _as_subclass(t, _Tensor) if type(t) is not _Tensor else t  # its flags, not its own properties
+        rg, gf = bool(q.requires_grad), q.grad_fn is not None
         if nbytes > INLINE_MAX_BYTES:
             path = os.path.join(spill_dir or SPILL_DIR, f"rlconform-tape-{uuid.uuid4().hex}.bin")
             with open(path, "wb") as fh:
@@ -212,6 +212,9 @@ def _encode(obj, tape: "Tape", depth: int = 0):
         idx = tape.index_of(obj)
         if idx is not None:
             return TensorRef(idx)
+        dtype = str(_plain(obj).dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:  # the check cannot read it (an engine's output of an exotic dtype)
+            return Unreadable(f"tensor of dtype {dtype}", tape.keep(obj))
         data = TensorData.of(obj, tape.spill_dir)
         tape.register(obj, data)
         return data
@@ -684,10 +687,15 @@ class Server:
             with guard():
                 return fn(*a, **k)
 
+        n = len(tape.entries)
         try:
             tape.record("engine call", guarded, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - recorded in the entry; kept for the worker's crash report
-            self.raised[tape.entries[-1].raised.traceback] = exc
+            entry = tape.entries[n] if len(tape.entries) > n else None
+            if entry is None or entry.raised is None:  # the recording failed, not the call: a harness error
+                del tape.entries[n:]
+                return pickle.dumps(f"the call's record could not be made: {type(exc).__name__}: {exc}")
+            self.raised[entry.raised.traceback] = exc
         entry = tape.entries.pop()
         try:
             return pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
