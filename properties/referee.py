@@ -73,7 +73,7 @@ def check_clean() -> None:
 class ReplayFn(T.Opaque):
     """An engine callable in the referee (``index``: where the engine's worker keeps the real one). Only
     :func:`~rlconform.harness.core.evaluation.call_engine` may use it: the call is made in the engine's
-    worker (:class:`~rlconform.harness.core.tape.Remote`), or replayed from a tape; any other call raises."""
+    worker (:class:`~rlconform.harness.core.tape.Remote`); any other call raises (rlconform's error)."""
 
     def __init__(self, label: str, index: int = -1, params: tuple | None = None, marks: dict | None = None):
         self.index, self.label, self.params = index, label, params
@@ -97,7 +97,7 @@ class ReplayFn(T.Opaque):
         if mode is not None and mode[0] == "remote" and mode[1].inside and self.index >= 0:
             return mode[1].call_opaque(self.label, self.index, args, kwargs)
         raise T.ReplayDiverged(f"the engine function {self.label} was called outside call_engine: the referee "
-                               f"cannot replay it")
+                               f"cannot have it made")
 
     def __repr__(self):
         return f"<engine function {self.label}>"
@@ -243,8 +243,7 @@ def judge(payload: bytes, check_here, exchange=None):
     """In the referee: ``(reply, verdict)`` for one request, judged by ``check_here``
     (:func:`rlconform.harness.run.dispatch.run_check_here`, served by :func:`rlconform.harness.run.dispatch.referee_judge`)
     (see the module docstring). ``exchange(bytes) -> bytes`` asks the engine's worker to make one engine
-    call (:class:`~rlconform.harness.core.tape.Remote`); a request that carries a ``tape`` is replayed from
-    it instead. ``reply`` is one of ``("outcome", Outcome)``, ``("crash", message, engine traceback)``,
+    call (:class:`~rlconform.harness.core.tape.Remote`). ``reply`` is one of ``("outcome", Outcome)``, ``("crash", message, engine traceback)``,
     ``("diverged", message)``, ``("raised", message, traceback)``, ``("not_checked", class name, message,
     attributes)``; ``verdict`` is ``(finding id, kind, outcome verdict or None, message)`` (None for
     ``not_checked``)."""
@@ -253,17 +252,12 @@ def judge(payload: bytes, check_here, exchange=None):
     req = loads(payload)
     case, binding = req["case"], req["binding"]
     fid = case.finding_id
-    if req.get("tape") is not None:
-        tape, mode = req["tape"], T.replaying
-    else:
-        if exchange is None:
-            raise T.ReplayDiverged("no engine worker to make the engine's calls")
-        tape, mode = T.Remote(exchange, loads), T.remote
+    if exchange is None:
+        raise T.ReplayDiverged("no engine worker to make the engine's calls")
+    tape = T.Remote(exchange, loads)
     try:
-        with mode(tape):
+        with T.remote(tape):
             outcome = check_here(binding, case)
-            if mode is T.replaying:
-                tape.finish()
         return ("outcome", outcome), (fid, "outcome", outcome.verdict, outcome.message)
     except EngineCrash as exc:
         return ("crash", str(exc), getattr(exc, "engine_traceback", "")), (fid, "crash", None, str(exc))
@@ -275,8 +269,6 @@ def judge(payload: bytes, check_here, exchange=None):
             return ("not_checked", type(exc).__module__, type(exc).__qualname__, str(exc), attrs), None
         msg = f"{type(exc).__name__}: {exc}"
         return ("raised", msg, traceback.format_exc()[-4000:]), (fid, "raised", None, msg)
-    finally:
-        tape.discard()
 
 
 # -- the worker's side -----------------------------------------------------------------------------------
