@@ -470,8 +470,7 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest, only: bo
         argv += ["--rlconform-corpus", os.path.abspath(corpus)]
     if args.junitxml:
         argv += ["--junitxml", os.path.abspath(args.junitxml)]
-    if getattr(args, "referee", False):
-        argv += ["--rlconform-referee"]
+    argv += ["--rlconform-referee" if getattr(args, "referee", True) else "--rlconform-no-referee"]
     env_engine = os.environ.pop("RLCONFORM_ENGINE", None)
     try:
         return int(pytest.main(argv))
