@@ -185,3 +185,17 @@ def test_an_example_interrupted_mid_call_leaves_the_next_one_its_own_verdict():
     finally:
         referee.disconnect()
         ref.close()
+
+
+def test_the_worker_runs_each_engine_call_on_the_runs_device(monkeypatch):
+    """``--device cuda`` under the referee: the worker's Server moves each call to the device as
+    call_engine does without a referee (device.engine_call; the identity on the CPU, so it is spied here)."""
+    from rlconform.harness.core import device
+
+    moved = []
+    real = device.engine_call
+    monkeypatch.setattr(device, "engine_call", lambda fn, *a: moved.append(fn) or real(fn, *a))
+    tape, standin = _remote(ENGINE)
+    with T.remote(tape):
+        _family(standin)
+    assert [getattr(f, "__name__", "") for f in moved] == ["<lambda>"] * 3

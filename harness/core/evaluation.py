@@ -44,8 +44,8 @@ def call_engine(where: str, fn: Callable, *args, **kwargs):
 
     On a CUDA run (``--device cuda``) ``fn`` runs on the device: its tensor arguments are moved there, its
     tensor results brought back to the CPU and its writes into its inputs mirrored into the caller's tensors
-    (:func:`rlconform.harness.core.device.engine_call`); the tape records the CPU side of the call (in the
-    referee's remote mode the worker's :class:`~rlconform.harness.core.tape.Server` makes that move)."""
+    (:func:`rlconform.harness.core.device.engine_call`); under the referee the worker's
+    :class:`~rlconform.harness.core.tape.Server` makes that move, and records the CPU side of the call."""
     mode = tape.active()
     if mode is not None:  # the referee: the call is the engine's worker's
         try:

@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlconform.harness.core import device
+
 # captured at import, before any engine module is imported in this process (an engine that patches them
 # later does not change how its outputs are read)
 _as_subclass = torch.Tensor.as_subclass
@@ -591,7 +593,9 @@ class Server:
     interior node in the referee (it has a ``grad_fn``) is rebuilt here as the output of a producer that
     saved it for backward (:func:`rlconform.harness.core.guards.produce`), which keeps its gradient:
     what the engine may do to it (write in place, backpropagate through it) is what it may do in the
-    family's own evaluation. The answer is the pickled :class:`Entry`, or a string when the call could not
+    family's own evaluation. On a CUDA run each call runs on the device
+    (:func:`rlconform.harness.core.device.engine_call`, as :func:`~rlconform.harness.core.evaluation.call_engine`
+    does without a referee) and its record is of the CPU side. The answer is the pickled :class:`Entry`, or a string when the call could not
     be made (a harness error). ``raised`` keeps each exception the engine raised, by its recorded
     traceback text (the worker reports a crash with the engine's own exception)."""
 
@@ -644,10 +648,11 @@ class Server:
         finally:
             _discard([sync, [d for d, _ in news or ()]])  # what a failure left unread
         guard = self.guard
+        on_device = device.engine_call(fn)  # --device cuda: the engine runs there, the record is the CPU side
 
         def guarded(*a, **k):
             with guard():
-                return fn(*a, **k)
+                return on_device(*a, **k)
 
         n = len(tape.entries)
         try:
