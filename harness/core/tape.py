@@ -13,9 +13,8 @@ viewed as a plain ``torch.Tensor`` with ``torch.Tensor.as_subclass`` (which no `
 override sees) and its bytes copied out with torch functions captured when this module was imported, i.e.
 before the engine was. A tensor is recorded as dtype, shape, ``requires_grad``, whether it had a
 ``grad_fn``, and its bytes (above :data:`INLINE_MAX_BYTES`, in a file under :data:`SPILL_DIR` that the
-reading side removes once it has read it); numpy
-arrays and scalars as dtype, shape and bytes; builtin scalars, strings, ``None``, lists, tuples and
-dicts as themselves (a mapping becomes a ``dict``, a named tuple a ``tuple``). Anything else is recorded
+reading side removes once it has read it); numpy arrays and scalars as dtype, shape and bytes; builtin
+scalars, strings, ``None``, lists, tuples and dicts as themselves (a mapping becomes a ``dict``, a named tuple a ``tuple``). Anything else is recorded
 as :class:`Unreadable` (its type's name): the referee gets a stand-in on which every use raises. An
 exception is recorded as its type's name, its nearest builtin base, its message and its traceback text,
 and re-raised in the referee as an :class:`~rlconform.harness.core.evaluation.EngineCrash` of an exception
