@@ -38,6 +38,7 @@ def main() -> None:
     from rlconform.properties import referee
     from rlconform.harness.run.dispatch import referee_judge
 
+    load_start = os.getloadavg()
     t0 = time.perf_counter()
     ref = referee_process.start(referee_judge, referee.check_clean)  # before any engine import
     startup = time.perf_counter() - t0
@@ -63,7 +64,8 @@ def main() -> None:
     }
     verdicts: dict = {}
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__},
-              "engine": binding.spec, "referee_startup_s": startup, "cases": {}}
+              "engine": binding.spec, "referee_startup_s": startup, "cases": {},
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average_start": load_start}
     for name, case in cases.items():
         if args.only and not name.startswith(args.only):
             continue
@@ -87,7 +89,7 @@ def main() -> None:
     print(f"referee start-up {startup:.2f} s")
     if args.only:
         return
-    result["load_average"] = os.getloadavg()
+    result["load_average"] = os.getloadavg()  # at the end (1, 5, 15 min)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -470,8 +470,7 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest, only: bo
         argv += ["--rlconform-corpus", os.path.abspath(corpus)]
     if args.junitxml:
         argv += ["--junitxml", os.path.abspath(args.junitxml)]
-    if getattr(args, "referee", False):
-        argv += ["--rlconform-referee"]
+    argv += ["--rlconform-referee" if getattr(args, "referee", True) else "--rlconform-no-referee"]
     env_engine = os.environ.pop("RLCONFORM_ENGINE", None)
     try:
         return int(pytest.main(argv))
@@ -570,6 +569,7 @@ def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, ref
     from rlconform.properties.case import Case
     from rlconform.harness.run.dispatch import run_check
     from rlconform.harness.core.evaluation import EngineCrash
+    from rlconform.properties.referee import RefereeError
 
     case = Case.from_json(case_doc)
     try:
@@ -587,6 +587,8 @@ def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, ref
         return {"kind": "usage", "message": str(exc)}
     except PoolStartupError as exc:
         return {"kind": "usage", "message": f"the worker pool could not start (not the engine's fault): {exc}"}
+    except RefereeError as exc:  # rlconform's own failure to judge: exit 2, never the engine's crash
+        return {"kind": "usage", "message": str(exc)}
     except (KeyboardInterrupt, SystemExit) as exc:
         return {"kind": "crash", "message": f"the engine raised {type(exc).__name__}({str(exc)!r})",
                 "traceback": "", "spec": binding.spec}

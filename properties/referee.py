@@ -73,7 +73,7 @@ def check_clean() -> None:
 class ReplayFn(T.Opaque):
     """An engine callable in the referee (``index``: where the engine's worker keeps the real one). Only
     :func:`~rlconform.harness.core.evaluation.call_engine` may use it: the call is made in the engine's
-    worker (:class:`~rlconform.harness.core.tape.Remote`), or replayed from a tape; any other call raises."""
+    worker (:class:`~rlconform.harness.core.tape.Remote`); any other call raises (rlconform's error)."""
 
     def __init__(self, label: str, index: int = -1, params: tuple | None = None, marks: dict | None = None):
         self.index, self.label, self.params = index, label, params
@@ -97,7 +97,7 @@ class ReplayFn(T.Opaque):
         if mode is not None and mode[0] == "remote" and mode[1].inside and self.index >= 0:
             return mode[1].call_opaque(self.label, self.index, args, kwargs)
         raise T.ReplayDiverged(f"the engine function {self.label} was called outside call_engine: the referee "
-                               f"cannot replay it")
+                               f"cannot have it made")
 
     def __repr__(self):
         return f"<engine function {self.label}>"
@@ -243,8 +243,7 @@ def judge(payload: bytes, check_here, exchange=None):
     """In the referee: ``(reply, verdict)`` for one request, judged by ``check_here``
     (:func:`rlconform.harness.run.dispatch.run_check_here`, served by :func:`rlconform.harness.run.dispatch.referee_judge`)
     (see the module docstring). ``exchange(bytes) -> bytes`` asks the engine's worker to make one engine
-    call (:class:`~rlconform.harness.core.tape.Remote`); a request that carries a ``tape`` is replayed from
-    it instead. ``reply`` is one of ``("outcome", Outcome)``, ``("crash", message, engine traceback)``,
+    call (:class:`~rlconform.harness.core.tape.Remote`). ``reply`` is one of ``("outcome", Outcome)``, ``("crash", message, engine traceback)``,
     ``("diverged", message)``, ``("raised", message, traceback)``, ``("not_checked", class name, message,
     attributes)``; ``verdict`` is ``(finding id, kind, outcome verdict or None, message)`` (None for
     ``not_checked``)."""
@@ -253,17 +252,12 @@ def judge(payload: bytes, check_here, exchange=None):
     req = loads(payload)
     case, binding = req["case"], req["binding"]
     fid = case.finding_id
-    if req.get("tape") is not None:
-        tape, mode = req["tape"], T.replaying
-    else:
-        if exchange is None:
-            raise T.ReplayDiverged("no engine worker to make the engine's calls")
-        tape, mode = T.Remote(exchange, loads), T.remote
+    if exchange is None:
+        raise T.ReplayDiverged("no engine worker to make the engine's calls")
+    tape = T.Remote(exchange, loads)
     try:
-        with mode(tape):
+        with T.remote(tape):
             outcome = check_here(binding, case)
-            if mode is T.replaying:
-                tape.finish()
         return ("outcome", outcome), (fid, "outcome", outcome.verdict, outcome.message)
     except EngineCrash as exc:
         return ("crash", str(exc), getattr(exc, "engine_traceback", "")), (fid, "crash", None, str(exc))
@@ -275,8 +269,6 @@ def judge(payload: bytes, check_here, exchange=None):
             return ("not_checked", type(exc).__module__, type(exc).__qualname__, str(exc), attrs), None
         msg = f"{type(exc).__name__}: {exc}"
         return ("raised", msg, traceback.format_exc()[-4000:]), (fid, "raised", None, msg)
-    finally:
-        tape.discard()
 
 
 # -- the worker's side -----------------------------------------------------------------------------------
@@ -300,7 +292,20 @@ def connected() -> bool:
 
 
 class RefereeRaised(Exception):
-    """The referee's evaluation raised on what the engine returned (or its replay diverged)."""
+    """The referee's evaluation raised on what the engine returned (an output the check cannot read): the
+    engine's crash, as :class:`~rlconform.properties.runner.CheckRaised` is without a referee."""
+
+
+class RefereeError(Exception):
+    """rlconform's own failure to judge a case under the referee: its evaluation of the engine's calls
+    diverged (:class:`~rlconform.harness.core.tape.ReplayDiverged`: e.g. an engine function called
+    outside ``call_engine``, a call the worker could not make or answer), the referee failed, or it
+    stopped answering. A harness error (status ``error``, exit 2), never a verdict on the engine."""
+
+    def __init__(self, message: str):
+        from rlconform.harness.run.referee_verdicts import REFEREE_ERROR
+
+        super().__init__(f"{REFEREE_ERROR}: {message}")
 
 
 def _not_checked(module: str, qualname: str, message: str, attrs: dict) -> Exception:
@@ -322,14 +327,20 @@ def refereed_check(binding, case):
     to this process, which makes it and answers with its record (module docstring). Raises what the
     evaluation raises for reasons that are not a verdict (BindingError, OpUnavailable, VariantNotProvided,
     CaseError, interrupts); EngineCrash when the engine raised (and no declared guard covers it);
-    :class:`RefereeRaised` when the check raised on the engine's output in the referee."""
+    :class:`RefereeRaised` when the check raised on the engine's output in the referee;
+    :class:`RefereeError` when the referee could not judge (its evaluation diverged, it failed or stopped
+    answering): rlconform's error, not the engine's."""
+    from rlconform.harness.workers.referee import RefereeUnavailable
     from rlconform.harness.core import torch_state
     from rlconform.harness.core.evaluation import EngineCrash
 
     table: list = []
     payload = pickle.dumps({"case": case, "binding": standin(binding, case, table)}, protocol=pickle.HIGHEST_PROTOCOL)
     server = T.Server(table, torch_state.guard)
-    reply = _CLIENT[0].ask(payload, server.handle)
+    try:
+        reply = _CLIENT[0].ask(payload, server.handle)
+    except RefereeUnavailable as exc:
+        raise RefereeError(str(exc)) from exc
     kind = reply[0]
     if kind == "outcome":
         return reply[1]
@@ -342,7 +353,7 @@ def refereed_check(binding, case):
     if kind == "not_checked":
         raise _not_checked(*reply[1:])
     if kind == "diverged":
-        raise RefereeRaised(f"the referee's evaluation of the engine's calls diverged: {reply[1]}")
+        raise RefereeError(f"its evaluation of the engine's calls diverged: {reply[1]}")
     if kind == "raised":
         raise RefereeRaised(reply[1])
-    raise RefereeRaised(f"the referee failed: {reply[-1]}")
+    raise RefereeError(f"the referee failed: {str(reply[-1]).strip()[-2000:]}")

@@ -22,8 +22,9 @@ What a failure is, and what it costs:
 * an engine that raises ``KeyboardInterrupt`` / ``SystemExit`` (no interrupt received) is a crash
   (:class:`EngineAbort`), not shrunk either;
 * an exception of the check itself on the engine's output (a returned object the harness cannot read)
-  is an engine crash too (:class:`CheckRaised`); an error anywhere else (strategy, corpus) is the
-  harness's, and is reported as such by the plugin, never as the engine's crash.
+  is an engine crash too (:class:`CheckRaised`); an error anywhere else (strategy, corpus, the referee
+  that could not judge: :class:`~rlconform.properties.referee.RefereeError`) is the harness's, reported
+  as such by the plugin (status ``error``, exit 2), never as the engine's crash, and not shrunk.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from rlconform.harness.core.profiles import capped_settings, example_cap
 from rlconform.properties.case import Case, CaseError
 from rlconform.properties.checks import PropertyFailure
 from rlconform.properties.corpus import replay_corpus
+from rlconform.properties.referee import RefereeError
 
 
 class CheckRaised(Exception):
@@ -154,6 +156,8 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
             raise
         except (BindingError, OpUnavailable, VariantNotProvided, CaseError, PoolStartupError):  # not the engine's fault
             raise
+        except RefereeError as exc:  # rlconform's own: status `error`, exit 2; never shrunk (it is not the case's)
+            raise NoShrink(exc) from exc
         except (KeyboardInterrupt, SystemExit) as exc:
             if not interrupts.engine_raised(exc):
                 raise

@@ -1,5 +1,5 @@
-"""The record and replay of engine calls (harness/core/tape.py) and the referee's module check
-(properties/referee.py), issue 22 §1: in-process, tiny tensors."""
+"""Engine calls made in the engine's worker for an evaluation in the referee (harness/core/tape.py) and the
+referee's module check (properties/referee.py), issue 22 §1: in-process, tiny tensors."""
 
 from __future__ import annotations
 
@@ -20,10 +20,6 @@ class Lying(torch.Tensor):
         return torch.zeros(self.shape).numpy()
 
 
-def _roundtrip(tape: T.Tape) -> T.Tape:
-    return pickle.loads(pickle.dumps(tape))
-
-
 def _family(engine):
     """What a family does: a forward, an in-place write, a backward, then reads."""
     x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
@@ -36,57 +32,6 @@ def _family(engine):
 
 ENGINE = {"fwd": lambda x: (2 * x).as_subclass(Lying), "write": lambda b: b.add_(5.0),
           "bwd": lambda y, x: y.sum().backward()}
-
-
-def test_a_replay_gives_the_recorded_bytes_effects_and_versions_not_the_subclass_methods():
-    tape = T.Tape()
-    with T.recording(tape):
-        y0, g0, b0, v0 = _family(ENGINE)
-    replay = _roundtrip(tape)
-    with T.replaying(replay):
-        y, g, b, v = _family({k: lambda *a: pytest.fail("the engine ran in the replay") for k in ENGINE})
-    replay.finish()
-    assert type(y) is torch.Tensor and y.tolist() == [2.0, 4.0, 6.0]  # the bytes, not Lying.double()'s zeros
-    assert y.requires_grad and y.grad_fn is not None
-    assert g.tolist() == [2.0, 2.0, 2.0] and b.tolist() == [5.0, 5.0] and v == v0 == 1
-
-
-def test_an_exception_is_replayed_as_the_same_crash():
-    class EngineError(ValueError):
-        pass
-
-    def boom(x):
-        raise EngineError("bad shard")
-
-    tape = T.Tape()
-    with T.recording(tape), pytest.raises(EngineCrash):
-        call_engine("fwd", boom, torch.ones(1))
-    with T.replaying(_roundtrip(tape)), pytest.raises(EngineCrash) as exc:
-        call_engine("fwd", None, torch.ones(1))
-    cause = exc.value.__cause__
-    assert type(cause).__name__ == "EngineError" and isinstance(cause, ValueError) and str(cause) == "bad shard"
-    assert "bad shard" in exc.value.engine_traceback
-
-
-def test_a_diverging_replay_is_refused():
-    tape = T.Tape()
-    with T.recording(tape):
-        call_engine("fwd", lambda x: x + 1, torch.ones(2))
-    with T.replaying(_roundtrip(tape)), pytest.raises(T.ReplayDiverged):
-        call_engine("fwd", None, torch.ones(3))  # another shape
-
-
-def test_an_unknown_object_is_unreadable_in_the_replay():
-    class Opaque:
-        pass
-
-    tape = T.Tape()
-    with T.recording(tape):
-        call_engine("fwd", lambda: Opaque())
-    with T.replaying(_roundtrip(tape)):
-        out = call_engine("fwd", None)
-    with pytest.raises(TypeError, match="Opaque"):
-        float(out)
 
 
 def test_the_referee_refuses_engine_modules_and_their_pickles():
@@ -119,6 +64,63 @@ def test_engine_calls_only_give_the_engine_bytes_effects_versions_and_gradients(
     assert type(y) is torch.Tensor and y.tolist() == [2.0, 4.0, 6.0]  # the bytes, not Lying.double()'s zeros
     assert y.requires_grad and y.grad_fn is not None
     assert g.tolist() == [2.0, 2.0, 2.0] and b.tolist() == [5.0, 5.0] and v == 1
+
+
+def test_an_engine_exception_is_raised_in_the_referee_as_the_same_crash():
+    class EngineError(ValueError):
+        pass
+
+    def boom(x):
+        raise EngineError("bad shard")
+
+    tape, standin = _remote({"fwd": boom})
+    with T.remote(tape), pytest.raises(EngineCrash) as exc:
+        call_engine("fwd", standin["fwd"], torch.ones(1))
+    cause = exc.value.__cause__
+    assert type(cause).__name__ == "EngineError" and isinstance(cause, ValueError) and str(cause) == "bad shard"
+    assert "bad shard" in exc.value.engine_traceback
+
+
+def test_an_unknown_object_is_unreadable_in_the_referee():
+    class Opaque:
+        pass
+
+    tape, standin = _remote({"fwd": lambda: Opaque(), "f8": lambda: torch.zeros(2).to(torch.float8_e4m3fn)})
+    with T.remote(tape):
+        out, f8 = call_engine("fwd", standin["fwd"]), call_engine("f8", standin["f8"])
+    with pytest.raises(TypeError, match="Opaque"):
+        float(out)
+    with pytest.raises(TypeError, match="float8"):  # a dtype the tape does not read: unreadable, not a broken call
+        len(f8)
+
+
+def test_rlconforms_own_failures_are_replay_diverged_never_an_engine_crash():
+    from rlconform.properties import referee
+
+    tape, standin = _remote({"fwd": lambda x: x + 1})
+    with T.remote(tape), pytest.raises(T.ReplayDiverged, match="outside call_engine"):
+        standin["fwd"](torch.ones(2))  # family code calling the engine directly
+    broken = T.Tape._effects
+    try:
+        T.Tape._effects = lambda self, entry: 1 / 0  # the worker cannot record what the call did
+        tape, standin = _remote({"fwd": lambda x: x + 1})
+        with T.remote(tape), pytest.raises(T.ReplayDiverged, match="could not be made: ZeroDivisionError"):
+            call_engine("fwd", standin["fwd"], torch.ones(2))
+    finally:
+        T.Tape._effects = broken
+    assert referee.RefereeError("x").args[0].startswith("rlconform's referee could not judge")
+
+
+def test_spill_files_are_read_once_and_removed(monkeypatch, tmp_path):
+    """Tensors above INLINE_MAX_BYTES cross in files (/dev/shm): the reader removes each once read, both
+    ways (the referee's new tensors to the worker, the engine's results and gradients back)."""
+    monkeypatch.setattr(T, "INLINE_MAX_BYTES", 16)
+    monkeypatch.setattr(T, "SPILL_DIR", str(tmp_path))
+    tape, standin = _remote(ENGINE)
+    with T.remote(tape):
+        y, g, b, v = _family(standin)
+    assert y.tolist() == [2.0, 4.0, 6.0] and g.tolist() == [2.0, 2.0, 2.0] and b.tolist() == [5.0, 5.0]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_engine_calls_only_a_lambda_of_the_family_runs_in_the_referee_and_its_engine_calls_travel():
@@ -183,3 +185,17 @@ def test_an_example_interrupted_mid_call_leaves_the_next_one_its_own_verdict():
     finally:
         referee.disconnect()
         ref.close()
+
+
+def test_the_worker_runs_each_engine_call_on_the_runs_device(monkeypatch):
+    """``--device cuda`` under the referee: the worker's Server moves each call to the device as
+    call_engine does without a referee (device.engine_call; the identity on the CPU, so it is spied here)."""
+    from rlconform.harness.core import device
+
+    moved = []
+    real = device.engine_call
+    monkeypatch.setattr(device, "engine_call", lambda fn, *a: moved.append(fn) or real(fn, *a))
+    tape, standin = _remote(ENGINE)
+    with T.remote(tape):
+        _family(standin)
+    assert [getattr(f, "__name__", "") for f in moved] == ["<lambda>"] * 3

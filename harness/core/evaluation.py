@@ -38,37 +38,23 @@ def call_engine(where: str, fn: Callable, *args, **kwargs):
     restored after the call, and a call that changed it is a crash naming what changed
     (:mod:`rlconform.harness.core.torch_state`, issue 14).
 
-    Under :func:`rlconform.harness.core.tape.recording` (the engine's worker, with a referee) the call and
-    everything it did is recorded; under :func:`~rlconform.harness.core.tape.replaying` ``fn``
-    is not called: the next recorded result is returned, its effects on the arguments applied, its
-    exception raised; under :func:`~rlconform.harness.core.tape.remote` (the referee) the call is made
-    in the engine's worker and its record applied the same way (issue 22 §1).
+    Under :func:`~rlconform.harness.core.tape.remote` (the referee) ``fn`` is not called here: the call is
+    made in the engine's worker, and its record (the result, its effects on the arguments, what it printed
+    or raised) is applied here (issue 22 §1).
 
     On a CUDA run (``--device cuda``) ``fn`` runs on the device: its tensor arguments are moved there, its
     tensor results brought back to the CPU and its writes into its inputs mirrored into the caller's tensors
-    (:func:`rlconform.harness.core.device.engine_call`); the tape records the CPU side of the call (in the
-    referee's remote mode the worker's :class:`~rlconform.harness.core.tape.Server` makes that move)."""
+    (:func:`rlconform.harness.core.device.engine_call`); under the referee the worker's
+    :class:`~rlconform.harness.core.tape.Server` makes that move, and records the CPU side of the call."""
     mode = tape.active()
-    if mode is None or mode[0] not in ("replay", "remote"):
-        fn = device.engine_call(fn)
-    if mode is not None and mode[0] in ("replay", "remote"):
+    if mode is not None:  # the referee: the call is the engine's worker's
         try:
-            if mode[0] == "remote":
-                return mode[1].call(where, fn, args, kwargs)
-            return mode[1].replay(where, args, kwargs)
+            return mode[1].call(where, fn, args, kwargs)
         except tape.Replayed as replayed:
             crash = EngineCrash(where, replayed.exc)
             crash.engine_traceback = replayed.traceback
             raise crash from replayed.exc
-    if mode is not None:
-        def guarded(*a, **k):
-            with torch_state.guard():
-                return fn(*a, **k)
-
-        try:
-            return mode[1].record(where, guarded, args, kwargs)
-        except Exception as exc:  # noqa: BLE001 - any engine error is a crash finding
-            raise EngineCrash(where, exc) from exc
+    fn = device.engine_call(fn)
     try:
         with torch_state.guard():
             return fn(*args, **kwargs)

@@ -1,29 +1,25 @@
-"""Record and replay of engine calls: what lets the referee judge a case without the engine (issue 22 §1).
+"""Engine calls made in the engine's worker for an evaluation that runs in the referee (issue 22 §1).
 
-A :class:`Tape` records engine calls: under :func:`recording`, every
-:func:`~rlconform.harness.core.evaluation.call_engine` appends an :class:`Entry` — what the call returned,
-what it did to every tensor the evaluation has handed it or got from it so far (data bytes, ``_version``,
-``.grad``), what it printed, or what it raised — and under :func:`replaying` each ``call_engine``
-returns the next recorded result and applies the recorded effects instead. The referee uses the same
-records one call at a time (:class:`Remote` / :class:`Server`, under :func:`remote`): it runs the family's
-``evaluate`` itself, and each engine call is made in the engine's worker, recorded there and applied in
-the referee, so the reference, the dtype-faithful path and the comparison run once, in a torch no
-engine has touched.
+The referee runs the family's ``evaluate`` itself; under :func:`remote`, each
+:func:`~rlconform.harness.core.evaluation.call_engine` is sent to the engine's worker (:class:`Remote` in
+the referee, :class:`Server` in the worker), which makes the call and records it (:meth:`Tape.record`) as
+an :class:`Entry` — what the call returned, what it did to every tensor the evaluation has handed it or
+got from it so far (data bytes, ``_version``, ``.grad``), what it printed, or what it raised — and the
+referee applies the entry to its own tensors. The reference, the dtype-faithful path and the comparison
+run once, in a torch no engine has touched.
 
 Values are read as raw data, never through the returned object's methods: a tensor (any subclass) is
 viewed as a plain ``torch.Tensor`` with ``torch.Tensor.as_subclass`` (which no ``__torch_function__``
 override sees) and its bytes copied out with torch functions captured when this module was imported, i.e.
 before the engine was. A tensor is recorded as dtype, shape, ``requires_grad``, whether it had a
-``grad_fn``, and its bytes (in a file under :data:`SPILL_DIR` above :data:`INLINE_MAX_BYTES`); numpy
-arrays and scalars as dtype, shape and bytes; builtin scalars, strings, ``None``, lists, tuples and
-dicts as themselves (a mapping becomes a ``dict``, a named tuple a ``tuple``). Anything else is recorded
+``grad_fn``, and its bytes (above :data:`INLINE_MAX_BYTES`, in a file under :data:`SPILL_DIR` that the
+reading side removes once it has read it); numpy arrays and scalars as dtype, shape and bytes; builtin
+scalars, strings, ``None``, lists, tuples and dicts as themselves (a mapping becomes a ``dict``, a named tuple a ``tuple``). Anything else is recorded
 as :class:`Unreadable` (its type's name): the referee gets a stand-in on which every use raises. An
 exception is recorded as its type's name, its nearest builtin base, its message and its traceback text,
 and re-raised in the referee as an :class:`~rlconform.harness.core.evaluation.EngineCrash` of an exception
-of the same name and builtin base.
-
-The replay must make the same calls in the same order (the family's code is deterministic given the
-recorded results); a different call, argument shape or count raises :class:`ReplayDiverged`.
+of the same name and builtin base. A call that cannot be made or answered (rlconform's own failure, never
+the engine's) raises :class:`ReplayDiverged`.
 """
 
 from __future__ import annotations
@@ -44,6 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlconform.harness.core import device
+
 # captured at import, before any engine module is imported in this process (an engine that patches them
 # later does not change how its outputs are read)
 _as_subclass = torch.Tensor.as_subclass
@@ -57,17 +55,20 @@ _Tensor = torch.Tensor
 
 #: tensors larger than this travel in a file under :data:`SPILL_DIR`, not in the message
 INLINE_MAX_BYTES = 4 << 20
-#: where large tensors are spilled (shared memory where there is one)
-SPILL_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+#: where large tensors are spilled: ``RLCONFORM_SPILL_DIR`` if set (a benchmark measures its own), else shared
+#: memory where there is one
+SPILL_DIR = os.environ.get("RLCONFORM_SPILL_DIR") or (
+    "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
 
 
 class ReplayDiverged(Exception):
-    """The replay asked for a call the engine's run did not make (or with other arguments): the family's
-    code took another path on the recorded results. A harness error, never a verdict."""
+    """The referee's evaluation of the engine's calls went wrong on rlconform's side (an engine function
+    called outside ``call_engine``, a call the worker could not make, record or answer). A harness error,
+    never a verdict."""
 
 
 class Replayed(Exception):
-    """The recorded call raised ``exc`` (rebuilt: same name and builtin base); ``traceback``: its text."""
+    """The engine's call (made in the worker) raised ``exc`` (rebuilt: same name and builtin base); ``traceback``: its text."""
 
     def __init__(self, exc: BaseException, traceback_text: str):
         super().__init__(str(exc))
@@ -145,8 +146,8 @@ class TensorData:
         if dtype not in _DTYPES:
             raise TypeError(f"a tensor of dtype {dtype} cannot be recorded")
         nbytes = p.numel() * p.element_size()
-        rg = bool(t.requires_grad)
-        gf = _as_subclass(t, _Tensor).grad_fn is not None if type(t) is not _Tensor else t.grad_fn is not None
+        q = _as_subclass(t, _Tensor) if type(t) is not _Tensor else t  # its flags, not its own properties
+        rg, gf = bool(q.requires_grad), q.grad_fn is not None
         if nbytes > INLINE_MAX_BYTES:
             path = os.path.join(spill_dir or SPILL_DIR, f"rlconform-tape-{uuid.uuid4().hex}.bin")
             with open(path, "wb") as fh:
@@ -157,20 +158,32 @@ class TensorData:
     def raw(self) -> torch.Tensor:
         """A fresh plain tensor with the recorded data (no autograd flags). A spill file is read straight
         into the tensor's memory (no intermediate bytes: a ``[4096, 151936]`` fp32 gradient costs its own
-        2.5 GB, not 3×; issue 22 §5) and left for :meth:`Tape.discard`, so that it can be read again."""
+        2.5 GB, not 3×; issue 22 §5), then removed: each record is read once, by the other side (a file
+        left in ``/dev/shm`` would hold its bytes in memory for as long as the machine runs)."""
         dt = _DTYPES[self.dtype]
         if self.data is None:
-            t = _empty(self.shape, dtype=dt)
-            if t.numel():
-                with open(self.spill, "rb") as fh:
-                    got = fh.readinto(memoryview(_numpy(_view(_reshape(t, (-1,)), torch.uint8))))
-                if got != t.numel() * t.element_size():
-                    raise ReplayDiverged(f"the spilled tensor {self.spill} holds {got} bytes, expected "
-                                         f"{t.numel() * t.element_size()}")
+            try:
+                t = _empty(self.shape, dtype=dt)
+                if t.numel():
+                    with open(self.spill, "rb") as fh:
+                        got = fh.readinto(memoryview(_numpy(_view(_reshape(t, (-1,)), torch.uint8))))
+                    if got != t.numel() * t.element_size():
+                        raise ReplayDiverged(f"the spilled tensor {self.spill} holds {got} bytes, expected "
+                                             f"{t.numel() * t.element_size()}")
+            finally:
+                self.discard()
             return t
         if not self.data:
             return _empty(self.shape, dtype=dt)
         return _clone(_reshape(_frombuffer(bytearray(self.data), dtype=dt), self.shape))
+
+    def discard(self) -> None:
+        """Remove the spill file (unread, or read)."""
+        if self.spill:
+            try:
+                os.unlink(self.spill)
+            except OSError:
+                pass
 
     def tensor(self) -> torch.Tensor:
         """The recorded tensor, with ``requires_grad`` and a graph node (a clone) where the engine's had them."""
@@ -212,6 +225,9 @@ def _encode(obj, tape: "Tape", depth: int = 0):
         idx = tape.index_of(obj)
         if idx is not None:
             return TensorRef(idx)
+        dtype = str(_plain(obj).dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:  # the check cannot read it (an engine's output of an exotic dtype)
+            return Unreadable(f"tensor of dtype {dtype}", tape.keep(obj))
         data = TensorData.of(obj, tape.spill_dir)
         tape.register(obj, data)
         return data
@@ -289,7 +305,7 @@ class Raised:
 @dataclasses.dataclass
 class Entry:
     where: str
-    arg_shapes: list  # (dtype, shape) of each tensor argument, to detect a diverging replay
+    arg_shapes: list  # (dtype, shape) of each tensor argument
     result: Any = None
     raised: Raised | None = None
     effects: list = dataclasses.field(default_factory=list)
@@ -297,7 +313,9 @@ class Entry:
 
 
 class Tape:
-    """The recorded engine calls of one evaluation (see the module docstring)."""
+    """The engine calls of one evaluation, recorded in the engine's worker (:class:`Server`), and the
+    registry of the tensors they were handed or returned, by index (shared with the referee's
+    :class:`Remote`; see the module docstring)."""
 
     def __init__(self, spill_dir: str | None = None):
         self.entries: list[Entry] = []
@@ -306,7 +324,6 @@ class Tape:
         self._state: list = []  # recording: last recorded (version, data digest, grad digest) per tensor
         self.objects: list = []  # recording: the unreadable objects the engine returned, by Unreadable._index
         self.spill_dir = spill_dir
-        self.position = 0
 
     # registry
     def index_of(self, t) -> int | None:
@@ -330,8 +347,8 @@ class Tape:
         g = p.grad if p.is_leaf or p.retains_grad else None
         return (t._version, digest(t), None if g is None else digest(g))
 
-    # recording
     def record(self, where: str, fn, args, kwargs):
+        """Call ``fn`` and append its :class:`Entry`; what it raises is recorded, then re-raised."""
         arg_tensors = _tensors_in((args, kwargs), [])
         for t in arg_tensors:
             idx = self.register(t, None)
@@ -377,28 +394,10 @@ class Tape:
             entry.effects.append(e)
             self._state[i] = now
 
-    # replaying
-    def replay(self, where: str, args, kwargs):
-        """The next recorded call's result; raises :class:`Replayed` carrying the recorded exception."""
-        if self.position >= len(self.entries):
-            raise ReplayDiverged(f"the replay called {where!r} after the engine's run had made all of its "
-                                 f"{len(self.entries)} call(s)")
-        entry = self.entries[self.position]
-        self.position += 1
-        arg_tensors = _tensors_in((args, kwargs), [])
-        shapes = [(str(t.dtype), tuple(t.shape)) for t in arg_tensors]
-        if entry.where != where or shapes != entry.arg_shapes:
-            raise ReplayDiverged(f"call {self.position}: the replay called {where!r} with tensors {shapes}, the "
-                                 f"engine's run {entry.where!r} with {entry.arg_shapes}")
-        for t in arg_tensors:
-            self.register(t, None)
-        self._apply(entry)
-        return _finish(entry, self)
-
     def _apply(self, entry: Entry) -> None:
         for e in entry.effects:
             if e.index >= len(self.tensors):
-                raise ReplayDiverged(f"{entry.where!r}: an effect on tensor #{e.index}, which the replay does not know")
+                raise ReplayDiverged(f"{entry.where!r}: an effect on tensor #{e.index}, which the referee does not know")
             t = self.tensors[e.index]
             if e.data is not None:
                 with _no_grad():
@@ -412,43 +411,6 @@ class Tape:
             elif e.grad_cleared:
                 t.grad = None
             _set_version((t,), (e.version,))
-
-    def finish(self) -> None:
-        """The replay ended: every recorded call must have been replayed."""
-        if self.position != len(self.entries):
-            raise ReplayDiverged(f"the replay made {self.position} engine call(s), the engine's run "
-                                 f"{len(self.entries)} (next: {self.entries[self.position].where!r})")
-
-    def discard(self) -> None:
-        """Remove the spill files nobody read."""
-        def spilled(obj):
-            if isinstance(obj, TensorData) and obj.spill:
-                try:
-                    os.unlink(obj.spill)
-                except OSError:
-                    pass
-            elif isinstance(obj, tuple) and len(obj) == 2 and obj[0] in ("__tuple__", "__list__", "__dict__"):
-                for x in obj[1]:
-                    spilled(x) if obj[0] != "__dict__" else (spilled(x[0]), spilled(x[1]))
-        for entry in self.entries:
-            spilled(entry.result)
-            for e in entry.effects:
-                spilled(e.data)
-                spilled(e.grad)
-
-    def release(self) -> None:
-        """Drop the registry's references (the recorded entries stay): the worker's tensors are not kept
-        alive while the referee judges (issue 22 §5: at ``[4096, 151936]`` fp32 the logits and their
-        gradient are 5 GB)."""
-        self.tensors, self._ids, self._state = [], {}, []
-
-    def __getstate__(self):
-        return {"entries": self.entries, "spill_dir": self.spill_dir}
-
-    def __setstate__(self, state):
-        self.__init__(state["spill_dir"])
-        self.entries = state["entries"]
-
 
 # -- engine calls only: the referee evaluates, the engine's worker answers each call ---------------------
 
@@ -479,7 +441,8 @@ class Remote(Tape):
     both sides know (same registry indices as :class:`Tape`) or as new data with its ``_version``, every
     engine callable of the stand-in binding as :class:`Opaque`; ``exchange(bytes) -> bytes`` sends them
     to the worker (:class:`Server`), which runs the one call under :meth:`Tape.record` and answers with
-    its :class:`Entry`; the entry is applied as :meth:`Tape.replay` applies a recorded one. A ``fn`` that
+    its :class:`Entry`; the entry's effects are applied to the referee's tensors, its result decoded
+    against the registry, its exception raised (:class:`Replayed`). A ``fn`` that
     cannot travel (a lambda of the family's code) runs here, and each engine callable it calls is sent
     alone. What the referee's code changed on a known tensor since the last call (data, ``_version``,
     ``.grad``) travels with the next call. A gradient the worker put on a tensor that is an interior
@@ -583,11 +546,11 @@ class Remote(Tape):
         try:  # the entry is not kept: its data lives on in the tensors it made
             return self._take(where, answer, args, kwargs)
         finally:
+            _discard(answer)  # what a failure left unread
             for i, t in enumerate(self.tensors):
                 self._light[i] = _light(t)
 
     def _take(self, where, entry: Entry, args, kwargs):
-        self.position += 1
         with _no_grad():
             interior = {e.index: self.tensors[e.index] for e in entry.effects if e.grad is not None
                         and e.index < len(self.tensors) and self.tensors[e.index].grad_fn is not None}
@@ -629,7 +592,9 @@ class Server:
     interior node in the referee (it has a ``grad_fn``) is rebuilt here as the output of a producer that
     saved it for backward (:func:`rlconform.harness.core.guards.produce`), which keeps its gradient:
     what the engine may do to it (write in place, backpropagate through it) is what it may do in the
-    family's own evaluation. The answer is the pickled :class:`Entry`, or a string when the call could not
+    family's own evaluation. On a CUDA run each call runs on the device
+    (:func:`rlconform.harness.core.device.engine_call`, as :func:`~rlconform.harness.core.evaluation.call_engine`
+    does without a referee) and its record is of the CPU side. The answer is the pickled :class:`Entry`, or a string when the call could not
     be made (a harness error). ``raised`` keeps each exception the engine raised, by its recorded
     traceback text (the worker reports a crash with the engine's own exception)."""
 
@@ -651,6 +616,7 @@ class Server:
 
     def handle(self, message: bytes) -> bytes:
         tape = self.tape
+        sync = news = None
         try:
             sync, news, packed = pickle.loads(message)
             if sync:
@@ -678,25 +644,52 @@ class Server:
                 tape._state[i] = tape._snapshot(t)
         except Exception as exc:  # noqa: BLE001 - a harness error: the referee reports it
             return pickle.dumps(f"{type(exc).__name__}: {exc}")
+        finally:
+            _discard([sync, [d for d, _ in news or ()]])  # what a failure left unread
         guard = self.guard
+        on_device = device.engine_call(fn)  # --device cuda: the engine runs there, the record is the CPU side
 
         def guarded(*a, **k):
             with guard():
-                return fn(*a, **k)
+                return on_device(*a, **k)
 
+        n = len(tape.entries)
         try:
             tape.record("engine call", guarded, args, kwargs)
         except Exception as exc:  # noqa: BLE001 - recorded in the entry; kept for the worker's crash report
-            self.raised[tape.entries[-1].raised.traceback] = exc
+            entry = tape.entries[n] if len(tape.entries) > n else None
+            if entry is None or entry.raised is None:  # the recording failed, not the call: a harness error
+                _discard(tape.entries[n:])
+                del tape.entries[n:]
+                return pickle.dumps(f"the call's record could not be made: {type(exc).__name__}: {exc}")
+            self.raised[entry.raised.traceback] = exc
         entry = tape.entries.pop()
         try:
             return pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001
+            _discard(entry)
             return pickle.dumps(f"the call's record could not be sent: {type(exc).__name__}: {exc}")
 
 
+def _discard(obj, depth: int = 0) -> None:
+    """Remove the spill files of every :class:`TensorData` in ``obj`` (an entry, an effect, a result)."""
+    if depth > 60:
+        return
+    if isinstance(obj, TensorData):
+        obj.discard()
+    elif isinstance(obj, Entry):
+        _discard(obj.result, depth + 1)
+        _discard(obj.effects, depth + 1)
+    elif isinstance(obj, Effect):
+        _discard(obj.data, depth + 1)
+        _discard(obj.grad, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _discard(x, depth + 1)
+
+
 def _finish(entry: Entry, tape) -> object:
-    """The end of applying a recorded call (replayed or made remotely): what it printed is printed, what it
+    """The end of applying a call made in the engine's worker: what it printed is printed, what it
     raised is raised (:class:`Replayed`), else its result decoded against ``tape``."""
     if entry.printed[0]:
         sys.stdout.write(entry.printed[0])
@@ -762,41 +755,17 @@ def _tee(out, err):
 
 # -- the mode of this process ---------------------------------------------------------------------------
 
-_MODE: list = []  # [("record" | "replay", Tape)] while a recording or a replay is active
+_MODE: list = []  # [("remote", Remote)] while the referee evaluates
 
 
 def active():
-    """``(mode, tape)`` of the active recording or replay, or None."""
+    """``(mode, tape)`` of the active evaluation whose engine calls run in the engine's worker, or None."""
     return _MODE[-1] if _MODE else None
-
-
-def recording_only() -> bool:
-    """True in the engine's worker while a referee judges: what the family computes after its last engine
-    call (reference, faithful path, comparison) is the referee's to compute, and may be skipped here."""
-    return bool(_MODE) and _MODE[-1][0] == "record"
-
-
-@contextlib.contextmanager
-def recording(tape: Tape):
-    _MODE.append(("record", tape))
-    try:
-        yield tape
-    finally:
-        _MODE.pop()
 
 
 @contextlib.contextmanager
 def remote(tape: Remote):
     _MODE.append(("remote", tape))
-    try:
-        yield tape
-    finally:
-        _MODE.pop()
-
-
-@contextlib.contextmanager
-def replaying(tape: Tape):
-    _MODE.append(("replay", tape))
     try:
         yield tape
     finally:

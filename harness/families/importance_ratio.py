@@ -51,7 +51,7 @@ from rlconform.harness.core.branches import Branch, place_in_regions, place_rows
 from rlconform.harness.core.contracts import Variants
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
-from rlconform.harness.core.guards import InputGuard
+from rlconform.harness.families import _log_ratio as L
 from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
     variant_regime,
@@ -272,37 +272,20 @@ def _run(binding, fn, lp64, old64, mask, dtype, label, refs, fa, ev) -> list[Com
 
 
 def evaluate(binding, case) -> Evaluation:
-    variant = case.inputs["variant"]
-    fn = binding.resolve("importance_ratio").get("importance_ratio", variant, binding.name)
-    mask = case.inputs["mask"].astype(bool)
-    if case.property == MASK_INVARIANT and mask.all():
-        mask = mask.copy()
-        mask[-1, -1] = False
-    lp64, old64 = case.inputs["log_prob"], case.inputs["old_log_prob"]
-    ev = Evaluation()
-    if not mask.any():
-        ev.undefined = "no valid token: no ratio is defined"
+    fn, mask, lp64, old64, ev = L.prepare(binding, case, "importance_ratio", "no valid token: no ratio is defined")
+    if ev.undefined:
         return ev
     if case.property == NON_DESTRUCTIVE:
-        lp, old = to_tensor(lp64, case.dtype).requires_grad_(True), to_tensor(old64, case.dtype)
-        m = torch.from_numpy(mask.copy())
-        guard = InputGuard(log_prob=lp, old_log_prob=old, mask=m)
-        out = call_engine("importance_ratio", fn, lp, old, m)
-        ev.mutations += [x.describe() for x in guard.check("forward")]
-        if isinstance(out, torch.Tensor) and out.requires_grad:
-            call_engine("importance_ratio backward", out.backward, m.to(out.dtype))
-            ev.mutations += [x.describe() for x in guard.check("backward")]
-        return ev
+        return L.guarded_call("importance_ratio", fn, lp64, old64, mask, case.dtype, ev, differentiable=True)
+    variant = case.inputs["variant"]
     refs = reference(variant, lp64, old64, mask)
     fa = yardstick(variant, lp64, old64, mask, case.dtype)
     split = _run(binding, fn, lp64, old64, mask, case.dtype, "", refs, fa, ev)
     ev.values = [c for c in split if "gradient" not in c.label]
     ev.gradients = [c for c in split if "gradient" in c.label]
     if case.property == MASK_INVARIANT:
-        garbage = float(case.inputs.get("garbage", np.nan))
-        alt = _run(binding, fn, np.where(mask, lp64, garbage), np.where(mask, old64, garbage), mask, case.dtype,
-                   f"masked = {garbage!r}: ", refs, fa, ev)
-        ev.alternatives.append((f"masked positions set to {garbage!r}", alt))
+        prefix, label, lp_g, old_g = L.with_garbage(case, mask, lp64, old64)
+        ev.alternatives.append((label, _run(binding, fn, lp_g, old_g, mask, case.dtype, prefix, refs, fa, ev)))
     return ev
 
 

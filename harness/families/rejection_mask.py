@@ -63,7 +63,6 @@ from rlconform.harness.core import strategies as S
 from rlconform.harness.core.branches import Branch
 from rlconform.harness.core.contracts import Variants
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
-from rlconform.harness.core.guards import InputGuard
 from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
     variant_regime,
@@ -71,6 +70,7 @@ from rlconform.harness.core.opinfo import (
 from rlconform.harness.core.tensors import as_numpy, to_tensor
 from rlconform.harness.core.triggers import failing_labels
 from rlconform.harness.families import OpFamily
+from rlconform.harness.families import _log_ratio as L
 
 OP = "rollout_rejection_mask"
 #: catalog variant -> the reference's options (level, estimator, lower, upper), ANDed
@@ -346,24 +346,13 @@ def _compared(label, got, keep, ok, metrics_ref, metrics_fa, keys, ev, required=
 
 
 def evaluate(binding, case) -> Evaluation:
-    variant = case.inputs["variant"]
-    fn = binding.resolve(OP).get(OP, variant, binding.name)
-    mask = case.inputs["mask"].astype(bool)
-    if case.property == MASK_INVARIANT and mask.all():
-        mask = mask.copy()
-        mask[-1, -1] = False
-    lp64, old64 = case.inputs["log_prob"], case.inputs["old_log_prob"]
-    ev = Evaluation()
-    if not mask.any():
-        ev.undefined = "no valid token: nothing to keep or reject, no metric is defined"
+    fn, mask, lp64, old64, ev = L.prepare(binding, case, OP,
+                                          "no valid token: nothing to keep or reject, no metric is defined")
+    if ev.undefined:
         return ev
     if case.property == NON_DESTRUCTIVE:
-        lp, old = to_tensor(lp64, case.dtype), to_tensor(old64, case.dtype)
-        m = torch.from_numpy(mask.copy())
-        guard = InputGuard(log_prob=lp, old_log_prob=old, mask=m)
-        call_engine(OP, fn, lp, old, m)
-        ev.mutations += [x.describe() for x in guard.check("forward")]
-        return ev
+        return L.guarded_call(OP, fn, lp64, old64, mask, case.dtype, ev, differentiable=False)
+    variant = case.inputs["variant"]
     keep, ok = decided(variant, lp64, old64, mask, case.dtype)
     got = _call(fn, lp64, old64, mask, case.dtype, ev, "")
     if got is None:
@@ -386,12 +375,10 @@ def evaluate(binding, case) -> Evaluation:
     keys = sorted(k for k in ref_m if k in got[1] or k in required)
     ev.values = _compared("", got, keep, ok, ref_m, fa_m, keys, ev, required)
     if case.property == MASK_INVARIANT:
-        garbage = float(case.inputs.get("garbage", np.nan))
-        alt = _call(fn, np.where(mask, lp64, garbage), np.where(mask, old64, garbage), mask, case.dtype, ev,
-                    f"masked = {garbage!r}: ")
+        prefix, label, lp_g, old_g = L.with_garbage(case, mask, lp64, old64)
+        alt = _call(fn, lp_g, old_g, mask, case.dtype, ev, prefix)
         if alt is not None:
-            ev.alternatives.append((f"masked positions set to {garbage!r}",
-                                    _compared(f"masked = {garbage!r}: ", alt, keep, ok, ref_m, fa_m, keys, ev, required)))
+            ev.alternatives.append((label, _compared(prefix, alt, keep, ok, ref_m, fa_m, keys, ev, required)))
     return ev
 
 

@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core import faithful as F
-from rlconform.harness.core import tape
 from rlconform.harness.core import strategies as S
 from rlconform.harness.core.evaluation import Compared, Evaluation, EngineCrash, call_engine, shape_problem
 from rlconform.harness.families import OpFamily
@@ -258,9 +257,8 @@ def _evaluate_generated(op: OpInfo, fn, binding, case) -> Evaluation:
     and the faithful path run over row chunks regenerated from the seed (never a float64 copy of the
     logits, never a second copy of the engine's input: an engine that wrote into its input cannot move the
     reference either). Values are compared whole ([T]); the gradient chunk by chunk, the chunk with the
-    worst error / tolerance kept for the judgment (any failing element fails it). In the engine's worker
-    under a referee (:func:`rlconform.harness.core.tape.recording_only`) it returns after the engine's calls:
-    the referee computes the rest. Memory above the engine's own (issue 22 §5,
+    worst error / tolerance kept for the judgment (any failing element fails it). Under a referee all of it
+    runs in the referee, the engine's calls in the engine's worker. Memory above the engine's own (issue 22 §5,
     benchmarks/bench_real_shape_memory.py): ≈ 0 for ``matches_reference`` (chunks of ≤ ``REAL_CHUNK_BYTES``
     float64 after the engine's graph is freed), 1× the logits for ``non_destructive`` (the producer's copy)."""
     gen = case.inputs["logits"]
@@ -288,8 +286,6 @@ def _evaluate_generated(op: OpInfo, fn, binding, case) -> Evaluation:
     odt = out_dtype(out, case.dtype)
     grad = leaf.grad if backward(op, binding, out, leaf, torch.from_numpy(grad_out64), ev) else None
     del out, leaf  # the engine's graph and input: only its gradient stays
-    if tape.recording_only():  # the engine's worker under a referee: the referee computes and judges the rest
-        return ev
     if grad is not None:
         problem = shape_problem("gradient", grad, (t, vocab))
         if problem:

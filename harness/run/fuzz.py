@@ -277,6 +277,7 @@ class Fuzzer:
 
         from rlconform.harness.workers import interrupts
         from rlconform.harness.workers.isolated import arm_deadline
+        from rlconform.properties.referee import RefereeError
         from rlconform.properties.runner import EngineAbort
 
         state = {"fail": None, "message": "", "deadline": deadline}
@@ -303,6 +304,9 @@ class Fuzzer:
             except EngineCrash as exc:
                 self._failed(t, state, case, f"crash: {exc}")
                 raise
+            except RefereeError as exc:  # rlconform's own: the finding is `error`, not shrunk (no counterexample)
+                state["referee_error"] = exc
+                raise _Stop() from exc
             except (KeyboardInterrupt, SystemExit) as exc:
                 if not interrupts.engine_raised(exc):
                     raise
@@ -340,6 +344,8 @@ class Fuzzer:
         finally:
             arm_deadline(None)
             t.seconds += time.monotonic() - start
+        if state.get("referee_error") is not None and state["fail"] is None:
+            t.status, t.message = "error", str(state["referee_error"])[:2000]
         if state["fail"] is not None:
             self._save(t, state)
 
@@ -664,6 +670,10 @@ def _supervise(args, params: dict, seconds: float, t0: float, per_run: list, ref
         book = VerdictBook()
         book.add(ref.drain())
         for fid, (status, message) in book.failing.items():
+            if status == "error":  # rlconform's referee could not judge: a harness error (below), not a crash
+                if (merged.get(fid) or {}).get("status") not in ("found", "known", "crash"):
+                    merged[fid] = dict(merged.get(fid) or {"id": fid}, status="error", message=message)
+                continue
             if (merged.get(fid) or {}).get("status") not in ("found", "known", "crash"):
                 merged[fid] = dict(merged.get(fid) or {"id": fid}, status="found" if status == "discrepancy" else "crash",
                                    message=f"{message} (the referee's verdict)")
@@ -681,6 +691,14 @@ def _supervise(args, params: dict, seconds: float, t0: float, per_run: list, ref
             json.dump(doc, fh, indent=1)
     if any(t.get("status") == "error" and (t.get("message") or "").startswith("binding error")
            for t in merged.values()):
+        return EXIT_USAGE
+    from rlconform.harness.run.referee_verdicts import REFEREE_ERROR
+
+    unjudged = [t["id"] for t in merged.values() if t.get("status") == "error"
+                and (t.get("message") or "").startswith(REFEREE_ERROR)]
+    if unjudged:  # rlconform's own failure, never the engine's: exit 2, as `check` does
+        print(f"rlconform: error: the referee could not judge {len(unjudged)} finding(s) (rlconform's own error, "
+              f"not the engine's): {', '.join(unjudged[:5])}", file=sys.stderr)
         return EXIT_USAGE
     if crashed or any(t.get("status") in ("found", "known") for t in merged.values()):
         return EXIT_FOUND

@@ -86,9 +86,21 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-engine-meta", default=None, help=argparse_suppress())
     g.addoption("--rlconform-out-claimed", action="store_true", default=False, help=argparse_suppress())
     g.addoption("--rlconform-seal", action="store_true", default=False, help=argparse_suppress())
-    g.addoption("--rlconform-referee", action="store_true", default=False,
-                help="judge in a referee process that never imports the engine (issue 22 §1)")
+    g.addoption("--rlconform-referee", action="store_true", dest="rlconform_referee", default=None,
+                help="judge in a referee process that never imports the engine (issue 22 §1); the default, "
+                     "unless RLCONFORM_REFEREE=0")
+    g.addoption("--rlconform-no-referee", action="store_false", dest="rlconform_referee",
+                help="judge in the engine's process: for debugging only, an engine can bend the verdict")
     g.addoption("--rlconform-console", action="store_true", default=False, help=argparse_suppress())
+
+
+def use_referee(option: bool | None) -> bool:
+    """Whether this session judges in referees: ``--rlconform-referee`` / ``--rlconform-no-referee``, else
+    the referee is on (as in ``rlconform check``) unless ``RLCONFORM_REFEREE`` turns it off
+    (:func:`rlconform.harness.run.referee_flag.default`)."""
+    from rlconform.harness.run.referee_flag import default
+
+    return default() if option is None else bool(option)
 
 
 def argparse_suppress():
@@ -138,6 +150,13 @@ class State:
         if self.worker:  # before the engine loads: Ctrl-C is the controller's; a KeyboardInterrupt here the engine's
             interrupts.ignore_sigint()
         self.controller = _is_controller(config)
+        self.referees: dict = {}  # controller: worker id -> its referee (issue 22 §1)
+        from rlconform.harness.run.referee_verdicts import VerdictBook
+
+        self.verdicts = VerdictBook()
+        self.use_referee = use_referee(opt("rlconform_referee"))
+        if self.use_referee and not self.worker and not self.controller:
+            self._start_local_referee()  # a single process (no -n): before it imports the engine
         self.torch_baseline = torch_state.baseline()  # before the engine's modules are imported
         meta = opt("rlconform_engine_meta")
         if self.controller and meta:
@@ -189,11 +208,6 @@ class State:
         self.cases: dict[str, bytes] = {}  # controller: each reproducer as it was when its finding arrived
         self.collected: set[str] = set()
         self.error: str | None = None  # a harness error that ended the run (e.g. the report cannot be written)
-        self.referees: dict = {}  # controller: worker id -> its referee (issue 22 §1)
-        from rlconform.harness.run.referee_verdicts import VerdictBook
-
-        self.verdicts = VerdictBook()
-        self.use_referee = bool(opt("rlconform_referee"))
         if self.worker:
             self._start_worker(config.workerinput)
         else:
@@ -305,11 +319,30 @@ class State:
         r = self.referees[wid]
         node.workerinput["rlconform_referee"] = [r.address, r.authkey.hex()]
 
+    def _start_local_referee(self) -> None:
+        """A single process (no xdist): its own referee, started before the engine is imported here. The
+        evaluation and the judgment are the referee's as with workers, but the verdicts reach this process,
+        which runs the engine: ``-n N`` (``rlconform check`` always) keeps them out of the engine's reach."""
+        from rlconform.harness.workers import referee
+        from rlconform.properties import referee as judge
+        from rlconform.harness.run.dispatch import referee_judge
+
+        try:
+            r = referee.start(referee_judge, judge.check_clean)
+        except referee.RefereeUnavailable as exc:
+            raise pytest.UsageError(f"rlconform: {exc}") from None
+        self.referees["local"] = r
+        judge.connect(r.address, r.authkey)
+
     def drain_referees(self) -> None:
         for r in self.referees.values():
             self.verdicts.add(r.drain())
 
     def close(self) -> None:
+        if "local" in self.referees:
+            from rlconform.properties import referee as judge
+
+            judge.disconnect()
         for r in self.referees.values():
             r.close()
         self.referees.clear()

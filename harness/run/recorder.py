@@ -251,6 +251,10 @@ def crash_message(exc: BaseException) -> str:
 
 
 def error_message(exc: BaseException) -> str:
+    from rlconform.harness.run.referee_verdicts import REFEREE_ERROR
+
+    if str(exc).startswith(REFEREE_ERROR):  # already says whose error it is (the referee could not judge)
+        return str(exc)[:4000]
     text = f"{type(exc).__name__}: {exc}".strip()
     return ("the harness could not check this finding (not the engine's fault): " + text)[:4000]
 

@@ -5,15 +5,19 @@ Each engine worker of a check has its referee (:mod:`rlconform.harness.workers.r
 controller before the worker imports the engine). The referee sends every verdict it reaches straight to
 the controller; the worker gets the same verdict and reports the finding as before. :meth:`VerdictBook.overrule`
 applies the referee's record to the finding the worker reported: a finding reported ``pass``, ``xpass`` or
-``marginal`` is a ``discrepancy`` when its referee judged one of its examples a discrepancy, and a ``crash``
-when its referee judged an engine crash or could not judge, or when the worker reports examples the
-referee never saw (a worker whose checks were diverted past the referee). The worker's own report can
+``marginal`` is a ``discrepancy`` when its referee judged one of its examples a discrepancy, an ``error``
+(rlconform's, not the engine's) when its referee's evaluation diverged, and a ``crash`` when its referee
+judged an engine crash, or when the worker reports examples the referee never saw (a worker whose checks were diverted past the referee). The worker's own report can
 make a finding worse, never better.
 """
 
 from __future__ import annotations
 
 import collections
+
+#: how every message of a finding the referee could not judge begins (status ``error``: rlconform's own
+#: failure, never a verdict on the engine)
+REFEREE_ERROR = "rlconform's referee could not judge this case (rlconform's own error, not the engine's)"
 
 #: statuses a worker's report may claim that the referee's record can contradict
 GREEN = ("pass", "xpass", "marginal")
@@ -47,6 +51,8 @@ class VerdictBook:
                 continue
             if kind == "outcome" and verdict == "discrepancy":
                 self.failing[fid] = ("discrepancy", str(message))
+            elif kind == "diverged":  # rlconform's own failure to judge: a harness error, never the engine's
+                self.failing[fid] = ("error", f"{REFEREE_ERROR}: {message}")
             elif kind != "outcome":
                 self.failing[fid] = ("crash", f"the referee: {message}")
 
@@ -57,7 +63,7 @@ class VerdictBook:
             return finding
         if fid in self.failing:
             new, message = self.failing[fid]
-            finding["status"] = "xfail" if status == "xpass" else new
+            finding["status"] = "xfail" if status == "xpass" and new != "error" else new
             finding["message"] = (f"{message} (the referee's verdict; the engine's worker reported {status})")[:4000]
             return finding
         examples = finding.get("examples") or 0
