@@ -296,6 +296,12 @@ class RefereeRaised(Exception):
     engine's crash, as :class:`~rlconform.properties.runner.CheckRaised` is without a referee."""
 
 
+#: how every message of a finding the referee could not judge begins (status ``error``: rlconform's own
+#: failure, never a verdict on the engine); the controller (:mod:`rlconform.harness.run.referee_verdicts`)
+#: reads it back
+REFEREE_ERROR = "rlconform's referee could not judge this case (rlconform's own error, not the engine's)"
+
+
 class RefereeError(Exception):
     """rlconform's own failure to judge a case under the referee: its evaluation of the engine's calls
     diverged (:class:`~rlconform.harness.core.tape.ReplayDiverged`: e.g. an engine function called
@@ -303,8 +309,6 @@ class RefereeError(Exception):
     stopped answering. A harness error (status ``error``, exit 2), never a verdict on the engine."""
 
     def __init__(self, message: str):
-        from rlconform.harness.run.referee_verdicts import REFEREE_ERROR
-
         super().__init__(f"{REFEREE_ERROR}: {message}")
 
 

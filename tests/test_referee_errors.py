@@ -12,7 +12,8 @@ import sys
 
 import numpy as np
 
-from rlconform.harness.run.referee_verdicts import REFEREE_ERROR, VerdictBook
+from rlconform.harness.run.referee_verdicts import VerdictBook
+from rlconform.properties.referee import REFEREE_ERROR
 from rlconform.properties.case import Case
 
 BINDING = os.path.join(os.path.dirname(__file__), "bindings", "referee_diverges.py")

@@ -692,7 +692,7 @@ def _supervise(args, params: dict, seconds: float, t0: float, per_run: list, ref
     if any(t.get("status") == "error" and (t.get("message") or "").startswith("binding error")
            for t in merged.values()):
         return EXIT_USAGE
-    from rlconform.harness.run.referee_verdicts import REFEREE_ERROR
+    from rlconform.properties.referee import REFEREE_ERROR
 
     unjudged = [t["id"] for t in merged.values() if t.get("status") == "error"
                 and (t.get("message") or "").startswith(REFEREE_ERROR)]

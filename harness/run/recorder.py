@@ -251,7 +251,7 @@ def crash_message(exc: BaseException) -> str:
 
 
 def error_message(exc: BaseException) -> str:
-    from rlconform.harness.run.referee_verdicts import REFEREE_ERROR
+    from rlconform.properties.referee import REFEREE_ERROR
 
     if str(exc).startswith(REFEREE_ERROR):  # already says whose error it is (the referee could not judge)
         return str(exc)[:4000]

@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import collections
 
-#: how every message of a finding the referee could not judge begins (status ``error``: rlconform's own
-#: failure, never a verdict on the engine)
-REFEREE_ERROR = "rlconform's referee could not judge this case (rlconform's own error, not the engine's)"
-
 #: statuses a worker's report may claim that the referee's record can contradict
 GREEN = ("pass", "xpass", "marginal")
 
@@ -52,6 +48,8 @@ class VerdictBook:
             if kind == "outcome" and verdict == "discrepancy":
                 self.failing[fid] = ("discrepancy", str(message))
             elif kind == "diverged":  # rlconform's own failure to judge: a harness error, never the engine's
+                from rlconform.properties.referee import REFEREE_ERROR  # lazily: it imports torch
+
                 self.failing[fid] = ("error", f"{REFEREE_ERROR}: {message}")
             elif kind != "outcome":
                 self.failing[fid] = ("crash", f"the referee: {message}")
