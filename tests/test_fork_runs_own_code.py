@@ -72,7 +72,10 @@ def _skyrl_dir() -> str:
 
 
 def _fork(root) -> str:
-    shutil.copytree(_skyrl_dir(), root / "skyrl", ignore=shutil.ignore_patterns("__pycache__"))
+    # with the installed byte code: the checks run with -B (nothing is written back), so without it every
+    # process of both runs compiled SkyRL from source (minutes on a loaded machine); an edited file's byte
+    # code is removed, so it is compiled from the fork's source
+    shutil.copytree(_skyrl_dir(), root / "skyrl")
     for rel, edits in FIX.items():
         path = root / "skyrl" / rel
         text = path.read_text()
@@ -80,6 +83,8 @@ def _fork(root) -> str:
             assert text.count(old) == 1, f"SkyRL's {rel} changed; update the fix ({old.strip()[:60]!r})"
             text = text.replace(old, new)
         path.write_text(text)
+        for pyc in (path.parent / "__pycache__").glob(path.stem + ".*.pyc"):
+            pyc.unlink()
     return str(root)
 
 
