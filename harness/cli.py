@@ -275,7 +275,9 @@ def _is_builtin(spec: str) -> bool:
 def _engine_metadata(spec: str, engine_path: str | None, sites: bool = False) -> dict:
     """The engine's name, version, ops... A built-in binding (the harness's own code, every engine import
     lazy) is read here; a user's binding runs code when imported, so it is loaded in a child process
-    (as is any binding whose engine ``sites`` are asked for)."""
+    (as is any binding whose engine ``sites`` are asked for). The variants and coverage table of the
+    reference and of a mutant are read here too: resolving them imports only the harness's own code (the
+    child, a fresh interpreter importing torch and the catalog again, cost each such run ~4 s of CPU)."""
     from rlconform.harness.bindings.load import engine_meta, load_engine, probe_engine
 
     if sites:
@@ -287,8 +289,21 @@ def _engine_metadata(spec: str, engine_path: str | None, sites: bool = False) ->
         if binding.coverage is None and not binding.implementations and not any(
                 OPS[op].variants for op in binding.provided_ops() if op in OPS):
             return engine_meta(binding)
+        if _is_own_code(spec):
+            import warnings
+
+            with warnings.catch_warnings():  # as the child does (bindings.load._probe)
+                warnings.simplefilter("ignore")
+                return engine_meta(binding, variants=True)
     # variants and the coverage table are known only by importing the engine: in a child process
     return probe_engine(spec, engine_path)
+
+
+def _is_own_code(spec: str) -> bool:
+    """The reference and the mutants: bindings whose every op is the harness's own code (no engine package)."""
+    from rlconform.harness.bindings.load import BUILTIN
+
+    return (spec in BUILTIN and BUILTIN[spec][1] is None) or spec.startswith("mutants.")
 
 
 def cmd_check(args) -> int:

@@ -44,6 +44,25 @@ def test_list_engines(capsys):
     assert "reference" in out and "mutants.naive_entropy" in out and "verl" in out
 
 
+@pytest.mark.parametrize("spec", ["reference", "mutants.chunk_fp32_entropy"])
+def test_metadata_of_the_harness_own_bindings_is_read_here_as_the_child_reads_it(spec, monkeypatch):
+    """``check`` reads the reference's and a mutant's variants and coverage in its own process (no child
+    interpreter); what it gets is what the child process gets for any other engine (compared for the
+    reference: a mutant is read by the same code)."""
+    from rlconform.harness.bindings import load
+    from rlconform.harness.cli import _engine_metadata
+
+    def no_child(*a, **k):
+        raise AssertionError("a child process was started")
+
+    with monkeypatch.context() as m:
+        m.setattr(load, "probe_engine", no_child)
+        here = _engine_metadata(spec, None)
+    assert "variants" in here and "coverage" in here and here["spec"] == spec
+    if spec == "reference":
+        assert here == load.probe_engine(spec, None)
+
+
 def test_bad_arguments_exit_2():
     proc = cli("check", "--profile", "nope")
     assert proc.returncode == 2
@@ -105,7 +124,11 @@ def test_engine_function_that_raises_is_a_crash_and_the_run_goes_on(tmp_path):
         })
     """))
     out = tmp_path / "out"
-    proc = cli("check", "--engine", str(f), "--out", str(out), "--max-examples", "3", "--dtype", "float32")
+    # one dtype and regime, two properties: more than one entropy finding crashes and the run still goes
+    # through every finding; a crash is not shrunk here (shrinking sizes the reproducer, never a status)
+    proc = cli("check", "--engine", str(f), "--out", str(out), "--max-examples", "3", "--dtype", "float32",
+               "--regime", "moderate", "--property", "matches_reference", "--property", "non_destructive",
+               "--max-shrinks", "0")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     doc = json.loads((out / "report.json").read_text())
     by_op = {}
@@ -114,6 +137,7 @@ def test_engine_function_that_raises_is_a_crash_and_the_run_goes_on(tmp_path):
     assert by_op["entropy"] == {"crash"}
     assert by_op["logsumexp"] == {"pass"}
     assert by_op["sum_pi_squared"] == {"unavailable"}
+    assert sum(f["op"] == "entropy" for f in doc["findings"]) >= 2
     crash = next(f for f in doc["findings"] if f["op"] == "entropy")
     assert "boom from the engine" in crash["message"] and "boom from the engine" in crash["traceback"]
     unavailable = next(f for f in doc["findings"] if f["op"] == "sum_pi_squared")
@@ -149,12 +173,16 @@ def test_xfails_ledger(tmp_path):
     ("entropy.partition_invariant.float32.moderate", "does not apply"),
     ("entropy.matches_reference.float32.fp16_extreme", "not checked in float32"),
 ])
-def test_malformed_xfails_names_the_line(tmp_path, line, words):
+def test_malformed_xfails_names_the_line(tmp_path, capsys, monkeypatch, line, words):
+    # in this process (the ledger is read before any engine is loaded or process started; a subprocess per
+    # line only repeated the interpreter's and torch's start-up): main's exit code and stderr
+    monkeypatch.delenv("RLCONFORM_DEVICE", raising=False)  # main exports the device; undone after the test
     ledger = tmp_path / "xfails.txt"
     ledger.write_text(f"# header\n\n{line}\n")
-    proc = cli("check", "--engine", "reference", "--xfails", str(ledger), "--out", str(tmp_path / "o"))
-    assert proc.returncode == 2
-    assert f"{ledger}:3" in proc.stderr and words in proc.stderr
+    assert main(["check", "--engine", "reference", "--xfails", str(ledger), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{ledger}:3" in err and words in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
 
 
 def test_missing_xfails_file(tmp_path):
@@ -202,8 +230,13 @@ def test_replay_of_missing_or_bad_case_file(tmp_path):
 def test_filters_that_select_nothing_are_usage_errors(tmp_path):
     proc = cli("check", "--op", "entropy", "--property", "partition_invariant", "--out", str(tmp_path))
     assert proc.returncode == 2 and "no finding matches" in proc.stderr
-    proc = cli("check", "--engine", "megatron", "--op", "entropy", "--out", str(tmp_path))
-    assert proc.returncode == 2 and "does not bind entropy" in proc.stderr
+    # an engine that binds other ops (a binding file: megatron-core's import, a minute on a loaded machine,
+    # would only prove the same code path)
+    f = tmp_path / "lse_only.py"
+    f.write_text("from rlconform.harness.catalog.binding import Binding\nfrom rlconform.harness.core import faithful as F\n"
+                 "binding = Binding(name='lse', ops={'logsumexp': F.logsumexp})\n")
+    proc = cli("check", "--engine", str(f), "--op", "entropy", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "does not bind entropy" in proc.stderr and "logsumexp" in proc.stderr
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "many"])

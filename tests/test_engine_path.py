@@ -28,18 +28,27 @@ def _verl_dir() -> str:
 
 
 def _check(*extra, out):
+    # one logits regime (with its chunked variant): the planted fault writes into the caller's fp32 logits
+    # in any regime (the fork's run failed on the first example of each); no shrinking (it sizes the
+    # reproducer, never a status)
     args = [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "verl", "--op", "entropy",
-            "--property", "non_destructive", "--dtype", "float32", "--max-examples", "5", "--out", str(out), *extra]
+            "--property", "non_destructive", "--dtype", "float32", "--regime", "moderate", "--max-examples", "5",
+            "--max-shrinks", "0", "--out", str(out), *extra]
     return subprocess.run(args, capture_output=True, text=True, timeout=600)
 
 
 def test_planted_fault_in_a_fork_is_flagged(tmp_path):
     fork = tmp_path / "my-verl-fork"
-    shutil.copytree(_verl_dir(), fork / "verl", ignore=shutil.ignore_patterns("__pycache__"))
+    # with the installed byte code (untracked): the checks run with -B (nothing is written back), so
+    # without it each process compiled verl from source; the edited file's is removed
+    shutil.copytree(_verl_dir(), fork / "verl")
+    (fork / ".gitignore").write_text("__pycache__/\n")
     tf = fork / "verl" / "utils" / "torch_functional.py"
     text = tf.read_text()
     assert text.count(ORIGINAL) == 1, "verl's entropy_from_logits changed; update the planted fault"
     tf.write_text(text.replace(ORIGINAL, PLANTED))
+    for pyc in (tf.parent / "__pycache__").glob(tf.stem + ".*.pyc"):
+        pyc.unlink()
     subprocess.run(["git", "init", "-q", str(fork)], check=True)
     subprocess.run(["git", "-C", str(fork), "add", "-A"], check=True)
     subprocess.run(["git", "-C", str(fork), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "fork"],

@@ -50,10 +50,12 @@ def cli(*args, cwd):
 
 @pytest.fixture(scope="module")
 def pipeline_report(tmp_path_factory):
-    """A real run: the mean-of-shard-means mutant's metric pipeline, 5 examples per finding."""
+    """A real run: the mean-of-shard-means mutant's metric pipeline, 5 examples per finding of every property,
+    in float32 (one dtype draws the same page parts as three), not shrunk (shrinking sizes the reproducer
+    only; the failing examples drawn are kept in the samples all the same)."""
     tmp = tmp_path_factory.mktemp("htmlrep")
-    proc = cli("check", "--engine", "mutants.mean_of_shard_means", "--op", "metric_pipeline", "--max-examples", "5",
-               "--out", "rep", "-q", cwd=tmp)
+    proc = cli("check", "--engine", "mutants.mean_of_shard_means", "--op", "metric_pipeline", "--dtype", "float32",
+               "--max-examples", "5", "--max-shrinks", "0", "--out", "rep", "-q", cwd=tmp)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     return tmp / "rep"
 

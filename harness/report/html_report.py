@@ -43,7 +43,7 @@ import jinja2
 import markupsafe
 
 from rlconform.harness.report.atomic_write import atomic_write
-from rlconform.harness.catalog.ops import FLOAT_DTYPES, LOGITS_REGIMES
+from rlconform.harness.core.opinfo import FLOAT_DTYPES  # torch-free: ``rlconform report`` imports no torch
 from rlconform.harness.report.measures import error_text, number_text
 
 STATUS_ORDER = ("crash", "discrepancy", "error", "binding_error", "xpass", "unavailable", "xfail", "marginal", "pass")
@@ -174,6 +174,8 @@ def plot_softmax(findings: list[dict]) -> list[dict]:
         return []
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
+
+    from rlconform.harness.families.token_stats import LOGITS_REGIMES  # imports torch: only when drawn
 
     regimes = list(LOGITS_REGIMES)
     dtypes = list(FLOAT_DTYPES)
