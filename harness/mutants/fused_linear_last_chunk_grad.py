@@ -24,4 +24,8 @@ def fused_linear_token_stats(hidden, weight, labels, temperature, chunk_size):
 
 
 EXPECTED = [("fused_linear_token_stats", "matches_reference")]
+CAUGHT_BY = [  # findings that fail under the CI profile; tests/test_mutants.py checks only these
+    "fused_linear_token_stats.matches_reference.float32.moderate",
+    "fused_linear_token_stats.matches_reference.float64.moderate",
+]
 binding = mutant("fused_linear_last_chunk_grad", __doc__, fused_linear_token_stats=fused_linear_token_stats)

@@ -19,4 +19,8 @@ def _loss(loss_mat, mask, mode, info):
 
 
 EXPECTED = [("agg_loss", "matches_reference")]
+CAUGHT_BY = [  # findings that fail under the CI profile; tests/test_mutants.py checks only these
+    "agg_loss.matches_reference.float32.token-mean@imbalanced_partitions",
+    "agg_loss.matches_reference.float64.token-mean@imbalanced_partitions",
+]
 binding = mutant("masked_grad_leak", __doc__, agg_loss=AggLoss(loss=_loss, modes=("token-mean",), micro_combine="sum", dp_combine="mean"))

@@ -19,5 +19,10 @@ def _avg(parts):
 
 
 EXPECTED = [("metric_pipeline", "matches_reference"), ("metric_pipeline", "partition_invariant")]
+CAUGHT_BY = [  # findings that fail under the CI profile; tests/test_mutants.py checks only these
+    "metric_pipeline.matches_reference.float32.imbalanced_partitions",
+    "metric_pipeline.partition_invariant.float32.imbalanced_partitions",
+    "metric_pipeline.partition_invariant.float64.imbalanced_partitions",
+]
 binding = mutant("mean_of_shard_means", __doc__, metric_pipeline=MetricPipeline(
     emit=_emit, reduce_micro=_avg, reduce_dp=_avg, finalize=dict, stats={"mean": "x_mean"}))

@@ -27,4 +27,7 @@ def grpo(token_level_rewards, response_mask, index):
 
 
 EXPECTED = [("outcome_advantage", "matches_reference")]
+CAUGHT_BY = [  # findings that fail under the CI profile; tests/test_mutants.py checks only these
+    "outcome_advantage.matches_reference.float64.grpo@near_constant",
+]
 binding = mutant("one_pass_group_variance", __doc__, outcome_advantage=outcome_advantage(grpo=grpo))

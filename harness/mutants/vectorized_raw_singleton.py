@@ -32,6 +32,10 @@ def grpo_vectorized(token_level_rewards, response_mask, index):
 
 
 EXPECTED = [("outcome_advantage", "implementations_agree")]
+CAUGHT_BY = [  # findings that fail under the CI profile; tests/test_mutants.py checks only these
+    "outcome_advantage.implementations_agree.float32.grpo+vectorized@singleton_groups",
+    "outcome_advantage.implementations_agree.float64.grpo+vectorized@singleton_groups",
+]
 binding = mutant("vectorized_raw_singleton", __doc__, outcome_advantage=Variants(
     {"grpo": reference.ops["outcome_advantage"].impls["grpo"]},
     implementations={"vectorized": {"grpo": grpo_vectorized}}))
