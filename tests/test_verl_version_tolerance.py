@@ -204,3 +204,26 @@ def test_an_implementation_the_release_lacks_is_unavailable_for_it(tmp_path):
     chunked = by_regime["chunked@moderate"]
     assert chunked["status"] == "unavailable", chunked
     assert "entropy@chunked" in chunked["message"] and "rlconform_no_such_engine" in chunked["message"], chunked
+
+
+def test_stand_in_worker_feeds_verl_07_token_count_gather(vb, monkeypatch, tmp_path):
+    """verl 0.7's train_mini_batch reads mini_batch_td["input_ids"].offsets() and all-gathers the counts over the
+    DP group unconditionally (0.8+ checks '"input_ids" in mini_batch_td' first): the stand-in gives it one token
+    per row and a one-rank group for the call only."""
+    import torch.distributed as dist
+
+    from rlconform.harness.bindings import source
+
+    assert not vb._gathers_token_counts()  # the installed 0.9.1 guards the gather
+    v07 = tmp_path / "engine_workers.py"
+    v07.write_text('global_token_num = mini_batch_td["input_ids"].offsets().diff().tolist()\n'
+                   'torch.distributed.all_gather_object(out, global_token_num, group)\n')
+    monkeypatch.setattr(source, "module_file", lambda module: v07)
+    assert vb._gathers_token_counts()
+    _, data = vb._stand_in_training_worker([{}, {}, {}], gathers_token_counts=True)
+    assert data["input_ids"].offsets().diff().tolist() == [1, 1, 1]
+    with vb._one_rank_group(True):
+        out = [None]
+        dist.all_gather_object(out, [1], None)
+        assert out == [[1]]
+    assert not dist.is_initialized()

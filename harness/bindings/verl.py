@@ -83,6 +83,7 @@ reduces over the default group and is checked on the CP layouts as ``cp_masked_m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.metadata
@@ -211,7 +212,7 @@ METRIC_PIPELINE_TRANSCRIBED = (
     "(allgather_dict_into_dict) are simulated in-process; the functions they call are verl's own")
 
 
-def _stand_in_training_worker(minis):
+def _stand_in_training_worker(minis, gathers_token_counts=False):
     """A stand-in ``self`` for ``TrainingWorker.train_mini_batch`` (workers/engine_workers.py): one DP rank
     of a DP-1 engine (``get_data_parallel_size`` 1, rank 0, ``is_mp_src_rank_with_outputs`` True, a no-op
     ``train_mode``), a no-op profiler, and ``train_batch`` handing back mini-batch *i*'s DP-gathered metrics
@@ -234,9 +235,45 @@ def _stand_in_training_worker(minis):
         get_data_parallel_group=lambda: None)
     worker = types.SimpleNamespace(engine=engine, train_batch=train_batch,
                                    profiler=types.SimpleNamespace(step=lambda: None))
-    data = tu.get_tensordict(tensor_dict={"rlconform_mini_batch": torch.arange(len(minis))},
+    tensors = {"rlconform_mini_batch": torch.arange(len(minis))}
+    if gathers_token_counts:
+        # issue 23 §2: verl 0.7's loop all-gathers each mini-batch's token counts (input_ids.offsets()) over the DP
+        # group before train_batch, unconditionally: one token per row, a DP group of one (see _one_rank_group)
+        tensors["input_ids"] = torch.nested.as_nested_tensor([torch.zeros(1, dtype=torch.long)] * len(minis),
+                                                             layout=torch.jagged)
+    data = tu.get_tensordict(tensor_dict=tensors,
                              non_tensor_dict={"mini_batch_size": 1, "dataloader_kwargs": {"shuffle": False}})
     return worker, data
+
+
+def _gathers_token_counts() -> bool:
+    """Whether this verl's ``TrainingWorker.train_mini_batch`` reads ``mini_batch_td["input_ids"]`` and all-gathers
+    the token counts whether or not the batch has ``input_ids`` (verl 0.7; from 0.8 it checks
+    ``"input_ids" in mini_batch_td`` first), read from the installed source (issue 23 §2)."""
+    from .source import module_file
+
+    try:
+        text = module_file(ENGINE_WORKERS).read_text()
+    except OSError:
+        return False
+    return 'mini_batch_td["input_ids"]' in text and '"input_ids" in mini_batch_td' not in text
+
+
+@contextlib.contextmanager
+def _one_rank_group(needed: bool):
+    """A default process group of one rank (gloo over an in-memory store) while the block runs, when ``needed``
+    and no group exists (verl 0.7's ``train_mini_batch`` all-gathers token counts: the stand-in engine is one
+    DP rank of a DP-1 job, whose gather returns the rank's own list); destroyed afterwards."""
+    import torch.distributed as dist
+
+    if not needed or not dist.is_available() or dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def _metric_pipeline() -> MetricPipeline:
@@ -282,6 +319,7 @@ def _metric_pipeline() -> MetricPipeline:
     from .source import engine_function
 
     train_mini_batch = engine_function(ENGINE_WORKERS, "TrainingWorker.train_mini_batch")
+    gathers_token_counts = _gathers_token_counts()
 
     def emit(values, mask):
         pg_metrics = {PG_KEY: verl_F.masked_mean(values, mask).detach().item()}
@@ -303,8 +341,9 @@ def _metric_pipeline() -> MetricPipeline:
 
     @calls(Metric.aggregate_dp)
     def reduce_mini(mini_dicts):
-        worker, data = _stand_in_training_worker(list(mini_dicts))
-        return dict(tu.get(train_mini_batch(worker, data), "metrics"))
+        worker, data = _stand_in_training_worker(list(mini_dicts), gathers_token_counts)
+        with _one_rank_group(gathers_token_counts):
+            return dict(tu.get(train_mini_batch(worker, data), "metrics"))
 
     def finalize(metrics):
         return reduce_metrics(rename_dict(metrics, "actor/"))
