@@ -52,6 +52,15 @@ masked_whiten               ``torch_functional.masked_whiten(values, mask, shift
 
 Not bound: verl 0.9.1 has no ``logsumexp``, ``masked_std``, ``masked_min``/``max`` helper.
 
+Older releases (issue 23 §2) are bound by feature detection, never by version number: policy losses get the
+OmegaConf actor config ``dp_actor`` passes when there is no ``verl.workers.config`` (< 0.6), "vanilla" is the
+unregistered ``compute_policy_loss(cliprange=...)`` when the registry has no "vanilla" (< 0.6), 4-tuple results
+become the worker's metrics; without global batch info the legacy workers' ``loss / gradient_accumulation`` is
+applied (policy_loss, value_loss, agg_loss: micro-batches averaged); without typed metrics (< 0.8) the metric
+pipeline is the float one (:func:`_metric_pipeline_floats`: ``append_to_dict``, the single controller's
+``DataProto.concat``, ``reduce_metrics``); without ``AlgoConfig`` (0.4) the estimators get the algorithm
+DictConfig; an alternative implementation or op a release lacks is ``unavailable`` with the missing name.
+
 Alternative implementations (issue 11 part 2, :data:`IMPLEMENTATIONS`; regimes ``impl@data``):
 ``entropy@chunked`` = ``entropy_from_logits_with_chunking`` (engine option of the same name: 2-D input only,
 each chunk upcast with ``.float()``, result always float32, as its docstring says), ``token_logprobs@naive``
