@@ -52,6 +52,15 @@ masked_whiten               ``torch_functional.masked_whiten(values, mask, shift
 
 Not bound: verl 0.9.1 has no ``logsumexp``, ``masked_std``, ``masked_min``/``max`` helper.
 
+Older releases (issue 23 §2) are bound by feature detection, never by version number: policy losses get the
+OmegaConf actor config ``dp_actor`` passes when there is no ``verl.workers.config`` (< 0.6), "vanilla" is the
+unregistered ``compute_policy_loss(cliprange=...)`` when the registry has no "vanilla" (< 0.6), 4-tuple results
+become the worker's metrics; without global batch info the legacy workers' ``loss / gradient_accumulation`` is
+applied (policy_loss, value_loss, agg_loss: micro-batches averaged); without typed metrics (< 0.8) the metric
+pipeline is the float one (:func:`_metric_pipeline_floats`: ``append_to_dict``, the single controller's
+``DataProto.concat``, ``reduce_metrics``); without ``AlgoConfig`` (0.4) the estimators get the algorithm
+DictConfig; an alternative implementation or op a release lacks is ``unavailable`` with the missing name.
+
 Alternative implementations (issue 11 part 2, :data:`IMPLEMENTATIONS`; regimes ``impl@data``):
 ``entropy@chunked`` = ``entropy_from_logits_with_chunking`` (engine option of the same name: 2-D input only,
 each chunk upcast with ``.float()``, result always float32, as its docstring says), ``token_logprobs@naive``
@@ -83,6 +92,7 @@ reduces over the default group and is checked on the CP layouts as ``cp_masked_m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.metadata
@@ -170,10 +180,13 @@ def _agg_loss(agg_loss) -> AggLoss:
             loss_scale_factor=info.loss_scale_factor)))
 
     loss.__qualname__ = "verl.agg_loss"
+    # issue 23 §2: without the global batch info (before 0.7) the legacy actor backpropagates each micro-batch's
+    # loss / gradient_accumulation (dp_actor.update_policy): the mean over this rank's micro-batches
+    legacy = "dp_size" not in accepted_keywords(agg_loss, {"dp_size": 1}) and _has_legacy_worker("actor")
     return AggLoss(
         loss=loss,
         modes=_agg_modes(agg_loss),
-        micro_combine="sum",
+        micro_combine="mean" if legacy else "sum",
         dp_combine="mean",
     )
 
@@ -208,7 +221,7 @@ METRIC_PIPELINE_TRANSCRIBED = (
     "(allgather_dict_into_dict) are simulated in-process; the functions they call are verl's own")
 
 
-def _stand_in_training_worker(minis):
+def _stand_in_training_worker(minis, gathers_token_counts=False):
     """A stand-in ``self`` for ``TrainingWorker.train_mini_batch`` (workers/engine_workers.py): one DP rank
     of a DP-1 engine (``get_data_parallel_size`` 1, rank 0, ``is_mp_src_rank_with_outputs`` True, a no-op
     ``train_mode``), a no-op profiler, and ``train_batch`` handing back mini-batch *i*'s DP-gathered metrics
@@ -231,9 +244,45 @@ def _stand_in_training_worker(minis):
         get_data_parallel_group=lambda: None)
     worker = types.SimpleNamespace(engine=engine, train_batch=train_batch,
                                    profiler=types.SimpleNamespace(step=lambda: None))
-    data = tu.get_tensordict(tensor_dict={"rlconform_mini_batch": torch.arange(len(minis))},
+    tensors = {"rlconform_mini_batch": torch.arange(len(minis))}
+    if gathers_token_counts:
+        # issue 23 §2: verl 0.7's loop all-gathers each mini-batch's token counts (input_ids.offsets()) over the DP
+        # group before train_batch, unconditionally: one token per row, a DP group of one (see _one_rank_group)
+        tensors["input_ids"] = torch.nested.as_nested_tensor([torch.zeros(1, dtype=torch.long)] * len(minis),
+                                                             layout=torch.jagged)
+    data = tu.get_tensordict(tensor_dict=tensors,
                              non_tensor_dict={"mini_batch_size": 1, "dataloader_kwargs": {"shuffle": False}})
     return worker, data
+
+
+def _gathers_token_counts() -> bool:
+    """Whether this verl's ``TrainingWorker.train_mini_batch`` reads ``mini_batch_td["input_ids"]`` and all-gathers
+    the token counts whether or not the batch has ``input_ids`` (verl 0.7; from 0.8 it checks
+    ``"input_ids" in mini_batch_td`` first), read from the installed source (issue 23 §2)."""
+    from .source import module_file
+
+    try:
+        text = module_file(ENGINE_WORKERS).read_text()
+    except OSError:
+        return False
+    return 'mini_batch_td["input_ids"]' in text and '"input_ids" in mini_batch_td' not in text
+
+
+@contextlib.contextmanager
+def _one_rank_group(needed: bool):
+    """A default process group of one rank (gloo over an in-memory store) while the block runs, when ``needed``
+    and no group exists (verl 0.7's ``train_mini_batch`` all-gathers token counts: the stand-in engine is one
+    DP rank of a DP-1 job, whose gather returns the rank's own list); destroyed afterwards."""
+    import torch.distributed as dist
+
+    if not needed or not dist.is_available() or dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def _metric_pipeline() -> MetricPipeline:
@@ -260,9 +309,17 @@ def _metric_pipeline() -> MetricPipeline:
       ``ray_trainer.fit`` applies ``verl.utils.metric.reduce_metrics`` (np.mean, or np.max / np.min
       when the key contains "max" / "min").
 
+    A verl without typed metrics (no ``verl.utils.metric.Metric``: before 0.8) logs plain floats instead:
+    :func:`_metric_pipeline_floats` (issue 23 §2).
+
     Raises ``ModuleNotFoundError`` / ``AttributeError`` when the installed verl lacks one of these (a binding
     error of this op).
     """
+    from verl.utils import metric as verl_metric
+
+    if not _typed_metrics(verl_metric):
+        return _metric_pipeline_floats()
+
     import verl.utils.torch_functional as verl_F
     from verl.utils import tensordict_utils as tu
     from verl.utils.metric import AggregationType, Metric, reduce_metrics
@@ -271,6 +328,7 @@ def _metric_pipeline() -> MetricPipeline:
     from .source import engine_function
 
     train_mini_batch = engine_function(ENGINE_WORKERS, "TrainingWorker.train_mini_batch")
+    gathers_token_counts = _gathers_token_counts()
 
     def emit(values, mask):
         pg_metrics = {PG_KEY: verl_F.masked_mean(values, mask).detach().item()}
@@ -292,8 +350,9 @@ def _metric_pipeline() -> MetricPipeline:
 
     @calls(Metric.aggregate_dp)
     def reduce_mini(mini_dicts):
-        worker, data = _stand_in_training_worker(list(mini_dicts))
-        return dict(tu.get(train_mini_batch(worker, data), "metrics"))
+        worker, data = _stand_in_training_worker(list(mini_dicts), gathers_token_counts)
+        with _one_rank_group(gathers_token_counts):
+            return dict(tu.get(train_mini_batch(worker, data), "metrics"))
 
     def finalize(metrics):
         return reduce_metrics(rename_dict(metrics, "actor/"))
@@ -309,6 +368,68 @@ def _metric_pipeline() -> MetricPipeline:
         equal_micro_batches_per_rank=True,  # prepare_micro_batches(same_micro_num_in_dp=True)
         transcribed=METRIC_PIPELINE_TRANSCRIBED,
     )
+
+
+def _typed_metrics(verl_metric) -> bool:
+    """Whether this verl logs typed metrics (``verl.utils.metric.Metric`` / ``AggregationType``, folded by
+    ``Metric.aggregate_dp``: verl >= 0.8) or plain floats folded by ``reduce_metrics`` (before; issue 23 §2)."""
+    return hasattr(verl_metric, "Metric") and hasattr(verl_metric, "AggregationType")
+
+
+#: what :func:`_metric_pipeline_floats` does not run of verl's own code (issue 23 §1)
+METRIC_PIPELINE_FLOATS_TRANSCRIBED = (
+    "emit is the actor's metric line (dp_actor.update_policy: 'actor/pg_clipfrac': pg_clipfrac.detach().item(), "
+    "pg_clipfrac = masked_mean(clip indicator, response_mask)) with the case's token values in place of the 0/1 "
+    "clip indicator; update_policy's micro- and mini-batch loop (append_to_dict of each micro-batch's floats into "
+    "one dict) and the single controller's collection of the DP ranks' outputs (collect_dp_compute_data_proto) "
+    "are simulated in-process; the functions they call (masked_mean, append_to_dict, DataProto.concat, "
+    "reduce_metrics) are verl's own")
+
+
+def _metric_pipeline_floats() -> MetricPipeline:
+    """``actor/pg_clipfrac`` on a verl without typed metrics (before 0.8; issue 23 §2):
+
+    * emit (per micro-batch): ``dp_actor.update_policy`` logs ``pg_clipfrac.detach().item()`` with
+      ``pg_clipfrac = verl_F.masked_mean(indicator, response_mask)``;
+    * reduce_micro / reduce_mini: ``append_to_dict(metrics, micro_batch_metrics)`` for every micro-batch of
+      every mini-batch into one dict of lists per rank;
+    * reduce_dp: the worker returns ``DataProto(meta_info={"metrics": metrics})`` and the single controller
+      collects the DP ranks' outputs with ``DataProto.concat`` (``collect_dp_compute_data_proto``), which keeps
+      the *first* rank's ``meta_info`` ("The meta_info is assumed to be identical and will use the first one");
+    * finalize: ``ray_trainer.fit`` applies ``reduce_metrics`` (np.mean; np.max / np.min for "max" / "min" keys).
+    """
+    import verl.utils.torch_functional as verl_F
+    from verl.protocol import DataProto
+    from verl.utils.metric import reduce_metrics
+    from verl.utils.py_functional import append_to_dict
+
+    def emit(values, mask):
+        return {PG_KEY: verl_F.masked_mean(values, mask).detach().item()}
+
+    def reduce_micro(micro_dicts):
+        aggregated: dict = {}
+        for metrics in micro_dicts:
+            append_to_dict(aggregated, metrics)
+        return aggregated
+
+    @calls(DataProto.concat)
+    def reduce_dp(rank_dicts):
+        return dict(DataProto.concat([DataProto(meta_info={"metrics": m}) for m in rank_dicts]).meta_info["metrics"])
+
+    def reduce_mini(mini_dicts):
+        aggregated: dict = {}
+        for metrics in mini_dicts:  # the same dict across mini-batches: one append per micro-batch value
+            for key, values in metrics.items():
+                for value in values:
+                    append_to_dict(aggregated, {key: value})
+        return aggregated
+
+    def finalize(metrics):
+        return reduce_metrics(dict(metrics))
+
+    return MetricPipeline(emit=emit, reduce_micro=reduce_micro, reduce_dp=reduce_dp, reduce_mini=reduce_mini,
+                          finalize=finalize, stats={"mean": PG_KEY}, emitted_to_final={PG_KEY: PG_KEY},
+                          transcribed=METRIC_PIPELINE_FLOATS_TRANSCRIBED)
 
 
 # ------------------------------------------------------------------------------ metric statistics
@@ -446,30 +567,37 @@ def _policy_loss():
     """
     from verl.trainer.ppo import core_algos
     from verl.utils import metric as verl_metric
-    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
     from rlconform.harness.catalog.binding import LossVariants
 
-    def config():
-        # only the fields this verl's configs have (issue 23 §2: tau_pos / tau_neg, dro_beta... are newer)
-        return ActorConfig(**accepted_keywords(ActorConfig, dict(
-            strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.2, clip_ratio_high=0.2,
-            clip_ratio_c=3.0, tau_pos=1.0, tau_neg=1.05,
-            policy_loss=PolicyLossConfig(**accepted_keywords(PolicyLossConfig, dict(
-                dro_beta=0.5, clip_cov_ratio=1.0, clip_cov_lb=1.0, clip_cov_ub=5.0, kl_cov_ratio=0.2,
-                ppo_kl_coef=1.0))))))
+    config = _actor_config()
+    legacy_actor = _has_legacy_worker("actor")
 
-    def bind(name):
-        fn = core_algos.get_policy_loss_fn(name)
+    def bind(name, fn=None, worker_vanilla=False):
+        fn = fn or core_algos.get_policy_loss_fn(name)
         cfg = config()
         keys = dict(_METRIC_KEYS, ppo_kl="ppo_kl_abs") if name == "kl_cov" else _METRIC_KEYS
 
         def loss(old_log_prob, log_prob, advantages, response_mask, info):
-            if hasattr(cfg, "global_batch_info"):  # verl >= 0.7 (issue 23 §2)
+            global_info = hasattr(cfg, "global_batch_info")  # verl >= 0.7 (issue 23 §2)
+            if global_info:
                 cfg.global_batch_info.update(dp_size=info.dp_size, batch_num_tokens=info.global_nnz,
                                              global_batch_size=info.global_batch_size, loss_scale_factor=None)
-            value, metrics = fn(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
-                                response_mask=response_mask, loss_agg_mode="token-mean", config=cfg)
+            if worker_vanilla:  # verl < 0.6: the worker calls the unregistered compute_policy_loss for "vanilla"
+                result = fn(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
+                            response_mask=response_mask, **accepted_keywords(fn, dict(
+                                cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low,
+                                cliprange_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+                                loss_agg_mode="token-mean")))
+            else:
+                result = fn(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
+                            response_mask=response_mask, **accepted_keywords(fn, dict(
+                                loss_agg_mode="token-mean", config=cfg)))
+            value, metrics = _policy_loss_result(result)
+            if not global_info and legacy_actor:
+                # no global batch info: dp_actor.update_policy backpropagates policy_loss / gradient_accumulation
+                # (ppo_mini_batch_size // ppo_micro_batch_size_per_gpu: this rank's micro-batches)
+                value = value / info.num_micro_batches
             out = {}
             for k, v in metrics.items():
                 short = k.removeprefix("actor/")
@@ -479,7 +607,7 @@ def _policy_loss():
         loss.__qualname__ = f"verl.policy_loss[{name}]"
         return loss
 
-    if hasattr(verl_metric, "Metric"):  # verl >= 0.8: typed metrics folded by the worker's chain
+    if _typed_metrics(verl_metric):  # verl >= 0.8: typed metrics folded by the worker's chain
         Metric, AggregationType = verl_metric.Metric, verl_metric.AggregationType
 
         @calls(Metric.aggregate_dp)
@@ -504,12 +632,67 @@ def _policy_loss():
             impls[POLICY_LOSS_NAMES[name]] = bind(name)
         else:
             unchecked[name] = POLICY_LOSS_UNCHECKED.get(name, "registered in verl; no catalog variant")
+    if "vanilla" not in core_algos.POLICY_LOSS_REGISTRY and hasattr(core_algos, "compute_policy_loss"):
+        # issue 23 §2: before "vanilla" was registered the actor called compute_policy_loss(..., cliprange=...)
+        # for loss_mode "vanilla" (dp_actor.update_policy)
+        impls["vanilla"] = bind("vanilla", core_algos.compute_policy_loss, worker_vanilla=True)
     # compute_policy_loss_sapo ignores the loss_agg_mode it is passed: "for SAPO, we need to aggregate the loss
     # at the sequence level (seq-mean-token-mean)", agg_loss(..., loss_agg_mode="seq-mean-token-mean",
     # **config.global_batch_info) (verl/trainer/ppo/core_algos.py:1688): a declared convention, checked as such
     # every loss is called with loss_agg_mode="token-mean" (bind's loss above), SAPO's forced mode aside
     return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics, agg_modes=SAPO_AGG_MODES,
                         calls_agg_mode="token-mean")
+
+
+#: the actor configuration the catalog's policy losses are checked with (:func:`_policy_loss`)
+ACTOR_CONFIG = dict(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2, clip_ratio_low=0.2,
+                    clip_ratio_high=0.2, clip_ratio_c=3.0, tau_pos=1.0, tau_neg=1.05, loss_agg_mode="token-mean")
+POLICY_LOSS_CONFIG = dict(loss_mode="vanilla", dro_beta=0.5, clip_cov_ratio=1.0, clip_cov_lb=1.0, clip_cov_ub=5.0,
+                          kl_cov_ratio=0.2, ppo_kl_coef=1.0)
+
+
+def _actor_config():
+    """A zero-argument builder of the actor config this verl's policy losses read (issue 23 §2): the
+    ``verl.workers.config.actor.ActorConfig`` dataclass with only the fields it has (tau_pos / tau_neg,
+    dro_beta... are newer), or, on a verl without typed worker configs (before 0.6), the OmegaConf
+    ``DictConfig`` of ``actor_rollout_ref.actor`` that ``dp_actor`` hands them (``config=self.config``; the
+    losses read ``config.clip_ratio*`` and ``config.policy_loss.*``)."""
+    try:
+        from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+    except ImportError:
+        from omegaconf import OmegaConf
+
+        return lambda: OmegaConf.create(dict(ACTOR_CONFIG, policy_loss=dict(POLICY_LOSS_CONFIG)))
+
+    def config():
+        actor = {k: v for k, v in ACTOR_CONFIG.items() if k not in ("clip_ratio", "loss_agg_mode")}
+        return ActorConfig(**accepted_keywords(ActorConfig, dict(
+            actor, policy_loss=PolicyLossConfig(**accepted_keywords(PolicyLossConfig, {
+                k: v for k, v in POLICY_LOSS_CONFIG.items() if k != "loss_mode"})))))
+
+    return config
+
+
+def _has_legacy_worker(kind: str) -> bool:
+    """Whether this verl ships the legacy FSDP ``kind`` worker (``verl/workers/<kind>/dp_<kind>.py``: verl <= 0.7),
+    read from the package's files without importing it (its import pulls in the model stack)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("verl")
+    roots = list(spec.submodule_search_locations or ()) if spec is not None else []
+    return any(os.path.exists(os.path.join(root, "workers", kind, f"dp_{kind}.py")) for root in roots)
+
+
+def _policy_loss_result(result):
+    """(loss, metrics dict) of a policy loss: verl >= 0.6 returns ``(pg_loss, pg_metrics)``; before, the
+    losses returned ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``, which ``dp_actor`` logs as
+    ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower`` (``.detach().item()``)."""
+    if len(result) == 2 and isinstance(result[1], dict):
+        return result
+    value, clipfrac, ppo_kl, clipfrac_lower = result
+    return value, {"actor/pg_clipfrac": clipfrac.detach().item(), "actor/ppo_kl": ppo_kl.detach().item(),
+                   "actor/pg_clipfrac_lower": clipfrac_lower.detach().item()}
 
 
 # ---------------------------------------------------------------------- value loss, IS weights
@@ -528,25 +711,31 @@ def _value_loss():
     from rlconform.harness.families.value_loss import CLIPRANGE_VALUE, VARIANTS
 
     fn = core_algos.compute_value_loss
+    # issue 23 §2: a compute_value_loss without the global batch info (before 0.9) aggregates per micro-batch;
+    # the legacy critic (workers/critic/dp_critic.py, verl <= 0.7) then backpropagates vf_loss /
+    # gradient_accumulation (this rank's micro-batches), the engine worker's value_loss the unscaled vf_loss
+    scale_by_micro_batches = "dp_size" not in accepted_keywords(fn, {"dp_size": 1}) and _has_legacy_worker("critic")
 
     def bind(mode):
         def value_loss(vpreds, values, returns, response_mask, info):
-            # only the keywords this verl accepts (issue 23 §2: no global batch info before 0.7)
+            # only the keywords this verl accepts (issue 23 §2: no global batch info before 0.9)
             loss, clipfrac = fn(vpreds=vpreds, returns=returns, values=values, response_mask=response_mask,
                                 cliprange_value=CLIPRANGE_VALUE, loss_agg_mode=mode, **accepted_keywords(fn, dict(
                                     dp_size=info.dp_size, batch_num_tokens=info.global_nnz,
                                     global_batch_size=info.global_batch_size,
                                     loss_scale_factor=info.loss_scale_factor)))
+            if scale_by_micro_batches:
+                loss = loss / info.num_micro_batches
             return loss, {"vf_clipfrac": clipfrac.detach().item()}
 
         value_loss.__qualname__ = f"verl.compute_value_loss[{mode}]"
         return value_loss
 
-    from verl.utils.metric import reduce_metrics
+    from verl.utils import metric as verl_metric
 
-    @calls(reduce_metrics)  # vf_clipfrac is a plain float: reduce_metrics' np.mean over micro-batches folds it
+    @calls(verl_metric.reduce_metrics)  # vf_clipfrac is a plain float: reduce_metrics' np.mean over micro-batches
     def combine_metrics(parts):
-        pipe = _metric_pipeline()
+        pipe = _metric_pipeline()  # the typed or the float pipeline, whichever this verl has (issue 23 §2)
         micro = [dict(m) for m, _ in parts]
         final = pipe.finalize(pipe.reduce_mini([pipe.reduce_dp([pipe.reduce_micro(micro)])]))
         return {k.removeprefix("actor/"): v for k, v in final.items()}  # the pipeline's rename_dict
@@ -746,17 +935,30 @@ def _verl_estimator(fn, name: str, variant: str, algo_config):
     return calls(fn)(outcome_advantage)
 
 
+def _algo_config():
+    """``config=`` of the estimators as the trainer passes it (issue 23 §2): ``verl.trainer.config.AlgoConfig``
+    (verl >= 0.5), or before it the OmegaConf ``DictConfig`` ``self.config.algorithm`` (the estimators read
+    ``config.get("norm_adv_by_std_in_grpo", True)``, ``config.gamma``)."""
+    try:
+        from verl.trainer.config import AlgoConfig
+    except ImportError:
+        from omegaconf import OmegaConf
+
+        return lambda **fields: OmegaConf.create(fields)
+    return AlgoConfig
+
+
 def _outcome_advantage():
     """verl's ``ADV_ESTIMATOR_REGISTRY`` as read now: every name bound (:data:`VERL_ESTIMATORS`), bound as a
     second implementation of another name's variants (:data:`VERL_SECOND_IMPLEMENTATIONS`: ``grpo_vectorized``
     as ``grpo+vectorized`` and ``drgrpo+vectorized``, ``rloo_vectorized`` as ``rloo+vectorized``, each called
     as the trainer calls it) or listed unchecked with its reason (a name this module does not know: a new or
     fork-only estimator)."""
-    from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo import core_algos
 
     from rlconform.harness.catalog.binding import Variants
 
+    AlgoConfig = _algo_config()
     impls, unchecked, implementations = {}, {}, {}
     registry = core_algos.ADV_ESTIMATOR_REGISTRY
     for name in registry:
@@ -846,8 +1048,19 @@ def _dp_metric_all_reduce():
     emit (``masked_mean(...).item()`` as a ``Metric(MEAN)``) -> ``append_to_dict`` -> the real
     ``verl.utils.torch_functional.allgather_dict_into_dict`` over the DP group (``all_gather_object``) ->
     ``Metric.aggregate_dp`` (as ``engine_workers.train_mini_batch``) -> ``reduce_metrics``."""
-    from verl.utils.metric import Metric
-    from verl.utils.torch_functional import allgather_dict_into_dict
+    from verl.utils import metric as verl_metric
+    from verl.utils import torch_functional as verl_F
+
+    if not _typed_metrics(verl_metric) or not hasattr(verl_F, "allgather_dict_into_dict"):
+        # issue 23 §2: the missing names, and where this release folds the ranks' metrics instead
+        missing = [n for n, ok in (("verl.utils.metric.Metric", hasattr(verl_metric, "Metric")),
+                                   ("verl.utils.torch_functional.allgather_dict_into_dict",
+                                    hasattr(verl_F, "allgather_dict_into_dict"))) if not ok]
+        raise ImportError(f"verl {_version()} has no DP metric all-reduce (missing: {', '.join(missing)}): its "
+                          "workers return their metrics to the single controller, which keeps the first DP rank's "
+                          "(DataProto.concat in collect_dp_compute_data_proto); checked by metric_pipeline's DP "
+                          "stage")
+    Metric, allgather_dict_into_dict = verl_metric.Metric, verl_F.allgather_dict_into_dict
 
     pipeline = _metric_pipeline()
 
