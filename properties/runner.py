@@ -119,25 +119,22 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
         rec.binding_error = str(exc)
         pytest.skip(str(exc))
 
-    impl_name = regime.split("@", 1)[0] if "@" in regime else None
-    if impl_name and impl_name in (binding.provided_implementations(op) if hasattr(binding, "provided_implementations")
-                                   else ()) and not (hasattr(binding, "device_gap") and binding.device_gap(op, regime)):
+    provided = binding.provided_implementations(op) if hasattr(binding, "provided_implementations") else ()
+    impl = regime.split("@", 1)[0] if "@" in regime and regime.split("@", 1)[0] in provided else None
+    gap = binding.device_gap(op, regime) if hasattr(binding, "device_gap") else None
+    if gap is not None:  # a CUDA-only kernel on a CPU run (issue 27 §1): unavailable with its reason, never skipped
+        rec.unavailable_detail = f"op {op + '@' + impl if impl else op!r} unavailable: {gap}"
+        rec.needs = "cuda"
+        pytest.skip(rec.unavailable_detail)
+    if impl is not None:
         # issue 23 §2: an implementation this engine release lacks (its import or lookup fails) is unavailable for
         # that implementation, said here in the parent, as for the op itself (the referee's stand-in of the
         # binding holds only the implementations that resolve: it would answer VariantNotProvided)
         try:
-            binding.resolve_implementation(op, impl_name)
+            binding.resolve_implementation(op, impl)
         except OpUnavailable as exc:
             rec.unavailable_detail = f"{exc}\n{exc.detail[-3000:]}"
             pytest.skip(str(exc))
-
-    gap = binding.device_gap(op, regime) if hasattr(binding, "device_gap") else None
-    if gap is not None:  # a CUDA-only kernel on a CPU run (issue 27 §1): unavailable with its reason, never skipped
-        impl = regime.split("@", 1)[0] if "@" in regime and regime.split("@", 1)[0] in \
-            binding.provided_implementations(op) else None
-        rec.unavailable_detail = f"op {op + '@' + impl if impl else op!r} unavailable: {gap}"
-        rec.needs = "cuda"
-        pytest.skip(rec.unavailable_detail)
 
     budget = getattr(state, "shrink_budget", None)
     max_shrinks = budget(rec.id) if callable(budget) else None
