@@ -26,6 +26,14 @@ def test_declared_items_are_validated():
         Declared("x", "guard", ("masked_var",), "w", "r", "f.py:1")
     with pytest.raises(ValueError, match="inputs"):
         Declared("x", "precondition", ("outcome_advantage",), "w", "r", "f.py:1")
+    with pytest.raises(ValueError, match="names the caller"):  # a declared write a caller keeps names it
+        Declared("x", "precondition", ("entropy",), "w", "r", "f.py:1", inputs=("logits",), writes=("logits",),
+                 phase="backward", writer="F.backward", evidence=("clone",))
+    with pytest.raises(ValueError, match="phase"):
+        Declared("x", "convention", ("entropy",), "w", "r", "f.py:1", writes=("logits",), phase="sideways",
+                 writer="f", evidence=("x",))
+    with pytest.raises(ValueError, match="only a precondition names a caller"):
+        Declared("x", "convention", ("entropy",), "w", "r", "f.py:1", caller="g.py:2")
     d = Declared("x", "convention", ("policy_loss",), "w", "r", "f.py:1", variants=("sapo",))
     assert d.concerns("policy_loss", "sapo") and not d.concerns("policy_loss", "vanilla")
     assert d.row()["source"] == "f.py:1"
@@ -69,7 +77,8 @@ def test_verl_declares_its_guards_and_they_hold():
     names = {d.name for d in verl.declared}
     assert {"masked_var_le_one_token", "masked_whiten_le_one_token", "batch_whiten_le_one_token",
             "passk_one_sample_group", "rewards_zero_outside_mask", "sapo_seq_mean_token_mean"} <= names
-    assert all(":" in d.source and d.source.startswith("verl/") for d in verl.declared)
+    # verl's own lines, and Megatron-core's for the upstream write verl reaches
+    assert all(":" in d.source and d.source.startswith(("verl/", "megatron/")) for d in verl.declared)
     out = run_check(verl, _whiten_case([[True, False, False]]))
     assert out.ok and out.declared == "masked_whiten_le_one_token"
     bare = dataclasses.replace(verl, declared=())
@@ -107,3 +116,150 @@ def test_conventions_and_guards_section_lists_declared_items_never_as_defects():
     page = html_section(doc)
     assert "Conventions and guards" in page and "e.py:9" in page and "&lt;= 1 valid token" in page
     assert markdown_section({"engine": {}, "findings": []}) == [] and html_section({"findings": []}) == ""
+
+
+# ----------------------------------------------------------------- declared writes (issue 20, a maintainer's reading)
+import json  # noqa: E402
+import os  # noqa: E402
+import pathlib  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from rlconform.harness.core.declared import covering_write, package_dir, read_source  # noqa: E402
+from rlconform.harness.report.severity import fails  # noqa: E402
+from rlconform.harness.report.triage import annotate  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CALLER = "verl/workers/engine/megatron/transformer_impl.py"
+BACKWARD = {"function": "_VocabParallelEntropy.backward", "module": "verl.utils.megatron.tensor_parallel",
+            "file": "verl/utils/megatron/tensor_parallel.py", "line": 130}
+SAVED = ("rank 0 (tp 0): after the backward, a producer that saved the logits for backward could not backprop: one "
+         "of the variables needed for gradient computation has been modified by an inplace operation: [torch."
+         "FloatTensor [3, 64]], which is output 0 of SavesOutputIdentity, is at version 2; expected version 0")
+
+
+def _nd(op, message, site, regime="tp2_moderate", dtype="float32"):
+    return {"id": f"{op}.non_destructive.{dtype}.{regime}", "op": op, "property": "non_destructive", "dtype": dtype,
+            "regime": regime, "status": "discrepancy", "message": message, "max_ratio": None, "max_rel_err": 0.0,
+            "worst_input": "logits[1, 2]=[0.0, 1.0]", "engine_function": site}
+
+
+def _verl_write(name):
+    from rlconform.harness.bindings.verl import DECLARED
+
+    return next(d for d in DECLARED if d.name == name)
+
+
+def _fork(tmp_path, edit):
+    """A fork's checkout holding the installed verl's caller with ``edit`` applied (only what verify reads)."""
+    text = read_source(CALLER)
+    fork = tmp_path / "fork"
+    (fork / "verl").mkdir(parents=True)
+    (fork / "verl" / "__init__.py").write_text("")
+    target = fork / CALLER
+    target.parent.mkdir(parents=True)
+    new = edit(text)
+    assert new != text
+    target.write_text(new)
+    return fork
+
+
+@verl_only
+def test_the_backward_write_precondition_is_read_from_the_installed_caller_and_fails_without_the_clone(tmp_path):
+    """verl's _VocabParallelEntropy.backward writes into the logits it saved: declared, because its caller
+    clones them first (logits_bak = logits.clone()) and computes Σπ² before the entropy. The declaration is
+    verified in the caller's source; a fork whose caller drops the clone, or computes Σπ² after the entropy,
+    does not hold it, and its backward write is a destructive defect again."""
+    d = _verl_write("entropy_backward_writes_logits")
+    ok = d.verify()
+    assert ok["holds"] and "logits_bak = logits.clone()" in ok["evidence"] and CALLER in ok["evidence"]
+    no_clone = _fork(tmp_path / "a", lambda t: t.replace("logits_bak = logits.clone()", "logits_bak = logits", 1))
+    broken = d.verify(roots={"verl": str(no_clone)})
+    assert not broken["holds"] and "clone" in broken["evidence"]
+
+    def late(t):  # Σπ² moved after the entropy (it would read the written logits)
+        sp = '            ret["sum_pi_squared"] = vocab_parallel_sum_pi_squared(logits)\n'
+        t = t.replace("        if calculate_sum_pi_squared:\n" + sp, "", 1)
+        return t.replace('            ret["entropy"] = entropy\n', '            ret["entropy"] = entropy\n'
+                         '        if calculate_sum_pi_squared:\n' + sp, 1)
+    assert not d.verify(roots={"verl": str(_fork(tmp_path / "b", late))})["holds"]
+    # at run time the package the process imports is read: a fork first on the path is what is verified
+    out = subprocess.run([sys.executable, "-c", "from rlconform.harness.core.declared import package_dir; "
+                          "print(package_dir('verl'))"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(no_clone)})
+    assert out.stdout.strip() == str(no_clone / "verl")
+    assert package_dir("verl") != str(no_clone / "verl")
+
+    # triage: the committed report's backward findings are declared with the installed caller, defects with the fork's
+    doc = json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text())
+    others = [r for r in doc["engine"]["declared"] if r["name"] != d.name]
+    held = annotate({**doc, "engine": {**doc["engine"], "declared": others + [d.row()]}})
+    bwd = [f for f in held["findings"] if f.get("declared_write") == d.name]
+    assert len(bwd) >= 20 and not any(fails(f, "precision") for f in bwd)
+    assert not any(x["engine_function"] and x["engine_function"]["function"] == "_VocabParallelEntropy.backward"
+                   and x["signature"]["kind"] == "changes a tensor" for x in held["defects"])
+    row = dict(d.row(), **broken)
+    doc = json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text())
+    stale = annotate({**doc, "engine": {**doc["engine"], "declared": others + [row]}})
+    assert not any(f.get("declared_write") == d.name for f in stale["findings"])
+    again = [x for x in stale["defects"] if x["signature"]["kind"] == "changes a tensor"
+             and x["engine_function"]["function"] == "_VocabParallelEntropy.backward"]
+    assert again and again[0]["severity"] == "destructive"
+
+
+@verl_only
+def test_a_declared_write_covers_only_what_it_declares():
+    """The write must be confined to what is declared: the declared tensor, in the declared pass, at the
+    declared writer. The entropy's forward stays non-destructive; another tensor changed is a defect."""
+    bwd = _verl_write("entropy_backward_writes_logits").row()
+    meg = _verl_write("megatron_cross_entropy_inplace").row()
+    assert bwd["holds"] and meg["holds"], (bwd["evidence"], meg["evidence"])
+    rows = [bwd, meg]
+    assert covering_write(rows, _nd("vocab_parallel_entropy", SAVED, BACKWARD))["name"] == bwd["name"]
+    after = SAVED.replace("after the backward", "after vocab_parallel_entropy backward") + \
+        "\nrank 0 (tp 0): input 'logits' mutated during vocab_parallel_entropy backward: 3 element(s) changed"
+    assert covering_write(rows, _nd("vocab_parallel_sum_pi_squared", after, BACKWARD, "tp2_after_entropy"))
+    fwd = "rank 0 (tp 0): input 'logits' mutated during forward: 4 element(s) changed, e.g. [0] 1.0 -> 0.5\n" + SAVED
+    assert covering_write(rows, _nd("vocab_parallel_entropy", fwd, BACKWARD)) is None  # the forward must not write
+    other = SAVED + "\nrank 0 (tp 0): input 'grad_output' mutated during backward: 1 element(s) changed"
+    assert covering_write(rows, _nd("vocab_parallel_entropy", other, BACKWARD)) is None  # another tensor
+    unknown = SAVED + "\nrank 0 (tp 0): the saved softmax was modified in place"
+    assert covering_write(rows, _nd("vocab_parallel_entropy", unknown, BACKWARD)) is None  # a change not read
+    elsewhere = dict(BACKWARD, function="vocab_parallel_entropy", line=142)
+    assert covering_write(rows, _nd("vocab_parallel_entropy", SAVED, elsewhere)) is None  # another writer
+    assert covering_write(rows, _nd("entropy", SAVED, BACKWARD)) is None  # an op it does not concern
+    via = {"function": "vocab_parallel_log_probs_from_logits", "module": "verl.utils.megatron.tensor_parallel",
+           "via": {"function": "VocabParallelCrossEntropy.calculate_predicted_logits",
+                   "module": "megatron.core.tensor_parallel.cross_entropy"}}
+    assert covering_write(rows, _nd("vocab_parallel_token_logprobs", fwd, via))["name"] == meg["name"]
+    assert covering_write(rows, _nd("vocab_parallel_token_logprobs", SAVED, via)) is None  # not the forward write
+    assert covering_write([dict(meg, holds=False)], _nd("vocab_parallel_token_logprobs", fwd, via)) is None
+
+
+@verl_only
+def test_the_upstream_inplace_convention_is_read_from_the_installed_megatron(tmp_path):
+    """Megatron-core's calculate_predicted_logits writes in place on purpose: declared as a convention, verified
+    in Megatron's own source (read without importing it), so a Megatron that no longer does it is reported."""
+    d = _verl_write("megatron_cross_entropy_inplace")
+    assert d.verify()["holds"]
+    path = "megatron/core/tensor_parallel/cross_entropy.py"
+    fork = tmp_path / "megatron"
+    (fork / path).parent.mkdir(parents=True)
+    (fork / path).write_text(read_source(path).replace("vocab_parallel_logits -= logits_max",
+                                                       "vocab_parallel_logits = vocab_parallel_logits - logits_max"))
+    assert not d.verify(roots={"megatron": str(fork)})["holds"]
+
+
+@verl_only
+def test_declared_writes_are_listed_with_their_hazard_and_source():
+    doc = json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text())
+    from rlconform.harness.bindings.verl import DECLARED
+
+    doc = annotate({**doc, "engine": {**doc["engine"], "declared": [x.row() for x in DECLARED]}})
+    md = "\n".join(markdown_section(doc))
+    line = next(ln for ln in md.splitlines() if "`entropy_backward_writes_logits`" in ln)
+    assert "verl/utils/megatron/tensor_parallel.py:130" in line and CALLER + ":1215" in line
+    assert "hazard: a caller that reads the logits after the entropy's backward" in line
+    assert "checked as declared" in line and "finding(s) show only this write" in line
+    assert "megatron/core/tensor_parallel/cross_entropy.py:42" in md
+    assert "entropy_backward_writes_logits" in html_section(doc)

@@ -179,6 +179,11 @@ def test_ulp_level_at_the_inputs_scale_is_precision():
     bf16 = ("value: engine 0.0 vs reference 0.6931471805599453 at flat index 0: abs err 0.693, rel err 1, 177 ulp, "
             "tolerance 0.0313")
     g = _f("entropy.matches_reference.bfloat16.bf16_coarse", message=bf16, ratio=1416.0, inp="logits[1, 2]=[256.0, 256.0]")
+    # beyond float32's resolution: a wrong value, not ulp-level — but logits of 256 are an extreme regime, no
+    # training input (issue 20, a maintainer's reading): precision; the same value on a realistic regime is training
+    sev, why = classify(g, {"entropy": ["float32", "bfloat16"]})
+    assert sev == "precision" and "extreme input" in why and kind(g) == "wrong value"
+    g = dict(g, regime="moderate", id="entropy.matches_reference.bfloat16.moderate")
     assert classify(g, {"entropy": ["float32", "bfloat16"]})[0] == "training" and kind(g) == "wrong value"
 
 
@@ -194,3 +199,75 @@ def test_a_crash_is_robustness_in_every_dtype_and_a_value_is_gated_by_it():
     nan = _f("importance_ratio.matches_reference.float16.token_tis@extreme_log_ratios",
              message="weights: engine nan where the reference is finite (0.5) at flat index 0")
     assert classify(nan, used)[0] == "precision"
+
+
+# ------------------------------------------------- extreme regimes and reachability (issue 20, a maintainer's reading)
+def test_a_wrong_value_only_on_an_extreme_regime_is_not_training():
+    """bf16 entropy of logits of 256 (bf16_coarse), ±1e4 (near_uniform_offset, also behind a TP layout) or
+    fp16's ±65504 is a contrived input: a wrong value there is precision, a NaN robustness; the same value on a
+    realistic regime stays training, and a defect with both members is training, shown by the realistic one."""
+    from rlconform.harness.core.regimes import extreme, realistic
+
+    assert extreme("chunked@tp2_near_uniform_offset") and extreme("bf16_coarse") and extreme("token_tis@extreme_log_ratios")
+    assert realistic("moderate") and realistic("tp2cp2_moderate") and realistic("grpo@singleton_groups")
+    for regime in ("bf16_coarse", "fp16_extreme", "tp2_near_uniform_offset", "seq_mean_k3@underflow"):
+        sev, why = classify(_f(f"e.matches_reference.bfloat16.{regime}", message=HALF, ratio=20.0))
+        assert sev == "precision" and "extreme input" in why, (regime, sev, why)
+    assert classify(_f("e.matches_reference.bfloat16.moderate", message=HALF, ratio=20.0))[0] == "training"
+    nan = "value: engine nan where the reference is finite (0.0) at flat index 0"
+    assert classify(_f("e.matches_reference.bfloat16.bf16_coarse", message=nan))[0] == "robustness"
+    site = {"function": "entropy_from_logits", "module": "m", "file": "m.py", "line": 3}
+    coarse = _f("e.matches_reference.bfloat16.bf16_coarse", message=HALF, ratio=20.0, inp="logits[1, 2]=[256.0, 256.0]",
+                engine_function=site)
+    moderate = _f("e.matches_reference.bfloat16.moderate", message=HALF.replace("0.5 vs", "0.75 vs"), ratio=20.0,
+                  inp="logits[1, 8]=[2.0, -2.1, 10.25, 1.6, -8.5, 5.7, 0.1, 0.2]", engine_function=site)
+    d = annotate({"findings": [coarse, moderate]})["defects"]
+    assert len(d) == 1 and d[0]["severity"] == "training" and d[0]["reproducer"]["finding"] == moderate["id"]
+    assert [x["severity"] for x in annotate({"findings": [coarse]})["defects"]] == ["precision"]
+
+
+def _site(fn):
+    return {"function": fn, "module": "m", "file": "m.py", "line": 1}
+
+
+def test_within_a_severity_the_trainers_default_path_ranks_first():
+    """Reachability before the size of the effect: a configuration the binding names as a trigger (verl's Dr.
+    GRPO through grpo_vectorized) and more than one micro-batch (geo_mean) rank above a larger error on any
+    input, which ranks above one on an edge input (a row with no valid token); a member in a dtype the engine
+    never calls the op with, or on an extreme regime, counts last. Training is listed before destructive."""
+    big = "loss: engine 3.0 vs reference 1.0 at flat index 0: abs err 2, rel err 2, tolerance 1e-3"
+    small = "advantages: engine -0.707 vs reference -1.0 at flat index 0: abs err 0.293, rel err 0.293, tolerance 1e-3"
+    part = "micro-batches (nnz) [1, 1] vs unpartitioned: 2.0 vs 1.0 (reference 1.0, allowed difference 0.01)"  # ×2
+    drgrpo = "norm_adv_by_std_in_grpo=False (Dr. GRPO): grpo_vectorized ignores it"
+    fs = [_f("edge.matches_reference.float32.r", message=big, ratio=99.0, trigger="a row with no valid token",
+             engine_function=_site("edge")),
+          _f("anyin.matches_reference.float32.r", message=big.replace("3.0 vs", "2.0 vs"), ratio=99.0,
+             trigger="any input", engine_function=_site("anyin")),
+          _f("drgrpo.matches_reference.float32.drgrpo+vectorized@uneven_groups", message=small, ratio=99.0,
+             trigger=drgrpo, engine_function=_site("grpo_vectorized")),
+          _f("geo.partition_invariant.float32.geo_mean@moderate", message=part, ratio=99.0,
+             trigger="more than one micro-batch", engine_function=_site("geo_mean")),
+          _f("coarse.matches_reference.float32.bf16_coarse", message=big.replace("3.0 vs", "9.0 vs"), ratio=99.0,
+             trigger="any input", engine_function=_site("coarse")),  # precision: extreme regime
+          _f("wide.matches_reference.float64.r", message=big.replace("3.0 vs", "9.0 vs"), ratio=99.0,
+             trigger="any input", engine_function=_site("wide")),  # precision: a dtype never used
+          _f("write.non_destructive.float32.r", message="input 'logits' mutated during forward",
+             engine_function=_site("write"))]
+    doc = annotate({"engine": {"engine_dtypes": {"wide": ["float32"]},
+                               "variant_triggers": {"drgrpo": {"drgrpo+vectorized": drgrpo}}}, "findings": fs})
+    order = [(d["ops"][0], d["severity"], d["reach"]) for d in doc["defects"]]
+    assert order == [("geo", "training", 3), ("drgrpo", "training", 3), ("anyin", "training", 2),
+                     ("edge", "training", 1), ("write", "destructive", 2), ("coarse", "precision", 0),
+                     ("wide", "precision", 0)], order
+    # --fail-on still ties training and destructive
+    write = next(f for f in doc["findings"] if f["op"] == "write")
+    assert fails(write, "training") and fails(write)
+
+
+def test_the_stated_ranking_rule_is_the_order():
+    from rlconform.harness.report.triage_md import ORDER_NOTE
+
+    assert "training, destructive, logging, robustness, precision, in that order" in ORDER_NOTE
+    assert ORDER_NOTE.index("reachability") < ORDER_NOTE.index("size of the effect")
+    readme = (ROOT / "README.md").read_text()
+    assert "ranked by severity (training, destructive, logging, robustness, precision, in that order), then by\n*reachability*" in readme

@@ -219,7 +219,8 @@ def engine_meta(binding: Binding, *, variants: bool = False, sites: bool = False
     meta = {"name": binding.name, "spec": binding.spec, "version": binding.version, "path": binding.path,
             "revision": binding.revision, "ops": list(binding.provided_ops()),
             "engine_dtypes": {op: list(d) for op, d in (getattr(binding, "engine_dtypes", None) or {}).items()},
-            "declared": [d.row() for d in getattr(binding, "declared", ())]}
+            "declared": [d.row() for d in getattr(binding, "declared", ())],
+            "variant_triggers": {op: dict(v) for op, v in (getattr(binding, "variant_triggers", None) or {}).items()}}
     if variants:
         meta["variants"], meta["variant_record"] = variant_info(binding)
         from rlconform.harness.catalog.coverage import coverage_record

@@ -1308,6 +1308,34 @@ DECLARED = (
         "'safety clamp' against exp overflow: SAFETY_BOUND = 20.0 in compute_rollout_correction_weights and "
         "compute_offpolicy_metrics", "verl/trainer/ppo/rollout_corr_helper.py:75",
         reference=(("log_ratio_clamp", 20.0),)),
+    Declared(
+        "entropy_backward_writes_logits", "precondition", ("vocab_parallel_entropy", "vocab_parallel_sum_pi_squared"),
+        "_VocabParallelEntropy.backward reuses the logits it saved as scratch (vocab_parallel_logits.sub_(…) then "
+        ".add_(…): their version moves, their values come back rounded), so the tensor passed to "
+        "vocab_parallel_entropy must not be read after its backward; its forward writes nothing",
+        "memory: the caller clones the logits before the entropy (logits_bak = logits.clone()) and computes Σπ² "
+        "before it ('sum_pi_squared is non-destructive — must run before vocab_parallel_entropy'), so the "
+        "log-probs and Σπ² never read the tensor the backward writes",
+        "verl/utils/megatron/tensor_parallel.py:130",
+        caller="verl/workers/engine/megatron/transformer_impl.py:1215",
+        writes=("logits",), phase="backward", writer="_VocabParallelEntropy.backward",
+        evidence=(r"vocab_parallel_sum_pi_squared\(\s*logits\s*\)", r"logits_bak\s*=\s*logits\.clone\(\)",
+                  r"vocab_parallel_entropy(?:_with_chunking)?\(\s*logits\b",
+                  r"vocab_parallel_log_probs_from_logits\(\s*logits_bak\b"),
+        hazard="a caller that reads the logits after the entropy's backward (or saved them for its own backward) "
+               "sees them changed: clone them first, and compute Σπ² before the entropy"),
+    Declared(
+        "megatron_cross_entropy_inplace", "convention", ("vocab_parallel_token_logprobs",),
+        "Megatron-core's VocabParallelCrossEntropy.calculate_predicted_logits subtracts the row max from the "
+        "logits in place and exponentiates them in place (vocab_parallel_logits -= logits_max; "
+        "torch.exp(…, out=…)), reached through vocab_parallel_log_probs_from_logits: a float32 logits tensor "
+        "(other dtypes are copied by .float()) holds exp(logits − max) afterwards",
+        "upstream, on purpose: 'In-place subtraction reduces memory pressure.'; verl passes it its own clone "
+        "(logits_bak) and reads nothing of it afterwards",
+        "megatron/core/tensor_parallel/cross_entropy.py:42",
+        writes=("logits",), phase="forward", writer="VocabParallelCrossEntropy.calculate_predicted_logits",
+        evidence=(r"vocab_parallel_logits\s*-=\s*logits_max", r"torch\.exp\(\s*vocab_parallel_logits\s*,\s*out="),
+        hazard="a caller that reads the logits after vocab_parallel_log_probs_from_logits sees exp(logits − max)"),
 )
 
 RC = "verl.trainer.ppo.rollout_corr_helper"

@@ -11,6 +11,18 @@ engine package), and the harness then checks it *as declared*:
   arguments in ``reference``, read by :func:`followed`), so an engine that stops following it fails;
 * ``precondition`` — something the engine's callers guarantee (rewards are zero outside the response
   mask): the checks do not violate it (``mask_invariant`` writes no garbage into the ``inputs`` named);
+* a declared *write* (a ``precondition`` with a ``caller``, or a ``convention`` with ``writes``): the engine
+  writes into a tensor it was handed on purpose (verl's ``_VocabParallelEntropy.backward`` reuses the logits
+  as scratch, its only caller clones them first; Megatron's ``calculate_predicted_logits`` subtracts the
+  row max in place), so a ``non_destructive`` finding that shows exactly that write is the declared
+  behaviour, not a defect (:func:`covering_write`). It is checked as declared: ``evidence`` (regular
+  expressions, in order) must still be found in the installed engine's source — the caller's (``caller``,
+  ``path:line``) for a precondition (the clone before the backward, Σπ² before the entropy), the writer's
+  (``source``) for a convention — read at run time from the package the run imports (a fork's checkout:
+  :func:`verify`, recorded as ``holds`` / ``evidence`` in ``report.json``); and the finding must show the
+  declared write only: the tensors in ``writes``, changed in the declared ``phase`` (``backward``: the
+  forward stays non-destructive), by the declared ``writer``. A caller that drops the clone, or a write
+  anywhere else, makes the finding a ``destructive`` defect again;
 * ``guard`` — a clean error on a degenerate input the engine rejects on purpose (verl's ``masked_var`` on
   ≤ 1 valid token raises ``ValueError``): where ``when(inputs)`` holds, raising ``raises`` with a message
   matching ``match`` is the declared behaviour; raising anywhere else, or another error, stays a crash.
@@ -26,6 +38,8 @@ import re
 from typing import Any, Callable
 
 KINDS = ("convention", "precondition", "guard")
+#: the pass a declared write happens in
+PHASES = ("forward", "backward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +69,12 @@ class Declared:
     match: str = ""
     inputs: tuple[str, ...] = ()
     reference: tuple[tuple[str, Any], ...] = ()
+    writes: tuple[str, ...] = ()
+    phase: str = ""
+    writer: str = ""
+    evidence: tuple[str, ...] = ()
+    caller: str = ""
+    hazard: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -63,8 +83,17 @@ class Declared:
             raise ValueError(f"declared {self.name!r}: name, ops, what, reason and source are required")
         if self.kind == "guard" and not (self.when and self.raises and self.match):
             raise ValueError(f"declared guard {self.name!r}: when, raises and match are required")
-        if self.kind == "precondition" and not self.inputs:
-            raise ValueError(f"declared precondition {self.name!r}: inputs is required")
+        if self.kind == "precondition" and not (self.inputs or self.caller):
+            raise ValueError(f"declared precondition {self.name!r}: inputs (or a caller) is required")
+        if self.caller and self.kind != "precondition":
+            raise ValueError(f"declared {self.name!r}: only a precondition names a caller")
+        if self.writes:
+            if self.kind not in ("precondition", "convention") or self.phase not in PHASES or not \
+                    (self.writer and self.evidence):
+                raise ValueError(f"declared write {self.name!r}: a precondition or convention with phase (one of "
+                                 f"{', '.join(PHASES)}), writer and evidence")
+            if self.kind == "precondition" and not self.caller:
+                raise ValueError(f"declared write {self.name!r}: a precondition names the caller that keeps it")
         if self.reference and self.kind != "convention":
             raise ValueError(f"declared {self.name!r}: only a convention names reference arguments")
 
@@ -78,7 +107,127 @@ class Declared:
                 "what": self.what, "reason": self.reason, "source": self.source,
                 **({"raises": self.raises, "match": self.match} if self.kind == "guard" else {}),
                 **({"inputs": list(self.inputs)} if self.kind == "precondition" else {}),
-                **({"reference": {k: v for k, v in self.reference}} if self.reference else {})}
+                **({"reference": {k: v for k, v in self.reference}} if self.reference else {}),
+                **({"writes": list(self.writes), "phase": self.phase, "writer": self.writer,
+                    "caller": self.caller, "hazard": self.hazard, **self.verify()} if self.writes else {})}
+
+    def verify(self, roots: dict | None = None) -> dict:
+        """Whether a declared write still holds in the installed engine: ``{"holds": bool, "evidence": str}``.
+        Reads the file of ``caller`` (a precondition) or ``source`` (a convention) from the package the
+        process imports (:func:`package_dir`; ``roots``: top package -> folder, to read another checkout)
+        and finds each of ``evidence`` in order, from the function that holds the cited line on; the
+        evidence names the line each was found at, or what is missing."""
+        where = self.caller or self.source
+        path, _, line = where.rpartition(":")
+        text = read_source(path, roots)
+        if text is None:
+            return {"holds": False, "evidence": f"{path} not found in the installed engine"}
+        lines = text.splitlines()
+        start, end = _function_span(lines, int(line) if line.isdigit() else 1)
+        pos = sum(len(x) + 1 for x in lines[:start])
+        stop = sum(len(x) + 1 for x in lines[:end])
+        found = []
+        for pattern in self.evidence:
+            m = re.compile(pattern, re.M).search(text, pos, stop)
+            if not m:
+                return {"holds": False, "evidence": f"{path}: no {pattern!r} in lines {start + 1}-{end}"
+                                                    + (f" (found: {'; '.join(found)})" if found else "")}
+            n = text.count("\n", 0, m.start()) + 1
+            found.append(f":{n} {lines[n - 1].strip()[:80]}")
+            pos = m.end()
+        return {"holds": True, "evidence": f"{path}" + "; ".join(found)}
+
+
+def package_dir(top: str, roots: dict | None = None) -> str | None:
+    """The folder holding top-level package ``top`` as this process would import it (an imported one's,
+    else the first on ``sys.path``), without importing it (Megatron-core's ``__init__`` needs Triton);
+    ``roots``: top -> the folder that holds the package, read instead."""
+    import importlib.machinery
+    import os
+    import sys
+
+    if roots and top in roots:
+        return os.path.join(roots[top], top)
+    mod = sys.modules.get(top)
+    paths = list(getattr(mod, "__path__", None) or [])
+    if not paths:
+        spec = importlib.machinery.PathFinder.find_spec(top)
+        paths = list((spec.submodule_search_locations or []) if spec else [])
+    return paths[0] if paths else None
+
+
+def read_source(path: str, roots: dict | None = None) -> str | None:
+    """The text of the engine file ``path`` (relative to its top package's parent: ``verl/utils/x.py``) in the
+    installed package (:func:`package_dir`), or None when absent."""
+    import os
+
+    top, _, rest = path.partition("/")
+    base = package_dir(top, roots)
+    try:
+        with open(os.path.join(base, rest), encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, TypeError):
+        return None
+
+
+def _function_span(lines: list[str], line: int) -> tuple[int, int]:
+    """``(start, end)``: 0-based index of the ``def`` that holds 1-based ``line`` and the index past its body
+    (the next ``def`` / ``class`` indented no deeper); the whole file when no ``def`` holds it."""
+    line = max(1, min(line, len(lines)))
+    for i in range(line - 1, -1, -1):
+        m = re.match(r"(\s*)(?:async\s+)?def\s", lines[i])
+        if m:
+            indent = len(m[1])
+            for j in range(i + 1, len(lines)):
+                n = re.match(r"(\s*)(?:async\s+def|def|class)\s", lines[j])
+                if n and len(n[1]) <= indent:
+                    return i, j
+            return i, len(lines)
+    return 0, len(lines)
+
+
+#: a non_destructive message's change of one tensor: ``input 'logits' mutated during forward`` (``during <op>
+#: backward``) / ``after the backward, a producer that saved the logits for backward could not backprop`` (also
+#: ``after <op> backward``) / ``Σπ² read after <op> forward+backward on the same logits differs``
+_MUTATED = re.compile(r"input '(?P<name>[A-Za-z_0-9]+)' mutated during (?:[A-Za-z_0-9]+ )?(?P<phase>forward|backward)")
+#: a value read from the same tensor after another op's forward and backward (vocab_parallel's after_entropy order)
+_READ_AFTER = re.compile(r"read after [A-Za-z_0-9]+ forward\+backward on the same (?P<name>[A-Za-z_0-9]+) differs")
+_SAVED = re.compile(r"after (?:the|[A-Za-z_0-9]+) backward, a producer that saved the (?P<name>[A-Za-z_0-9]+) for "
+                    r"backward could not backprop")
+
+
+def covering_write(rows, finding: dict) -> dict | None:
+    """The declared write (a row of ``report.json``'s ``engine.declared``, :meth:`Declared.row`) that covers a
+    ``non_destructive`` ``finding``, or None: it concerns the op and variant, it holds in the installed engine
+    (``holds``, :meth:`Declared.verify`), the finding is located at its ``writer`` (the engine function or
+    the frame it writes through, ``via``), and every change the message shows is to a tensor it ``writes``
+    in its ``phase`` (a forward write is also seen after the backward; a backward write must leave the
+    forward alone). Anything else — another tensor, a forward change of a backward write, a crash — is not
+    covered."""
+    if finding.get("property") != "non_destructive" or finding.get("status") != "discrepancy":
+        return None
+    site = finding.get("engine_function") or {}
+    at = {site.get("function"), (site.get("via") or {}).get("function")} - {None}
+    msg = finding.get("message") or ""
+    regime = finding.get("regime") or ""
+    for d in rows or ():
+        if not d.get("writes") or not d.get("holds") or finding.get("op") not in d.get("ops", ()):
+            continue
+        if d.get("variants") and _variant(regime) not in d["variants"]:
+            continue
+        if d.get("writer") not in at:
+            continue
+        changes = [(m["name"], m["phase"]) for m in _MUTATED.finditer(msg)]
+        changes += [(m["name"], "backward") for m in (*_SAVED.finditer(msg), *_READ_AFTER.finditer(msg))]
+        lines = [ln for ln in msg.splitlines() if ln.strip()]
+        if not changes or len(lines) > len(changes):  # a line the reading does not explain: not covered
+            continue
+        allowed = {"forward": ("forward", "backward"), "backward": ("backward",)}[d["phase"]]
+        if all(name in d["writes"] and phase in allowed for name, phase in changes):
+            if d["phase"] == "forward" and not any(p == "forward" for _, p in changes):
+                continue  # declared in the forward, seen only after the backward: another write
+            return d
+    return None
 
 
 def _variant(regime: str) -> str | None:

@@ -17,6 +17,11 @@ generator whose seed and parameters hypothesis draws and shrinks; the extreme en
   huge token counts, fully masked rows, imbalance up to 1:10⁴.
 * :func:`nested_partitions` — mini-batches -> DP ranks -> micro-batches of contiguous rows; several
   partitions of the same rows in one example.
+
+Whether a regime is realistic for training (``moderate``, ``peaked``, ``neg_inf_padded``: |logit| ≲ 30–50)
+or extreme (``near_uniform_offset``, ``fp16_extreme``, ``bf16_coarse``: contrived to probe the arithmetic's
+edges) is recorded in :data:`rlconform.harness.core.regimes.EXTREME_REGIMES` (:data:`REALISTIC_LOGITS` here):
+a wrong value seen only on an extreme regime is no ``training`` defect.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ _TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 FP16_MAX = 65504.0
 
 #: vocab sizes: tiny, primes, not divisible by 2/4/8 (TP), a few larger ones
+#: the logits regimes a trainer meets (the others of :func:`logits` are extreme: core.regimes.EXTREME_REGIMES)
+REALISTIC_LOGITS = ("moderate", "peaked", "neg_inf_padded")
 VOCAB_SIZES = (1, 2, 3, 5, 7, 8, 13, 31, 64, 97, 128, 251, 509, 1000, 1031, 4096)
 
 

@@ -20,9 +20,12 @@ logging       a wrong value of a metric: ops ``metric_pipeline`` / ``metric_stat
               ``dp_metric_all_reduce``, property ``metric_integrity``, or a failing clause that names a
               metric (``metric ppo_kl = …``): the loss is right, what is logged is not
 training      a wrong value (beyond the thresholds of ``wrong`` of the tolerance table), a missing
-              gradient or output of a loss, gradient, advantage, log-prob or importance weight
+              gradient or output of a loss, gradient, advantage, log-prob or importance weight — in a
+              dtype the engine calls the op with and on a realistic regime (below)
 precision     every other failure (rounding-sized); a wrong value in bf16 / fp16 on an extreme input
               that rounding of the inputs to that dtype explains (:func:`rounding_of_extreme_input`);
+              any other wrong value on a regime no trainer produces (:func:`extreme_input`:
+              :data:`rlconform.harness.core.regimes.EXTREME_REGIMES`, |logit| of 256 or ±1e4);
               a wrong value within 4 float32 ulps of the input's magnitude (:func:`ulp_level`);
               and any of the above (but ``destructive`` and a crash, :func:`is_crash`) in a dtype the
               engine never calls the op with
@@ -48,6 +51,7 @@ from __future__ import annotations
 import math
 import re
 
+from rlconform.harness.core.regimes import EXTREME_REGIMES, extreme
 from rlconform.harness.core.tolerance import NEAR, WRONG_PARTITION, WRONG_REL
 
 SEVERITIES = ("training", "destructive", "logging", "robustness", "precision")  # most severe first
@@ -160,7 +164,7 @@ UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 #: data regimes whose inputs sit at the edge of a low precision: log-ratios of ±20 (exp(20) ≈ 4.9e8, one bf16
 #: rounding of the log-ratio moves exp by up to 20·2⁻⁸ ≈ 8 %), value errors of 1e9 (a clipped and an
 #: unclipped branch that differ below the dtype's resolution round to a tie)
-EXTREME_INPUT_REGIMES = {"extreme_log_ratios": "log-ratios of ±20", "large_errors": "value errors near the dtype's range"}
+EXTREME_INPUT_REGIMES = {k: v for k, v in EXTREME_REGIMES.items() if k in ("extreme_log_ratios", "large_errors")}
 #: |log π − log π_old| of the extreme_log_ratios regime in bf16 (the condition number of exp there)
 EXTREME_LOG_RATIO = 20.0
 
@@ -190,6 +194,16 @@ def rounding_of_extreme_input(finding: dict) -> str | None:
            "a gradient split between two loss branches that round to a tie (≤ ½ of it)")
     return (f"rounding of an extreme input ({EXTREME_INPUT_REGIMES[data]}) in {finding['dtype']}: rel err "
             f"{max(rels):.3g} {how}")
+
+
+def extreme_input(finding: dict) -> str | None:
+    """Why a wrong value is no training defect because its regime is extreme (``precision``), else None: the
+    finding's data regime is one no trainer produces (:data:`rlconform.harness.core.regimes.EXTREME_REGIMES`:
+    logits offset by ±1e4, bf16 logits of 256, fp16 logits near ±65504, log-ratios of ±20). A NaN / inf or a
+    crash there is decided before (``robustness``); a wrong value seen on a realistic regime too is
+    ``training`` through that finding (a defect takes its most severe member's severity)."""
+    what = extreme(finding.get("regime") or "")
+    return f"a wrong value only on an extreme input ({what}), no input a trainer produces" if what else None
 
 
 #: names of inputs whose values are no scale of the computation (ids, masks, the upstream gradient)
@@ -328,6 +342,9 @@ def _impact(finding: dict) -> tuple[str | None, str]:
         rounding = rounding_of_extreme_input(finding) or ulp_level(finding)
         if rounding:
             return "precision", rounding
+        contrived = extreme_input(finding)
+        if contrived:
+            return "precision", contrived + ": " + why
         return target, ("a logged metric: " if metric else "") + why
     ratio = finding.get("max_ratio")
     ratio_txt = f"{ratio:.3g}× its tolerance" if isinstance(ratio, (int, float)) else "beyond its tolerance"
@@ -382,9 +399,12 @@ def fails(finding: dict, fail_on: str = DEFAULT_FAIL_ON) -> bool:
     """Whether ``finding`` turns the exit code red: ``xpass`` / ``unavailable`` always — except an op the
     binding declares to need CUDA on a run of another device (``"needs": "cuda"``, issue 27: reported
     ``unavailable: needs CUDA``, not a fault of the engine nor of its binding) — ``discrepancy`` / ``crash``
+    (but a ``declared_write``, the engine's declared write checked as declared: never)
     when their severity is at least ``fail_on``, ``xfail`` / ``pass`` never."""
     status = finding.get("status")
     if status == "unavailable" and finding.get("needs"):
+        return False
+    if finding.get("declared_write"):  # a declared write, checked as declared (triage.annotate)
         return False
     if status in ("xpass", "unavailable"):
         return True

@@ -5,14 +5,21 @@ Operates on the ``report.json`` document (a dict), whatever produced its finding
 
 * to each failing finding: ``severity`` (``training`` | ``destructive`` | ``logging`` | ``robustness`` |
   ``precision``) and ``severity_reason`` (:mod:`rlconform.harness.report.severity`, with the document's
-  ``engine.engine_dtypes``);
+  ``engine.engine_dtypes``) — or, for a ``non_destructive`` finding that shows exactly a write the engine
+  declares and that still holds in the installed engine (``engine.declared``,
+  :func:`rlconform.harness.core.declared.covering_write`), ``declared_write`` (its name) and no severity:
+  it is listed under "Conventions and guards", not as a defect;
 * to the document: ``defects: [{"id", "severity", "effect", "engine_function", "crash_frame", "trigger",
   "triggers", "functions", "op", "ops", "property", "properties", "signature": {"kind", "feature"},
   "members", "dtypes", "regimes", "reachable", "numbers": {"engine", "exact", "clause"} | null, "reproducer":
-  {"finding", "case_file", "command", "input"}, "message"}]`` (``signature.kind`` the class) ranked by
-  severity, then by the size of the effect (:func:`rlconform.harness.report.severity.effect`: a value
-  scaled by the number of micro-batches is unbounded), then by reachability (``reachable``: a member in a
-  dtype the engine calls the op with, ``engine.engine_dtypes``), then by number of members; and ``triage:
+  {"finding", "case_file", "command", "input"}, "message", "reach", "reach_text"}]`` (``signature.kind`` the
+  class) ranked by severity (:data:`~rlconform.harness.report.severity.SEVERITIES` order: ``training`` before
+  ``destructive``), then by reachability (``reach``, :func:`reach`: the trainer's default path — a
+  configuration the binding names, more than one micro-batch — then any input, then an edge input, each in
+  a dtype the engine calls the op with (``engine.engine_dtypes``) on a realistic regime; last what is
+  contrived), then by the size of the effect at that reachability
+  (:func:`rlconform.harness.report.severity.effect`: a value scaled by the number of micro-batches is
+  unbounded), then by ``reachable`` (a member in an engine dtype) and the number of members; and ``triage:
   {"defects": {severity: n}, "findings": {severity: n}}`` (:func:`severity_counts`: a defect's findings
   count under the defect's severity, as report.md's header line counts them).
 
@@ -502,6 +509,42 @@ def _reachable(finding: dict, engine_dtypes: dict) -> bool:
     return not used or not finding.get("dtype") or finding["dtype"] in used
 
 
+#: triggers of a trainer's ordinary run: every input (a dtype, a layout, the backward pass) — no edge input
+_ANY_INPUT = re.compile(r"^(?:any input|a backward pass|(?:bf16|fp16|fp32|fp64)(?: or (?:bf16|fp16|fp32|fp64))* "
+                        r"input|(?:TP|CP|DP) > 1)$")
+#: triggers of the trainer's default path: the micro-batches and DP ranks every step runs with
+_DEFAULT_PATH = re.compile(r"^more than one (?:micro-batch|DP rank)$")
+#: a trigger that is a configuration (``norm_adv_by_std_in_grpo=False (Dr. GRPO), …``): how a report without
+#: ``engine.variant_triggers`` (written before they were recorded) still knows a binding's configuration words
+_CONFIG_TRIGGER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=[^=\s]")
+#: reachability levels, most reachable first (:func:`reach`)
+REACH = {3: "the trainer's default path", 2: "any input", 1: "an edge input", 0: "contrived"}
+
+
+def reach(finding: dict, engine_dtypes: dict | None = None, config_triggers=()) -> int:
+    """How reachable a failing finding is from a trainer's run, for ranking within a severity (issue 20):
+    0 (``contrived``) in a dtype the engine never calls the op with (``engine_dtypes``) or on an extreme
+    regime (:func:`rlconform.harness.core.regimes.extreme`); else 3 (``the trainer's default path``) when its
+    trigger is a configuration the binding names (``config_triggers``: ``Binding.variant_triggers``' words,
+    verl's Dr. GRPO through ``grpo_vectorized``; in a report without them, a trigger that reads ``key=value``) or the micro-batches / DP ranks every step runs with (verl's
+    geo_mean, scaled by the number of micro-batches); 2 (``any input``) when it fails on any input (in a
+    dtype, a layout, the backward pass); 1 (``an edge input``) otherwise (a row with no valid token, a group
+    of one sample, a −inf logit, a masked NaN)."""
+    from rlconform.harness.core.regimes import realistic
+
+    if not _reachable(finding, engine_dtypes) or not realistic(finding.get("regime") or ""):
+        return 0
+    t = trigger(finding)
+    if t in set(config_triggers) or _DEFAULT_PATH.match(t) or _CONFIG_TRIGGER.match(t):
+        return 3
+    return 2 if _ANY_INPUT.match(t) else 1
+
+
+def config_triggers(doc: dict) -> set:
+    """The configuration triggers a report's binding names (``engine.variant_triggers``: op -> variant -> words)."""
+    return {w for v in ((doc.get("engine") or {}).get("variant_triggers") or {}).values() for w in (v or {}).values()}
+
+
 _VERSION = re.compile(r"_version (?P<a>\d+) -> (?P<b>\d+)|is at version (?P<b2>\d+); expected version (?P<a2>\d+)")
 _CHANGED = re.compile(r"(?P<n>\d+) element\(s\) changed, e\.g\. \[\d+\] (?P<x>[-+0-9.e]+|nan|-?inf) -> (?P<y>[-+0-9.e]+|nan|-?inf)")
 
@@ -519,9 +562,10 @@ def change_text(msg: str) -> str:
     return "; ".join(parts)
 
 
-def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dict]:
-    """Group the failing findings (those with a severity; an ``unavailable`` op's are not) into defects by root key, most severe first
-    (``engine_dtypes``: op -> the dtypes the engine calls it with, for reachability)."""
+def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=()) -> list[dict]:
+    """Group the failing findings (those with a severity; an ``unavailable`` op's are not) into defects by root
+    key, most severe first, then most reachable (:func:`reach`; ``engine_dtypes``: op -> the dtypes the engine
+    calls it with; ``configs``: the binding's configuration triggers), then by the size of the effect."""
     # an unavailable op is one entry of the report's unavailable list (its cause), not a defect of the engine
     failing = {f["id"]: f for f in findings if f.get("severity") and f.get("status") != "unavailable"}
     keys = folded_keys(failing, findings)
@@ -537,9 +581,12 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dic
     for (place, cls), members in groups.items():
         sev = min((m["severity"] for m in members), key=lambda s: (RANK.get(s, 9), SEVERITIES.index(s) if s in SEVERITIES else 9))
         top = [m for m in members if m["severity"] == sev]
-        size = max(effect(m) for m in top)
-        # the reproducer: the smallest input among the most severe members, one with numbers to show first
-        shown = min(top, key=lambda m: (numbers(m) is None, _size(m)))
+        level = max(reach(m, engine_dtypes, configs) for m in top)
+        # the effect where it is reached: a contrived member's larger error does not rank a defect
+        size = max(effect(m) for m in top if reach(m, engine_dtypes, configs) == level)
+        # the reproducer: the smallest input among the most severe and most reachable members, one with numbers
+        # to show first
+        shown = min(top, key=lambda m: (-reach(m, engine_dtypes, configs), numbers(m) is None, _size(m)))
         k = kind(shown)
         rep = shown.get("reproducer") or {}
         crash = k.startswith("crash:")
@@ -572,13 +619,17 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None) -> list[dic
             "dtypes": sorted({m.get("dtype") for m in members if m.get("dtype")}),
             "regimes": sorted({m.get("regime") for m in members if m.get("regime")}),
             "reachable": any(_reachable(m, engine_dtypes) for m in top),
+            "reach": level, "reach_text": REACH[level],
             "numbers": numbers(shown),
             "reproducer": {"finding": shown["id"], "case_file": rep.get("case_file"), "command": rep.get("command"),
                            "input": shown.get("worst_input")},
             "message": (shown.get("message") or "").strip().splitlines()[0][:300] if shown.get("message") else "",
             "change": change_text(shown.get("message") or "") if cls == "changes a tensor" else "",
         })
-    out.sort(key=lambda d: (RANK[d["severity"]], -d["effect"], not d["reachable"], -len(d["members"]), d["id"]))
+    # severity in SEVERITIES order (training before destructive: --fail-on's RANK ties them, the table does not),
+    # then reachability, then the size of the effect where reached, then the number of findings
+    out.sort(key=lambda d: (SEVERITIES.index(d["severity"]), -d["reach"], -d["effect"], not d["reachable"],
+                            -len(d["members"]), d["id"]))
     return out
 
 
@@ -622,15 +673,22 @@ def annotate(doc: dict) -> dict:
     Idempotent (recomputed from the findings each time); a report written before issue 20 (no
     ``engine_function`` / ``trigger`` / ``engine_dtypes``) is triaged with the fallbacks of the module
     docstring."""
+    from rlconform.harness.core.declared import covering_write
+
     dtypes = (doc.get("engine") or {}).get("engine_dtypes") or {}
+    declared = (doc.get("engine") or {}).get("declared") or []
     for f in doc.get("findings", []):
         sev, reason = classify(f, dtypes)
+        write = covering_write(declared, f) if sev is not None else None
+        f.pop("declared_write", None)
+        if write is not None:  # the engine's declared write, checked as declared: listed there, no defect
+            sev, f["declared_write"] = None, write["name"]
         if sev is None:
             f.pop("severity", None)
             f.pop("severity_reason", None)
         else:
             f["severity"], f["severity_reason"] = sev, reason
-    doc["defects"] = defects(doc.get("findings", []), dtypes)
+    doc["defects"] = defects(doc.get("findings", []), dtypes, config_triggers(doc))
     doc["triage"] = severity_counts(doc["defects"])
     return doc
 

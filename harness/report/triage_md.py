@@ -2,7 +2,7 @@
 
 One line of counts per severity, then one row per defect of every severity but ``precision`` (those
 follow in a compact table of their own) (a root cause, :mod:`rlconform.harness.report.triage`),
-most severe first, then by size of effect: severity; the engine function (or crash frame) with
+most severe first, then by reachability and size of effect (:data:`ORDER_NOTE`): severity; the engine function (or crash frame) with
 ``file:line`` (the op when none was recorded); the kind of failure and its trigger; engine vs exact on
 the smallest input; members (how many findings, over which ops · properties · dtypes); and the
 reproducer command of its smallest member.
@@ -18,11 +18,14 @@ DEFECTS_BUDGET = 20_000
 
 #: how the rows are ranked (:func:`rlconform.harness.report.triage.defects`; README "Severity, defects and
 #: pull-request diffs")
-ORDER_NOTE = ("Ranked by severity (training = destructive > logging > robustness > precision), then by the size "
-              "of the effect of the worst member of that severity (its relative error; the absolute one where "
-              "the exact value is 0; unbounded for a crash, a NaN / inf, a changed tensor or a value scaled by "
-              "the number of micro-batches), then by reachability (a member in a dtype the engine calls the op "
-              "with), then by the number of findings.")
+ORDER_NOTE = ("Ranked by severity (training, destructive, logging, robustness, precision, in that order; "
+              "`--fail-on` counts training and destructive as one level), then by reachability (the trainer's "
+              "default path — a configuration it runs, more than one micro-batch — then any input, then an edge "
+              "input, each in a dtype the engine calls the op with and on a realistic regime; last, only in "
+              "another dtype or on an extreme regime), then by the size of the effect of the most reachable "
+              "member of that severity (its relative error; the absolute one where the exact value is 0; "
+              "unbounded for a crash, a NaN / inf, a changed tensor or a value scaled by the number of "
+              "micro-batches), then by the number of findings.")
 
 
 def counts_line(doc: dict) -> str:

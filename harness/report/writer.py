@@ -37,10 +37,12 @@ Schema ``rlconform.report/1``::
      "defects": [{"id", "severity", "effect", "engine_function", "crash_frame", "upstream", "trigger", "op",
                   "ops", "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes",
                   "regimes", "numbers": {"engine", "exact", "clause"} | null, "reproducer": {"finding",
-                  "case_file", "command", "input"}, "message"}]  (ranked by severity, then ``effect``
-                  — the worst member's relative error, the absolute one at an exact 0, inf for a crash, a
-                  NaN / inf, a changed tensor or a value scaled by the number of micro-batches —, then
-                  reachability, then the number of members; ``upstream``: the distribution holding the
+                  "case_file", "command", "input"}, "message", "reach", "reach_text"}]  (ranked by
+                  severity in SEVERITIES order — training before destructive —, then ``reach`` — 3 the
+                  trainer's default path, 2 any input, 1 an edge input, 0 contrived: another dtype or an
+                  extreme regime —, then ``effect`` — the most reachable worst member's relative error,
+                  the absolute one at an exact 0, inf for a crash, a NaN / inf, a changed tensor or a value
+                  scaled by the number of micro-batches —, then the number of members; ``upstream``: the distribution holding the
                   deepest frame when another package than the engine function's, else null),
      "triage": {"defects": {severity: n}, "findings": {severity: n}},
      "coverage": {"engine", "version", "modules", "counts": {"unbound", "bound", "justified"},

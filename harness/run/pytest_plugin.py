@@ -129,6 +129,7 @@ class _EngineInfo:
         self.variant_record = meta.get("variant_record") or {}
         self.engine_dtypes = meta.get("engine_dtypes") or {}  # issue 20 §3: op -> dtypes the trainer uses
         self.declared_rows = meta.get("declared") or []  # issue 20 §2: conventions, preconditions, guards (data)
+        self.variant_triggers = meta.get("variant_triggers") or {}  # configurations as triggers (for reachability)
         self.coverage = meta.get("coverage")  # the coverage table (issue 11), built in the probe's child process
 
     def provided_ops(self) -> list[str]:
@@ -247,7 +248,8 @@ class State:
                     "variants": self.variant_record(),
                     "engine_dtypes": {op: list(d) for op, d in (getattr(b, "engine_dtypes", None) or {}).items()},
                     "declared": getattr(b, "declared_rows", None)
-                    or [d.row() for d in getattr(b, "declared", ())]},
+                    or [d.row() for d in getattr(b, "declared", ())],
+                    "variant_triggers": {op: dict(v) for op, v in (getattr(b, "variant_triggers", None) or {}).items()}},
             run={"profile": opt("rlconform_profile"), "seed": self.seed,
                  "max_examples": self.settings.max_examples,
                  "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},
