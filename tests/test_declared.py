@@ -263,3 +263,11 @@ def test_declared_writes_are_listed_with_their_hazard_and_source():
     assert "checked as declared" in line and "finding(s) show only this write" in line
     assert "megatron/core/tensor_parallel/cross_entropy.py:42" in md
     assert "entropy_backward_writes_logits" in html_section(doc)
+    # `rlconform explain <name>`: the declared write's card, with the hazard a fork's caller needs
+    from rlconform.harness.report.explain import declared_card
+
+    card = declared_card(doc, "entropy_backward_writes_logits")
+    assert "not a defect" in card and "Hazard" in card and "logits_bak = logits.clone()" in card
+    assert "Does NOT hold" in declared_card({**doc, "engine": {"declared": [
+        dict(r, holds=False) for r in doc["engine"]["declared"]]}}, "entropy_backward_writes_logits")
+    assert declared_card(doc, "masked_var_le_one_token") is None  # a guard: no card of this kind

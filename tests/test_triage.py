@@ -271,3 +271,16 @@ def test_the_stated_ranking_rule_is_the_order():
     assert ORDER_NOTE.index("reachability") < ORDER_NOTE.index("size of the effect")
     readme = (ROOT / "README.md").read_text()
     assert "ranked by severity (training, destructive, logging, robustness, precision, in that order), then by\n*reachability*" in readme
+
+
+def test_every_extreme_regime_is_a_catalog_regime_and_the_logits_strategy_agrees():
+    """The realism of a regime lives with the regimes (core.regimes): each extreme one names a regime the
+    catalog draws, and the logits strategy's regimes are realistic or extreme exactly as strategies says."""
+    from rlconform.harness.catalog.ops import OPS
+    from rlconform.harness.core.regimes import EXTREME_REGIMES, data_regime, realistic
+    from rlconform.harness.core.strategies import REALISTIC_LOGITS
+    from rlconform.harness.families.token_stats import LOGITS_REGIMES
+
+    drawn = {data_regime(r) for op in OPS.values() for r in (op.regimes or {})}
+    assert set(EXTREME_REGIMES) <= drawn
+    assert {r for r in LOGITS_REGIMES if realistic(r)} == set(REALISTIC_LOGITS)

@@ -55,6 +55,26 @@ def _defects(doc: dict, where: str) -> list[dict]:
     return [d for d in defects if isinstance(d, dict) and isinstance(d.get("id"), str)]
 
 
+def declared_card(doc: dict, key: str) -> str | None:
+    """The card of a declared write named ``key`` (``engine.declared``, issue 20: no defect, but a fork's caller
+    needs the hazard): what the engine writes and why, its source and the caller that keeps it, whether it held
+    in the engine the report ran and the findings that showed it; None when ``key`` names none."""
+    for d in (doc.get("engine") or {}).get("declared") or ():
+        if isinstance(d, dict) and d.get("name") == key and d.get("writes"):
+            seen = sorted(f["id"] for f in doc.get("findings", []) if f.get("declared_write") == key)
+            lines = [f"## Declared {d['kind']} `{key}` (not a defect)", "", d["what"], "",
+                     f"**Why:** {d['reason']}", "", f"**Source:** `{d['source']}`"
+                     + (f"; caller `{d['caller']}`" if d.get("caller") else ""), "",
+                     f"**Hazard for a caller that does not keep it (a fork's):** {d.get('hazard') or d['what']}", "",
+                     ("**Checked as declared:** " if d.get("holds") else "**Does NOT hold in the engine the report "
+                      "ran; its findings are defects:** ") + str(d.get("evidence") or ""), ""]
+            if seen:
+                lines += [f"{len(seen)} finding(s) showed only this write ({', '.join(d['writes'])}, {d['phase']}, by "
+                          f"{d['writer']}), e.g. `{seen[0]}`", ""]
+            return "\n".join(lines)
+    return None
+
+
 def find_defect(doc: dict, key: str, where: str = "the report") -> dict:
     """The defect whose id is ``key``, or the only one whose id starts with ``key``. Raises
     :class:`ExplainError` naming the closest ids when there is none, or the candidates when several match."""

@@ -14,7 +14,7 @@ import os
 import sys
 
 from rlconform.harness.report.explain import (
-    NO_SCRIPT, ExplainError, explain_markdown, find_defect, read_case, standalone_script,
+    NO_SCRIPT, ExplainError, declared_card, explain_markdown, find_defect, read_case, standalone_script,
 )
 
 
@@ -33,6 +33,10 @@ def cmd_explain(args) -> int:
     folder = args.report if os.path.isdir(args.report) else os.path.dirname(args.report) or "."
     try:
         doc = load_report(args.report)
+        card = declared_card(doc, args.defect)  # a declared write: its hazard, no defect
+        if card is not None and not args.script:
+            sys.stdout.write(card)
+            return 0
         d = find_defect(doc, args.defect, report_path(args.report))
         case = read_case(folder, d)
         if args.script:

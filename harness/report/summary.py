@@ -64,7 +64,13 @@ def print_summary(doc: dict, console: Console | None = None) -> None:
         first = (fs[0].get("message") or "").strip().splitlines()[:1]
         console.print(f"[{_STYLE['binding_error']}]binding error, op {op}[/] ({len(fs)} finding(s), not an engine "
                       f"defect): {first[0] if first else ''}"[:400], highlight=False, soft_wrap=True)
-    bad = [f for f in doc["findings"] if f["status"] in ("discrepancy", "crash", "error", "xpass")]
+    declared = [f for f in doc["findings"] if f.get("declared_write")]  # the engine's declared writes: not red
+    if declared:
+        console.print(f"{len(declared)} finding(s) show only a write the engine declares "
+                      f"({', '.join(sorted({f['declared_write'] for f in declared}))}): see \"Conventions and guards\"",
+                      highlight=False, soft_wrap=True)
+    bad = [f for f in doc["findings"] if f["status"] in ("discrepancy", "crash", "error", "xpass")
+           and not f.get("declared_write")]
     for f in bad[:12]:
         first = (f.get("message") or "").strip().splitlines()[:1]
         console.print(f"[{_STYLE[f['status']]}]{f['status']}[/] {f['id']}: {first[0] if first else ''}"[:400],
