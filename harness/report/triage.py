@@ -250,7 +250,7 @@ _SHORT = dict(_LOW, float32="fp32", float64="fp64")
 
 
 def narrowest(trig: str, members: list[dict], checked: set | None = None) -> str:
-    """The defect's trigger ``trig`` narrowed to what all its members share when it reads ``any input``
+    """The defect's trigger ``trig`` narrowed to what all ``members`` (those of its severity) share when it reads ``any input``
     (issue 20: "any input" only for a failure seen on any input): the dtypes every member is in when the
     same ops and properties ran and passed in others (``checked``: the dtypes they ran in; ``fp32 input``
     for Megatron's in-place cross entropy, which copies bf16 / fp16 / fp64 logits and writes into fp32
@@ -599,8 +599,8 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
             nd = [m for m in members if m.get("property") == "non_destructive"]
             checked = set().union(*(ran.get((m["op"], m["property"]), set()) for m in nd))
             trig = _phase(narrowest(trig, nd or members, checked), nd)
-        else:
-            trig = narrowest(trig, members)
+        else:  # what the members of the row's severity share (an fp16 member gated to precision is not one)
+            trig = narrowest(trig, top)
         site_ = _plain(located.get("engine_function") if crash else where(located, k))
         frame_ = shown.get("crash_frame") if crash else None
         out.append({
