@@ -128,6 +128,10 @@ def _site(d: dict) -> str:
     site = d.get("crash_frame") or d.get("engine_function") or {}
     if not site:
         return f"op {d.get('op')}"
+    if not d.get("crash_frame") and isinstance(site.get("fault"), dict):  # the faulty line(s), then the function
+        from rlconform.harness.report.triage import cited_text
+
+        return cited_text(dict(site, function=f"{site.get('module', '')}.{site.get('function')}".lstrip(".")))
     return f"{site.get('module', '')}.{site.get('function')} ({site.get('file')}:{site.get('line')})".lstrip(".")
 
 
@@ -185,7 +189,12 @@ def _numbers(d: dict) -> str:
     n = d.get("numbers")
     if not n:
         return d.get("message", "").splitlines()[0] if d.get("message") else "(the report records no numbers)"
-    return f"engine {_fmt(n.get('engine'))} vs exact {_fmt(n.get('exact'))} ({n.get('clause', '')})"
+    if n.get("sides"):  # two runs of the engine compared: each labelled
+        (la, a), (lb, b) = n["sides"]
+        comp = f"{n['component']}: " if n.get("component") else ""
+        return f"{comp}{la} {_fmt(a)} vs {lb} {_fmt(b)}, exact {_fmt(n.get('exact'))} ({n.get('clause', '')})"
+    comp = f"{n['component']}: " if n.get("component") else ""
+    return f"{comp}engine {_fmt(n.get('engine'))} vs exact {_fmt(n.get('exact'))} ({n.get('clause', '')})"
 
 
 #: characters of the smallest input shown in the Markdown (an upstream issue body holds 65 536); the script

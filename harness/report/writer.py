@@ -36,7 +36,7 @@ Schema ``rlconform.report/1``::
                    (issue 23 §1; absent when every stage calls the engine's code)}],
      "defects": [{"id", "severity", "effect", "engine_function", "crash_frame", "upstream", "trigger", "op",
                   "ops", "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes",
-                  "regimes", "numbers": {"engine", "exact", "clause"} | null, "reproducer": {"finding",
+                  "regimes", "numbers": {"engine", "exact", "clause", "component", "sides"} | null, "reproducer": {"finding",
                   "case_file", "command", "input"}, "message"}]  (ranked by severity, then ``effect``
                   — the worst member's relative error, the absolute one at an exact 0, inf for a crash, a
                   NaN / inf, a changed tensor or a value scaled by the number of micro-batches —, then
