@@ -524,7 +524,7 @@ def _component(head: str) -> str:
     return _short(text) if text else ""
 
 
-_OUTPUT = re.compile(r"\b(?:gradient(?: w\.r\.t\. \w+)?|value(?: \(rank \d+\))?|loss|metric [\w/.]+|advantages|returns|"
+_OUTPUT = re.compile(r"\b(?:gradient(?: w\.r\.t\. (?!the\b)\w+)?|value(?: \(rank \d+\))?|loss|metric [\w/.]+|advantages|returns|"
                      r"kept mask|[\w]+(?:/[\w.]+)+(?: \(\w+\))?)")
 
 
