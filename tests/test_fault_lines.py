@@ -139,3 +139,21 @@ def test_every_committed_verl_cell_is_labelled():
             continue
         cell = numbers_cell({"numbers": n})
         assert (" vs exact " in cell) if not n.get("sides") else ("(exact " in cell and "engine" not in cell), cell
+
+
+def test_explain_names_the_faulty_line_and_its_evidence():
+    from rlconform.harness.report.explain import explain_markdown
+
+    site = {"function": "compute_policy_loss_geo_mean", "module": "verl.trainer.ppo.core_algos",
+            "file": "verl/trainer/ppo/core_algos.py", "line": 1929,
+            "fault": {"line": 2000, "lines": [2000], "evidence": "anchor", "text": "pg_loss = torch.mean(pg_losses)",
+                      "runs": {"failing": 1, "passing": 2}}}
+    d = {"id": "x", "severity": "training", "engine_function": site, "crash_frame": None, "op": "policy_loss",
+         "ops": ["policy_loss"], "property": "partition_invariant", "properties": ["partition_invariant"],
+         "signature": {"kind": "partition dependence", "feature": "more than one micro-batch"},
+         "trigger": "more than one micro-batch", "members": ["a"], "dtypes": ["float32"], "numbers": None,
+         "reproducer": {"finding": "a"}, "message": ""}
+    text = explain_markdown({"engine": {"name": "verl", "version": "0.9.1"}}, d, None, None)
+    where = next(line for line in text.splitlines() if line.startswith("**Where:**"))
+    assert "core_algos.py:2000 in verl.trainer.ppo.core_algos.compute_policy_loss_geo_mean" in where, where
+    assert "declares" in where and "pg_loss = torch.mean(pg_losses)" in where
