@@ -270,7 +270,7 @@ def test_numbers_show_the_digits_that_differ_and_the_relative_error():
     from rlconform.harness.report.triage_md import numbers_cell
 
     cell = numbers_cell({"numbers": {"engine": -0.07722413, "exact": -0.077224142, "clause": ""}})
-    assert cell.startswith("-0.07722413 vs -0.07722414") and "rel err 1.55e-07" in cell
+    assert cell.startswith("engine -0.07722413 vs exact -0.07722414") and "rel err 1.55e-07" in cell
 
 
 def test_a_decorated_function_is_located_at_its_def_line(tmp_path, monkeypatch):
@@ -478,7 +478,7 @@ def test_cells_say_gradient_and_upstream():
 
     cell = numbers_cell({"numbers": {"engine": -0.459, "exact": 0.0,
                                      "clause": "gradient: engine -0.459 vs reference 0.0 at flat index 0"}})
-    assert cell.startswith("gradient: -0.459 vs 0")
+    assert cell.startswith("gradient: engine -0.459 vs exact 0")
     assert not numbers_cell({"numbers": {"engine": 0.5, "exact": 1.0, "clause": "value: engine 0.5"}}).startswith("g")
 
 

@@ -1359,6 +1359,32 @@ VARIANT_TRIGGERS = {"outcome_advantage": {
 }}
 
 
+#: the faulty source line of an engine function whose failing and passing examples run the same lines
+#: (Binding.fault_anchors): regular expressions resolved in the installed verl's source at run time, never
+#: line numbers (rlconform.harness.core.fault_lines)
+FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression) -> patterns of the faulty line}
+    # GMPO's loss is the mean over the micro-batch's rows: with more than one micro-batch, the sum over
+    # micro-batches the trainer makes is the number of micro-batches times the loss of the whole batch
+    "verl.trainer.ppo.core_algos.compute_policy_loss_geo_mean": {
+        "partition dependence": (r"pg_loss = torch\.mean\(pg_losses\)",)},
+    # a group of one sample: the leave-one-out baseline is replaced by an advantage of 0 (× (c > 1))
+    "verl.trainer.ppo.core_algos.compute_rloo_vectorized_outcome_advantage": {
+        "wrong value|implementations disagree": (r"\* \(c > 1\)\s*$",)},
+    # grpo_vectorized reads its keyword norm_adv_by_std_in_grpo, never config.norm_adv_by_std_in_grpo
+    "verl.trainer.ppo.core_algos.compute_grpo_vectorized_outcome_advantage": {
+        "wrong value|implementations disagree": (r"^\s*if norm_adv_by_std_in_grpo:",)},
+    # k1 = −log ratio, while the bounds are read as bounds of the ratio: asymmetric ones keep the inverse ratio
+    "verl.trainer.ppo.rollout_corr_helper.compute_rollout_rejection_mask": {
+        "wrong value": (r"token_k1: torch\.Tensor = -log_ratio_safe",
+                        r"token_keep_bool = \(per_token_stat >= lower_log\)")},
+    # logsumexp − Σ p·logits: cancels in bf16 / fp16, and 0 · (−inf) is NaN at a −inf logit
+    "verl.utils.torch_functional.entropy_from_logits": {
+        "wrong value|NaN|inf|inexact value": (r"entropy = torch\.logsumexp\(logits, dim=-1\) - torch\.sum\(",)},
+    "verl.utils.torch_functional.calculate_sum_pi_squared_from_logits": {
+        "wrong value|NaN|inf|inexact value": (r"return torch\.exp\(torch\.logsumexp\(2\.0 \* logits",)},
+}
+
+
 binding = Binding(
     name="verl",
     implementations=IMPLEMENTATIONS,
@@ -1366,6 +1392,7 @@ binding = Binding(
     engine_dtypes=ENGINE_DTYPES,
     declared=DECLARED,
     output_sites=OUTPUT_SITES,
+    fault_anchors=FAULT_ANCHORS,
     version=_version(),
     ops={
         "entropy": Lazy(f"{TF}:entropy_from_logits"),

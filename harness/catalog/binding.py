@@ -170,6 +170,12 @@ class Binding:
     out (verl's ``grpo_vectorized`` ignores ``norm_adv_by_std_in_grpo=False`` in the AlgoConfig, so Dr. GRPO
     divides by σ on every input). Replaces a finding's trigger only when it reads ``any input``
     (:func:`rlconform.harness.run.root_cause.declared_trigger`).
+    ``fault_anchors``: engine function (``module.qualname``) -> {kinds of failure (a regular expression over
+    ``wrong value``, ``partition dependence``, ``NaN``…) -> regular expressions of its faulty source line}, for a failure whose failing and passing examples execute the same lines (tensor code without a
+    branch: the spectrum of :mod:`rlconform.harness.core.fault_lines` cannot tell its lines apart); each is
+    resolved in the installed engine's source of that function when a finding is located
+    (:func:`rlconform.harness.core.fault_lines.anchor_line`), never a line number, so a fork's checkout
+    gets its own line; one no line matches anymore cites the function.
     ``needs``: op -> the device its default implementation needs (``"cuda"``: a Triton / CUDA kernel); an
     alternative implementation declares it on its :class:`Implementation` (``needs``). On a run whose
     ``--device`` is not one, the op's findings are ``unavailable: needs CUDA`` (:meth:`device_gap`).
@@ -191,6 +197,7 @@ class Binding:
     needs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     output_sites: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
     variant_triggers: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    fault_anchors: Mapping[str, Mapping[str, tuple]] = dataclasses.field(default_factory=dict)
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):

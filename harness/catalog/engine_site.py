@@ -11,7 +11,9 @@ A binding's adapters name the engine callable they call with :func:`calls` (attr
 A finding's site also carries ``calls``: the engine functions the callable names directly
 (:func:`callees`). ``file`` is relative to the directory that holds the engine's top package (``verl/…``), so a fork's
 checkout on ``--engine-path`` gives its own files and lines; ``line`` is the ``def`` line
-(below its decorators) for a callable, the executing line for a crash frame. Code of rlconform, torch,
+(below its decorators) for a callable, the executing line for a crash frame. A failing finding's site
+also carries ``fault``, the line the report cites (:func:`fault`: the spectrum of traced examples, else
+the binding's declared anchor, else the function; :mod:`rlconform.harness.core.fault_lines`). Code of rlconform, torch,
 NumPy and the standard library is never an engine site.
 """
 
@@ -563,3 +565,50 @@ def mutation_frame(fn: Any, depth: int = 4) -> dict | None:
                     nxt.append(c)
         frontier = nxt
     return None
+
+
+def site_callable(s: dict | None):
+    """The engine function a site names (``module`` imported in this process, ``function`` a qualname:
+    ``_VocabParallelEntropy.backward``), or None."""
+    if not s or not s.get("module") or not s.get("function"):
+        return None
+    obj = sys.modules.get(s["module"])
+    if obj is None:  # the process that ran the engine has imported it; elsewhere import it now
+        try:
+            import importlib
+
+            obj = importlib.import_module(s["module"])
+        except Exception:  # noqa: BLE001 - a module this machine cannot import names nothing
+            return None
+    for part in str(s["function"]).split("."):
+        obj = getattr(obj, part, None) if obj is not None else None
+    obj = getattr(obj, "__func__", obj)
+    return obj if inspect.isfunction(obj) else None
+
+
+def fault_anchors(binding, s: dict | None, kind: str = "") -> tuple:
+    """The binding's declared anchors (regular expressions of the faulty line) of the engine function at
+    site ``s`` for a failure of ``kind`` (``Binding.fault_anchors``: ``module.qualname`` -> ``{kinds: patterns}``,
+    ``kinds`` a regular expression over the kind of failure — ``wrong value``, ``partition dependence``,
+    ``NaN``, ``inexact value`` (:func:`rlconform.harness.report.triage.kind`) — so a function's NaN at a
+    masked position is not cited at the line of its wrong value)."""
+    import re
+
+    if not s:
+        return ()
+    rules = (getattr(binding, "fault_anchors", None) or {}).get(f"{s.get('module')}.{s.get('function')}") or {}
+    return tuple(p for kinds, pats in rules.items() if re.search(kinds, kind or "") for p in pats)
+
+
+def fault(binding, s: dict | None, failing: list | None = None, passing: list | None = None,
+          kind: str = "") -> dict | None:
+    """The cited line of the engine function at site ``s`` (:func:`rlconform.harness.core.fault_lines.localize`:
+    the discriminating line of the traced runs, else a declared anchor, else the function), as
+    ``{"line", "evidence", "text", …}`` with ``line`` None when the function itself is cited; None when the
+    site names no function of this process."""
+    from rlconform.harness.core.fault_lines import localize
+
+    fn = site_callable(s)
+    if fn is None:
+        return None
+    return localize(fn, failing, passing, fault_anchors(binding, s, kind))

@@ -148,7 +148,34 @@ def _site(d: dict) -> str:
     site = d.get("crash_frame") or d.get("engine_function") or {}
     if not site:
         return f"op {d.get('op')}"
+    if not d.get("crash_frame") and isinstance(site.get("fault"), dict) and site["fault"].get("line"):
+        # the faulty line(s), then the function
+        from rlconform.harness.report.triage import cited_text
+
+        return cited_text(dict(site, function=f"{site.get('module', '')}.{site.get('function')}".lstrip(".")))
     return f"{site.get('module', '')}.{site.get('function')} ({site.get('file')}:{site.get('line')})".lstrip(".")
+
+
+def _evidence(d: dict) -> str:
+    """Why the Where line cites its line (:mod:`rlconform.harness.core.fault_lines`): `` — the line its
+    failing example ran and a passing one went past (Ochiai 1 over 1 failing, 2 passing runs): `text` ``,
+    the binding's declared line, or no single line; ``""`` for a crash frame or a site recorded without."""
+    f = (d.get("engine_function") or {}).get("fault") if not d.get("crash_frame") else None
+    if not isinstance(f, dict):
+        return ""
+    runs = f.get("runs") or {}
+    text = f": `{f['text']}`" if f.get("text") else ""
+    if f.get("evidence") == "spectrum":
+        return (f" — the line its failing example ran and a passing one went past without (Ochiai {f.get('score')} "
+                f"over {runs.get('failing', 0)} failing, {runs.get('passing', 0)} passing traced runs){text}")
+    if f.get("evidence") == "anchor":
+        return f" — the faulty line the binding declares (a pattern resolved in the installed source){text}"
+    if not runs.get("failing") or not runs.get("passing"):
+        why = ("no line was traced (its engine runs out of this process, or its code has no branch)"
+               if not runs.get("failing") else "no passing example of the finding was drawn to contrast with")
+    else:
+        why = f"the traced examples ({runs['failing']} failing, {runs['passing']} passing) ran the same lines"
+    return f" — no single line: {why}, and the binding declares none; the function is cited"
 
 
 def _effect(d: dict) -> str:
@@ -205,7 +232,12 @@ def _numbers(d: dict) -> str:
     n = d.get("numbers")
     if not n:
         return d.get("message", "").splitlines()[0] if d.get("message") else "(the report records no numbers)"
-    return f"engine {_fmt(n.get('engine'))} vs exact {_fmt(n.get('exact'))} ({n.get('clause', '')})"
+    if n.get("sides"):  # two runs of the engine compared: each labelled
+        (la, a), (lb, b) = n["sides"]
+        comp = f"{n['component']}: " if n.get("component") else ""
+        return f"{comp}{la} {_fmt(a)} vs {lb} {_fmt(b)}, exact {_fmt(n.get('exact'))} ({n.get('clause', '')})"
+    comp = f"{n['component']}: " if n.get("component") else ""
+    return f"{comp}engine {_fmt(n.get('engine'))} vs exact {_fmt(n.get('exact'))} ({n.get('clause', '')})"
 
 
 #: characters of the smallest input shown in the Markdown (an upstream issue body holds 65 536); the script
@@ -246,7 +278,7 @@ def _explain(doc: dict, d: dict, case: dict | None, folder: str | None) -> tuple
              f" — {(d.get('signature') or {}).get('kind')} · {d.get('trigger')}", "",
              cause(d), "",
              f"**Where:** `{_site(d)}`" + (f" — the deepest frame is {d['upstream']}'s: the fix belongs upstream"
-                                           if d.get("upstream") else ""), "",
+                                           if d.get("upstream") else "") + _evidence(d), "",
              f"**Numbers (smallest input):** {_numbers(d)}", "",
              f"**Smallest input** (`{rep.get('finding')}`; floats as float64 hex):", "",
              "```json", _case_input(case, d), "```", ""]

@@ -11,7 +11,7 @@ Operates on the ``report.json`` document (a dict), whatever produced its finding
   it is listed under "Conventions and guards", not as a defect;
 * to the document: ``defects: [{"id", "severity", "effect", "engine_function", "crash_frame", "trigger",
   "triggers", "functions", "op", "ops", "property", "properties", "signature": {"kind", "feature"},
-  "members", "dtypes", "regimes", "reachable", "numbers": {"engine", "exact", "clause"} | null, "reproducer":
+  "members", "dtypes", "regimes", "reachable", "numbers": {"engine", "exact", "clause", "component", "sides"} | null, "reproducer":
   {"finding", "case_file", "command", "input"}, "message", "reach", "reach_text"}]`` (``signature.kind`` the
   class) ranked by severity (:data:`~rlconform.harness.report.severity.SEVERITIES` order: ``training`` before
   ``destructive``), then by reachability (``reach``, :func:`reach`: the trainer's default path — a
@@ -94,7 +94,7 @@ import math
 import re
 
 from rlconform.harness.report.severity import (
-    NONFINITE_WHERE_FINITE, RANK, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses,
+    NONFINITE_WHERE_FINITE, PARTITION_CLAUSE, RANK, VALUE_CLAUSE, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses,
     rounding_of_extreme_input, ulp_level, value_clauses,
 )
 
@@ -281,6 +281,27 @@ def site_text(site: dict | None) -> str:
     return f"{site.get('function')} ({site.get('file')}:{site.get('line')})"
 
 
+def cited_text(site: dict | None, mark: str = "") -> str:
+    """Where a (non-crash) site is cited (issue 20, a maintainer's A): its faulty line(s) when the worker
+    located them (``site["fault"]``, :mod:`rlconform.harness.core.fault_lines`: the spectrum's
+    discriminating line, else the binding's declared anchor), as ``file:2000 in fn (file:1929)``; ``fn
+    (file:def) — no single line; the function`` when the examples ran the same lines and nothing is
+    declared; ``fn (file:def)`` for a site recorded without one (a report written before, a crash frame).
+    ``mark``: the code mark around names (`````` in Markdown)."""
+    if not site:
+        return ""
+    fn, file, line = site.get("function"), site.get("file"), site.get("line")
+    own = f"{mark}{fn}{mark} ({file}:{line})"
+    f = site.get("fault") if isinstance(site.get("fault"), dict) else None
+    if f is None:
+        return own
+    lines = [n for n in (f.get("lines") or [f.get("line")]) if isinstance(n, int)]
+    if not lines or lines == [line]:
+        return own + " — no single line; the function"
+    at = f"{file}:{lines[0]}" + "".join(f", :{n}" for n in lines[1:])
+    return f"{mark}{at}{mark} in {own}"
+
+
 #: the class of each kind of failure (see the module docstring)
 CLASSES = {"mutation": "changes a tensor", "in-place on saved": "changes a tensor", "NaN": "NaN / inf",
            "inf": "NaN / inf", "implementations disagree": "wrong value", "inexact value": "rounding"}
@@ -465,26 +486,99 @@ def _jsonable(x: float):
 
 
 def numbers(finding: dict) -> dict | None:
-    """Engine vs exact value of the first failing clause of ``finding``'s message (its shrunk input):
-    ``{"engine", "exact", "clause"}`` (a non-finite value as the string ``"nan"`` / ``"inf"`` / ``"-inf"``),
-    or None when the message has no such clause. For a partition clause ``X vs Y (reference R)`` the engine
-    value is the one of X, Y farther from R."""
+    """Engine vs exact value of the failing clause the message reports first (issue 20, a maintainer's C:
+    the line the row's message quotes; the worst clause of the first line that holds one, a NaN first):
+    ``{"engine", "exact", "clause", "component", "sides"}`` (a non-finite value as the string ``"nan"`` /
+    ``"inf"`` / ``"-inf"``; ``component`` the output the clause is about: ``value``, ``gradient``, ``metric
+    ppo_kl``; ``""`` when it names none), or None when the message has no such clause. For a partition /
+    mask / implementations clause ``X vs Y (reference R)`` (B: what is compared is two runs of the engine,
+    not the engine and the exact value) ``sides`` is ``[[label of X, X], [label of Y, Y]]`` (``TP=1``,
+    ``TP=2``, ``2 micro-batches``…) and ``engine`` the one of X, Y farther from R, ``exact`` R; else
+    ``sides`` is None."""
     msg = finding.get("message") or ""
-    found = []  # (how wrong, engine, exact, clause): the worst clause is shown (a NaN first)
     for line in msg.splitlines():
-        for e, r, _ in value_clauses(line):
-            found.append((_badness(e, r), e, r, line))
-        for x, y, r, _ in partition_clauses(line):
+        found = []  # (how wrong, engine, exact, component, sides): the worst clause of this line
+        for m in VALUE_CLAUSE.finditer(line):
+            e, r = _fnum(m["e"]), _fnum(m["r"])
+            found.append((_badness(e, r), e, r, _component(line[:m.start()]), None))
+        for m in PARTITION_CLAUSE.finditer(line):
+            x, y, r = _fnum(m["x"]), _fnum(m["y"]), _fnum(m["r"])
             other = x if not math.isfinite(x) or (math.isfinite(y) and abs(x - r) >= abs(y - r)) else y
-            found.append((_badness(other, r), other, r, line))
+            comp, left, right = _sides(line[:m.start("x")], line[m.end("x"):m.start("y")], finding.get("property"))
+            found.append((_badness(other, r), other, r, comp, [[left, _jsonable(x)], [right, _jsonable(y)]]))
         m = NONFINITE_WHERE_FINITE.search(line)
         ref = re.search(r"is finite \((?P<r>[-+0-9.e]+|nan|inf)\)", line)
         if m and ref:
-            found.append((math.inf, float(m["e"]), float(ref["r"]), line))
-    if not found:
-        return None
-    _, e, r, line = max(found, key=lambda t: t[0])
-    return {"engine": _jsonable(e), "exact": _jsonable(r), "clause": line.strip()[:300]}
+            found.append((math.inf, float(m["e"]), float(ref["r"]), _component(line[:m.start()]), None))
+        if found:
+            _, e, r, comp, sides = max(found, key=lambda t: t[0])
+            return {"engine": _jsonable(e), "exact": _jsonable(r), "clause": line.strip()[:300], "component": comp,
+                    "sides": sides}
+    return None
+
+
+def _fnum(text: str) -> float:
+    return float(text)
+
+
+def _component(head: str) -> str:
+    """The output a value clause is about, from the text before its ``engine …``: ``gradient: engine`` ->
+    ``gradient``; ``""`` when none."""
+    text = head.strip().lstrip("-• ").rstrip(": ,").strip()
+    named = list(_OUTPUT.finditer(text))
+    if named:  # the output the clause is about, after any layout words ("mode …, shards (nnz) [[1]] gradient")
+        return named[-1].group(0)
+    return _short(text) if text else ""
+
+
+_OUTPUT = re.compile(r"\b(?:gradient(?: w\.r\.t\. (?!the\b)\w+)?|value(?: \(rank \d+\))?|loss|metric [\w/.]+|advantages|returns|"
+                     r"kept mask|[\w]+(?:/[\w.]+)+(?: \(\w+\))?)")
+
+
+_LAYOUT = re.compile(r"\((?P<k>TP|CP|DP) = (?P<n>\d+)\)|\b(?P<k2>tp|cp|dp)(?P<n2>\d+)(?:cp(?P<c>\d+))?\b")
+_MICRO = re.compile(r"micro-batches \(nnz\) \[(?P<n>[^\]]*)\]")
+
+
+def _short(label: str) -> str:
+    """A side's label in a few words: ``TP=2`` for ``value on TP rank 0 of tp2``, ``TP=1`` for
+    ``unsharded (TP = 1)``, ``2 micro-batches`` for ``micro-batches (nnz) [3, 1]``; else its own words."""
+    m = _LAYOUT.search(label)
+    if m:
+        if m["k"]:
+            return f"{m['k']}={m['n']}"
+        return f"{m['k2'].upper()}={m['n2']}" + (f", CP={m['c']}" if m["c"] else "")
+    m = _MICRO.search(label)
+    if m:
+        return f"{len(m['n'].split(','))} micro-batches"
+    return label.strip(" ,:")[:60]
+
+
+def _sides(head: str, mid: str, prop: str | None) -> tuple[str, str, str]:
+    """``(component, label of X, label of Y)`` of a clause ``HEAD = X vs MID = Y``: the words both labels
+    share (the output compared) and what tells them apart (the layout, the masking, the implementation)."""
+    left = re.sub(r"\s*=\s*$", "", head.strip())
+    right = re.sub(r"^\s*vs\s*", "", re.sub(r"\s*=\s*$", "", mid.strip()))
+    lw, rw = left.replace(",", " ,").split(), right.replace(",", " ,").split()
+    comp: list[str] = []
+    for a, b in zip(lw, rw):  # a shared head: "gradient, unsharded" / "gradient w.r.t. the vocab shards"
+        if a != b:
+            break
+        comp.append(a)
+    if comp:
+        lrest, rrest = " ".join(lw[len(comp):]), " ".join(rw[len(comp):])
+    else:  # a shared tail: "micro-batches (nnz) [2, 2]: metric ppo_kl" / "metric ppo_kl"
+        k = 0
+        while k < min(len(lw), len(rw)) and lw[-1 - k] == rw[-1 - k]:
+            k += 1
+        comp = lw[len(lw) - k:] if k else []
+        lrest, rrest = " ".join(lw[:len(lw) - k]), " ".join(rw[:len(rw) - k])
+    component = " ".join(comp).strip(" ,:").replace(" ,", ",")
+    if component and component.split()[0] not in ("value", "gradient", "loss", "metric", "advantages", "returns") \
+            and _LAYOUT.search(component):
+        component = ""
+    whole = {"mask_invariant": "unmasked", "implementations_agree": "other implementation"}.get(prop or "", "unpartitioned")
+    lab_l, lab_r = _short(lrest.replace(" ,", ",")), _short(rrest.replace(" ,", ","))
+    return (re.sub(r"\s*w\.r\.t\..*$", "", component) or "", lab_l or whole, lab_r or whole)
 
 
 def _badness(e: float, r: float) -> float:

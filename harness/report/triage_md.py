@@ -27,6 +27,14 @@ ORDER_NOTE = ("Ranked by severity (training, destructive, logging, robustness, p
               "unbounded for a crash, a NaN / inf, a changed tensor or a value scaled by the number of "
               "micro-batches), then by the number of findings.")
 
+#: how a row's file:line is chosen (README "Severity, defects and pull-request diffs"; issue 20, A)
+CITE_NOTE = ("file:line is the faulty line, relative to the engine's package: a crash's deepest engine frame; "
+             "otherwise the line of the engine function that its failing (shrunk) example executes and its "
+             "passing examples of the same finding do not, ranked by Ochiai suspiciousness over the traced "
+             "runs, else the faulty line the binding declares as a pattern of the installed source, else "
+             "the function's def line (\"no single line; the function\"); \"in f (file:line)\" names the "
+             "function's def.")
+
 
 def counts_line(doc: dict) -> str:
     """Defects per severity and the findings they hold: :func:`rlconform.harness.report.triage.severity_counts`,
@@ -58,11 +66,19 @@ def numbers_cell(d: dict) -> str:
     error; for a changed tensor, what changed (``version 0 → 3``, elements changed and one of them) when
     the message records it."""
     n = d.get("numbers")
+    if n and n.get("sides"):  # two runs of the engine compared (B): each labelled, the exact value apart
+        (la, a), (lb, b) = n["sides"]
+        comp = n.get("component") or ""
+        r = n["exact"]
+        return (f"{comp + ': ' if comp else ''}{la} {_num(a, b)} vs {lb} {_num(b, a)} (exact {_num(r, a)})")
     if n:
         e, r = n["engine"], n["exact"]
-        text = f"{_num(e, r)} vs {_num(r, e)}"
-        if str(n.get("clause") or "").lower().lstrip("- ").startswith("gradient"):
-            text = "gradient: " + text  # the value may be right: the numbers are the gradient's
+        text = f"engine {_num(e, r)} vs exact {_num(r, e)}"
+        comp = n.get("component")
+        if comp is None and str(n.get("clause") or "").lower().lstrip("- ").startswith("gradient"):
+            comp = "gradient"  # a report written before numbers named their component
+        if comp:
+            text = f"{comp}: " + text  # the component the message reports (value, gradient, which output)
         if isinstance(e, (int, float)) and isinstance(r, (int, float)) and r:
             text += f" (rel err {abs(e - r) / abs(r):.3g})"
         elif isinstance(e, (int, float)) and isinstance(r, (int, float)):
@@ -77,9 +93,12 @@ def where_cell(d: dict) -> str:
     """``function`` (``file:line``), crash frame first; the op when no engine site was recorded."""
     from rlconform.harness.report.triage import site_text
 
+    from rlconform.harness.report.triage import cited_text
+
     site = d.get("crash_frame") or d.get("engine_function")
     if site:
-        text = f"`{site.get('function')}` ({site.get('file')}:{site.get('line')})"
+        text = f"`{site.get('function')}` ({site.get('file')}:{site.get('line')})" if d.get("crash_frame") \
+            else cited_text(site, "`")
         via = (d.get("engine_function") or {}).get("via") if not d.get("crash_frame") else None
         if via:  # where a forward mutation happens, deeper down (another package's function)
             text += f" via `{via.get('function')}` ({via.get('file')}:{via.get('line')})"
@@ -132,7 +151,7 @@ def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
     if not defects:
         return []
     lines = ["### Defects (root causes: engine function or crash frame × class of failure)", "", counts_line(doc), "",
-             ORDER_NOTE, ""]
+             ORDER_NOTE, "", CITE_NOTE, ""]
     main = [d for d in defects if d.get("severity") != "precision"]
     fine = [d for d in defects if d.get("severity") == "precision"]
     if main:

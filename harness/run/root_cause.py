@@ -6,7 +6,12 @@
 * ``crash_frame``: for a crash (or a documented input rank that raised), the deepest traceback frame inside
   the engine's package (:func:`rlconform.harness.catalog.engine_site.crash_frame`), else None;
 * ``trigger``: the feature of the shrunk input that brings the failure out, in a maintainer's words (the
-  op family's ``trigger`` hook, else :func:`rlconform.harness.core.triggers.trigger`).
+  op family's ``trigger`` hook, else :func:`rlconform.harness.core.triggers.trigger`);
+* ``engine_function["fault"]``: the line of the engine function a report cites (:func:`locate`): its
+  shrunk input and a few passing examples of the same finding (:data:`PASSING_EXAMPLES`, drawn afresh
+  from its strategy) are re-run with the function's lines traced, and the most suspicious line that
+  discriminates (Ochiai) is cited; else the binding's declared anchor; else the function
+  (:mod:`rlconform.harness.core.fault_lines`). Only failing findings pay for it.
 
 The report's triage groups defects by them (:mod:`rlconform.harness.report.triage`). A defect's *root key*
 is ``(where, class)``:
@@ -103,4 +108,101 @@ def fields(binding, finding: dict, exc: BaseException | None, case) -> dict:
     frame = None
     if k.startswith("crash:") or contract_crash_type(msg):
         frame = crash_frame(engine_tracebacks(exc) + [finding.get("traceback") or "", msg], packages)
+    elif site is not None and case is not None and finding["property"] != "non_destructive":
+        # a crash cites its frame's line, a changed tensor its writer (a backward, a ``via`` statement);
+        # anything else its faulty line
+        found = locate(binding, case, site, k)
+        if found is not None:
+            site = dict(site, fault=found)
     return {"engine_function": site, "crash_frame": frame, "trigger": trig}
+
+
+#: passing examples of a failing finding drawn to contrast its shrunk input with (:func:`locate`)
+PASSING_EXAMPLES = 3
+#: (engine function, kind of failure) -> its fault, once per worker process: the findings of one defect
+#: (its key is that pair) are located once, by the first of them to fail
+_LOCATED: dict = {}
+
+
+def trace_case(binding, case, fn) -> tuple[set, str | None]:
+    """``(lines of fn executed, verdict)`` of one check of ``case`` with ``fn``'s lines traced
+    (:func:`rlconform.harness.core.fault_lines.trace_lines`); the verdict is None when the check raised."""
+    from rlconform.harness.core.fault_lines import trace_lines
+    from rlconform.harness.run.dispatch import run_check
+
+    lines, outcome, error = trace_lines([fn], lambda: run_check(binding, case))
+    return lines, (None if error is not None else getattr(outcome, "verdict", None))
+
+
+def passing_cases(case, n: int = PASSING_EXAMPLES, seed: int = 0) -> list:
+    """Up to ``n`` fresh examples of ``case``'s finding (same op, property, dtype, regime) drawn from its
+    strategy; whether they pass is :func:`locate`'s to find."""
+    import dataclasses
+    import random
+    import warnings
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from rlconform.harness.catalog.ops import strategy_for
+
+    out: list = []
+    strat = strategy_for(case.op, case.dtype, case.regime)
+
+    @settings(max_examples=n, database=None, derandomize=True, deadline=None,
+              suppress_health_check=list(HealthCheck), phases=("generate",))
+    @given(strat)
+    def draw(inputs):
+        out.append(dataclasses.replace(case, inputs=inputs))
+
+    state = random.getstate()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            draw()
+        except Exception:  # noqa: BLE001 - a strategy that cannot draw here leaves what it drew
+            pass
+    random.setstate(state)
+    return out[:n]
+
+
+def locate(binding, case, site: dict, kind: str = "") -> dict | None:
+    """The faulty line of the engine function at ``site`` for the failing ``case`` (its shrunk input):
+    traced on ``case`` and, when ``fn`` has a branch (:func:`~rlconform.harness.core.fault_lines.has_branches`),
+    on the passing ones of :func:`passing_cases` (a count, never a time budget: the cited line must not
+    depend on the machine's speed); once per engine
+    function × kind of failure in a process (:data:`_LOCATED`),
+    localized by :func:`rlconform.harness.catalog.engine_site.fault`. Distributed ops (their engine runs on
+    gloo ranks, out of this process's trace) get the declared anchor only. None: the site names no
+    function of this process."""
+    from rlconform.harness.catalog.engine_site import fault, site_callable
+    from rlconform.harness.catalog.ops import get_op
+
+    from rlconform.harness.core.fault_lines import has_branches
+
+    fn = site_callable(site)
+    if fn is None:
+        return None
+    key = (site.get("module"), site.get("function"), kind)
+    if key in _LOCATED:
+        return dict(_LOCATED[key])
+    failing, passing = [], []
+    try:
+        distributed = get_op(case.op).distributed
+    except Exception:  # noqa: BLE001 - an op outside the catalog is not traced
+        distributed = True
+    if not distributed and has_branches(fn):  # straight-line code: every example runs the same lines
+        try:
+            lines, _ = trace_case(binding, case, fn)
+            if lines:
+                failing.append(lines)
+                for other in passing_cases(case):
+                    lines, verdict = trace_case(binding, other, fn)
+                    if verdict == "pass" and lines:
+                        passing.append(lines)
+        except Exception:  # noqa: BLE001 - what could not be traced is not evidence
+            failing, passing = [], []
+    found = fault(binding, site, failing, passing, kind)
+    if found is not None:
+        _LOCATED[key] = dict(found)
+    return found

@@ -1,0 +1,159 @@
+"""Issue 20, a maintainer's A/B/C: the cited line is the faulty line (spectrum-based fault localization over
+traced examples, else a binding-declared anchor resolved in the installed source), and the numbers cell
+labels what it compares and shows the component the message reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import types
+
+import pytest
+
+from rlconform.harness.core import fault_lines
+from rlconform.harness.report.triage import cited_text, numbers
+from rlconform.harness.report.triage_md import numbers_cell
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VERL = os.path.join(ROOT, "reports", "verl-0.9.1")
+
+SYNTH = textwrap.dedent('''\
+    def engine(xs, flag):
+        total = 0
+        for x in xs:
+            total += x
+        if flag:
+            total = total * 2  # the faulty line: only the flagged examples run it
+        else:
+            total = total + 0
+        return total
+    ''')
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    """A tiny engine with a known faulty line, in a real file (an anchor is resolved in the source)."""
+    path = tmp_path / "engine.py"
+    path.write_text(SYNTH)
+    mod = types.ModuleType("synthetic_engine")
+    exec(compile(SYNTH, str(path), "exec"), mod.__dict__)
+    return mod.engine
+
+
+def test_spectrum_cites_the_discriminating_line_of_a_synthetic_engine(synthetic):
+    fn = synthetic
+    name = fn.__code__.co_filename
+    first = fn.__code__.co_firstlineno
+    run = lambda xs, flag: fault_lines.trace_lines([fn], lambda: fn(xs, flag))[0]  # noqa: E731
+    failing = [run([1, 2], True)]
+    passing = [run([1], False), run([3, 4, 5], False)]
+    scores = fault_lines.ochiai(failing, passing)
+    faulty = (name, first + 5)
+    assert scores[faulty] == 1.0 and scores[(name, first + 1)] < 1.0
+    found = fault_lines.spectrum_line(failing, passing)
+    assert found is not None and found[0] == faulty
+    # the same lines everywhere: no discriminating line, and without an anchor the function is cited
+    assert fault_lines.spectrum_line(failing, [run([1], True)]) is None
+    out = fault_lines.localize(fn, failing, [run([1], True)])
+    assert out["evidence"] == "function" and out["line"] is None
+
+
+def test_a_passing_example_that_stopped_early_is_no_evidence(synthetic):
+    fn = synthetic
+    failing = [fault_lines.trace_lines([fn], lambda: fn([1], True))[0]]
+    stopped = [fault_lines.trace_lines([fn], lambda: fn(None, False))[0]]  # raised in the loop: never got below
+    assert fault_lines.spectrum_line(failing, stopped) is None
+
+
+def test_anchor_resolves_in_the_installed_source_not_a_line_number(synthetic):
+    fn = synthetic
+    out = fault_lines.localize(fn, [], [], anchors=(r"total = total \* 2",))
+    assert out["evidence"] == "anchor" and out["line"] == fn.__code__.co_firstlineno + 5
+    assert fault_lines.localize(fn, [], [], anchors=(r"no such line",))["evidence"] == "function"
+
+
+def test_cited_text_names_the_faulty_line_and_the_function():
+    site = {"function": "f", "file": "pkg/m.py", "line": 10}
+    assert cited_text(site) == "f (pkg/m.py:10)"
+    assert cited_text(dict(site, fault={"line": 14, "lines": [14, 20]})) == "pkg/m.py:14, :20 in f (pkg/m.py:10)"
+    assert cited_text(dict(site, fault={"line": None})).endswith("no single line; the function")
+
+
+VERL_CASES = [  # (defect id, faulty lines of verl 0.9.1 the report must cite)
+    ("verl.trainer.ppo.core_algos.compute_policy_loss_geo_mean.partition-dependence", [2000]),
+    ("verl.trainer.ppo.rollout_corr_helper.compute_rollout_rejection_mask.wrong-value", [263, 316]),
+    ("verl.trainer.ppo.core_algos.compute_rloo_vectorized_outcome_advantage.wrong-value", [864]),
+]
+
+
+@pytest.mark.parametrize("defect,lines", VERL_CASES)
+def test_committed_verl_case_cites_its_faulty_line(defect, lines):
+    verl = pytest.importorskip("verl")
+    if getattr(verl, "__version__", "") != "0.9.1":
+        pytest.skip("the line numbers are verl 0.9.1's")
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.report.triage import kind
+    from rlconform.harness.run.root_cause import locate
+    from rlconform.properties.case import load_case
+
+    doc = json.load(open(os.path.join(VERL, "report.json")))
+    row = next(d for d in doc["defects"] if d["id"] == defect)
+    f = next(x for x in doc["findings"] if x["id"] == row["reproducer"]["finding"])
+    case = load_case(os.path.join(VERL, row["reproducer"]["case_file"]))
+    found = locate(load_engine("verl", None), case, f["engine_function"], kind(f))
+    assert found is not None and (found.get("lines") or [found["line"]]) == lines, found
+    assert cited_text(dict(f["engine_function"], fault=found)).startswith(f"{f['engine_function']['file']}:{lines[0]}")
+
+
+def test_partition_numbers_label_both_layouts():
+    # row 5 of the committed verl report: the TP = 1 value is not the exact one
+    f = {"property": "partition_invariant", "message":
+         "value, unsharded (TP = 1) = 0.5 vs value on TP rank 0 of tp2 = 0.0 at flat index 0 (reference "
+         "0.1130894347342089, allowed difference 0.0427, 11.7×)\n"
+         "gradient, unsharded (TP = 1) = 0.125 vs gradient w.r.t. the vocab shards of tp2 (concatenated) = 0.0 at "
+         "flat index 3801 (reference 0.023063133997628896, allowed difference 0.0405, 3.08×)"}
+    cell = numbers_cell({"numbers": numbers(f)})
+    assert cell == "value: TP=1 0.5 vs TP=2 0 (exact 0.113089)", cell
+    mb = {"property": "partition_invariant", "message":
+          "micro-batches (nnz) [2, 2]: loss = -1.30482 vs loss = -0.652409 (reference -0.652409, allowed "
+          "difference 0.001)"}
+    assert numbers_cell({"numbers": numbers(mb)}).startswith("loss: 2 micro-batches -1.30482 vs unpartitioned")
+
+
+def test_value_numbers_show_the_component_the_message_reports():
+    # row 4 of the committed verl report: the message reports the value; the cell showed the gradient
+    f = {"property": "matches_reference", "message":
+         "value: engine 0.0 vs reference 0.6931471805599453 at flat index 0: abs err 0.693, rel err 1, 177 ulp, "
+         "tolerance 0.0313\ngradient: engine -0.458984375 vs reference 0.0 at flat index 0: abs err 0.459, "
+         "tolerance 0.02"}
+    cell = numbers_cell({"numbers": numbers(f)})
+    assert cell.startswith("value: engine 0 vs exact 0.693147"), cell
+
+
+def test_every_committed_verl_cell_is_labelled():
+    doc = json.load(open(os.path.join(VERL, "report.json")))
+    for f in doc["findings"]:
+        n = numbers(f)
+        if n is None:
+            continue
+        cell = numbers_cell({"numbers": n})
+        assert (" vs exact " in cell) if not n.get("sides") else ("(exact " in cell and "engine" not in cell), cell
+
+
+def test_explain_names_the_faulty_line_and_its_evidence():
+    from rlconform.harness.report.explain import explain_markdown
+
+    site = {"function": "compute_policy_loss_geo_mean", "module": "verl.trainer.ppo.core_algos",
+            "file": "verl/trainer/ppo/core_algos.py", "line": 1929,
+            "fault": {"line": 2000, "lines": [2000], "evidence": "anchor", "text": "pg_loss = torch.mean(pg_losses)",
+                      "runs": {"failing": 1, "passing": 2}}}
+    d = {"id": "x", "severity": "training", "engine_function": site, "crash_frame": None, "op": "policy_loss",
+         "ops": ["policy_loss"], "property": "partition_invariant", "properties": ["partition_invariant"],
+         "signature": {"kind": "partition dependence", "feature": "more than one micro-batch"},
+         "trigger": "more than one micro-batch", "members": ["a"], "dtypes": ["float32"], "numbers": None,
+         "reproducer": {"finding": "a"}, "message": ""}
+    text = explain_markdown({"engine": {"name": "verl", "version": "0.9.1"}}, d, None, None)
+    where = next(line for line in text.splitlines() if line.startswith("**Where:**"))
+    assert "core_algos.py:2000 in verl.trainer.ppo.core_algos.compute_policy_loss_geo_mean" in where, where
+    assert "declares" in where and "pg_loss = torch.mean(pg_losses)" in where
