@@ -143,7 +143,8 @@ def test_listing_commands(scratch):
 def test_binding_example(scratch):
     """The README's ``my_binding.py`` finds what the README says: its entropy gives NaN on ``-inf``-padded
     vocab in every dtype, ``token_logprobs`` (``my_pkg``, which does not exist) is unavailable, and the
-    ``.float()`` makes exactly three float64 gradient findings (``precision`` twice, ``training`` once)."""
+    ``.float()`` makes exactly three float64 gradient findings, all ``precision`` (the one on
+    ``near_uniform_offset``, logits near ±1e4, is a wrong gradient on an extreme regime no trainer produces)."""
     cmd = "rlconform check --engine my_binding.py"
     proc = _run(cmd, scratch, _extra(cmd) + ["--out", "mine"])
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -158,7 +159,7 @@ def test_binding_example(scratch):
     assert {i: f["severity"] for i, f in other.items()} == {
         "entropy.matches_reference.float64.moderate": "precision",
         "entropy.matches_reference.float64.peaked": "precision",
-        "entropy.matches_reference.float64.near_uniform_offset": "training"}, {i: f["message"] for i, f in other.items()}
+        "entropy.matches_reference.float64.near_uniform_offset": "precision"}, {i: f["message"] for i, f in other.items()}
     assert all(f["message"].startswith("gradient:") for f in other.values())  # the values pass
 
     cmd = "rlconform fuzz --engine my_binding.py --minutes 10"
