@@ -29,6 +29,7 @@ What a failure is, and what it costs:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 
@@ -77,6 +78,29 @@ class NoShrink(BaseException):
     def __init__(self, failure: BaseException):
         super().__init__(str(failure))
         self.failure = failure
+
+
+#: what hypothesis' derandomized seed of a finding was made of (``hypothesis.internal.reflection.
+#: function_digest`` of the ``run`` function below: its source as ``inspect.getsource`` read it, comments
+#: stripped, and its signature), frozen here so that every finding keeps the examples it always drew while
+#: the seed no longer depends on the file on disk (see :func:`finding_seed`)
+_SEED_SOURCE = (b"    @hsettings\n    @given(inputs=strategy)\n    def run(inputs):\n"
+                b"        check_one(Case(op, prop, dtype, regime, inputs))")
+_SEED_SIGNATURE = b"<Signature (inputs)>"
+
+
+def finding_seed(finding_id: str, run_seed: int | None = None) -> int:
+    """The hypothesis seed of one finding: ``--seed`` when given, else a hash of the finding id and of
+    constants, nothing else — the same on every machine, in every process, whatever ran before and
+    whatever the runner's file on disk says. (Hypothesis' own derandomized seed hashes the test
+    function's source as ``inspect.getsource`` reads it when the finding starts, and that re-reads the
+    file whenever it changed: an edit, a checkout or a merge of this file during a run moved the examples
+    of every later finding.) Equal to that seed for the source this file had, so the examples are the
+    ones ``check`` always drew."""
+    if run_seed is not None:
+        return run_seed
+    digest = hashlib.sha384(_SEED_SOURCE + _SEED_SIGNATURE + finding_id.encode()).digest()
+    return int.from_bytes(digest, "big")
 
 
 def replay_command(case_file: str, spec: str | None, engine_path: str | None = None) -> str:
@@ -196,8 +220,9 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
 
     # one example-database key per finding (one test function serves every finding)
     run.hypothesis.inner_test._hypothesis_internal_add_digest = rec.id.encode()
-    if state.seed is not None:
-        run = seed(state.seed)(run)
+    if state.seed is not None or hsettings.derandomize:
+        # the finding's seed (finding_seed), never hypothesis' digest of this function's source on disk
+        run = seed(finding_seed(rec.id, state.seed))(run)
     try:
         replay_corpus(state.corpus, rec.id, check_one)
         run()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 PROFILES = {"dev": 8, "ci": 20, "nightly": 500}
 
@@ -37,12 +37,20 @@ KNOWN_SHRINKS = 0
 _SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
              HealthCheck.filter_too_much, HealthCheck.differing_executors]
 
+#: the phases of the ci profile: no target phase (no ``target()`` in ``check``) and no explain phase
+CI_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
+
 
 def register_profiles() -> None:
     settings.register_profile("rlconform-dev", max_examples=PROFILES["dev"], deadline=None,
                               suppress_health_check=_SUPPRESS)
+    # ci: every setting that decides what is drawn is stated here, none left to a parent profile another
+    # package may re-register: derandomized (the runner seeds each finding from its id), no example
+    # database (nothing a previous run saved is replayed), no deadline, and neither the target phase
+    # (guided generation is `rlconform fuzz`'s) nor the explain phase (extra engine calls after shrinking)
     settings.register_profile("rlconform-ci", parent=settings.get_profile("ci"), max_examples=PROFILES["ci"],
-                              deadline=None, suppress_health_check=_SUPPRESS, print_blob=False)
+                              deadline=None, suppress_health_check=_SUPPRESS, print_blob=False,
+                              derandomize=True, database=None, phases=CI_PHASES)
     settings.register_profile("rlconform-nightly", max_examples=PROFILES["nightly"], deadline=None,
                               suppress_health_check=_SUPPRESS)
 

@@ -106,3 +106,16 @@ def raise_after_forgetting_subgroup(ctx, payload):
         key = next(k for k in ctx._groups if k[0] == tuple(payload["ranks"]))
         del ctx._groups[key]
     raise ValueError(f"raised on rank {ctx.rank}")
+
+
+def compile_limits(ctx, payload):
+    """This rank's torch.compile recompile limits (see ``pool_worker._keep_compiling``); imports dynamo
+    (``payload`` true: only report whether it was imported before)."""
+    import sys
+
+    if payload and "torch._dynamo.config" not in sys.modules:
+        return None
+    import torch._dynamo.config as dynamo_config
+
+    return {"recompile_limit": dynamo_config.recompile_limit,
+            "accumulated_recompile_limit": dynamo_config.accumulated_recompile_limit}

@@ -122,6 +122,68 @@ def _send(conn, msg) -> None:
     conn.send_bytes(data)
 
 
+def _share_one_gloo_device() -> bool:
+    """Make every gloo process group this rank creates (the default one and each ``new_group``) use one
+    transport device. By default each group gets its own ``gloo::transport::tcp::Device``, and each device
+    runs a ``gloo_tcp_loop`` thread that wakes every 10 ms (``epoll_wait`` with a 10 ms timeout) even when
+    nothing is sent: a rank holding the 20-odd cached subgroups of the distributed families sat at several
+    percent of a core while idle (about 2 % each on a loaded 2-core box, about 10 % measured elsewhere).
+    One device means one such thread. Collectives, timeouts and hang detection are unchanged (timeouts
+    are the group's, the parent's deadline and the process sentinels are the pool's). Returns False, and
+    changes nothing, where this torch lacks the options API."""
+    import torch.distributed.distributed_c10d as c10d
+
+    base = getattr(c10d, "ProcessGroupGloo", None)
+    if base is None or getattr(base, "_rlconform_shared_device", False) or not hasattr(base, "_Options"):
+        return base is not None and getattr(base, "_rlconform_shared_device", False)
+    device = base.create_default_device()
+
+    class SharedDeviceGloo(base):
+        _rlconform_shared_device = True
+
+        def __init__(self, store, rank, size, timeout=None, **kwargs):
+            if isinstance(timeout, base._Options) or kwargs:
+                super().__init__(store, rank, size, timeout, **kwargs)
+                return
+            opts = base._Options()
+            opts._devices = [device]
+            if timeout is not None:
+                opts._timeout = timeout
+            opts._threads = 2  # ProcessGroupGloo's default
+            super().__init__(store, rank, size, opts)
+
+    SharedDeviceGloo.__name__ = SharedDeviceGloo.__qualname__ = "ProcessGroupGloo"
+    c10d.ProcessGroupGloo = SharedDeviceGloo
+    return True
+
+
+#: torch.compile recompilations a rank allows per function (dynamo's default is 8, then it runs the frame
+#: eagerly for the rest of the process) and in all
+RECOMPILE_LIMIT, ACCUMULATED_RECOMPILE_LIMIT = 1 << 12, 1 << 16
+
+
+def _keep_compiling() -> bool:
+    """Raise dynamo's recompile limits in this rank. A rank lives for the whole run and sees every
+    distributed finding's dtypes and shapes; an engine function under ``torch.compile`` (verl's
+    vocab-parallel entropy compiles its ``mul_reduce`` with ``dynamic=True``) is recompiled per dtype and
+    per size-0/1 specialisation, and past dynamo's limit of 8 it runs eagerly from then on: the same
+    input then gave another answer in a rank that had run other findings first (verl's
+    ``vocab_parallel_entropy.partition_invariant.float16.tp2_fp16_extreme``: its third example a
+    discrepancy alone, a pass after 27 other vocab-parallel findings). With the limits out of reach each
+    variant is compiled once and kept, whatever ran before.
+
+    Applied once dynamo is imported (by the engine; importing it here would cost every pool start about
+    a dozen seconds per rank on a loaded 2-core box): checked before and after each case, so the limits
+    are raised before a second case can recompile anything. False while dynamo is not imported."""
+    dynamo_config = sys.modules.get("torch._dynamo.config")
+    if dynamo_config is None:
+        return False
+    for name, value in (("recompile_limit", RECOMPILE_LIMIT), ("accumulated_recompile_limit", ACCUMULATED_RECOMPILE_LIMIT)):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), value))
+    return True
+
+
 def worker_main(
     rank: int,
     world_size: int,
@@ -166,6 +228,8 @@ def worker_main(
         device = torch.device(rank_device)
         if device.type == "cuda":  # nccl: cuda:rank; gloo over CUDA tensors: the ranks share one GPU (issue 27)
             torch.cuda.set_device(device)
+        if backend == "gloo":
+            _share_one_gloo_device()  # before the first group: one 10 ms loop thread per rank, not one per group
         store = dist.TCPStore(store_host, store_port, is_master=False, timeout=timeout)
         store = dist.PrefixStore(store_prefix, store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
@@ -186,6 +250,7 @@ def worker_main(
             os._exit(3)
 
     _send(conn, ("ready", os.getpid()))
+    compiling = False  # dynamo's recompile limits raised (once dynamo is imported: _keep_compiling)
     while True:
         try:
             msg = pickle.loads(conn.recv_bytes())
@@ -208,9 +273,13 @@ def worker_main(
             sys.stderr.flush()
             os._exit(0)
         _, seq, fn, payload = msg
+        if not compiling:
+            compiling = _keep_compiling()
         try:
             result = fn(ctx, payload)
         except BaseException:
             _send(conn, ("err", seq, traceback.format_exc()))
         else:
             _send(conn, ("ok", seq, result))
+        if not compiling:  # the engine imported dynamo in this case: raised before the next one
+            compiling = _keep_compiling()
