@@ -9,7 +9,7 @@ Schema ``rlconform.report/1``::
 
     {"schema": "rlconform.report/1", "tool": {"name", "version"},
      "engine": {"name", "spec", "version", "path", "revision"},
-     "run": {"started", "finished", "complete", "profile", "seed", "command", "python", "torch",
+     "run": {"started", "finished", "complete", "profile", "seed", "command", "python", "torch", "hypothesis",
              "device": {"device": "cpu" | "cuda:N", "name": the CPU's or GPU's name, "torch", "cuda": the CUDA
                         version (CUDA runs; else null), "capability": "major.minor" | null} (issue 27),
              "not_run": [finding ids selected but never run (a run that ended early), when known],
@@ -133,6 +133,12 @@ class ReportWriter:
             import torch
 
             self.run.setdefault("torch", torch.__version__)
+        except ImportError:  # pragma: no cover
+            pass
+        try:  # the examples a finding draws are hypothesis' (pinned in install/constraints.txt)
+            import hypothesis
+
+            self.run.setdefault("hypothesis", hypothesis.__version__)
         except ImportError:  # pragma: no cover
             pass
         if "device" not in self.run:
