@@ -61,3 +61,28 @@ def test_parallel_state_is_restored_when_the_call_raises(mb):
             assert ps.get_tensor_model_parallel_world_size() == 1 and ps.get_tensor_model_parallel_rank() == 0
             raise RuntimeError("engine failed")
     assert {name: getattr(ps, name) for name in mb._PS_TP} == before
+
+
+def test_the_triton_module_is_read_from_the_installed_layout(tmp_path, monkeypatch):
+    """0.19 imports triton from ``moe/ops/paged_stash.py``, 0.18 from ``moe/paged_stash.py`` itself: the
+    stand-in is for the module of the installed layout, and 0.18's answers every name with a stand-in that
+    raises when called."""
+    import types
+
+    from rlconform.harness.bindings import _compat
+
+    moe = tmp_path / "megatron" / "core" / "transformer" / "moe"
+    moe.mkdir(parents=True)
+    (moe / "paged_stash.py").write_text("import torch\nimport triton\nimport triton.language as tl\n")
+    real_find_spec = _compat.importlib.util.find_spec
+    monkeypatch.setattr(_compat.importlib.util, "find_spec", lambda name, *a: types.SimpleNamespace(
+        submodule_search_locations=[str(tmp_path / "megatron")]) if name == "megatron" else real_find_spec(name, *a))
+    name, stand_in = _compat._triton_module_of_this_megatron()
+    assert name == _compat.PAGED_STASH_MODULE_018
+    mod = stand_in()
+    assert mod.GLOBAL_BLOCK_SIZE == 1024
+    with pytest.raises(RuntimeError, match="triton"):
+        mod.paged_stash_reset()
+    (moe / "ops").mkdir()
+    (moe / "ops" / "paged_stash.py").write_text("import triton\n")
+    assert _compat._triton_module_of_this_megatron()[0] == _compat.PAGED_STASH_MODULE
