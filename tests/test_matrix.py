@@ -55,3 +55,52 @@ def test_bad_versions():
         parse_versions(" , ")
     with pytest.raises(MatrixError):
         parse_versions("1,1")
+
+
+def _variant_report(version, checked, findings):
+    return {"engine": {"version": version, "variants": {"policy_loss": {"checked": checked, "not_provided": []}}},
+            "run": {"complete": True}, "findings": findings}
+
+
+def test_a_variant_the_release_lacks_is_not_checked_there_and_named():
+    """A defect of a variant that an older release does not provide is n/b there (its op ran, the variant's
+    findings did not), not absent; first seen says the older release could not check it."""
+    new_fid = "policy_loss.matches_reference.float32.dppo@moderate"
+    old_fid = "policy_loss.matches_reference.float32.vanilla@moderate"
+    reports = {
+        "1": _variant_report("1", ["vanilla"], [_finding("policy_loss", "pass", fid=old_fid)]),
+        "2": _variant_report("2", ["vanilla", "dppo"], [_finding("policy_loss", "pass", fid=old_fid),
+                                                       _finding("policy_loss", "discrepancy", "value", fid=new_fid)]),
+    }
+    doc = matrix_doc("fake", reports, source="test", options={})
+    (d,) = doc["defects"]
+    assert d["versions"] == {"1": "not checked", "2": "present"}
+    assert (d["first_seen"], d["not_checked_before"], d["state"]) == ("2", ["1"], "present in the newest")
+    assert doc["releases"]["1"]["variants_missing"] == {"policy_loss": ["dppo"]}
+    assert doc["releases"]["2"]["variants_missing"] == {}
+    md = matrix_markdown(doc)
+    assert "| 2 (n/b before: 1) | — (still present) |" in md
+    assert "policy_loss: dppo." in md
+
+
+def test_fixed_in_says_when_a_release_between_could_not_check_it():
+    fid = "masked_mean.matches_reference.float32.moderate"
+    reports = {"1": {"engine": {"version": "1"}, "run": {"complete": True},
+                     "findings": [_finding("masked_mean", "discrepancy", "value")]},
+               "2": {"engine": {"version": "2"}, "run": {"complete": True},
+                     "findings": [_finding("masked_mean", "unavailable", "No module named 'fake.core'")]},
+               "3": {"engine": {"version": "3"}, "run": {"complete": True}, "findings": [_finding("masked_mean", "pass")]}}
+    doc = matrix_doc("fake", reports, source="test", options={})
+    (d,) = doc["defects"]
+    assert (d["fixed_in"], d["not_checked_between"], d["state"], d["present_in"]) == ("3", ["2"], "fixed", ["1"])
+    assert "| 3 (or earlier: n/b in 2) |" in matrix_markdown(doc)
+    reports.pop("3")
+    (d,) = matrix_doc("fake", reports, source="test", options={})["defects"]
+    assert (d["fixed_in"], d["state"]) == (None, "not checked after 1")
+    assert fid in {f["id"] for f in reports["1"]["findings"]}
+
+
+def test_missing_required_argument_is_named():
+    assert missing_name("binding error in x (skyrl 0.3.0): TypeError: Experience.__init__() missing 1 required "
+                        "positional argument: 'action_mask' (missing name: action_mask; adapter frame skyrl.py)") \
+        == "required argument action_mask of Experience.__init__"

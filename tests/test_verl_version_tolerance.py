@@ -150,6 +150,39 @@ def test_metric_pipeline_of_a_release_without_typed_metrics(vb, untyped_metrics,
     assert final == {vb.PG_KEY: 3.0}  # the first DP rank's micro-batches only, over both mini-batches
 
 
+def test_metric_pipeline_of_a_release_that_merges_the_ranks_metrics(vb, untyped_metrics, monkeypatch):
+    """verl 0.6 / 0.7's ``DataProto.concat`` merges the DP ranks' metrics into ``{key: [rank 0's list, ...]}``,
+    once, after the last mini-batch; the ranks hold equal micro-batch counts (``same_micro_num_in_dp``), so an
+    imbalanced partition is regularised and never reaches ``np.mean`` as a ragged list (the binding crashed
+    there on verl 0.6.1)."""
+    import types
+
+    from rlconform.harness.families.metric_pipeline import run_metric_pipeline
+
+    class DataProto:  # verl 0.6.1's concat: all_metrics -> list_of_dict_to_dict_of_list
+        def __init__(self, meta_info=None):
+            self.meta_info = meta_info or {}
+
+        @staticmethod
+        def concat(data):
+            metrics = [d.meta_info["metrics"] for d in data]
+            return DataProto(meta_info={"metrics": {k: [m[k] for m in metrics] for k in metrics[0]}})
+
+    monkeypatch.setitem(sys.modules, "verl.protocol", types.SimpleNamespace(DataProto=DataProto))
+    pipe = vb.binding.ops["metric_pipeline"].load()
+    assert pipe.equal_micro_batches_per_rank
+    values = torch.tensor([[1.0, 3.0]])
+    mask = torch.tensor([[True, True]])
+    rank0 = pipe.reduce_micro([pipe.emit(values, mask), pipe.emit(values * 2, mask)])
+    rank1 = pipe.reduce_micro([pipe.emit(values * 10, mask), pipe.emit(values * 20, mask)])
+    final = pipe.finalize(pipe.reduce_mini([pipe.reduce_dp([rank0, rank1]), pipe.reduce_dp([rank0, rank1])]))
+    assert final == {vb.PG_KEY: 16.5}  # np.mean of [[2, 4, 2, 4], [20, 40, 20, 40]]
+    rows = torch.tensor([[1.0], [2.0], [4.0]])
+    _, final = run_metric_pipeline(pipe, rows, torch.ones_like(rows, dtype=torch.bool),
+                                   [[[(0, 1), (1, 2)], [(2, 3)]]])  # rank 0: two micro-batches, rank 1: one
+    assert final == {vb.PG_KEY: 2.75}  # rank 0 regrouped into one micro-batch: mean of 1.5 and 4.0
+
+
 def test_dp_metric_all_reduce_unavailable_names_what_is_missing(vb, untyped_metrics):
     with pytest.raises(ImportError, match="verl.utils.metric.Metric") as exc:
         vb._dp_metric_all_reduce()

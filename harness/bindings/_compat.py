@@ -16,6 +16,10 @@ reorders anything the engine computes, so a discrepancy the harness reports is t
   first imported, a stand-in for *that one module* sits in ``sys.modules``: the same
   ``GLOBAL_BLOCK_SIZE`` and two kernels that raise if launched. ``triton`` itself is not stubbed
   (torch._dynamo probes it; a fake triton breaks torch). Not applied when triton is installed.
+  megatron-core 0.18 has the kernels inline in ``megatron/core/transformer/moe/paged_stash.py`` (the
+  MoE paged-stash manager, reached the same way; 0.19 split them out into ``moe/ops``): for that layout,
+  detected from the installed files, the stand-in is that module, every public name of it a stand-in that
+  raises when called (no bound op calls the MoE paged stash).
 * :func:`skyrl_cuda_device_on_cpu` — SkyRL's ``DistributedStrategy.all_reduce`` (used by
   ``all_reduce_metrics``) moves every CPU scalar to ``torch.cuda.current_device()``, which raises
   without CUDA. During the call, ``torch.cuda.current_device`` returns ``torch.device("cpu")``, so
@@ -48,6 +52,8 @@ __all__ = [
 _LOCK = threading.RLock()
 
 PAGED_STASH_MODULE = "megatron.core.transformer.moe.ops.paged_stash"
+#: megatron-core 0.18's module with the paged-stash Triton kernels inline (0.19 moved them to PAGED_STASH_MODULE)
+PAGED_STASH_MODULE_018 = "megatron.core.transformer.moe.paged_stash"
 
 
 # --------------------------------------------------------------------------------------- SkyRL
@@ -128,20 +134,73 @@ def _paged_stash_stand_in() -> types.ModuleType:
     return mod
 
 
+class _MegatronNameUnavailable:
+    """Stands in for a name of megatron-core 0.18's ``moe/paged_stash.py``: calling it raises."""
+
+    def __init__(self, name: str):
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{PAGED_STASH_MODULE_018}.{self.__name__} is an rlconform stand-in: the module imports "
+                           "triton (not installed on this CPU machine)")
+
+    def __repr__(self):
+        return f"<rlconform stand-in for {PAGED_STASH_MODULE_018}.{self.__name__}>"
+
+
+def _paged_stash_018_stand_in() -> types.ModuleType:
+    mod = types.ModuleType(
+        PAGED_STASH_MODULE_018, "rlconform stand-in (triton not installed); see harness/bindings/_compat.py"
+    )
+    mod.GLOBAL_BLOCK_SIZE = 1024  # megatron-core 0.18.2's values
+    mod.SCALE_INV_BLOCK_SIZE = 32
+    mod.__rlconform_stand_in__ = True
+
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _MegatronNameUnavailable(name)
+
+    mod.__getattr__ = __getattr__
+    return mod
+
+
+def _triton_module_of_this_megatron() -> tuple[str, Callable[[], types.ModuleType]]:
+    """Which module of the installed megatron-core imports triton: 0.19's ``moe/ops/paged_stash.py``, else
+    0.18's ``moe/paged_stash.py`` when it does (read from the files, without importing megatron)."""
+    import os
+
+    spec = importlib.util.find_spec("megatron")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        moe = os.path.join(root, "core", "transformer", "moe")
+        if os.path.exists(os.path.join(moe, "ops", "paged_stash.py")):
+            break
+        path = os.path.join(moe, "paged_stash.py")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as fh:
+                if any(line.strip() in ("import triton", "import triton.language as tl") for line in fh):
+                    return PAGED_STASH_MODULE_018, _paged_stash_018_stand_in
+    return PAGED_STASH_MODULE, _paged_stash_stand_in
+
+
 @contextlib.contextmanager
 def megatron_without_triton() -> Iterator[None]:
-    """While the block runs, ``PAGED_STASH_MODULE`` is a stand-in in ``sys.modules`` (only when triton
-    is not installed and the real module was not imported yet); it is removed afterwards, so the
-    stand-in is reachable only through the names megatron bound while importing."""
-    if PAGED_STASH_MODULE in sys.modules or importlib.util.find_spec("triton") is not None:
+    """While the block runs, ``PAGED_STASH_MODULE`` (0.18: ``PAGED_STASH_MODULE_018``) is a stand-in in
+    ``sys.modules`` (only when triton is not installed and the real module was not imported yet); it is
+    removed afterwards, so the stand-in is reachable only through the names megatron bound while importing."""
+    if importlib.util.find_spec("triton") is not None:
+        yield
+        return
+    name, stand_in = _triton_module_of_this_megatron()
+    if name in sys.modules:
         yield
         return
     with _LOCK:
-        sys.modules[PAGED_STASH_MODULE] = _paged_stash_stand_in()
+        sys.modules[name] = stand_in()
         try:
             yield
         finally:
-            sys.modules.pop(PAGED_STASH_MODULE, None)
+            sys.modules.pop(name, None)
 
 
 def import_megatron(module: str) -> types.ModuleType:

@@ -25,11 +25,18 @@ group. When it is already initialised with world size 1, ``G`` is the world grou
 world, ``G`` is a new single-rank group made with ``use_local_synchronization=True`` (only this rank
 takes part, so no other rank has to call it). :func:`release_single_rank_group` destroys the
 default group again if this module created it (also run at exit).
+
+Older releases (issue 23 §2): megatron-core 0.14 - 0.18's ``vocab_parallel_cross_entropy(logits, target,
+label_smoothing)`` takes no ``tp_group``; it reads ``parallel_state``'s TP group, rank and size. For those
+(detected from the signature) the adapters set ``parallel_state``'s TP group to the same ``G`` / ``group`` for
+the call (:func:`parallel_state_tp_group`) and restore it afterwards, so every release reduces over the same
+group.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.metadata
 import os
 import shutil
@@ -38,7 +45,7 @@ import threading
 
 from rlconform.harness.catalog.binding import Binding, Coverage, Implementation, Lazy
 
-from ._compat import import_megatron
+from ._compat import accepted_keywords, import_megatron
 
 TP = "megatron.core.tensor_parallel"
 
@@ -96,22 +103,68 @@ def single_rank_group():
         return group
 
 
-def _token_logprobs():
+def _takes_tp_group(fn) -> bool:
+    """Whether this megatron-core's ``vocab_parallel_cross_entropy`` takes its TP group (``tp_group=``, 0.19);
+    0.14 - 0.18 read ``parallel_state.get_tensor_model_parallel_group()`` instead (issue 23 §2: detected from
+    the signature, never from the version number)."""
+    return bool(accepted_keywords(fn, {"tp_group": None}))
+
+
+#: parallel_state's globals that ``vocab_parallel_cross_entropy`` (0.14 - 0.18) reads for its TP group, rank and size
+_PS_TP = ("_TENSOR_MODEL_PARALLEL_GROUP", "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK")
+
+
+@contextlib.contextmanager
+def parallel_state_tp_group(group):
+    """For a release without ``tp_group=``: ``megatron.core.parallel_state``'s TP group is ``group`` for the
+    duration of one call (its rank and world size read from the group, as ``initialize_model_parallel`` leaves
+    them), and the module's globals are restored afterwards. The call then reduces over exactly the group the
+    0.19 binding passes as ``tp_group``."""
+    ps = import_megatron("megatron.core.parallel_state")
+    missing = [name for name in _PS_TP if not hasattr(ps, name)]
+    if missing:
+        raise AttributeError(f"megatron.core.parallel_state has no {', '.join(missing)}: this release's TP group "
+                             "cannot be set for vocab_parallel_cross_entropy", name=missing[0], obj=ps)
+    saved = {name: getattr(ps, name) for name in _PS_TP}
+    ps._TENSOR_MODEL_PARALLEL_GROUP = group
+    ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE = ps._MPU_TENSOR_MODEL_PARALLEL_RANK = None
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(ps, name, value)
+
+
+def _cross_entropy():
+    """``(logits, labels, label_smoothing, group) -> vocab_parallel_cross_entropy(...)`` over ``group``: with
+    ``tp_group=group`` (0.19), else with parallel_state's TP group set to ``group`` (0.14 - 0.18)."""
     vocab_parallel_cross_entropy = import_megatron(TP).vocab_parallel_cross_entropy
+    if _takes_tp_group(vocab_parallel_cross_entropy):
+        def cross_entropy(logits, labels, label_smoothing, group):
+            return vocab_parallel_cross_entropy(logits, labels, label_smoothing, tp_group=group)
+    else:
+        def cross_entropy(logits, labels, label_smoothing, group):
+            with parallel_state_tp_group(group):
+                return vocab_parallel_cross_entropy(logits, labels, label_smoothing)
+    return cross_entropy
+
+
+def _token_logprobs():
+    cross_entropy = _cross_entropy()
 
     def token_logprobs(logits, labels):
         group = single_rank_group()
-        return -vocab_parallel_cross_entropy(logits, labels, 0.0, tp_group=group)
+        return -cross_entropy(logits, labels, 0.0, group)
 
     token_logprobs.__qualname__ = "megatron.token_logprobs"
     return token_logprobs
 
 
 def _vocab_parallel_token_logprobs():
-    vocab_parallel_cross_entropy = import_megatron(TP).vocab_parallel_cross_entropy
+    cross_entropy = _cross_entropy()
 
     def vocab_parallel_token_logprobs(local_logits, labels, group):
-        return -vocab_parallel_cross_entropy(local_logits, labels, 0.0, tp_group=group)
+        return -cross_entropy(local_logits, labels, 0.0, group)
 
     vocab_parallel_token_logprobs.__qualname__ = "megatron.vocab_parallel_token_logprobs"
     return vocab_parallel_token_logprobs
@@ -137,11 +190,11 @@ def megatron_smoothing(label_smoothing: float, vocab: int) -> float:
 
 
 def _smoothed_token_logprobs():
-    vocab_parallel_cross_entropy = import_megatron(TP).vocab_parallel_cross_entropy
+    cross_entropy = _cross_entropy()
 
     def smoothed_token_logprobs(logits, labels, label_smoothing):
         alpha = megatron_smoothing(label_smoothing, logits.shape[-1])
-        return -vocab_parallel_cross_entropy(logits, labels, alpha, tp_group=single_rank_group())
+        return -cross_entropy(logits, labels, alpha, single_rank_group())
 
     smoothed_token_logprobs.__qualname__ = "megatron.smoothed_token_logprobs"
     return smoothed_token_logprobs
@@ -150,11 +203,11 @@ def _smoothed_token_logprobs():
 def _vocab_parallel_smoothed_token_logprobs():
     import torch.distributed as dist
 
-    vocab_parallel_cross_entropy = import_megatron(TP).vocab_parallel_cross_entropy
+    cross_entropy = _cross_entropy()
 
     def vocab_parallel_smoothed_token_logprobs(local_logits, labels, label_smoothing, group):
         alpha = megatron_smoothing(label_smoothing, local_logits.shape[-1] * dist.get_world_size(group))
-        return -vocab_parallel_cross_entropy(local_logits, labels, alpha, tp_group=group)
+        return -cross_entropy(local_logits, labels, alpha, group)
 
     vocab_parallel_smoothed_token_logprobs.__qualname__ = "megatron.vocab_parallel_smoothed_token_logprobs"
     return vocab_parallel_smoothed_token_logprobs

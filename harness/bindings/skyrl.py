@@ -221,7 +221,8 @@ def _stand_in_worker(dp_size: int):
 
 def _experience(values, mask):
     """A ``replay_buffer.Experience`` of one micro-batch ``[b, T]``: ``loss_mask`` is the case's mask, the
-    sequences ``[b, T + 1]`` zeros, old log-probs and advantages zeros, no rollout log-probs."""
+    sequences ``[b, T + 1]`` zeros, old log-probs and advantages zeros, no rollout log-probs, no response mask
+    (0.4's ``response_mask`` is 0.2 / 0.3's ``action_mask``: whichever field the release's dataclass has)."""
     import torch
 
     replay_buffer = import_skyrl("skyrl.train.dataset.replay_buffer")
@@ -229,6 +230,7 @@ def _experience(values, mask):
     fields = dict(sequences=torch.zeros(b, T + 1, dtype=torch.long), action_log_probs=torch.zeros(b, T),
                   base_action_log_probs=None, values=None, returns=None, advantages=torch.zeros(b, T),
                   attention_mask=torch.ones(b, T + 1, dtype=torch.long), loss_mask=mask, response_mask=None,
+                  action_mask=None,
                   rollout_logprobs=None, rollout_expert_indices=None, num_actions=T, info={}, metadata={})
     return replay_buffer.Experience(**accepted_keywords(replay_buffer.Experience, fields))
 

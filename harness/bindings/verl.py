@@ -391,12 +391,22 @@ def _metric_pipeline_floats() -> MetricPipeline:
 
     * emit (per micro-batch): ``dp_actor.update_policy`` logs ``pg_clipfrac.detach().item()`` with
       ``pg_clipfrac = verl_F.masked_mean(indicator, response_mask)``;
-    * reduce_micro / reduce_mini: ``append_to_dict(metrics, micro_batch_metrics)`` for every micro-batch of
-      every mini-batch into one dict of lists per rank;
-    * reduce_dp: the worker returns ``DataProto(meta_info={"metrics": metrics})`` and the single controller
-      collects the DP ranks' outputs with ``DataProto.concat`` (``collect_dp_compute_data_proto``), which keeps
-      the *first* rank's ``meta_info`` ("The meta_info is assumed to be identical and will use the first one");
+    * reduce_micro: ``append_to_dict(metrics, micro_batch_metrics)`` for every micro-batch into the rank's one
+      dict of lists;
+    * reduce_dp: nothing yet: each rank keeps its dict until ``update_policy`` returns (the DP ranks' metrics
+      are collected once, after the last mini-batch), so the ranks' dicts of one mini-batch are handed on;
+    * reduce_mini: ``update_policy``'s ``metrics`` dict accumulates every mini-batch's micro-batches on its rank
+      (``append_to_dict`` again); each rank's worker returns ``DataProto(meta_info={"metrics": metrics})`` and
+      the single controller collects them with ``DataProto.concat`` (``collect_dp_compute_data_proto``):
+      verl <= 0.5 keeps the *first* rank's ``meta_info`` ("The meta_info is assumed to be identical and will use
+      the first one"), 0.6 and 0.7 merge the ranks' metrics into ``{key: [rank 0's list, rank 1's list, ...]}``;
     * finalize: ``ray_trainer.fit`` applies ``reduce_metrics`` (np.mean; np.max / np.min for "max" / "min" keys).
+
+    Every DP rank holds the same number of micro-batches (``equal_micro_batches_per_rank``): with fixed-size
+    micro-batches each rank splits the same number of rows, and with ``use_dynamic_bsz``
+    ``seqlen_balancing.rearrange_micro_batches(same_micro_num_in_dp=True)`` (the default since 0.4) all-reduces
+    the count with MAX over the DP ranks. Unequal counts would hand 0.6's merged metrics a ragged list that
+    ``np.mean`` rejects, which the trainer never does.
     """
     import verl.utils.torch_functional as verl_F
     from verl.protocol import DataProto
@@ -412,24 +422,27 @@ def _metric_pipeline_floats() -> MetricPipeline:
             append_to_dict(aggregated, metrics)
         return aggregated
 
-    @calls(DataProto.concat)
     def reduce_dp(rank_dicts):
-        return dict(DataProto.concat([DataProto(meta_info={"metrics": m}) for m in rank_dicts]).meta_info["metrics"])
+        return list(rank_dicts)  # collected after the last mini-batch (reduce_mini)
 
-    def reduce_mini(mini_dicts):
-        aggregated: dict = {}
-        for metrics in mini_dicts:  # the same dict across mini-batches: one append per micro-batch value
-            for key, values in metrics.items():
-                for value in values:
-                    append_to_dict(aggregated, {key: value})
-        return aggregated
+    @calls(DataProto.concat)
+    def reduce_mini(minis):
+        per_rank: list[dict] = []
+        for rank_dicts in minis:
+            for rank, metrics in enumerate(rank_dicts):
+                if rank == len(per_rank):
+                    per_rank.append({})
+                for key, values in metrics.items():  # update_policy's append_to_dict, one value per micro-batch
+                    for value in values:
+                        append_to_dict(per_rank[rank], {key: value})
+        return dict(DataProto.concat([DataProto(meta_info={"metrics": m}) for m in per_rank]).meta_info["metrics"])
 
     def finalize(metrics):
         return reduce_metrics(dict(metrics))
 
     return MetricPipeline(emit=emit, reduce_micro=reduce_micro, reduce_dp=reduce_dp, reduce_mini=reduce_mini,
                           finalize=finalize, stats={"mean": PG_KEY}, emitted_to_final={PG_KEY: PG_KEY},
-                          transcribed=METRIC_PIPELINE_FLOATS_TRANSCRIBED)
+                          equal_micro_batches_per_rank=True, transcribed=METRIC_PIPELINE_FLOATS_TRANSCRIBED)
 
 
 # ------------------------------------------------------------------------------ metric statistics

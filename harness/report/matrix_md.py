@@ -4,15 +4,20 @@
 
 * ``defects``: one entry per root-cause key of the defect ledger (``<engine function> | <failure kind>``,
   :func:`rlconform.harness.report.triage.folded_keys`, the key an ``--xfails`` line matches), with, per
-  version, ``present`` (a failing finding of that key), ``absent`` (the key's ops ran and none failed so) or
-  ``not checked`` (none of its ops ran: not bound there); then ``first_seen`` (the oldest version it is
-  present in) and ``fixed_in`` (the first version after its last presence in which its ops ran and it is
-  absent; None when the newest release still has it).
+  version, ``present`` (a failing finding of that key), ``absent`` (one of the findings that have the key in
+  some release ran there and none failed so) or ``not checked`` (none of those findings ran: the op, or the
+  variant / implementation the findings are of, is not bound there); then ``first_seen`` (the oldest version
+  it is present in), ``not_checked_before`` (the versions before it that could not check it: it may be older),
+  ``fixed_in`` (the first version after its last presence in which it is absent; None when it is not absent
+  after its last presence), ``not_checked_between`` (versions between its last presence and ``fixed_in`` that
+  could not check it: it may have been fixed there already) and ``state`` (``fixed``, ``present in the newest``
+  or ``not checked after <version>``).
 * ``versions``: per version the engine version the report names, the status counts, and ``unbound``: every op
   that did not bind, with its status (``unavailable``: a missing module / function / name, ``binding_error``:
   the binding's own call does not fit the release, e.g. a keyword it lacks; ``error`` with an
   ``OpUnavailable`` cause: an alternative implementation the release lacks), the missing name read from the
-  message (:func:`missing_name`) and the message's first line.
+  message (:func:`missing_name`) and the message's first line; ``variants_missing``: per op that ran, the
+  variants / implementations another release of the matrix checks and this one does not provide.
 
 :func:`matrix_markdown` renders it as ``reports/matrix/<engine>.md``. Failing statuses are
 :data:`rlconform.harness.report.xfails.FAILING`; the check runs without a ledger, so a defect fails.
@@ -32,6 +37,8 @@ _MISSING = (
     (re.compile(r"'?([A-Za-z_][\w.]*)'? (?:object )?has no attribute '([^']+)'"), lambda m: f"{m.group(1)}.{m.group(2)}"),
     (re.compile(r"(\w[\w.]*)\(\) got an unexpected keyword argument '([^']+)'"),
      lambda m: f"keyword {m.group(2)} of {m.group(1)}"),
+    (re.compile(r"(\w[\w.]*)\(\) missing \d+ required (?:positional |keyword-only )?arguments?: '([^']+)'"),
+     lambda m: f"required argument {m.group(2)} of {m.group(1)}"),
     (re.compile(r"missing name: ([^;)\s]+)"), lambda m: m.group(1)),
     (re.compile(r"needs (CUDA)"), lambda m: "a CUDA device"),
 )
@@ -90,39 +97,66 @@ def matrix_doc(engine: str, reports: dict[str, dict], *, source: str, options: d
     versions = list(reports)
     present: dict[str, dict[str, list[str]]] = {}  # key -> version -> finding ids
     key_ops: dict[str, set[str]] = {}
+    key_ids: dict[str, set[str]] = {}  # key -> every finding id that has it in some release
     ran: dict[str, set[str]] = {}
+    ran_ids: dict[str, set[str]] = {}
     per_version = {}
     for v, doc in reports.items():
         findings = doc.get("findings") or []
         ran[v] = {f["op"] for f in findings if f.get("status") in RAN}
+        ran_ids[v] = {f["id"] for f in findings if f.get("status") in RAN}
         failing = {f["id"]: f for f in findings if f.get("status") in FAILING}
         for fid, (place, cls) in folded_keys(failing, findings).items():
             key = f"{place} | {cls}"
             present.setdefault(key, {}).setdefault(v, []).append(fid)
             key_ops.setdefault(key, set()).add(failing[fid]["op"])
+            key_ids.setdefault(key, set()).add(fid)
         counts: dict[str, int] = {}
         for f in findings:
             counts[f["status"]] = counts.get(f["status"], 0) + 1
         eng = doc.get("engine") or {}
         per_version[v] = {"engine_version": eng.get("version"), "counts": counts, "unbound": unbound_ops(doc),
-                          "ops_ran": sorted(ran[v]), "complete": (doc.get("run") or {}).get("complete")}
+                          "ops_ran": sorted(ran[v]), "complete": (doc.get("run") or {}).get("complete"),
+                          "variants_missing": {}}
+    _variants_missing(reports, per_version, ran)
     defects = []
     for key in sorted(present, key=lambda k: (min(versions.index(v) for v in present[k]), k)):
         cells = {}
         for v in versions:
             if v in present[key]:
                 cells[v] = "present"
-            elif key_ops[key] & ran[v]:
+            elif key_ids[key] & ran_ids[v]:
                 cells[v] = "absent"
             else:
                 cells[v] = "not checked"
         seen = [v for v in versions if cells[v] == "present"]
-        last = versions.index(seen[-1])
+        first, last = versions.index(seen[0]), versions.index(seen[-1])
         fixed = next((v for v in versions[last + 1:] if cells[v] == "absent"), None)
+        after = versions[last + 1:versions.index(fixed)] if fixed else versions[last + 1:]
+        state = ("fixed" if fixed else "present in the newest" if last == len(versions) - 1
+                 else f"not checked after {seen[-1]}")
         defects.append({"key": key, "ops": sorted(key_ops[key]), "versions": cells, "first_seen": seen[0],
-                        "fixed_in": fixed, "findings": {v: len(ids) for v, ids in present[key].items()}})
+                        "not_checked_before": [v for v in versions[:first] if cells[v] == "not checked"],
+                        "fixed_in": fixed, "not_checked_between": after if fixed else [], "state": state,
+                        "present_in": seen, "findings": {v: len(ids) for v, ids in present[key].items()}})
     return {"schema": "rlconform-matrix/1", "engine": engine, "source": source, "versions": versions,
             "options": dict(options), "defects": defects, "releases": per_version}
+
+
+def _variants_missing(reports: dict[str, dict], per_version: dict, ran: dict[str, set[str]]) -> None:
+    """Fill ``variants_missing`` of each release: for every op that ran there, the variants / implementations
+    (``engine.variants[op].checked`` of the report) that another release of the matrix checks and this one
+    does not."""
+    checked = {v: {op: set(info.get("checked") or ()) for op, info in
+                   ((doc.get("engine") or {}).get("variants") or {}).items()} for v, doc in reports.items()}
+    every: dict[str, set[str]] = {}
+    for ops in checked.values():
+        for op, names in ops.items():
+            every.setdefault(op, set()).update(names)
+    for v in reports:
+        per_version[v]["variants_missing"] = {
+            op: sorted(names - checked[v].get(op, set())) for op, names in sorted(every.items())
+            if op in ran[v] and names - checked[v].get(op, set())}
 
 
 _CELL = {"present": "✗", "absent": "·", "not checked": "n/b"}
@@ -145,8 +179,12 @@ def matrix_markdown(doc: dict) -> str:
              f"--versions {','.join(versions)}" + "".join(f" --op {o}" for o in opts.get("ops") or ())
              + (f" --max-examples {opts['max_examples']}" if opts.get("max_examples") else "") + "`.", "",
              "A defect is a root-cause key of the defect ledger (`<engine function> | <failure kind>`, what an "
-             "`--xfails` line matches). Cells: ✗ present (findings), · absent (its ops ran, none failed so), "
-             "n/b not checked (none of its ops bound in that release).", ""]
+             "`--xfails` line matches). Cells: ✗ present (number of failing findings), · absent (the findings "
+             "that show it elsewhere ran there and none failed so), n/b not checked (none of those findings ran: "
+             "the op, or the variant / implementation, is not bound in that release; see the last section). "
+             "*First seen* is the oldest release it is present in (\"n/b before\": older releases could not "
+             "check it); *fixed in* the first release after its last presence where it is absent (\"still "
+             "present\": the newest release has it).", ""]
     lines += ["## Releases", "", "| version | findings | pass | failing | unavailable | binding error | ops that "
               "cannot bind |", "|---|---|---|---|---|---|---|"]
     from rlconform.harness.report.xfails import FAILING
@@ -164,7 +202,7 @@ def matrix_markdown(doc: dict) -> str:
     for d in doc["defects"]:
         cells = [_CELL[d["versions"][v]] + (f" {d['findings'][v]}" if v in d["findings"] else "") for v in versions]
         lines.append(f"| `{_esc(d['key'])}` | {', '.join(d['ops'])} | " + " | ".join(cells)
-                     + f" | {d['first_seen']} | {d['fixed_in'] or '—'} |")
+                     + f" | {_first_seen(d)} | {_fixed_in(d)} |")
     if not doc["defects"]:
         lines.append("| (none) | | " + " | ".join("" for _ in versions) + " | | |")
     lines += ["", "## Ops that cannot bind, by release", "",
@@ -176,12 +214,30 @@ def matrix_markdown(doc: dict) -> str:
         lines.append(f"### {v}" + (f" ({doc['releases'][v]['engine_version']})"
                                    if doc["releases"][v].get("engine_version") not in (None, v) else ""))
         lines.append("")
+        missing = doc["releases"][v].get("variants_missing") or {}
         if not unbound:
             lines += ["Every op bound.", ""]
-            continue
-        lines += ["| op | status | findings | missing (why) |", "|---|---|---|---|"]
-        for op in sorted(unbound):
-            u = unbound[op]
-            lines.append(f"| {op} | {u['status']} | {u['findings']} | {_esc('; '.join(u['causes']))} |")
-        lines.append("")
+        else:
+            lines += ["| op | status | findings | missing (why) |", "|---|---|---|---|"]
+            for op in sorted(unbound):
+                u = unbound[op]
+                lines.append(f"| {op} | {u['status']} | {u['findings']} | {_esc('; '.join(u['causes']))} |")
+            lines.append("")
+        if missing:
+            lines += ["Variants / implementations another release of the matrix checks and this one does not "
+                      "provide (not checked here): "
+                      + "; ".join(f"{op}: {', '.join(names)}" for op, names in missing.items()) + ".", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _first_seen(d: dict) -> str:
+    before = d.get("not_checked_before") or []
+    return d["first_seen"] + (f" (n/b before: {', '.join(before)})" if before else "")
+
+
+def _fixed_in(d: dict) -> str:
+    if d.get("fixed_in"):
+        between = d.get("not_checked_between") or []
+        return d["fixed_in"] + (f" (or earlier: n/b in {', '.join(between)})" if between else "")
+    state = d.get("state") or "present in the newest"
+    return "— (still present)" if state == "present in the newest" else f"— ({state})"
