@@ -34,11 +34,16 @@ def run_check(binding, case: Case) -> Outcome:
     (:mod:`rlconform.properties.referee`, issue 22 §1) only the engine's calls run here: the evaluation and
     the verdict are the referee's;
     otherwise everything runs on this process (:func:`run_check_here`)."""
+    from rlconform.harness.core.compile_limits import keep_compiling
     from rlconform.properties import referee
 
-    if referee.connected():
-        return referee.refereed_check(binding, case)
-    return run_check_here(binding, case)
+    keep_compiling()  # a compiled engine function keeps compiling past dynamo's limit, whatever ran before
+    try:
+        if referee.connected():
+            return referee.refereed_check(binding, case)
+        return run_check_here(binding, case)
+    finally:
+        keep_compiling()  # the engine imported dynamo in this case: raised before the next one
 
 
 def run_check_here(binding, case: Case) -> Outcome:

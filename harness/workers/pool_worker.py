@@ -157,31 +157,13 @@ def _share_one_gloo_device() -> bool:
     return True
 
 
-#: torch.compile recompilations a rank allows per function (dynamo's default is 8, then it runs the frame
-#: eagerly for the rest of the process) and in all
-RECOMPILE_LIMIT, ACCUMULATED_RECOMPILE_LIMIT = 1 << 12, 1 << 16
-
-
-def _keep_compiling() -> bool:
-    """Raise dynamo's recompile limits in this rank. A rank lives for the whole run and sees every
-    distributed finding's dtypes and shapes; an engine function under ``torch.compile`` (verl's
-    vocab-parallel entropy compiles its ``mul_reduce`` with ``dynamic=True``) is recompiled per dtype and
-    per size-0/1 specialisation, and past dynamo's limit of 8 it runs eagerly from then on: the same
-    input then gave another answer in a rank that had run other findings first (verl's
-    ``vocab_parallel_entropy.partition_invariant.float16.tp2_fp16_extreme``: its third example a
-    discrepancy alone, a pass after 27 other vocab-parallel findings). With the limits out of reach each
-    variant is compiled once and kept, whatever ran before.
-
-    Applied once dynamo is imported (by the engine; importing it here would cost every pool start about
-    a dozen seconds per rank on a loaded 2-core box): checked before and after each case, so the limits
-    are raised before a second case can recompile anything. False while dynamo is not imported."""
-    dynamo_config = sys.modules.get("torch._dynamo.config")
-    if dynamo_config is None:
-        return False
-    for name, value in (("recompile_limit", RECOMPILE_LIMIT), ("accumulated_recompile_limit", ACCUMULATED_RECOMPILE_LIMIT)):
-        if hasattr(dynamo_config, name):
-            setattr(dynamo_config, name, max(getattr(dynamo_config, name), value))
-    return True
+#: torch.compile's recompile limits, raised in every rank (one process for the whole run: what it computes
+#: must not depend on the findings it ran before)
+from rlconform.harness.core.compile_limits import (  # noqa: E402
+    ACCUMULATED_RECOMPILE_LIMIT,
+    RECOMPILE_LIMIT,
+    keep_compiling as _keep_compiling,
+)
 
 
 def worker_main(
