@@ -104,3 +104,18 @@ def test_missing_required_argument_is_named():
     assert missing_name("binding error in x (skyrl 0.3.0): TypeError: Experience.__init__() missing 1 required "
                         "positional argument: 'action_mask' (missing name: action_mask; adapter frame skyrl.py)") \
         == "required argument action_mask of Experience.__init__"
+
+
+def test_an_implementation_the_release_lacks_is_listed_as_itself():
+    report = {"engine": {"version": "1"}, "run": {"complete": True}, "findings": [
+        _finding("vocab_parallel_entropy", "pass", fid="vocab_parallel_entropy.matches_reference.float32.moderate"),
+        _finding("vocab_parallel_entropy", "unavailable", "op 'vocab_parallel_entropy@chunked' unavailable: "
+                 "AttributeError: module 'verl.utils.megatron.tensor_parallel' has no attribute "
+                 "'vocab_parallel_entropy_with_chunking'", fid="vocab_parallel_entropy.matches_reference.float32.chunked@moderate"),
+        _finding("dp_metric_all_reduce", "unavailable", "op 'dp_metric_all_reduce' unavailable: ImportError: verl 0.4.1 "
+                 "has no DP metric all-reduce (missing: verl.utils.metric.Metric, x.allgather): its workers ...")]}
+    unbound = matrix_doc("fake", {"1": report}, source="test", options={})["releases"]["1"]["unbound"]
+    assert set(unbound) == {"vocab_parallel_entropy@chunked", "dp_metric_all_reduce"}
+    assert unbound["vocab_parallel_entropy@chunked"]["missing"] == \
+        "verl.utils.megatron.tensor_parallel.vocab_parallel_entropy_with_chunking"
+    assert unbound["dp_metric_all_reduce"]["causes"] == ["verl.utils.metric.Metric, x.allgather"]

@@ -40,8 +40,12 @@ _MISSING = (
     (re.compile(r"(\w[\w.]*)\(\) missing \d+ required (?:positional |keyword-only )?arguments?: '([^']+)'"),
      lambda m: f"required argument {m.group(2)} of {m.group(1)}"),
     (re.compile(r"missing name: ([^;)\s]+)"), lambda m: m.group(1)),
+    (re.compile(r"\(missing: ([^)]+)\)"), lambda m: m.group(1)),
     (re.compile(r"needs (CUDA)"), lambda m: "a CUDA device"),
 )
+
+
+_UNAVAILABLE_OP = re.compile(r"op '([^']+)' unavailable")
 
 
 def missing_name(message: str | None) -> str | None:
@@ -67,7 +71,8 @@ def unbound_ops(doc: dict) -> dict[str, dict]:
     """``{op: {"status", "missing", "message", "findings"}}`` for every op of report ``doc`` with a finding that
     did not bind (status ``unavailable`` / ``binding_error``, or ``error`` caused by ``OpUnavailable``); an op
     that bound for some findings and not for others (a variant or implementation the release lacks) is listed
-    with the first cause."""
+    with the first cause; an implementation the release lacks (``op 'X@impl' unavailable``) is listed as
+    ``X@impl``, not as its op, which bound."""
     out: dict[str, dict] = {}
     for f in doc.get("findings") or ():
         status, message = f.get("status"), f.get("message") or ""
@@ -77,7 +82,8 @@ def unbound_ops(doc: dict) -> dict[str, dict]:
             continue
         if f.get("needs") == "cuda":
             continue  # a CUDA-only kernel on a CPU run: a device gap, not a release gap
-        entry = out.setdefault(f["op"], {"status": status, "missing": missing_name(message),
+        named = _UNAVAILABLE_OP.match(message)
+        entry = out.setdefault(named.group(1) if named else f["op"], {"status": status, "missing": missing_name(message),
                                          "message": _first_line(message), "findings": 0, "causes": []})
         entry["findings"] += 1
         cause = missing_name(message) or _first_line(message, 80)
