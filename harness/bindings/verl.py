@@ -853,7 +853,24 @@ def _rollout_rejection_mask():
         "compute_is_metrics sequence level": "rollout_is='sequence' metrics (the weights are importance_ratio's "
                                              "sequence_tis): no catalog metric yet",
     }
-    return Variants({v: bind(*spec) for v, spec in ROLLOUT_RS.items()}, unchecked=unchecked)
+    supported = rollout_rs_options(rc)
+    return Variants({v: bind(*spec) for v, spec in ROLLOUT_RS.items()
+                     if all(opt.strip() in supported for opt in spec[0].split(","))}, unchecked=unchecked)
+
+
+def rollout_rs_options(rc) -> set[str]:
+    """The ``rollout_rs`` option names this verl accepts (``rollout_corr_helper.SUPPORTED_ROLLOUT_RS_OPTIONS``,
+    0.7+; issue 23 §2: a variant whose option the release lacks is not provided there). Raises ``ImportError``
+    (the op is unavailable) for a verl without the set: 0.6's ``rollout_rs`` is an aggregation level
+    (``token`` / ``sequence`` / ``geometric`` with upper / lower IS-weight thresholds), no option the catalog's
+    variants are."""
+    supported = getattr(rc, "SUPPORTED_ROLLOUT_RS_OPTIONS", None)
+    if supported is None:
+        raise ImportError(f"verl {_version()} has no rollout_corr_helper.SUPPORTED_ROLLOUT_RS_OPTIONS: its rollout_rs "
+                          "is an aggregation level (token / sequence / geometric with IS-weight thresholds), not the "
+                          "divergence options (token_k1, seq_mean_k3, ...) the catalog's variants are",
+                          name="SUPPORTED_ROLLOUT_RS_OPTIONS")
+    return set(supported)
 
 
 # ---------------------------------------------------------------------------------- advantages
