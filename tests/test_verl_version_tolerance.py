@@ -260,6 +260,7 @@ def test_stand_in_worker_feeds_verl_07_token_count_gather(vb, monkeypatch, tmp_p
         dist.all_gather_object(out, [1], None)
         assert out == [[1]]
     assert not dist.is_initialized()
+    assert vb._this_rank_group() is None  # no group: the stand-in engine's DP group is the default one
 
 
 def test_rollout_rejection_mask_offers_only_the_options_the_release_accepts(vb, monkeypatch):
