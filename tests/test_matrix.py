@@ -119,3 +119,23 @@ def test_an_implementation_the_release_lacks_is_listed_as_itself():
     assert unbound["vocab_parallel_entropy@chunked"]["missing"] == \
         "verl.utils.megatron.tensor_parallel.vocab_parallel_entropy_with_chunking"
     assert unbound["dp_metric_all_reduce"]["causes"] == ["verl.utils.metric.Metric, x.allgather"]
+
+
+def test_a_defect_whose_findings_fail_elsewhere_in_the_fixed_release_says_so():
+    """The same finding failing in the next release at another engine function (a refactor moved the code) is
+    no fix: fixed in names the key it fails with there."""
+    msg = "input 'x' mutated during forward: 1 element(s) changed, e.g. [0] 1.0 -> 2.0; _version 0 -> 1"
+
+    def mutating(function):
+        f = _finding("masked_mean", "discrepancy", msg)
+        f["property"] = "non_destructive"
+        f["engine_function"] = dict(f["engine_function"], function=function)
+        return f
+
+    reports = {"1": {"engine": {"version": "1"}, "run": {"complete": True}, "findings": [mutating("masked_mean")]},
+               "2": {"engine": {"version": "2"}, "run": {"complete": True}, "findings": [mutating("masked_mean_v2")]}}
+    doc = matrix_doc("fake", reports, source="test", options={})
+    old = next(d for d in doc["defects"] if d["first_seen"] == "1")
+    assert (old["fixed_in"], old["moved_to"]) == ("2", ["fake.core.masked_mean_v2 | changes a tensor"])
+    assert "2 (its findings still fail there, as `fake.core.masked_mean_v2 \\| changes a tensor`)" in \
+        matrix_markdown(doc)
