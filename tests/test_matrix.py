@@ -104,3 +104,38 @@ def test_missing_required_argument_is_named():
     assert missing_name("binding error in x (skyrl 0.3.0): TypeError: Experience.__init__() missing 1 required "
                         "positional argument: 'action_mask' (missing name: action_mask; adapter frame skyrl.py)") \
         == "required argument action_mask of Experience.__init__"
+
+
+def test_an_implementation_the_release_lacks_is_listed_as_itself():
+    report = {"engine": {"version": "1"}, "run": {"complete": True}, "findings": [
+        _finding("vocab_parallel_entropy", "pass", fid="vocab_parallel_entropy.matches_reference.float32.moderate"),
+        _finding("vocab_parallel_entropy", "unavailable", "op 'vocab_parallel_entropy@chunked' unavailable: "
+                 "AttributeError: module 'verl.utils.megatron.tensor_parallel' has no attribute "
+                 "'vocab_parallel_entropy_with_chunking'", fid="vocab_parallel_entropy.matches_reference.float32.chunked@moderate"),
+        _finding("dp_metric_all_reduce", "unavailable", "op 'dp_metric_all_reduce' unavailable: ImportError: verl 0.4.1 "
+                 "has no DP metric all-reduce (missing: verl.utils.metric.Metric, x.allgather): its workers ...")]}
+    unbound = matrix_doc("fake", {"1": report}, source="test", options={})["releases"]["1"]["unbound"]
+    assert set(unbound) == {"vocab_parallel_entropy@chunked", "dp_metric_all_reduce"}
+    assert unbound["vocab_parallel_entropy@chunked"]["missing"] == \
+        "verl.utils.megatron.tensor_parallel.vocab_parallel_entropy_with_chunking"
+    assert unbound["dp_metric_all_reduce"]["causes"] == ["verl.utils.metric.Metric, x.allgather"]
+
+
+def test_a_defect_whose_findings_fail_elsewhere_in_the_fixed_release_says_so():
+    """The same finding failing in the next release at another engine function (a refactor moved the code) is
+    no fix: fixed in names the key it fails with there."""
+    msg = "input 'x' mutated during forward: 1 element(s) changed, e.g. [0] 1.0 -> 2.0; _version 0 -> 1"
+
+    def mutating(function):
+        f = _finding("masked_mean", "discrepancy", msg)
+        f["property"] = "non_destructive"
+        f["engine_function"] = dict(f["engine_function"], function=function)
+        return f
+
+    reports = {"1": {"engine": {"version": "1"}, "run": {"complete": True}, "findings": [mutating("masked_mean")]},
+               "2": {"engine": {"version": "2"}, "run": {"complete": True}, "findings": [mutating("masked_mean_v2")]}}
+    doc = matrix_doc("fake", reports, source="test", options={})
+    old = next(d for d in doc["defects"] if d["first_seen"] == "1")
+    assert (old["fixed_in"], old["moved_to"]) == ("2", ["fake.core.masked_mean_v2 | changes a tensor"])
+    assert "2 (its findings still fail there, as `fake.core.masked_mean_v2 \\| changes a tensor`)" in \
+        matrix_markdown(doc)

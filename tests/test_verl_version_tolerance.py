@@ -260,3 +260,18 @@ def test_stand_in_worker_feeds_verl_07_token_count_gather(vb, monkeypatch, tmp_p
         dist.all_gather_object(out, [1], None)
         assert out == [[1]]
     assert not dist.is_initialized()
+    assert vb._this_rank_group() is None  # no group: the stand-in engine's DP group is the default one
+
+
+def test_rollout_rejection_mask_offers_only_the_options_the_release_accepts(vb, monkeypatch):
+    """verl 0.6's rollout_rs is an aggregation level (no SUPPORTED_ROLLOUT_RS_OPTIONS): the op is unavailable
+    there, naming the missing set, instead of a ValueError per variant read as an engine crash; a release with
+    fewer options provides only those variants."""
+    from verl.trainer.ppo import rollout_corr_helper as rc
+
+    assert set(vb.binding.ops["rollout_rejection_mask"].load().impls) == set(vb.ROLLOUT_RS)
+    monkeypatch.setattr(rc, "SUPPORTED_ROLLOUT_RS_OPTIONS", {"token_k1", "seq_mean_k1"})
+    assert set(vb._rollout_rejection_mask().impls) == {"token_k1", "token_k1_asym", "seq_mean_k1"}
+    monkeypatch.delattr(rc, "SUPPORTED_ROLLOUT_RS_OPTIONS")
+    with pytest.raises(ImportError, match="SUPPORTED_ROLLOUT_RS_OPTIONS"):
+        vb._rollout_rejection_mask()

@@ -241,7 +241,7 @@ def _stand_in_training_worker(minis, gathers_token_counts=False):
     engine = types.SimpleNamespace(
         train_mode=lambda disable_auto_offload=False: contextlib.nullcontext(), get_data_parallel_size=lambda: 1,
         get_data_parallel_rank=lambda: 0, is_mp_src_rank_with_outputs=lambda: True,
-        get_data_parallel_group=lambda: None)
+        get_data_parallel_group=_this_rank_group)
     worker = types.SimpleNamespace(engine=engine, train_batch=train_batch,
                                    profiler=types.SimpleNamespace(step=lambda: None))
     tensors = {"rlconform_mini_batch": torch.arange(len(minis))}
@@ -266,6 +266,27 @@ def _gathers_token_counts() -> bool:
     except OSError:
         return False
     return 'mini_batch_td["input_ids"]' in text and '"input_ids" in mini_batch_td' not in text
+
+
+_RANK_GROUPS: dict[int, object] = {}
+
+
+def _this_rank_group():
+    """The stand-in engine's DP group (one DP rank of a DP-1 job): None (the default group) when there is none or
+    it has one rank, else a group of this rank alone (``use_local_synchronization``: no other rank takes part).
+    On real gloo DP ranks (``dp_metric_all_reduce``) verl 0.7's token-count gather over the default group would
+    otherwise fill a one-element list from every rank (IndexError in ``all_gather_object``)."""
+    import os
+
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    group = _RANK_GROUPS.get(os.getpid())
+    if group is None:
+        group = dist.new_group(ranks=[dist.get_rank()], backend="gloo", use_local_synchronization=True)
+        _RANK_GROUPS[os.getpid()] = group
+    return group
 
 
 @contextlib.contextmanager
@@ -853,7 +874,24 @@ def _rollout_rejection_mask():
         "compute_is_metrics sequence level": "rollout_is='sequence' metrics (the weights are importance_ratio's "
                                              "sequence_tis): no catalog metric yet",
     }
-    return Variants({v: bind(*spec) for v, spec in ROLLOUT_RS.items()}, unchecked=unchecked)
+    supported = rollout_rs_options(rc)
+    return Variants({v: bind(*spec) for v, spec in ROLLOUT_RS.items()
+                     if all(opt.strip() in supported for opt in spec[0].split(","))}, unchecked=unchecked)
+
+
+def rollout_rs_options(rc) -> set[str]:
+    """The ``rollout_rs`` option names this verl accepts (``rollout_corr_helper.SUPPORTED_ROLLOUT_RS_OPTIONS``,
+    0.7+; issue 23 §2: a variant whose option the release lacks is not provided there). Raises ``ImportError``
+    (the op is unavailable) for a verl without the set: 0.6's ``rollout_rs`` is an aggregation level
+    (``token`` / ``sequence`` / ``geometric`` with upper / lower IS-weight thresholds), no option the catalog's
+    variants are."""
+    supported = getattr(rc, "SUPPORTED_ROLLOUT_RS_OPTIONS", None)
+    if supported is None:
+        raise ImportError(f"verl {_version()} has no rollout_corr_helper.SUPPORTED_ROLLOUT_RS_OPTIONS: its rollout_rs "
+                          "is an aggregation level (token / sequence / geometric with IS-weight thresholds), not the "
+                          "divergence options (token_k1, seq_mean_k3, ...) the catalog's variants are",
+                          name="SUPPORTED_ROLLOUT_RS_OPTIONS")
+    return set(supported)
 
 
 # ---------------------------------------------------------------------------------- advantages

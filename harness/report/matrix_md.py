@@ -10,8 +10,10 @@
   it is present in), ``not_checked_before`` (the versions before it that could not check it: it may be older),
   ``fixed_in`` (the first version after its last presence in which it is absent; None when it is not absent
   after its last presence), ``not_checked_between`` (versions between its last presence and ``fixed_in`` that
-  could not check it: it may have been fixed there already) and ``state`` (``fixed``, ``present in the newest``
-  or ``not checked after <version>``).
+  could not check it: it may have been fixed there already), ``moved_to`` (the keys its findings fail with in
+  ``fixed_in``: the same findings still fail there, the failure now located in another engine function, e.g.
+  after a refactor: not a fix) and ``state`` (``fixed``, ``present in the newest`` or ``not checked after
+  <version>``).
 * ``versions``: per version the engine version the report names, the status counts, and ``unbound``: every op
   that did not bind, with its status (``unavailable``: a missing module / function / name, ``binding_error``:
   the binding's own call does not fit the release, e.g. a keyword it lacks; ``error`` with an
@@ -40,8 +42,12 @@ _MISSING = (
     (re.compile(r"(\w[\w.]*)\(\) missing \d+ required (?:positional |keyword-only )?arguments?: '([^']+)'"),
      lambda m: f"required argument {m.group(2)} of {m.group(1)}"),
     (re.compile(r"missing name: ([^;)\s]+)"), lambda m: m.group(1)),
+    (re.compile(r"\(missing: ([^)]+)\)"), lambda m: m.group(1)),
     (re.compile(r"needs (CUDA)"), lambda m: "a CUDA device"),
 )
+
+
+_UNAVAILABLE_OP = re.compile(r"op '([^']+)' unavailable")
 
 
 def missing_name(message: str | None) -> str | None:
@@ -67,7 +73,8 @@ def unbound_ops(doc: dict) -> dict[str, dict]:
     """``{op: {"status", "missing", "message", "findings"}}`` for every op of report ``doc`` with a finding that
     did not bind (status ``unavailable`` / ``binding_error``, or ``error`` caused by ``OpUnavailable``); an op
     that bound for some findings and not for others (a variant or implementation the release lacks) is listed
-    with the first cause."""
+    with the first cause; an implementation the release lacks (``op 'X@impl' unavailable``) is listed as
+    ``X@impl``, not as its op, which bound."""
     out: dict[str, dict] = {}
     for f in doc.get("findings") or ():
         status, message = f.get("status"), f.get("message") or ""
@@ -77,7 +84,8 @@ def unbound_ops(doc: dict) -> dict[str, dict]:
             continue
         if f.get("needs") == "cuda":
             continue  # a CUDA-only kernel on a CPU run: a device gap, not a release gap
-        entry = out.setdefault(f["op"], {"status": status, "missing": missing_name(message),
+        named = _UNAVAILABLE_OP.match(message)
+        entry = out.setdefault(named.group(1) if named else f["op"], {"status": status, "missing": missing_name(message),
                                          "message": _first_line(message), "findings": 0, "causes": []})
         entry["findings"] += 1
         cause = missing_name(message) or _first_line(message, 80)
@@ -100,6 +108,7 @@ def matrix_doc(engine: str, reports: dict[str, dict], *, source: str, options: d
     key_ids: dict[str, set[str]] = {}  # key -> every finding id that has it in some release
     ran: dict[str, set[str]] = {}
     ran_ids: dict[str, set[str]] = {}
+    fid_key: dict[str, dict[str, str]] = {}  # version -> failing finding id -> its key
     per_version = {}
     for v, doc in reports.items():
         findings = doc.get("findings") or []
@@ -111,6 +120,7 @@ def matrix_doc(engine: str, reports: dict[str, dict], *, source: str, options: d
             present.setdefault(key, {}).setdefault(v, []).append(fid)
             key_ops.setdefault(key, set()).add(failing[fid]["op"])
             key_ids.setdefault(key, set()).add(fid)
+            fid_key.setdefault(v, {})[fid] = key
         counts: dict[str, int] = {}
         for f in findings:
             counts[f["status"]] = counts.get(f["status"], 0) + 1
@@ -135,7 +145,9 @@ def matrix_doc(engine: str, reports: dict[str, dict], *, source: str, options: d
         after = versions[last + 1:versions.index(fixed)] if fixed else versions[last + 1:]
         state = ("fixed" if fixed else "present in the newest" if last == len(versions) - 1
                  else f"not checked after {seen[-1]}")
+        moved = sorted({fid_key[fixed][fid] for fid in key_ids[key] if fid in fid_key.get(fixed, {})}) if fixed else []
         defects.append({"key": key, "ops": sorted(key_ops[key]), "versions": cells, "first_seen": seen[0],
+                        "moved_to": moved,
                         "not_checked_before": [v for v in versions[:first] if cells[v] == "not checked"],
                         "fixed_in": fixed, "not_checked_between": after if fixed else [], "state": state,
                         "present_in": seen, "findings": {v: len(ids) for v, ids in present[key].items()}})
@@ -238,6 +250,9 @@ def _first_seen(d: dict) -> str:
 def _fixed_in(d: dict) -> str:
     if d.get("fixed_in"):
         between = d.get("not_checked_between") or []
-        return d["fixed_in"] + (f" (or earlier: n/b in {', '.join(between)})" if between else "")
+        moved = d.get("moved_to") or []
+        return (d["fixed_in"] + (f" (or earlier: n/b in {', '.join(between)})" if between else "")
+                + (" (its findings still fail there, as " + "; ".join(f"`{_esc(k)}`" for k in moved) + ")"
+                   if moved else ""))
     state = d.get("state") or "present in the newest"
     return "— (still present)" if state == "present in the newest" else f"— ({state})"
