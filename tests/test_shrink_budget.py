@@ -30,11 +30,15 @@ def test_budget_by_profile_and_ledger():
 
 def test_max_shrinks_caps_shrinking_and_keeps_the_verdict(tmp_path):
     proc, full, _ = check(tmp_path, "full", "--max-shrinks", "-1")
-    assert proc.returncode == 1 and full["status"] == "discrepancy" and full["shrink_steps"] > 3, full["shrink_steps"]
-    proc, capped, doc = check(tmp_path, "capped", "--max-shrinks", "3")
+    # unbounded, this finding's shrink takes a few steps (3 with hypothesis as pinned): the cap is set below it,
+    # read from the run rather than written here, so a change of the draws does not turn the test vacuous
+    steps = full["shrink_steps"]
+    assert proc.returncode == 1 and full["status"] == "discrepancy" and steps >= 2, steps
+    cap = steps - 1
+    proc, capped, doc = check(tmp_path, "capped", "--max-shrinks", str(cap))
     assert proc.returncode == 1 and capped["status"] == "discrepancy"
-    assert capped["shrink_steps"] <= 3 and capped["reproducer"], capped
-    assert doc["run"]["max_shrinks"] == {"per_finding": 3, "ledger_listed": 3}
+    assert capped["shrink_steps"] <= cap and capped["reproducer"], (cap, capped)
+    assert doc["run"]["max_shrinks"] == {"per_finding": cap, "ledger_listed": cap}
 
 
 def test_a_listed_finding_is_not_shrunk(tmp_path):
