@@ -503,3 +503,27 @@ def test_a_rounding_sized_failure_under_its_functions_specific_trigger_joins_tha
     by = {d["id"]: d for d in annotate({"findings": fs})["defects"]}
     assert len(by[f"{CORE}.compute_grpo_vectorized_outcome_advantage.wrong-value"]["members"]) == 2
     assert by[f"{CORE}.rounding"]["members"] == ["outcome_advantage.matches_reference.float64.grpo+vectorized@singleton_groups"]
+
+
+def test_a_crash_row_shows_its_exception_and_a_module_rounding_row_its_module():
+    """A maintainer's reading of verl's report: the crash:IndexError row showed another clause's NaN numbers
+    (its smallest member also failed on rank-3 −inf logits), and module-wide rounding rows were cited at one
+    of their functions' lines."""
+    from rlconform.harness.report.triage_md import defect_row, precision_row
+
+    crash = ("contract: a rank-2 input (1, 2) (its docstring allows ranks 2, 3) raised IndexError: too many "
+             "indices for tensor of dimension 2 "
+             "(engine frame verl/utils/torch_functional.py:323 in masked_var)\n"
+             "value (rank 3): engine nan vs reference 0.0 at flat index 0: tolerance 2e-06")
+    (d,) = annotate({"findings": [_f("masked_var.matches_reference.float32.padded", crash, site=VAR, frame=VAR)]})[
+        "defects"]
+    assert d["signature"]["kind"] == "crash:IndexError" and d["numbers"] is None
+    row = defect_row(d)
+    assert "raises IndexError: too many indices for tensor of dimension 2 |" in row and "nan" not in row
+    fs = [_f("policy_loss.matches_reference.bfloat16.gspo@r", ROUND, site=GSPO, ratio=5.0),
+          _f("agg_loss.matches_reference.float64.token-mean@r", ROUND, site=AGG, ratio=5.0)]
+    (r,) = annotate({"findings": fs})["defects"]
+    assert precision_row(r).startswith(f"| module `{CORE}`: 2 functions (agg_loss, compute_policy_loss_gspo) |")
+    (one,) = annotate({"findings": fs[:1]})["defects"]  # one function: its line, as before
+    assert precision_row(one).startswith("| `compute_policy_loss_gspo`") or "compute_policy_loss_gspo" in \
+        precision_row(one).split("|")[1]

@@ -680,7 +680,9 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
         size = max(effect(m) for m in top if reach(m, engine_dtypes, configs) == level)
         # the reproducer: the smallest input among the most severe and most reachable members, one with numbers
         # to show first
-        shown = min(top, key=lambda m: (-reach(m, engine_dtypes, configs), numbers(m) is None, _size(m)))
+        # (a crash row shows the exception, not the numbers a member's other clauses report: a maintainer's reading)
+        shown = min(top, key=lambda m: (-reach(m, engine_dtypes, configs),
+                                        not cls.startswith("crash:") and numbers(m) is None, _size(m)))
         k = kind(shown)
         rep = shown.get("reproducer") or {}
         crash = k.startswith("crash:")
@@ -714,7 +716,7 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
             "regimes": sorted({m.get("regime") for m in members if m.get("regime")}),
             "reachable": any(_reachable(m, engine_dtypes) for m in top),
             "reach": level, "reach_text": REACH[level],
-            "numbers": numbers(shown),
+            "numbers": None if crash else numbers(shown),
             "reproducer": {"finding": shown["id"], "case_file": rep.get("case_file"), "command": rep.get("command"),
                            "input": shown.get("worst_input")},
             "message": (shown.get("message") or "").strip().splitlines()[0][:300] if shown.get("message") else "",

@@ -10,6 +10,8 @@ reproducer command of its smallest member.
 
 from __future__ import annotations
 
+import re
+
 from rlconform.harness.report.severity import SEVERITIES
 
 #: characters the defect table may take in report.md (the findings table and examples follow)
@@ -86,7 +88,22 @@ def numbers_cell(d: dict) -> str:
         return text
     from rlconform.harness.report.triage import change_text
 
+    if str(d["signature"]["kind"]).startswith("crash:"):  # what it raises, as the message quotes it
+        return crash_text(d)
     return d.get("change") or change_text(d.get("message") or "")
+
+
+_RAISED = re.compile(r"\b(?P<exc>[A-Z]\w*(?:Error|Exception|Interrupt))(?:: (?P<text>[^\n(]*[^\n( ]))?")
+
+
+def crash_text(d: dict) -> str:
+    """``raises IndexError: too many indices for tensor of dimension 2``: the exception of a crash row's
+    smallest member as its message records it (the row's kind when the message names none)."""
+    kind = str(d["signature"]["kind"]).split(":", 1)[1]
+    for m in _RAISED.finditer(d.get("message") or ""):
+        if m["exc"] == kind:
+            return f"raises {kind}" + (f": {m['text'][:160]}" if m["text"] else "")
+    return f"raises {kind}"
 
 
 def where_cell(d: dict) -> str:
@@ -96,6 +113,11 @@ def where_cell(d: dict) -> str:
     from rlconform.harness.report.triage import cited_text
 
     site = d.get("crash_frame") or d.get("engine_function")
+    functions = d.get("functions") or []
+    if site and d["signature"]["kind"] == "rounding" and len(functions) > 1 and site.get("module"):
+        # one rounding row per engine module (triage.annotate's key): the module, not one of its functions
+        shown = ", ".join(f.split(" (")[0] for f in functions[:4]) + (", …" if len(functions) > 4 else "")
+        return f"module `{site['module']}`: {len(functions)} functions ({shown})"
     if site:
         text = f"`{site.get('function')}` ({site.get('file')}:{site.get('line')})" if d.get("crash_frame") \
             else cited_text(site, "`")
