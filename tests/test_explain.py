@@ -350,7 +350,8 @@ def engine_only_venv(dest) -> str:
 
 @pytest.mark.engines
 @pytest.mark.slow
-def test_scripts_exit_1_in_a_venv_of_torch_and_verl_only_and_0_once_fixed(scripts, tmp_path):
+def test_scripts_exit_1_in_a_venv_of_torch_and_verl_only_and_0_once_fixed(scripts, tmp_path, doc):
+    scripts_doc = doc
     pytest.importorskip("verl")
     python = engine_only_venv(tmp_path / "venv")
     probe = subprocess.run([python, "-c", "import rlconform"], capture_output=True, text=True)
@@ -373,7 +374,15 @@ def test_scripts_exit_1_in_a_venv_of_torch_and_verl_only_and_0_once_fixed(script
         assert "DEFECT: " in text, (name, text)
         assert " vs exact " in text, (name, text)  # both numbers, on one line
     assert "engine -1.66606292" in broken["geo_mean"] and "vs exact -0.83303146" in broken["geo_mean"]
-    assert "value: engine 0.0 vs exact 0.6931471805599453" in broken["entropy_bf16"]
+    # the bf16 entropy script's numbers are its member's, as the report's finding states them
+    import re
+
+    member = next(f for f in scripts_doc["findings"] if f["id"] == script_member_id(scripts["entropy_bf16"]))
+    e, r = re.search(r"value: engine (\S+) vs reference (\S+) at flat index", member["message"]).groups()
+    got_e, got_r = re.search(r"value: engine (\S+) vs exact (\S+)", broken["entropy_bf16"]).groups()
+    # the engine's value bit for bit; the script's float64 formula and rlconform's reference agree to 1e-12
+    assert float(got_e) == float(e) and abs(float(got_r) - float(r)) <= 1e-12 * abs(float(r)), (member["message"],
+                                                                                              broken["entropy_bf16"])
     assert "value: engine nan vs exact 0.0" in broken["entropy_neg_inf"]
     assert "advantages: engine 0.0 vs exact 0.5" in broken["rloo_vectorized_singleton"]
     assert "kept mask: engine 1.0 vs exact 0.0" in broken["rejection_mask_bounds"]
@@ -396,3 +405,14 @@ def test_no_script_for_an_engine_the_templates_do_not_call(doc):
     other = dict(doc, engine=dict(doc["engine"], name="skyrl"))
     text, why = standalone_script(other, d, REPORT)
     assert text is None and "skyrl" in why
+
+
+def test_the_script_shows_what_the_row_says(doc, scripts):
+    """A member of the row's severity and trigger is scripted before a smaller one of another trigger (a verl
+    maintainer's reading: the Dr. GRPO row's script showed a 1e-6 ε effect of a singleton-group member)."""
+    by_id = {f["id"]: f for f in doc["findings"]}
+    d = _defect(doc, "grpo_vectorized")
+    others = [m for m in d["members"] if by_id[m].get("trigger") != d["trigger"]]
+    assert others, "the row holds members of another trigger: the choice is not vacuous"
+    member = by_id[script_member_id(scripts["grpo_vectorized"])]
+    assert member["trigger"] == d["trigger"] and member["severity"] == d["severity"], member["id"]

@@ -440,8 +440,9 @@ def _members(doc: dict, d: dict) -> list[dict]:
 
 def scripted_member(doc: dict, d: dict, folder: str) -> tuple[dict, dict, tuple[str, dict]] | str:
     """(member finding, its case, (template, context)) of defect ``d`` that a standalone script is written
-    for: among the members whose case a template is written for, the smallest input (fewest scalars, then
-    fewest processes, then the exact value before another implementation, then id); or, when no member has
+    for: among the members whose case a template is written for, those of the defect's severity and trigger
+    first, then the smallest input (fewest scalars, then fewest processes, then the exact value before another
+    implementation, then id); or, when no member has
     one, the reason in one line. Selects by the members' cases, never by the defect's id, so it holds
     whatever the grouping. Raises :class:`ExplainError` for a case path that leaves the folder."""
     engine = (doc.get("engine") or {}).get("name") or ""
@@ -462,7 +463,11 @@ def scripted_member(doc: dict, d: dict, folder: str) -> tuple[dict, dict, tuple[
         if isinstance(got, str):
             first_reason = first_reason or got
             continue
-        key = (_elements(case), got[1].get("tp", 1), _PROPERTY_RANK.get(case.get("property"), 3), f["id"])
+        # a member of the row's own severity and trigger first: the script shows what the row says (a verl
+        # maintainer's reading: the Dr. GRPO row's script showed a 1e-6 ε effect of another member, not 0.707 vs 1)
+        key = (bool(d.get("severity")) and f.get("severity") != d.get("severity"),
+               bool(d.get("trigger")) and f.get("trigger") != d.get("trigger"),
+               _elements(case), got[1].get("tp", 1), _PROPERTY_RANK.get(case.get("property"), 3), f["id"])
         if best is None or key < best[0]:
             best = (key, f, case, got)
     if best is None:
