@@ -527,3 +527,15 @@ def test_a_crash_row_shows_its_exception_and_a_module_rounding_row_its_module():
     (one,) = annotate({"findings": fs[:1]})["defects"]  # one function: its line, as before
     assert precision_row(one).startswith("| `compute_policy_loss_gspo`") or "compute_policy_loss_gspo" in \
         precision_row(one).split("|")[1]
+
+
+def test_a_metric_missing_from_the_final_dict_is_a_missing_output_under_any_property():
+    """A SkyRL maintainer's reading: metric_statistics' matches_reference / partition_invariant findings whose
+    metric never reached the final dict were filed as the module's rounding, with no numbers."""
+    site = {"function": "reduce_metrics", "module": "skyrl.backends.skyrl_train.workers.worker_utils",
+            "file": "skyrl/backends/skyrl_train/workers/worker_utils.py", "line": 77}
+    lost = "policy/token_sum_loss (sum) missing from the final dict [] (shards (nnz) [[[0]]])"
+    fs = [_f(f"metric_statistics.{p}.float32.numpy_values", lost, site=site)
+          for p in ("matches_reference", "partition_invariant", "metric_integrity")]
+    (d,) = annotate({"findings": fs})["defects"]
+    assert d["signature"]["kind"] == "missing output" and d["severity"] == "logging", d["signature"]

@@ -119,7 +119,8 @@ def kind(finding: dict) -> str:
         return "unavailable"
     if "no autograd graph" in low or "no gradient" in low:
         return "missing gradient"
-    if "the engine returned shape" in msg or "nothing to compare" in msg or prop == "metric_integrity":
+    if ("the engine returned shape" in msg or "nothing to compare" in msg or prop == "metric_integrity"
+            or "missing from the final dict" in msg):  # a metric lost on its way, whatever property saw it
         return "missing output"
     if prop == "non_destructive":
         return "mutation" if "mutated" in low else "in-place on saved"

@@ -90,6 +90,8 @@ def numbers_cell(d: dict) -> str:
 
     if str(d["signature"]["kind"]).startswith("crash:"):  # what it raises, as the message quotes it
         return crash_text(d)
+    if d["signature"]["kind"] == "missing output" and d.get("message"):  # what was lost, as the message says
+        return d["message"].splitlines()[0][:160]
     return d.get("change") or change_text(d.get("message") or "")
 
 
