@@ -77,6 +77,25 @@ def test_the_report_records_the_device(runs):
         assert dev["torch"] == d["run"]["torch"]
 
 
+def test_the_report_records_the_cpu_kernels_isa_as_forced(runs, tmp_path):
+    """Two CPU reports of one engine can differ by the vector ISA torch dispatches to (issue 21; torch 2.13's
+    inductor sums float64 ``(a * b).sum(-1)`` wrongly with AVX512, which verl's TP entropy compiles): the
+    report says which, and ``ATEN_CPU_CAPABILITY`` moves it."""
+    import subprocess
+    import sys
+
+    (_, doc), _ = runs
+    isa = doc["run"]["device"]["cpu_capability"]
+    assert isa and isa.upper() == isa, isa
+    code = "from rlconform.harness.core.device import describe; print(describe('cpu')['cpu_capability'])"
+    forced = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, ATEN_CPU_CAPABILITY="default"))
+    assert forced.returncode == 0 and forced.stdout.strip() == "DEFAULT", forced.stderr[-2000:]
+    from rlconform.harness.report.writer import render_markdown
+
+    assert f", CPU kernels {isa})" in render_markdown(doc)
+
+
 def test_report_md_and_html_name_the_device(tmp_path, runs):
     from rlconform.harness.report.html_report import render_html
     from rlconform.harness.report.writer import render_markdown

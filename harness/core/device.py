@@ -96,18 +96,34 @@ def is_cuda(name: str | None = None) -> bool:
 def describe(name: str | None = None) -> dict:
     """What the report records of device ``name`` (default :func:`current`): ``{"device": "cpu" | "cuda:N",
     "name": the GPU's name or the CPU's, "torch": torch's version, "cuda": the CUDA runtime version torch was
-    built with on a CUDA device (else None), "capability": "major.minor" on a CUDA device (else None)}``."""
+    built with on a CUDA device (else None), "capability": "major.minor" on a CUDA device (else None),
+    "cpu_capability": the vector ISA torch's CPU kernels dispatch to (``DEFAULT`` | ``AVX2`` | ``AVX512`` | …,
+    what ``ATEN_CPU_CAPABILITY`` forces), which torch.compile's CPU code generation also targets}``: two
+    CPU reports of one engine may differ in their last bits, and where an engine compiles its own code, in
+    more (torch 2.13's inductor sums ``(a * b).sum(-1)`` of float64 wrongly with AVX512 and not with AVX2:
+    verl's ``_VocabParallelEntropy.forward`` compiles exactly that)."""
     import torch
 
     dev = parse(name) if name else current()
     doc = {"device": dev, "name": _cpu_name(), "torch": torch.__version__,
-           "cuda": None, "capability": None}
+           "cuda": None, "capability": None, "cpu_capability": _cpu_capability()}
     if dev != "cpu":
         index = int(dev.split(":")[1])
         doc["name"] = torch.cuda.get_device_name(index)
         doc["cuda"] = torch.version.cuda
         doc["capability"] = "%d.%d" % torch.cuda.get_device_capability(index)
     return doc
+
+
+def _cpu_capability() -> str | None:
+    """``torch.backends.cpu.get_cpu_capability()`` (``AVX512``, ``AVX2``, ``DEFAULT``…), None when this torch
+    cannot say."""
+    try:
+        import torch
+
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:  # noqa: BLE001 - an older torch: the report says nothing rather than fail
+        return None
 
 
 def _cpu_name() -> str:

@@ -356,7 +356,8 @@ details summary { cursor: pointer; color: #1a73e8; }
 {% if run.seed is not none %} · seed {{ run.seed }}{% endif %}{% if run.max_examples %} · max {{ run.max_examples }}
 examples per finding{% endif %} · python {{ run.python }} · torch {{ run.torch }}
 {% if run.device %}<br>device <code>{{ run.device.device }}</code> ({{ run.device.name }}{% if run.device.capability %}, compute
-capability {{ run.device.capability }}{% endif %}){% if run.device.cuda %} · CUDA {{ run.device.cuda }}{% endif %}{% endif %}
+capability {{ run.device.capability }}{% endif %}{% if run.device.cpu_capability %}, CPU kernels
+{{ run.device.cpu_capability }}{% endif %}){% if run.device.cuda %} · CUDA {{ run.device.cuda }}{% endif %}{% endif %}
 {% if run.command %}<br><code>{{ run.command }}</code>{% endif %}</div>
 
 <div class="counts">{% for s in statuses %}<div class="count{% if not summary.get(s) %} zero{% endif %}"

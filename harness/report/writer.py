@@ -11,7 +11,8 @@ Schema ``rlconform.report/1``::
      "engine": {"name", "spec", "version", "path", "revision"},
      "run": {"started", "finished", "complete", "profile", "seed", "command", "python", "torch", "hypothesis",
              "device": {"device": "cpu" | "cuda:N", "name": the CPU's or GPU's name, "torch", "cuda": the CUDA
-                        version (CUDA runs; else null), "capability": "major.minor" | null} (issue 27),
+                        version (CUDA runs; else null), "capability": "major.minor" | null, "cpu_capability": torch's CPU
+                        kernel ISA, "AVX512" | "AVX2" | "DEFAULT" | …} (issue 27, issue 21),
              "not_run": [finding ids selected but never run (a run that ended early), when known],
              "interrupted": true when Ctrl-C / SIGTERM ended it},
      "summary": {"pass": n, "marginal": n, "discrepancy": n, "crash": n, "error": n, "unavailable": n, "xfail": n,
@@ -281,6 +282,8 @@ def device_line(doc: dict) -> str:
     if not isinstance(dev, dict):
         return ""
     extra = f", compute capability {dev['capability']}" if dev.get("capability") else ""
+    if dev.get("cpu_capability"):  # the CPU kernels' vector ISA (ATEN_CPU_CAPABILITY): last bits depend on it
+        extra += f", CPU kernels {dev['cpu_capability']}"
     return (f"device `{dev.get('device')}` ({dev.get('name')}{extra}) · torch {dev.get('torch')}"
             + (f" · CUDA {dev['cuda']}" if dev.get("cuda") else ""))
 
