@@ -235,6 +235,16 @@ def _experience(values, mask):
     return replay_buffer.Experience(**accepted_keywords(replay_buffer.Experience, fields))
 
 
+class _StagedStatus(dict):
+    """What ``dispatch.forward_backward_from_staged`` returns, in either release's form: SkyRL ≥ 0.3 reads a
+    ``WorkerOutput``'s ``.metrics``, 0.2.0's ``_execute_training_step`` iterates the status dict itself
+    (``for k, v in status.items()``); this is both (issue 23 §2: the stand-in fits the release)."""
+
+    @property
+    def metrics(self) -> dict:
+        return dict(self)
+
+
 def _stand_in_trainer(minis=None, reduced=None):
     """A stand-in ``self`` for ``RayPPOTrainer._execute_training_step`` / ``train_critic_and_policy``: one
     epoch; ``dispatch`` hands back each mini-batch's DP-reduced dict as ``forward_backward_from_staged``'s
@@ -245,7 +255,7 @@ def _stand_in_trainer(minis=None, reduced=None):
     data = types.SimpleNamespace(metadata={"policy_mini_batch_boundaries": list(range(len(minis or [])))})
     dispatch = types.SimpleNamespace(
         stage_data=lambda model, data, boundaries: list(minis or []),
-        forward_backward_from_staged=lambda model, metrics: types.SimpleNamespace(metrics=dict(metrics)),
+        forward_backward_from_staged=lambda model, metrics: _StagedStatus(metrics),
         optim_step=lambda model: None, empty_cache=lambda: None)
     trainer = types.SimpleNamespace(
         cfg=types.SimpleNamespace(trainer=types.SimpleNamespace(update_epochs_per_batch=1)), dispatch=dispatch,
