@@ -841,6 +841,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
+    from rlconform.harness.core.compile_cache import isolate_per_isa
+
+    isolate_per_isa()  # before anything compiles: a forced ISA gets torch.compile kernels of its own
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

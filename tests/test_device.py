@@ -78,9 +78,8 @@ def test_the_report_records_the_device(runs):
 
 
 def test_the_report_records_the_cpu_kernels_isa_as_forced(runs, tmp_path):
-    """Two CPU reports of one engine can differ by the vector ISA torch dispatches to (issue 21; torch 2.13's
-    inductor sums float64 ``(a * b).sum(-1)`` wrongly with AVX512, which verl's TP entropy compiles): the
-    report says which, and ``ATEN_CPU_CAPABILITY`` moves it."""
+    """Two CPU reports of one engine can differ by the vector ISA torch dispatches to (issue 21): the report
+    says which, and ``ATEN_CPU_CAPABILITY`` moves it."""
     import subprocess
     import sys
 

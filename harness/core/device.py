@@ -99,9 +99,8 @@ def describe(name: str | None = None) -> dict:
     built with on a CUDA device (else None), "capability": "major.minor" on a CUDA device (else None),
     "cpu_capability": the vector ISA torch's CPU kernels dispatch to (``DEFAULT`` | ``AVX2`` | ``AVX512`` | …,
     what ``ATEN_CPU_CAPABILITY`` forces), which torch.compile's CPU code generation also targets}``: two
-    CPU reports of one engine may differ in their last bits, and where an engine compiles its own code, in
-    more (torch 2.13's inductor sums ``(a * b).sum(-1)`` of float64 wrongly with AVX512 and not with AVX2:
-    verl's ``_VocabParallelEntropy.forward`` compiles exactly that)."""
+    CPU reports of one engine may differ in their last bits (and an engine's compiled kernels in more: see
+    :mod:`rlconform.harness.core.compile_cache`)."""
     import torch
 
     dev = parse(name) if name else current()
