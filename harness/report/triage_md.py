@@ -86,12 +86,12 @@ def numbers_cell(d: dict) -> str:
         elif isinstance(e, (int, float)) and isinstance(r, (int, float)):
             text += f" (abs err {abs(e - r):.3g})"
         return text
-    from rlconform.harness.report.triage import change_text
-
     if str(d["signature"]["kind"]).startswith("crash:"):  # what it raises, as the message quotes it
         return crash_text(d)
     if d["signature"]["kind"] == "missing output" and d.get("message"):  # what was lost, as the message says
         return d["message"].splitlines()[0][:160]
+    from rlconform.harness.report.triage import change_text
+
     return d.get("change") or change_text(d.get("message") or "")
 
 
