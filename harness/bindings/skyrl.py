@@ -26,8 +26,9 @@ kl_estimator                ``ppo_utils.compute_approx_kl(logprob, ref, loss_mas
                             kl_estimator_type=k1|abs|k2|k3)``
 policy_loss                 every ``ppo_utils.PolicyLossRegistry`` entry (:func:`_policy_loss`):
                             advantages pre-scaled for ``token_mean`` over the mini-batch, loss =
-                            the registered function's masked sum; metrics folded by
-                            ``worker_utils.reduce_metrics``
+                            the registered function's masked sum (``cross_entropy`` ignores the
+                            advantages: its plain masked sum, compared token-sum, a declared
+                            convention); metrics folded by ``worker_utils.reduce_metrics``
 value_loss                  ``ppo_utils.ppo_critic_loss`` x ``b / B`` per micro-batch (:func:`_value_loss`):
                             variants ``seq-mean-token-mean`` (value_clip 0.2) and ``unclipped``
 importance_ratio            ``off_policy_correction_utils.compute_tis_ratio`` token / sequence TIS
@@ -602,7 +603,11 @@ def _policy_loss():
                 impls[variant] = bind(name, overrides)
         else:
             unchecked[name] = "registered in SkyRL; no catalog variant"
-    return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics)
+    # cross_entropy returns the plain sum of −log π over the loss mask: its callers pre-scale the mask (the SFT
+    # collators by 1 / the batch's valid tokens, Tinker's weights as given): a declared convention
+    # (cross_entropy_weighted_sum), the reference aggregates it token-sum (CROSS_ENTROPY_AGG_MODES)
+    return LossVariants(impls, unchecked=unchecked, combine_metrics=combine_metrics,
+                        agg_modes={v: m for v, m in CROSS_ENTROPY_AGG_MODES.items() if v in impls})
 
 
 # ---------------------------------------------------------------------------------- token ops
@@ -877,8 +882,77 @@ ENGINE_DTYPES = {
 }
 
 
+# ----------------------------------------------------------- declared conventions, preconditions, guards
+def _nnz(case, key: str = "mask", cleared: bool = False) -> int:
+    """Valid tokens of the mask SkyRL is handed for ``case``; ``cleared``: the reductions family's mask_invariant
+    clears the last bit of an all-valid mask (:mod:`rlconform.harness.families.reductions`; the advantage
+    families append a masked column instead, which leaves the count as it is)."""
+    import numpy as np
+
+    if key not in case.inputs:  # a generated real-shapes input: thousands of tokens
+        return 1 << 30
+    m = np.asarray(case.inputs[key]).astype(bool)
+    return int(m.sum()) - int(cleared and case.property == "mask_invariant" and m.size > 0 and bool(m.all()))
+
+
+#: masked_var's two messages (ppo_utils.py:137 on 0 valid tokens, :141 on 1)
+_MASKED_VAR_RAISES = r"At least one element in the mask has to be 1|The sum of the mask is one"
+#: the loss_agg_mode the reference aggregates a SkyRL policy loss with where it is not the catalog's token-mean
+#: (LossVariants.agg_modes): cross_entropy's plain masked sum (declared: cross_entropy_weighted_sum)
+CROSS_ENTROPY_AGG_MODES = {"cross_entropy": "token-sum"}
+
 #: SkyRL's deliberate behaviour (issue 20 §2): checked as declared, listed in "Conventions and guards"
 DECLARED = (
+    Declared(
+        "masked_var_le_one_token", "guard", ("masked_var",),
+        "the unbiased masked_var raises ValueError on 0 or 1 valid tokens ('At least one element in the mask "
+        "has to be 1.' / 'The sum of the mask is one, which can cause a division by zero.')",
+        "the Bessel correction n/(n-1) is undefined there; SkyRL's comment (ppo_utils.py:138-139): 'note that if "
+        "mask_sum == 1, then there is a division by zero issue; to avoid it you just need to use a larger "
+        "minibatch_size'", "skyrl/backends/skyrl_train/utils/ppo_utils.py:141",
+        when=lambda case: bool(case.inputs.get("unbiased", True)) and _nnz(case, cleared=True) <= 1,
+        raises="ValueError", match=_MASKED_VAR_RAISES),
+    Declared(
+        "masked_whiten_le_one_token", "guard", ("masked_whiten",),
+        "masked_whiten raises masked_var's ValueError on 0 or 1 valid tokens (it calls masked_var(values, mask): "
+        "the unbiased variance)",
+        "whitening needs a variance: masked_var's guard (ppo_utils.py:137, :141) on purpose",
+        "skyrl/backends/skyrl_train/utils/ppo_utils.py:149",
+        when=lambda case: _nnz(case) <= 1,
+        raises="ValueError", match=_MASKED_VAR_RAISES),
+    Declared(
+        "gae_whiten_le_one_token", "guard", ("gae",),
+        "compute_gae_advantage_return whitens the advantages over the whole batch (masked_whiten(advantages, "
+        "response_mask)), which raises masked_var's ValueError when the batch holds 0 or 1 valid tokens",
+        "whitening needs a variance (masked_var's guard, ppo_utils.py:141, on purpose)",
+        "skyrl/backends/skyrl_train/utils/ppo_utils.py:1339",
+        when=lambda case: _nnz(case, "response_mask") <= 1,
+        raises="ValueError", match=_MASKED_VAR_RAISES),
+    Declared(
+        "batch_whiten_le_one_token", "guard", ("outcome_advantage",),
+        "reinforce++ whitens the returns over the whole batch (masked_whiten(returns, response_mask), not per "
+        "group), which raises masked_var's ValueError when the batch holds 0 or 1 valid tokens, whatever the "
+        "groups (a batch of one one-token sample is also a group of one); grpo, rloo and maxrl never whiten",
+        "batch-level normalisation needs a variance (masked_var's guard, ppo_utils.py:141)",
+        "skyrl/backends/skyrl_train/utils/ppo_utils.py:1253",
+        variants=("reinforce_plus_plus",),
+        when=lambda case: _nnz(case, "response_mask") <= 1,
+        raises="ValueError", match=_MASKED_VAR_RAISES),
+    Declared(
+        "cross_entropy_weighted_sum", "convention", ("policy_loss",),
+        "cross_entropy (SFT) returns the plain sum of −log π · loss_mask, whatever loss_reduction says: the "
+        "normalisation is the caller's, in the loss mask it passes (the reference follows: token-sum, "
+        "LossVariants.agg_modes); the trainer's advantage pre-scaling (apply_loss_reduction_to_advantages_minibatch) "
+        "does not reach it, the loss ignores the advantages",
+        "documented: 'The loss is computed as: -log_probs * loss_mask, summed over all tokens. This matches "
+        "Tinker's cross_entropy semantics where the loss is a simple sum.' (ppo_utils.py:1071-1072); its callers "
+        "pre-scale the mask: workers/worker.py:1155 ('Policy loss masks are pre-scaled to achieve the correct "
+        "reduction when summing across the entire minibatch (see `DefaultCollator`)'), "
+        "train/dataset/collators.py:64 (loss_mask / total_nonpad: a token mean over the batch; "
+        "PackedDataCollator likewise, :309), and the Tinker backend passes the user's token weights as the "
+        "loss mask (backends/skyrl_train_backend.py:785)",
+        "skyrl/backends/skyrl_train/utils/ppo_utils.py:1089",
+        variants=tuple(CROSS_ENTROPY_AGG_MODES)),
     Declared(
         "singleton_group_raw_score", "convention", ("outcome_advantage",),
         "a group of one sample gets group statistics μ := 0 (grpo also σ := 1), so its advantage is its own "
