@@ -139,7 +139,8 @@ def test_in_the_report_process_a_listed_defect_is_xfail_an_unlisted_one_stays_re
 
 # -- end to end, on a mutant: a ledger written from one run, read by runs whose examples differ ----------------
 
-BASE = ["--op", "entropy", "--property", "finite_where_reference_finite", "--profile", "ci", "-q"]
+BASE = ["--op", "entropy", "--property", "finite_where_reference_finite", "--profile", "ci", "-q",
+        "-n", "0"]  # own code (a mutant, the reference): in the CLI's process
 
 
 def _check(tmp_path, name: str, engine: str, *extra: str):

@@ -55,7 +55,7 @@ def pipeline_report(tmp_path_factory):
     only; the failing examples drawn are kept in the samples all the same)."""
     tmp = tmp_path_factory.mktemp("htmlrep")
     proc = cli("check", "--engine", "mutants.mean_of_shard_means", "--op", "metric_pipeline", "--dtype", "float32",
-               "--max-examples", "5", "--max-shrinks", "0", "--out", "rep", "-q", cwd=tmp)
+               "--max-examples", "5", "--max-shrinks", "0", "--out", "rep", "-q", "-n", "0", cwd=tmp)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     return tmp / "rep"
 

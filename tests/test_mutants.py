@@ -78,7 +78,7 @@ def test_mutant_is_caught(name, tmp_path):
         # a fault that only exists at real sizes: the CI profile's regimes of its ops pass (it is caught by
         # the nightly profile's real_shapes regime: tests/test_real_shapes.py)
         args = ["check", "--engine", f"mutants.{name}", "--out", str(tmp_path), "--profile", "ci", "-q",
-                "--dtype", "float32"]
+                "--dtype", "float32", "-n", "0"]
         for op, prop in real:
             args += ["--op", op, "--property", prop]
         proc = run_cli(*args)
@@ -97,8 +97,10 @@ def test_mutant_is_caught(name, tmp_path):
     # --no-referee: a mutant is rlconform's own code and patches nothing at import, so judging in its process
     # gives the same verdicts (tests/test_referee_*.py prove the referee on engines that tamper); it saves the
     # referee's start, about 2 s of a 2-core machine per mutant
+    # -n 0: a mutant is rlconform's own code, so it may run in the CLI's own process: no xdist worker to start
+    # (the engine-isolation paths are proven by tests/test_robustness_*.py on engines that need them)
     args = ["check", "--engine", f"mutants.{name}", "--out", str(out), "--profile", "ci", "-q",
-            "--fail-on", "precision", "--max-shrinks", "0", "--no-referee"]
+            "--fail-on", "precision", "--max-shrinks", "0", "--no-referee", "-n", "0"]
     for op in sorted({op for op, _ in pairs + crash_pairs}):
         args += ["--op", op]
     for prop in sorted({p for _, p in pairs + crash_pairs}):
@@ -126,7 +128,8 @@ def test_mutant_is_caught(name, tmp_path):
     bad = [f for f in doc["findings"] if f["status"] == verdict]
     command = shlex.split(bad[0]["reproducer"]["command"])  # the command the report prints, engine included
     assert command[:2] == ["rlconform", "replay"] and command[command.index("--engine") + 1] == f"mutants.{name}"
-    replay = run_cli(*command[1:])
+    # --no-referee, as the check: the replay of a mutant then runs in the CLI's process (no child, no referee)
+    replay = run_cli(*command[1:], "--no-referee")
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert verdict.upper() in replay.stdout
 

@@ -25,7 +25,7 @@ def cli(*args, **kw):
 def test_report_schema_and_reproducer(tmp_path):
     out = tmp_path / "out"
     proc = cli("check", "--engine", "mutants.mean_of_shard_means", "--op", "metric_pipeline", "--property",
-               "matches_reference", "--dtype", "float64", "--out", str(out))
+               "matches_reference", "--dtype", "float64", "--out", str(out), "-n", "0")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     doc = json.loads((out / "report.json").read_text())
     assert doc["schema"] == SCHEMA and doc["run"]["complete"]

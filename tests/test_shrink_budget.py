@@ -16,7 +16,7 @@ def check(tmp_path, name, *extra):
     out = tmp_path / name
     proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "mutants.naive_entropy",
                            "--op", "entropy", "--property", "finite_where_reference_finite", "--dtype", "float32",
-                           "--out", str(out), "-q", "--max-examples", "5", *extra], capture_output=True, text=True, timeout=900)
+                           "--out", str(out), "-q", "--max-examples", "5", "-n", "0", *extra], capture_output=True, text=True, timeout=900)
     doc = json.loads((out / "report.json").read_text())
     return proc, next(f for f in doc["findings"] if f["id"] == FINDING), doc
 

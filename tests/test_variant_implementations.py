@@ -206,7 +206,7 @@ def test_check_and_replay_of_the_mutant_on_one_regime(tmp_path):
     run = [sys.executable, "-m", "rlconform.harness.cli"]
     proc = subprocess.run(run + ["check", "--engine", "mutants.vectorized_raw_singleton", "--op", OP,
                                  "--regime", "grpo+vectorized@singleton_groups", "--dtype", "float64",
-                                 "--profile", "ci", "--max-examples", "20", "-q", "--out", str(tmp_path)],
+                                 "--profile", "ci", "--max-examples", "20", "-q", "-n", "0", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((tmp_path / "report.json").read_text())

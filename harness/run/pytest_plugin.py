@@ -31,7 +31,8 @@ writes the report:
   (:meth:`rlconform.harness.report.writer.ReportWriter.seal`, issue 22 §2).
 
 Without xdist (``-n 0`` or none) the engine runs in the pytest process itself, as any pytest plugin's
-tests do; ``rlconform check`` never does that.
+tests do; ``rlconform check`` does that only for rlconform's own code (``-n 0`` with the reference engine
+or a mutant), never for an engine package.
 """
 
 from __future__ import annotations
