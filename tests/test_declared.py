@@ -271,3 +271,34 @@ def test_declared_writes_are_listed_with_their_hazard_and_source():
     assert "Does NOT hold" in declared_card({**doc, "engine": {"declared": [
         dict(r, holds=False) for r in doc["engine"]["declared"]]}}, "entropy_backward_writes_logits")
     assert declared_card(doc, "masked_var_le_one_token") is None  # a guard: no card of this kind
+
+
+def test_a_declared_write_is_named_above_the_first_defect_row_and_says_whether_it_holds():
+    """A maintainer reads the defects section's first lines: the engine's declared writes into a caller's
+    tensor (verl's _VocabParallelEntropy.backward) are named there, with their hazard, before the first row,
+    and say "does NOT hold" once the evidence is gone (then their findings are defects again)."""
+    import copy
+    import json
+    import os
+
+    from rlconform.harness.report.declared_md import writes_line
+    from rlconform.harness.report.triage_md import render_defects
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "reports", "verl-0.9.1", "report.json")) as fh:
+        doc = json.load(fh)
+    lines = render_defects(doc)
+    first_row = next(i for i, ln in enumerate(lines) if ln.startswith("| **"))
+    top = [i for i, ln in enumerate(lines) if ln.startswith("Declared writes")]
+    assert top and top[0] < first_row
+    assert "`entropy_backward_writes_logits`" in lines[top[0]] and "hazard:" in lines[top[0]]
+    assert "holds (" in lines[top[0]]
+    broken = copy.deepcopy(doc)
+    for d in broken["engine"]["declared"]:
+        if d["name"] == "entropy_backward_writes_logits":
+            d["holds"] = False
+    assert "entropy_backward_writes_logits" in writes_line(broken)
+    assert "does NOT hold" in writes_line(broken).split("entropy_backward_writes_logits", 1)[1].split(" · ")[0]
+    no_writes = copy.deepcopy(doc)
+    no_writes["engine"]["declared"] = [d for d in doc["engine"]["declared"] if not d.get("writes")]
+    assert writes_line(no_writes) == "" and not any(ln.startswith("Declared writes") for ln in render_defects(no_writes))

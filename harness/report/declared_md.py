@@ -50,6 +50,23 @@ def _met(d: dict) -> str:
     return f"{d['examples']} example(s) in {len(d['findings'])} finding(s)" if d["examples"] else "not met in this run"
 
 
+def writes_line(doc: dict) -> str:
+    """One line for the top of the defects section: the engine's declared writes into a caller's tensor (a
+    hazard to every other caller, kept by the engine's own callers: not a defect while the evidence holds),
+    so that a maintainer sees them first; '' when the binding declares none."""
+    items = [d for d in rows(doc) if d.get("writes")]
+    if not items:
+        return ""
+    parts = []
+    for d in items:
+        state = (f"holds ({len(d.get('write_findings') or ())} finding(s) show only this write)" if d.get("holds")
+                 else "does NOT hold: its findings are defects")
+        parts.append(f"`{d['name']}` ({_where(d)}; `{d['source']}`): {d['writer']} writes {', '.join(d['writes'])} "
+                     f"in the {d['phase']}; hazard: {d.get('hazard') or d['what']}; {state}")
+    return ("Declared writes into a caller's tensor (not defects while the engine's own callers keep them; checked "
+            "as declared, see \"Conventions and guards\"): " + " · ".join(parts))
+
+
 def markdown_section(doc: dict) -> list[str]:
     """Markdown lines of the section ([] when the binding declares nothing)."""
     items = rows(doc)

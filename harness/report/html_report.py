@@ -371,6 +371,7 @@ function (for a crash, the deepest engine frame), the kind of failure and its tr
 and regimes; by severity, then size of the effect. Each shows the engine vs exact numbers and the reproducer of its
 smallest member, its message and input; its members are listed under it in the table of failing findings below.
 {{ cite_note }}</p>
+{% if writes_line %}<p><strong>{{ writes_line }}</strong></p>{% endif %}
 <table><tr><th>defect</th><th>severity</th><th>engine function (file:line)</th><th>failure · trigger</th><th>engine vs exact</th><th>findings</th></tr>
 {% for d in defects %}<tr><td><a href="#{{ d.key }}">{{ d.key }}</a><td><span class="badge v-{{ d.severity }}">{{ d.severity }}</span><td>{{ d.where }}<td>{{ d.signature.kind }} · {{ d.signature.feature }}<td>{{ d.nums }}<td>{{ d.members|length }}
 {% endfor %}</table>
@@ -623,7 +624,7 @@ def render_html(doc: dict, folder: str | None = None) -> str:
         statuses=list(STATUS_ORDER), colors=STATUS_COLOR, dtypes=FLOAT_DTYPES, grid=_grid(findings),
         plots=make_plots(doc), findings=findings, fmt=_fmt, err=error_text, ratio=_ratio_of,
         sev_colors=SEVERITY_COLOR,
-        triage_line=_triage_line(doc), cite_note=_cite_note(), msg_chars=MESSAGE_CHARS, script=markupsafe.Markup(SCRIPT),
+        triage_line=_triage_line(doc), writes_line=_writes_line(doc), cite_note=_cite_note(), msg_chars=MESSAGE_CHARS, script=markupsafe.Markup(SCRIPT),
         columns=COLUMNS, blob=findings_blob(findings), coverage=_coverage_line(doc),
         declared_section=_declared_section(doc), **parts)
 
@@ -645,6 +646,13 @@ def _cite_note() -> str:
     from rlconform.harness.report.triage_md import CITE_NOTE
 
     return CITE_NOTE
+
+
+def _writes_line(doc: dict) -> str:
+    """The declared writes (:func:`rlconform.harness.report.declared_md.writes_line`), without markdown."""
+    from rlconform.harness.report.declared_md import writes_line
+
+    return writes_line(doc).replace("`", "")
 
 
 def _triage_line(doc: dict) -> str:

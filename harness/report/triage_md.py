@@ -174,8 +174,11 @@ def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
     defects = doc.get("defects") or []
     if not defects:
         return []
+    from rlconform.harness.report.declared_md import writes_line
+
+    writes = writes_line(doc)
     lines = ["### Defects (root causes: engine function or crash frame × class of failure)", "", counts_line(doc), "",
-             ORDER_NOTE, "", CITE_NOTE, ""]
+             *([writes, ""] if writes else []), ORDER_NOTE, "", CITE_NOTE, ""]
     main = [d for d in defects if d.get("severity") != "precision"]
     fine = [d for d in defects if d.get("severity") == "precision"]
     if main:
