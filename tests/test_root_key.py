@@ -66,6 +66,33 @@ def test_a_finding_joins_the_callee_that_fails_the_same_way_and_only_that():
     assert len(annotate({"findings": without_calls})["defects"]) == 3  # nothing known of the calls: not folded
 
 
+def test_a_finding_follows_its_callee_down_the_chain_to_where_it_fails_first():
+    """SkyRL 0.4.0: GAE calls masked_whiten, masked_whiten calls masked_mean; each turns a masked NaN into a NaN.
+    GAE's finding joined masked_whiten's defect, then masked_whiten's own finding moved on to masked_mean, and
+    a row keyed masked_whiten held GAE alone, shown at GAE's def: it follows masked_whiten to masked_mean."""
+    tu = "skyrl.backends.skyrl_train.utils.torch_utils"
+    pu = "skyrl.backends.skyrl_train.utils.ppo_utils"
+    mean = {"function": "masked_mean", "module": tu, "file": "skyrl/backends/skyrl_train/utils/torch_utils.py",
+            "line": 181}
+    whiten = {"function": "masked_whiten", "module": pu, "file": "skyrl/backends/skyrl_train/utils/ppo_utils.py",
+              "line": 145, "calls": [f"{tu}.masked_mean"]}
+    gae = {"function": "compute_gae_advantage_return", "module": pu, "file": whiten["file"], "line": 1313,
+           "calls": [f"{pu}.masked_whiten"]}
+    trig = "a masked position holding NaN"
+    fs = [_f("masked_mean.mask_invariant.float32.padded", NAN, site=mean, trig=trig),
+          _f("masked_whiten.mask_invariant.float32.padded", NAN, site=whiten, trig=trig),
+          _f("gae.mask_invariant.float32.padded", NAN, site=gae, trig=trig)]
+    for order in (fs, fs[::-1]):
+        (d,) = annotate({"findings": copy.deepcopy(order)})["defects"]
+        assert d["id"] == f"{tu}.masked_mean.nan-inf" and d["engine_function"] == mean
+        assert d["ops"] == ["gae", "masked_mean", "masked_whiten"]
+    # masked_mean fails only under another trigger: GAE and masked_whiten stop at masked_whiten
+    other = copy.deepcopy(fs)
+    other[0]["trigger"] = "fp16 overflow"
+    ids = {d["id"] for d in annotate({"findings": other})["defects"]}
+    assert ids == {f"{tu}.masked_mean.nan-inf", f"{pu}.masked_whiten.nan-inf"}
+
+
 def test_rounding_is_one_defect_per_engine_module_and_ids_depend_on_the_key_only():
     fs = [_f("policy_loss.matches_reference.bfloat16.gspo@r", ROUND, site=GSPO, ratio=5.0),
           _f("agg_loss.matches_reference.float64.token-mean@r", ROUND, site=AGG, ratio=5.0)]

@@ -334,6 +334,13 @@ def _fold(keys: dict, findings: dict) -> dict:
     from rlconform.harness.core.opinfo import split_regime
 
     keys = dict(keys)
+    # the calls of each engine function, from the findings it is the function of: a finding folded into a
+    # callee moves on with that callee's own calls (gae's NaN joined masked_whiten, which joins masked_mean's)
+    calls_of: dict[str, tuple] = {}
+    for f in findings.values():
+        s = f.get("engine_function") or {}
+        if s.get("calls"):
+            calls_of.setdefault(f"{s.get('module')}.{s.get('function')}", (s.get("calls"), s.get("calls_variant")))
     for _ in range(4):  # a call chain deeper than four engine functions is not followed further
         triggers: dict[tuple, set] = {}
         variants: dict[tuple, set] = {}  # (key, trigger) -> the variants (of the callee's own op) failing so
@@ -345,10 +352,12 @@ def _fold(keys: dict, findings: dict) -> dict:
         for fid, (place, cls) in list(keys.items()):
             f = findings[fid]
             site = f.get("engine_function") or {}
-            if cls.startswith("crash:") or f"{site.get('module')}.{site.get('function')}" != place:
-                continue  # a crash has its frame; a finding already folded moves with its new place's calls
-            mode = site.get("calls_variant")  # the callee runs in this variant: it must fail in it
-            for callee in site.get("calls") or ():
+            if cls.startswith("crash:"):
+                continue  # a crash has its frame
+            own = f"{site.get('module')}.{site.get('function')}" == place
+            calls, mode = (site.get("calls"), site.get("calls_variant")) if own else calls_of.get(place, ((), None))
+            # mode: the callee runs in this variant: it must fail in it
+            for callee in calls or ():
                 if mode and mode not in variants.get(((callee, cls), trigger(f)), ()):
                     continue
                 if callee != place and trigger(f) in triggers.get((callee, cls), ()):
