@@ -305,6 +305,12 @@ def _engine_metadata(spec: str, engine_path: str | None, sites: bool = False) ->
     return probe_engine(spec, engine_path)
 
 
+def _runs_in_process(spec: str, engine_path: str | None) -> bool:
+    """Whether the engine may run in the CLI's own process (``check -n 0``, ``replay --no-referee``):
+    rlconform's own code only, never an engine package or a checkout."""
+    return engine_path is None and _is_own_code(spec)
+
+
 def _is_own_code(spec: str) -> bool:
     """The reference and the mutants: bindings whose every op is the harness's own code (no engine package)."""
     from rlconform.harness.bindings.load import BUILTIN
@@ -370,7 +376,7 @@ def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
             return _usage_error(f"cannot read --findings {args.findings}: {exc.strerror or exc}")
         except ValueError as exc:
             return _usage_error(str(exc))
-    if args.numprocesses == "0" and not (_is_own_code(spec) and args.engine_path is None):
+    if args.numprocesses == "0" and not _runs_in_process(spec, args.engine_path):
         return _usage_error(f"-n 0 runs the engine in this process, which decides the exit code: only rlconform's "
                             f"own code (the reference engine, mutants.*) may run there, not {spec!r}; use -n 1 or "
                             f"more")
@@ -695,7 +701,7 @@ def cmd_replay(args) -> int:
                   f"that below as a ChildFailedError of rank 0 — the verdict above, not a crash of the harness",
                   flush=True)
         return code
-    if _is_own_code(spec) and args.engine_path is None and not args.referee:
+    if _runs_in_process(spec, args.engine_path) and not args.referee:
         # rlconform's own code (the reference, a mutant) without the referee: in this process, which saves a
         # child's start (a fresh interpreter importing torch and the catalog, ~3 s of CPU); it patches nothing
         # at import, never ends its process, and its verdict is the same as in a child
