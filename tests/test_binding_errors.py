@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 BINDING = os.path.join(os.path.dirname(__file__), "bindings", "adapter_mismatch.py")
+import forked_cli
 
 
 def test_adapter_typeerror_is_a_binding_error_and_a_missing_module_takes_down_only_its_op(tmp_path):
     out = tmp_path / "r"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", BINDING, "--op", "masked_sum",
+    proc = forked_cli.run(["check", "--engine", BINDING, "--op", "masked_sum",
          "--op", "masked_mean", "--op", "masked_max", "--property", "matches_reference", "--dtype", "float64",
          "--regime", "padded", "--max-examples", "5", "--out", str(out), "-q"],
-        capture_output=True, text=True, timeout=900)
+        timeout=900)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     doc = json.loads((out / "report.json").read_text())

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import numpy as np
+import forked_cli
 import pytest
 
 from rlconform.harness.run import bisect as B
@@ -68,9 +69,9 @@ def test_bisect_names_commit_k_and_leaves_the_checkout_as_found(tmp_path, fork):
     case = failing_case(tmp_path / "case.json")
     T.git(repo, "checkout", "-q", "-b", "feature")  # a branch other than the one bisected
     before = T.state(repo)
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "bisect", "--engine-path", str(repo),
+    proc = forked_cli.run(["bisect", "--engine-path", str(repo),
                            "--good", hashes[0], "--bad", "main", "--engine", T.SPEC, str(case)],
-                          capture_output=True, text=True, cwd=tmp_path)
+                          cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"first bad commit: {hashes[K]} speed up masked_mean" in proc.stdout
     assert " skip " in proc.stdout, "the commit that does not import was visited and skipped:\n" + proc.stdout

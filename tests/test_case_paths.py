@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
+import forked_cli
 from rlconform.harness.report import case_paths as CP
 from rlconform.harness.report.writer import SCHEMA, rerender
 from rlconform.harness.report.diff import load
@@ -71,8 +70,7 @@ def test_rerender_and_diff_make_an_older_reports_paths_relative(tmp_path):
 
 
 def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+    return forked_cli.run(args, cwd=cwd, timeout=600)
 
 
 def test_replay_by_finding_id_resolves_against_the_report_folder(tmp_path):

@@ -10,8 +10,8 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 
+import forked_cli
 import pytest
 
 from rlconform.harness.core.code_changes import ChangeError, changed_functions, changed_lines
@@ -165,10 +165,10 @@ def test_one_function_pr_of_a_verl_fork_selects_only_its_ops(tmp_path):
     commit_edit(fork, "verl/trainer/ppo/core_algos.py", '"""Compute KL divergence given logprob and ref_logprob.\n',
                 '"""Compute KL divergence given logprob and ref_logprob (a fork edits this function).\n')
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "verl",
+    proc = forked_cli.run(["check", "--engine", "verl",
                            "--engine-path", str(fork), "--changed-since", "HEAD~1", "--out", str(out), "-q",
                            "--property", "matches_reference", "--dtype", "float64", "--max-examples", "1"],
-                          capture_output=True, text=True, cwd=tmp_path)
+                          cwd=tmp_path)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     ids = read_selection(str(out / "selection.txt"))
     assert ids and {i.split(".")[0] for i in ids} == {"kl_estimator"}, ids

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
+import forked_cli
 import pytest
 
 from rlconform.harness.cli import main
 
 
 def cli(*args, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=600)
+    return forked_cli.run(args, cwd=cwd, env=env, timeout=600)
 
 
 def test_version_and_help(capsys):

@@ -7,10 +7,9 @@ an unlisted one is red; a listed defect none of whose findings fails, in a run t
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import types
 
+import forked_cli
 import pytest
 
 from rlconform.harness.cli import main
@@ -145,8 +144,8 @@ BASE = ["--op", "entropy", "--property", "finite_where_reference_finite", "--pro
 
 def _check(tmp_path, name: str, engine: str, *extra: str):
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", engine, *BASE,
-                           "--out", str(out), *extra], capture_output=True, text=True, timeout=900)
+    proc = forked_cli.run(["check", "--engine", engine, *BASE,
+                           "--out", str(out), *extra], timeout=900)
     doc = json.loads((out / "report.json").read_text())
     return proc, doc
 
@@ -156,8 +155,8 @@ def test_a_defect_ledger_matches_a_run_whose_examples_differ_and_goes_xpass_when
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     failing = {f["id"] for f in first["findings"] if f["status"] in ("discrepancy", "crash")}
     assert failing
-    wrote = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "ledger", str(tmp_path / "first")],
-                           capture_output=True, text=True, timeout=300)
+    wrote = forked_cli.run(["ledger", str(tmp_path / "first")],
+                           timeout=300)
     assert wrote.returncode == 0, wrote.stderr
     ledger = tmp_path / "xfails.txt"
     ledger.write_text(wrote.stdout)

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import forked_cli
 import pytest
 
 from rlconform.harness.cli import main
@@ -28,9 +29,9 @@ def _check(tmp_path, name, *extra, env=None):
     sel = tmp_path / "findings.txt"
     sel.write_text("\n".join(FINDINGS) + "\n")
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", NEEDS_CUDA,
+    proc = forked_cli.run(["check", "--engine", NEEDS_CUDA,
                            "--op", "masked_mean", "--op", "entropy", "--op", "token_logprobs", "--findings", str(sel), "--max-examples", "5",
-                           "--out", str(out), "-q", *extra], capture_output=True, text=True, timeout=600,
+                           "--out", str(out), "-q", *extra], timeout=600,
                           env=env, cwd=tmp_path)
     doc = json.loads((out / "report.json").read_text())
     return proc, doc

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import time
 import uuid
 
+import forked_cli
 import pytest
 
 pytestmark = pytest.mark.distributed
@@ -74,11 +73,10 @@ def test_hung_and_killed_ranks_fail_their_cases_and_the_run_completes(tmp_path):
                RLCONFORM_DIST_COLLECTIVE_TIMEOUT_S="20", RLCONFORM_TEST_MARKER=marker.split("=", 1)[1])
     out = tmp_path / "out"
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", str(binding), "--op", "vocab_parallel_entropy",
+    proc = forked_cli.run(["check", "--engine", str(binding), "--op", "vocab_parallel_entropy",
          "--op", "vocab_parallel_sum_pi_squared", "--property", "matches_reference", "--dtype", "float32",
          "--max-examples", "2", "--out", str(out), "-q"],
-        capture_output=True, text=True, env=env, timeout=900)
+        env=env, timeout=900)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "report.json").read_text())

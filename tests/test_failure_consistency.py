@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 BINDING = os.path.join(os.path.dirname(__file__), "bindings", "crash_when_small.py")
+import forked_cli
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          timeout=900)
+    return forked_cli.run(args, timeout=900)
 
 
 def test_a_crash_found_while_shrinking_a_discrepancy_is_reported_as_that_crash(tmp_path):

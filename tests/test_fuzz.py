@@ -17,14 +17,14 @@ import subprocess
 import sys
 import time
 
+import forked_cli
 import pytest
 
 from rlconform.properties.case import load_case
 
 
 def cli(*args, cwd, timeout=600):
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)
+    return forked_cli.run(args, cwd=cwd, timeout=timeout)
 
 
 # mutant, the op and property that fuzz should break (narrowed to keep the test short: float32, the dtype

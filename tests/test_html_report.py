@@ -11,8 +11,8 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
+import forked_cli
 import pytest
 
 from rlconform.harness.report.html_report import engine_traceback, read_blob, render_html
@@ -44,8 +44,7 @@ def load_in_browser(html_path: str, dom: list | None = None) -> tuple[str, list[
 
 
 def cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+    return forked_cli.run(args, cwd=cwd, timeout=600)
 
 
 @pytest.fixture(scope="module")

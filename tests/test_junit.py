@@ -3,16 +3,14 @@ failures, and each testcase carries the finding's status, errors and reproducer 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
+import forked_cli
 
 
 def test_junit_xml_carries_finding_status(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "mutants.naive_entropy", "--op", "entropy",
+    proc = forked_cli.run(["check", "--engine", "mutants.naive_entropy", "--op", "entropy",
          "--junitxml", "x.xml", "--max-examples", "5", "--out", "rep", "-q"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        cwd=tmp_path, timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     root = ET.parse(tmp_path / "x.xml").getroot()
     cases = root.findall(".//testcase")

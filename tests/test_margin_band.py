@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import forked_cli
 import pytest
 
 from rlconform.harness.core.tolerance import FAIL_ABOVE, LEDGER_ABOVE, PASS_BELOW, verdict
@@ -49,9 +50,9 @@ def test_a_finding_takes_its_worst_examples_verdict(tmp_path, ratio, status, cod
     if status == "marginal":
         assert PASS_BELOW < f["max_ratio"] <= FAIL_ABOVE and f["examples"] == 4 and not f["shrink_steps"]
         assert "tolerance" in f["message"] and f["reproducer"], f  # what it was, and how to see it again
-        replay = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "replay",
-                                 str(out / f["reproducer"]["case_file"]), "--engine", BINDING], capture_output=True, text=True,
-                                timeout=600, env=dict(os.environ, RLCONFORM_TEST_ERROR_RATIO=str(ratio)))
+        replay = forked_cli.run(["replay",
+                                 str(out / f["reproducer"]["case_file"]), "--engine", BINDING], timeout=600,
+                                env=dict(os.environ, RLCONFORM_TEST_ERROR_RATIO=str(ratio)))
         assert replay.returncode == 0 and "\nMARGINAL: " in replay.stdout, replay.stdout + replay.stderr
         assert json.loads((out / "report.json").read_text())["summary"]["marginal"] == 1
 
@@ -77,8 +78,8 @@ def test_the_ledger_lists_a_marginal_finding_above_the_bands_centre(tmp_path):
         expect = f["max_ratio"] > LEDGER_ABOVE
         if listed:
             assert expect, f
-        proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "ledger", str(out / "report.json")],
-                              capture_output=True, text=True, timeout=300)
+        proc = forked_cli.run(["ledger", str(out / "report.json")],
+                              timeout=300)
         assert proc.returncode == 0
         assert (FID in proc.stdout) == expect, proc.stdout
     del main

@@ -15,8 +15,8 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 
+import forked_cli
 import pytest
 
 from rlconform.harness.catalog.ops import PROPERTIES
@@ -27,8 +27,7 @@ DISTRIBUTED_KINDS = ("vocab_parallel", "context_parallel", "dp_metric")
 
 
 def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=900)
+    return forked_cli.run(args, cwd=cwd, timeout=900)  # a fresh process, forked with torch imported
 
 
 def expected(name: str) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import forked_cli
 import pytest
 
 from rlconform.harness.workers.reaper import Reaper, descendants
@@ -34,10 +35,10 @@ def test_a_detached_rewriter_is_ended_and_the_files_stay_as_recorded(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "RLCONFORM_TEST_OUT": str(out)}
     env.pop("RLCONFORM_ENGINE", None)
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine",
+    proc = forked_cli.run(["check", "--engine",
                            os.path.join(BINDINGS, "detached_rewriter.py"), "--op", "masked_sum", "--property",
                            "matches_reference", "--dtype", "float64", "--regime", "all_on", "--max-examples", "3",
-                           "--out", str(out), "-q"], capture_output=True, text=True, env=env, timeout=600)
+                           "--out", str(out), "-q"], env=env, timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     pid = int((tmp_path / "out.pid").read_text())
     assert not _running(pid), "the detached process outlived the run"

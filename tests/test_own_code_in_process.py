@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 
+import forked_cli
 import pytest
 
 
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=900)
+    return forked_cli.run(args, cwd=cwd, timeout=900)
 
 
 @pytest.mark.parametrize("spec", ["verl", "skyrl", "tests/bindings/anything.py", "some.module:binding"])

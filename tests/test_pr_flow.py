@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import textwrap
 
+import forked_cli
 import pytest
 
 from rlconform.harness.catalog.binding import Binding, BindingError, Coverage
@@ -16,8 +16,7 @@ from rlconform.harness.run.outdir import LOCK_NAME, OutDirError, claim
 
 
 def _cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, "PYTHONSAFEPATH": "1"})
+    return forked_cli.run(args, cwd=cwd, env={**os.environ, "PYTHONSAFEPATH": "1"})
 
 
 # --------------------------------------------------------------------------- Binding.extend (§4)
@@ -199,9 +198,9 @@ def test_printed_reproducer_of_a_module_attr_engine_runs_when_pasted(tmp_path):
     """`--engine mod:attr` found through PYTHONPATH: the printed command names the folder it imports from."""
     (tmp_path / "wrongcount.py").write_text(WRONG_COUNT)
     env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "wrongcount:binding",
+    proc = forked_cli.run(["check", "--engine", "wrongcount:binding",
                            "--property", "matches_reference", "--dtype", "float32", "--max-examples", "5",
-                           "--out", "r", "-q"], capture_output=True, text=True, cwd=tmp_path, env=env)
+                           "--out", "r", "-q"], cwd=tmp_path, env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     printed = [x.split("reproduce: ", 1)[1] for x in proc.stdout.splitlines() if "reproduce: " in x]
     assert printed and f"--engine-path {tmp_path}" in printed[0], printed
@@ -209,6 +208,5 @@ def test_printed_reproducer_of_a_module_attr_engine_runs_when_pasted(tmp_path):
 
     argv = shlex.split(printed[0])
     assert argv[0] == "rlconform"
-    pasted = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *argv[1:]], capture_output=True,
-                            text=True, cwd=tmp_path, env={**os.environ, "PYTHONSAFEPATH": "1"})  # no PYTHONPATH
+    pasted = forked_cli.run([*argv[1:]], cwd=tmp_path, env={**os.environ, "PYTHONSAFEPATH": "1"})  # no PYTHONPATH
     assert pasted.returncode == 1 and "DISCREPANCY" in pasted.stdout, pasted.stdout + pasted.stderr

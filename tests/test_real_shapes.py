@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import forked_cli
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
@@ -308,12 +309,9 @@ def test_vocab_parallel_generator_path_small(monkeypatch):
 
 def test_check_under_ci_has_no_real_shapes(tmp_path):
     """`rlconform check --profile ci --regime real_shapes` selects nothing: a usage error naming the profile."""
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "reference",
+    proc = forked_cli.run(["check", "--engine", "reference",
                            "--profile", "ci", "--regime", "real_shapes", "--op", "entropy", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+                          timeout=300)
     assert proc.returncode == 2 and "another --profile" in proc.stderr, proc.stderr
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 
+import forked_cli
 from rlconform.harness.run.referee_verdicts import VerdictBook
 from rlconform.properties.referee import REFEREE_ERROR
 from rlconform.properties.case import Case
@@ -21,8 +20,7 @@ FID = "entropy.matches_reference.float32.moderate"
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd)
+    return forked_cli.run(args, timeout=600, cwd=cwd)
 
 
 def test_a_diverging_referee_is_a_harness_error_not_an_engine_crash(tmp_path):

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
+import forked_cli
 import pytest
 
 BINDINGS = os.path.join(os.path.dirname(__file__), "bindings")
@@ -23,20 +22,18 @@ VECTORS = ["tamper_global_softmax", "tamper_compare", "tamper_atol", "tamper_sub
 @pytest.mark.parametrize("vector", VECTORS)
 def test_a_tampering_engine_stays_red(vector, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", os.path.join(BINDINGS, f"{vector}.py"),
+    proc = forked_cli.run(["check", "--engine", os.path.join(BINDINGS, f"{vector}.py"),
          "--op", "entropy", "--property", "matches_reference", "--dtype", "float32", "--regime", "moderate",
          "--max-examples", "5", "--out", str(out), "-q", "--referee"],
-        capture_output=True, text=True, timeout=600)
+        timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "report.json").read_text())
     statuses = {f["id"]: f["status"] for f in doc["findings"]}
     assert statuses == {"entropy.matches_reference.float32.moderate": "discrepancy"}, statuses
     if vector == "tamper_atol":  # `replay` is refereed too: the saved case stays red in a fresh process
-        rep = subprocess.run(
-            [sys.executable, "-m", "rlconform.harness.cli", "replay",
+        rep = forked_cli.run(["replay",
              str(out / "cases" / "entropy.matches_reference.float32.moderate.json"),
-             "--engine", os.path.join(BINDINGS, f"{vector}.py"), "--referee"], capture_output=True, text=True, timeout=600)
+             "--engine", os.path.join(BINDINGS, f"{vector}.py"), "--referee"], timeout=600)
         assert rep.returncode == 1 and "DISCREPANCY" in rep.stdout, rep.stdout[-2000:] + rep.stderr[-2000:]
 
 
@@ -46,11 +43,10 @@ def test_a_tampering_distributed_engine_is_red_only_under_the_referee(referee, t
     Without the referee (``--no-referee``, for debugging only) the same tampering binding bends the verdict,
     which shows this test can fail."""
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine",
+    proc = forked_cli.run(["check", "--engine",
          os.path.join(BINDINGS, "tamper_distributed_compare.py"), "--op", "cp_masked_mean", "--property",
          "matches_reference", "--dtype", "float32", "--regime", "cp2_all_on", "--max-examples", "5",
-         "--out", str(out), "-q", referee], capture_output=True, text=True, timeout=600)
+         "--out", str(out), "-q", referee], timeout=600)
     doc = json.loads((out / "report.json").read_text())
     statuses = {f["id"]: f["status"] for f in doc["findings"]}
     expected = "discrepancy" if referee == "--referee" else "pass"

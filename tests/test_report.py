@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import forked_cli
 from rlconform.harness.report.writer import SCHEMA
 
 REQUIRED = {"id", "op", "property", "dtype", "regime", "status", "examples", "max_abs_err", "max_rel_err",
@@ -18,8 +19,7 @@ REQUIRED = {"id", "op", "property", "dtype", "regime", "status", "examples", "ma
 
 
 def cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          timeout=600, **kw)
+    return forked_cli.run(args, timeout=600, **kw)
 
 
 def test_report_schema_and_reproducer(tmp_path):

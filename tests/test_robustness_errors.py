@@ -10,9 +10,8 @@ classification of a failed test's exception into discrepancy / crash / error.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
+import forked_cli
 import pytest
 
 from rlconform.harness.cli import main
@@ -55,8 +54,8 @@ def test_a_ledger_that_is_a_folder(tmp_path):
 
 @pytest.mark.parametrize("value", ["abc", "-2", "1.5"])  # 0 is valid for own code: tests/test_own_code_in_process.py
 def test_bad_numbers_of_workers(tmp_path, value):
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "-n", value, "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=300)
+    proc = forked_cli.run(["check", "-n", value, "--out",
+                           str(tmp_path)], timeout=300)
     assert proc.returncode == 2 and "-n" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -85,10 +84,10 @@ def test_a_corpus_case_in_the_wrong_folder(tmp_path, capsys):
 def test_a_report_that_cannot_be_written_ends_the_run_with_2(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, RLCONFORM_TEST_REPORT=str(out / "report.json"))
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine",
+    proc = forked_cli.run(["check", "--engine",
                            os.path.join(BINDINGS, "report_breaker.py"), "--property", "matches_reference",
                            "--dtype", "float64", "--max-examples", "2", "--out", str(out), "-q"],
-                          capture_output=True, text=True, timeout=600, env=env)
+                          timeout=600, env=env)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "cannot write the report" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
     assert "INTERNALERROR" not in proc.stdout + proc.stderr

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
+import forked_cli
 import pytest
 
 BINDINGS = os.path.join(os.path.dirname(__file__), "bindings")
@@ -32,8 +31,7 @@ EXPECTED = {
 
 
 def cli(*args, cwd=None, timeout=900):
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)
+    return forked_cli.run(args, cwd=cwd, timeout=timeout)
 
 
 @pytest.mark.slow

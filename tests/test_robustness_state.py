@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
-import sys
 
+import forked_cli
 import pytest
 import torch
 
@@ -84,8 +83,7 @@ def test_rng_is_restored_by_a_baseline_but_not_an_error():
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          timeout=900)
+    return forked_cli.run(args, timeout=900)
 
 
 def test_a_leak_is_a_crash_and_does_not_hide_a_later_bug(tmp_path):

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
+import forked_cli
 import pytest
 from hypothesis import strategies as st
 
@@ -24,8 +23,7 @@ HANG = os.path.join(BINDINGS, "hang.py")
 
 
 def cli(*args, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=900, env=env)
+    return forked_cli.run(args, cwd=cwd, timeout=900, env=env)
 
 
 @pytest.mark.slow

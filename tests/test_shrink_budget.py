@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+import forked_cli
 from rlconform.harness.core.profiles import MAX_SHRINKS, shrink_budget
 
 FINDING = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
@@ -14,9 +13,9 @@ FINDING = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
 
 def check(tmp_path, name, *extra):
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "mutants.naive_entropy",
+    proc = forked_cli.run(["check", "--engine", "mutants.naive_entropy",
                            "--op", "entropy", "--property", "finite_where_reference_finite", "--dtype", "float32",
-                           "--out", str(out), "-q", "--max-examples", "5", "-n", "0", *extra], capture_output=True, text=True, timeout=900)
+                           "--out", str(out), "-q", "--max-examples", "5", "-n", "0", *extra], timeout=900)
     doc = json.loads((out / "report.json").read_text())
     return proc, next(f for f in doc["findings"] if f["id"] == FINDING), doc
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
+import forked_cli
 import pytest
 
 from rlconform.harness.cli import main
@@ -88,10 +88,10 @@ def test_fuzz_replays_its_corpus_on_the_engine_of_the_command_line(tmp_path, evi
     corpus = tmp_path / "corpus"
     (corpus / FID).mkdir(parents=True)
     _case(corpus / FID / "0123456789abcdef.json", engine=spec)
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "fuzz", "--engine", "reference", "--op",
+    proc = forked_cli.run(["fuzz", "--engine", "reference", "--op",
                            "masked_mean", "--property", "matches_reference", "--dtype", "float32",
                            "--max-examples", "1", "--corpus", str(corpus), "--db", str(tmp_path / "db")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          cwd=tmp_path, timeout=600,
                           env={k: v for k, v in os.environ.items() if k != "RLCONFORM_ENGINE"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "reference" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
+import forked_cli
 import pytest
 
 from rlconform.harness.report.xfails import parse_ledger
@@ -34,8 +34,7 @@ CONFIGS = {
 
 
 def _cli(*args, env=None, timeout=3000) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return forked_cli.run(args, timeout=timeout, env=env)
 
 
 def _run(tmp_path, name: str, *extra: str):

@@ -18,9 +18,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
+import forked_cli
 import pytest
 import torch
 
@@ -226,11 +226,10 @@ def test_agg_loss_micro_batches_averaged_by_the_legacy_actor(vb, monkeypatch):
 
 def test_an_implementation_the_release_lacks_is_unavailable_for_it(tmp_path):
     out = tmp_path / "r"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine",
+    proc = forked_cli.run(["check", "--engine",
          os.path.join(BINDINGS, "missing_implementation.py"), "--op", "entropy", "--property", "matches_reference",
          "--dtype", "float64", "--regime", "moderate", "--regime", "chunked@moderate", "--max-examples", "2",
-         "-n", "1", "--out", str(out), "-q"], capture_output=True, text=True, timeout=900)
+         "-n", "1", "--out", str(out), "-q"], timeout=900)
     doc = json.loads((out / "report.json").read_text())
     by_regime = {f["regime"]: f for f in doc["findings"]}
     assert by_regime["moderate"]["status"] == "pass", proc.stdout[-2000:] + proc.stderr[-2000:]

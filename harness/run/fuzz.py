@@ -314,6 +314,7 @@ class Fuzzer:
                 self._failed(t, state, case, f"crash: {abort}")
                 raise EngineCrash(f"{t.op}", abort) from exc
             finally:
+                arm_deadline(None)  # the next example's generation and shrinking are not the engine's time
                 self.on_tick()
             t.best_ratio = max(t.best_ratio, outcome.ratio)
             if outcome.verdict == "discrepancy":  # as in `check`: a marginal example is not a counterexample

@@ -1,0 +1,64 @@
+"""``tests/forked_cli.py`` (the CLI forked from a server with torch imported) behaves as a subprocess of the
+CLI: same exit code and output, the caller's cwd and environment, a timeout that kills, a fallback to a
+plain subprocess for an environment read at import, and every module-level ``RLCONFORM_*`` read known."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import forked_cli
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+MUTANT = ["check", "--engine", "mutants.naive_entropy", "--op", "entropy", "--property", "finite_where_reference_finite",
+          "--dtype", "float32", "--regime", "neg_inf_padded", "--max-examples", "3", "--max-shrinks", "0", "-q",
+          "--no-referee", "-n", "0"]
+
+
+def _plain(args, **kw):
+    return subprocess.run([sys.executable, "-m", "rlconform.harness.cli", *args], capture_output=True, text=True,
+                          timeout=900, **kw)
+
+
+def test_a_forked_check_gives_what_a_subprocess_gives(tmp_path):
+    forked = forked_cli.run([*MUTANT, "--out", "o"], cwd=tmp_path)
+    plain = _plain([*MUTANT, "--out", "p"], cwd=tmp_path)
+    assert forked.returncode == plain.returncode == 1, forked.stdout + forked.stderr
+    assert forked.stdout.replace("o/cases", "p/cases") == plain.stdout
+    docs = [json.loads((tmp_path / d / "report.json").read_text()) for d in ("o", "p")]
+    assert [[(f["id"], f["status"], f["message"]) for f in d["findings"]] for d in docs] == [
+        [(f["id"], f["status"], f["message"]) for f in docs[1]["findings"]]] * 2
+
+
+def test_the_callers_environment_reaches_the_child_and_an_import_time_variable_falls_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLCONFORM_ENGINE", "mutants.naive_entropy")  # read by the CLI when it runs
+    args = [a for a in MUTANT if a not in ("--engine", "mutants.naive_entropy")]
+    proc = forked_cli.run([*args, "--out", str(tmp_path / "o")])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["engine"]["spec"] == "mutants.naive_entropy"
+    server = forked_cli._Server.get()
+    assert server.can_fork(dict(server.env, RLCONFORM_ENGINE="x"))
+    for name in ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", *forked_cli.READ_AT_IMPORT):
+        assert not server.can_fork(dict(server.env, **{name: "1"})), name
+
+
+def test_a_call_past_its_timeout_is_killed_and_raises(tmp_path):
+    slow = ["check", "--engine", "reference", "--op", "entropy", "--max-examples", "500", "-q", "--no-referee", "-n", "0"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        forked_cli.run([*slow, "--out", "o"], cwd=tmp_path, timeout=0.5)
+    assert forked_cli.run(["list-ops"]).returncode == 0  # the server answers the next call
+
+
+def test_every_module_level_read_of_an_rlconform_variable_is_listed():
+    read = set()
+    for path in (p for folder in ("harness", "properties", "reference", "distributed_tests")
+                 for p in (REPO / folder).glob("**/*.py")):
+        for line in path.read_text().splitlines():
+            if not line[:1].isspace():  # at module level: evaluated when the module is imported
+                read |= set(re.findall(r"environ(?:\.get\(|\[)\s*[\"'](RLCONFORM_\w+)", line))
+    assert read, "the scan finds nothing: it cannot fail"
+    assert read <= set(forked_cli.READ_AT_IMPORT), read - set(forked_cli.READ_AT_IMPORT)
