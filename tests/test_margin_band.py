@@ -109,7 +109,7 @@ def test_the_band_grades_differences_between_runs_like_differences_from_the_refe
 
 
 @pytest.mark.parametrize("prop, kind", [("partition_invariant", "partition dependence"),
-                                        ("mask_invariant", "partition dependence"),
+                                        ("mask_invariant", "masked-value dependence"),
                                         ("implementations_agree", "implementations disagree")])
 def test_the_report_reads_the_difference_the_property_wrote(prop, kind):
     """The triage parses the very message the property writes (a value doubled under another partition is a

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 import textwrap
 
 import numpy as np
+import forked_cli
 import pytest
 
 from rlconform.harness.catalog.engine_site import calls, crash_frame, engine_callables, finding_site, site
@@ -109,6 +109,21 @@ def test_verl_sites_name_the_engine_function():
     assert lp["function"] == "vocab_parallel_log_probs_from_logits"
     assert lp["via"]["function"] == "VocabParallelCrossEntropy.calculate_predicted_logits"
     assert lp["via"]["file"] == "megatron/core/tensor_parallel/cross_entropy.py"
+
+
+def test_skyrl_metric_sites_are_the_worker_fold():
+    """SkyRL's policy and value losses log one mean per micro-batch and ``worker_utils.reduce_metrics`` averages
+    them: a wrong logged metric is that fold's defect (one row), not five loss functions' (a SkyRL maintainer
+    read the cispo row's line, the empty-micro-batch branch of its ratio min / max, as the fault)."""
+    from rlconform.harness.bindings.load import load_engine
+
+    b = load_engine("skyrl")
+    for op, regime in (("policy_loss", "cispo@moderate"), ("policy_loss", "gspo@moderate"),
+                       ("value_loss", "seq-mean-token-mean@moderate")):
+        s, _ = finding_site(b, op, "partition_invariant", regime, metric=True)
+        assert (s["module"], s["function"]) == ("skyrl.backends.skyrl_train.workers.worker_utils", "reduce_metrics")
+        # a wrong loss (not a metric) stays the loss function's
+        assert finding_site(b, op, "partition_invariant", regime)[0]["function"] != "reduce_metrics"
 
 
 def _crash_text(fake_engine, fn):
@@ -325,10 +340,10 @@ def test_check_records_engine_function_crash_frame_and_trigger(tmp_path, fake_en
                           engine_dtypes={{"entropy": ("float32",)}})
     '''))
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", str(binding),
+    proc = forked_cli.run(["check", "--engine", str(binding),
                            "--out", str(out), "--op", "masked_mean", "--op", "entropy", "--property",
                            "matches_reference", "--dtype", "float32", "--dtype", "float64", "--max-examples", "15",
-                           "-q"], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+                           "-q"], timeout=900, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "report.json").read_text())
     assert doc["engine"]["engine_dtypes"] == {"entropy": ["float32"]}
@@ -383,9 +398,9 @@ def test_every_severity_has_a_mutant():
 @pytest.mark.parametrize("severity", sorted(SEVERITY_MUTANTS))
 def test_mutant_finding_gets_its_severity(severity, tmp_path):
     name, op, prop, dtype = SEVERITY_MUTANTS[severity]
-    proc = subprocess.run([sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", f"mutants.{name}",
+    proc = forked_cli.run(["check", "--engine", f"mutants.{name}",
                            "--op", op, "--property", prop, "--dtype", dtype, "--max-examples", "20", "-q",
-                           "-n", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+                           "-n", "0", "--out", str(tmp_path)], timeout=900)
     # the default --fail-on fails on every severity but precision
     assert proc.returncode == (0 if severity == "precision" else 1), proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = json.loads((tmp_path / "report.json").read_text())
@@ -433,13 +448,20 @@ def test_skyrl_metric_sites_name_the_reducer_that_folds_them():
     dp = ("dp2: DP rank 0, tokens per DP rank [1, 0]: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, "
           "rel err 0.5, 64 ulp, tolerance 0.0256")
     assert output_labels(part)[0].startswith("policy/minibatch_rollout_logprobs_abs_diff_mean (mean)")
-    assert output_labels(lost) == ["minibatch_rollout_logprobs_abs_diff_max"]
+    assert output_labels(lost) == ["lost: minibatch_rollout_logprobs_abs_diff_max"]
+    # every key dropped (numpy values): the min / max among them are lost by the fold, not computed wrong by the
+    # emitter (the row once led with the emitter's line and a binding-named key)
+    dropped = "\n".join(f"policy/{k} ({s}) missing from the final dict [] (shards (nnz) [[[0]]])" for k, s in (
+        ("token_sum_loss", "sum"), ("minibatch_rollout_logprobs_abs_diff_min", "min"), ("response_length_min", "len_min")))
 
     def fn(op, msg, trig):
         return (output_site(binding, op, msg, trig) or {}).get("function")
 
     assert fn("metric_statistics", part, "a micro-batch with no valid token") == "reduce_metrics"
     assert fn("metric_statistics", lost, "a micro-batch with no valid token") == "reduce_metrics"
+    assert fn("metric_statistics", dropped, "a micro-batch with no valid token") == "reduce_metrics"
+    lengths = low.replace("minibatch_rollout_logprobs_abs_diff_min (min)", "response_length_min (len_min)")
+    assert fn("metric_statistics", lengths, "a row with no valid token") == "reduce_metrics"  # the binding's idiom
     assert fn("metric_statistics", low, "a row with no valid token") == "compute_minibatch_rollout_logprob_diff_metrics"
     assert fn("metric_statistics", part, "a DP rank with no valid token") == "all_reduce_metrics"
     assert fn("dp_metric_all_reduce", dp, "a DP rank with no valid token") == "all_reduce_metrics"
@@ -457,3 +479,64 @@ def test_verl_policy_losses_record_the_mode_they_call_agg_loss_in():
     s, _ = finding_site(binding, "policy_loss", "mask_invariant", "gspo@moderate", "masked = nan: loss = nan vs x",
                         trigger="a masked position holding NaN")
     assert s["function"] == "compute_policy_loss_gspo" and s["calls_variant"] == "token-mean"
+
+
+MASKED_NAN = ("masked = nan: kept mask = 1.0 vs kept mask = 0.0 at flat index 0 (reference 1.0, allowed "
+              "difference 2e-09, 5e+08×)")
+OFF_POLICY = {"function": "compute_off_policy_correction", "file": "skyrl/off_policy_correction_utils.py",
+              "module": "skyrl.backends.skyrl_train.utils.off_policy_correction_utils", "line": 40}
+
+
+def test_a_masked_value_that_moves_a_valid_result_is_its_own_kind_not_a_partition_dependence(tmp_path):
+    """``mask_invariant`` beyond a wrong value's thresholds is a *masked-value dependence* (what the loss mask
+    hides reached a valid result), not a partition dependence (a SkyRL maintainer read "partition dependence ·
+    a masked position holding NaN" as nonsense); a wrong value of the same function under the same trigger
+    joins it; a ledger line written before, with the old kind, still matches it."""
+    from rlconform.harness.report.triage import kind
+    from rlconform.harness.report.xfails import parse_ledger
+
+    masked = _finding("rollout_rejection_mask.mask_invariant.float32.token_k1@moderate", message=MASKED_NAN,
+                      site_=OFF_POLICY, trig="a masked position holding NaN")
+    wrong = _finding("rollout_rejection_mask.matches_reference.float32.token_k1@moderate",
+                     message=HALF.replace("value:", "kept mask:"), site_=OFF_POLICY,
+                     trig="a masked position holding NaN", inp="a larger input")
+    assert kind(masked) == "masked-value dependence" and kind(wrong) == "wrong value"
+    doc = annotate({"findings": [masked, wrong]})
+    assert [d["signature"]["kind"] for d in doc["defects"]] == ["masked-value dependence"]
+    assert len(doc["defects"][0]["members"]) == 2
+    # partition_invariant keeps its kind
+    assert kind(dict(masked, property="partition_invariant", message=SCALED)) == "partition dependence"
+    where = f"{OFF_POLICY['module']}.{OFF_POLICY['function']}"
+    ledgers = {}
+    for name, k in (("old", "partition dependence"), ("new", "masked-value dependence")):
+        (tmp_path / name).write_text(f"defect {where} | {k} | rollout_rejection_mask.matches_reference  # r\n")
+        ledgers[name] = parse_ledger(str(tmp_path / name))
+    assert ledgers["old"].match(masked) is not None and ledgers["new"].match(masked) is not None
+    assert ledgers["new"].match(dict(masked, engine_function=VANILLA)) is None
+
+
+def test_a_wrong_metric_is_its_folds_a_nan_or_rounded_one_its_emitters():
+    """A logged metric wrong by a mean of micro-batch means is located at the fold (SkyRL's
+    ``worker_utils.reduce_metrics``); one that is NaN (SkyRL's ``importance_sampling_loss`` logs the mean of an
+    empty selection: a fold of finite values is finite) or off by rounding on one partition (a bf16 ratio) at
+    the loss that emits it."""
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.run.root_cause import fields
+
+    b = load_engine("skyrl")
+    base = {"op": "policy_loss", "regime": "importance_sampling@moderate", "status": "discrepancy"}
+    parted = dict(base, property="partition_invariant", message=(
+        "micro-batches (nnz) [0, 1]: metric ratio_mean = 0.5 vs metric ratio_mean = 1.0 at flat index 0 "
+        "(reference 1.0, allowed difference 2e-05, 2.5e+04×)"))
+    nan = dict(base, property="partition_invariant", message=(
+        "micro-batches (nnz) [0, 1]: metric ratio_mean = nan vs metric ratio_mean = 1.0 at flat index 0 "
+        "(reference 1.0, allowed difference 2e-05, inf×)"))
+    rounded = dict(base, property="matches_reference", dtype="bfloat16", max_ratio=3.0, message=(
+        "metric ratio_mean: engine 1.0078125 vs reference 1.0 at flat index 0: abs err 0.0078, rel err 0.0078, "
+        "1 ulp, tolerance 0.0026"))
+
+    def fn(f):
+        return fields(b, f, None, None)["engine_function"]["function"]
+
+    assert fn(parted) == "reduce_metrics"
+    assert fn(nan) == fn(rounded) == "importance_sampling_loss"

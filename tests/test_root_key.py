@@ -566,3 +566,21 @@ def test_a_metric_missing_from_the_final_dict_is_a_missing_output_under_any_prop
           for p in ("matches_reference", "partition_invariant", "metric_integrity")]
     (d,) = annotate({"findings": fs})["defects"]
     assert d["signature"]["kind"] == "missing output" and d["severity"] == "logging", d["signature"]
+
+
+def test_a_defect_headline_shows_a_key_the_engine_emits_before_a_probes_key(monkeypatch):
+    """verl's ``Metric.aggregate_dp`` row once led with ``actor/response_length/mean (len_mean)``, a key the
+    binding's ``metric_statistics`` probe names (verl never folds response lengths there): a maintainer reads
+    a key their trainer logs (issue 20, a SkyRL maintainer's reading). Without the op's ``probe_metric_keys``
+    the probe's member would be shown (it is the most reachable): the preference is what moves it."""
+    from rlconform.harness.report import triage
+
+    doc = json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text())
+
+    def row(d):
+        return next(x for x in d["defects"] if (x["engine_function"] or {}).get("function") == "Metric.aggregate_dp")
+
+    shown = row(annotate(json.loads(json.dumps(doc))))
+    assert shown["op"] != "metric_statistics" and "(len_mean)" not in (shown["numbers"] or {}).get("clause", "")
+    monkeypatch.setattr(triage, "_probe_keys", lambda f: False)
+    assert row(annotate(json.loads(json.dumps(doc))))["op"] == "metric_statistics"

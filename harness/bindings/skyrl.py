@@ -589,6 +589,8 @@ def _policy_loss():
         loss.__qualname__ = f"skyrl.policy_loss[{name}]"
         return loss
 
+    # a wrong logged metric is located at the fold (a mean of the micro-batches' means), not at the loss
+    @calls(worker_utils.reduce_metrics)
     def combine_metrics(parts):
         collected = defaultdict(list)
         for metrics, _ in parts:
@@ -645,6 +647,7 @@ def _value_loss():
         value_loss.__qualname__ = f"skyrl.ppo_critic_loss[value_clip={clip}]"
         return value_loss
 
+    @calls(worker_utils.reduce_metrics)  # vf_clipfrac's fold: a mean of micro-batch means
     def combine_metrics(parts):
         collected = defaultdict(list)
         for metrics, _ in parts:
@@ -960,25 +963,28 @@ DECLARED = (
         "singleton='raw'); rloo gives a singleton 0, as the reference",
         "ppo_utils.compute_grpo_outcome_advantage special-cases the group of one ('if len(id2score[idx]) == 1: "
         "id2mean[idx] = torch.tensor(0.0); id2std[idx] = torch.tensor(1.0)'); compute_maxrl_advantage "
-        "likewise (ppo_utils.py:1415, a = s − 0)",
+        "likewise (ppo_utils.py:1415 μ := 0, then :1425 a = s − μ = s)",
         "skyrl/backends/skyrl_train/utils/ppo_utils.py:1378",
         variants=("grpo", "drgrpo", "maxrl"), reference=(("singleton", "raw"),)),
 )
 
 
-#: the SkyRL function behind each failing logged metric (Binding.output_sites): a metric folded over micro-batches
-#: is reduce_metrics' (a mean of micro-batch means, a non-number printed and dropped), over DP ranks
-#: all_reduce_metrics' (a mean of rank means); a min / max that sees a row with no valid token is the emitter's
+#: the SkyRL function behind each failing logged metric (Binding.output_sites): a metric lost on its way (``lost:``,
+#: a non-number printed and dropped) is reduce_metrics'; a metric folded over micro-batches is reduce_metrics' (a
+#: mean of micro-batch means), over DP ranks all_reduce_metrics' (a mean of rank means); the emitter's own token
+#: min / max that sees a row with no valid token is the emitter's (the sequence lengths' min / max are the
+#: binding's idiom, not a SkyRL function: their fold's)
 _REDUCE, _ALL_REDUCE = f"{WORKER_UTILS}:reduce_metrics", f"{WORKER_UTILS}:all_reduce_metrics"
 _FOLDED = r"^(?!.*masked = )"  # not a masked-garbage clause: a NaN written there is the emitting code's
 OUTPUT_SITES = {
     "metric_statistics": (
-        (r"_(min|max) \((min|max|len_min|len_max)\)", f"{WORKER_UTILS}:compute_minibatch_rollout_logprob_diff_metrics",
-         ""),
+        (r"^lost: ", _REDUCE, ""),
+        (r"^policy/minibatch_rollout_logprobs_abs_diff_(min|max) \((min|max)\)",
+         f"{WORKER_UTILS}:compute_minibatch_rollout_logprob_diff_metrics", ""),
         (_FOLDED, _ALL_REDUCE, "DP rank"),
         (_FOLDED, _REDUCE, ""),
     ),
-    "metric_pipeline": ((_FOLDED, _ALL_REDUCE, "DP rank"), (_FOLDED, _REDUCE, "micro-batch")),
+    "metric_pipeline": ((r"^lost: ", _REDUCE, ""), (_FOLDED, _ALL_REDUCE, "DP rank"), (_FOLDED, _REDUCE, "micro-batch")),
     "dp_metric_all_reduce": ((_FOLDED, _ALL_REDUCE, ""),),
 }
 

@@ -277,12 +277,15 @@ def output_labels(message: str) -> list[str]:
     """The outputs a failure message names as failing: the labels of its failing value clauses
     (:func:`~rlconform.harness.core.triggers.failing_labels`), of its partition clauses (``LABEL = X vs …``)
     and of a metric lost on its way (``LABEL missing from the final dict``, ``emitted key 'K' was printed
-    instead of logged``), in order."""
+    instead of logged``) as ``lost: LABEL`` (a key dropped by the fold is not a value its emitter computed
+    wrong: an ``output_sites`` rule tells the two apart by the prefix), in order."""
     out = list(failing_labels(message))
     for m in _PART_LABEL.finditer(message or ""):
         out.append(m["label"].strip())
     for m in _LOST.finditer(message or ""):
-        out.append((m["label"] or m["key"] or "").strip())
+        lost = (m["label"] or m["key"] or "").strip()
+        if lost:
+            out.append(f"lost: {lost}")
     return [x for x in out if x]
 
 

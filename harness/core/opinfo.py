@@ -181,6 +181,12 @@ class OpInfo:
             out.append(value.item() if hasattr(value, "item") else value)
         return tuple(out)
 
+    #: the op's metric keys are the binding's names for the catalog's statistics (``metric_statistics``: a
+    #: probe pushing every aggregation type through the engine's reducer), not keys the engine's trainer
+    #: emits: a defect's headline shows a member of an op whose keys the engine emits when it has one
+    #: (:func:`rlconform.harness.report.triage.defects`)
+    probe_metric_keys: bool = False
+
     #: profile-only regimes: regime -> the profiles that add it (e.g. ``real_shapes`` -> ``("nightly",)``);
     #: a regime not listed is in every profile. A profile-only regime is a catalog regime like any other
     #: (case files and ledgers may name it), but a run of another profile does not select it.

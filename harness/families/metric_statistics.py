@@ -76,7 +76,7 @@ OPS = (
                   "all_reduce_metrics; issue 11 part 4)", family="metric_statistics",
            property_regimes={PARTITION_INVARIANT: SMALL_REGIMES, MASK_INVARIANT: SMALL_REGIMES,
                              METRIC_INTEGRITY: SMALL_REGIMES},
-           example_caps={LARGE: ExampleCap(LARGE_EXAMPLES, LARGE_EXAMPLES)}),
+           example_caps={LARGE: ExampleCap(LARGE_EXAMPLES, LARGE_EXAMPLES)}, probe_metric_keys=True),
 )
 
 

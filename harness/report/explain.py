@@ -126,6 +126,9 @@ _KIND_WORDS = {
     "partition dependence": "gives a different result for the same rows depending on how they are split "
                             "(micro-batches, DP ranks, TP / CP shards), so the trained model depends on the "
                             "parallel layout",
+    "masked-value dependence": "lets what the loss mask hides (a NaN or a large value at a masked position) "
+                               "change its result at valid positions, so padding or a rejected token's garbage "
+                               "reaches the loss or the metric",
     "mutation": "writes into a tensor its caller owns: afterwards the tensor no longer holds the bits it held "
                 "(autograd's version counter moved), so a producer that saved it for its own backward fails or "
                 "reads wrong values",

@@ -37,7 +37,8 @@ A defect is the failing findings that share a *root key* (``where``, ``class``):
 * ``class``: the kind of failure (table below) folded where two kinds are one symptom: ``mutation`` and
   ``in-place on saved`` are ``changes a tensor``; ``NaN`` and ``inf`` are ``NaN / inf``; ``wrong value`` and
   ``implementations disagree`` are ``wrong value``; ``inexact value`` is ``rounding``; ``crash:<Type>``,
-  ``partition dependence``, ``missing output``, ``missing gradient`` and ``unavailable`` stay apart.
+  ``partition dependence``, ``masked-value dependence``, ``missing output``, ``missing gradient`` and
+  ``unavailable`` stay apart.
 
 *Deepest failing function.* A finding whose engine function calls (names in its own code: the site's
 ``calls``, :func:`rlconform.harness.catalog.engine_site.callees`) an engine function that fails in the same
@@ -56,7 +57,8 @@ through the class: ``partition dependence`` needs its partition (more than one m
 same input unpartitioned passes ``matches_reference``), and is its own class; a ``wrong value`` of the
 same function under the same trigger (``matches_reference`` of a micro-batched check, the empty micro-batch
 that also breaks ``partition_invariant``) is that partition's effect and joins it. The defect shows the trigger
-of its reproducer (the smallest member of its most severe findings) and lists all of them (``triggers``).
+of its reproducer (the smallest member of its most severe findings, one of an op whose metric keys the
+engine emits before a probe's) and lists all of them (``triggers``).
 So one root cause failing several properties, ops, dtypes, regimes and triggers is one defect, and two
 engine functions (two crash frames) or two classes are two. The defect ``id`` is a function of the key only
 (:func:`defect_id`), stable across runs.
@@ -74,7 +76,9 @@ missing output      a wrong shape, nothing to compare, a lost metric
 mutation            ``non_destructive``: an input changed during forward or backward
 in-place on saved   ``non_destructive``: a tensor saved for backward was modified in place
 NaN / inf           a NaN / ±inf where the exact value is finite
-partition dependence  ``partition_invariant`` / ``mask_invariant`` beyond the thresholds of a wrong value
+partition dependence  ``partition_invariant`` beyond the thresholds of a wrong value
+masked-value dependence  ``mask_invariant`` beyond them: what the loss mask hides (a NaN, a large value at
+                    a masked position) changes a result at valid positions
 implementations disagree  ``implementations_agree`` (two implementations of one variant) beyond them
 wrong value         beyond the thresholds of a wrong value (the tolerance table)
 inexact value       any other failure (rounding-sized), and a wrong value that rounding of an extreme
@@ -99,7 +103,11 @@ from rlconform.harness.report.severity import (
 )
 
 #: kinds of failure whose input feature tells defects apart in a report without triggers
-VALUE_KINDS = ("NaN", "inf", "wrong value", "partition dependence", "implementations disagree")
+VALUE_KINDS = ("NaN", "inf", "wrong value", "partition dependence", "masked-value dependence",
+               "implementations disagree")
+#: kinds whose trigger (a partition, a masked value) is necessary: a wrong value of the same place under
+#: the same trigger is their effect and joins them
+DEPENDENCE_KINDS = ("partition dependence", "masked-value dependence")
 _EMPTY_SHARD = re.compile(r"tokens per DP rank \[[^\]]*\b0\b|shards \(nnz\) [^:]*\[0\]|\(nnz\)[^:]*\b0 tokens")
 
 
@@ -130,8 +138,10 @@ def kind(finding: dict) -> str:
     wrong = _wrong_value(finding) is not None
     if prop == "partition_invariant" and wrong and wrong_unpartitioned(finding):
         return "wrong value"  # the unpartitioned value is as wrong: the layout is where it ran, not the cause
-    if prop in ("partition_invariant", "mask_invariant") and wrong:
+    if prop == "partition_invariant" and wrong:
         return "partition dependence"
+    if prop == "mask_invariant" and wrong:
+        return "masked-value dependence"
     if prop == "implementations_agree" and wrong:
         return "implementations disagree"
     if wrong and (rounding_of_extreme_input(finding) or ulp_level(finding)):  # rounding: its module's
@@ -370,25 +380,29 @@ def _fold(keys: dict, findings: dict) -> dict:
 
 
 def _join_partition(keys: dict, findings: dict) -> dict:
-    """A ``wrong value`` under the trigger of a ``partition dependence`` of the same place joins it, and so
-    does a wrong logged metric of a place whose metric depends on the partition, whatever its trigger (the
-    function that folds shards' metrics: a mean of shard means is wrong on every uneven partition), and a
-    rounding-sized ``partition_invariant`` failure of that function's metric (the same mean of means on a
-    partition whose shards differ little) (see the module docstring)."""
+    """A ``wrong value`` under the trigger of a ``partition dependence`` (or ``masked-value dependence``) of
+    the same place joins it, and so does a wrong logged metric of a place whose metric depends on the
+    partition, whatever its trigger (the function that folds shards' metrics: a mean of shard means is wrong
+    on every uneven partition), and a rounding-sized ``partition_invariant`` failure of that function's
+    metric (the same mean of means on a partition whose shards differ little) (see the module docstring)."""
     from rlconform.harness.report.severity import is_metric
 
-    parted: dict[str, set] = {}
+    parted: dict[str, dict] = {}  # place -> trigger -> the dependence class it shows under that trigger
     metric_parted: set = set()
     for fid, (place, cls) in keys.items():
-        if cls == "partition dependence":
-            parted.setdefault(place, set()).add(trigger(findings[fid]))
-            if is_metric(findings[fid]):
+        if cls in DEPENDENCE_KINDS:
+            parted.setdefault(place, {}).setdefault(trigger(findings[fid]), cls)
+            if cls == "partition dependence" and is_metric(findings[fid]):
                 metric_parted.add(place)
 
     def joined(fid, place, cls):
         f = findings[fid]
-        if cls == "wrong value" and (trigger(f) in parted.get(place, ()) or (place in metric_parted and is_metric(f))):
-            return place, "partition dependence"
+        if cls == "wrong value":
+            dep = parted.get(place, {}).get(trigger(f))
+            if dep is not None:
+                return place, dep
+            if place in metric_parted and is_metric(f):
+                return place, "partition dependence"
         own = _place(where(f))  # a rounding-sized partition effect of that aggregator's metric: the same fold
         if cls == "rounding" and f.get("property") == "partition_invariant" and is_metric(f) and own in metric_parted:
             return own, "partition dependence"
@@ -446,7 +460,7 @@ def _join_rounding(keys: dict, findings: dict) -> dict:
     elsewhere; the ignored ``norm_adv_by_std_in_grpo`` is one cause)."""
     shown: dict[tuple, set] = {}
     for fid, (place, cls) in keys.items():
-        if cls in ("wrong value", "partition dependence"):
+        if cls == "wrong value" or cls in DEPENDENCE_KINDS:
             shown.setdefault(place, set()).add((cls, trigger(findings[fid])))
     out = dict(keys)
     for fid, (place, cls) in keys.items():
@@ -455,7 +469,7 @@ def _join_rounding(keys: dict, findings: dict) -> dict:
         t, own = trigger(findings[fid]), _place(where(findings[fid]))
         if _GENERIC_TRIGGER.match(t):
             continue
-        for c in ("wrong value", "partition dependence"):
+        for c in ("wrong value", *DEPENDENCE_KINDS):
             if (c, t) in shown.get(own, ()):
                 out[fid] = (own, c)
                 break
@@ -688,10 +702,11 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
         level = max(reach(m, engine_dtypes, configs) for m in top)
         # the effect where it is reached: a contrived member's larger error does not rank a defect
         size = max(effect(m) for m in top if reach(m, engine_dtypes, configs) == level)
-        # the reproducer: the smallest input among the most severe and most reachable members, one with numbers
-        # to show first
+        # the reproducer: a member of an op whose metric keys the engine emits (not a probe's keys named by the
+        # binding: a verl maintainer does not log actor/response_length/mean through Metric.aggregate_dp), then
+        # the smallest input among the most severe and most reachable members, one with numbers to show first
         # (a crash row shows the exception, not the numbers a member's other clauses report: a maintainer's reading)
-        shown = min(top, key=lambda m: (-reach(m, engine_dtypes, configs),
+        shown = min(top, key=lambda m: (_probe_keys(m), -reach(m, engine_dtypes, configs),
                                         not cls.startswith("crash:") and numbers(m) is None, _size(m)))
         k = kind(shown)
         rep = shown.get("reproducer") or {}
@@ -737,6 +752,14 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
     out.sort(key=lambda d: (SEVERITIES.index(d["severity"]), -d["reach"], -d["effect"], not d["reachable"],
                             -len(d["members"]), d["id"]))
     return out
+
+
+def _probe_keys(finding: dict) -> bool:
+    """Whether the finding's op names its own metric keys (:attr:`~rlconform.harness.core.opinfo.OpInfo.probe_metric_keys`)."""
+    from rlconform.harness.catalog.ops import OPS
+
+    op = OPS.get(finding.get("op") or "")
+    return bool(op is not None and op.probe_metric_keys)
 
 
 def _phase(trig: str, members: list[dict]) -> str:

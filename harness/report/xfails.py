@@ -136,7 +136,9 @@ class Ledger:
         engine function names (``calls``) listed with the same class; the ``changes a tensor`` line of the
         op whose backward the message says wrote the tensor ("after <op> backward", a ``.backward`` place
         whose scope holds ``<op>.non_destructive``); a wrong value's place (a rounding-sized failure's
-        function) listed as a partition dependence, or — under a specific trigger — as a wrong value; an
+        function) listed as a partition dependence, or — under a specific trigger — as a wrong value; a
+        masked-value dependence listed as a partition dependence (its kind in ledgers written before it had
+        its own); an
         autograd version-check crash listed as its place's ``changes a tensor``. The trigger is not required
         to agree (see the module docstring)."""
         import re
@@ -145,6 +147,8 @@ class Ledger:
         site = finding.get("engine_function") or {}
         tries = [f"{callee} | {cls}" for callee in (site.get("calls") or ()) if not cls.startswith("crash:")]
         if cls == "wrong value":
+            tries += [f"{place} | partition dependence", f"{place} | masked-value dependence"]
+        if cls == "masked-value dependence":  # the kind of a ledger written before it had its own name
             tries.append(f"{place} | partition dependence")
         if cls == "rounding" and site.get("function"):  # a rounding-sized partition effect of its function
             tries.append(f"{site.get('module')}.{site.get('function')} | partition dependence")

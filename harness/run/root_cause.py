@@ -103,8 +103,12 @@ def fields(binding, finding: dict, exc: BaseException | None, case) -> dict:
     k = kind(finding)
     trig = trigger_of(case, msg, k) if case is not None else "any input"
     trig = declared_trigger(binding, finding["op"], finding.get("regime") or "", trig)
+    # a wrong logged metric is its fold's (a mean of micro-batch means); a NaN one is its emitter's (a fold of
+    # finite values is finite: SkyRL's importance_sampling_loss logs the mean of an empty selection), and so is
+    # one off by rounding on an unpartitioned input (the dtype its emitter computes in: a bf16 ratio_mean)
+    folded = k not in ("NaN", "inf") and not (k == "inexact value" and finding["property"] != "partition_invariant")
     site, packages = finding_site(binding, finding["op"], finding["property"], finding["regime"], msg,
-                                  metric=is_metric(finding), trigger=trig)
+                                  metric=is_metric(finding) and folded, trigger=trig)
     frame = None
     if k.startswith("crash:") or contract_crash_type(msg):
         frame = crash_frame(engine_tracebacks(exc) + [finding.get("traceback") or "", msg], packages)
