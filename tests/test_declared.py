@@ -302,3 +302,17 @@ def test_a_declared_write_is_named_above_the_first_defect_row_and_says_whether_i
     no_writes = copy.deepcopy(doc)
     no_writes["engine"]["declared"] = [d for d in doc["engine"]["declared"] if not d.get("writes")]
     assert writes_line(no_writes) == "" and not any(ln.startswith("Declared writes") for ln in render_defects(no_writes))
+
+
+def test_a_mask_layout_is_a_preconditions_and_one_of_the_known_layouts():
+    from rlconform.harness.core.declared import Declared, mask_layout
+
+    base = dict(name="layout", ops=("gae",), what="w", reason="r", source="x.py:1")
+    ok = Declared(kind="precondition", mask_layout="right_aligned", **base)
+    assert mask_layout((ok,), "gae", "padded") == ("right_aligned", "layout")
+    assert mask_layout((ok,), "masked_whiten", "padded") == ("", "")
+    assert ok.row()["mask_layout"] == "right_aligned"
+    with pytest.raises(ValueError, match="mask_layout"):
+        Declared(kind="precondition", mask_layout="left_aligned", **base)
+    with pytest.raises(ValueError, match="mask_layout"):
+        Declared(kind="convention", mask_layout="right_aligned", **base)

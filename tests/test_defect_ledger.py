@@ -50,11 +50,14 @@ def test_rlconform_ledger_writes_one_line_per_defect_and_reads_it_back(tmp_path)
            "findings": [_finding(ids[0]), _finding(ids[1], trigger="any input"), _finding(ids[2], status="xfail"),
                         _finding("entropy.matches_reference.float32.moderate", status="marginal", max_ratio=2.0),
                         _finding("entropy.matches_reference.float32.peaked", status="marginal", max_ratio=1.2),
-                        _finding("entropy.matches_reference.float64.moderate", status="pass")]}
+                        _finding("entropy.matches_reference.float64.moderate", status="pass"),
+                        # marginal above the centre, in the defect line's scope: that line matches it already
+                        _finding("entropy.finite_where_reference_finite.float16.neg_inf_padded", status="marginal",
+                                 max_ratio=2.0)]}
     lines = ledger_lines(doc, "r.json")
     body = [line for line in lines if not line.startswith("#")]
     assert body[0].startswith("defect verl.utils.torch_functional.entropy_from_logits | NaN / inf | "
-                              "entropy.finite_where_reference_finite  # 3 finding(s); trigger(s): a −inf logit; any input — ")
+                              "entropy.finite_where_reference_finite  # trigger(s): a −inf logit; any input — ")
     assert body[1:] == ["entropy.matches_reference.float32.moderate  # marginal: value: engine nan where the reference "
                         "is finite (0.0) at flat index 0"]  # the marginal one above the band's centre only
     path = tmp_path / "xfails.txt"
@@ -65,6 +68,7 @@ def test_rlconform_ledger_writes_one_line_per_defect_and_reads_it_back(tmp_path)
     assert line.scope == (("entropy", "finite_where_reference_finite"),) and line.line == len(lines) - 1
     assert all(ledger.match(f) is line for f in doc["findings"][:3])
     assert ledger.match(doc["findings"][5]) is None  # a passing finding matches nothing
+    assert ledger.match(doc["findings"][6]) is line  # not listed by id: matched by the line's scope
     assert ledger.in_scope("entropy", "finite_where_reference_finite") and not ledger.in_scope("entropy",
                                                                                                "matches_reference")
     assert parse_xfails(str(path)) == ledger.findings  # the finding-id view the callers of old read

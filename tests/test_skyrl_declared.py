@@ -124,7 +124,8 @@ def test_skyrl_gae_guard_holds_on_a_batch_of_le_one_token_only(skyrl, prop):
     with pytest.raises(EngineCrash, match="The sum of the mask is one"):
         run_check(_bare(skyrl), _gae_case([[False, True], [False, False]], prop))
     two = run_check(skyrl, _gae_case([[False, True], [True, False]], prop))
-    assert two.declared is None and (two.ok or prop == "mask_invariant"), two.message  # NaN garbage leaks: a defect
+    # no guard: compared, in the trainer's mask layout (the declared precondition it honours)
+    assert two.declared == "response_mask_right_aligned" and (two.ok or prop == "mask_invariant"), two.message
 
 
 def test_skyrl_reinforce_pp_guard_is_the_batch_not_the_group(skyrl):
@@ -133,7 +134,7 @@ def test_skyrl_reinforce_pp_guard_is_the_batch_not_the_group(skyrl):
     that sample shares its group with another (so 'a group of one sample' is not the trigger)."""
     singletons = _adv_case([[False, True], [False, True]], [0, 1])
     out = run_check(skyrl, singletons)
-    assert out.ok and out.declared is None, out.message
+    assert out.ok and out.declared == "response_mask_right_aligned", out.message  # no guard: compared
     for case in (_adv_case([[False, True]], [0]), _adv_case([[False, True], [False, False]], [0, 0])):
         out = run_check(skyrl, case)
         assert out.ok and out.declared == "batch_whiten_le_one_token", out.message
@@ -234,3 +235,37 @@ def test_skyrl_cross_entropy_nan_at_masked_positions_stays_a_failure(skyrl):
     (reduce_loss multiplies by the mask; cases.md family 17), and mask_invariant still fails."""
     out = run_check(skyrl, _ce_case("mask_invariant"))
     assert not out.ok and "nan" in out.message.lower()
+
+
+# ------------------------------------------------------------------------------ the mask layout
+def test_skyrl_right_aligns_the_response_mask_it_passes_gae():
+    """The precondition's evidence, read from the installed trainer: the response mask is built right-aligned
+    and is the mask compute_advantages_and_returns receives. A SkyRL that pads responses on the right fails
+    here (the declaration must go)."""
+    pre = read_source("skyrl/train/dataset/preprocess.py").splitlines()
+    assert "Response tokens occupy the trailing response_len positions" in pre[363 - 1]
+    assert "response_mask_np = (col_resp[None, :] >= resp_pad[:, None])" in pre[366 - 1]
+    trainer = read_source("skyrl/train/trainer.py")
+    assert 'response_mask=data["response_mask"],' in trainer
+
+
+def test_a_mask_hole_skyrl_never_passes_is_drawn_right_aligned_and_gae_is_exact_there(skyrl):
+    """A mask with a masked position between valid ones ([T, T, F, T]) is a layout SkyRL's trainer never gives
+    GAE (its recursion runs through the hole); drawn right-aligned, as the trainer gives it, SkyRL's GAE is
+    exact. Without the declaration the same case fails: the layout, not a tolerance, is what passes it."""
+    from rlconform.harness.core.mask_layout import right_aligned
+
+    mask = [[True, True, False, True], [False, True, True, True]]
+    case = _gae_case(mask)
+    case.inputs["values"] = np.array([[0.13, 0.095, -0.07, -0.127], [0.2, -0.1, 0.05, 0.3]])
+    case.inputs["token_level_rewards"] = np.array([[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, -1.0]])
+    case.inputs["gamma"], case.inputs["lam"] = 0.99, 0.95
+    out = run_check(skyrl, case)
+    assert out.ok and out.declared == "response_mask_right_aligned", out.message
+    bare = run_check(_bare(skyrl), case)
+    assert not bare.ok and bare.verdict == "discrepancy", bare.message
+    # the layout keeps each value at its token: valid positions in order, last; the outcome reward stays valid
+    moved = right_aligned(case.inputs, "response_mask", ("token_level_rewards", "values"))
+    assert moved["response_mask"].tolist() == [[False, True, True, True], [False, True, True, True]]
+    assert moved["values"][0].tolist() == [-0.07, 0.13, 0.095, -0.127]
+    assert moved["token_level_rewards"][0].tolist() == [0.0, 0.0, 0.0, 1.0]

@@ -942,6 +942,17 @@ DECLARED = (
         when=lambda case: _nnz(case, "response_mask") <= 1,
         raises="ValueError", match=_MASKED_VAR_RAISES),
     Declared(
+        "response_mask_right_aligned", "precondition", ("gae", "outcome_advantage"),
+        "the response mask is right-aligned: each row's response tokens are its last ones (the checks draw "
+        "masks so, each row's values moved with them); compute_gae_advantage_return's recursion carries "
+        "nextvalues and lastgaelam through every column, which reaches a valid token only from the valid "
+        "tokens after it in this layout",
+        "the trainer left-pads prompt + response and right-aligns the response-level tensors "
+        "(train/dataset/preprocess.py:364-366: 'Response tokens occupy the trailing response_len positions', "
+        "response_mask = col_resp >= max_response - response_len), the mask trainer.py:1211 passes to "
+        "compute_advantages_and_returns",
+        "skyrl/train/dataset/preprocess.py:366", mask_layout="right_aligned"),
+    Declared(
         "cross_entropy_weighted_sum", "convention", ("policy_loss",),
         "cross_entropy (SFT) returns the plain sum of −log π · loss_mask, whatever loss_reduction says: the "
         "normalisation is the caller's, in the loss mask it passes (the reference follows: token-sum, "

@@ -51,7 +51,9 @@ class Declared:
     behaviour in one sentence; ``reason``: why the engine does it; ``source``: the engine's ``path:line``.
     Guards: ``when(case) -> bool`` the trigger, read from a case (its ``property`` and ``inputs``); ``raises`` the exception
     type name; ``match`` a regular expression its message matches. Preconditions: ``inputs`` the case
-    inputs whose masked positions the callers keep at zero. Conventions: ``reference`` the keyword arguments
+    inputs whose masked positions the callers keep at zero; ``mask_layout`` where the callers put each row's
+    valid tokens (:data:`rlconform.harness.core.mask_layout.LAYOUTS`: SkyRL right-aligns its response mask),
+    in which the family draws the mask. Conventions: ``reference`` the keyword arguments
     (name, value) the family passes its reference so that it follows the convention (e.g.
     ``(("singleton", "raw"),)`` for :func:`rlconform.reference.outcome_advantage`). Raises ValueError when
     malformed.
@@ -75,6 +77,7 @@ class Declared:
     evidence: tuple[str, ...] = ()
     caller: str = ""
     hazard: str = ""
+    mask_layout: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -83,8 +86,14 @@ class Declared:
             raise ValueError(f"declared {self.name!r}: name, ops, what, reason and source are required")
         if self.kind == "guard" and not (self.when and self.raises and self.match):
             raise ValueError(f"declared guard {self.name!r}: when, raises and match are required")
-        if self.kind == "precondition" and not (self.inputs or self.caller):
-            raise ValueError(f"declared precondition {self.name!r}: inputs (or a caller) is required")
+        if self.kind == "precondition" and not (self.inputs or self.caller or self.mask_layout):
+            raise ValueError(f"declared precondition {self.name!r}: inputs, a caller or a mask_layout is required")
+        if self.mask_layout:
+            from rlconform.harness.core.mask_layout import LAYOUTS
+
+            if self.kind != "precondition" or self.mask_layout not in LAYOUTS:
+                raise ValueError(f"declared {self.name!r}: mask_layout is a precondition's, one of "
+                                 f"{', '.join(LAYOUTS)}; got {self.mask_layout!r}")
         if self.caller and self.kind != "precondition":
             raise ValueError(f"declared {self.name!r}: only a precondition names a caller")
         if self.writes:
@@ -107,6 +116,7 @@ class Declared:
                 "what": self.what, "reason": self.reason, "source": self.source,
                 **({"raises": self.raises, "match": self.match} if self.kind == "guard" else {}),
                 **({"inputs": list(self.inputs)} if self.kind == "precondition" else {}),
+                **({"mask_layout": self.mask_layout} if self.mask_layout else {}),
                 **({"reference": {k: v for k, v in self.reference}} if self.reference else {}),
                 **({"writes": list(self.writes), "phase": self.phase, "writer": self.writer,
                     "caller": self.caller, "hazard": self.hazard, **self.verify()} if self.writes else {})}
@@ -249,6 +259,15 @@ def matching_guard(declared, case, error_type: str, message: str) -> Declared | 
 def preconditions(declared, op: str, regime: str) -> list[Declared]:
     """The declared preconditions that concern ``op`` under ``regime``."""
     return [d for d in declared or () if d.kind == "precondition" and d.concerns(op, _variant(regime))]
+
+
+def mask_layout(declared, op: str, regime: str) -> tuple[str, str]:
+    """(layout, the precondition's name) of the declared mask layout that concerns ``op`` under ``regime``, or
+    ``("", "")``."""
+    for d in preconditions(declared, op, regime):
+        if d.mask_layout:
+            return d.mask_layout, d.name
+    return "", ""
 
 
 def followed(declared, op: str, regime: str) -> dict:

@@ -60,7 +60,8 @@ from rlconform.harness.core.opinfo import (
     FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
     variant_regime, with_variant_implementations,
 )
-from rlconform.harness.core.declared import followed, preconditions
+from rlconform.harness.core.declared import followed, mask_layout, preconditions
+from rlconform.harness.core.mask_layout import apply as apply_layout
 from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 from rlconform.harness.core.triggers import group_trigger
@@ -466,8 +467,12 @@ def evaluate(binding, case) -> Evaluation:
     arrs[mname] = np.asarray(arrs[mname]).astype(bool)
     if case.property == MASK_INVARIANT:  # garbage needs a masked position: a padding column, not a valid one
         arrs = with_masked_column(arrs, mname, _TOKEN_INPUTS[case.op] + _TIME_EXTRAS)
+    # the layout the engine's callers give the mask (SkyRL right-aligns it), each row's data moved with it
+    layout, layout_name = mask_layout(getattr(binding, "declared", ()), case.op, case.regime)
+    arrs = apply_layout(layout, arrs, mname, _TOKEN_INPUTS[case.op] + _TIME_EXTRAS)
     mask = arrs[mname]
     ev = Evaluation()
+    ev.declared = layout_name or None
     if case.property == NON_DESTRUCTIVE:
         tensors = {k: to_tensor(arrs[k], case.dtype) for k in _TOKEN_INPUTS[case.op]}
         tensors[mname] = torch.from_numpy(mask)
@@ -495,7 +500,7 @@ def evaluate(binding, case) -> Evaluation:
     ev.values = _compare(case, outs, refs, fas, mask, case.dtype, "", ev)
     if case.property == MASK_INVARIANT:
         garbage = float(case.inputs.get("garbage", np.nan))
-        kept = preconditions(getattr(binding, "declared", ()), case.op, case.regime)
+        kept = [d for d in preconditions(getattr(binding, "declared", ()), case.op, case.regime) if d.inputs]
         clean = {k for d in kept for k in d.inputs}  # the engine's callers keep these zero where masked
         dirty_keys = [k for k in _TOKEN_INPUTS[case.op] if k not in clean]
         if kept:

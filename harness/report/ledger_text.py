@@ -6,10 +6,14 @@ accepted root cause — the failing findings (``discrepancy``, ``crash``, ``xfai
 the report's defects table (:func:`rlconform.harness.report.triage.folded_keys`: a finding folded into a
 callee's, another op's backward or a partition dependence is on that row's line, and
 :meth:`~rlconform.harness.report.xfails.Ledger.match` follows the same folds) — in the report's defect order (severity, then effect),
-each with its reason: severity, number of findings, triggers, and the message of its smallest reproducer
-(editable: the maintainer's words replace it). Then one finding-id line per ``marginal`` finding above the
-band's centre (:data:`rlconform.harness.core.tolerance.LEDGER_ABOVE`): on a CPU with another vector width
-its last bits may take it past the band, and the line keeps that run green.
+each with its reason: severity, triggers, and the message of its smallest reproducer (editable: the
+maintainer's words replace it; the number of findings is the report's, not the ledger's: a finding marginal
+on one CPU and a rounding-sized discrepancy on another would change it). Then one finding-id line per
+``marginal`` finding above the band's centre (:data:`rlconform.harness.core.tolerance.LEDGER_ABOVE`) that no
+defect line's scope holds: on a CPU with another vector width its last bits may take it past the band, and
+the line keeps that run green; one in a defect line's scope is matched by that line already
+(:meth:`~rlconform.harness.report.xfails.Ledger.match`), and which marginal findings sit above the centre
+depends on the CPU, so listing them would make the ledger differ between machines (issue 21 §3).
 """
 
 from __future__ import annotations
@@ -55,15 +59,19 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
     order += sorted(k for k in groups if k not in order)
     from rlconform.harness.report.severity import RANK
 
+    scoped: set = set()  # (op, property) pairs a defect line's scope holds
     for key in order:
         members = sorted(groups[key], key=lambda f: (len(f.get("worst_input") or ""), f["id"]))
         triggers = sorted({trigger(f) for f in members})
         sevs = [f.get("severity") for f in members if f.get("severity")]
         sev = min(sevs, key=lambda s: RANK.get(s, 99)) if sevs else None
-        reason = (f"{sev + ', ' if sev else ''}{len(members)} finding(s); trigger(s): {'; '.join(triggers)} — "
+        reason = (f"{sev + '; ' if sev else ''}trigger(s): {'; '.join(triggers)} — "
                   f"{_first_line(members[0].get('message')) or members[0]['status']}")
-        out.append(defect_line(key, {(f["op"], f["property"]) for f in members}, reason))
+        scope = {(f["op"], f["property"]) for f in members}
+        scoped |= scope
+        out.append(defect_line(key, scope, reason))
     for f in sorted(doc["findings"], key=lambda f: f["id"]):
-        if f.get("status") == "marginal" and (f.get("max_ratio") or 0) > LEDGER_ABOVE:
+        if (f.get("status") == "marginal" and (f.get("max_ratio") or 0) > LEDGER_ABOVE
+                and (f.get("op"), f.get("property")) not in scoped):
             out.append(f"{f['id']}  # marginal: {_first_line(f.get('message'))}")
     return out
