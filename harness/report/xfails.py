@@ -147,7 +147,9 @@ class Ledger:
         site = finding.get("engine_function") or {}
         tries = [f"{callee} | {cls}" for callee in (site.get("calls") or ()) if not cls.startswith("crash:")]
         if cls == "wrong value":
-            tries += [f"{place} | partition dependence", f"{place} | masked-value dependence"]
+            from rlconform.harness.report.triage import DEPENDENCE_KINDS
+
+            tries += [f"{place} | {dep}" for dep in DEPENDENCE_KINDS]
         if cls == "masked-value dependence":  # the kind of a ledger written before it had its own name
             tries.append(f"{place} | partition dependence")
         if cls == "rounding" and site.get("function"):  # a rounding-sized partition effect of its function
