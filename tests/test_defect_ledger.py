@@ -263,3 +263,27 @@ def test_the_ledger_follows_the_second_readings_folds(tmp_path):
     ledger = parse_ledger(str(path))
     assert {ledger.match(f).key for f in fs[:2]} == {"verl.utils.megatron.tensor_parallel._E.backward | changes a tensor"}
     assert {ledger.match(f).key for f in fs[2:]} == {"verl.trainer.ppo.core_algos.grpo_vec | wrong value"}
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("skyrl") is None, reason="SkyRL not installed")
+def test_a_finding_three_calls_above_a_listed_callee_matches_its_line():
+    # SkyRL's GAE NaN under a masked NaN is masked_mean's (gae -> masked_whiten -> masked_mean): the report's
+    # table folds it there through the other findings' calls; the ledger sees one finding, so the finding
+    # names its callees through the call chain (engine_site.callees), and the committed ledger matches it
+    import pathlib
+
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.catalog.engine_site import finding_site
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "reports" / "skyrl-0.4.0"
+    ledger = parse_ledger(str(root / "xfails.txt"))
+    report = json.loads((root / "report.json").read_text())
+    gae = next(f for f in report["findings"] if f["id"] == "gae.mask_invariant.float64.padded")
+    site, _ = finding_site(load_engine("skyrl"), "gae", "mask_invariant", "padded")
+    tu = "skyrl.backends.skyrl_train.utils.torch_utils.masked_mean"
+    assert site["calls"][0].endswith("ppo_utils.masked_whiten") and tu in site["calls"], site["calls"]
+    direct = dict(gae, engine_function=dict(gae["engine_function"], calls=site["calls"][:1]))
+    assert defect_key(direct).endswith("compute_gae_advantage_return | NaN / inf")
+    assert ledger.match(direct) is None  # one call deep: masked_whiten is not listed as NaN / inf
+    line = ledger.match(dict(gae, engine_function=dict(gae["engine_function"], calls=site["calls"])))
+    assert line is not None and line.key == f"{tu} | NaN / inf", line

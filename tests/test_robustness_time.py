@@ -45,12 +45,12 @@ def test_fuzz_reports_an_example_that_hangs(tmp_path):
     # the first fully masked example hangs, no later one (three findings draw one: three deadlines otherwise)
     env = dict(os.environ, RLCONFORM_TEST_HANG_MARKER=str(tmp_path / "hanging"), RLCONFORM_TEST_HANG_ONCE="1")
     proc = cli("fuzz", "--engine", HANG, "--op", "masked_mean", "--property", "matches_reference", "--dtype",
-               "float64", "--max-examples", "2", "--timeout", "180", cwd=tmp_path, env=env)  # an example budget
-    # the deadline only has to end a hang: 3 s once ended a loaded machine's first (slow, not hung) example,
-    # 30 s a fresh clone's example still being generated while the other xdist worker ran a heavy test, and
-    # 60 s a fresh clone's first example (in run_check, not in hang.py) with two CPU burners beside the suite
+               "float64", "--max-examples", "2", "--timeout", "20", cwd=tmp_path, env=env)  # an example budget
+    # --timeout bounds one engine call (masked_mean on a few elements: milliseconds), not the example: a
+    # loaded machine's slow generation or referee round-trip once ended examples at 3, 30, 60 and 180 s
+    # when the deadline covered the whole example (in run_check, never in hang.py)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "exceeded the deadline of 180 s" in proc.stderr and "hang.py" in proc.stderr, proc.stderr[-3000:]
+    assert "exceeded the deadline of 20 s" in proc.stderr and "hang.py" in proc.stderr, proc.stderr[-3000:]
     assert (tmp_path / "hanging").exists() and proc.stderr.count("exceeded the deadline") == 1, proc.stderr[-3000:]
 
 
@@ -87,3 +87,27 @@ def test_a_rank_failure_is_not_shrunk(tmp_path, monkeypatch):
         runner.run_finding(state.binding, fid, rec, state, strategy, check=run_check)
     assert len(calls) == 1 and rec.examples == 1 and rec.shrink_steps == 0
     assert rec.failing is calls[0]
+
+
+def test_the_fuzz_deadline_counts_engine_calls_only(tmp_path):
+    # set_engine_call_deadline: each engine call gets the deadline; the time between calls (the referee's
+    # judgment, hypothesis' generation on a loaded machine) is not the engine's, however long it is
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time\n"
+        "from rlconform.harness.workers import isolated\n"
+        "from rlconform.harness.core.evaluation import call_engine\n"
+        "isolated._FAULT_FILE[:] = [open(sys.argv[1], 'w', buffering=1)]\n"
+        "isolated.set_engine_call_deadline(1.5)\n"
+        "for _ in range(3):\n"
+        "    call_engine('fast', time.sleep, 0.05)\n"
+        "    time.sleep(1.0)\n"
+        "print('between calls: 3 s, past the deadline, not ended', flush=True)\n"
+        "call_engine('hung', time.sleep, 60)\n"
+        "print('the hung call returned')\n")
+    fault = tmp_path / "fault.txt"
+    proc = subprocess.run([sys.executable, "-c", code, str(fault)], capture_output=True, text=True, timeout=300)
+    assert "between calls: 3 s" in proc.stdout and "returned" not in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Timeout" in fault.read_text(), fault.read_text()

@@ -175,17 +175,16 @@ def site(fn: Any) -> dict | None:
             "file": relative(path, mod), "line": int(line)}
 
 
-def callees(fn: Any) -> list[str]:
-    """``module.qualname`` of the engine functions ``fn``'s own code names directly (a global it calls,
-    ``verl_F.masked_mean`` through a module it imported), in the order of its code; ``[]`` for anything
-    that is not a plain engine function. Triage folds a finding into the defect of a callee that fails the
-    same way (:mod:`rlconform.harness.report.triage`)."""
+def _direct_callees(fn: Any) -> list:
+    """The engine functions ``fn``'s own code names directly (a global it calls, ``verl_F.masked_mean``
+    through a module it imported), in the order of its code; ``[]`` for anything that is not a plain
+    engine function."""
     target = inspect.unwrap(getattr(fn, "__func__", fn))
     code, glb = getattr(target, "__code__", None), getattr(target, "__globals__", None)
     if code is None or glb is None or not is_engine_code(target):
         return []
     names = list(code.co_names)
-    found: list[str] = []
+    found: list = []
     for const in code.co_consts:  # nested functions and comprehensions name their callees too
         if inspect.iscode(const):
             names += [n for n in const.co_names if n not in names]
@@ -193,10 +192,34 @@ def callees(fn: Any) -> list[str]:
     candidates = [glb.get(n) for n in names] + [getattr(m, n, None) for m in modules for n in names]
     for obj in candidates:
         obj = inspect.unwrap(obj) if inspect.isfunction(obj) else obj
-        if inspect.isfunction(obj) and obj is not target and is_engine_code(obj):
-            key = f"{obj.__module__}.{obj.__qualname__}"
-            if key not in found:
-                found.append(key)
+        if inspect.isfunction(obj) and obj is not target and is_engine_code(obj) and obj not in found:
+            found.append(obj)
+    return found
+
+
+#: how deep :func:`callees` follows calls (as far as the report's triage folds a call chain)
+CALL_DEPTH = 4
+
+
+def callees(fn: Any, depth: int = CALL_DEPTH) -> list[str]:
+    """``module.qualname`` of the engine functions ``fn``'s code calls, directly (in the order of its code)
+    and then through them, up to ``depth`` calls deep, breadth first: SkyRL's
+    ``compute_gae_advantage_return`` names ``masked_whiten``, then ``masked_mean`` which that calls. A
+    finding carries them (``engine_function["calls"]``), so that a ledger line of a callee three frames
+    down (``masked_mean | NaN / inf``) matches its NaN as the report's table folds it, with no other
+    finding of the run at hand; ``[]`` for anything that is not a plain engine function. Triage folds a
+    finding into the defect of a callee that fails the same way (:mod:`rlconform.harness.report.triage`)."""
+    target = inspect.unwrap(getattr(fn, "__func__", fn))
+    seen, level, found = {target}, [target], []
+    for _ in range(depth):
+        nxt = []
+        for f in level:
+            for obj in _direct_callees(f):
+                if obj not in seen:
+                    seen.add(obj)
+                    nxt.append(obj)
+                    found.append(f"{obj.__module__}.{obj.__qualname__}")
+        level = nxt
     return found
 
 

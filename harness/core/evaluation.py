@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rlconform.harness.core import device, tape, torch_state
+from rlconform.harness.workers.isolated import engine_call_deadline
 
 
 class EngineCrash(Exception):
@@ -56,7 +57,7 @@ def call_engine(where: str, fn: Callable, *args, **kwargs):
             raise crash from replayed.exc
     fn = device.engine_call(fn)
     try:
-        with torch_state.guard():
+        with engine_call_deadline(), torch_state.guard():
             return fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - any engine error is a crash finding
         raise EngineCrash(where, exc) from exc

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from rlconform.harness.core import device
+from rlconform.harness.workers.isolated import engine_call_deadline
 
 # captured at import, before any engine module is imported in this process (an engine that patches them
 # later does not change how its outputs are read)
@@ -650,7 +651,7 @@ class Server:
         on_device = device.engine_call(fn)  # --device cuda: the engine runs there, the record is the CPU side
 
         def guarded(*a, **k):
-            with guard():
+            with engine_call_deadline(), guard():
                 return on_device(*a, **k)
 
         n = len(tape.entries)

@@ -133,7 +133,7 @@ class Ledger:
     def _folded(self, finding: dict) -> DefectLine | None:
         """The line a finding's key folds into, as the report's table folds it
         (:func:`rlconform.harness.report.triage.folded_keys`), read from the finding alone: a callee its
-        engine function names (``calls``) listed with the same class; the ``changes a tensor`` line of the
+        engine function calls (``calls``: directly or down the call chain) listed with the same class; the ``changes a tensor`` line of the
         op whose backward the message says wrote the tensor ("after <op> backward", a ``.backward`` place
         whose scope holds ``<op>.non_destructive``); a wrong value's place (a rounding-sized failure's
         function) listed as a partition dependence, or — under a specific trigger — as a wrong value; a

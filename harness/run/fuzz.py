@@ -30,7 +30,7 @@ shrunk so far); an interrupt something swallowed (hypothesis' gc callback) is no
 
 The engine runs in a child process (:func:`rlconform.harness.workers.isolated.run_isolated`), never in the process
 that decides the exit code: when the engine ends its process (``os._exit``, a signal, the OOM killer) or
-hangs past ``--timeout`` seconds in one example, the finding being fuzzed is reported as a crash (with
+hangs past ``--timeout`` seconds in one engine call, the finding being fuzzed is reported as a crash (with
 how the process ended and its stack) and fuzzing goes on in a fresh child for the rest of the budget.
 An engine that raises ``KeyboardInterrupt`` / ``SystemExit`` gets a counterexample like any crash.
 
@@ -149,7 +149,7 @@ class Fuzzer:
         self.on_found = on_found or (lambda t: None)
         self.on_tick = on_tick or (lambda: None)
         self.on_current = on_current or (lambda t: None)  # the finding now fuzzed (a crash is blamed on it)
-        self.example_timeout = example_timeout
+        self.example_timeout = example_timeout  # seconds one engine call may take (set_engine_call_deadline)
         self.total_examples = 0
         self.total_shrink_replays = 0
         self.round = 0
@@ -187,6 +187,9 @@ class Fuzzer:
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> None:
+        from rlconform.harness.workers.isolated import set_engine_call_deadline
+
+        set_engine_call_deadline(self.example_timeout)  # a hung engine call ends this process (module docstring)
         try:
             self._resolve_ops()
             self._replay_corpus()
@@ -212,6 +215,7 @@ class Fuzzer:
         except KeyboardInterrupt:
             self.interrupted = True
         finally:
+            set_engine_call_deadline(None)
             self.current = None
 
     def _resolve_ops(self) -> None:
@@ -276,7 +280,6 @@ class Fuzzer:
         from rlconform.properties.checks import PropertyFailure
 
         from rlconform.harness.workers import interrupts
-        from rlconform.harness.workers.isolated import arm_deadline
         from rlconform.properties.referee import RefereeError
         from rlconform.properties.runner import EngineAbort
 
@@ -298,7 +301,9 @@ class Fuzzer:
             else:  # a replay of the shrinker: counted apart (issue 26 §10)
                 t.shrink_replays += 1
                 self.total_shrink_replays += 1
-            arm_deadline(self.example_timeout)  # a hung engine ends this process: the supervisor reports it
+            # each engine call of the example may take example_timeout s (set_engine_call_deadline): a
+            # hung engine ends this process, the supervisor reports it; the referee's judgment, generation
+            # and shrinking are not the engine's time
             try:
                 outcome = run_check(self.binding, case)
             except EngineCrash as exc:
@@ -314,7 +319,6 @@ class Fuzzer:
                 self._failed(t, state, case, f"crash: {abort}")
                 raise EngineCrash(f"{t.op}", abort) from exc
             finally:
-                arm_deadline(None)  # the next example's generation and shrinking are not the engine's time
                 self.on_tick()
             t.best_ratio = max(t.best_ratio, outcome.ratio)
             if outcome.verdict == "discrepancy":  # as in `check`: a marginal example is not a counterexample
@@ -343,7 +347,6 @@ class Fuzzer:
                 t.status = "error"
                 t.message = f"{type(exc).__name__}: {exc}"[:2000]
         finally:
-            arm_deadline(None)
             t.seconds += time.monotonic() - start
         if state.get("referee_error") is not None and state["fail"] is None:
             t.status, t.message = "error", str(state["referee_error"])[:2000]
@@ -404,7 +407,7 @@ def add_parser(sub) -> None:
                         "--max-examples and no time budget, hypothesis' own limits only)")
     f.add_argument("--stats", default=None, help="also write per-finding statistics as JSON here")
     f.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                   help="seconds one example may take before the engine is considered hung (default %(default)s)")
+                   help="seconds one engine call may take before the engine is considered hung (default %(default)s)")
     f.add_argument("-q", "--quiet", action="store_true", help="no live progress display")
     from rlconform.harness.run.referee_flag import add_argument as add_referee_argument
 

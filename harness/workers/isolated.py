@@ -19,6 +19,7 @@ Ctrl-C (``KeyboardInterrupt`` in the parent) kills the child before it propagate
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -81,6 +82,7 @@ def read_fault_log(path: str, offset: int = 0) -> tuple[str, bool]:
 
 
 _FAULT_FILE: list = []  # in a run_isolated child: its fault file (for arm_deadline without one)
+_CALL_DEADLINE: list = [None]  # seconds one engine call may take in this process (fuzz --timeout), or None
 
 
 def arm_deadline(seconds: float | None, fault_file=None) -> None:
@@ -93,6 +95,30 @@ def arm_deadline(seconds: float | None, fault_file=None) -> None:
     fault_file = fault_file or (_FAULT_FILE[0] if _FAULT_FILE else None)
     if seconds and fault_file is not None:
         faulthandler.dump_traceback_later(seconds, repeat=False, file=fault_file, exit=True)
+
+
+def set_engine_call_deadline(seconds: float | None) -> None:
+    """From now on in this process, each engine call (:func:`engine_call_deadline`) may take at most
+    ``seconds`` before faulthandler dumps the stacks and ends the process, as :func:`arm_deadline` does
+    (``None`` or 0: no per-call deadline; a deadline armed some other way, such as ``check``'s per-finding
+    one, is then left alone). ``fuzz --timeout`` sets it: the time its supervisor waits for is the
+    engine's, not the referee's judgment or hypothesis' generation and shrinking, which a loaded machine
+    can make slow without anything hanging."""
+    _CALL_DEADLINE[0] = seconds or None
+
+
+@contextlib.contextmanager
+def engine_call_deadline():
+    """Around one engine call: the deadline of :func:`set_engine_call_deadline` armed, then cancelled."""
+    seconds = _CALL_DEADLINE[0]
+    if not seconds:
+        yield
+        return
+    arm_deadline(seconds)
+    try:
+        yield
+    finally:
+        arm_deadline(None)
 
 
 def _child(conn, fn, args, fault_path, deadline_s, interruptible):
