@@ -10,6 +10,8 @@ import copy
 import json
 import pathlib
 
+import pytest
+
 from rlconform.harness.report.severity import RANK, SEVERITIES
 from rlconform.harness.report.triage import annotate, defect_id
 
@@ -584,3 +586,35 @@ def test_a_defect_headline_shows_a_key_the_engine_emits_before_a_probes_key(monk
     assert shown["op"] != "metric_statistics" and "(len_mean)" not in (shown["numbers"] or {}).get("clause", "")
     monkeypatch.setattr(triage, "_probe_keys", lambda f: False)
     assert row(annotate(json.loads(json.dumps(doc))))["op"] == "metric_statistics"
+
+
+def test_a_probe_defects_headline_shows_the_engine_key_its_message_names(monkeypatch):
+    """SkyRL's reduce_metrics row (every member a ``metric_statistics`` probe) once led with
+    ``policy/token_sum_loss (sum) missing from the final dict``, a key the probe names; its metric_integrity
+    members name the key SkyRL's emitter produced (``emitted key 'minibatch_rollout_logprobs_abs_diff_max' was
+    printed instead of logged``), and the trigger is what the fold drops: NumPy scalars."""
+    from rlconform.harness.report import triage
+
+    doc = json.loads((ROOT / "reports/skyrl-0.4.0/report.json").read_text())
+
+    def row(d):
+        return next(x for x in d["defects"] if x["id"].endswith("reduce_metrics.missing-output"))
+
+    shown = row(annotate(json.loads(json.dumps(doc))))
+    assert shown["message"].startswith("emitted key 'minibatch_rollout_logprobs_abs_diff_"), shown["message"]
+    assert shown["trigger"] in ("numpy scalar values", "tensor values"), shown["trigger"]
+    monkeypatch.setattr(triage, "_names_emitted_key", lambda f: False)
+    assert "missing from the final dict" in row(annotate(json.loads(json.dumps(doc))))["message"]
+
+
+@pytest.mark.parametrize("message, words", [
+    ("emitted key 'k' was printed instead of logged ('Metrics for key k are not all numbers: [np.float32(0.0)]')",
+     "numpy scalar values"),
+    ("emitted key 'k' was printed instead of logged ('Metrics for key k are not all numbers: [tensor(0.)]')",
+     "tensor values"),
+    ("Unsupported value type: <class 'numpy.float32'>", "numpy scalar values"),
+])
+def test_a_fold_that_drops_non_numbers_names_the_value_type(message, words):
+    from rlconform.harness.core.triggers import message_trigger
+
+    assert message_trigger(message) == words

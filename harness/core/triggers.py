@@ -15,7 +15,10 @@ trigger                         when
 a rank-N input                  the message says a documented input rank raised (``contract: a
                                 rank-N input``)
 numpy scalar values             the message says the engine rejected a NumPy scalar type
-                                (``Unsupported value type: <class 'numpy.float32'>``)
+                                (``Unsupported value type: <class 'numpy.float32'>``; ``not all
+                                numbers: [np.float32(0.0)]``)
+tensor values                   the message says the engine dropped tensor-valued metrics (``not all
+                                numbers: [tensor(0.)]``)
 a <shard> with no valid token   any property: the message's shard counts (``tokens per DP rank
                                 [1, 0]``, ``micro-batches (nnz) [0, 1]``) hold a 0
 a masked position holding X     the message's ``masked = X:`` clause (every family), or property
@@ -207,6 +210,9 @@ def failing_labels(message: str) -> list[str]:
 
 
 _NUMPY_TYPE = re.compile(r"<class 'numpy\.[a-z0-9_]+'>")
+#: a fold that keeps Python numbers only, printing the rest (SkyRL's reduce_metrics: "Metrics for key K are not all
+#: numbers: [np.float32(0.0)]" / "[tensor(0.)]")
+_NOT_NUMBERS = re.compile(r"not all numbers: \[(?:(?P<np>np\.[a-z0-9_]+\()|(?P<t>tensor\())")
 
 
 _MASKED_GARBAGE = re.compile(r"^(?:[^\n]*?(?::|,) )?masked = (?P<g>nan|[-+]?inf|[-+0-9.e]+)[: ]", re.M)
@@ -214,7 +220,7 @@ _MASKED_GARBAGE = re.compile(r"^(?:[^\n]*?(?::|,) )?masked = (?P<g>nan|[-+]?inf|
 
 def message_trigger(message: str) -> str | None:
     """The trigger the failure message alone shows (the first rows of the module table), else None:
-    ``a rank-N input``, ``numpy scalar values``, ``a masked position holding X`` (a ``mask_invariant``
+    ``a rank-N input``, ``numpy scalar values``, ``tensor values``, ``a masked position holding X`` (a ``mask_invariant``
     clause ``masked = X: …``: the garbage is what the check changed, whatever else the input holds),
     ``a <shard> with no valid token`` (a shard count of 0 in the message; counts of rows, ``(rows)``, are
     not tokens)."""
@@ -223,6 +229,9 @@ def message_trigger(message: str) -> str | None:
         return f"a rank-{m['rank']} input"
     if _NUMPY_TYPE.search(message or ""):
         return "numpy scalar values"
+    m = _NOT_NUMBERS.search(message or "")
+    if m:
+        return "numpy scalar values" if m["np"] else "tensor values"
     m = _MASKED_GARBAGE.search(message or "")
     if m:
         return f"a masked position holding {_garbage_words(m['g'])}"

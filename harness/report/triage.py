@@ -706,7 +706,7 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
         # binding: a verl maintainer does not log actor/response_length/mean through Metric.aggregate_dp), then
         # the smallest input among the most severe and most reachable members, one with numbers to show first
         # (a crash row shows the exception, not the numbers a member's other clauses report: a maintainer's reading)
-        shown = min(top, key=lambda m: (_probe_keys(m), -reach(m, engine_dtypes, configs),
+        shown = min(top, key=lambda m: (_probe_keys(m) and not _names_emitted_key(m), -reach(m, engine_dtypes, configs),
                                         not cls.startswith("crash:") and numbers(m) is None, _size(m)))
         k = kind(shown)
         rep = shown.get("reproducer") or {}
@@ -760,6 +760,13 @@ def _probe_keys(finding: dict) -> bool:
 
     op = OPS.get(finding.get("op") or "")
     return bool(op is not None and op.probe_metric_keys)
+
+
+def _names_emitted_key(finding: dict) -> bool:
+    """Whether the finding's message names a key the engine's own code emitted (``emitted key 'K' was printed
+    instead of logged``): a probe's finding that shows the engine's key, not one the binding made up (SkyRL's
+    reduce_metrics dropping ``minibatch_rollout_logprobs_abs_diff_max``, not ``policy/token_sum_loss (sum)``)."""
+    return "emitted key '" in (finding.get("message") or "")
 
 
 def _phase(trig: str, members: list[dict]) -> str:
