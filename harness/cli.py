@@ -81,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-examples", type=_positive_int, default=None,
                    help="examples per finding (overrides the profile)")
     c.add_argument("--max-shrinks", type=int, default=None,
-                   help="shrinking steps per failing finding (default: 50 in the ci profile, none for a finding "
-                        "the --xfails ledger lists, no limit in nightly; negative: no limit)")
+                   help="shrinking steps per failing finding, listed in the --xfails ledger or not (default: 50 "
+                        "in the ci profile, no limit in nightly; negative: no limit)")
     c.add_argument("--seed", type=int, default=None, help="random seed (disables derandomization)")
     c.add_argument("--xfails", default=None, help="ledger of accepted defects (one per line) and known findings (ids)")
     c.add_argument("--changed-since", default=None, metavar="REV",

@@ -14,7 +14,7 @@ What a failure is, and what it costs:
 
 * a discrepancy (:class:`PropertyFailure`) and an engine that raised (:class:`EngineCrash`) are shrunk
   by hypothesis, within the finding's shrinking budget (``state.shrink_budget(finding_id)``, see
-  :func:`rlconform.harness.core.profiles.shrink_budget`: none for a finding the xfails ledger lists); past it
+  :func:`rlconform.harness.core.profiles.shrink_budget`, listed in the xfails ledger or not); past it
   the smallest failure found so far is the finding's failure and reproducer;
 * a distributed case whose rank died, hung or raised (an ``EngineCrash`` caused by
   :class:`~rlconform.harness.workers.pool.RankFailure`) is *not* shrunk: every replay would respawn the worker

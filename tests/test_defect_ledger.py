@@ -287,3 +287,25 @@ def test_a_finding_three_calls_above_a_listed_callee_matches_its_line():
     assert ledger.match(direct) is None  # one call deep: masked_whiten is not listed as NaN / inf
     line = ledger.match(dict(gae, engine_function=dict(gae["engine_function"], calls=site["calls"])))
     assert line is not None and line.key == f"{tu} | NaN / inf", line
+
+
+@pytest.mark.parametrize("report", ["verl-0.9.1", "skyrl-0.4.0", "megatron-core-0.19.2"])
+def test_the_defects_of_a_run_do_not_depend_on_the_ledger(report):
+    # make check-verl (with the ledger) once showed 16 defects more than the committed report of the same
+    # findings: a listed marginal finding (xfail) became a precision row of its op, and the declared write of
+    # _VocabParallelEntropy.backward (xfail, listed) a destructive row; the same findings, listed, give the
+    # same defects and the same declared writes
+    import pathlib
+
+    from rlconform.harness.report.triage import annotate
+
+    doc = json.loads((pathlib.Path(__file__).resolve().parents[1] / "reports" / report / "report.json").read_text())
+    before = ({d["id"]: d["severity"] for d in doc["defects"]},
+              sorted(f["id"] for f in doc["findings"] if f.get("declared_write")))
+    for f in doc["findings"]:  # as the check with the ledger records them (pytest_plugin._apply_defect_lines)
+        if f["status"] in ("marginal", "discrepancy", "crash"):
+            f["status"], f["xfail_of"] = "xfail", f["status"]
+    annotate(doc)
+    after = ({d["id"]: d["severity"] for d in doc["defects"]},
+             sorted(f["id"] for f in doc["findings"] if f.get("declared_write")))
+    assert after == before

@@ -99,3 +99,53 @@ def test_a_check_in_a_reused_folder_reports_only_itself(tmp_path):
     assert {f["op"] for f in doc["findings"]} == {"masked_sum"} and doc["run"]["complete"]
     assert "OLD RUN" not in (out / "report.html").read_text()
     assert not (out / "cases").exists()
+
+
+def test_the_report_is_rewritten_at_most_every_few_writes_time_and_the_last_finding_reaches_it(tmp_path, monkeypatch):
+    # a write runs the whole triage: rewriting after every finding grew with the square of the findings
+    # (verl's 1,777: the report writer was the check's largest cost); a timer writes what the last add left
+    import time
+
+    from rlconform.harness.report import writer as R
+
+    writes = []
+    real = R.ReportWriter._write
+
+    def counted(self, **kw):
+        time.sleep(0.05)  # a write that takes a while: the next may come 4 x 0.05 s later at the earliest
+        real(self, **kw)
+        writes.append(len(self.findings))  # written
+
+    monkeypatch.setattr(R.ReportWriter, "_write", counted)
+    monkeypatch.setattr(R, "WRITE_INTERVAL_S", 0.3)
+    w = R.ReportWriter(str(tmp_path), engine={"spec": "x"}, run={})
+    for i in range(40):
+        w.add({"id": f"masked_sum.matches_reference.float64.r{i}", "op": "masked_sum", "property": "matches_reference",
+               "dtype": "float64", "regime": f"r{i}", "status": "pass", "message": ""})
+    assert 1 <= len(writes) < 40, writes
+    deadline = time.monotonic() + 120  # only catches a timer that never fires
+    while time.monotonic() < deadline and (not writes or writes[-1] < 40):
+        time.sleep(0.05)
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert len(doc["findings"]) == 40 and doc["run"]["complete"] is False
+    w.write(complete=True, html=False)  # the end of the run writes at once
+    assert json.loads((tmp_path / "report.json").read_text())["run"]["complete"] is True
+
+
+def test_a_timer_write_that_failed_is_raised_by_the_next_add(tmp_path, monkeypatch):
+    import time
+
+    from rlconform.harness.report import writer as R
+
+    monkeypatch.setattr(R, "WRITE_INTERVAL_S", 0.2)
+    w = R.ReportWriter(str(tmp_path), engine={"spec": "x"}, run={})
+    finding = {"id": "masked_sum.matches_reference.float64.a", "op": "masked_sum", "property": "matches_reference",
+               "dtype": "float64", "regime": "a", "status": "pass", "message": ""}
+    w.add(finding)  # written at once
+    monkeypatch.setattr(R.os, "replace", lambda src, dst: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    w.add(dict(finding, id="masked_sum.matches_reference.float64.b", regime="b"))  # left to the timer
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and w._timer is not None:
+        time.sleep(0.05)
+    with pytest.raises(R.ReportWriteError, match="No space left on device"):
+        w.add(dict(finding, id="masked_sum.matches_reference.float64.c", regime="c"))

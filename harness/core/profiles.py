@@ -29,11 +29,13 @@ REAL_SHAPES_EXAMPLES = 2
 #: shrinking steps a failing finding may take per profile (None: hypothesis' own limit). Shrinking is
 #: where a failing run spends its time (verl's CI-profile run: 15 500 examples, ~25 000 shrinking steps,
 #: one round trip to the gloo ranks each for the distributed findings); past the budget the smallest
-#: failing input found so far is the reproducer. A finding listed in the xfails ledger is not shrunk at
-#: all (:data:`KNOWN_SHRINKS`): its first failing example confirms a known discrepancy. ``--max-shrinks``
-#: overrides both. Only the reproducer's size depends on it, never a finding's status.
+#: failing input found so far is the reproducer. A finding the xfails ledger lists shrinks as any other:
+#: its shrunk input decides its row of the report (kind, trigger, the engine line that fails), so a check
+#: with the ledger (``make check-verl``) writes the report the committed one is (until issue 21 a listed
+#: finding stopped at its first failing example, and verl's report with the ledger showed 38 defects where
+#: the same findings shrunk show 34). ``--max-shrinks`` overrides it. Only the reproducer's size and the
+#: report's reading of it depend on it, never a finding's status.
 MAX_SHRINKS = {"dev": 25, "ci": 50, "nightly": None}
-KNOWN_SHRINKS = 0
 _SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large,
              HealthCheck.filter_too_much, HealthCheck.differing_executors]
 
@@ -57,11 +59,11 @@ def register_profiles() -> None:
 
 def shrink_budget(profile: str, listed: bool, override: int | None = None) -> int | None:
     """Shrinking steps allowed for one failing finding: ``override`` (``--max-shrinks``; negative = no
-    limit) if given, else :data:`KNOWN_SHRINKS` for a finding listed in the xfails ledger, else the
-    profile's :data:`MAX_SHRINKS`."""
+    limit) if given, else the profile's :data:`MAX_SHRINKS`, whether or not the xfails ledger lists it
+    (``listed``: the same budget, see :data:`MAX_SHRINKS`)."""
     if override is not None:
         return None if override < 0 else override
-    return KNOWN_SHRINKS if listed else MAX_SHRINKS[profile]
+    return MAX_SHRINKS[profile]
 
 
 def profile_only(regime: str) -> tuple[str, ...] | None:

@@ -269,13 +269,21 @@ def scaled_by_micro_batches(line: str) -> bool:
     return False
 
 
+def outcome(finding: dict) -> str | None:
+    """The finding's own verdict: its ``status``, but for an ``xfail`` (a finding the ledger lists) what it
+    was before the ledger matched it (``xfail_of``: ``crash``, ``discrepancy``, ``marginal``), so that a
+    report's severities and defects do not depend on the ledger it was checked with."""
+    status = finding.get("status")
+    return (finding.get("xfail_of") or status) if status == "xfail" else status
+
+
 def effect(finding: dict) -> float:
     """The size of a failing finding's effect, for ordering within a severity: inf for a crash, a
     mutation, a NaN / inf, or a value scaled by the number of micro-batches (:func:`scaled_by_micro_batches`:
     it grows with the configuration), else the largest relative error or partition dependence of its
     clauses, else ``max_ratio`` × 1e-6 (a rounding-sized failure ranks below any wrong value)."""
     msg = finding.get("message") or ""
-    if finding.get("status") in ("crash", "unavailable") or finding.get("property") == "non_destructive" \
+    if outcome(finding) in ("crash", "unavailable") or finding.get("property") == "non_destructive" \
             or RANK_CONTRACT.search(msg) or nonfinite_where_finite(finding):
         return math.inf
     if any(scaled_by_micro_batches(line) for line in msg.splitlines()):
@@ -311,7 +319,7 @@ def is_metric(finding: dict) -> bool:
 
 def _impact(finding: dict) -> tuple[str | None, str]:
     """Severity by impact before the dtype gate."""
-    status = finding.get("status")
+    status = outcome(finding)
     msg = finding.get("message") or ""
     low = msg.lower()
     prop = finding.get("property")
@@ -355,11 +363,15 @@ def _impact(finding: dict) -> tuple[str | None, str]:
 
 
 def classify(finding: dict, engine_dtypes: dict | None = None) -> tuple[str | None, str]:
-    """``(severity, reason)`` of one finding; ``(None, why)`` for ``pass`` and ``xpass`` findings.
+    """``(severity, reason)`` of one finding; ``(None, why)`` for ``pass`` and ``xpass`` findings, and for an
+    ``xfail`` whose :func:`outcome` is ``marginal`` (listed in the ledger, inside the margin band: on a run without
+    the ledger it is a ``marginal`` finding, no defect; the report's defects do not depend on the ledger).
     ``engine_dtypes``: op -> the dtypes the engine calls it with (an op not listed: every dtype)."""
     status = finding.get("status")
     if status not in JUDGED:
         return None, ("listed in the ledger but passes" if status == "xpass" else "")
+    if outcome(finding) == "marginal":  # xfail only because the ledger lists it: a marginal finding, no defect
+        return None, "marginal: inside the margin band (listed in the ledger)"
     sev, why = _impact(finding)
     used = (engine_dtypes or {}).get(finding.get("op"))
     dtype = finding.get("dtype")
@@ -375,7 +387,7 @@ def is_crash(finding: dict) -> bool:
     a value's rounding or range, not an exception — a caller in that dtype (verl's fp16 mixed precision)
     loses the step, so the crash stays ``robustness`` in every dtype (verl's ``compute_is_metrics``
     ZeroDivisionError on fp16 weights that underflow to 0). A declared guard is no finding at all."""
-    return finding.get("status") == "crash" or bool(RANK_CONTRACT.search(finding.get("message") or ""))
+    return outcome(finding) == "crash" or bool(RANK_CONTRACT.search(finding.get("message") or ""))
 
 
 def normalise(fail_on: str) -> str:

@@ -99,7 +99,7 @@ import re
 
 from rlconform.harness.report.severity import (
     NONFINITE_WHERE_FINITE, PARTITION_CLAUSE, RANK, VALUE_CLAUSE, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses,
-    rounding_of_extreme_input, ulp_level, value_clauses,
+    outcome, rounding_of_extreme_input, ulp_level, value_clauses,
 )
 
 #: kinds of failure whose input feature tells defects apart in a report without triggers
@@ -115,7 +115,7 @@ def kind(finding: dict) -> str:
     """The kind of failure of a failing finding (see the table of the module docstring)."""
     from rlconform.harness.report.severity import crash_type, nonfinite_where_finite
 
-    status, prop = finding.get("status"), finding.get("property")
+    status, prop = outcome(finding), finding.get("property")
     msg = finding.get("message") or ""
     low = msg.lower()
     if status == "crash":

@@ -14,8 +14,8 @@ Two kinds of line, ``#`` starts a comment (the reason), blank lines are ignored:
   property, dtype or regime. A defect line none of whose findings fails, in a run that checks its whole
   scope (every ``op.property`` of it ran, and no ``--dtype`` / ``--regime`` narrowed the run), is
   ``xpass`` and fails the run (fixed: remove the line); in a narrower run it is ``not checked``.
-  Findings in the scope are ledger-listed for the shrink budget (``KNOWN_SHRINKS``: they stop at their
-  first failing example), so a check with a defect ledger costs no more than one with finding ids.
+  Findings in the scope shrink as unlisted ones do (:data:`rlconform.harness.core.profiles.MAX_SHRINKS`),
+  so a check with the ledger reports the defects a check without it does.
 * a **finding-id line** (``op.property.dtype.regime``, as printed in reports): that one finding is
   expected; one that now passes is ``xpass`` (array-api-tests style).
 

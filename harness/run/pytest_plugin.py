@@ -518,20 +518,24 @@ def pytest_runtest_makereport(item, call):
     from rlconform.harness.core.tolerance import verdict
 
     listed = rec.id in rec.state.xfails
+    xfail_of = None  # an xfail's own verdict (crash, discrepancy, marginal): the report triages it as that
     tb = None
     exc = call.excinfo.value if call.excinfo is not None else None
     if rec.unavailable_detail is not None:
         status = "xfail" if listed else "unavailable"
+        xfail_of = "unavailable"
     elif rec.adapter_error is not None:  # issue 23 §2: never an engine defect, never matched by the ledger
         status = "binding_error"
         rec.message = rec.adapter_error
         tb = format_traceback(exc) if exc is not None else None
     elif hasattr(report, "wasxfail") and report.skipped:
         status = "error" if classify(exc) == "error" else "xfail"
+        xfail_of = classify(exc) if status == "xfail" and exc is not None else None
     elif (report.passed or report.failed and listed and exc is None) and verdict(rec.max_ratio) == "marginal":
         # within the margin band: never red; a ledger line matches it as it matches a discrepancy (xfail), so
         # a listed finding reads the same on a CPU whose last bits take it past the band
         status = "xfail" if listed else "marginal"
+        xfail_of = "marginal"
         rec.message = rec.marginal_message + (" (marginal: inside the margin band; listed in the ledger)"
                                               if listed else "")
     elif report.passed and listed:
@@ -543,7 +547,7 @@ def pytest_runtest_makereport(item, call):
     else:
         status = classify(exc)
         if status != "error" and listed:
-            status = "xfail"
+            status, xfail_of = "xfail", status
         tb = format_traceback(exc) if exc is not None else None
     if status == "xpass":
         rec.message = "listed in the xfails ledger but now passes: remove it from the ledger"
@@ -556,6 +560,8 @@ def pytest_runtest_makereport(item, call):
         rec.message = str(getattr(report, "wasxfail", ""))
     reproducer = rec.save_reproducer() if status in ("discrepancy", "crash", "xfail", "marginal") else None
     finding = finding_entry(rec, params, status, tb, reproducer)
+    if status == "xfail" and xfail_of:
+        finding["xfail_of"] = xfail_of
     # --- root cause (issue 20 §1): the engine function, crash frame and trigger, read where the engine ran
     from rlconform.harness.run import root_cause
 
@@ -644,6 +650,9 @@ def _apply_defect_lines(state: State, finding: dict) -> None:
     state.ledger_matches.setdefault(line.key, []).append(finding["id"])
     if finding["status"] == "marginal":
         finding["message"] = (finding.get("message") or "") + " (marginal: inside the margin band; listed in the ledger)"
+    # xfail as a listed finding reads on every CPU; the report triages it as what it is (triage.outcome)
+    if finding["status"] != "xfail":
+        finding["xfail_of"] = finding["status"]
     finding["status"] = "xfail"
     finding["xfail_listed"] = True
     finding["ledger_defect"] = line.key

@@ -262,7 +262,8 @@ def error_message(exc: BaseException) -> str:
 def finding_entry(rec: FindingRecorder, params: tuple, status: str, tb: str | None, reproducer: dict | None) -> dict:
     op, prop, dtype, regime = params
     failing = status in ("discrepancy", "crash", "xfail", "marginal")
-    case = rec.failing or (rec.marginal_case if status == "marginal" else None) or rec.current
+    # a marginal finding (or a listed one: xfail) shows its worst example in the band
+    case = rec.failing or (rec.marginal_case if status in ("marginal", "xfail") else None) or rec.current
     entry = _finding_entry(rec, params, status, tb, reproducer, failing, case)
     return _with_profiles(entry)
 
