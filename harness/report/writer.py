@@ -199,9 +199,15 @@ class ReportWriter:
                 self._timer.daemon = True
                 self._timer.start()
 
+    def update_run(self, **fields) -> None:
+        """Set ``run`` fields (not_run, interrupted, …) under the writer's lock: a timer's write in progress
+        never reads the run record half changed."""
+        with self._lock:
+            self.run.update(fields)
+
     def _flush(self) -> None:
         with self._lock:
-            if self._timer is None:  # a write came first
+            if self._timer is None or self.run.get("finished"):  # a write came first, or the run's last one
                 return
             self._timer = None
             try:

@@ -800,10 +800,9 @@ def pytest_sessionfinish(session, exitstatus):
             tr._report_keyboardinterrupt = lambda: None  # the summary says what happened, without a traceback
     recorded = set(state.writer.findings)
     not_run = sorted(state.expected() - recorded)
-    state.writer.run["not_run"] = not_run
+    state.writer.update_run(not_run=not_run, interrupted=interrupted)
     if state.ledger.defects:
-        state.writer.run["ledger_defects"] = _ledger_verdicts(state, recorded)
-    state.writer.run["interrupted"] = interrupted
+        state.writer.update_run(ledger_defects=_ledger_verdicts(state, recorded))
     from rlconform.harness.report.writer import ReportWriteError
 
     sealed_later = bool(session.config.getoption("rlconform_seal", False))
