@@ -144,8 +144,11 @@ def test_deepest_engine_frame_of_a_crash(fake_engine):
     assert f["function"] == "_inner_divide" and f["file"] == "fakeeng/algos.py" and f["line"] == 6
     assert deepest_frame([text])["function"] == "_inner_divide"  # without packages: outside rlconform/torch
     assert frame_text(exc) == " (engine frame fakeeng/algos.py:6 in _inner_divide)"
-    # the compact form in a message (a gloo rank's contract crash) reads back the same
-    assert deepest_frame(["contract: … raised ZeroDivisionError: x" + frame_text(exc)], ["fakeeng"]) == f
+    assert f["caller"] == {"function": "masked_mean", "module": "fakeeng.algos", "file": "fakeeng/algos.py",
+                           "line": 10}  # the engine frame that called it
+    # the compact form in a message (a gloo rank's contract crash) reads back the same frame (one frame: no caller)
+    compact = deepest_frame(["contract: … raised ZeroDivisionError: x" + frame_text(exc)], ["fakeeng"])
+    assert compact == {k: v for k, v in f.items() if k != "caller"}
 
 
 def _finding(fid, *, status="discrepancy", message="", site_=None, frame=None, trig="any input", ratio=20.0, **kw):
@@ -353,7 +356,8 @@ def test_check_records_engine_function_crash_frame_and_trigger(tmp_path, fake_en
     for f in crashes:
         assert f["engine_function"]["file"] == "fakeeng/algos.py" and f["engine_function"]["function"] == "masked_mean"
         assert f["crash_frame"] == {"function": "_inner_divide", "module": "fakeeng.algos", "file": "fakeeng/algos.py",
-                                    "line": 6}
+                                    "line": 6, "caller": {"function": "masked_mean", "module": "fakeeng.algos",
+                                                          "file": "fakeeng/algos.py", "line": 10}}
         assert isinstance(f["trigger"], str) and f["trigger"]
     ent = [f for f in failing if f["op"] == "entropy"]
     assert ent and all(f["engine_function"]["function"] == "entropy" for f in ent)

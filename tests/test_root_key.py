@@ -107,7 +107,7 @@ def test_rounding_is_one_defect_per_engine_module_and_ids_depend_on_the_key_only
 def test_impact_first_in_the_committed_verl_report():
     doc = annotate(json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text()))
     first = [(d.get("crash_frame") or d["engine_function"] or {}).get("function") for d in doc["defects"][:5]]
-    # the trainer's default path first (issue 20, a maintainer's reading): geo_mean scaled by the number of
+    # every step of a configuration first (issue 20, a maintainer's reading): geo_mean scaled by the number of
     # micro-batches, Dr. GRPO through grpo_vectorized ignoring norm_adv_by_std_in_grpo (a report written before
     # engine.variant_triggers were recorded: its key=value trigger)
     assert first[:2] == ["compute_policy_loss_geo_mean", "compute_grpo_vectorized_outcome_advantage"], first
@@ -618,3 +618,44 @@ def test_a_fold_that_drops_non_numbers_names_the_value_type(message, words):
     from rlconform.harness.core.triggers import message_trigger
 
     assert message_trigger(message) == words
+
+
+def test_a_crash_row_names_the_engine_frame_that_called_the_crashing_one(tmp_path, monkeypatch):
+    """A verl maintainer's reading: Metric.append's ValueError was shown "via Metric.aggregate_dp" (the op's
+    callable) though the traceback reaches it from Metric.__init__ (utils.py:101). The row names the caller the
+    traceback shows; a frame with no engine caller keeps the op's function."""
+    from rlconform.harness.core.engine_frames import deepest_frame
+    from rlconform.harness.report.triage_md import where_cell
+
+    metric = tmp_path / "eng_metric" / "utils" / "metric"  # verl 0.9.1's layout, another top name
+    metric.mkdir(parents=True)
+    for d in (metric, metric.parent, metric.parent.parent):
+        (d / "__init__.py").write_text("")
+    utils = metric / "utils.py"  # Metric.__init__ spans lines 100-110, Metric.append 111-113, as in verl 0.9.1
+    utils.write_text("class Metric:\n" + "\n" * 98 + "    def __init__(self, value):\n" + "        pass\n" * 10
+                     + "    def append(self, value):\n" + "        pass\n" * 3)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    importlib.import_module("eng_metric.utils.metric.utils")  # qualname reads the imported module's code
+    binding = ROOT / "harness" / "bindings" / "verl.py"
+    tb = ('Traceback (most recent call last):\n'
+          f'  File "{binding}", line 535, in wrap\n'
+          '    return Metric(aggregation=aggregation[key], value=value)\n'
+          f'  File "{utils}", line 101, in __init__\n'
+          '    self.append(value)\n'
+          f'  File "{utils}", line 112, in append\n'
+          '    raise ValueError(f"Unsupported value type: {type(value)}")\n'
+          "ValueError: Unsupported value type: <class 'numpy.float32'>\n")
+    frame = deepest_frame([tb], ["eng_metric"])
+    assert frame["line"] == 112 and frame["caller"]["line"] == 101
+    assert frame["caller"]["file"] == "eng_metric/utils/metric/utils.py"
+    site = {"function": "Metric.aggregate_dp", "module": "eng_metric.utils.metric.utils",
+            "file": "eng_metric/utils/metric/utils.py", "line": 139}
+    d = {"crash_frame": frame, "engine_function": site, "signature": {"kind": "crash:ValueError"}}
+    cell = where_cell(d)
+    assert "called from `Metric.__init__` (eng_metric/utils/metric/utils.py:101)" in cell and "aggregate_dp" not in cell
+    alone = deepest_frame([tb.replace(f'  File "{utils}", line 101, in __init__\n    self.append(value)\n', "")],
+                          ["eng_metric"])
+    assert "caller" not in alone
+    assert "via `Metric.aggregate_dp`" in where_cell(dict(d, crash_frame=alone))

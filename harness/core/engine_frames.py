@@ -70,15 +70,23 @@ def is_engine_file(path: str, packages: Iterable[str] | None = None) -> bool:
 
 
 def deepest_frame(texts: Iterable[str], packages: Iterable[str] | None = None) -> dict | None:
-    """The deepest engine frame over ``texts`` (the last engine frame of the last text that has one)."""
+    """The deepest engine frame over ``texts`` (the last engine frame of the last text that has one), with
+    ``caller``: the engine frame that called it in the same traceback, when that is another function (how the
+    crash was reached: verl's ``Metric.append`` from ``Metric.__init__``), else absent."""
     pkgs = [p.split(".", 1)[0] for p in (packages or ()) if p]
     best = None
     for text in texts:
+        previous = None
         for file, line, func in frames(text or ""):
             if is_engine_file(file, pkgs):
                 rel, mod = package_relative(file)
-                best = {"function": qualname(mod, func, line), "module": mod, "file": rel.replace(os.sep, "/"),
+                here = {"function": qualname(mod, func, line), "module": mod, "file": rel.replace(os.sep, "/"),
                         "line": line}
+                if previous and previous["function"] != here["function"]:
+                    here["caller"] = {k: previous[k] for k in ("function", "module", "file", "line")}
+                best = previous = here
+            else:
+                previous = None
     return best
 
 

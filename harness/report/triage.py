@@ -14,7 +14,7 @@ Operates on the ``report.json`` document (a dict), whatever produced its finding
   "members", "dtypes", "regimes", "reachable", "numbers": {"engine", "exact", "clause", "component", "sides"} | null, "reproducer":
   {"finding", "case_file", "command", "input"}, "message", "reach", "reach_text"}]`` (``signature.kind`` the
   class) ranked by severity (:data:`~rlconform.harness.report.severity.SEVERITIES` order: ``training`` before
-  ``destructive``), then by reachability (``reach``, :func:`reach`: the trainer's default path — a
+  ``destructive``), then by reachability (``reach``, :func:`reach`: every step of a configuration — a
   configuration the binding names, more than one micro-batch — then any input, then an edge input, each in
   a dtype the engine calls the op with (``engine.engine_dtypes``) on a realistic regime; last what is
   contrived), then by the size of the effect at that reachability
@@ -630,19 +630,20 @@ def _reachable(finding: dict, engine_dtypes: dict) -> bool:
 #: triggers of a trainer's ordinary run: every input (a dtype, a layout, the backward pass) — no edge input
 _ANY_INPUT = re.compile(r"^(?:any input|a backward pass|(?:bf16|fp16|fp32|fp64)(?: or (?:bf16|fp16|fp32|fp64))* "
                         r"input|(?:TP|CP|DP) > 1)$")
-#: triggers of the trainer's default path: the micro-batches and DP ranks every step runs with
+#: triggers met on every step: the micro-batches and DP ranks a step runs with
 _DEFAULT_PATH = re.compile(r"^more than one (?:micro-batch|DP rank)$")
 #: a trigger that is a configuration (``norm_adv_by_std_in_grpo=False (Dr. GRPO), …``): how a report without
 #: ``engine.variant_triggers`` (written before they were recorded) still knows a binding's configuration words
 _CONFIG_TRIGGER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=[^=\s]")
 #: reachability levels, most reachable first (:func:`reach`)
-REACH = {3: "the trainer's default path", 2: "any input", 1: "an edge input", 0: "contrived"}
+REACH = {3: "every step of a configuration", 2: "any input", 1: "an edge input", 0: "contrived"}
 
 
 def reach(finding: dict, engine_dtypes: dict | None = None, config_triggers=()) -> int:
     """How reachable a failing finding is from a trainer's run, for ranking within a severity (issue 20):
     0 (``contrived``) in a dtype the engine never calls the op with (``engine_dtypes``) or on an extreme
-    regime (:func:`rlconform.harness.core.regimes.extreme`); else 3 (``the trainer's default path``) when its
+    regime (:func:`rlconform.harness.core.regimes.extreme`); else 3 (``every step of a configuration``: not the trainer's defaults, but every step once the
+    configuration is chosen) when its
     trigger is a configuration the binding names (``config_triggers``: ``Binding.variant_triggers``' words,
     verl's Dr. GRPO through ``grpo_vectorized``; in a report without them, a trigger that reads ``key=value``) or the micro-batches / DP ranks every step runs with (verl's
     geo_mean, scaled by the number of micro-batches); 2 (``any input``) when it fails on any input (in a

@@ -21,8 +21,9 @@ DEFECTS_BUDGET = 20_000
 #: how the rows are ranked (:func:`rlconform.harness.report.triage.defects`; README "Severity, defects and
 #: pull-request diffs")
 ORDER_NOTE = ("Ranked by severity (training, destructive, logging, robustness, precision, in that order; "
-              "`--fail-on` counts training and destructive as one level), then by reachability (the trainer's "
-              "default path — a configuration it runs, more than one micro-batch — then any input, then an edge "
+              "`--fail-on` counts training and destructive as one level), then by reachability (every "
+              "step of a configuration — a loss mode or estimator the engine offers (not necessarily its default), "
+              "more than one micro-batch — then any input, then an edge "
               "input, each in a dtype the engine calls the op with and on a realistic regime; last, only in "
               "another dtype or on an extreme regime), then by the size of the effect of the most reachable "
               "member of that severity (its relative error; the absolute one where the exact value is 0; "
@@ -126,7 +127,10 @@ def where_cell(d: dict) -> str:
         via = (d.get("engine_function") or {}).get("via") if not d.get("crash_frame") else None
         if via:  # where a forward mutation happens, deeper down (another package's function)
             text += f" via `{via.get('function')}` ({via.get('file')}:{via.get('line')})"
-        if d.get("crash_frame") and d.get("engine_function") and \
+        caller = (d.get("crash_frame") or {}).get("caller")
+        if caller:  # the engine frame that called the crashing one (the traceback's own path)
+            text += f" called from `{caller.get('function')}` ({caller.get('file')}:{caller.get('line')})"
+        elif d.get("crash_frame") and d.get("engine_function") and \
                 d["engine_function"].get("function") != site.get("function"):
             text += f" via `{d['engine_function'].get('function')}`"
         if d.get("upstream"):  # the deepest frame is another package's: the fix belongs there
