@@ -157,3 +157,28 @@ def test_explain_names_the_faulty_line_and_its_evidence():
     where = next(line for line in text.splitlines() if line.startswith("**Where:**"))
     assert "core_algos.py:2000 in verl.trainer.ppo.core_algos.compute_policy_loss_geo_mean" in where, where
     assert "declares" in where and "pg_loss = torch.mean(pg_losses)" in where
+
+
+def test_an_anchor_in_the_function_an_entry_point_hands_its_work_to():
+    """A verl maintainer's reading (issue 20): vocab_parallel_entropy's bf16 error comes from
+    _VocabParallelEntropy.forward (Σ softmax · the unshifted logits, then logits_max added back), where the row
+    cited the entry point's def. An anchor ``(qualname, pattern)`` resolves in that function of the module."""
+    import inspect
+
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.catalog import engine_site
+
+    binding = load_engine("verl")  # verl is an engine of `make engines`, which `make test` installs
+    binding.resolve("vocab_parallel_entropy")  # imports verl's Megatron module as a run does (triton stub)
+    import sys
+
+    tp = sys.modules["verl.utils.megatron.tensor_parallel"]
+
+    site = engine_site.site(tp.vocab_parallel_entropy)
+    out = engine_site.fault(binding, site, kind="wrong value")
+    lines, first = inspect.getsourcelines(tp._VocabParallelEntropy.forward)
+    assert out["evidence"] == "anchor" and len(out["lines"]) == 2, out
+    assert all(first <= n < first + len(lines) for n in out["lines"]) and out["lines"][0] < out["lines"][1]
+    assert "mul_reduce(softmax_logits, vocab_parallel_logits)" in out["text"]
+    # a NaN at a −inf logit is another failure: not cited at these lines
+    assert engine_site.fault(binding, site, kind="NaN")["evidence"] != "anchor"

@@ -1431,6 +1431,12 @@ FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression)
     # logsumexp − Σ p·logits: cancels in bf16 / fp16, and 0 · (−inf) is NaN at a −inf logit
     "verl.utils.torch_functional.entropy_from_logits": {
         "wrong value|NaN|inf|inexact value": (r"entropy = torch\.logsumexp\(logits, dim=-1\) - torch\.sum\(",)},
+    # Σ softmax · logits with the *unshifted* logits, then logits_max added back: in bf16 / fp16 the entropy
+    # is a small difference of two numbers of the logits' size (a maintainer's reading, issue 20)
+    "verl.utils.megatron.tensor_parallel.vocab_parallel_entropy": {
+        "wrong value|inexact value": (
+            ("_VocabParallelEntropy.forward", r"sum_softmax_times_logits = mul_reduce\(softmax_logits, vocab_parallel_logits\)"),
+            ("_VocabParallelEntropy.forward", r"entropy = logits_max \+ normalized_sum_exp_logits\.log\(\) - "))},
     "verl.utils.torch_functional.calculate_sum_pi_squared_from_logits": {
         "wrong value|NaN|inf|inexact value": (r"return torch\.exp\(torch\.logsumexp\(2\.0 \* logits",)},
 }

@@ -175,7 +175,9 @@ class Binding:
     branch: the spectrum of :mod:`rlconform.harness.core.fault_lines` cannot tell its lines apart); each is
     resolved in the installed engine's source of that function when a finding is located
     (:func:`rlconform.harness.core.fault_lines.anchor_line`), never a line number, so a fork's checkout
-    gets its own line; one no line matches anymore cites the function.
+    gets its own line; one no line matches anymore cites the function. A pattern may be
+    ``(qualname, pattern)``: a line of another function of the same module that the engine function hands
+    its work to (verl's ``vocab_parallel_entropy`` -> ``_VocabParallelEntropy.forward``).
     ``needs``: op -> the device its default implementation needs (``"cuda"``: a Triton / CUDA kernel); an
     alternative implementation declares it on its :class:`Implementation` (``needs``). On a run whose
     ``--device`` is not one, the op's findings are ``unavailable: needs CUDA`` (:meth:`device_gap`).

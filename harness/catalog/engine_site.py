@@ -617,13 +617,26 @@ def fault_anchors(binding, s: dict | None, kind: str = "") -> tuple:
     site ``s`` for a failure of ``kind`` (``Binding.fault_anchors``: ``module.qualname`` -> ``{kinds: patterns}``,
     ``kinds`` a regular expression over the kind of failure — ``wrong value``, ``partition dependence``,
     ``NaN``, ``inexact value`` (:func:`rlconform.harness.report.triage.kind`) — so a function's NaN at a
-    masked position is not cited at the line of its wrong value)."""
+    masked position is not cited at the line of its wrong value). A pattern given as ``(qualname, pattern)``
+    is looked for in that function of the same module (returned as ``(callable, pattern)``): the site's
+    function hands the work to it (an autograd Function's ``forward``)."""
     import re
 
     if not s:
         return ()
     rules = (getattr(binding, "fault_anchors", None) or {}).get(f"{s.get('module')}.{s.get('function')}") or {}
-    return tuple(p for kinds, pats in rules.items() if re.search(kinds, kind or "") for p in pats)
+    out = []
+    for kinds, pats in rules.items():
+        if not re.search(kinds, kind or ""):
+            continue
+        for p in pats:
+            if isinstance(p, tuple):  # (qualname in the same module, pattern): a function it hands its work to
+                fn = site_callable({"module": s.get("module"), "function": p[0]})
+                if fn is not None:
+                    out.append((fn, p[1]))
+            else:
+                out.append(p)
+    return tuple(out)
 
 
 def fault(binding, s: dict | None, failing: list | None = None, passing: list | None = None,

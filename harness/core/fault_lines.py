@@ -168,7 +168,8 @@ def localize(fn: Any, failing: list[set] | None = None, passing: list[set] | Non
              anchors: Iterable[str] = ()) -> dict:
     """The cited line of engine function ``fn`` (see the module docstring): the discriminating line of the
     traced runs (``failing`` / ``passing``: sets of ``(filename, line)`` from :func:`trace_lines`), else the
-    first declared anchor that resolves in ``fn``'s source, else its ``def`` line (evidence ``function``)."""
+    first declared anchor that resolves in ``fn``'s source (or, for an anchor ``(callable, pattern)``, in that
+    callable's), else its ``def`` line (evidence ``function``)."""
     failing, passing = list(failing or []), list(passing or [])
     runs = {"failing": len(failing), "passing": len(passing)}
     span = source_span(fn)
@@ -181,7 +182,10 @@ def localize(fn: Any, failing: list[set] | None = None, passing: list[set] | Non
         (path, line), score = found
         return {"line": int(line), "evidence": "spectrum", "text": line_text(path, line), "score": round(score, 3),
                 "runs": runs}
-    hits = [h for h in (anchor_line(fn, p) for p in anchors or ()) if h is not None]
+    # an anchor is a pattern in ``fn``'s source, or ``(callable, pattern)``: a line of a function ``fn`` hands
+    # its work to (verl's vocab_parallel_entropy -> _VocabParallelEntropy.forward, an autograd Function)
+    hits = [h for h in (anchor_line(*a) if isinstance(a, tuple) else anchor_line(fn, a) for a in anchors or ())
+            if h is not None]
     if hits:  # every declared line that resolves (two statements that together make the fault), in order
         return {"line": hits[0][0], "lines": [h[0] for h in hits], "evidence": "anchor", "text": hits[0][1],
                 "runs": runs}
