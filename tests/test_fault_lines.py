@@ -180,5 +180,8 @@ def test_an_anchor_in_the_function_an_entry_point_hands_its_work_to():
     assert out["evidence"] == "anchor" and len(out["lines"]) == 2, out
     assert all(first <= n < first + len(lines) for n in out["lines"]) and out["lines"][0] < out["lines"][1]
     assert "mul_reduce(softmax_logits, vocab_parallel_logits)" in out["text"]
-    # a NaN at a −inf logit is another failure: not cited at these lines
-    assert engine_site.fault(binding, site, kind="NaN")["evidence"] != "anchor"
+    # a NaN at a −inf logit: softmax 0 times the logit −inf in that same product, its first line only
+    nan = engine_site.fault(binding, site, kind="NaN")
+    assert nan["evidence"] == "anchor" and nan["lines"] == out["lines"][:1]
+    # a masked NaN is another failure: not cited at these lines
+    assert engine_site.fault(binding, site, kind="masked-value dependence")["evidence"] != "anchor"

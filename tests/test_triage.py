@@ -230,7 +230,7 @@ def _site(fn):
     return {"function": fn, "module": "m", "file": "m.py", "line": 1}
 
 
-def test_within_a_severity_the_trainers_default_path_ranks_first():
+def test_within_a_severity_every_step_of_a_configuration_ranks_first():
     """Reachability before the size of the effect: a configuration the binding names as a trigger (verl's Dr.
     GRPO through grpo_vectorized) and more than one micro-batch (geo_mean) rank above a larger error on any
     input, which ranks above one on an edge input (a row with no valid token); a member in a dtype the engine

@@ -1436,7 +1436,10 @@ FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression)
     "verl.utils.megatron.tensor_parallel.vocab_parallel_entropy": {
         "wrong value|inexact value": (
             ("_VocabParallelEntropy.forward", r"sum_softmax_times_logits = mul_reduce\(softmax_logits, vocab_parallel_logits\)"),
-            ("_VocabParallelEntropy.forward", r"entropy = logits_max \+ normalized_sum_exp_logits\.log\(\) - "))},
+            ("_VocabParallelEntropy.forward", r"entropy = logits_max \+ normalized_sum_exp_logits\.log\(\) - ")),
+        # and at a −inf logit its softmax 0 times the logit −inf is NaN in that same product
+        "NaN|inf": (("_VocabParallelEntropy.forward",
+                     r"sum_softmax_times_logits = mul_reduce\(softmax_logits, vocab_parallel_logits\)"),)},
     "verl.utils.torch_functional.calculate_sum_pi_squared_from_logits": {
         "wrong value|NaN|inf|inexact value": (r"return torch\.exp\(torch\.logsumexp\(2\.0 \* logits",)},
 }

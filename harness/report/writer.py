@@ -43,7 +43,7 @@ Schema ``rlconform.report/1``::
                   "ops", "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes",
                   "regimes", "numbers": {"engine", "exact", "clause", "component", "sides"} | null, "reproducer": {"finding",
                   "case_file", "command", "input"}, "message", "reach", "reach_text"}]  (ranked by
-                  severity in SEVERITIES order — training before destructive —, then ``reach`` — 3 the
+                  severity in SEVERITIES order — training before destructive —, then ``reach`` — 3
                   every step of a configuration, 2 any input, 1 an edge input, 0 contrived: another dtype or an
                   extreme regime —, then ``effect`` — the most reachable worst member's relative error,
                   the absolute one at an exact 0, inf for a crash, a NaN / inf, a changed tensor or a value
