@@ -185,3 +185,82 @@ def test_an_anchor_in_the_function_an_entry_point_hands_its_work_to():
     assert nan["evidence"] == "anchor" and nan["lines"] == out["lines"][:1]
     # a masked NaN is another failure: not cited at these lines
     assert engine_site.fault(binding, site, kind="masked-value dependence")["evidence"] != "anchor"
+
+
+# ------------------------------------------------------------ every binding's anchors resolve in the installed engine
+def _function_lines(module: str, qualname: str) -> list[str] | None:
+    """The source lines of ``module.qualname`` in the installed engine, read without importing it (SkyRL's
+    modules need the binding's compatibility shims on Python 3.11, Megatron-core's a Triton stand-in)."""
+    import ast
+
+    from rlconform.harness.core.declared import read_source
+
+    text = read_source(module.replace(".", "/") + ".py")
+    if text is None:
+        return None
+    body = ast.parse(text).body
+    node = None
+    for part in qualname.split("."):
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
+        if node is None:
+            return None
+        body = node.body
+    return text.splitlines()[node.lineno - 1:node.end_lineno]
+
+
+def _split(key: str) -> tuple[str, str]:
+    """``module``, ``qualname`` of a fault-anchor key (``verl.utils.metric.utils.Metric.aggregate_dp``)."""
+    from rlconform.harness.core.declared import read_source
+
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        if read_source("/".join(parts[:i]) + ".py") is not None:
+            return ".".join(parts[:i]), ".".join(parts[i:])
+    raise AssertionError(f"no installed module for {key}")
+
+
+@pytest.mark.parametrize("engine", ["verl", "skyrl"])
+def test_every_declared_fault_anchor_names_a_line_of_the_installed_engine(engine):
+    """A binding's fault anchors are patterns, never line numbers: each must match exactly one function's line
+    in the installed engine, or the report would fall back to "no single line" without saying so. An engine
+    release that rewrites the line fails here, and the anchor is re-read against the new source."""
+    import importlib.util
+    import re
+
+    if importlib.util.find_spec(engine) is None:
+        pytest.skip(f"{engine} not installed")
+    from rlconform.harness.bindings.load import load_engine
+
+    anchors = load_engine(engine).fault_anchors
+    assert anchors, f"{engine} declares no fault anchors"
+    missing = []
+    for key, rules in anchors.items():
+        module, qualname = _split(key)
+        for kinds, patterns in rules.items():
+            re.compile(kinds)
+            for p in patterns:
+                where, pattern = (p[0], p[1]) if isinstance(p, tuple) else (qualname, p)
+                lines = _function_lines(module, where)
+                if lines is None or not any(re.search(pattern, line) for line in lines):
+                    missing.append(f"{module}.{where} [{kinds}]: {pattern}")
+    assert not missing, "anchors that match no line of the installed engine:\n" + "\n".join(missing)
+
+
+def test_a_site_in_a_module_this_process_never_imported_is_resolved_with_the_bindings_importer():
+    """A distributed op's engine code runs on gloo ranks, so the process that locates its finding may not have
+    imported the module; one that plain ``importlib`` cannot import (SkyRL on Python 3.11 needs a pydantic shim)
+    is imported with the binding's own importer, else its row would cite no line."""
+    from types import SimpleNamespace
+
+    from rlconform.harness.catalog.engine_site import engine_importer, site_callable
+
+    def reduce_metrics():
+        return None
+
+    module = types.ModuleType("rlconform_absent_engine.worker_utils")
+    module.reduce_metrics = reduce_metrics
+    site = {"module": "rlconform_absent_engine.worker_utils", "function": "reduce_metrics"}
+    binding = SimpleNamespace(coverage=SimpleNamespace(importer=lambda name: module))
+    assert site_callable(site) is None  # importlib cannot import it
+    assert site_callable(site, engine_importer(binding)) is reduce_metrics
+    assert engine_importer(SimpleNamespace(coverage=None)) is None

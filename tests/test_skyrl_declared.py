@@ -269,3 +269,31 @@ def test_a_mask_hole_skyrl_never_passes_is_drawn_right_aligned_and_gae_is_exact_
     assert moved["response_mask"].tolist() == [[False, True, True, True], [False, True, True, True]]
     assert moved["values"][0].tolist() == [-0.07, 0.13, 0.095, -0.127]
     assert moved["token_level_rewards"][0].tolist() == [0.0, 0.0, 0.0, 1.0]
+
+
+# ------------------------------------------------------------------------------ the rewards precondition
+def test_skyrl_writes_rewards_only_over_the_response_tokens():
+    """The precondition's evidence, read from the installed trainer: rewards start as a zero tensor and each
+    response's per-token rewards fill only its own (right-aligned) tokens, a response-level reward its last
+    one. A SkyRL that writes anything at padded positions fails here (the declaration must go)."""
+    pre = read_source("skyrl/train/dataset/preprocess.py").splitlines()
+    assert "ret_rewards_np = np.zeros((num_samples, max_response), dtype=np.float32)" in pre[378 - 1]
+    assert "ret_rewards_np[i, max_response - reward_arr.shape[0] :] = reward_arr" in pre[381 - 1]
+    trainer = read_source("skyrl/train/trainer.py")
+    assert "per_token_reward = [0.0] * len(response)" in trainer and "per_token_reward[-1] = float(reward)" in trainer
+
+
+@pytest.mark.parametrize("variant", ["grpo", "rloo", "maxrl"])
+def test_the_rewards_precondition_keeps_garbage_out_of_the_rewards_and_only_there(skyrl, variant):
+    """Declared: SkyRL's trainer keeps rewards zero outside the response mask, so mask_invariant writes no
+    garbage there. Without the declaration the same check fails: SkyRL sums the whole row."""
+    d = _declared(skyrl, "rewards_zero_outside_mask")
+    assert d.kind == "precondition" and d.inputs == ("token_level_rewards",) and "reward_arr" in _line(d.source)
+    case = Case("outcome_advantage", "mask_invariant", "float64", f"{variant}@uneven_groups",
+                {"token_level_rewards": np.array([[0.0, 0.0, 1.0], [0.0, 0.0, 0.5], [0.0, 0.0, -1.0]]),
+                 "response_mask": np.array([[False, True, True]] * 3), "index": np.array([0, 0, 0]),
+                 "garbage": float("nan")})
+    out = run_check(skyrl, case)
+    assert out.ok and out.declared == "rewards_zero_outside_mask", out.message
+    without = dataclasses.replace(skyrl, declared=tuple(x for x in skyrl.declared if x.name != d.name))
+    assert not run_check(without, case).ok

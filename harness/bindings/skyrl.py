@@ -942,6 +942,15 @@ DECLARED = (
         when=lambda case: _nnz(case, "response_mask") <= 1,
         raises="ValueError", match=_MASKED_VAR_RAISES),
     Declared(
+        "rewards_zero_outside_mask", "precondition", ("outcome_advantage",),
+        "token_level_rewards are zero outside the response mask (grpo, rloo and maxrl sum the whole row: "
+        "scores = token_level_rewards.sum(dim=-1); reinforce++ carries the running return through it)",
+        "the trainer writes each response's rewards into a zero tensor, right-aligned over the response's own "
+        "tokens exactly as the response mask (train/dataset/preprocess.py:378-381; a response-level reward goes on "
+        "the response's last token, trainer.py: per_token_reward = [0.0] * len(response)), and the KL penalty "
+        "it may subtract is masked by the loss mask; no caller passes anything else at masked positions",
+        "skyrl/train/dataset/preprocess.py:381", inputs=("token_level_rewards",)),
+    Declared(
         "response_mask_right_aligned", "precondition", ("gae", "outcome_advantage"),
         "the response mask is right-aligned: each row's response tokens are its last ones (the checks draw "
         "masks so, each row's values moved with them); compute_gae_advantage_return's recursion carries "
@@ -1000,8 +1009,62 @@ OUTPUT_SITES = {
 }
 
 
+#: the faulty source line of a SkyRL function whose failing and passing examples run the same lines
+#: (Binding.fault_anchors): regular expressions resolved in the installed SkyRL's source at run time, never line
+#: numbers (rlconform.harness.core.fault_lines); ``(qualname, pattern)`` looks in a function of the same module
+_PPO = "skyrl.backends.skyrl_train.utils.ppo_utils"
+_OPC = "skyrl.backends.skyrl_train.utils.off_policy_correction_utils"
+FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression) -> patterns of the faulty line}
+    # the KL term is added to a loss the trainer sums after pre-scaling the *advantages* by the loss reduction
+    # (apply_loss_reduction_to_advantages_minibatch): ppo_kl_coef·|Δ| is not scaled, so it weighs nnz times more
+    f"{_PPO}.compute_policy_loss_kl_cov": {
+        "wrong value": (r"pg_losses_kl = -advantages \* ratio \+ ppo_kl_coef \* abs_kl",),
+        "NaN|inf": (r"pg_loss = reduce_loss\(loss=pg_losses, loss_mask=loss_mask\)",)},
+    # the covariance is taken of the pre-scaled advantages (A / nnz), so clip_cov_lb < cov < clip_cov_ub (1, 5:
+    # bounds for unscaled advantages) selects no token; and exp of the unclamped log-ratio overflows past 88.7
+    f"{_PPO}.compute_policy_loss_clip_cov": {
+        "wrong value": (r"cov_all = \(advantages - masked_mean\(advantages, loss_mask\)\)",
+                        r"top_k_idx = \(cov_all < clip_cov_ub\) & \(cov_all > clip_cov_lb\)"),
+        "NaN|inf": (r"^\s*ratio = torch\.exp\(negative_approx_kl\)",)},
+    # the mean over rows of per-row means counts a row with no valid token (mean 0)
+    f"{_PPO}.ppo_critic_loss": {
+        "wrong value": (r"loss = masked_mean\(loss, loss_mask, dim=-1\)\.mean\(\)",)},
+    # sequence_mean divides by batch_size, every row, a fully masked one included
+    f"{_PPO}.apply_loss_reduction_to_advantages_minibatch": {
+        "wrong value": (r"normalized_advantages = advantages / \(batch_size \* loss_mask\.sum\(dim=-1",)},
+    # masked positions are zeroed by multiplying with the mask: a NaN or inf there stays (NaN · 0 = NaN)
+    f"{_PPO}.cross_entropy_loss": {"NaN|inf": (r"loss = reduce_loss\(elementwise_loss, loss_mask\)",)},
+    f"{_PPO}.importance_sampling_loss": {  # 0 / 0 on a micro-batch with no valid token
+        "NaN|inf": (r"mean_ratio = \(prob_ratio \* loss_mask\)\.sum\(\) / loss_mask\.sum\(\)",)},
+    "skyrl.backends.skyrl_train.utils.torch_utils.masked_mean": {
+        "NaN|inf": (r"return \(tensor \* mask\)\.sum\(axis=dim\)",)},
+    "skyrl.backends.skyrl_train.utils.torch_utils.chunked_entropy_from_logits": {  # 0 · (−inf) at a −inf logit
+        "NaN|inf|wrong value": (r"chunk_entropy = -\(chunk_probs \* chunk_logprob\)\.sum\(-1\)",)},
+    f"{_OPC}.compute_tis_ratio": {
+        "NaN|inf": (r"seq_tis_log_ratio = \(token_tis_log_ratio \* loss_mask\)\.sum",)},
+    # a NaN log-ratio at a masked position makes the row's sum NaN, and NaN is neither over nor under a bound:
+    # the sequence is kept; its masked fractions count every row, a row with no valid token included
+    f"{_OPC}.compute_off_policy_correction": {
+        "masked-value|NaN|inf": (("compute_sequence_mask", r"geo_sequence_mask = ~seq_over_high & ~seq_under_low"),
+                                 ("compute_sequence_mask", r"seq_in_bounds = ~seq_over_high & ~seq_under_low")),
+        "wrong value": (("compute_sequence_mask", r"num_sequences = float\(geo_mean_ratio\.shape\[0\]\)"),
+                        ("compute_sequence_mask", r"num_sequences = float\(seq_tis_ratio\.shape\[0\]\)"))},
+    # micro-batch metrics: a mean of micro-batch means (exact only for equal token counts); a non-number printed
+    # and dropped; the min of abs_diff · loss_mask sees the masked zeros
+    f"{WORKER_UTILS}.reduce_metrics": {
+        "partition dependence|wrong value": (r"reduced_metrics\[k\] = sum\(v\) / len\(v\)",),
+        "missing output": (r'print\(f"Metrics for key \{k\} are not all numbers',)},
+    f"{WORKER_UTILS}.all_reduce_metrics": {
+        "partition dependence|wrong value": (r'status_mean = strategy\.all_reduce\(mean_metrics, op="mean"',)},
+    f"{WORKER_UTILS}.compute_minibatch_rollout_logprob_diff_metrics": {
+        "wrong value": (r"masked_abs_diff = abs_diff if loss_mask is None else abs_diff \* loss_mask",
+                        r"MINIBATCH_ROLLOUT_LOGPROB_DIFF_MIN_KEY: masked_abs_diff\.min\(\)")},
+}
+
+
 binding = Binding(
     name="skyrl",
+    fault_anchors=FAULT_ANCHORS,
     output_sites=OUTPUT_SITES,
     version=_version(),
     engine_dtypes=ENGINE_DTYPES,

@@ -1414,10 +1414,6 @@ VARIANT_TRIGGERS = {"outcome_advantage": {
 #: (Binding.fault_anchors): regular expressions resolved in the installed verl's source at run time, never
 #: line numbers (rlconform.harness.core.fault_lines)
 FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression) -> patterns of the faulty line}
-    # GMPO's loss is the mean over the micro-batch's rows: with more than one micro-batch, the sum over
-    # micro-batches the trainer makes is the number of micro-batches times the loss of the whole batch
-    "verl.trainer.ppo.core_algos.compute_policy_loss_geo_mean": {
-        "partition dependence": (r"pg_loss = torch\.mean\(pg_losses\)",)},
     # a group of one sample: the leave-one-out baseline is replaced by an advantage of 0 (× (c > 1))
     "verl.trainer.ppo.core_algos.compute_rloo_vectorized_outcome_advantage": {
         "wrong value|implementations disagree": (r"\* \(c > 1\)\s*$",)},
@@ -1442,6 +1438,54 @@ FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression)
                      r"sum_softmax_times_logits = mul_reduce\(softmax_logits, vocab_parallel_logits\)"),)},
     "verl.utils.torch_functional.calculate_sum_pi_squared_from_logits": {
         "wrong value|NaN|inf|inexact value": (r"return torch\.exp\(torch\.logsumexp\(2\.0 \* logits",)},
+    "verl.utils.torch_functional.entropy_from_logits_with_chunking": {
+        "wrong value|NaN|inf|inexact value": (r"entropy_chunk = torch\.logsumexp\(logits_chunk, dim=-1\) - torch\.sum\(",)},
+    # the seq-mean modes divide by the global_batch_size the trainer passes (ppo_mini_batch_size: every sequence,
+    # fully masked ones included), while the same function without it counts only the sequences with a valid
+    # token ("exclude fully masked sequences"); a masked NaN reaches the loss through loss_mat * loss_mask
+    "verl.trainer.ppo.core_algos.agg_loss": {
+        "wrong value|partition dependence": (r"loss = verl_F\.masked_sum\(seq_losses, seq_mask\) / global_batch_size",),
+        "NaN|inf": (r"torch\.sum\(loss_mat \* loss_mask, dim=-1\)", r"verl_F\.masked_sum\(loss_mat, loss_mask\)")},
+    # the mean over micro-batches (and over DP ranks) of per-micro-batch means: exact only for equal token counts
+    "verl.utils.metric.utils.reduce_metrics": {
+        "partition dependence|wrong value": (r"metrics\[key\] = np\.mean\(val\)",)},
+    "verl.utils.metric.utils.Metric.aggregate_dp": {
+        "partition dependence|wrong value": (r"values=np\.mean\(value_arrays, axis=0\)",)},
+    # per-sequence metrics averaged over every row, a row with no valid token (mean 0) included
+    "verl.trainer.ppo.rollout_corr_helper.compute_offpolicy_metrics": {
+        "wrong value": (r"training_ppl = torch\.exp\(-mean_log_prob_training\)\.mean\(\)",
+                        r"rollout_ppl = torch\.exp\(-mean_log_prob_rollout\)\.mean\(\)",
+                        r"chi2_seq = rho_squared_seq\.mean\(\) - 1\.0")},
+    # ESS's mean + 1e-8: weights far below 1 are normalised by a mean of the 1e-8's size
+    "verl.trainer.ppo.rollout_corr_helper.compute_is_metrics": {
+        "wrong value|inexact value": (r"is_weights_normalized: torch\.Tensor = weights_for_ess / \(mean_for_ess \+ 1e-8\)",)},
+    # masked positions are zeroed by multiplying with the mask: a NaN or inf there stays (NaN · 0 = NaN)
+    "verl.utils.torch_functional.distributed_masked_mean": {
+        "NaN|inf": (r"local_tensor = local_tensor \* local_mask",)},
+    "verl.trainer.ppo.core_algos.compute_gae_advantage_return": {
+        "NaN|inf": (r"nextvalues = values\[:, t\] \* response_mask\[:, t\]",
+                    r"lastgaelam = lastgaelam_ \* response_mask\[:, t\]")},
+    "verl.trainer.ppo.core_algos.compute_optimal_token_baseline_advantage": {
+        "NaN|inf": (r"returns = \(token_level_rewards \* response_mask\)",
+                    r"w_cumulative = \(w_per_timestep \* response_mask\)")},
+    # GMPO's loss is the mean over the micro-batch's rows: with more than one micro-batch, the sum over
+    # micro-batches the trainer makes is the number of micro-batches times the loss of the whole batch
+    # (and a masked NaN reaches the row's ratio and advantage through · response_mask)
+    "verl.trainer.ppo.core_algos.compute_policy_loss_geo_mean": {
+        "partition dependence": (r"pg_loss = torch\.mean\(pg_losses\)",),
+        "NaN|inf": (r"ratio = torch\.exp\(\(negative_approx_kl_min \* response_mask\)",
+                    r"advantage = \(advantages \* response_mask\)\.sum")},
+    "verl.trainer.ppo.core_algos.compute_policy_loss_gspo": {
+        "NaN|inf": (r"negative_approx_kl_seq = torch\.sum\(negative_approx_kl \* response_mask",)},
+    # exp of an unclamped log-ratio: inf past float32's 88.7, and −A · inf or 0 · inf is NaN
+    "verl.trainer.ppo.core_algos.compute_policy_loss_clip_cov": {
+        "NaN|inf": (r"^\s*ratio = torch\.exp\(negative_approx_kl\)",)},
+    "verl.trainer.ppo.core_algos.compute_policy_loss_kl_cov": {
+        "NaN|inf": (r"^\s*ratio = torch\.exp\(negative_approx_kl\)",)},
+    # masked_sum in the values' dtype overflows fp16; the count's + 1e-8 moves a mean at a bound across it
+    "verl.utils.torch_functional.masked_mean": {
+        "NaN|inf": (r"s = masked_sum\(values, mask, axis\)",),
+        "wrong value": (r"return s / \(mask\.sum\(axis=axis\) \+ 1e-8\)",)},
 }
 
 

@@ -593,9 +593,18 @@ def mutation_frame(fn: Any, depth: int = 4) -> dict | None:
     return None
 
 
-def site_callable(s: dict | None):
-    """The engine function a site names (``module`` imported in this process, ``function`` a qualname:
-    ``_VocabParallelEntropy.backward``), or None."""
+def engine_importer(binding):
+    """How this process imports a module of ``binding``'s engine that it has not imported yet (a distributed
+    op's engine ran on other processes): the binding's :attr:`Coverage.importer
+    <rlconform.harness.catalog.binding.Coverage>` (SkyRL's pydantic shim on Python 3.11, Megatron-core's Triton
+    stand-in), else None (:func:`importlib.import_module`)."""
+    return getattr(getattr(binding, "coverage", None), "importer", None)
+
+
+def site_callable(s: dict | None, import_module=None):
+    """The engine function a site names (``module`` imported in this process, else imported now with
+    ``import_module``, :func:`engine_importer`'s, default :func:`importlib.import_module`; ``function`` a
+    qualname: ``_VocabParallelEntropy.backward``), or None."""
     if not s or not s.get("module") or not s.get("function"):
         return None
     obj = sys.modules.get(s["module"])
@@ -603,7 +612,7 @@ def site_callable(s: dict | None):
         try:
             import importlib
 
-            obj = importlib.import_module(s["module"])
+            obj = (import_module or importlib.import_module)(s["module"])
         except Exception:  # noqa: BLE001 - a module this machine cannot import names nothing
             return None
     for part in str(s["function"]).split("."):
@@ -631,7 +640,8 @@ def fault_anchors(binding, s: dict | None, kind: str = "") -> tuple:
             continue
         for p in pats:
             if isinstance(p, tuple):  # (qualname in the same module, pattern): a function it hands its work to
-                fn = site_callable({"module": s.get("module"), "function": p[0]})
+                fn = site_callable({"module": s.get("module"), "function": p[0]},
+                                   engine_importer(binding))
                 if fn is not None:
                     out.append((fn, p[1]))
             else:
@@ -647,7 +657,7 @@ def fault(binding, s: dict | None, failing: list | None = None, passing: list | 
     site names no function of this process."""
     from rlconform.harness.core.fault_lines import localize
 
-    fn = site_callable(s)
+    fn = site_callable(s, engine_importer(binding))
     if fn is None:
         return None
     return localize(fn, failing, passing, fault_anchors(binding, s, kind))

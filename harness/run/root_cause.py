@@ -179,12 +179,12 @@ def locate(binding, case, site: dict, kind: str = "") -> dict | None:
     localized by :func:`rlconform.harness.catalog.engine_site.fault`. Distributed ops (their engine runs on
     gloo ranks, out of this process's trace) get the declared anchor only. None: the site names no
     function of this process."""
-    from rlconform.harness.catalog.engine_site import fault, site_callable
+    from rlconform.harness.catalog.engine_site import engine_importer, fault, site_callable
     from rlconform.harness.catalog.ops import get_op
 
     from rlconform.harness.core.fault_lines import has_branches
 
-    fn = site_callable(site)
+    fn = site_callable(site, engine_importer(binding))
     if fn is None:
         return None
     key = (site.get("module"), site.get("function"), kind)
