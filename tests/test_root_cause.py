@@ -432,6 +432,33 @@ def test_a_variants_configuration_is_its_trigger_where_the_binding_declares_it()
         "any input"
 
 
+def test_an_edge_input_a_configuration_produces_reads_as_that_configuration_and_ranks_with_it():
+    """verl's sequence-level rollout rejection zeroes the response mask of every rejected row, and the trainer
+    still divides the seq-mean losses by ppo_mini_batch_size: 'a row with no valid token' is then what a
+    configuration produces, not an edge input. The binding keys those words by the trigger; they replace it
+    for every variant of the ops it names, and rank at the configuration level."""
+    import types
+
+    from rlconform.harness.bindings.verl import VARIANT_TRIGGERS
+    from rlconform.harness.report.triage import REACH, reach
+    from rlconform.harness.run.root_cause import declared_trigger
+
+    b = types.SimpleNamespace(variant_triggers=VARIANT_TRIGGERS)
+    words = declared_trigger(b, "agg_loss", "seq-mean-token-sum@imbalanced_partitions", "a row with no valid token")
+    assert words.startswith("a row with no valid token, as sequence-level rollout rejection") and \
+        "ppo_mini_batch_size" in words
+    assert declared_trigger(b, "agg_loss", "seq-mean-token-sum@moderate", "any input") == "any input"
+    assert declared_trigger(b, "agg_loss", "token-mean@moderate", "a masked position holding NaN") == \
+        "a masked position holding NaN"
+    assert declared_trigger(b, "outcome_advantage", "grpo@r", "a row with no valid token") == "a row with no valid token"
+    finding = {"op": "agg_loss", "dtype": "float32", "regime": "seq-mean-token-sum@imbalanced_partitions",
+               "trigger": words}
+    configs = {w for v in VARIANT_TRIGGERS.values() for w in v.values()}
+    assert REACH[reach(finding, {"agg_loss": ("float32",)}, configs)] == "every step of a configuration"
+    assert REACH[reach(dict(finding, trigger="a row with no valid token"), {"agg_loss": ("float32",)}, configs)] == \
+        "an edge input"
+
+
 def test_skyrl_metric_sites_name_the_reducer_that_folds_them():
     """SkyRL's logged metrics: a mean of micro-batch means is ``worker_utils.reduce_metrics``' (so is a value
     it prints and drops), a mean of DP-rank means ``all_reduce_metrics``', a min that sees masked zeros the

@@ -107,11 +107,13 @@ def test_rounding_is_one_defect_per_engine_module_and_ids_depend_on_the_key_only
 def test_impact_first_in_the_committed_verl_report():
     doc = annotate(json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text()))
     first = [(d.get("crash_frame") or d["engine_function"] or {}).get("function") for d in doc["defects"][:5]]
-    # every step of a configuration first (issue 20, a maintainer's reading): geo_mean scaled by the number of
-    # micro-batches, Dr. GRPO through grpo_vectorized ignoring norm_adv_by_std_in_grpo (a report written before
-    # engine.variant_triggers were recorded: its key=value trigger)
-    assert first[:2] == ["compute_policy_loss_geo_mean", "compute_grpo_vectorized_outcome_advantage"], first
-    assert [d["reach"] for d in doc["defects"][:2]] == [3, 3]
+    # every step of a configuration first (issue 20, maintainers' readings): geo_mean scaled by the number of
+    # micro-batches, agg_loss's seq-mean counting the rows sequence-level rollout rejection empties, Dr. GRPO
+    # through grpo_vectorized ignoring norm_adv_by_std_in_grpo (a report written before engine.variant_triggers
+    # were recorded: its key=value trigger)
+    assert first[:3] == ["compute_policy_loss_geo_mean", "agg_loss", "compute_grpo_vectorized_outcome_advantage"], \
+        first
+    assert [d["reach"] for d in doc["defects"][:3]] == [3, 3, 3]
     geo = next(d for d in doc["defects"] if d["engine_function"]["function"] == "compute_policy_loss_geo_mean")
     assert geo["severity"] == "training" and geo["signature"]["kind"] == "partition dependence"
     ranks = [RANK[d["severity"]] for d in doc["defects"]]  # training & destructive, logging, robustness, precision
@@ -659,3 +661,26 @@ def test_a_crash_row_names_the_engine_frame_that_called_the_crashing_one(tmp_pat
                           ["eng_metric"])
     assert "caller" not in alone
     assert "via `Metric.aggregate_dp`" in where_cell(dict(d, crash_frame=alone))
+
+
+def test_a_variant_that_fails_only_in_another_dtype_is_its_own_precision_defect():
+    """verl's grpo_vectorized: Dr. GRPO (its ignored norm_adv_by_std_in_grpo) is wrong in float32, the dtype verl
+    computes advantages in; plain GRPO through it is off only in float64 (group_mean_std's float32 statistics).
+    Two causes, two rows: the second one precision, its class marked; a variant that also fails where the
+    engine runs stays in the first row (a verl maintainer's reading, issue 20)."""
+    grpov = dict(AGG, function="compute_grpo_vectorized_outcome_advantage", line=335)
+    fs = [_f("outcome_advantage.matches_reference.float32.drgrpo+vectorized@uneven_groups", HALF, site=grpov),
+          _f("outcome_advantage.matches_reference.float64.drgrpo+vectorized@uneven_groups", HALF, site=grpov),
+          _f("outcome_advantage.matches_reference.float64.grpo+vectorized@near_constant", HALF, site=grpov,
+             trig="a group with equal scores")]
+    doc = annotate({"engine": {"engine_dtypes": {"outcome_advantage": ["float32"]}}, "findings": copy.deepcopy(fs)})
+    rows = {d["id"]: d for d in doc["defects"]}
+    flag = rows[f"{CORE}.compute_grpo_vectorized_outcome_advantage.wrong-value"]
+    cast = rows[f"{CORE}.compute_grpo_vectorized_outcome_advantage.wrong-value-only-in-another-dtype"]
+    assert flag["severity"] == "training" and len(flag["members"]) == 2
+    assert cast["severity"] == "precision" and cast["members"] == [fs[2]["id"]]
+    # the same variant also failing in float32 keeps it in one row
+    joined = fs + [_f("outcome_advantage.matches_reference.float32.grpo+vectorized@near_constant", HALF, site=grpov,
+                      trig="a group with equal scores")]
+    doc = annotate({"engine": {"engine_dtypes": {"outcome_advantage": ["float32"]}}, "findings": joined})
+    assert [d["id"] for d in doc["defects"]] == [f"{CORE}.compute_grpo_vectorized_outcome_advantage.wrong-value"]

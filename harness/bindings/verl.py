@@ -1401,13 +1401,20 @@ OUTPUT_SITES = {"rollout_rejection_mask": (
 )}
 
 
+#: an edge trigger that a configuration of verl produces on every step it rejects a sequence, keyed by the trigger
+#: the checks read (Binding.variant_triggers): sequence-level rollout rejection (rollout_rs) writes the rejected
+#: rows' response_mask to 0 (rollout_corr_helper.py: batch.batch["response_mask"] = modified_response_mask),
+#: and the losses are then aggregated with global_batch_size = ppo_mini_batch_size, every sequence
+_REJECTED_ROW = ("a row with no valid token, as sequence-level rollout rejection (rollout_rs) leaves every rejected "
+                 "sequence: the trainer still counts it in global_batch_size = ppo_mini_batch_size")
+VARIANT_TRIGGERS = {op: {"a row with no valid token": _REJECTED_ROW} for op in ("agg_loss", "policy_loss", "value_loss")}
 #: the configuration a variant sets, where it is the trigger of a failure seen on any input (Binding.variant_triggers)
-VARIANT_TRIGGERS = {"outcome_advantage": {
+VARIANT_TRIGGERS["outcome_advantage"] = {
     # compute_grpo_vectorized_outcome_advantage(…, norm_adv_by_std_in_grpo: bool = True, config=None) reads only
     # its keyword; ray_trainer.compute_advantage's non-GRPO branch passes the flag in config (AlgoConfig)
     "drgrpo+vectorized": "norm_adv_by_std_in_grpo=False (Dr. GRPO), passed in the AlgoConfig as the trainer "
                          "does: grpo_vectorized ignores config.norm_adv_by_std_in_grpo and divides by σ",
-}}
+}
 
 
 #: the faulty source line of an engine function whose failing and passing examples run the same lines
@@ -1445,7 +1452,8 @@ FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression)
     # token ("exclude fully masked sequences"); a masked NaN reaches the loss through loss_mat * loss_mask
     "verl.trainer.ppo.core_algos.agg_loss": {
         "wrong value|partition dependence": (r"loss = verl_F\.masked_sum\(seq_losses, seq_mask\) / global_batch_size",),
-        "NaN|inf": (r"torch\.sum\(loss_mat \* loss_mask, dim=-1\)", r"verl_F\.masked_sum\(loss_mat, loss_mask\)")},
+        "NaN|inf": (r"seq_losses = torch\.sum\(loss_mat \* loss_mask, dim=-1\)  # token-sum",
+                    r"seq_losses = torch\.sum\(loss_mat \* loss_mask, dim=-1\) / \(seq_mask")},
     # the mean over micro-batches (and over DP ranks) of per-micro-batch means: exact only for equal token counts
     "verl.utils.metric.utils.reduce_metrics": {
         "partition dependence|wrong value": (r"metrics\[key\] = np\.mean\(val\)",)},

@@ -169,7 +169,11 @@ class Binding:
     of a failure of that variant seen on any input}: the configuration the variant sets is what brings it
     out (verl's ``grpo_vectorized`` ignores ``norm_adv_by_std_in_grpo=False`` in the AlgoConfig, so Dr. GRPO
     divides by σ on every input). Replaces a finding's trigger only when it reads ``any input``
-    (:func:`rlconform.harness.run.root_cause.declared_trigger`).
+    (:func:`rlconform.harness.run.root_cause.declared_trigger`). A key may instead be a trigger the checks read
+    (``a row with no valid token``: never a variant's name, which has no space): its words name the
+    configuration of the engine that produces that input on every step it applies (verl's sequence-level
+    rollout rejection zeroes rejected rows' response mask); the trigger is then replaced whatever the variant.
+    Either way the words rank as a configuration (:func:`rlconform.harness.report.triage.reach` level 3).
     ``fault_anchors``: engine function (``module.qualname``) -> {kinds of failure (a regular expression over
     ``wrong value``, ``partition dependence``, ``NaN``…) -> regular expressions of its faulty source line}, for a failure whose failing and passing examples execute the same lines (tensor code without a
     branch: the spectrum of :mod:`rlconform.harness.core.fault_lines` cannot tell its lines apart); each is

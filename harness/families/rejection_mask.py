@@ -434,13 +434,13 @@ def trigger(case, message: str, kind: str):
         if found:
             return found
     if any(f.removeprefix("metric ") in ROW_METRICS for f in failing) and (~m.any(-1)).any():
-        return "a row with no valid token (all observation / already rejected)"
+        return "a row with no valid token (e.g. a multi-turn row of observation tokens only)"
     if "metric is_ess" in failing:
         w = np.minimum(np.exp(np.clip(d[m], -20.0, 20.0)), IS_CAP)
         if w.size and w.mean() < 1e3 * COUNT_EPS:
             return "IS weights within 1000× of ESS's + 1e-8 (every |log-ratio| ≳ 11)"
     if "metric" in message and (~m.any(-1)).any():
-        return "a row with no valid token (all observation / already rejected)"
+        return "a row with no valid token (e.g. a multi-turn row of observation tokens only)"
     if (np.abs(d) > 20).any():
         return "a log-ratio beyond the engines' ±20 clamp"
     return None

@@ -476,6 +476,43 @@ def _join_rounding(keys: dict, findings: dict) -> dict:
     return out
 
 
+#: the class suffix of a variant's failure seen only in dtypes the engine never calls the op with, split from a
+#: defect of the same function and class that other variants show where the engine runs (:func:`_split_other_dtype`)
+OTHER_DTYPE = " (only in another dtype)"
+
+
+def _split_other_dtype(keys: dict, findings: dict) -> dict:
+    """A variant of the op (its configuration, :func:`~rlconform.harness.core.opinfo.split_regime`) whose failures
+    of a defect are all ``precision`` (a dtype the engine never calls the op with) while other variants of that
+    defect fail more severely is another cause: it gets its own key, its class suffixed :data:`OTHER_DTYPE`
+    (verl's plain GRPO through ``grpo_vectorized`` is off in float64 only, group_mean_std's float32 statistics
+    with eps=0; Dr. GRPO's ignored flag fails in float32 — a verl maintainer's reading, issue 20: two causes
+    never share a card)."""
+    from rlconform.harness.core.opinfo import split_regime
+
+    def variant(fid: str) -> str:
+        return split_regime(findings[fid].get("regime") or "")[0]
+
+    severe: dict[tuple, set] = {}  # key -> variants with a member above precision
+    mild: dict[tuple, dict] = {}  # key -> variant -> its members, all precision so far
+    for fid, key in keys.items():
+        if key[1].startswith("crash:") or key[1] == "rounding":
+            continue
+        v = variant(fid)
+        if findings[fid].get("severity") != "precision":
+            severe.setdefault(key, set()).add(v)
+        mild.setdefault(key, {}).setdefault(v, []).append(fid)
+    out = dict(keys)
+    for key, by_variant in mild.items():
+        if not severe.get(key):
+            continue
+        for v, fids in by_variant.items():
+            if v not in severe[key]:
+                for fid in fids:
+                    out[fid] = (key[0], key[1] + OTHER_DTYPE)
+    return out
+
+
 def folded_keys(failing: dict, everything: list[dict] | None = None) -> dict:
     """finding id -> the root key of the defect it belongs to (the table's, and the ledger's): its
     :func:`root_key`, folded into a callee that fails the same way, into another op's backward that
@@ -486,7 +523,7 @@ def folded_keys(failing: dict, everything: list[dict] | None = None) -> dict:
     failing = read_layouts(failing, everything)
     keys = _fold({fid: root_key(f) for fid, f in failing.items()}, failing)
     keys = _fold_inplace_crash(_fold_after_op(keys, failing), failing)
-    return _join_rounding(_join_partition(keys, failing), failing)
+    return _split_other_dtype(_join_rounding(_join_partition(keys, failing), failing), failing)
 
 
 def _slug(text: str) -> str:

@@ -66,13 +66,14 @@ def trigger_of(case, message: str, kind: str) -> str:
 
 
 def declared_trigger(binding, op: str, regime: str, trig: str) -> str:
-    """``trig``, or — when it reads ``any input`` — the binding's words for the finding's variant
-    (``Binding.variant_triggers``: op -> variant -> trigger), when it declares them."""
-    if trig != "any input":
-        return trig
+    """``trig``, or the binding's words for it (``Binding.variant_triggers``: op -> variant or trigger ->
+    words): when it reads ``any input``, those of the finding's variant; else those of the trigger itself (an
+    edge input one of the engine's configurations produces: verl's sequence-level rejection leaves rows with no
+    valid token), when the binding declares them."""
     from rlconform.harness.core.opinfo import split_regime
 
-    words = ((getattr(binding, "variant_triggers", None) or {}).get(op) or {}).get(split_regime(regime or "")[0])
+    declared = (getattr(binding, "variant_triggers", None) or {}).get(op) or {}
+    words = declared.get(split_regime(regime or "")[0]) if trig == "any input" else declared.get(trig)
     return words or trig
 
 
