@@ -27,6 +27,12 @@ DPS = 50
 SETTINGS = settings(max_examples=50, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 NINF = float("-inf")
+#: Σπ² = Σ e_v² / (1 + t)², relative error in units of EPS (= u, half an ulp): each e_v = exp(d_v)(1 + δ_v) is
+#: within 3u (exp's ulp and the first-order correction), so e_v² within 7u, their extracted sum (2u) within 9u;
+#: 1 + t within 6u, its square 13u, the quotient 1u more: 23u at worst. Typical errors are 2-4u; 4u was once
+#: exceeded (4.0u at [0.68197375, 0, 0, 0, 0, 0, 0], the fresh trial of issue 20's last stop), so 16u, which a
+#: wrong formula (errors ≫ 1e-15) still fails.
+S2_EPS = 16
 
 
 # --------------------------------------------------------------------------------------------------
@@ -146,7 +152,7 @@ def test_softmax_stats_against_mpmath(case):
             assert err(tlp[r], ref["logp"][y]) <= 4 * EPS * float(abs(ref["logp"][y])) + FLOOR, (x[r], y)
         assert err(h[r], ref["h"]) <= 8 * EPS * float(ref["h"]) + FLOOR, (x[r], h[r], ref["h"])
         assert h[r] >= 0.0
-        assert err(s2[r], ref["s2"]) <= 4 * EPS * float(ref["s2"]), (x[r], s2[r], ref["s2"])
+        assert err(s2[r], ref["s2"]) <= S2_EPS * EPS * float(ref["s2"]), (x[r], s2[r], ref["s2"])
 
 
 @SETTINGS
