@@ -111,3 +111,18 @@ def test_the_fuzz_deadline_counts_engine_calls_only(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(fault)], capture_output=True, text=True, timeout=300)
     assert "between calls: 3 s" in proc.stdout and "returned" not in proc.stdout, proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Timeout" in fault.read_text(), fault.read_text()
+
+
+def test_a_deadline_dump_keeps_every_threads_innermost_frames():
+    """fuzz prints a hung child's faulthandler dump: each thread is cut to its most recent frames, never the
+    dump's tail, so the engine's thread (where it hangs) stays in view behind a deep hypothesis stack."""
+    from rlconform.harness.workers.isolated import brief_stack
+
+    engine = ["Thread 0x00007f01 (most recent call first):", '  File "/x/bindings/hang.py", line 20 in masked_mean',
+              '  File "/x/harness/core/tape.py", line 655 in guarded']
+    main = ["", "Current thread 0x00007f00 (most recent call first):"] + \
+        [f'  File "/x/hypothesis/core.py", line {n} in run' for n in range(200)]
+    text = brief_stack("\n".join(engine + main), frames=10)
+    assert "hang.py" in text and "tape.py" in text and "Current thread 0x00007f00" in text
+    assert text.count("hypothesis/core.py") == 10 and text.splitlines()[-1] == "  ..."
+    assert "hang.py" not in "\n".join(engine + main)[-3000:]  # the tail the fuzz CLI printed before

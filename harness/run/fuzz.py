@@ -636,14 +636,14 @@ def _supervise(args, params: dict, seconds: float, t0: float, per_run: list, ref
         try:
             res = run_isolated(_fuzz_child, (dict(params),), interruptible=True, on_event=on_event)
         except ChildDied as exc:
-            from rlconform.harness.workers.isolated import describe_exit
+            from rlconform.harness.workers.isolated import brief_stack, describe_exit
 
             tid = current.get("current")
             name = tid or "(before the first finding)"
             exc.description = describe_exit(exc.exitcode, timed_out=exc.timed_out, deadline_s=args.timeout)
             print(f"rlconform fuzz: crash {name}: {exc.description}", file=sys.stderr)
             if exc.stack.strip():
-                print("    " + exc.stack.strip()[-3000:].replace("\n", "\n    "), file=sys.stderr)
+                print("    " + brief_stack(exc.stack.strip())[:6000].replace("\n", "\n    "), file=sys.stderr)
             if tid is None:  # loading the engine killed its process: a binding error, nothing to go on with
                 print("rlconform: error: loading the engine ended its process (see above)", file=sys.stderr)
                 return EXIT_USAGE

@@ -70,6 +70,25 @@ def describe_exit(exitcode: int | None, *, timed_out: bool = False, deadline_s: 
             "(os._exit, sys.exit or exit() called by the engine, or a fatal error in an extension)")
 
 
+def brief_stack(text: str, frames: int = 10) -> str:
+    """A faulthandler dump with each thread cut to its ``frames`` most recent frames (faulthandler lists them
+    first), so that every thread's innermost frames — where an engine hung — stay in view however deep the
+    other threads' stacks are (a tail of the whole dump once lost the hanging engine's frames behind the
+    fuzzer's hypothesis frames)."""
+    out, count = [], 0
+    for line in text.splitlines():
+        if not line.startswith("  File "):
+            count = 0
+            out.append(line)
+            continue
+        count += 1
+        if count <= frames:
+            out.append(line)
+        elif count == frames + 1:
+            out.append("  ...")
+    return "\n".join(out)
+
+
 def read_fault_log(path: str, offset: int = 0) -> tuple[str, bool]:
     """faulthandler's output in ``path`` from ``offset``: (text, whether it is a deadline dump)."""
     try:
