@@ -219,7 +219,7 @@ def _split(key: str) -> tuple[str, str]:
     raise AssertionError(f"no installed module for {key}")
 
 
-@pytest.mark.parametrize("engine", ["verl", "skyrl"])
+@pytest.mark.parametrize("engine", ["verl", "skyrl", "megatron"])
 def test_every_declared_fault_anchor_names_a_line_of_the_installed_engine(engine):
     """A binding's fault anchors are patterns, never line numbers: each must match exactly one function's line
     in the installed engine, or the report would fall back to "no single line" without saying so. An engine

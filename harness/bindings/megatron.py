@@ -213,8 +213,25 @@ def _vocab_parallel_smoothed_token_logprobs():
     return vocab_parallel_smoothed_token_logprobs
 
 
+#: the faulty source line of a Megatron-core function whose failing and passing examples run the same lines
+#: (Binding.fault_anchors): regular expressions resolved in the installed source at run time, never line numbers;
+#: ``(qualname, pattern)`` looks in the autograd Function vocab_parallel_cross_entropy hands its work to
+_CE = "megatron.core.tensor_parallel.cross_entropy"
+FAULT_ANCHORS = {
+    # label smoothing's mean log-probability is taken over the rank's vocab shard (vocab_size = the shard's
+    # size, mean(dim=-1) never all-reduced): with TP > 1 each rank smooths towards its own shard; and
+    # log(exp_logits) of an underflowed softmax is log 0 = −inf
+    f"{_CE}.vocab_parallel_cross_entropy": {
+        "partition dependence|wrong value": (
+            ("_VocabParallelCrossEntropy.forward", r"vocab_size = exp_logits\.size\(-1\)"),
+            ("_VocabParallelCrossEntropy.forward", r"mean_log_probs = log_probs\.mean\(dim=-1\)")),
+        "NaN|inf": (("_VocabParallelCrossEntropy.forward", r"log_probs = torch\.log\(exp_logits\)"),)},
+}
+
+
 binding = Binding(
     name="megatron",
+    fault_anchors=FAULT_ANCHORS,
     version=_version(),
     # issue 20 §3: Megatron trains in bf16 or fp16 (``--bf16`` / ``--fp16``; fp32 with neither): the output
     # layer's logits reach ``vocab_parallel_cross_entropy`` in that dtype. Never float64.
