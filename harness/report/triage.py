@@ -494,16 +494,16 @@ def _split_other_dtype(keys: dict, findings: dict) -> dict:
         return split_regime(findings[fid].get("regime") or "")[0]
 
     severe: dict[tuple, set] = {}  # key -> variants with a member above precision
-    mild: dict[tuple, dict] = {}  # key -> variant -> its members, all precision so far
+    members: dict[tuple, dict] = {}  # key -> variant -> its members
     for fid, key in keys.items():
         if key[1].startswith("crash:") or key[1] == "rounding":
             continue
         v = variant(fid)
         if findings[fid].get("severity") != "precision":
             severe.setdefault(key, set()).add(v)
-        mild.setdefault(key, {}).setdefault(v, []).append(fid)
+        members.setdefault(key, {}).setdefault(v, []).append(fid)
     out = dict(keys)
-    for key, by_variant in mild.items():
+    for key, by_variant in members.items():
         if not severe.get(key):
             continue
         for v, fids in by_variant.items():
