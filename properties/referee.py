@@ -30,6 +30,7 @@ import sys
 import traceback
 
 from rlconform.harness.core import tape as T
+from rlconform.harness.core.blame import OwnCodeRaised, own_code_raised
 
 #: top-level modules the referee may have loaded (beside the standard library and private C modules)
 ALLOWED_TOP = frozenset({
@@ -44,19 +45,56 @@ ALLOWED_TOP = frozenset({
 ENGINE_PACKAGES = ("rlconform.harness.bindings", "rlconform.harness.mutants")
 
 
+#: top-level packages of the engines rlconform binds: refused even when an interpreter start-up hook loads them
+ENGINE_TOPS = frozenset({"verl", "skyrl", "skyrl_train", "skyrl_gym", "megatron"})
+
+
 class RefereeTouched(RuntimeError):
     """A module the referee must never import is loaded in the referee's process."""
 
 
+_startup: frozenset[str] | None = None
+
+
+def startup_modules() -> frozenset[str]:
+    """The modules a fresh interpreter of this process's kind (same executable, flags and environment) has
+    loaded before it runs any code: what its start-up hooks import (``sitecustomize`` and what it imports,
+    e.g. Debian's apport hook; ``usercustomize``; the import lines of ``.pth`` files). They are the
+    interpreter's, not an engine's, and the referee starts under them. Engine packages among them are
+    dropped (:data:`ENGINE_PACKAGES`, :data:`ENGINE_TOPS`), so the referee still refuses those. Computed once
+    per process, in a child interpreter (about 30 ms); an empty set when that child fails (the referee is
+    then as strict as without hooks)."""
+    global _startup
+    if _startup is None:
+        import json
+        import subprocess
+
+        probe = "import json, sys; sys.stdout.write(json.dumps(sorted(sys.modules)))"
+        try:
+            out = subprocess.run([sys.executable, *subprocess._args_from_interpreter_flags(), "-c", probe],
+                                 stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=True).stdout
+            names = [n for n in json.loads(out) if isinstance(n, str)]
+        except (OSError, subprocess.SubprocessError, ValueError):
+            names = []
+        _startup = frozenset(n for n in names
+                             if not n.startswith(ENGINE_PACKAGES) and n.split(".", 1)[0] not in ENGINE_TOPS)
+    return _startup
+
+
 def touched_modules() -> list[str]:
     """Modules of this process that the referee must not have: engine code, or anything outside the
-    allowed packages."""
+    allowed packages and the interpreter's own start-up modules (:func:`startup_modules`)."""
     std = getattr(sys, "stdlib_module_names", frozenset())
     bad = []
+    startup = None
     for name in list(sys.modules):
         top = name.split(".", 1)[0]
-        if name.startswith(ENGINE_PACKAGES) or not (top in std or top in ALLOWED_TOP or top.startswith("_")):
+        if name.startswith(ENGINE_PACKAGES) or top in ENGINE_TOPS:
             bad.append(name)
+        elif not (top in std or top in ALLOWED_TOP or top.startswith("_")):
+            startup = startup_modules() if startup is None else startup
+            if name not in startup:
+                bad.append(name)
     return sorted(bad)
 
 
@@ -244,7 +282,9 @@ def judge(payload: bytes, check_here, exchange=None):
     (:func:`rlconform.harness.run.dispatch.run_check_here`, served by :func:`rlconform.harness.run.dispatch.referee_judge`)
     (see the module docstring). ``exchange(bytes) -> bytes`` asks the engine's worker to make one engine
     call (:class:`~rlconform.harness.core.tape.Remote`). ``reply`` is one of ``("outcome", Outcome)``, ``("crash", message, engine traceback)``,
-    ``("diverged", message)``, ``("raised", message, traceback)``, ``("not_checked", class name, message,
+    ``("diverged", message)``, ``("raised", message, traceback)`` (the family's reading of the engine's
+    output raised: the engine's contract breach), ``("own_error", where, message, traceback)`` (rlconform's
+    yardstick raised: :mod:`rlconform.harness.core.blame`), ``("not_checked", class name, message,
     attributes)``; ``verdict`` is ``(finding id, kind, outcome verdict or None, message)`` (None for
     ``not_checked``)."""
     from rlconform.harness.core.evaluation import EngineCrash
@@ -268,6 +308,10 @@ def judge(payload: bytes, check_here, exchange=None):
             attrs = {k: v for k, v in vars(exc).items() if isinstance(v, (str, int, float, bool, type(None)))}
             return ("not_checked", type(exc).__module__, type(exc).__qualname__, str(exc), attrs), None
         msg = f"{type(exc).__name__}: {exc}"
+        where = own_code_raised(exc)
+        if where is not None:  # rlconform's yardstick raised on the engine's data: rlconform's error
+            own = str(OwnCodeRaised(where, msg))
+            return ("own_error", where, msg, traceback.format_exc()[-4000:]), (fid, "own_error", None, own)
         return ("raised", msg, traceback.format_exc()[-4000:]), (fid, "raised", None, msg)
 
 
@@ -331,7 +375,8 @@ def refereed_check(binding, case):
     to this process, which makes it and answers with its record (module docstring). Raises what the
     evaluation raises for reasons that are not a verdict (BindingError, OpUnavailable, VariantNotProvided,
     CaseError, interrupts); EngineCrash when the engine raised (and no declared guard covers it);
-    :class:`RefereeRaised` when the check raised on the engine's output in the referee;
+    :class:`RefereeRaised` when the family's reading of the engine's output raised in the referee;
+    :class:`~rlconform.harness.core.blame.OwnCodeRaised` when rlconform's yardstick raised on it (its error);
     :class:`RefereeError` when the referee could not judge (its evaluation diverged, it failed or stopped
     answering): rlconform's error, not the engine's."""
     from rlconform.harness.workers.referee import RefereeUnavailable
@@ -358,6 +403,8 @@ def refereed_check(binding, case):
         raise _not_checked(*reply[1:])
     if kind == "diverged":
         raise RefereeError(f"its evaluation of the engine's calls diverged: {reply[1]}")
+    if kind == "own_error":
+        raise OwnCodeRaised(str(reply[1]), str(reply[2]))
     if kind == "raised":
         raise RefereeRaised(reply[1])
     raise RefereeError(f"the referee failed: {str(reply[-1]).strip()[-2000:]}")

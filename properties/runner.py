@@ -21,9 +21,12 @@ What a failure is, and what it costs:
   pool (seconds each) or wait out a deadline (minutes). The finding fails at once with that case;
 * an engine that raises ``KeyboardInterrupt`` / ``SystemExit`` (no interrupt received) is a crash
   (:class:`EngineAbort`), not shrunk either;
-* an exception of the check itself on the engine's output (a returned object the harness cannot read)
-  is an engine crash too (:class:`CheckRaised`); an error anywhere else (strategy, corpus, the referee
-  that could not judge: :class:`~rlconform.properties.referee.RefereeError`) is the harness's, reported
+* an exception of the check itself while reading the engine's output (a returned object of the wrong
+  type or shape) is an engine crash too (:class:`CheckRaised`); one raised by rlconform's yardstick
+  (reference, faithful path, tolerance, comparison: :mod:`rlconform.harness.core.blame`) on whatever the
+  engine returned is rlconform's (:class:`~rlconform.harness.core.blame.OwnCodeRaised`); an error anywhere
+  else (strategy, corpus, the referee that could not judge: :class:`~rlconform.properties.referee.RefereeError`)
+  is the harness's, reported
   as such by the plugin (status ``error``, exit 2), never as the engine's crash, and not shrunk.
 """
 
@@ -40,6 +43,7 @@ from rlconform.harness.workers import interrupts
 from rlconform.harness.catalog.binding import BindingError, OpUnavailable, VariantNotProvided
 from rlconform.harness.catalog.ops import OPS
 from rlconform.properties.binding_errors import adapter_error
+from rlconform.harness.core.blame import OwnCodeRaised, own_code_raised
 from rlconform.harness.core.evaluation import EngineCrash
 from rlconform.harness.workers.pool import PoolStartupError, RankFailure
 from rlconform.harness.core.profiles import capped_settings, example_cap
@@ -189,7 +193,7 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
             raise
         except (BindingError, OpUnavailable, VariantNotProvided, CaseError, PoolStartupError):  # not the engine's fault
             raise
-        except RefereeError as exc:  # rlconform's own: status `error`, exit 2; never shrunk (it is not the case's)
+        except (RefereeError, OwnCodeRaised) as exc:  # rlconform's own: status `error`, exit 2; never shrunk
             raise NoShrink(exc) from exc
         except (KeyboardInterrupt, SystemExit) as exc:
             if not interrupts.engine_raised(exc):
@@ -197,6 +201,9 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
             rec.crashed()
             raise NoShrink(EngineAbort(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - see CheckRaised
+            where = own_code_raised(exc)
+            if where is not None:  # rlconform's yardstick raised on the engine's data: its error, not a crash
+                raise NoShrink(OwnCodeRaised(where, f"{type(exc).__name__}: {exc}")) from exc
             rec.crashed()
             last["failure"] = CheckRaised(case, exc)
             raise last["failure"] from exc

@@ -20,6 +20,7 @@ import numpy as np
 from ._compensated import two_sum
 from ._convert import as_float64, as_mask
 from .loss_agg import LOSS_AGG_MODES
+from .exact_sum import exact_sum
 
 __all__ = [
     "SumCount",
@@ -59,7 +60,7 @@ def sum_count(values: np.ndarray, m: np.ndarray, low=None) -> SumCount:
     """SumCount of ``values`` (+ ``low``, the low parts of double-doubles) over the True entries of
     ``m`` (fsum: exactly rounded)."""
     terms = values[m].tolist() + ([] if low is None else low[m].tolist())
-    return SumCount(math.fsum(terms), int(m.sum()))
+    return SumCount(exact_sum(terms), int(m.sum()))
 
 
 def masked_inputs(mask, mask_name: str = "response_mask", **arrays):
@@ -202,7 +203,7 @@ def sigmoid_pair(x):
 
 def fsum_rows(x: np.ndarray, m: np.ndarray, low=None) -> np.ndarray:
     """Exactly rounded Σ_t (x + low)[i, t] over the True entries of row i of ``m``: float64 ``[B]``."""
-    return np.array([math.fsum(x[i][m[i]].tolist() + ([] if low is None else low[i][m[i]].tolist()))
+    return np.array([exact_sum(x[i][m[i]].tolist() + ([] if low is None else low[i][m[i]].tolist()))
                      for i in range(x.shape[0])], dtype=np.float64)
 
 

@@ -49,6 +49,7 @@ from ._convert import as_float64, as_mask, is_tensor_like
 from ._compensated import two_sum
 from ._dd import dd_add, dd_mul, dd_round, two_prod
 from .whitening import WHITEN_EPS, ExactMoments, masked_whiten, whiten_scale
+from .exact_sum import exact_sum
 
 __all__ = ["ESTIMATORS", "ESTIMATOR_DOCS", "NAN_SCOPE", "outcome_advantage", "gae", "masked_whiten"]
 
@@ -179,7 +180,7 @@ def _group_ids(index, bsz):
 
 def _scores(r, bad_rows):
     """s_i = exactly rounded Σ_t r_{i,t} (masked entries already 0); NaN for poisoned rows."""
-    s = np.array([math.fsum(row) for row in r.tolist()]) if r.shape[1] else np.zeros(r.shape[0])
+    s = np.array([exact_sum(row) for row in r.tolist()]) if r.shape[1] else np.zeros(r.shape[0])
     s[bad_rows] = np.nan
     return s
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from ._convert import as_float64
 from .softmax_stats import logsumexp_grad, token_logprobs
+from .exact_sum import exact_sum
 
 __all__ = ["smoothed_token_logprobs", "smoothed_token_logprobs_grad"]
 
@@ -47,8 +48,8 @@ def _mean_logp(x: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         e = np.exp(d)
     e[rows, j] = 0.0
-    mean_d = np.array([math.fsum(r) for r in d]) / x.shape[-1]
-    lse_minus_m = np.log1p(np.array([math.fsum(r) for r in e]))
+    mean_d = np.array([exact_sum(r) for r in d]) / x.shape[-1]
+    lse_minus_m = np.log1p(np.array([exact_sum(r) for r in e]))
     return (mean_d - lse_minus_m).reshape(x.shape[:-1])
 
 

@@ -13,6 +13,7 @@ from fractions import Fraction
 import numpy as np
 
 from ._convert import as_float64, as_mask
+from .exact_sum import exact_sum
 
 __all__ = ["LOSS_AGG_MODES", "agg_loss", "agg_loss_grad"]
 
@@ -75,17 +76,17 @@ def agg_loss(loss_mat, mask, mode: str, loss_scale_factor=None) -> float:
     sel = loss[m]
     nnz = sel.size
     if mode == "token-sum":
-        return math.fsum(sel.tolist())
+        return exact_sum(sel.tolist())
     if mode == "token-mean":
-        return math.fsum(sel.tolist()) / nnz if nnz else math.nan
+        return exact_sum(sel.tolist()) / nnz if nnz else math.nan
 
     counts = m.sum(axis=1)
     n_seq = int(np.count_nonzero(counts))
     if mode == "seq-mean-token-mean":
         if n_seq == 0:
             return math.nan
-        means = [math.fsum(loss[i][m[i]].tolist()) / int(counts[i]) for i in np.flatnonzero(counts)]
-        return math.fsum(means) / n_seq
+        means = [exact_sum(loss[i][m[i]].tolist()) / int(counts[i]) for i in np.flatnonzero(counts)]
+        return exact_sum(means) / n_seq
 
     # seq-mean-token-sum(-norm): Σ over non-empty sequences of their token sums = the masked total
     if mode == "seq-mean-token-sum-norm":
@@ -97,7 +98,7 @@ def agg_loss(loss_mat, mask, mode: str, loss_scale_factor=None) -> float:
         scale = 1.0
     if n_seq == 0:
         return math.nan
-    return float(Fraction(math.fsum(sel.tolist())) / (n_seq * Fraction(scale)))
+    return float(Fraction(exact_sum(sel.tolist())) / (n_seq * Fraction(scale)))
 
 
 def agg_loss_grad(loss_mat, mask, mode: str, loss_scale_factor=None, grad_output: float = 1.0) -> np.ndarray:

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from .reductions import masked_count, masked_max, masked_mean, masked_min, masked_std
+from .exact_sum import exact_sum
 
 __all__ = ["INTEGER_STATISTICS", "metric_statistics", "token_metrics"]
 
@@ -75,7 +76,7 @@ def metric_statistics(values, mask, multiplicity=None) -> dict:
     lengths = [int(x) for x in k.sum(axis=1)]
     count = sum(lengths)
     sel = k > 0
-    total = math.fsum((v[sel] * k[sel]).tolist())  # v has ≤ 53 bits, k < 2^31: exact products for fp32 v
+    total = exact_sum((v[sel] * k[sel]).tolist())  # v has ≤ 53 bits, k < 2^31: exact products for fp32 v
     out = {
         "sum": total,
         "count": count,
@@ -86,5 +87,5 @@ def metric_statistics(values, mask, multiplicity=None) -> dict:
         "len_min": min(lengths),
         "len_max": max(lengths),
     }
-    out["len_mean"] = math.fsum(lengths) / v.shape[0]
+    out["len_mean"] = exact_sum(lengths) / v.shape[0]
     return out

@@ -104,6 +104,7 @@ from ._policy_common import (
     sum_count,
 )
 from .loss_agg import agg_loss
+from .exact_sum import exact_sum
 
 __all__ = ["POLICY_LOSS_VARIANTS", "SumCount", "policy_loss", "policy_loss_grad"]
 
@@ -183,8 +184,8 @@ def _cov(A, lp, m):
     nnz = int(m.sum())
     if nnz == 0:
         return np.zeros(A.shape)
-    mean_a = math.fsum(A[m].tolist()) / nnz
-    mean_l = math.fsum(lp[m].tolist()) / nnz
+    mean_a = exact_sum(A[m].tolist()) / nnz
+    mean_l = exact_sum(lp[m].tolist()) / nnz
     return np.where(m, (A - mean_a) * (lp - mean_l), 0.0)
 
 
@@ -379,7 +380,7 @@ def _geo_mean(p, old, lp, A, m, weights):
                              fsum_rows(np.where(np.isneginf(logw), 0.0, logw), m) / n))
     row = _neg_a_times(adv, rho * sw)
     rows = A.shape[0]
-    loss = math.fsum(row.tolist()) / rows if rows else math.nan
+    loss = exact_sum(row.tolist()) / rows if rows else math.nan
     grad = _neg_a_times(adv, rho * sw)[:, None] * dm / n[:, None] / rows
     clipped = (delta < -p.eps_low) | (delta > p.eps_high)
     metrics = {

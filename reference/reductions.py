@@ -30,6 +30,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from ._convert import as_float64, as_mask
+from .exact_sum import exact_sum
 
 __all__ = [
     "masked_sum",
@@ -65,7 +66,7 @@ def masked_sum(values, mask) -> float:
 
     Raises ValueError: shape mismatch, non-0/1 mask, non-finite unmasked value.
     """
-    return math.fsum(_selected(values, mask).tolist())
+    return exact_sum(_selected(values, mask).tolist())
 
 
 def masked_count(values_or_mask, mask=None) -> int:
@@ -84,15 +85,15 @@ def masked_mean(values, mask) -> float:
     sel = _selected(values, mask)
     if sel.size == 0:
         return math.nan
-    return math.fsum(sel.tolist()) / sel.size
+    return exact_sum(sel.tolist()) / sel.size
 
 
 def _m2(sel: np.ndarray) -> float:
     """Σ (x − μ)² by the corrected two-pass formula with fsum (≥ 0)."""
     n = sel.size
-    mu = math.fsum(sel.tolist()) / n
+    mu = exact_sum(sel.tolist()) / n
     dev = sel - mu
-    m2 = math.fsum((dev * dev).tolist()) - math.fsum(dev.tolist()) ** 2 / n
+    m2 = exact_sum((dev * dev).tolist()) - exact_sum(dev.tolist()) ** 2 / n
     return max(m2, 0.0)
 
 
@@ -158,7 +159,7 @@ def moments(values, mask) -> Moments:
     Errors as masked_sum.
     """
     sel = _selected(values, mask)
-    return Moments(int(sel.size), math.fsum(sel.tolist()), math.fsum(_exact_squares(sel)))
+    return Moments(int(sel.size), exact_sum(sel.tolist()), exact_sum(_exact_squares(sel)))
 
 
 def _as_moments(p) -> Moments:
@@ -178,7 +179,7 @@ def merge_moments(parts: Iterable) -> Moments:
     iterable gives ``Moments(0, 0.0, 0.0)``.
     """
     ps = [_as_moments(p) for p in parts]
-    return Moments(sum(p.nnz for p in ps), math.fsum(p.sum for p in ps), math.fsum(p.sumsq for p in ps))
+    return Moments(sum(p.nnz for p in ps), exact_sum(p.sum for p in ps), exact_sum(p.sumsq for p in ps))
 
 
 def moments_to_mean_var(m, unbiased: bool = True) -> tuple:
@@ -220,7 +221,7 @@ def chan_moments(values, mask) -> ChanMoments:
     n = int(sel.size)
     if n == 0:
         return ChanMoments(0, 0.0, 0.0)
-    return ChanMoments(n, math.fsum(sel.tolist()) / n, _m2(sel))
+    return ChanMoments(n, exact_sum(sel.tolist()) / n, _m2(sel))
 
 
 def chan_merge(a, b) -> ChanMoments:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from .exact_sum import exact_sum
 
 __all__ = ["RS_LEVELS", "RS_ESTIMATORS", "rollout_rejection_mask", "rejection_statistics",
            "rollout_correction_metrics"]
@@ -101,10 +102,10 @@ def rejection_statistics(log_prob, old_log_prob, response_mask, level, estimator
         return s, a
     n = m.sum(-1)
     if level == "seq_sum":
-        row = np.array([math.fsum(r) for r in s]) if s.size else np.zeros(s.shape[0])
+        row = np.array([exact_sum(r) for r in s]) if s.size else np.zeros(s.shape[0])
         ra = a.sum(-1)
     elif level == "seq_mean":
-        row = np.array([math.fsum(r) for r in s]) / np.maximum(n, 1) if s.size else np.zeros(s.shape[0])
+        row = np.array([exact_sum(r) for r in s]) / np.maximum(n, 1) if s.size else np.zeros(s.shape[0])
         ra = a.sum(-1) / np.maximum(n, 1)
     else:  # seq_max
         big = np.where(m, s, -np.inf)
@@ -144,7 +145,7 @@ def rollout_rejection_mask(log_prob, old_log_prob, response_mask, options) -> np
 
 def _mean(x):
     x = np.asarray(x, np.float64).ravel()
-    return math.fsum(x) / x.size if x.size else float("nan")
+    return exact_sum(x) / x.size if x.size else float("nan")
 
 
 def rollout_correction_metrics(log_prob, old_log_prob, response_mask, kept, *, is_cap: float = 2.0,
@@ -189,10 +190,10 @@ def rollout_correction_metrics(log_prob, old_log_prob, response_mask, kept, *, i
     # ESS in a scale-free form, from the log-weights (w / max(w)) so that nothing underflows
     lw = np.minimum(np.clip(dv, -c, c), math.log(is_cap))
     wn = np.exp(lw - lw.max())
-    ess = math.fsum(wn) ** 2 / (wn.size * math.fsum(wn * wn))
-    row_sum = np.array([math.fsum(r) for r in d])
-    lp_mean = np.array([math.fsum(r) for r in lp]) / np.maximum(n, 1)
-    old_mean = np.array([math.fsum(r) for r in old]) / np.maximum(n, 1)
+    ess = exact_sum(wn) ** 2 / (wn.size * exact_sum(wn * wn))
+    row_sum = np.array([exact_sum(r) for r in d])
+    lp_mean = np.array([exact_sum(r) for r in lp]) / np.maximum(n, 1)
+    old_mean = np.array([exact_sum(r) for r in old]) / np.maximum(n, 1)
     diff = (old_mean - lp_mean)[rows]
     with np.errstate(over="ignore"):
         return {

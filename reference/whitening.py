@@ -29,6 +29,7 @@ import numpy as np
 from ._compensated import two_sum
 from ._convert import as_float64, as_mask
 from .reductions import ChanMoments, Moments
+from .exact_sum import exact_sum
 
 __all__ = ["ExactMoments", "exact_moments", "merge_exact_moments", "masked_whiten", "WHITEN_EPS"]
 
@@ -66,7 +67,7 @@ def _exact_fsum(xs: list) -> Fraction:
     total = Fraction(0)
     xs = list(xs)
     while True:
-        s = math.fsum(xs)
+        s = exact_sum(xs)
         if s == 0.0:
             return total
         total += Fraction(s)

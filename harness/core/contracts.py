@@ -95,11 +95,11 @@ class AggLoss:
     @staticmethod
     def combine(rule, values: list) -> float:
         """Apply a combination rule to per-shard contributions (Python floats)."""
-        import math
+        from rlconform.reference.exact_sum import exact_sum
 
         if callable(rule):
             return float(rule(values))
-        total = math.fsum(values)
+        total = exact_sum(values)
         return total if rule == "sum" else total / len(values)
 
 

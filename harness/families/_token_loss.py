@@ -17,6 +17,7 @@ from rlconform.harness.core.evaluation import Evaluation, call_engine, shape_pro
 from rlconform.harness.core.guards import InputGuard
 from rlconform.harness.core.opinfo import MASK_INVARIANT, NON_DESTRUCTIVE, PARTITION_INVARIANT
 from rlconform.harness.core.tensors import as_numpy, out_dtype, to_tensor
+from rlconform.reference.exact_sum import exact_sum
 
 
 def loss_mask(case) -> np.ndarray:
@@ -105,4 +106,4 @@ def drive_micro_batches(op: str, call: Callable[[dict, torch.Tensor], Any], arra
         metrics = {}
     else:
         metrics = dict(call_engine(f"{op} combine_metrics", combine_metrics, parts))
-    return math.fsum(total), grad, metrics, odt
+    return exact_sum(total), grad, metrics, odt

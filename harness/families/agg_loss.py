@@ -34,6 +34,7 @@ from rlconform.harness.core.opinfo import (
     split_regime, variant_regime,
 )
 from rlconform.harness.core.tensors import as_numpy, to_tensor
+from rlconform.reference.exact_sum import exact_sum
 
 PARTITION_DTYPES = ("float32", "float64", "bfloat16")
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
@@ -194,8 +195,8 @@ def faithful(loss: torch.Tensor, mask: torch.Tensor, mode: str, partition, lsf):
             parts.append(float(v.detach().to(loss.dtype)))
             v.backward()
             grad[a:b] = rows.grad.to(loss.dtype).double().numpy() / len(partition)
-        ranks.append(math.fsum(parts))
-    return math.fsum(ranks) / len(ranks), grad
+        ranks.append(exact_sum(parts))
+    return exact_sum(ranks) / len(ranks), grad
 
 
 def _evaluate_partition(agg, loss64, mask_np, dtype, mode, partition, lsf, ref, ref_grad, ev, label):

@@ -52,6 +52,7 @@ from rlconform.harness.core.opinfo import (
     split_regime, variant_regime,
 )
 from rlconform.harness.core.tensors import as_numpy
+from rlconform.reference.exact_sum import exact_sum
 
 #: catalog variant -> keyword arguments of :func:`rlconform.reference.policy_loss` (besides the
 #: aggregation). Engine defaults (clip 0.2/0.2, dual-clip c = 3, SAPO τ 1.0/1.05, DRO β 0.5) and guards.
@@ -365,7 +366,7 @@ def token_weighted(parts: list) -> dict:
         num = [float(metrics[k]) * n for metrics, n in parts if k in metrics and n > 0]
         den = sum(n for metrics, n in parts if k in metrics and n > 0)
         if den:
-            out[k] = math.fsum(num) / den
+            out[k] = exact_sum(num) / den
     return out
 
 

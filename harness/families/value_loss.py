@@ -56,6 +56,7 @@ from rlconform.harness.core.opinfo import (
 )
 from rlconform.harness.core.tensors import as_numpy
 from rlconform.reference._policy_common import agg_weights
+from rlconform.reference.exact_sum import exact_sum
 
 CLIPRANGE_VALUE = 0.2
 #: catalog variant -> (cliprange_value, loss_agg_mode)
@@ -185,7 +186,7 @@ class _Faithful(torch.autograd.Function):
             grad[i] = w[i] * R.value_loss_grad(*row)[0]
         ctx.grad = torch.from_numpy(grad)
         ctx.dtype = vpreds.dtype
-        return torch.tensor(math.fsum(parts), dtype=torch.float64).to(vpreds.dtype)
+        return torch.tensor(exact_sum(parts), dtype=torch.float64).to(vpreds.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):

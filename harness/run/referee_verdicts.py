@@ -51,6 +51,8 @@ class VerdictBook:
                 from rlconform.properties.referee import REFEREE_ERROR  # lazily: it imports torch
 
                 self.failing[fid] = ("error", f"{REFEREE_ERROR}: {message}")
+            elif kind == "own_error":  # rlconform's yardstick raised on the engine's data (harness.core.blame)
+                self.failing[fid] = ("error", str(message))
             elif kind != "outcome":
                 self.failing[fid] = ("crash", f"the referee: {message}")
 
