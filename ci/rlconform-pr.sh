@@ -61,12 +61,28 @@ if [ "${RLCONFORM_SKIP_INSTALL:-0}" != 1 ]; then
 fi
 command -v rlconform >/dev/null || die "no rlconform on PATH"
 
+# git with the checkout's own programs switched off (hooks, fsmonitor, clean/smudge/process filters,
+# external diff), as rlconform's own git calls run (harness/core/safe_git.py): a pull request's checkout
+# is not ours to trust.
+safe_git() {
+  local repo=$1 key name
+  shift
+  local opts=(-c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.external= -c core.pager=cat)
+  while IFS= read -r key; do
+    name=${key#filter.}
+    name=${name%.*}
+    [ -n "$name" ] && opts+=(-c "filter.$name.clean=" -c "filter.$name.smudge=" -c "filter.$name.process="
+                             -c "filter.$name.required=false")
+  done < <(git "${opts[@]}" -C "$repo" config --name-only --get-regexp '^filter\.' 2>/dev/null)
+  GIT_TERMINAL_PROMPT=0 git "${opts[@]}" -C "$repo" "$@"
+}
+
 cleanup=""
 if [ -z "$base" ]; then
   base="$(mktemp -d "${RUNNER_TEMP:-${TMPDIR:-/tmp}}/rlconform-base.XXXXXX")"
-  git -C "$head" worktree add -q --detach "$base" "$base_ref" || die "cannot check out --base-ref $base_ref"
+  safe_git "$head" worktree add -q --detach "$base" "$base_ref" || die "cannot check out --base-ref $base_ref"
   cleanup="$base"
-  trap 'git -C "$head" worktree remove --force "$cleanup" >/dev/null 2>&1' EXIT
+  trap 'safe_git "$head" worktree remove --force "$cleanup" >/dev/null 2>&1' EXIT
 fi
 [ -d "$base" ] || die "--base $base is not a directory"
 base="$(cd "$base" && pwd)"
@@ -83,12 +99,12 @@ check() {
   local side="$1" checkout="$2" spec="$engine"
   shift 2
   case "$spec" in *.py) spec="$checkout/$spec" ;; esac
-  echo "rlconform-pr: checking the $side ($checkout, $(git -C "$checkout" rev-parse --short HEAD 2>/dev/null || echo 'not git'))"
+  echo "rlconform-pr: checking the $side ($checkout, $(safe_git "$checkout" rev-parse --short HEAD 2>/dev/null || echo 'not git'))"
   rlconform check --engine "$spec" --engine-path "$checkout" --out "$out/$side" "${ledger[@]}" -q "$@"
 }
 
 since="$base_ref"
-[ -n "$since" ] || since="$(git -C "$base" rev-parse HEAD 2>/dev/null)" || since=""
+[ -n "$since" ] || since="$(safe_git "$base" rev-parse HEAD 2>/dev/null)" || since=""
 if [ "$all" = 1 ] || [ -z "$since" ]; then
   [ "$all" = 1 ] || echo "rlconform-pr: the base is not a git checkout: checking the whole catalog (--all)"
   check head "$head" "$@"; head_rc=$?

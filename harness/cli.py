@@ -638,8 +638,9 @@ def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, ref
 
 def _report_case_file(report_dir: str, name: str) -> str:
     """The case file a report folder records for finding (or defect) ``name``, resolved against the folder
-    (:mod:`rlconform.harness.report.case_paths`); raises ValueError with the reason."""
-    from rlconform.harness.report.case_paths import resolve
+    (:mod:`rlconform.harness.report.case_paths`); raises ValueError with the reason, also when the recorded
+    path leads outside the folder's ``cases/`` (a report folder is data: it never points replay elsewhere)."""
+    from rlconform.harness.report.case_paths import CASES, inside_cases, resolve
 
     path = os.path.join(report_dir, "report.json")
     try:
@@ -654,7 +655,11 @@ def _report_case_file(report_dir: str, name: str) -> str:
     for e in entries:
         case_file = (e.get("reproducer") or {}).get("case_file")
         if case_file:
-            return resolve(report_dir, case_file)
+            found = resolve(report_dir, case_file) if isinstance(case_file, str) else None
+            if found is None or not inside_cases(report_dir, found):
+                raise ValueError(f"{path}: the reproducer of {name!r} ({case_file!r}) is not a file of "
+                                 f"{os.path.join(report_dir, CASES)}; replay reads cases only there")
+            return found
     raise ValueError(f"{path} records no reproducer for {name!r}" if entries else f"{path} has no finding {name!r}")
 
 

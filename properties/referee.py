@@ -248,22 +248,65 @@ def standin(binding, case, table: list | None = None):
 
 # -- what travels ----------------------------------------------------------------------------------------
 
-_ALLOWED_MODULES = ("rlconform.", "numpy", "torch", "collections", "copyreg", "_codecs", "builtins", "datetime",
-                    "fractions", "decimal")
-_BUILTINS = frozenset({"list", "tuple", "dict", "set", "frozenset", "bytes", "bytearray", "str", "int", "float",
-                       "complex", "bool", "slice", "range", "object", "type", "getattr", "NoneType", "Ellipsis"})
+#: exact (module, name) pairs the referee loads outside rlconform: plain containers and numbers, NumPy's
+#: array / dtype / scalar reconstruction, torch's dtypes
+_EXACT = frozenset(
+    {("builtins", n) for n in ("list", "tuple", "dict", "set", "frozenset", "bytes", "bytearray", "str", "int",
+                               "float", "complex", "bool", "slice", "range", "object", "NoneType", "Ellipsis")}
+    | {("collections", "OrderedDict"), ("copyreg", "_reconstructor"), ("copyreg", "__newobj__"),
+       ("copyreg", "__newobj_ex__"), ("_codecs", "encode"), ("datetime", "datetime"), ("datetime", "date"),
+       ("datetime", "timedelta"), ("datetime", "timezone"), ("fractions", "Fraction"), ("decimal", "Decimal")}
+    | {(m, n) for m in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric",
+                        "numpy._core.numeric")
+       for n in ("dtype", "ndarray", "_reconstruct", "scalar", "_frombuffer")}
+    | {("torch", n) for n in ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
+                              "uint8", "bool", "complex64", "complex128", "Size", "device")})
+#: rlconform modules whose classes (data: cases, stand-ins, tape records, binding declarations) may travel
+_DATA_MODULES = ("rlconform.harness.core.", "rlconform.harness.catalog.", "rlconform.harness.families.",
+                 "rlconform.properties.", "rlconform.reference.", "rlconform.distributed_tests.")
+#: rlconform modules whose functions (pure computations on data: the faithful paths, the references) may
+#: travel as references inside a stand-in binding
+_FUNCTION_MODULES = ("rlconform.harness.core.faithful", "rlconform.harness.families.", "rlconform.reference.")
+
+
+def _admitted(module: str, name: str):
+    """The object ``module.name`` names when the referee may load it, else None: an exact pair of
+    :data:`_EXACT`, or a class of rlconform's data modules / a function of its computation modules that is
+    *defined* in ``module`` (not imported into it) and named without a dot (pickle at protocol ≥ 4 follows
+    dotted names as attribute paths: ``tape.builtins.exec``)."""
+    import importlib
+    import types
+
+    if not isinstance(module, str) or not isinstance(name, str) or not name.isidentifier():
+        return None
+    if (module, name) in _EXACT:
+        return ...
+    if not module.startswith("rlconform.") or module.startswith(ENGINE_PACKAGES):
+        return None
+    if not module.startswith(_DATA_MODULES) and not module.startswith(_FUNCTION_MODULES):
+        return None
+    try:
+        obj = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+    if getattr(obj, "__module__", None) != module:
+        return None
+    if isinstance(obj, type) and module.startswith(_DATA_MODULES):
+        return obj
+    if isinstance(obj, types.FunctionType) and module.startswith(_FUNCTION_MODULES):
+        return obj
+    return None
 
 
 class _Loader(pickle.Unpickler):
-    """Loads only rlconform (its engine packages excluded), numpy, torch and plain builtin types."""
+    """Loads only what :func:`_admitted` admits: no engine package, no dotted name, no callable that is not
+    plain data's constructor or one of rlconform's computations."""
 
     def find_class(self, module, name):
-        if module == "builtins" and name not in _BUILTINS:
-            raise pickle.UnpicklingError(f"the referee does not load builtins.{name}")
-        if module.startswith(ENGINE_PACKAGES) or not module.startswith(_ALLOWED_MODULES) and module not in (
-                "numpy", "torch"):
+        found = _admitted(module, name)
+        if found is None:
             raise pickle.UnpicklingError(f"the referee does not load {module}.{name}")
-        return super().find_class(module, name)
+        return super().find_class(module, name) if found is ... else found
 
 
 def loads(data: bytes):
@@ -285,8 +328,8 @@ def judge(payload: bytes, check_here, exchange=None):
     ``("diverged", message)``, ``("raised", message, traceback)`` (the family's reading of the engine's
     output raised: the engine's contract breach), ``("own_error", where, message, traceback)`` (rlconform's
     yardstick raised: :mod:`rlconform.harness.core.blame`), ``("not_checked", class name, message,
-    attributes)``; ``verdict`` is ``(finding id, kind, outcome verdict or None, message)`` (None for
-    ``not_checked``)."""
+    attributes)``; ``verdict`` is ``(finding id, kind, outcome verdict or None, message[, numbers])`` (None for
+    ``not_checked``; ``numbers``: the outcome's ratio, max_abs_err, max_rel_err and tolerance)."""
     from rlconform.harness.core.evaluation import EngineCrash
 
     req = loads(payload)
@@ -298,7 +341,9 @@ def judge(payload: bytes, check_here, exchange=None):
     try:
         with T.remote(tape):
             outcome = check_here(binding, case)
-        return ("outcome", outcome), (fid, "outcome", outcome.verdict, outcome.message)
+        numbers = {"ratio": outcome.ratio, "max_abs_err": outcome.max_abs_err, "max_rel_err": outcome.max_rel_err,
+                   "tolerance": outcome.tolerance}
+        return ("outcome", outcome), (fid, "outcome", outcome.verdict, outcome.message, numbers)
     except EngineCrash as exc:
         return ("crash", str(exc), getattr(exc, "engine_traceback", "")), (fid, "crash", None, str(exc))
     except T.ReplayDiverged as exc:

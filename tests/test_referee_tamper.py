@@ -52,3 +52,53 @@ def test_a_tampering_distributed_engine_is_red_only_under_the_referee(referee, t
     expected = "discrepancy" if referee == "--referee" else "pass"
     assert statuses == {"cp_masked_mean.matches_reference.float32.cp2_all_on": expected}, \
         proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_a_worker_cannot_choose_where_the_controller_writes_a_case_file(tmp_path):
+    """The worker reports its reproducer at a path outside ``--out``: the controller writes the case file
+    under ``OUT/cases/<finding id>.json`` and nothing at the worker's path."""
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere" / "planted.json"
+    elsewhere.parent.mkdir()
+    proc = forked_cli.run(["check", "--engine", os.path.join(BINDINGS, "tamper_case_path.py"),
+         "--op", "entropy", "--property", "matches_reference", "--dtype", "float32", "--regime", "moderate",
+         "--max-examples", "5", "--out", str(out), "-q"],
+        env=dict(os.environ, RLCONFORM_TEST_TAMPER_PATH=str(elsewhere)), timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not elsewhere.exists()
+    doc = json.loads((out / "report.json").read_text())
+    [finding] = doc["findings"]
+    assert finding["reproducer"]["case_file"] == "cases/entropy.matches_reference.float32.moderate.json"
+    assert (out / "cases" / "entropy.matches_reference.float32.moderate.json").is_file()
+
+
+def test_replay_reads_a_reports_cases_only_under_its_cases_folder(tmp_path):
+    """A report folder whose reproducer points outside ``DIR/cases`` (``../``, an absolute path, a symbolic
+    link out) is refused with exit 2; the file is never read."""
+    secret = tmp_path / "secret.json"
+    secret.write_text("{}")
+    report = tmp_path / "report"
+    (report / "cases").mkdir(parents=True)
+    (report / "cases" / "link.json").symlink_to(secret)
+    for i, case_file in enumerate(["../secret.json", str(secret), "cases/../../secret.json", "cases/link.json"]):
+        doc = {"findings": [{"id": f"f{i}", "reproducer": {"case_file": case_file}}]}
+        (report / "report.json").write_text(json.dumps(doc))
+        proc = forked_cli.run(["replay", "--report", str(report), f"f{i}"], timeout=600)
+        assert proc.returncode == 2 and "replay reads cases only there" in proc.stderr, (case_file, proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("mode", ["disconnect-0", "disconnect-str", "xfail", "max_ratio"])
+def test_no_field_of_the_workers_record_makes_a_finding_green(mode, tmp_path):
+    """The controller computes the verdict-bearing fields from the referee's record: a worker that cuts its
+    referee off, forges its example count, claims an xfail no ledger lists, or reports a rounding-sized
+    error over tolerance leaves the 0.5× entropy red (exit 1)."""
+    out = tmp_path / "out"
+    proc = forked_cli.run(["check", "--engine", os.path.join(BINDINGS, "tamper_worker_record.py"),
+         "--op", "entropy", "--property", "matches_reference", "--dtype", "float32", "--regime", "moderate",
+         "--max-examples", "5", "--out", str(out), "-q"],
+        env=dict(os.environ, RLCONFORM_TEST_TAMPER=mode), timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [finding] = json.loads((out / "report.json").read_text())["findings"]
+    assert finding["status"] in ("discrepancy", "crash"), finding
+    assert finding["xfail_listed"] is False
+    if mode == "max_ratio":
+        assert finding["status"] == "discrepancy" and (finding["max_ratio"] is None or finding["max_ratio"] > 10)

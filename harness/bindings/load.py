@@ -45,7 +45,9 @@ def available_engines() -> list[str]:
 
 def _git_revision(path: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        from rlconform.harness.core.safe_git import git
+
+        out = git(path, "rev-parse", "HEAD", timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None

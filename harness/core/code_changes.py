@@ -23,6 +23,8 @@ import os
 import re
 import subprocess
 
+from rlconform.harness.core.safe_git import git as safe_git
+
 __all__ = ["ChangeError", "changed_lines", "function_ranges", "callees", "changed_functions"]
 
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@")
@@ -37,8 +39,7 @@ def changed_lines(checkout: str, rev: str) -> dict[str, list[tuple[int, int]]]:
     HEAD`` reports for the Python files under ``checkout`` (paths relative to ``checkout``). Raises
     :class:`ChangeError` when ``checkout`` is not in a git repository or ``rev`` names no commit."""
     def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", checkout, *args], capture_output=True, text=True,
-                              env={**os.environ, "LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1"})
+        return safe_git(checkout, *args, env={"GIT_CONFIG_NOSYSTEM": "1"})
 
     if not os.path.isdir(checkout):
         raise ChangeError(f"--engine-path {checkout} is not a folder")
@@ -47,7 +48,7 @@ def changed_lines(checkout: str, rev: str) -> dict[str, list[tuple[int, int]]]:
     if git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").returncode != 0:
         raise ChangeError(f"--changed-since {rev}: no such commit in {checkout} (a shallow clone? fetch the "
                           f"history: actions/checkout with fetch-depth: 0)")
-    out = git("diff", "-U0", "--no-color", "--no-ext-diff", "--relative", rev, "HEAD", "--", "*.py")
+    out = git("diff", "-U0", "--no-color", "--no-ext-diff", "--no-textconv", "--relative", rev, "HEAD", "--", "*.py")
     if out.returncode != 0:
         raise ChangeError(f"git diff {rev} HEAD failed in {checkout}: {out.stderr.strip()[:300]}")
     hunks: dict[str, list[tuple[int, int]]] = {}

@@ -16,6 +16,24 @@ import os
 CASES = "cases"
 
 
+def case_file_name(finding_id) -> str | None:
+    """``<finding id>.json``, the name of a finding's case file under ``cases/``; None for an id that cannot
+    be a file name of that folder (not a string, empty, a path separator, a NUL, ``.`` or ``..``, or longer
+    than 200 characters)."""
+    if not isinstance(finding_id, str) or not finding_id or len(finding_id) > 200 or finding_id in (".", ".."):
+        return None
+    if any(c in finding_id for c in ("/", "\\", "\0")) or finding_id.startswith("."):
+        return None
+    return f"{finding_id}.json"
+
+
+def inside_cases(report_dir: str, path: str) -> bool:
+    """Whether ``path`` (symbolic links resolved) lies in ``report_dir/cases``."""
+    root = os.path.realpath(os.path.join(report_dir, CASES))
+    real = os.path.realpath(path)
+    return real != root and os.path.commonpath([root, real]) == root
+
+
 def relative(report_dir: str, case_file: str | None) -> str | None:
     """``case_file`` as a path relative to ``report_dir`` (``/`` separated), or None for None.
 

@@ -519,11 +519,33 @@ def _literal(obj, indent: int = 0) -> str:
     return repr(obj)
 
 
+#: characters a report string may not bring into a script's text: each would end or escape the string,
+#: docstring, f-string field or comment it is written in; mapped to a look-alike that cannot
+_SCRIPT_TEXT = str.maketrans({'"': "'", "\\": "/", "{": "(", "}": ")"})
+
+
+def script_text(value) -> str:
+    """A report value as it may appear inside a script's strings, docstrings and comments: ``"``, ``\\``,
+    ``{`` and ``}`` replaced by look-alikes, every control or line-breaking character by a space. The
+    templates' only code contexts take values rlconform computes (numbers, its own names) or literals
+    (:func:`_literal`, ``tojson``), marked safe."""
+    text = str(value).translate(_SCRIPT_TEXT)
+    return "".join(" " if (c < " " or c in "\x7f\x85\u2028\u2029") else c for c in text)
+
+
+def _finalize(value):
+    import markupsafe
+
+    if isinstance(value, markupsafe.Markup) or isinstance(value, (bool, int, float)) or value is None:
+        return value
+    return script_text(value)
+
+
 def _environment():
     import jinja2
 
     return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
-                              undefined=jinja2.StrictUndefined, autoescape=False)
+                              undefined=jinja2.StrictUndefined, autoescape=False, finalize=_finalize)
 
 
 def _with_masked_position(case: dict) -> dict:
@@ -558,6 +580,8 @@ def standalone_script(doc: dict, d: dict, folder: str) -> tuple[str | None, str 
         return None, got
     from rlconform.harness.report.triage import narrowest, trigger
 
+    import markupsafe
+
     f, case, (template, extra) = got
     eng = doc.get("engine") or {}
     fn = d.get("engine_function") or {}
@@ -581,7 +605,7 @@ def standalone_script(doc: dict, d: dict, folder: str) -> tuple[str | None, str 
                function=fn.get("function") or d.get("op"), site=f"{fn.get('file')}:{fn.get('line')}",
                kind=_member_kind(f), trigger=narrowest(trigger(f), [f]), prop=case.get("property"),
                op=op, dtype=dtype, finding=f["id"], regime=case.get("regime") or "",
-               inputs=_literal(embedded), reference_src=ref_src, reference_doc=ref_doc)
+               inputs=markupsafe.Markup(_literal(embedded)), reference_src=ref_src, reference_doc=ref_doc)
     return _environment().get_template(template).render(**ctx), None
 
 

@@ -80,9 +80,11 @@ class Result:
 
 
 def git(repo: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """``git -C repo args``, text output; raises BisectError with git's message when ``check`` and it fails."""
-    proc = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
-                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"})
+    """``git -C repo args`` with the checkout's programs switched off (:mod:`rlconform.harness.core.safe_git`),
+    text output; raises BisectError with git's message when ``check`` and it fails."""
+    from rlconform.harness.core.safe_git import git as safe_git
+
+    proc = safe_git(repo, *args)
     if check and proc.returncode != 0:
         raise BisectError(f"git {' '.join(args)} failed in {repo}: {(proc.stderr or proc.stdout).strip()}")
     return proc

@@ -50,6 +50,7 @@ from rlconform.harness.workers import interrupts
 from rlconform.harness.core import torch_state
 from rlconform.harness.catalog.binding import BindingError
 from rlconform.harness.core.opinfo import FINDING_ID
+from rlconform.harness.report.case_paths import CASES, case_file_name
 from rlconform.harness.run.selection import selected_findings
 from rlconform.harness.run.recorder import (
     EngineAbort, FindingRecorder, FindingStateChanged, classify, crash_message, dead_process_entry,
@@ -626,7 +627,7 @@ def pytest_runtest_logreport(report):
         if name == "rlconform_finding":
             if state.use_referee and state.referees:  # the referee's verdicts stand (issue 22 §1)
                 state.drain_referees()
-                state.verdicts.overrule(value)
+                state.verdicts.overrule(value, state.xfails)
             _keep_case(state, value)
             _apply_defect_lines(state, value)
             _progress(state, value.get("id", "") if isinstance(value, dict) else "")
@@ -692,8 +693,15 @@ def _keep_case(state: State, finding: dict) -> None:
     text, path = rep.pop("_case_text", None), rep.get("case_file")
     if not path:
         return
-    if not os.path.isabs(path):  # reproducers are stored relative to the report folder (cases/<id>.json)
-        path = os.path.join(state.out, path)
+    # the controller names the file itself, OUT/cases/<finding id>.json: a path the engine's process sends is
+    # never written to (nor read)
+    fid = finding.get("id")
+    name = case_file_name(fid)
+    if name is None:
+        rep.pop("case_file", None)
+        return
+    rep["case_file"] = f"{CASES}/{name}"
+    path = os.path.join(state.out, CASES, name)
     if isinstance(text, str):  # as the process that found it wrote it, not as the folder holds it now
         state.cases[path] = text.encode("utf-8")
         return

@@ -28,25 +28,49 @@ def refereed(op) -> bool:
     return isinstance(op, str) and op in OPS
 
 
+#: statuses that only the controller's own ledger may give
+LEDGER_STATUSES = ("xfail", "xpass")
+#: what a worker may report as the failure under an xfail (``xfail_of``)
+_UNDERLYING = ("discrepancy", "crash", "marginal", "unavailable", "error", "binding_error")
+
+
+def _number(x) -> float | None:
+    """``x`` as a float when it is a real number (bool excluded), else None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x)
+
+
 class VerdictBook:
-    """Per finding id: how many verdicts the referees sent, and the first failing one."""
+    """Per finding id: how many verdicts the referees sent, the first failing one, and the worst numbers
+    (error over tolerance, absolute and relative error) the referee measured."""
 
     def __init__(self):
         self.seen: collections.Counter = collections.Counter()
         self.failing: dict[str, tuple[str, str]] = {}
+        self.worst: dict[str, dict] = {}
+        self.failing_numbers: dict[str, dict] = {}
 
     def add(self, verdicts) -> None:
         for v in verdicts:
             try:
-                fid, kind, verdict, message = v
+                fid, kind, verdict, message, *rest = v
             except (TypeError, ValueError):
                 continue
             fid = str(fid)
             self.seen[fid] += 1
+            numbers = rest[0] if rest and isinstance(rest[0], dict) else {}
+            if numbers:
+                worst = self.worst.setdefault(fid, {})
+                for k, x in numbers.items():
+                    x = _number(x)
+                    if x is not None and not (x != x) and (k not in worst or x > worst[k]):
+                        worst[k] = x
             if fid in self.failing:
                 continue
             if kind == "outcome" and verdict == "discrepancy":
                 self.failing[fid] = ("discrepancy", str(message))
+                self.failing_numbers[fid] = dict(numbers)
             elif kind == "diverged":  # rlconform's own failure to judge: a harness error, never the engine's
                 from rlconform.properties.referee import REFEREE_ERROR  # lazily: it imports torch
 
@@ -56,19 +80,52 @@ class VerdictBook:
             elif kind != "outcome":
                 self.failing[fid] = ("crash", f"the referee: {message}")
 
-    def overrule(self, finding: dict) -> dict:
-        """``finding`` (a report entry, changed in place and returned) with the referee's record applied."""
+    def overrule(self, finding: dict, listed=frozenset()) -> dict:
+        """``finding`` (a report entry, changed in place and returned) with the referee's record applied.
+
+        ``listed``: the finding ids the controller's own ledger lists. The worker's record decides nothing
+        green: ``xfail`` / ``xpass`` stand only for a listed id (otherwise the status is the failure the
+        worker names under it, or ``discrepancy``; ``pass`` for an ``xpass``), and ``xfail_listed`` is the
+        controller's; a refereed finding reported green that its referee judged failing takes the referee's
+        status and numbers; one the referee judged no example of, or whose example count is not a count
+        the referee saw, is a crash; a failing one's error over tolerance is never below the referee's."""
         fid, status = finding.get("id"), finding.get("status")
-        if status not in GREEN or not isinstance(fid, str):
+        if not isinstance(fid, str):
+            finding["status"] = "crash"
+            finding["message"] = "the engine's worker reported a finding without an id"
             return finding
-        if fid in self.failing:
+        listed_here = fid in listed
+        if status in LEDGER_STATUSES and not listed_here:
+            under = finding.get("xfail_of")
+            status = under if under in _UNDERLYING else ("pass" if status == "xpass" else "discrepancy")
+            finding["status"] = status
+            finding.pop("xfail_of", None)
+        finding["xfail_listed"] = listed_here
+        finding.pop("ledger_defect", None)  # defect lines are matched by the controller, after this
+        if not refereed(finding.get("op")):
+            return finding
+        seen = self.seen.get(fid, 0)
+        if status in GREEN and fid in self.failing:
             new, message = self.failing[fid]
             finding["status"] = "xfail" if status == "xpass" and new != "error" else new
             finding["message"] = (f"{message} (the referee's verdict; the engine's worker reported {status})")[:4000]
-            return finding
-        examples = finding.get("examples") or 0
-        if isinstance(examples, int) and examples > self.seen.get(fid, 0) and refereed(finding.get("op")):
-            finding["status"] = "crash"
-            finding["message"] = (f"the engine's worker reported {examples} example(s) of this finding as {status}, "
-                                  f"its referee judged {self.seen.get(fid, 0)}: the checks did not all reach the referee")
+            numbers = self.failing_numbers.get(fid) or {}
+            for field, key in (("max_abs_err", "max_abs_err"), ("max_rel_err", "max_rel_err"),
+                               ("tolerance", "tolerance")):
+                if key in numbers and _number(numbers[key]) is not None:
+                    finding[field] = float(numbers[key])
+        elif status in GREEN:
+            examples = finding.get("examples")
+            if seen == 0 or isinstance(examples, bool) or not isinstance(examples, int) or not 0 < examples <= seen:
+                finding["status"] = "crash"
+                finding["message"] = (f"the engine's worker reported {examples!r} example(s) of this finding as "
+                                      f"{status}, its referee judged {seen}: the checks did not all reach the "
+                                      f"referee")
+        if finding["status"] not in GREEN and fid in self.worst and "ratio" in self.worst[fid]:
+            ref = self.worst[fid]["ratio"]
+            mine = _number(finding.get("max_ratio"))
+            worst = ref if mine is None else max(mine, ref)
+            finding["max_ratio"] = worst if worst != float("inf") else None
+        elif _number(finding.get("max_ratio")) is None:
+            finding["max_ratio"] = None
         return finding
