@@ -102,3 +102,15 @@ def test_no_field_of_the_workers_record_makes_a_finding_green(mode, tmp_path):
     assert finding["xfail_listed"] is False
     if mode == "max_ratio":
         assert finding["status"] == "discrepancy" and (finding["max_ratio"] is None or finding["max_ratio"] > 10)
+
+
+def test_a_selected_finding_the_worker_leaves_out_keeps_the_run_red(tmp_path):
+    out = tmp_path / "out"
+    proc = forked_cli.run(["check", "--engine", os.path.join(BINDINGS, "tamper_worker_record.py"),
+         "--op", "entropy", "--property", "matches_reference", "--dtype", "float32", "--regime", "moderate",
+         "--max-examples", "5", "--out", str(out), "-q"],
+        env=dict(os.environ, RLCONFORM_TEST_TAMPER="drop"), timeout=600)
+    assert proc.returncode != 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "report.json").read_text())
+    assert "entropy.matches_reference.float32.moderate" in doc["run"]["not_run"]
+    assert all(f["status"] != "pass" for f in doc["findings"]), doc["findings"]
