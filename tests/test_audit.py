@@ -130,3 +130,35 @@ def test_cli_audit_exits_0_with_hits_and_2_on_bad_input(tmp_path, capsys, monkey
     assert "cannot read report" in capsys.readouterr().err
     assert main(["audit", "--engine", "reference"]) == 2
     assert "declares no coverage" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("unreadable", ["recursion", "fifo"])
+def test_cli_audit_reports_a_file_it_cannot_read_and_exits_2(unreadable, tmp_path, capsys, monkeypatch):
+    """A file that makes Python's parser raise RecursionError, or a FIFO named ``*.py`` (opening it would
+    block until ``--timeout``), is an error of the audit: listed, exit 2, never "0 hits"."""
+    import os
+
+    from rlconform.harness.cli import main
+
+    pkg = tmp_path / "deep_eng"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    with open(PLANTED, encoding="utf-8") as fh:
+        (pkg / "losses.py").write_text(fh.read())
+    if unreadable == "recursion":
+        (pkg / "deep.py").write_text("x = " + "-" * 200_000 + "1\n")
+    else:
+        os.mkfifo(pkg / "deep.py")
+    (tmp_path / "bind.py").write_text(
+        "from rlconform.harness.catalog.binding import Binding, Coverage, Lazy\n"
+        "binding = Binding(name='deep', ops={'masked_mean': Lazy('deep_eng.losses:masked_mean')},\n"
+        "                  coverage=Coverage(modules=('deep_eng',)))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["audit", "--engine", str(tmp_path / "bind.py"), "--engine-path", str(tmp_path), "--format", "json",
+            "--timeout", "600"]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    assert any("deep.py" in e for e in record["errors"]), record["errors"]
+    assert record["hits"]  # the readable file is still audited
+    assert "could not read" in captured.err

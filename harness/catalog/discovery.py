@@ -46,6 +46,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
+import stat
 import sys
 from typing import Iterable, Iterator
 
@@ -278,9 +279,11 @@ def discover(package: str, root: str | None = None) -> tuple[list[Found], list[s
         if any(not _public(p) for p in module.split(".")[package.count(".") + 1:]):
             continue  # a private module (`_utils`): its functions are helpers of the public ones
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or device named *.py: opening it would block
+                raise OSError(f"not a regular file: {path}")
             with open(path, encoding="utf-8") as fh:
                 tree = ast.parse(fh.read(), path)
-        except (OSError, SyntaxError, ValueError, UnicodeDecodeError) as exc:
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError) as exc:
             errors.append(f"{os.path.relpath(path, top_dir)}: {type(exc).__name__}: {exc}")
             continue
         found += _file_found(module, path, top_dir, tree)

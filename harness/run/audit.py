@@ -44,10 +44,11 @@ def audit_record(binding) -> dict:
     hits, errors = [], []
     for package in packages:
         try:
-            found, _ = discover(package)
+            found, unread = discover(package)
         except FileNotFoundError as exc:
             errors.append(str(exc))
             continue
+        errors += unread  # a file the audit could not read is not a file without hits
         hits += [h.to_json() for h in audit(found)]
     return {"engine": binding.name, "version": binding.version, "hits": hits, "errors": errors,
             "coverage": {"items": [{k: it[k] for k in ("name", "status", "bound_to")}
@@ -88,4 +89,8 @@ def cmd_audit(args) -> int:
     else:
         command = f"rlconform audit --engine {spec}" + (f" --report {args.report}" if args.report else "")
         sys.stdout.write(render_markdown(record, command=command, rules=RULES))
+    if record.get("errors"):  # the audit is incomplete: what it could not read is listed above
+        print(f"rlconform: error: the audit could not read {len(record['errors'])} file(s) or package(s): "
+              f"{record['errors'][0]}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_CLEAN

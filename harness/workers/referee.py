@@ -36,10 +36,25 @@ class RefereeUnavailable(Exception):
     """The referee could not be started, or stopped answering (a harness error, never a verdict)."""
 
 
-def _serve(address: str, authkey: bytes, verdicts, ready, judge: Callable, check_clean: Callable) -> None:
+def _end_with_parent(parent: int, tmpdir: str, period_s: float = 0.5) -> None:
+    """End this process (and remove the referee's socket folder) as soon as its parent is gone: a controller
+    killed with SIGKILL cannot end its referee itself. Runs in a daemon thread."""
+    import time
+
+    while os.getppid() == parent:
+        time.sleep(period_s)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    os._exit(0)
+
+
+def _serve(address: str, authkey: bytes, verdicts, ready, judge: Callable, check_clean: Callable,
+           parent: int | None = None) -> None:
     from rlconform.harness.workers import interrupts
 
     interrupts.ignore_sigint()  # the controller handles Ctrl-C and ends this process
+    if parent is not None:
+        threading.Thread(target=_end_with_parent, args=(parent, os.path.dirname(address)), daemon=True,
+                         name="rlconform-referee-parent-watch").start()
     check_clean()
     listener = multiprocessing.connection.Listener(address, family="AF_UNIX", authkey=authkey)
     ready.send(os.getpid())
@@ -141,7 +156,7 @@ def start(judge: Callable, check_clean: Callable, timeout_s: float = 120.0) -> R
     authkey = secrets.token_bytes(32)
     verdicts_out, verdicts_in = ctx.Pipe(duplex=False)
     ready_out, ready_in = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_serve, args=(address, authkey, verdicts_in, ready_in, judge, check_clean),
+    p = ctx.Process(target=_serve, args=(address, authkey, verdicts_in, ready_in, judge, check_clean, os.getpid()),
                     daemon=True, name="rlconform-referee")
     # the worker and its referee take turns, call by call: an idle OpenMP thread that spins for the next
     # parallel region would take a core from the other process (the user's own setting is kept)
