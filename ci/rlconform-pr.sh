@@ -17,7 +17,7 @@
 #   --fail-on  passed to `rlconform diff` (default: robustness)
 #   --all      check the whole catalog on both sides; by default (issue 26 §2) the head is checked with
 #              `--changed-since <base commit>` (the findings whose engine functions, or what they call in
-#              the engine's package, changed, and the ledger's) and the base with `--findings` of the head's
+#              the engine's package, changed, and those of ledger lines the PR edits) and the base with `--findings` of the head's
 #              selection (OUT/head/selection.txt): the same findings on both sides
 #
 # Environment: RLCONFORM_SKIP_INSTALL=1 uses the `rlconform` already on PATH (the fork installed it);
@@ -113,8 +113,8 @@ else
   check head "$head" --changed-since "$since" "$@"; head_rc=$?
   if [ "$head_rc" -eq 0 ] && [ ! -f "$out/head/report.json" ] && [ -f "$out/head/selection.txt" ]; then
     { echo "## rlconform: nothing to check"; echo
-      echo "No engine function bound to the catalog (nor one it calls) changed since \`$since\`, and the ledger"
-      echo "lists no finding: no verdict can have changed. (\`--all\` checks the whole catalog.)"; } > "$out/comment.md"
+      echo "No engine function bound to the catalog (nor one it calls) changed since \`$since\`, and no ledger line"
+      echo "the PR edits lists one: no verdict can have changed. (\`--all\` checks the whole catalog.)"; } > "$out/comment.md"
     echo "rlconform-pr: nothing to check; comment in $out/comment.md"
     exit 0
   fi
@@ -130,7 +130,10 @@ for side in head base; do
   fi
 done
 
-rlconform diff "$out/base" "$out/head" --fail-on "$fail_on" --markdown "$out/comment.md" --json "$out/diff.json"
+attribution=()
+[ -f "$out/head/selection.json" ] && attribution=(--selection "$out/head/selection.json")
+rlconform diff "$out/base" "$out/head" --fail-on "$fail_on" --markdown "$out/comment.md" --json "$out/diff.json" \
+  --max-lines "${RLCONFORM_COMMENT_LINES:-60}" "${attribution[@]}"
 rc=$?
 # every command of the comment must work pasted in the fork's checkout with the uploaded reports in $out
 # (issue 26 §5): the checkouts' absolute paths become `.` (the head) and the base commit

@@ -399,10 +399,14 @@ def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
         from rlconform.harness.run.changed_since import ChangeError, select_changed
 
         listed: set = set()
-        if args.xfails:  # the ledger's finding ids, and every finding in the scope of a defect line
+        if args.xfails:  # a ledger never widens the selection, but a line the change itself edits selects its scope
+            from rlconform.harness.core.code_changes import changed_file_lines
+
             ledger = parse_ledger(args.xfails)
-            scopes = {pair for d in ledger.defects.values() for pair in d.scope}
-            listed = set(ledger.findings) | {".".join(f) for f in chosen if (f[0], f[1]) in scopes}
+            edited = changed_file_lines(args.xfails, changed_since) or set()
+            scopes = {pair for d in ledger.defects.values() if d.line in edited for pair in d.scope}
+            listed = {fid for fid, n in ledger.finding_lines.items() if n in edited} | {
+                ".".join(f) for f in chosen if (f[0], f[1]) in scopes}
         try:
             selection = select_changed(meta, args.engine_path, changed_since, chosen, listed)
         except ChangeError as exc:
@@ -430,7 +434,10 @@ def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
                 sel.ids = [".".join(f) for f in chosen]
                 write_selection(os.path.join(tmp, "findings.txt"), sel)
                 if selection is not None:
+                    from rlconform.harness.run.changed_since import write_selection_json
+
                     write_selection(os.path.join(args.out, "selection.txt"), sel)
+                    write_selection_json(os.path.join(args.out, "selection.json"), sel)
                     print(f"rlconform: --changed-since {changed_since}: {len(sel.ids)} finding(s) selected; "
                           f"changed bound functions: {', '.join(sorted(sel.changed)) or 'none'}", flush=True)
             code = _run_pytest(args, meta, corpus, tmp, pytest, only is not None)
@@ -449,15 +456,16 @@ def _nothing_changed(args, selection) -> int:
     """``--changed-since`` / ``--findings`` left no finding: say why in one line and in OUT/selection.txt;
     exit 0 (nothing the change touched can have changed a verdict)."""
     if selection is not None:
-        from rlconform.harness.run.changed_since import write_selection
+        from rlconform.harness.run.changed_since import write_selection, write_selection_json
 
         try:
             os.makedirs(args.out, exist_ok=True)
             write_selection(os.path.join(args.out, "selection.txt"), selection)
+            write_selection_json(os.path.join(args.out, "selection.json"), selection)
         except OSError as exc:
             return _usage_error(f"cannot write {args.out}/selection.txt: {exc.strerror or exc}")
         print(f"rlconform: nothing to check: no bound engine function (nor one it calls) changed since "
-              f"{selection.rev}, and the ledger lists no selected finding")
+              f"{selection.rev}, and no ledger line the change edits lists one")
         return EXIT_CLEAN
     return _usage_error("no finding of --findings matches the engine and the filters")
 

@@ -134,7 +134,8 @@ def test_selection_rule_over_findings(repo):
     sel = select_changed(meta, str(repo), "HEAD~1", findings, ledger={"b.q.float32.r"})
     assert sel.ids == ["a.p.float32.r", "b.q.float32.r", "c.p.float32.r"]
     assert sel.why["a.p.float32.r"].startswith("calls pkg/ops.py:top -> pkg/ops.py:middle -> pkg/ops.py:leaf")
-    assert sel.why["b.q.float32.r"] == "listed in the ledger"
+    assert sel.why["b.q.float32.r"] == "its ledger line changed"
+    assert sel.paths["a.p.float32.r"][0] == "pkg/ops.py:top" and "c.p.float32.r" not in sel.paths
     assert "cannot be ruled out" in sel.why["c.p.float32.r"]
 
 
@@ -175,3 +176,39 @@ def test_one_function_pr_of_a_verl_fork_selects_only_its_ops(tmp_path):
     text = (out / "selection.txt").read_text()
     assert "core_algos.py:kl_penalty -> verl/trainer/ppo/core_algos.py:kl_penalty_forward (changed)" in text
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_ledger_never_widens_the_selection_but_a_line_the_change_edits_selects_its_scope(tmp_path):
+    """A fork whose ledger lists a finding of an unchanged function: a change elsewhere selects nothing; a
+    change that edits that ledger line selects the finding it lists, and only it."""
+    import importlib.util
+    import pathlib
+
+    from rlconform.harness.catalog.ops import OPS
+
+    spec = importlib.util.spec_from_file_location("toyfork", pathlib.Path(__file__).with_name("toyfork.py"))
+    T = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(T)
+    fork = tmp_path / "fork"
+    T.make_fork(fork, [("add masked_mean", T.RIGHT)])
+    regime = next(r for r, dtypes in OPS["masked_mean"].regimes.items() if "float32" in dtypes)
+    listed = f"masked_mean.matches_reference.float32.{regime}"
+    ledger = fork / "rlconform-xfails.txt"
+    ledger.write_text(f"{listed}  # accepted\n")
+    T.commit(fork, "ledger")
+    (fork / "NOTES.md").write_text("a change to no engine function\n")
+    T.commit(fork, "notes")
+
+    def check(out):
+        return forked_cli.run(["check", "--engine", T.SPEC, "--engine-path", str(fork), "--changed-since", "HEAD~1",
+                               "--xfails", str(ledger), "--out", str(out), "-q", "--max-examples", "2"], cwd=tmp_path)
+
+    proc = check(tmp_path / "o1")
+    assert proc.returncode == 0 and "nothing to check" in proc.stdout, proc.stdout + proc.stderr
+    ledger.write_text(f"{listed}  # accepted, reason reworded\n")
+    T.commit(fork, "reword the ledger line")
+    proc = check(tmp_path / "o2")
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert read_selection(str(tmp_path / "o2" / "selection.txt")) == [listed]
+    assert "its ledger line changed" in (tmp_path / "o2" / "selection.txt").read_text()

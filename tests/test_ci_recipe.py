@@ -63,7 +63,11 @@ def test_new_bug_in_the_head_is_commented_and_fails(tmp_path, checkouts):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     comment = (tmp_path / "ci" / "comment.md").read_text()
-    assert "### New defects" in comment and "masked_mean" in comment, comment
+    # the comment leads with the function the PR changed, its new defect and numbers
+    assert "### Changed function `toypkg/ops.py:masked_mean`" in comment, comment
+    lead = comment.split("### Changed function", 1)[1]
+    assert "wrong value" in lead and "engine" in lead and "exact" in lead, comment
+    assert len(comment.splitlines()) <= 70, comment
     assert "new **training** `masked_mean.matches_reference.float32." in comment, comment
     assert (tmp_path / "ci" / "head" / "report.html").is_file()
     assert T.git(head, "status", "--porcelain") == "" and T.git(base, "status", "--porcelain") == ""

@@ -25,7 +25,7 @@ import subprocess
 
 from rlconform.harness.core.safe_git import git as safe_git
 
-__all__ = ["ChangeError", "changed_lines", "function_ranges", "callees", "changed_functions"]
+__all__ = ["ChangeError", "changed_file_lines", "changed_lines", "function_ranges", "callees", "changed_functions"]
 
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@")
 
@@ -90,6 +90,29 @@ def _defs(tree: ast.Module):
 def _span(node) -> tuple[int, int]:
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
     return first, getattr(node, "end_lineno", node.lineno) or node.lineno
+
+
+def changed_file_lines(path: str, rev: str) -> set[int] | None:
+    """The new-side line numbers (1-based) that ``git diff -U0 REV HEAD -- FILE`` reports for the file at
+    ``path``, read in the git repository that holds it (its hooks and filters switched off:
+    :mod:`rlconform.harness.core.safe_git`); None when ``path`` is in no git repository or ``rev`` names no
+    commit there (the caller then knows nothing changed)."""
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    top = safe_git(folder, "rev-parse", "--show-toplevel")
+    if top.returncode != 0 or safe_git(folder, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").returncode:
+        return None
+    root = top.stdout.strip()
+    rel = os.path.relpath(os.path.realpath(os.path.abspath(path)), os.path.realpath(root))
+    out = safe_git(root, "diff", "-U0", "--no-color", "--no-ext-diff", "--no-textconv", rev, "HEAD", "--", rel)
+    if out.returncode != 0:
+        return None
+    lines: set[int] = set()
+    for line in out.stdout.splitlines():
+        m = _HUNK.match(line)
+        if m:
+            first, count = int(m.group(1)), int(m.group(2) if m.group(2) is not None else 1)
+            lines.update(range(first, first + count))
+    return lines
 
 
 def function_ranges(path: str) -> dict[str, tuple[int, int]]:

@@ -140,10 +140,13 @@ def compare(base: dict, head: dict) -> dict:
             b = bd[did]
             if (b["severity"], b["members"]) != (d["severity"], d["members"]):
                 rose = RANK[d["severity"]] < RANK[b["severity"]]
+                gained = [m for m in d["members"] if m not in bf]  # failing in the head, not in the base
                 out["defects"]["changed"].append({
                     "id": did, "before": f"{b['severity']}, {len(b['members'])} findings",
-                    "after": f"{d['severity']}, {len(d['members'])} findings", "rose": rose, "fails": rose,
-                    "severity": d["severity"], "defect": d})
+                    "after": f"{d['severity']}, {len(d['members'])} findings", "rose": rose,
+                    "fails": rose or bool(gained), "severity": d["severity"], "defect": d,
+                    "new_members": [head_by_id[m] for m in gained if m in head_by_id],
+                    "lost_members": [m for m in b["members"] if m not in d["members"]]})
         elif not any(m in bf for m in d["members"]):
             out["defects"]["new"].append(d)
     for did, b in bd.items():
@@ -201,10 +204,79 @@ def _not_checked_lines(change: dict) -> list[str]:
     return lines
 
 
-def render_markdown(base: dict, head: dict, change: dict, fail_on: str = DEFAULT_FAIL_ON) -> str:
-    """The pull-request comment: counts, then what the head did not check, then only what changed (new and
-    fixed defects, changed ones, and the new / fixed / changed findings in a collapsed list). Under
-    :data:`MARKDOWN_LIMIT` characters."""
+def _first_line(f: dict) -> str:
+    msg = (f.get("message") or "").strip().splitlines()
+    return msg[0][:240] if msg else f.get("status", "")
+
+
+def _engine_dtypes(doc: dict, op: str) -> list[str]:
+    return list(((doc.get("engine") or {}).get("engine_dtypes") or {}).get(op) or [])
+
+
+def _dtype_words(doc: dict, d: dict) -> str:
+    """The defect's dtypes, the ones the engine calls its op with first: ``float32, bfloat16 (the engine's);
+    also float64``."""
+    used = _engine_dtypes(doc, d.get("op"))
+    dts = list(d.get("dtypes") or [])
+    mine = [t for t in dts if t in used]
+    rest = [t for t in dts if t not in used]
+    if not used:
+        return ", ".join(dts)
+    return ", ".join(mine) + (" (the engine's)" if mine else "no dtype the engine uses") + (
+        f"; also {', '.join(rest)}" if rest else "")
+
+
+def _changed_lines(doc: dict, c: dict, limit: int = 3) -> list[str]:
+    """What changed in a defect, in words and numbers: its new failing findings (with their numbers, the
+    engine's dtypes first), a severity that rose, members that no longer fail."""
+    d = c.get("defect") or {}
+    out = [f"- **{d.get('severity', c.get('severity'))}** `{c['id']}` changed: {c['before']} → {c['after']}"]
+    gained = sorted(c.get("new_members") or (), key=lambda f: (f.get("dtype") not in _engine_dtypes(doc, f.get("op")),
+                                                                 f.get("id", "")))
+    for f in gained[:limit]:
+        out.append(f"  - newly failing `{f['id']}`: {_first_line(f)}")
+    if len(gained) > limit:
+        out.append(f"  - … {len(gained) - limit} more newly failing finding(s) (diff.json)")
+    if c.get("lost_members"):
+        out.append(f"  - {len(c['lost_members'])} member finding(s) no longer fail in it")
+    return out
+
+
+def render_attribution(head: dict, attributed: dict) -> list[str]:
+    """The comment's lead: per changed function, its new and changed defects (numbers, the dtypes the engine
+    uses first, a replay command), then its callers in one line; then the other new defects, each naming the
+    changed function it reaches, if any."""
+    lines: list[str] = []
+    for e in attributed["functions"]:
+        lines += [f"### Changed function `{e['function']}`", ""]
+        if e["defects"]:
+            lines += [*HEADER, *(defect_row(x) for x in e["defects"]), ""]
+            for x in e["defects"]:
+                lines.append(f"- `{x['id']}`: dtypes {_dtype_words(head, x)}")
+        for c in e["changed"]:
+            lines += _changed_lines(head, c)
+        if e["callers"]:
+            names = sorted({(x.get("engine_function") or {}).get("function") or x.get("op") for x in e["callers"]})
+            n = sum(len(x["members"]) for x in e["callers"])
+            lines.append(f"- its failure reaches {len(names)} caller(s) ({n} finding(s)): "
+                         + ", ".join(f"`{x}`" for x in names))
+        lines.append("")
+    if attributed["others"]:
+        lines += ["### Other new defects", "", *HEADER]
+        for x in attributed["others"]:
+            row = defect_row(x)
+            lines.append(row if not x.get("via") else row[:-1] + f" calls `{x['via']}` (changed) |")
+        lines.append("")
+    return lines
+
+
+def render_markdown(base: dict, head: dict, change: dict, fail_on: str = DEFAULT_FAIL_ON,
+                    selection: dict | None = None, max_lines: int | None = None) -> str:
+    """The pull-request comment: counts, then what the head did not check, then only what changed. With
+    ``selection`` (the head's ``selection.json``) it leads with the changed functions' new and changed
+    defects and folds their callers (:mod:`rlconform.harness.report.attribution`); otherwise new, fixed and
+    changed defects. The new / fixed / changed findings follow in a collapsed list. Under
+    :data:`MARKDOWN_LIMIT` characters, and ``max_lines`` lines when given (the rest: diff.json)."""
     def rev(doc):
         e = doc.get("engine") or {}
         return e.get("revision") or e.get("version") or "?"
@@ -227,23 +299,39 @@ def render_markdown(base: dict, head: dict, change: dict, fail_on: str = DEFAULT
     lines += [f"{verdict} `{fail_on}` · defects: {len(d['new'])} new, {len(d['fixed'])} fixed, "
               f"{len(d['changed'])} changed · findings: {len(f['new'])} new, {len(f['fixed'])} fixed, "
               f"{len(f['changed'])} changed", ""]
-    if d["new"]:
+    attributed = None
+    if selection is not None:
+        from rlconform.harness.report.attribution import attribute
+
+        attributed = attribute(change, selection)
+        if not attributed["functions"]:
+            attributed = None
+    if attributed is not None:
+        lines += render_attribution(head, attributed)
+    elif d["new"]:
         lines += ["### New defects", "", *HEADER, *(defect_row(x) for x in d["new"]), ""]
     if d["fixed"]:
         lines += ["### Fixed defects", "", *HEADER, *(defect_row(x) for x in d["fixed"]), ""]
-    if d["changed"]:
-        lines += ["### Changed defects", "", "| defect | before | after |", "|---|---|---|",
-                  *(f"| {c['id']} | {c['before']} | {c['after']} |" for c in d["changed"]), ""]
+    shown = {c["id"] for e in (attributed or {}).get("functions", ()) for c in e["changed"]}
+    rest = [c for c in d["changed"] if c["id"] not in shown]
+    if rest:
+        lines += ["### Changed defects", ""]
+        for c in rest:
+            lines += _changed_lines(head, c, limit=1)
+        lines.append("")
     detail = []
     for x in f["new"]:
-        msg = (x.get("message") or "").strip().splitlines()
-        detail.append(f"- new **{x['severity']}** `{x['id']}`: {msg[0][:240] if msg else x['status']}")
+        detail.append(f"- new **{x['severity']}** `{x['id']}`: {_first_line(x)}")
     for x in f["fixed"]:
         detail.append(f"- fixed `{x['id']}` (was {x['severity']})")
     for c in f["changed"]:
         detail.append(f"- changed `{c['id']}`: {c['before']} → {c['after']}")
     if f["not_checked"]:
         detail.append(f"- {len(f['not_checked'])} failing finding(s) of the base not checked in the head")
+    if max_lines is not None and len(lines) > max_lines - 4:
+        kept = lines[:max(max_lines - 4, 0)]
+        return "\n".join(kept + ["", f"… {len(lines) - len(kept)} more line(s) and {len(detail)} finding line(s): "
+                                      f"see diff.json and the head report in the artifact"]) + "\n"
     if detail:
         lines += ["<details><summary>findings</summary>", ""]
         budget = MARKDOWN_LIMIT - sum(len(x) + 1 for x in lines) - 200
@@ -278,7 +366,16 @@ def cmd_diff(args) -> int:
               file=sys.stderr)
         return 2
     change = compare(base, head)
-    md = render_markdown(base, head, change, args.fail_on)
+    selection = None
+    if getattr(args, "selection", None):
+        from rlconform.harness.report.attribution import load_selection
+
+        try:
+            selection = load_selection(args.selection)
+        except (OSError, ValueError) as exc:
+            print(f"rlconform: error: cannot read --selection {args.selection}: {exc}", file=sys.stderr)
+            return 2
+    md = render_markdown(base, head, change, args.fail_on, selection, getattr(args, "max_lines", None))
     try:
         if args.markdown:
             with open(args.markdown, "w") as fh:
@@ -303,6 +400,11 @@ def add_parser(sub) -> None:
                    help="exit 1 when something new is at least this severe (training = destructive > logging > "
                         "robustness > precision; default: %(default)s)")
     p.add_argument("--markdown", default=None, help="also write the Markdown comment here")
+    p.add_argument("--selection", default=None,
+                   help="the head's selection.json (check --changed-since): lead with the changed functions' "
+                        "defects and fold their callers under them")
+    p.add_argument("--max-lines", type=int, default=None,
+                   help="cut the Markdown at this many lines (the rest: --json and the head report)")
     p.add_argument("--json", default=None, help="also write the change as JSON here")
     p.add_argument("--allow-device-mismatch", action="store_true",
                    help="compare reports run on different devices (cpu, cuda of another GPU; refused otherwise: exit 2)")

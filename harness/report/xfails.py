@@ -82,11 +82,13 @@ class DefectLine:
 
 @dataclasses.dataclass
 class Ledger:
-    """A parsed ledger: ``findings`` (finding id -> reason) and ``defects`` (:func:`defect_key` ->
-    :class:`DefectLine`)."""
+    """A parsed ledger: ``findings`` (finding id -> reason), ``defects`` (:func:`defect_key` ->
+    :class:`DefectLine`) and ``finding_lines`` (finding id -> line number)."""
 
     findings: dict[str, str] = dataclasses.field(default_factory=dict)
     defects: dict[str, DefectLine] = dataclasses.field(default_factory=dict)
+    #: finding id -> its line number in the file
+    finding_lines: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.findings or self.defects)
@@ -292,6 +294,7 @@ def parse_ledger(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
         if listed_again(text, n, text):
             continue
         ledger.findings[text] = comment.strip()
+        ledger.finding_lines[text] = n
     dups = dup["count"]
     if dup["first"] is not None and warnings is not None:
         more = f", and {dups - 1} more duplicate line(s)" if dups > 1 else ""

@@ -24,7 +24,7 @@ from rlconform.harness.core.opinfo import FINDING_ID
 __all__ = ["LOCK_NAME", "OutDir", "OutDirError", "claim"]
 
 LOCK_NAME = ".rlconform.lock"
-REPORT_FILES = ("report.json", "report.md", "report.html", "selection.txt")
+REPORT_FILES = ("report.json", "report.md", "report.html", "selection.txt", "selection.json")
 _CASE_FILE = re.compile(rf"^{FINDING_ID}\.json$")
 _TMP_FILE = re.compile(r"^\.tmp-.*(report\.(json|md|html)|\.json)$")
 
