@@ -15,6 +15,11 @@
 #   --out      where the reports go (default: rlconform-ci): OUT/base/, OUT/head/ (report.json, .md,
 #              .html, cases/), OUT/comment.md (the PR comment), OUT/diff.json
 #   --fail-on  passed to `rlconform diff` (default: robustness)
+#   --base-report DIR
+#              the report folder of the fork's main workflow at the base commit (its artifact; never one
+#              the pull request supplies): the base's verdicts of the head's selection are read from it
+#              instead of checked (`rlconform report DIR --subset`); when it is of another commit, engine
+#              or rlconform version, incomplete, or lacks a selected finding, the base is checked as usual
 #   --all      check the whole catalog on both sides; by default (issue 26 §2) the head is checked with
 #              `--changed-since <base commit>` (the findings whose engine functions, or what they call in
 #              the engine's package, changed, and those of ledger lines the PR edits) and the base with `--findings` of the head's
@@ -29,7 +34,7 @@
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-engine="" head="." base="" base_ref="" xfails="" out="rlconform-ci" fail_on="robustness" all=0
+engine="" head="." base="" base_ref="" xfails="" out="rlconform-ci" fail_on="robustness" all=0 base_report=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --engine) engine="$2"; shift 2 ;;
@@ -39,6 +44,7 @@ while [ $# -gt 0 ]; do
     --xfails) xfails="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --fail-on) fail_on="$2"; shift 2 ;;
+    --base-report) base_report="$2"; shift 2 ;;
     --all) all=1; shift ;;
     --) shift; break ;;
     *) echo "rlconform-pr: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
@@ -119,7 +125,17 @@ else
     exit 0
   fi
   base_rc=2
-  [ "$head_rc" -ge 2 ] || { check base "$base" --findings "$out/head/selection.txt" "$@"; base_rc=$?; }
+  if [ "$head_rc" -lt 2 ] && [ -n "$base_report" ]; then
+    base_commit="$(safe_git "$base" rev-parse "HEAD^{commit}" 2>/dev/null)" || base_commit="$since"
+    if rlconform report "$base_report" --subset "$out/head/selection.json" --to "$out/base" \
+         --expect-revision "$base_commit" --expect-engine "$engine"; then
+      base_rc=0
+    else
+      echo "rlconform-pr: checking the base instead"
+      rm -rf "$out/base"
+    fi
+  fi
+  [ "$head_rc" -ge 2 ] || [ "$base_rc" -eq 0 ] || { check base "$base" --findings "$out/head/selection.txt" "$@"; base_rc=$?; }
 fi
 for side in head base; do
   rc_var="${side}_rc"

@@ -169,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="re-render report.md and report.html from a report.json")
     rp.add_argument("out", help="a report folder (holding report.json), or the report.json itself")
+    rp.add_argument("--subset", default=None, metavar="SELECTION",
+                    help="write, in --to, the findings of a check --changed-since selection.json taken from this "
+                         "report (a pull request's base read from main's report); exit 1 when the report cannot "
+                         "stand for the base (another commit, engine or rlconform version, incomplete, or a "
+                         "selected finding missing), saying why")
+    rp.add_argument("--to", default=None, help="with --subset: the folder to write the subset report in")
+    rp.add_argument("--expect-revision", default=None, help="with --subset: the base commit the report must be of")
+    rp.add_argument("--expect-engine", default=None, help="with --subset: the engine spec the report must be of")
 
     sub.add_parser("list-ops", help="list the op catalog")
     sub.add_parser("list-engines", help="list the built-in engines and mutants")
@@ -844,8 +852,34 @@ def cmd_ledger(args) -> int:
     return EXIT_CLEAN
 
 
+def _report_subset(args) -> int:
+    """``report SRC --subset SELECTION --to DIR --expect-revision REV --expect-engine SPEC``
+    (:mod:`rlconform.harness.report.base_cache`): 0 written, 1 cache miss (why on stderr), 2 bad input."""
+    from rlconform.harness.report.attribution import load_selection
+    from rlconform.harness.report.base_cache import CacheMiss, subset_report
+    from rlconform.harness.report.writer import tool_version
+
+    if not (args.to and args.expect_revision and args.expect_engine):
+        return _usage_error("--subset needs --to, --expect-revision and --expect-engine")
+    src = os.path.dirname(args.out) or "." if args.out.endswith(".json") else args.out
+    try:
+        ids = list(load_selection(args.subset).get("ids") or [])
+        n = subset_report(src, ids, args.to, revision=args.expect_revision, engine=args.expect_engine,
+                          version=tool_version())
+    except CacheMiss as exc:
+        print(f"rlconform: the report in {src} cannot stand for the base: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        return _usage_error(f"cannot read {src} or {args.subset}: {getattr(exc, 'strerror', None) or exc}")
+    print(f"rlconform: the base's {n} selected finding(s) read from {src}")
+    return EXIT_CLEAN
+
+
 def cmd_report(args) -> int:
     from rlconform.harness.report.writer import rerender
+
+    if args.subset is not None:
+        return _report_subset(args)
 
     out = os.path.dirname(args.out) or "." if args.out.endswith(".json") else args.out
     from rlconform.harness.report.load import ReportError, load_report

@@ -210,3 +210,23 @@ def test_printed_reproducer_of_a_module_attr_engine_runs_when_pasted(tmp_path):
     assert argv[0] == "rlconform"
     pasted = forked_cli.run([*argv[1:]], cwd=tmp_path, env={**os.environ, "PYTHONSAFEPATH": "1"})  # no PYTHONPATH
     assert pasted.returncode == 1 and "DISCREPANCY" in pasted.stdout, pasted.stdout + pasted.stderr
+
+
+def test_a_log_gets_a_progress_line_with_the_time_left():
+    """Under ``-q`` in CI (no terminal) the log shows progress every minute, with an estimate of the time left:
+    minutes of silence read as a hung job."""
+    from rlconform.harness.run.pytest_plugin import progress_line
+
+    assert progress_line(120, 236, 302) == "rlconform: 120/236 findings · 5 min 2 s · about 4 min 52 s left"
+    assert progress_line(0, 236, 5) == "rlconform: 0/236 findings · 5 s"
+    assert "left" not in progress_line(236, 236, 600)
+
+
+@pytest.mark.slow
+def test_a_quiet_check_in_a_log_prints_progress_lines(tmp_path):
+    proc = forked_cli.run(["check", "--engine", "reference", "--op", "masked_sum", "--property", "matches_reference",
+                           "--out", str(tmp_path / "o"), "-q", "-n", "1", "--max-examples", "2"],
+                          env={**os.environ, "RLCONFORM_PROGRESS_EVERY_S": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [x for x in proc.stderr.splitlines() if re.match(r"rlconform: \d+/\d+ findings · ", x)]
+    assert lines and "left" in lines[-1], proc.stderr[-2000:]
