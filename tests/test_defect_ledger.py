@@ -58,14 +58,17 @@ def test_rlconform_ledger_writes_one_line_per_defect_and_reads_it_back(tmp_path)
     body = [line for line in lines if not line.startswith("#")]
     assert body[0].startswith("defect verl.utils.torch_functional.entropy_from_logits | NaN / inf | "
                               "entropy.finite_where_reference_finite  # trigger(s): a −inf logit; any input — ")
-    assert body[1:] == ["entropy.matches_reference.float32.moderate  # marginal: value: engine nan where the reference "
+    members = sorted([*ids, "entropy.finite_where_reference_finite.float16.neg_inf_padded"])
+    assert body[1:5] == [f"    {m}" for m in members]  # its members: the failing ones and the marginal one of its scope
+    assert body[5:] == ["entropy.matches_reference.float32.moderate  # marginal: value: engine nan where the reference "
                         "is finite (0.0) at flat index 0"]  # the marginal one above the band's centre only
     path = tmp_path / "xfails.txt"
     path.write_text("\n".join(lines) + "\n")
     ledger = parse_ledger(str(path))
     assert list(ledger.findings) == ["entropy.matches_reference.float32.moderate"]
     (line,) = ledger.defects.values()
-    assert line.scope == (("entropy", "finite_where_reference_finite"),) and line.line == len(lines) - 1
+    assert line.scope == (("entropy", "finite_where_reference_finite"),) and line.line == len(lines) - 5
+    assert line.members == frozenset(members)
     assert all(ledger.match(f) is line for f in doc["findings"][:3])
     assert ledger.match(doc["findings"][5]) is None  # a passing finding matches nothing
     assert ledger.match(doc["findings"][6]) is line  # not listed by id: matched by the line's scope
@@ -165,8 +168,10 @@ def test_a_defect_ledger_matches_a_run_whose_examples_differ_and_goes_xpass_when
     ledger = tmp_path / "xfails.txt"
     ledger.write_text(wrote.stdout)
     lines = [line for line in wrote.stdout.splitlines() if line and not line.startswith("#")]
-    assert lines and all(line.startswith("defect ") for line in lines), lines  # defects, not finding ids
-    assert len(lines) < len(failing)
+    assert lines and all(line.startswith(("defect ", "    ")) for line in lines), lines  # defects and their members
+    defect_lines = [line for line in lines if line.startswith("defect ")]
+    assert len(defect_lines) < len(failing)
+    assert {line.strip() for line in lines if line.startswith("    ")} == set(failing)  # each failing one a member
 
     # other examples (another seed and count), listed findings unshrunk: every failure is a listed defect's
     proc, second = _check(tmp_path, "second", "mutants.naive_entropy", "--max-examples", "4", "--seed", "2",
@@ -309,3 +314,23 @@ def test_the_defects_of_a_run_do_not_depend_on_the_ledger(report):
     after = ({d["id"]: d["severity"] for d in doc["defects"]},
              sorted(f["id"] for f in doc["findings"] if f.get("declared_write")))
     assert after == before
+
+
+def test_a_defect_line_accepts_its_members_only(tmp_path):
+    """A failure of the line's function and kind in a finding that passed when the line was written (not a
+    member) is red under it; a line without member lines accepts any (as ledgers written before members)."""
+    ids = [f"entropy.finite_where_reference_finite.{d}.neg_inf_padded" for d in ("float32", "bfloat16")]
+    doc = {"engine": {"name": "verl", "version": "0.9.1"}, "findings": [_finding(ids[0])]}
+    path = tmp_path / "xfails.txt"
+    path.write_text("\n".join(ledger_lines(doc, "r.json")) + "\n")
+    ledger = parse_ledger(str(path))
+    assert ledger.match(_finding(ids[0])) is not None
+    newly = _finding(ids[1])  # same function, same kind, another dtype: it passed when the line was written
+    assert ledger.match(newly) is None and "ledger_match" not in newly
+    bare = tmp_path / "bare.txt"
+    bare.write_text("\n".join(x for x in path.read_text().splitlines() if not x.startswith("    ")) + "\n")
+    assert parse_ledger(str(bare)).match(_finding(ids[1])) is not None
+    bad = tmp_path / "bad.txt"
+    bad.write_text(path.read_text() + "    not an id\n")
+    with pytest.raises(XfailsError, match="malformed member finding id"):
+        parse_ledger(str(bad))

@@ -2,7 +2,8 @@
 
 :func:`ledger_lines` turns a ``report.json`` document into the lines of an ``--xfails`` file
 (:mod:`rlconform.harness.report.xfails`): a header, then one ``defect <where> | <kind> | <scope>`` line per
-accepted root cause — the failing findings (``discrepancy``, ``crash``, ``xfail``) grouped by the keys of
+accepted root cause, its member finding ids indented under it (the findings it accepts:
+:meth:`~rlconform.harness.report.xfails.DefectLine.accepts`) — the failing findings (``discrepancy``, ``crash``, ``xfail``) grouped by the keys of
 the report's defects table (:func:`rlconform.harness.report.triage.folded_keys`: a finding folded into a
 callee's, another op's backward or a partition dependence is on that row's line, and
 :meth:`~rlconform.harness.report.xfails.Ledger.match` follows the same folds) — in the report's defect order (severity, then effect),
@@ -22,10 +23,12 @@ from rlconform.harness.core.tolerance import LEDGER_ABOVE
 from rlconform.harness.report.xfails import FAILING, defect_line
 
 #: the header's account of the key, repeated in every ledger so that its reader knows what a line matches
-KEY_RULE = ("# A defect line matches every failing finding whose engine function (for a crash: the deepest engine\n"
-            "# frame) and failure kind are those listed, in any dtype or regime; the trigger is not part of the key\n"
-            "# (it is read from the shrunk input, and ledger-listed findings are not shrunk), it is in the reason.\n"
-            "# A defect line none of whose findings fails is `xpass` (fixed: remove the line).")
+KEY_RULE = ("# A defect line accepts the failures of the findings indented under it (its members: those failing\n"
+            "# when it was written, and the marginal ones of its scope) whose engine function (for a crash: the\n"
+            "# deepest engine frame) and failure kind are those listed; any other failure of that function is red.\n"
+            "# The trigger is not part of the key (it is read from the shrunk input, and ledger-listed findings are\n"
+            "# not shrunk), it is in the reason. A defect line none of whose findings fails is `xpass` (fixed:\n"
+            "# remove the line).")
 
 
 def _first_line(text: str | None, limit: int = 140) -> str:
@@ -39,7 +42,8 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
 
     eng = doc.get("engine") or {}
     out = [f"# rlconform xfails ledger for {eng.get('name')} {eng.get('version') or ''}".rstrip()
-           + ": accepted defects, one per line (defect <where> | <kind> | <op.property, ...>  # reason)",
+           + ": accepted defects, one per line (defect <where> | <kind> | <op.property, ...>  # reason), "
+             "each with its member findings indented under it",
            f"# generated from {source} by `rlconform ledger`", *KEY_RULE.splitlines()]
     from rlconform.harness.report.triage import folded_keys
 
@@ -60,6 +64,7 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
     from rlconform.harness.report.severity import RANK
 
     scoped: set = set()  # (op, property) pairs a defect line's scope holds
+    marginal = [f for f in doc["findings"] if f.get("status") == "marginal"]
     for key in order:
         members = sorted(groups[key], key=lambda f: (len(f.get("worst_input") or ""), f["id"]))
         triggers = sorted({trigger(f) for f in members})
@@ -68,8 +73,13 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
         reason = (f"{sev + '; ' if sev else ''}trigger(s): {'; '.join(triggers)} — "
                   f"{_first_line(members[0].get('message')) or members[0]['status']}")
         scope = {(f["op"], f["property"]) for f in members}
+        # its members: the findings it is written for, and the marginal ones it matches by scope (the first
+        # line holding their op.property): on another CPU their last bits may take them past the band
+        ids = {f["id"] for f in members} | {f["id"] for f in marginal
+                                            if (f.get("op"), f.get("property")) in scope - scoped}
         scoped |= scope
         out.append(defect_line(key, scope, reason))
+        out += [f"    {fid}" for fid in sorted(ids)]
     for f in sorted(doc["findings"], key=lambda f: f["id"]):
         if (f.get("status") == "marginal" and (f.get("max_ratio") or 0) > LEDGER_ABOVE
                 and (f.get("op"), f.get("property")) not in scoped):

@@ -34,8 +34,14 @@ read from the *shrunk* input; a ledger-listed finding is not shrunk, so the same
 between the run that wrote the ledger and the runs that read it (and between runs whose examples differ:
 another ``--seed`` or ``--max-examples``). Where and kind come from the engine's code and the failure
 itself, not from the example, so the key is (where, kind) and the trigger goes into the reason, for the
-reader. One consequence: a new trigger of a listed (function, kind) is expected too — a defect is the
-function failing that way, as the maintainer accepted it.
+reader.
+
+**Members.** A line accepts the failures it was written for and no new ones: ``rlconform ledger`` writes,
+indented under each defect line, the ids of its members (the findings failing when it was written, and the
+marginal findings of its scope, which another CPU's last bits may take past the band). A failure of a
+finding that is not a member — one that passed when the line was written, e.g. a pull request breaking
+another branch of the same function — is red under that line. A line without member lines (written by
+hand, or by an older rlconform) accepts any failure of its key and scope, as before.
 
 The file is UTF-8 (a byte-order mark, as some editors write, is accepted); a file that is not UTF-8 is an
 :class:`XfailsError` naming the line, as is a malformed line. A line listed twice is accepted with one
@@ -72,12 +78,20 @@ class XfailsError(BindingError):
 @dataclasses.dataclass(frozen=True)
 class DefectLine:
     """One defect line: ``key`` (``where | kind``, :func:`defect_key`), ``scope`` (``(op, property)`` pairs),
-    ``reason`` (the comment), ``line`` (its line number in the file)."""
+    ``reason`` (the comment), ``line`` (its line number in the file), ``members``: the finding ids the line
+    was written for (the indented id lines under it; empty for a line written without them, which accepts
+    any failure of its key and scope)."""
 
     key: str
     scope: tuple[tuple[str, str], ...]
     reason: str
     line: int
+    members: frozenset = frozenset()
+
+    def accepts(self, finding_id) -> bool:
+        """Whether this line accepts a failure of ``finding_id``: one of its members (any id when it lists
+        none). A finding that did not fail when the line was written is red under it."""
+        return not self.members or finding_id in self.members
 
 
 @dataclasses.dataclass
@@ -98,6 +112,16 @@ class Ledger:
         return any((op, prop) in d.scope for d in self.defects.values())
 
     def match(self, finding: dict) -> DefectLine | None:
+        """The defect line that accepts ``finding``, or None (see :meth:`line_of`): a line that lists its
+        members accepts only those (:meth:`DefectLine.accepts`); a ``marginal`` finding is never red and is
+        matched by scope whatever the members."""
+        line = self.line_of(finding)
+        if line is None or finding.get("status") == "marginal" or line.accepts(finding.get("id")):
+            return line
+        finding.pop("ledger_match", None)
+        return None
+
+    def line_of(self, finding: dict) -> DefectLine | None:
         """The defect line a ``finding`` record falls under, or None: a failing one (with its root-cause
         fields) by :func:`defect_key`; a ``marginal`` one by scope (the first line whose ``op.property``
         pairs hold it), since its kind reads ``inexact value`` where another CPU's last bits make it a
@@ -256,16 +280,26 @@ def parse_ledger(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
         dup["count"] += 1
         return True
 
+    block: str | None = None  # the defect line whose indented member lines may follow
     for n, raw in enumerate(lines, 1):
         text, _, comment = raw.partition("#")
         text = text.strip()
         if not text:
             continue
+        if raw[:1] in (" ", "\t") and block is not None:  # a member of the defect line above
+            if not _ID.match(text):
+                raise XfailsError(f"{path}:{n}: malformed member finding id {text!r} under the defect line "
+                                  f"{ledger.defects[block].line} (expected op.property.dtype.regime)")
+            d = ledger.defects[block]
+            ledger.defects[block] = dataclasses.replace(d, members=d.members | {text})
+            continue
+        block = None
         if text.startswith("defect ") or text == "defect":
             key, scope = _parse_defect(path, n, text, extra_ops)
             if listed_again(key, n, f"defect {key}"):
                 continue
             ledger.defects[key] = DefectLine(key, scope, comment.strip(), n)
+            block = key
             continue
         m = _ID.match(text)
         if not m:
