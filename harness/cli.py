@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the findings whose engine functions, or the engine functions they call, changed "
                         "between REV and HEAD of the --engine-path checkout, and those the ledger lists; the "
                         "selection is written to OUT/selection.txt (a --findings file)")
+    c.add_argument("--shard", type=_shard, default=None, metavar="K/N",
+                   help="only shard K of N of the selected findings (CI jobs of a matrix: the N reports combine "
+                        "with `rlconform report --merge`); balanced by --shard-costs")
+    c.add_argument("--shard-costs", default=None, metavar="REPORT",
+                   help="a report.json of an earlier run whose per-finding cost (cost_s) balances --shard")
     c.add_argument("--findings", default=None, metavar="FILE",
                    help="only the finding ids this file lists, one a line (e.g. another run's selection.txt)")
     c.add_argument("--corpus", default=None, help="corpus of saved counterexamples to replay first "
@@ -169,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="re-render report.md and report.html from a report.json")
     rp.add_argument("out", help="a report folder (holding report.json), or the report.json itself")
+    rp.add_argument("--merge", nargs="+", default=None, metavar="SHARD_DIR",
+                    help="with OUT the first shard's folder: merge the reports of `check --shard K/N` (all N "
+                         "folders: OUT and these) into --to; exit code as check's")
+    rp.add_argument("--fail-on", default="robustness", help="with --merge: as check's --fail-on")
     rp.add_argument("--subset", default=None, metavar="SELECTION",
                     help="write, in --to, the findings of a check --changed-since selection.json taken from this "
                          "report (a pull request's base read from main's report); exit 1 when the report cannot "
@@ -181,6 +190,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list-ops", help="list the op catalog")
     sub.add_parser("list-engines", help="list the built-in engines and mutants")
     return p
+
+
+def _shard(text: str) -> tuple[int, int]:
+    k, _, n = text.partition("/")
+    try:
+        k, n = int(k), int(n)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not K/N: {text!r}") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"need 1 <= K <= N, got {text!r}")
+    return k, n
 
 
 def _positive_int(text: str) -> int:
@@ -425,6 +445,19 @@ def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
         chosen = [f for f in chosen if ".".join(f) in only]
         if not chosen:
             return _nothing_changed(args, selection)
+    if chosen and args.shard is not None:
+        from rlconform.harness.run.selection import finding_costs, shard_of
+
+        k, n = args.shard
+        if len(chosen) < n:
+            return _usage_error(f"--shard {k}/{n}: only {len(chosen)} finding(s) are selected")
+        try:
+            costs = finding_costs(args.shard_costs) if args.shard_costs else {}
+        except (OSError, ValueError) as exc:
+            return _usage_error(f"cannot read --shard-costs {args.shard_costs}: {exc}")
+        mine = set(shard_of([".".join(f) for f in chosen], costs, k, n))
+        chosen = [f for f in chosen if ".".join(f) in mine]
+        only = mine
     if not chosen:
         return _usage_error("no finding matches the filters (a property may not apply to the op, or the op "
                             "not to the dtype, or the regime is added by another --profile); see "
@@ -511,6 +544,8 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest, only: bo
         argv += ["--rlconform-seed", str(args.seed)]
     if args.xfails:
         argv += ["--rlconform-xfails", os.path.abspath(args.xfails)]
+    if getattr(args, "shard", None) is not None:
+        argv += ["--rlconform-shard", "{}/{}".format(*args.shard)]
     if only:
         argv += ["--rlconform-findings", os.path.join(tmp, "findings.txt")]
     if corpus:
@@ -875,9 +910,52 @@ def _report_subset(args) -> int:
     return EXIT_CLEAN
 
 
+def _report_merge(args) -> int:
+    """``report SHARD1 --merge SHARD2 ... --to DIR``: the merged report (:mod:`rlconform.harness.report.merge`)
+    and check's exit code from it."""
+    from rlconform.harness.report.merge import MergeError, merge_reports
+    from rlconform.harness.report.severity import FAIL_ON
+    from rlconform.harness.report.summary import print_summary
+
+    if not args.to:
+        return _usage_error("--merge needs --to DIR")
+    if args.fail_on not in FAIL_ON:
+        return _usage_error(f"--fail-on {args.fail_on!r}: one of {', '.join(FAIL_ON)}")
+    dirs = [args.out, *args.merge]
+    try:
+        doc = merge_reports(dirs, args.to)
+    except MergeError as exc:
+        return _usage_error(f"cannot merge: {exc}")
+    except (OSError, ValueError) as exc:
+        return _usage_error(f"cannot read a shard's report: {getattr(exc, 'strerror', None) or exc}")
+    print_summary(doc)
+    print(f"rlconform: merged {len(dirs)} shard(s) into {args.to}")
+    return report_exit_code(doc, args.fail_on)
+
+
+def report_exit_code(doc: dict, fail_on: str) -> int:
+    """check's exit code read from a finished report: 2 when a finding is ``error`` or a binding error, 1 when
+    one fails at ``fail_on`` or above, a ledger line is ``xpass``, or the run is incomplete, else 0."""
+    from rlconform.harness.report.severity import fails
+
+    findings = doc.get("findings") or []
+    if any(f.get("binding_error") for f in findings) or any(f.get("status") == "error" for f in findings):
+        return EXIT_USAGE
+    fixed = [d for d in (doc.get("run") or {}).get("ledger_defects") or () if d.get("status") == "xpass"]
+    for d in fixed:
+        print(f"rlconform: ledger line {d['line']}: defect {d['key']} is listed but none of its findings fails "
+              f"now: it is fixed, remove the line", file=sys.stderr)
+    run = doc.get("run") or {}
+    if any(fails(f, fail_on) for f in findings) or fixed or run.get("complete") is not True:
+        return EXIT_DISCREPANCY
+    return EXIT_CLEAN
+
+
 def cmd_report(args) -> int:
     from rlconform.harness.report.writer import rerender
 
+    if args.merge is not None:
+        return _report_merge(args)
     if args.subset is not None:
         return _report_subset(args)
 

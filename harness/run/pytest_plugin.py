@@ -79,6 +79,7 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-dtype", action="append", default=[], help="only these dtypes (repeatable)")
     g.addoption("--rlconform-regime", action="append", default=[], help="only these regimes (repeatable)")
     g.addoption("--rlconform-findings", default=None, help="only the finding ids this file lists (one a line)")
+    g.addoption("--rlconform-shard", default=None, help="K/N: this run is shard K of N (recorded in report.json)")
     g.addoption("--rlconform-corpus", default=None, help="folder of saved counterexamples to replay first")
     g.addoption("--rlconform-database", default=None, help="persistent hypothesis example database folder")
     g.addoption("--rlconform-deadline", type=float, default=DEFAULT_DEADLINE_S,
@@ -255,7 +256,9 @@ class State:
             run={"profile": opt("rlconform_profile"), "seed": self.seed,
                  "max_examples": self.settings.max_examples,
                  "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},
-                 "command": opt("rlconform_command") or " ".join(sys.argv)},
+                 "command": opt("rlconform_command") or " ".join(sys.argv),
+                 "narrowed": bool(self.dtypes or self.regimes),
+                 **({"shard": opt("rlconform_shard")} if opt("rlconform_shard") else {})},
             # the coverage table comes with `rlconform check` (built where the engine is imported); a bare
             # pytest run does not build it
             coverage=getattr(b, "coverage", None) if isinstance(b, _EngineInfo) else None,
@@ -561,6 +564,7 @@ def pytest_runtest_makereport(item, call):
         rec.message = str(getattr(report, "wasxfail", ""))
     reproducer = rec.save_reproducer() if status in ("discrepancy", "crash", "xfail", "marginal") else None
     finding = finding_entry(rec, params, status, tb, reproducer)
+    finding["cost_s"] = round(float(getattr(report, "duration", 0.0) or 0.0), 3)  # what --shard balances
     if status == "xfail" and xfail_of:
         finding["xfail_of"] = xfail_of
     # --- root cause (issue 20 §1): the engine function, crash frame and trigger, read where the engine ran
@@ -712,7 +716,8 @@ def _ledger_verdicts(state: State, recorded: set[str]) -> list[dict]:
             wanted = {fid for fid in expected if ".".join(fid.split(".")[:2]) in scope}
             full = scope <= ran and wanted <= recorded and not state.dtypes and not state.regimes
             status = "xpass" if full else "not checked"
-        out.append({"key": key, "line": line.line, "status": status, "findings": matched, "reason": line.reason})
+        out.append({"key": key, "line": line.line, "status": status, "findings": matched, "reason": line.reason,
+                    "scope": sorted(f"{op}.{prop}" for op, prop in line.scope)})
     return out
 
 

@@ -47,3 +47,35 @@ def regime_matches(regime: str, name: str) -> bool:
 
     data = split_regime(regime)[1]
     return regime == name or data == name or data.endswith("_" + name)
+
+
+def finding_costs(report_path: str) -> dict[str, float]:
+    """finding id -> its cost in seconds (``cost_s``) in a report.json of an earlier run (what ``--shard``
+    balances); raises OSError / ValueError when the file is not a readable report."""
+    from rlconform.harness.core.safe_json import load_object
+
+    doc = load_object(report_path)
+    out = {}
+    for f in doc.get("findings") or ():
+        cost = f.get("cost_s") if isinstance(f, dict) else None
+        if isinstance(f, dict) and isinstance(f.get("id"), str) and isinstance(cost, (int, float)) \
+                and not isinstance(cost, bool) and cost >= 0:
+            out[f["id"]] = float(cost)
+    return out
+
+
+def shard_of(ids: list[str], costs: dict[str, float], index: int, count: int) -> list[str]:
+    """The finding ids of shard ``index`` (1-based) of ``count``: the selection split so that the shards'
+    costs (``costs``: seconds per finding from an earlier run; a finding without one costs the median of the
+    known, or 1) are balanced — longest first, each to the shard with the least so far, ties to the lower
+    shard. Deterministic: every job of a CI matrix computes the same split. Returned in ``ids``' order."""
+    known = sorted(costs[i] for i in ids if i in costs)
+    default = known[len(known) // 2] if known else 1.0
+    cost = {i: costs.get(i, default) for i in ids}
+    loads = [0.0] * count
+    owner = {}
+    for i in sorted(ids, key=lambda x: (-cost[x], x)):
+        k = min(range(count), key=lambda s: (loads[s], s))
+        loads[k] += cost[i]
+        owner[i] = k
+    return [i for i in ids if owner[i] == index - 1]
