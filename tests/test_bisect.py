@@ -154,3 +154,26 @@ def test_endpoints_must_behave(tmp_path, fork):
                  replay=fake_replay(tmp_path), log=lambda s: None)
     assert T.state(repo) == before
     assert subprocess.run(["git", "-C", str(repo), "bisect", "log"], capture_output=True).returncode != 0
+
+
+#: wrong from the start, fixed at index FIXED, right from there on
+FIX_HISTORY = [("add masked_mean, fast", T.WRONG_COUNT), ("docs", T.WRONG_COUNT), ("tests", T.WRONG_COUNT),
+               ("fix the count", T.RIGHT), ("tidy", T.RIGHT), ("more tidy", T.RIGHT)]
+FIXED = 3
+
+
+def test_bisect_fixed_names_the_commit_that_fixed_the_case(tmp_path):
+    """What an ``xpass`` ledger line asks: the case fails at the older commit and passes at the newer one."""
+    from rlconform.harness.run.bisect import bisect
+
+    repo = tmp_path / "fork"
+    hashes = T.make_fork(repo, FIX_HISTORY)
+    case = failing_case(tmp_path / "case.json")
+    before = T.state(repo)
+    result = bisect(str(repo), hashes[-1], hashes[0], str(case), T.SPEC, replay=fake_replay(tmp_path),
+                    log=lambda *_: None, fixed=True)
+    assert result.first_bad == hashes[FIXED]
+    assert T.state(repo) == before
+    with pytest.raises(B.BisectError, match="with --fixed the case fails at the older commit"):
+        bisect(str(repo), hashes[0], hashes[-1], str(case), T.SPEC, replay=fake_replay(tmp_path),
+               log=lambda *_: None, fixed=True)

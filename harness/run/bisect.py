@@ -165,8 +165,12 @@ class Bisector:
         self.log(f"  {commit[:12]} {verdict:4s} ({why})  {step.subject}")
         return step
 
-    def run(self, good: str, bad: str) -> Result:
-        """Bisect; the caller restores the checkout (:func:`restore`) whatever happens."""
+    def run(self, good: str, bad: str, fixed: bool = False) -> Result:
+        """Bisect; the caller restores the checkout (:func:`restore`) whatever happens. ``fixed``: ``bad`` is
+        the older commit and ``good`` the newer, and the commit sought is the first at which the case passes
+        (git bisect's terms ``broken`` / ``fixed``); ``Result.first_bad`` is then that first fixed commit."""
+        if fixed:
+            return self._run_fixed(good, bad)
         git(self.repo, "bisect", "start")
         for rev, want in ((bad, "bad"), (good, "good")):
             git(self.repo, "checkout", "-q", "--detach", rev)
@@ -190,6 +194,33 @@ class Bisector:
                 raise BisectError(f"git bisect failed: {text.strip()}")
             step = self.replay_here()
             out = git(self.repo, "bisect", step.verdict, check=False)
+
+    def _run_fixed(self, good: str, bad: str) -> Result:
+        """:meth:`Bisector.run` with ``fixed``: the case fails at ``bad`` (older) and passes at ``good`` (newer)."""
+        term = {"good": "fixed", "bad": "broken", "skip": "skip"}
+        git(self.repo, "bisect", "start", "--term-new=fixed", "--term-old=broken")
+        for rev, want in ((good, "good"), (bad, "bad")):
+            git(self.repo, "checkout", "-q", "--detach", rev)
+            step = self.replay_here()
+            if step.verdict != want:
+                what = {"good": "passes", "bad": "fails", "skip": "cannot be replayed (the engine does not import)"}
+                raise BisectError(f"the case {what[step.verdict]} at {'--' + want} {rev[:12]} ({step.subject}); "
+                                  f"it must {'fail' if want == 'bad' else 'pass'} there. Replay said:\n"
+                                  f"{step.output.strip()}")
+        git(self.repo, "bisect", "fixed", good)
+        out = git(self.repo, "bisect", "broken", bad, check=False)
+        while True:
+            text = out.stdout + out.stderr
+            found = re.search(r"^([0-9a-f]{40}) is the first fixed commit", text, re.M)
+            if found:
+                return Result(found.group(1), [found.group(1)], self.steps)
+            if "only 'skip'ped commits left" in text:
+                tail = text.split("could be any of:", 1)[-1]
+                return Result(None, re.findall(r"^([0-9a-f]{40})\s*$", tail, re.M), self.steps)
+            if out.returncode != 0:
+                raise BisectError(f"git bisect failed: {text.strip()}")
+            step = self.replay_here()
+            out = git(self.repo, "bisect", term[step.verdict], check=False)
 
 
 @dataclasses.dataclass
@@ -238,8 +269,10 @@ def resolve(repo: str, rev: str, flag: str) -> str:
 
 
 def bisect(engine_path: str, good: str, bad: str, case_file: str, engine: str | None = None, *,
-           timeout: float | None = None, replay: tuple[str, ...] = REPLAY, log=print) -> Result:
-    """Find the first commit between ``good`` (passes) and ``bad`` (fails) at which ``case_file`` fails.
+           timeout: float | None = None, replay: tuple[str, ...] = REPLAY, log=print, fixed: bool = False) -> Result:
+    """Find the first commit between ``good`` (passes) and ``bad`` (fails) at which ``case_file`` fails; with
+    ``fixed``, ``bad`` is the older commit and the first commit at which the case passes is found (the
+    commit that fixed it: what an ``xpass`` ledger line asks).
 
     Raises BisectError (usage, dirty checkout, endpoints that do not behave, git failures) and
     Interrupted. The checkout is restored in every case.
@@ -272,8 +305,11 @@ def bisect(engine_path: str, good: str, bad: str, case_file: str, engine: str | 
     good_c, bad_c = resolve(repo, good, "--good"), resolve(repo, bad, "--bad")
     if good_c == bad_c:
         raise BisectError(f"--good {good} and --bad {bad} are the same commit")
-    if git(repo, "merge-base", "--is-ancestor", good_c, bad_c, check=False).returncode != 0:
-        raise BisectError(f"--good {good} is not an ancestor of --bad {bad}")
+    older, newer = (bad_c, good_c) if fixed else (good_c, bad_c)
+    if git(repo, "merge-base", "--is-ancestor", older, newer, check=False).returncode != 0:
+        raise BisectError(f"--good {good} is not an ancestor of --bad {bad}" if not fixed else
+                          f"--bad {bad} is not an ancestor of --good {good} (with --fixed the case fails at the "
+                          f"older commit)")
     check_clean(repo)
     place = where(repo)
     with tempfile.TemporaryDirectory(prefix="rlconform-bisect-") as tmp:
@@ -281,7 +317,7 @@ def bisect(engine_path: str, good: str, bad: str, case_file: str, engine: str | 
         log(f"bisecting {repo} from good {good_c[:12]} to bad {bad_c[:12]}: replay {doc.get('op')}."
             f"{doc.get('property')}.{doc.get('dtype')}.{doc.get('regime')} on engine {engine}")
         try:
-            return Bisector(repo, argv, timeout=timeout, log=log).run(good_c, bad_c)
+            return Bisector(repo, argv, timeout=timeout, log=log).run(good_c, bad_c, fixed=fixed)
         finally:
             restore(repo, place)
 
@@ -294,13 +330,16 @@ def add_parser(sub) -> None:
     b.add_argument("--good", required=True, help="a revision at which the case passes")
     b.add_argument("--bad", required=True, help="a revision at which the case fails")
     b.add_argument("--engine", default=None, help="engine spec (default: $RLCONFORM_ENGINE, else reference; never the one a case file names)")
+    b.add_argument("--fixed", action="store_true",
+                   help="find the commit that fixed the case: it fails at --bad (older) and passes at --good (newer)")
     b.add_argument("--timeout", type=float, default=None,
                    help="seconds one replay may take; a replay past it counts as skip (default: no limit)")
 
 
 def cmd_bisect(args) -> int:
     try:
-        result = bisect(args.engine_path, args.good, args.bad, args.case_file, args.engine, timeout=args.timeout)
+        result = bisect(args.engine_path, args.good, args.bad, args.case_file, args.engine, timeout=args.timeout,
+                        fixed=getattr(args, "fixed", False))
     except BisectError as exc:
         print(f"rlconform bisect: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -313,7 +352,8 @@ def cmd_bisect(args) -> int:
         for c in result.candidates:
             print(f"  {c} {subject(repo, c)}")
         return EXIT_AMBIGUOUS
-    print(f"first bad commit: {result.first_bad} {subject(repo, result.first_bad)}")
+    print(f"first {'fixed' if getattr(args, 'fixed', False) else 'bad'} commit: {result.first_bad} "
+          f"{subject(repo, result.first_bad)}")
     last = next((s for s in result.steps if s.commit == result.first_bad), None)
     if last is not None:
         print("  replay there:\n    " + last.output.strip().replace("\n", "\n    "))
