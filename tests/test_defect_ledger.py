@@ -334,3 +334,18 @@ def test_a_defect_line_accepts_its_members_only(tmp_path):
     bad.write_text(path.read_text() + "    not an id\n")
     with pytest.raises(XfailsError, match="malformed member finding id"):
         parse_ledger(str(bad))
+
+
+def test_a_member_listed_under_another_line_of_its_function_is_accepted_there(tmp_path):
+    """The report's table folds some failures into a row of their own (a wrong value only in a dtype the
+    engine does not use): its ledger line lists them, though their own key names the plain line."""
+    a, b = (f"entropy.finite_where_reference_finite.{d}.neg_inf_padded" for d in ("float32", "float64"))
+    key = defect_key(_finding(a))
+    path = tmp_path / "xfails.txt"
+    path.write_text(f"defect {key} | entropy.finite_where_reference_finite\n    {a}\n"
+                    f"defect {key} (only in another dtype) | entropy.finite_where_reference_finite\n    {b}\n")
+    ledger = parse_ledger(str(path))
+    assert ledger.match(_finding(a)).line == 1
+    assert ledger.match(_finding(b)).line == 3
+    other = _finding(b, engine_function={**SITE, "function": "entropy_from_logits_with_chunking"})
+    assert ledger.match(other) is None  # a member failing in another engine function is new

@@ -116,10 +116,22 @@ class Ledger:
         members accepts only those (:meth:`DefectLine.accepts`); a ``marginal`` finding is never red and is
         matched by scope whatever the members."""
         line = self.line_of(finding)
-        if line is None or finding.get("status") == "marginal" or line.accepts(finding.get("id")):
+        if line is None and finding.get("status") not in FAILING:
+            return None
+        if line is not None and (finding.get("status") == "marginal" or line.accepts(finding.get("id"))):
             return line
-        finding.pop("ledger_match", None)
-        return None
+        # a member listed under another line of the same engine function (or module): the report's table, and so
+        # the ledger written from it, folds some failures into a row of their own (a wrong value only in a dtype
+        # the engine does not use, a module-wide rounding row) that the finding's own key does not name
+        fid = finding.get("id")
+        place = defect_key(finding).split(" | ")[0]
+        site = finding.get("crash_frame") or finding.get("engine_function") or {}
+        module = site.get("module") if isinstance(site, dict) else None
+        listed = next((d for d in sorted(self.defects.values(), key=lambda d: d.line)
+                       if fid in d.members and d.key.split(" | ")[0] in (place, module)), None)
+        if listed is None:
+            finding.pop("ledger_match", None)
+        return listed
 
     def line_of(self, finding: dict) -> DefectLine | None:
         """The defect line a ``finding`` record falls under, or None: a failing one (with its root-cause
