@@ -335,9 +335,10 @@ def render_markdown(base: dict, head: dict, change: dict, fail_on: str = DEFAULT
     if detail:
         lines += ["<details><summary>findings</summary>", ""]
         budget = MARKDOWN_LIMIT - sum(len(x) + 1 for x in lines) - 200
+        room = None if max_lines is None else max(max_lines - len(lines) - 3, 1)
         for n, line in enumerate(detail):
-            if len(line) + 1 > budget:
-                lines.append(f"- … {len(detail) - n} more")
+            if len(line) + 1 > budget or room is not None and n >= room - 1 and n < len(detail) - 1:
+                lines.append(f"- … {len(detail) - n} more (diff.json, and the head report)")
                 break
             budget -= len(line) + 1
             lines.append(line)
