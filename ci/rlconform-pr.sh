@@ -13,7 +13,8 @@
 #              repository (needs the full history: actions/checkout with fetch-depth: 0)
 #   --xfails   the fork's ledger, a path inside --head; the same file is used for both checks
 #   --out      where the reports go (default: rlconform-ci): OUT/base/, OUT/head/ (report.json, .md,
-#              .html, cases/), OUT/comment.md (the PR comment), OUT/diff.json
+#              .html, cases/), OUT/comment.md (the PR comment), OUT/diff.json, OUT/rlconform.sarif (the new
+#              and changed defects for code scanning)
 #   --fail-on  passed to `rlconform diff` (default: robustness)
 #   --base-report DIR
 #              the report folder of the fork's main workflow at the base commit (its artifact; never one
@@ -56,7 +57,7 @@ die() { echo "rlconform-pr: error: $*" >&2; exit 2; }
 [ -d "$head" ] || die "--head $head is not a directory"
 head="$(cd "$head" && pwd)"
 mkdir -p "$out" && out="$(cd "$out" && pwd)"
-rm -rf "$out/base" "$out/head" "$out/comment.md" "$out/diff.json"
+rm -rf "$out/base" "$out/head" "$out/comment.md" "$out/diff.json" "$out/rlconform.sarif"
 repo_root="$(dirname "$here")"
 
 if [ "${RLCONFORM_SKIP_INSTALL:-0}" != 1 ]; then
@@ -149,6 +150,7 @@ done
 attribution=()
 [ -f "$out/head/selection.json" ] && attribution=(--selection "$out/head/selection.json")
 rlconform diff "$out/base" "$out/head" --fail-on "$fail_on" --markdown "$out/comment.md" --json "$out/diff.json" \
+  --sarif "$out/rlconform.sarif" \
   --max-lines "${RLCONFORM_COMMENT_LINES:-60}" "${attribution[@]}"
 rc=$?
 # every command of the comment must work pasted in the fork's checkout with the uploaded reports in $out

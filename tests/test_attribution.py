@@ -69,3 +69,20 @@ def test_a_selection_file_that_is_not_one_is_refused(tmp_path):
     bad.write_text(json.dumps({"paths": {"a": "not a list"}}))
     with pytest.raises(ValueError, match="not an rlconform selection"):
         load_selection(str(bad))
+
+
+def test_the_new_and_changed_defects_as_sarif_annotate_their_lines():
+    from rlconform.harness.report.sarif import sarif_document
+
+    change, _ = _case()
+    for d in change["defects"]["new"]:
+        d["engine_function"]["fault"] = {"line": 1176}
+    doc = sarif_document(change, "robustness")
+    assert doc["version"] == "2.1.0"
+    [run] = doc["runs"]
+    results = run["results"]
+    assert len(results) == 4  # three new, one changed (it gained failing findings)
+    assert {r["ruleId"] for r in results} == {"rlconform/wrong-value"} == {x["id"] for x in run["tool"]["driver"]["rules"]}
+    loc = results[0]["locations"][0]["physicalLocation"]
+    assert loc["artifactLocation"]["uri"] == "verl/trainer/ppo/core_algos.py" and loc["region"]["startLine"] == 1176
+    assert all(r["level"] == "error" and "engine 0.000745 vs exact 0.000105" in r["message"]["text"] for r in results)

@@ -384,6 +384,10 @@ def cmd_diff(args) -> int:
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(change, fh, indent=1, default=str)
+        if getattr(args, "sarif", None):
+            from rlconform.harness.report.sarif import write_sarif
+
+            write_sarif(args.sarif, change, args.fail_on)
     except OSError as exc:
         print(f"rlconform: error: cannot write {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
@@ -407,6 +411,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-lines", type=int, default=None,
                    help="cut the Markdown at this many lines (the rest: --json and the head report)")
     p.add_argument("--json", default=None, help="also write the change as JSON here")
+    p.add_argument("--sarif", default=None,
+                   help="also write the new and changed defects as SARIF 2.1.0 here (code-scanning annotations)")
     p.add_argument("--allow-device-mismatch", action="store_true",
                    help="compare reports run on different devices (cpu, cuda of another GPU; refused otherwise: exit 2)")
     p.add_argument("--cross-engine", action="store_true",
