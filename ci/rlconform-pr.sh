@@ -110,6 +110,20 @@ check() {
   rlconform check --engine "$spec" --engine-path "$checkout" --out "$out/$side" "${ledger[@]}" -q "$@"
 }
 
+# coverage_note: the numerics functions the PR adds or edits that no op checks and no justification covers
+# (`rlconform coverage --changed-since`), appended to the comment; nothing when there is none
+coverage_note() {
+  local spec="$engine" cov rc
+  case "$spec" in *.py) spec="$head/$spec" ;; esac
+  cov="$(rlconform coverage --engine "$spec" --engine-path "$head" --changed-since "$since" --format md --strict \
+           2>/dev/null)"
+  rc=$?
+  if [ "$rc" -eq 1 ]; then
+    { echo; echo "### Numerics this PR adds or edits that no op checks"; echo
+      echo "Bind them (or justify them in the binding's NOT_BOUND table):"; echo; echo "$cov"; } >> "$out/comment.md"
+  fi
+}
+
 since="$base_ref"
 [ -n "$since" ] || since="$(safe_git "$base" rev-parse HEAD 2>/dev/null)" || since=""
 if [ "$all" = 1 ] || [ -z "$since" ]; then
@@ -122,6 +136,7 @@ else
     { echo "## rlconform: nothing to check"; echo
       echo "No engine function bound to the catalog (nor one it calls) changed since \`$since\`, and no ledger line"
       echo "the PR edits lists one: no verdict can have changed. (\`--all\` checks the whole catalog.)"; } > "$out/comment.md"
+    coverage_note
     echo "rlconform-pr: nothing to check; comment in $out/comment.md"
     exit 0
   fi
@@ -153,6 +168,7 @@ rlconform diff "$out/base" "$out/head" --fail-on "$fail_on" --markdown "$out/com
   --sarif "$out/rlconform.sarif" \
   --max-lines "${RLCONFORM_COMMENT_LINES:-60}" "${attribution[@]}"
 rc=$?
+[ -z "$since" ] || coverage_note
 # every command of the comment must work pasted in the fork's checkout with the uploaded reports in $out
 # (issue 26 §5): the checkouts' absolute paths become `.` (the head) and the base commit
 "${PYTHON:-python3}" - "$out/comment.md" "$head" "$base" "$out" "$since" "${GITHUB_SERVER_URL:-}" \

@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: table on a terminal, md otherwise)")
     cv.add_argument("--strict", action="store_true",
                     help="exit 1 when an item is unbound (neither bound nor justified): for a fork's CI")
+    cv.add_argument("--changed-since", default=None, metavar="REV",
+                    help="only the items whose function changed between REV and HEAD of the --engine-path checkout "
+                         "(the pull-request check)")
     cv.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S,
                     help="seconds the engine's import may take (default: %(default)s)")
 
@@ -853,6 +856,16 @@ def cmd_coverage(args) -> int:
     record, error = engine_record(_coverage_child, spec, args.engine_path, args.timeout, "the coverage table")
     if error is not None:
         return _usage_error(error)
+    if args.changed_since:
+        from rlconform.harness.core.code_changes import ChangeError
+        from rlconform.harness.report.coverage_changes import changed_items
+
+        if not args.engine_path:
+            return _usage_error("--changed-since needs --engine-path (the checkout whose change is read)")
+        try:
+            record = changed_items(record, args.engine_path, args.changed_since)
+        except ChangeError as exc:
+            return _usage_error(str(exc))
     fmt = args.format or ("table" if sys.stdout.isatty() else "md")
     if fmt == "json":
         print(json.dumps(record, indent=1))

@@ -190,3 +190,40 @@ def test_action_calls_the_scripts():
     assert len(fork.strip().splitlines()) <= 10
     workflow = yaml.safe_load(fork)
     assert workflow["jobs"]["rlconform"]["steps"][1]["uses"].endswith("/.github/actions/rlconform@main")
+
+
+COVERED_BINDING = '''
+from rlconform.harness.catalog.binding import Binding, Coverage
+
+from toypkg.ops import masked_mean
+
+binding = Binding(name="toypkg", ops={"masked_mean": masked_mean}, coverage=Coverage(modules=("toypkg.ops",)))
+'''
+NEW_UNBOUND = '''
+
+def masked_token_sum(values, mask):
+    """Σ values·mask: a new reduction no op checks."""
+    return (values * mask).sum(dim=-1) / mask.sum(dim=-1)
+'''
+
+
+@pytest.mark.slow
+def test_a_new_unbound_numerics_function_shows_in_the_comment(tmp_path):
+    """A PR that adds a numerics function the binding neither binds nor justifies: nothing bound changed
+    ("nothing to check"), and the comment still names the new function (coverage of what changed)."""
+    head = tmp_path / "fork"
+    T.make_fork(head, [("add masked_mean", T.RIGHT)])
+    (head / "toypkg" / "rlconform_binding.py").write_text(COVERED_BINDING)
+    T.commit(head, "declare coverage")
+    base = tmp_path / "base"
+    T.git(tmp_path, "clone", "-q", str(head), str(base))
+    T.write_ops(head, T.RIGHT + NEW_UNBOUND)
+    T.commit(head, "add masked_token_sum")
+    proc = subprocess.run(["bash", str(PR), "--engine", T.SPEC, "--base", str(base), "--out", str(tmp_path / "ci"),
+                           "--", *CHECK_ARGS], capture_output=True, text=True, cwd=head, env=env())
+    comment = (tmp_path / "ci" / "comment.md").read_text()
+    assert "Numerics this PR adds or edits that no op checks" in comment, proc.stdout + proc.stderr + comment
+    note = comment.split("no op checks", 1)[1]
+    assert "masked_token_sum" in note and "unbound" in note, comment
+    assert "toypkg.ops.masked_mean" not in note  # bound, and unchanged: not part of what the PR changed
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # shown, not failed on
