@@ -70,6 +70,11 @@ def test_new_bug_in_the_head_is_commented_and_fails(tmp_path, checkouts):
     assert len(comment.splitlines()) <= 70, comment
     assert "new **training** `masked_mean.matches_reference.float32." in comment, comment
     assert (tmp_path / "ci" / "head" / "report.html").is_file()
+    import json
+
+    sarif = json.loads((tmp_path / "ci" / "rlconform.sarif").read_text())  # annotations on the changed lines
+    [result] = sarif["runs"][0]["results"]
+    assert result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "toypkg/ops.py", result
     assert T.git(head, "status", "--porcelain") == "" and T.git(base, "status", "--porcelain") == ""
     # --changed-since by default: the head's selection is the changed function's, the base ran the same
     selected = (tmp_path / "ci" / "head" / "selection.txt").read_text()

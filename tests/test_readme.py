@@ -229,6 +229,7 @@ WRITTEN = {
     "rlconform-report/verl": "make check-verl (Makefile: --out $(OUT)/verl)",
     "rlconform-report/verl/report.json": "make check-verl (Makefile: --out $(OUT)/verl)",
     "rlconform-ci/comment.md": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
+    "rlconform-ci/rlconform.sarif": "ci/rlconform-pr.sh: rlconform diff --sarif (tests/test_ci_recipe.py)",
     "rlconform-ci/head/report.html": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
     "rlconform-ci/head/selection.txt": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
     "rlconform-ci/head/cases/…": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
