@@ -127,8 +127,9 @@ class Ledger:
         place = defect_key(finding).split(" | ")[0]
         site = finding.get("crash_frame") or finding.get("engine_function") or {}
         module = site.get("module") if isinstance(site, dict) else None
+        function = f"{module}.{site.get('function')}" if module and site.get("function") else None
         listed = next((d for d in sorted(self.defects.values(), key=lambda d: d.line)
-                       if fid in d.members and d.key.split(" | ")[0] in (place, module)), None)
+                       if fid in d.members and d.key.split(" | ")[0] in (place, module, function)), None)
         if listed is None:
             finding.pop("ledger_match", None)
         return listed
