@@ -170,9 +170,14 @@ class Bisector:
         the older commit and ``good`` the newer, and the commit sought is the first at which the case passes
         (git bisect's terms ``broken`` / ``fixed``); ``Result.first_bad`` is then that first fixed commit."""
         if fixed:
-            return self._run_fixed(good, bad)
-        git(self.repo, "bisect", "start")
-        for rev, want in ((bad, "bad"), (good, "good")):
+            term, start, sought = {"good": "fixed", "bad": "broken", "skip": "skip"}, ["--term-new=fixed",
+                                                                                      "--term-old=broken"], "fixed"
+            ends = ((good, "good"), (bad, "bad"))
+        else:
+            term, start, sought = {"good": "good", "bad": "bad", "skip": "skip"}, [], "bad"
+            ends = ((bad, "bad"), (good, "good"))
+        git(self.repo, "bisect", "start", *start)
+        for rev, want in ends:
             git(self.repo, "checkout", "-q", "--detach", rev)
             step = self.replay_here()
             if step.verdict != want:
@@ -180,38 +185,11 @@ class Bisector:
                 raise BisectError(f"the case {what[step.verdict]} at {'--' + want} {rev[:12]} ({step.subject}); "
                                   f"it must {'fail' if want == 'bad' else 'pass'} there. Replay said:\n"
                                   f"{step.output.strip()}")
-        git(self.repo, "bisect", "bad", bad)
-        out = git(self.repo, "bisect", "good", good, check=False)
+        git(self.repo, "bisect", term[ends[0][1]], ends[0][0])
+        out = git(self.repo, "bisect", term[ends[1][1]], ends[1][0], check=False)
         while True:
             text = out.stdout + out.stderr
-            found = re.search(r"^([0-9a-f]{40}) is the first bad commit", text, re.M)
-            if found:
-                return Result(found.group(1), [found.group(1)], self.steps)
-            if "only 'skip'ped commits left" in text:
-                tail = text.split("could be any of:", 1)[-1]
-                return Result(None, re.findall(r"^([0-9a-f]{40})\s*$", tail, re.M), self.steps)
-            if out.returncode != 0:
-                raise BisectError(f"git bisect failed: {text.strip()}")
-            step = self.replay_here()
-            out = git(self.repo, "bisect", step.verdict, check=False)
-
-    def _run_fixed(self, good: str, bad: str) -> Result:
-        """:meth:`Bisector.run` with ``fixed``: the case fails at ``bad`` (older) and passes at ``good`` (newer)."""
-        term = {"good": "fixed", "bad": "broken", "skip": "skip"}
-        git(self.repo, "bisect", "start", "--term-new=fixed", "--term-old=broken")
-        for rev, want in ((good, "good"), (bad, "bad")):
-            git(self.repo, "checkout", "-q", "--detach", rev)
-            step = self.replay_here()
-            if step.verdict != want:
-                what = {"good": "passes", "bad": "fails", "skip": "cannot be replayed (the engine does not import)"}
-                raise BisectError(f"the case {what[step.verdict]} at {'--' + want} {rev[:12]} ({step.subject}); "
-                                  f"it must {'fail' if want == 'bad' else 'pass'} there. Replay said:\n"
-                                  f"{step.output.strip()}")
-        git(self.repo, "bisect", "fixed", good)
-        out = git(self.repo, "bisect", "broken", bad, check=False)
-        while True:
-            text = out.stdout + out.stderr
-            found = re.search(r"^([0-9a-f]{40}) is the first fixed commit", text, re.M)
+            found = re.search(rf"^([0-9a-f]{{40}}) is the first {sought} commit", text, re.M)
             if found:
                 return Result(found.group(1), [found.group(1)], self.steps)
             if "only 'skip'ped commits left" in text:
