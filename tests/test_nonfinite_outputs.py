@@ -113,3 +113,15 @@ def test_agg_loss_returning_opposite_infinities_is_a_nan_row_not_a_crash(tmp_pat
                                                                              for f in findings]
     assert not any("fsum" in (f.get("message") or "") for f in findings)
 
+
+
+
+def test_a_message_quotes_the_worst_elements_own_errors():
+    """The worst element (largest error over tolerance) is named with its own absolute / relative error and
+    ulps, not with the largest of other elements (a marginal message read "rel err 1" beside a ~ok element)."""
+    from rlconform.harness.core.tolerance import compare
+
+    c = compare(np.array([2.0, 1e-3]), np.array([1.0, 1e-4]), None, dtype="float32", kind="reduction")
+    assert c.worst_index == 0 and c.max_rel_err > 8  # element 1 is 9× off relatively, element 0 is the worst
+    text = c.describe()
+    assert "at flat index 0: abs err 1, rel err 1, " in text, text

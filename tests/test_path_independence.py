@@ -35,8 +35,9 @@ def entropy(logits):
 binding = Binding(name="naive", ops={"entropy": entropy})
 '''
 
-#: what may differ between two places: where the reproducer was written, and the traceback's paths
-LOCATION_FIELDS = ("reproducer", "traceback")
+#: what may differ between two places: where the reproducer was written, the traceback's paths, and the
+#: seconds the finding took (``cost_s``, what ``--shard`` balances: a measurement, not a verdict)
+LOCATION_FIELDS = ("reproducer", "traceback", "cost_s")
 
 
 def _run(binding, out, cwd):

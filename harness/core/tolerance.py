@@ -192,16 +192,24 @@ class Comparison:
     tolerance: float
     engine_value: float
     reference_value: float
+    #: the error measures of the worst element itself (``max_*`` are over every compared element)
+    worst_abs_err: float = float("nan")
+    worst_rel_err: float = float("nan")
+    worst_ulp_err: float = float("nan")
 
     def describe(self) -> str:
-        """One line: the worst element, and only the error measures that mean something there (no
-        relative error or ulp count at a zero reference; none at all for a NaN/inf engine value)."""
+        """One line: the worst element and its own error measures, only those that mean something there (no
+        relative error or ulp count at a zero reference; none at all for a NaN/inf engine value). The
+        largest errors of other elements are the finding's ``max_abs_err`` / ``max_rel_err`` fields, never
+        quoted next to this element's index."""
         head = f"engine {self.engine_value!r} vs reference {self.reference_value!r} at flat index {self.worst_index}"
         if not np.isfinite(self.engine_value) or not np.isfinite(self.reference_value):
             return f"{head}: tolerance {self.tolerance:.3g}"
-        parts = [f"abs err {self.max_abs_err:.3g}"]
+        own = lambda mine, largest: largest if np.isnan(mine) else mine  # noqa: E731 - a Comparison built by hand
+        parts = [f"abs err {own(self.worst_abs_err, self.max_abs_err):.3g}"]
         if self.reference_value != 0:
-            parts += [f"rel err {self.max_rel_err:.3g}", f"{self.max_ulp_err:.3g} ulp"]
+            parts += [f"rel err {own(self.worst_rel_err, self.max_rel_err):.3g}",
+                      f"{own(self.worst_ulp_err, self.max_ulp_err):.3g} ulp"]
         return f"{head}: " + ", ".join(parts) + f", tolerance {self.tolerance:.3g}"
 
 
@@ -249,4 +257,7 @@ def compare(engine, reference, faithful, *, dtype: str, kind: str, only_where=No
         tolerance=float(bound[worst]),
         engine_value=float(e[worst]),
         reference_value=float(r[worst]),
+        worst_abs_err=float(err[worst]),
+        worst_rel_err=float(rel[worst]),
+        worst_ulp_err=float(ulps[worst]),
     )
