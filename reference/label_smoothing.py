@@ -20,8 +20,6 @@ padded vocab must not be smoothed over (the regimes of the smoothed ops have fin
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ._convert import as_float64
@@ -40,7 +38,7 @@ def _alpha(label_smoothing) -> float:
 
 def _mean_logp(x: np.ndarray) -> np.ndarray:
     """mean_v log p_v = mean_v(x_v − m) − log1p(Σ_{v≠argmax} exp(x_v − m)) per row (m = the row max):
-    both terms O(log V) and formed from x − m (exact near the max), sums exactly rounded (math.fsum)."""
+    both terms O(log V) and formed from x − m (exact near the max), sums exactly rounded (exact_sum)."""
     x2 = x.reshape(-1, x.shape[-1])
     j = x2.argmax(axis=-1)
     rows = np.arange(x2.shape[0])

@@ -183,7 +183,6 @@ def test_a_ledger_never_widens_the_selection_but_a_line_the_change_edits_selects
     """A fork whose ledger lists a finding of an unchanged function: a change elsewhere selects nothing; a
     change that edits that ledger line selects the finding it lists, and only it."""
     import importlib.util
-    import pathlib
 
     from rlconform.harness.catalog.ops import OPS
 

@@ -7,7 +7,6 @@ one output; the control flow, labels and undefined cases are the same for both, 
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import numpy as np
