@@ -159,11 +159,11 @@ def _aligned_outputs(ev: Evaluation, outcome: Outcome):
 def _judge_difference(outcome: Outcome, a, b, x, y, r, sel, allowed) -> None:
     """``|x − y|`` on ``sel`` against ``allowed`` (flat float64): the same NaN or the same inf on both sides is
     no difference; the worst position beyond 1× is a failure, otherwise the worst ratio is recorded."""
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # two huge finite values may differ by more than MAX
         diff = np.where(np.isfinite(x) & np.isfinite(y), np.abs(x - y),
                         np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0.0, np.inf))
     diff = np.where(sel, diff, 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = np.where(sel, diff / allowed, 0.0)
     if not ratio.size:
         return

@@ -142,7 +142,8 @@ def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
     a = np.abs(np.asarray(x, dtype=np.float64))
     a = np.where(np.isfinite(a), a, 0.0)
     exponent = np.floor(np.log2(np.maximum(a, TINY[dtype])))
-    return np.exp2(exponent) * EPS[dtype]
+    with np.errstate(over="ignore"):  # |x| beyond the dtype's range: an infinite spacing
+        return np.exp2(exponent) * EPS[dtype]
 
 
 def coarser(dtype: str, resolution: str | None) -> str:
