@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
-from rlconform.harness.report.case_paths import CASES, case_file_name
+from rlconform.harness.report.case_paths import copy_case_files
 
 __all__ = ["CacheMiss", "subset_report"]
 
@@ -55,13 +54,8 @@ def subset_report(src_dir: str, ids: list[str], out_dir: str, *, revision: str, 
     missing = [i for i in ids if i not in by_id]
     if missing:
         raise CacheMiss(f"{len(missing)} selected finding(s) are not in it, e.g. {missing[0]}")
-    os.makedirs(os.path.join(out_dir, CASES), exist_ok=True)
     findings = [by_id[i] for i in ids]
-    for f in findings:
-        name = case_file_name(f.get("id"))
-        src = os.path.join(src_dir, CASES, name) if name else None
-        if src and os.path.isfile(src) and not os.path.islink(src):
-            shutil.copyfile(src, os.path.join(out_dir, CASES, name))
+    copy_case_files(src_dir, findings, out_dir)
     sub = dict(doc, findings=findings, defects=[],
                run=dict(run, not_run=[], base_from={"report": os.path.abspath(src_dir), "findings": len(findings)}))
     with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as fh:

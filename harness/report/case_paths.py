@@ -76,3 +76,16 @@ def relativise(doc: dict, report_dir: str) -> dict:
         if isinstance(rep, dict) and rep.get("case_file"):
             rep["case_file"] = relative(report_dir, rep["case_file"])
     return doc
+
+
+def copy_case_files(src_dir: str, findings, out_dir: str) -> None:
+    """Copy ``src_dir/cases/<id>.json`` of each finding (a regular file, not a link) to ``out_dir/cases``:
+    a report folder written from another's findings keeps their reproducers."""
+    import shutil
+
+    os.makedirs(os.path.join(out_dir, CASES), exist_ok=True)
+    for f in findings:
+        name = case_file_name(f.get("id") if isinstance(f, dict) else None)
+        src = os.path.join(src_dir, CASES, name) if name else None
+        if src and os.path.isfile(src) and not os.path.islink(src):
+            shutil.copyfile(src, os.path.join(out_dir, CASES, name))

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
-from rlconform.harness.report.case_paths import CASES, case_file_name
+from rlconform.harness.report.case_paths import copy_case_files
 
 __all__ = ["MergeError", "merge_reports"]
 
@@ -94,13 +93,8 @@ def merge_reports(dirs: list[str], out_dir: str) -> dict:
             findings[f["id"]] = f
     not_run = {x for doc in docs for x in doc["run"].get("not_run") or () if isinstance(x, str)}
     narrowed = any(doc["run"].get("narrowed") for doc in docs)
-    os.makedirs(os.path.join(out_dir, CASES), exist_ok=True)
     for d, doc in zip(dirs, docs):
-        for f in doc["findings"]:
-            name = case_file_name(f.get("id"))
-            src = os.path.join(d, CASES, name) if name else None
-            if src and os.path.isfile(src) and not os.path.islink(src):
-                shutil.copyfile(src, os.path.join(out_dir, CASES, name))
+        copy_case_files(d, doc["findings"], out_dir)
     run = {k: v for k, v in first["run"].items() if k not in ("shard", "ledger_defects", "command")}
     run.update(started=min(str(doc["run"].get("started")) for doc in docs),
                finished=max(str(doc["run"].get("finished")) for doc in docs),
