@@ -796,14 +796,16 @@ def cmd_replay(args) -> int:
 
 
 def _refereed_result(result: dict, case, verdicts: list) -> dict:
-    """The replay's result with the referee's verdicts applied (:class:`~rlconform.harness.run.referee_verdicts.VerdictBook`)."""
+    """The replay's result with the referee's verdicts applied (:func:`rlconform.harness.run.status.decide`)."""
+    from rlconform.harness.run import status
     from rlconform.harness.run.referee_verdicts import VerdictBook
 
     if result.get("kind") not in ("pass", "marginal"):
         return result
     book = VerdictBook()
     book.add(verdicts)
-    entry = book.overrule({"id": case.finding_id, "op": case.op, "status": result["kind"], "examples": 1})
+    entry = {"id": case.finding_id, "op": case.op, "observed": result["kind"], "examples": 1}
+    status.decide(entry, verdicts=book)
     if entry["status"] == result["kind"]:
         return result
     return dict(result, kind=entry["status"], message=entry["message"], traceback="")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from rlconform.harness.catalog.ops import family_of, get_op
+from rlconform.harness.core import failure
 from rlconform.harness.core.evaluation import EngineCrash, Evaluation, call_engine  # noqa: F401 - re-exported
 from rlconform.harness.core.opinfo import (
     IMPLEMENTATIONS_AGREE, MATCHES_REFERENCE, plain_regime, regime_implementation, split_regime,
@@ -93,12 +94,20 @@ def evaluate_implementation(family, binding, case: Case, impl: str) -> Evaluatio
     default = family.evaluate(binding, as_values)
     second = family.evaluate(view, as_values)
     ev = Evaluation(base_label="the default implementation", undefined=default.undefined or second.undefined)
-    ev.problems = [f"default implementation: {p}" for p in default.problems] + [
-        f"{impl} implementation: {p}" for p in second.problems]
+    ev.problems = [_prefixed("default implementation", p) for p in default.problems] + [
+        _prefixed(f"{impl} implementation", p) for p in second.problems]
     ev.values = [dataclasses.replace(c, label=f"{c.label} (default)") for c in default.outputs]
     ev.alternatives = [(f"the {impl} implementation",
                         [dataclasses.replace(c, label=f"{c.label} ({impl})") for c in second.outputs])]
     return ev
+
+
+def _prefixed(which: str, problem):
+    """A problem of one of two implementations, saying which: a sentence prefixed, a clause with its text
+    prefixed and its fields kept."""
+    if isinstance(problem, failure.Clause):
+        return dataclasses.replace(problem, text=f"{which}: {problem.text}")
+    return f"{which}: {problem}"
 
 
 def _engine_error(exc: EngineCrash) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from rlconform.harness.core import failure
 from rlconform.harness.core.evaluation import Compared, Evaluation
 from rlconform.harness.core.opinfo import (
     FINITE, IMPLEMENTATIONS_AGREE, MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE, PARTITION_INVARIANT,
@@ -49,7 +50,8 @@ class Outcome:
     worst compared element (``max_abs_err``, ``max_rel_err``, ``tolerance``) and ``ratio`` (error over
     tolerance; its margin band gives the :attr:`verdict`; the quantity ``rlconform fuzz``'s ``target()`` climbs);
     ``declared``: the name of the binding's declared guard or precondition this example fell under (issue 20
-    §2), or None."""
+    §2), or None; ``clauses``: what failed, as data (:class:`rlconform.harness.core.failure.Clause`), of which
+    a failing outcome's ``message`` is the rendering."""
 
     ok: bool
     message: str = ""
@@ -58,16 +60,22 @@ class Outcome:
     tolerance: float = 0.0
     ratio: float = 0.0
     declared: str | None = None
+    clauses: list = dataclasses.field(default_factory=list)
 
-    def absorb(self, label: str, c: Comparison) -> None:
-        if c.max_abs_err >= self.max_abs_err or not c.ok:
-            self.max_abs_err = max(self.max_abs_err, c.max_abs_err)
-            self.max_rel_err = max(self.max_rel_err, c.max_rel_err)
-        if c.worst_ratio >= self.ratio:
-            self.ratio, self.tolerance = c.worst_ratio, c.tolerance
-        if not c.ok:
-            self.ok = False
-            self.message += (("\n" if self.message else "") + f"{label}: {c.describe()}")
+    def add(self, clause: failure.Clause) -> None:
+        """Record a failing clause; the message gains its line."""
+        self.ok = False
+        self.clauses.append(clause)
+        self.message += ("\n" if self.message else "") + failure.render_clause(clause)
+
+    def absorb(self, c: Compared, cmp: Comparison) -> None:
+        if cmp.max_abs_err >= self.max_abs_err or not cmp.ok:
+            self.max_abs_err = max(self.max_abs_err, cmp.max_abs_err)
+            self.max_rel_err = max(self.max_rel_err, cmp.max_rel_err)
+        if cmp.worst_ratio >= self.ratio:
+            self.ratio, self.tolerance = cmp.worst_ratio, cmp.tolerance
+        if not cmp.ok:
+            self.add(cmp.clause(c.label, c.quantity, c.dtype, c.layout))
 
     @property
     def verdict(self) -> str:
@@ -75,10 +83,11 @@ class Outcome:
         :func:`rlconform.harness.core.tolerance.verdict` applied to ``ratio``."""
         return verdict(self.ratio, self.ok)
 
-    def fail(self, message: str) -> None:
-        self.ok = False
+    def fail(self, what) -> None:
+        """Record a failure without a ratio (a problem, a mutation, a lost metric): ``what`` is a
+        :class:`~rlconform.harness.core.failure.Clause` or the sentence of a ``problem`` clause."""
         self.ratio = max(self.ratio, math.inf)
-        self.message += ("\n" if self.message else "") + message
+        self.add(failure.as_clause(what))
 
 
 def _compare(c: Compared) -> Comparison:
@@ -101,12 +110,21 @@ def _start(ev: Evaluation) -> Outcome:
     return outcome
 
 
+def _quantities(ev: Evaluation):
+    """Each output of ``ev`` with what it is: its own ``quantity``, else ``value`` or ``gradient`` by the list
+    that holds it."""
+    for c in ev.values:
+        yield c, c.quantity or "value"
+    for c in ev.gradients:
+        yield c, c.quantity or "gradient"
+
+
 def matches_reference(ev: Evaluation) -> Outcome:
     outcome = _start(ev)
     if not ev.outputs:
         _nothing(ev, outcome, "output")
-    for c in ev.outputs:
-        outcome.absorb(c.label, _compare(c))
+    for c, quantity in _quantities(ev):
+        outcome.absorb(dataclasses.replace(c, quantity=quantity), _compare(c))
     return outcome
 
 
@@ -114,7 +132,7 @@ def finite_where_reference_finite(ev: Evaluation) -> Outcome:
     outcome = _start(ev)
     if not ev.outputs:
         _nothing(ev, outcome, "output")
-    for c in ev.outputs:
+    for c, quantity in _quantities(ev):
         e = np.asarray(c.engine, dtype=np.float64).reshape(-1)
         r = np.broadcast_to(np.asarray(c.reference, dtype=np.float64).reshape(-1), e.shape)
         bad = representable(r, c.dtype) & ~np.isfinite(e)
@@ -122,15 +140,15 @@ def finite_where_reference_finite(ev: Evaluation) -> Outcome:
             bad &= np.asarray(c.only_where, bool).reshape(-1)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            outcome.fail(f"{c.label}: engine {float(e[i])!r} where the reference is finite ({float(r[i])!r}) "
-                         f"at flat index {i}")
+            outcome.fail(failure.Clause("nonfinite", c.label, quantity, engine=float(e[i]), exact=float(r[i]),
+                                        index=i, dtype=c.dtype, layout=c.layout))
     return outcome
 
 
 def non_destructive(ev: Evaluation) -> Outcome:
     outcome = _start(ev)
     for m in ev.mutations:
-        outcome.fail(m)
+        outcome.fail(failure.as_clause(m, "mutation"))
     return outcome
 
 
@@ -143,7 +161,9 @@ def _aligned_outputs(ev: Evaluation, outcome: Outcome):
         if len(outputs) != len(ev.outputs):
             outcome.fail(f"{alt_label}: {len(outputs)} outputs vs {len(ev.outputs)} with {ev.base_label}")
             continue
-        for b, a in zip(ev.outputs, outputs):
+        for k, (b, a) in enumerate(zip(ev.outputs, outputs)):
+            if not a.quantity:
+                a = dataclasses.replace(a, quantity=b.quantity or ("value" if k < len(ev.values) else "gradient"))
             x = np.asarray(a.engine, dtype=np.float64).reshape(-1)
             y = np.asarray(b.engine, dtype=np.float64).reshape(-1)
             if x.shape != y.shape:
@@ -169,10 +189,9 @@ def _judge_difference(outcome: Outcome, a, b, x, y, r, sel, allowed) -> None:
         return
     i = int(np.argmax(ratio))
     if ratio[i] > 1.0:  # beyond 1×: not ok; the margin band of tolerance.verdict grades it, as for the reference
-        outcome.ok = False
-        outcome.message += ("\n" if outcome.message else "") + (
-            f"{a.label} = {float(x[i])!r} vs {b.label} = {float(y[i])!r} at flat index {i} "
-            f"(reference {float(r[i])!r}, allowed difference {float(allowed[i]):.3g}, {float(ratio[i]):.3g}×)")
+        outcome.add(failure.Clause("difference", a.label, a.quantity or "", engine=float(x[i]), exact=float(r[i]),
+                                   index=i, tolerance=float(allowed[i]), ratio=float(ratio[i]), dtype=a.dtype,
+                                   other=float(y[i]), other_label=b.label, layout=a.layout))
         d = float(diff[i])
         outcome.max_abs_err = max(outcome.max_abs_err, d if math.isfinite(d) else math.inf)
         if float(ratio[i]) >= outcome.ratio:
@@ -279,8 +298,9 @@ def metric_integrity(ev: Evaluation) -> Outcome:
     or an integral float64), a float64 value is not narrowed to float32 / float16."""
     outcome = _start(ev)
     flow = ev.metrics
+    lost = lambda text: outcome.fail(failure.text("metric", text))  # noqa: E731
     if flow is None or not flow.emitted:
-        outcome.fail("nothing to compare: the pipeline emitted no metric key")
+        lost("nothing to compare: the pipeline emitted no metric key")
         return outcome
     for key in sorted(flow.emitted):
         target = flow.emitted_to_final.get(key, key)
@@ -288,19 +308,19 @@ def metric_integrity(ev: Evaluation) -> Outcome:
         if target not in flow.final:
             line = _printed_line(flow.printed, key) if flow.printed else None
             how = f"was printed instead of logged ({line!r})" if line else "never reached the final dict"
-            outcome.fail(f"emitted key {key!r} {how} as {target!r} (final keys: {sorted(flow.final)})")
+            lost(f"emitted key {key!r} {how} as {target!r} (final keys: {sorted(flow.final)})")
             continue
         value = flow.final[target]
         if not _is_number(value):
-            outcome.fail(f"final {target!r} is a {_type_name(value)}, not a number: {value!r}")
+            lost(f"final {target!r} is a {_type_name(value)}, not a number: {value!r}")
         elif target in flow.integral and not (isinstance(value, (int, np.integer)) or (
                 _is_wide_float_typed(value) and math.isfinite(value) and float(value).is_integer())):
-            outcome.fail(f"final {target!r} changed in type: an integer statistic logged as {_type_name(value)} "
-                         f"{value!r} (emitted as {_type_name(emitted)})")
+            lost(f"final {target!r} changed in type: an integer statistic logged as {_type_name(value)} "
+                 f"{value!r} (emitted as {_type_name(emitted)})")
         elif isinstance(value, _NARROW_FLOATS) and emitted is not None and (
                 _is_wide_float_typed(emitted) or _is_integer_typed(emitted)):
-            outcome.fail(f"final {target!r} changed in type: {_type_name(value)} {value!r} from a value emitted as "
-                         f"{_type_name(emitted)} (narrowed below float64)")
+            lost(f"final {target!r} changed in type: {_type_name(value)} {value!r} from a value emitted as "
+                 f"{_type_name(emitted)} (narrowed below float64)")
     return outcome
 
 

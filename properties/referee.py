@@ -329,7 +329,7 @@ def judge(payload: bytes, check_here, exchange=None):
     output raised: the engine's contract breach), ``("own_error", where, message, traceback)`` (rlconform's
     yardstick raised: :mod:`rlconform.harness.core.blame`), ``("not_checked", class name, message,
     attributes)``; ``verdict`` is ``(finding id, kind, outcome verdict or None, message[, numbers])`` (None for
-    ``not_checked``; ``numbers``: the outcome's ratio, max_abs_err, max_rel_err and tolerance)."""
+    ``not_checked``; ``numbers``: the outcome's ratio, max_abs_err, max_rel_err, tolerance and failure clauses)."""
     from rlconform.harness.core.evaluation import EngineCrash
 
     req = loads(payload)
@@ -341,8 +341,10 @@ def judge(payload: bytes, check_here, exchange=None):
     try:
         with T.remote(tape):
             outcome = check_here(binding, case)
+        from rlconform.harness.core import failure
+
         numbers = {"ratio": outcome.ratio, "max_abs_err": outcome.max_abs_err, "max_rel_err": outcome.max_rel_err,
-                   "tolerance": outcome.tolerance}
+                   "tolerance": outcome.tolerance, "clauses": failure.clauses_to_json(outcome.clauses)}
         return ("outcome", outcome), (fid, "outcome", outcome.verdict, outcome.message, numbers)
     except EngineCrash as exc:
         return ("crash", str(exc), getattr(exc, "engine_traceback", "")), (fid, "crash", None, str(exc))

@@ -14,7 +14,7 @@ import pytest
 
 from rlconform.harness.cli import main
 from rlconform.harness.report.ledger_text import ledger_lines
-from rlconform.harness.run import pytest_plugin
+from rlconform.harness.run import pytest_plugin, status
 from rlconform.harness.report.xfails import XfailsError, defect_key, parse_ledger, parse_xfails
 
 FID = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
@@ -121,15 +121,20 @@ def test_in_the_report_process_a_listed_defect_is_xfail_an_unlisted_one_stays_re
     # where another CPU makes it a `wrong value`), matched by scope since it has no root-cause fields
     marginal = _finding(FID.replace("float32", "bfloat16"), status="marginal", engine_function=None)
     loose = _finding("entropy.matches_reference.float64.moderate", status="marginal", engine_function=None)
+    def apply(finding):  # the report's writer: the one decider, the ledger's matches recorded
+        line = status.decide(finding, ledger=state.ledger)
+        if line is not None:
+            state.ledger_matches.setdefault(line.key, []).append(finding["id"])
+
     for f in (listed, unlisted, passing, marginal, loose):
-        pytest_plugin._apply_defect_lines(state, f)
+        apply(f)
     assert (listed["status"], listed["ledger_defect"]) == ("xfail", "verl.utils.torch_functional.entropy_from_logits | NaN / inf")
     assert unlisted["status"] == "discrepancy" and "ledger_defect" not in unlisted  # red: not the listed defect
     assert passing["status"] == "pass"
     assert marginal["status"] == "xfail" and "listed in the ledger" in marginal["message"]
     assert loose["status"] == "xfail"  # entropy.matches_reference is line 2's scope
     outside = _finding("logsumexp.matches_reference.float32.moderate", status="marginal", engine_function=None)
-    pytest_plugin._apply_defect_lines(state, outside)
+    apply(outside)
     assert outside["status"] == "marginal"
     verdicts = pytest_plugin._ledger_verdicts(state, {FID, passing["id"]})
     state.ledger_matches.pop("verl.x.gone | wrong value")  # without the marginal finding: fixed

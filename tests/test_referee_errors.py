@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 import forked_cli
+from rlconform.harness.run import status
 from rlconform.harness.run.referee_verdicts import VerdictBook
 from rlconform.properties.referee import REFEREE_ERROR
 from rlconform.properties.case import Case
@@ -64,5 +65,6 @@ def test_the_controller_reads_a_diverged_verdict_as_an_error():
     book = VerdictBook()
     book.add([(FID, "diverged", None, "the engine function f was called outside call_engine")])
     for reported in ("pass", "xpass"):
-        entry = book.overrule({"id": FID, "op": "entropy", "status": reported, "examples": 1})
+        entry = {"id": FID, "op": "entropy", "observed": reported, "examples": 1}
+        status.decide(entry, verdicts=book)
         assert entry["status"] == "error" and entry["message"].startswith(REFEREE_ERROR), entry

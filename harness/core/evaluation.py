@@ -72,7 +72,10 @@ class Compared:
     ``kind``: the tolerance kind (a key of :data:`rlconform.harness.core.tolerance.ATOL`); ``only_where``:
     the elements that are compared (e.g. unmasked tokens); ``label``: what it is, for messages;
     ``resolution``: a dtype coarser than ``dtype`` that the engine computes the value in (its tolerance is
-    never finer than half an ulp of it at |reference|: :func:`rlconform.harness.core.tolerance.bound`), or None.
+    never finer than half an ulp of it at |reference|: :func:`rlconform.harness.core.tolerance.bound`), or None;
+    ``quantity``: what the number is (``value``, ``gradient``, ``metric``; None: by the Evaluation list that holds
+    it); ``layout``: the partition of the run it comes from (``{"parts": "micro-batches", "nnz": [3, 0]}``), or
+    None (:mod:`rlconform.harness.core.failure`).
     """
 
     label: str
@@ -83,6 +86,8 @@ class Compared:
     kind: str
     only_where: np.ndarray | None = None
     resolution: str | None = None
+    quantity: str | None = None
+    layout: dict | None = None
 
 
 @dataclasses.dataclass
@@ -117,7 +122,7 @@ class Evaluation:
 
     values: list[Compared] = dataclasses.field(default_factory=list)
     gradients: list[Compared] = dataclasses.field(default_factory=list)
-    problems: list[str] = dataclasses.field(default_factory=list)
+    problems: list = dataclasses.field(default_factory=list)
     mutations: list[str] = dataclasses.field(default_factory=list)
     alternatives: list[tuple[str, list[Compared]]] = dataclasses.field(default_factory=list)
     metrics: MetricFlow | None = None

@@ -59,10 +59,19 @@ def dtype_problem(label: str, got_dtype: str, input_dtype: str, impl, output: st
             f"{promise} ({expected})" + (f" [{impl.doc}]" if impl.doc else ""))
 
 
-def rank_problem(rank: int, shape: tuple, impl, exc: BaseException) -> str:
-    """The problem message of a declared input rank the implementation cannot take."""
-    return (f"contract: a rank-{rank} input {tuple(shape)} (its docstring allows ranks "
-            f"{', '.join(map(str, impl.ranks))}) raised {_last_line(exc)}{frame_text(exc)}")
+def rank_problem(rank: int, shape: tuple, impl, exc: BaseException):
+    """The ``contract`` :class:`~rlconform.harness.core.failure.Clause` of a declared input rank the
+    implementation cannot take: ``rank``, ``error_type`` (the engine's exception type) and its sentence."""
+    from rlconform.harness.core import failure
+
+    last = _last_line(exc)
+    error_type = last.split(":", 1)[0].strip().rsplit(".", 1)[-1] if ":" in last else type(exc).__name__
+    cause = getattr(exc, "__cause__", None)
+    if cause is not None:
+        error_type = type(cause).__name__
+    return failure.Clause("contract", rank=int(rank), error_type=error_type, text=(
+        f"contract: a rank-{rank} input {tuple(shape)} (its docstring allows ranks "
+        f"{', '.join(map(str, impl.ranks))}) raised {last}{frame_text(exc)}"))
 
 
 def settle_crashes(crashes: list, impl, problems: list) -> None:

@@ -198,20 +198,26 @@ class Comparison:
     worst_rel_err: float = float("nan")
     worst_ulp_err: float = float("nan")
 
+    def clause(self, label: str = "", quantity: str = "", dtype: str | None = None, layout: dict | None = None):
+        """This comparison's worst element as a ``value`` :class:`~rlconform.harness.core.failure.Clause`: the
+        element's own error measures (the largest errors of other elements are the finding's ``max_abs_err``
+        / ``max_rel_err`` fields, never quoted next to this element's index)."""
+        from rlconform.harness.core import failure
+
+        own = lambda mine, largest: largest if np.isnan(mine) else mine  # noqa: E731 - a Comparison built by hand
+        return failure.value(label, quantity, engine=self.engine_value, exact=self.reference_value,
+                             index=self.worst_index, abs_err=own(self.worst_abs_err, self.max_abs_err),
+                             rel_err=own(self.worst_rel_err, self.max_rel_err),
+                             ulp_err=own(self.worst_ulp_err, self.max_ulp_err), tolerance=self.tolerance,
+                             ratio=self.worst_ratio, dtype=dtype, layout=layout)
+
     def describe(self) -> str:
         """One line: the worst element and its own error measures, only those that mean something there (no
-        relative error or ulp count at a zero reference; none at all for a NaN/inf engine value). The
-        largest errors of other elements are the finding's ``max_abs_err`` / ``max_rel_err`` fields, never
-        quoted next to this element's index."""
-        head = f"engine {self.engine_value!r} vs reference {self.reference_value!r} at flat index {self.worst_index}"
-        if not np.isfinite(self.engine_value) or not np.isfinite(self.reference_value):
-            return f"{head}: tolerance {self.tolerance:.3g}"
-        own = lambda mine, largest: largest if np.isnan(mine) else mine  # noqa: E731 - a Comparison built by hand
-        parts = [f"abs err {own(self.worst_abs_err, self.max_abs_err):.3g}"]
-        if self.reference_value != 0:
-            parts += [f"rel err {own(self.worst_rel_err, self.max_rel_err):.3g}",
-                      f"{own(self.worst_ulp_err, self.max_ulp_err):.3g} ulp"]
-        return f"{head}: " + ", ".join(parts) + f", tolerance {self.tolerance:.3g}"
+        relative error or ulp count at a zero reference; none at all for a NaN/inf engine value)
+        (:func:`rlconform.harness.core.failure.render_clause` of :meth:`clause`)."""
+        from rlconform.harness.core import failure
+
+        return failure.render_clause(self.clause())
 
 
 def compare(engine, reference, faithful, *, dtype: str, kind: str, only_where=None,

@@ -7,6 +7,7 @@ one output; the control flow, labels and undefined cases are the same for both, 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
@@ -52,11 +53,13 @@ def second_looks(case, arrays: dict[str, np.ndarray], mask: np.ndarray, ev: Eval
     an engine output or None (crash recorded); ``compare(label, out)`` -> (values, gradients)."""
     if case.property == PARTITION_INVARIANT:
         for p in case.inputs["partitions"]:
-            label = f"micro-batches (nnz) {[int(mask[a:c].sum()) for a, c in p]}"
+            nnz = [int(mask[a:c].sum()) for a, c in p]
+            label = f"micro-batches (nnz) {nnz}"
             alt = run(arrays, p)
             if alt is not None:
                 vals, grads = compare(f"{label}: ", alt)
-                ev.alternatives.append((label, vals + grads))
+                layout = {"parts": "micro-batches", "nnz": nnz}
+                ev.alternatives.append((label, [dataclasses.replace(c, layout=layout) for c in vals + grads]))
     elif case.property == MASK_INVARIANT:
         garbage = float(case.inputs.get("garbage", np.nan))
         dirty = {k: np.where(mask, v, garbage) for k, v in arrays.items()}

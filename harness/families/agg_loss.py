@@ -16,6 +16,8 @@ in the contributions: sums, means, means over non-NaN contributions).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import numpy as np
@@ -240,8 +242,9 @@ def evaluate(binding, case) -> Evaluation:
     ev.base_label = label(partitions[0])
     if case.property == PARTITION_INVARIANT:
         for p in partitions[1:]:
-            ev.alternatives.append((label(p), _evaluate_partition(agg, loss64, mask_np, case.dtype, mode, p, lsf,
-                                                                  ref, ref_grad, ev, label(p))))
+            layout = {"parts": "shards", "nnz": json.loads(describe_partition(p, mask_np))}
+            ev.alternatives.append((label(p), [dataclasses.replace(c, layout=layout) for c in _evaluate_partition(
+                agg, loss64, mask_np, case.dtype, mode, p, lsf, ref, ref_grad, ev, label(p))]))
     elif case.property == MASK_INVARIANT:
         garbage = float(case.inputs.get("garbage", np.nan))
         dirty = np.where(mask_np, loss64, garbage)

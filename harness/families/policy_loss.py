@@ -432,7 +432,7 @@ def _compared(label, out, ref, dtype, mask, ev, faithful) -> list[Compared]:
             continue
         f_want = f_metrics[key].mean if key in f_metrics else want
         res.append(Compared(f"{label}metric {key}", np.float64(float(metrics[key])), np.float64(want),
-                            _round(f_want, mdt), mdt, "pipeline"))
+                            _round(f_want, mdt), mdt, "pipeline", quantity="metric"))
     grads = []
     if grad is not None:
         grads.append(Compared(f"{label}gradient w.r.t. log_prob", grad, r_grad, _round(f_grad, odt), odt,

@@ -338,10 +338,11 @@ def _compared(label, got, keep, ok, metrics_ref, metrics_fa, keys, ev, required=
             if key in required:
                 ev.problems.append(f"{label}metric {key!r} missing: the engine logged {sorted(metrics)}")
             res.append(Compared(f"{label}metric {key}", np.float64(np.nan), np.float64(metrics_ref[key]),
-                                np.float64(metrics_fa[key]), "float32", "pipeline", only_where=np.zeros(1, bool)))
+                                np.float64(metrics_fa[key]), "float32", "pipeline", only_where=np.zeros(1, bool),
+                                quantity="metric"))
             continue
         res.append(Compared(f"{label}metric {key}", np.float64(float(metrics[key])), np.float64(metrics_ref[key]),
-                            S.round_to(np.float64(metrics_fa[key]), "float32"), "float32", "pipeline"))
+                            S.round_to(np.float64(metrics_fa[key]), "float32"), "float32", "pipeline", quantity="metric"))
     return res
 
 

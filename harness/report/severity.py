@@ -1,9 +1,10 @@
 """Severity of a failing finding by its impact on training (issue 20 §3; issue 12 before it): ``training``,
 ``destructive``, ``logging``, ``robustness`` or ``precision``.
 
-Operates on a finding of ``report.json`` (a dict), from the numbers it carries: the clauses of its
-``message`` (``engine E vs reference R at flat index i: … tolerance T``; ``X vs Y … (reference R,
-allowed difference D)``; ``engine nan where the reference is finite``), ``max_ratio``, ``max_rel_err``,
+Operates on a finding of ``report.json`` (a dict), from the fields it carries: the clauses of its failure
+record (:mod:`rlconform.harness.report.failure_fields`: ``value`` clauses, engine E vs exact R with
+tolerance T; ``difference`` clauses, X vs Y of two runs with the exact R and the allowed difference D and
+the run's layout; ``nonfinite`` clauses; the quantity, value / gradient / metric), ``max_ratio``, ``max_rel_err``,
 its ``status``, ``property`` and ``op``, and the dtypes the engine calls the op with (the binding's
 ``engine_dtypes``, recorded as ``report.json`` ``engine.engine_dtypes``). The thresholds of a wrong value
 and the reason for each are in the severity table of :mod:`rlconform.harness.core.tolerance`
@@ -31,8 +32,8 @@ precision     every other failure (rounding-sized); a wrong value in bf16 / fp16
               engine never calls the op with
 ============  ======================================================================================
 
-The message describes the shrunk example (the simplest failing input hypothesis found), ``max_ratio``
-the worst example: relative errors are read from the message's clauses (``max_rel_err`` is a maximum
+The failure record describes the shrunk example (the simplest failing input hypothesis found), ``max_ratio``
+the worst example: relative errors are read from the record's clauses (``max_rel_err`` is a maximum
 over every element, dominated by near-zero references), and a finding whose worst example is within
 ``NEAR``× of its tolerance is never more than ``precision``.
 
@@ -51,6 +52,7 @@ from __future__ import annotations
 import math
 import re
 
+from rlconform.harness.report import failure_fields as F
 from rlconform.harness.core.regimes import EXTREME_REGIMES, extreme
 from rlconform.harness.core.tolerance import NEAR, WRONG_PARTITION, WRONG_REL
 
@@ -65,59 +67,36 @@ DEFAULT_FAIL_ON = "robustness"
 JUDGED = ("discrepancy", "crash", "xfail", "unavailable")
 #: ops whose values are logged metrics, not what the optimiser sees
 METRIC_OPS = ("metric_pipeline", "metric_statistics", "dp_metric_all_reduce")
-_METRIC_CLAUSE = re.compile(r"\bmetric [A-Za-z0-9_/]+(?: =|: engine)")
-
-_NUM = r"[-+]?(?:nan|inf|[0-9.]+(?:e[-+]?[0-9]+)?)"
-VALUE_CLAUSE = re.compile(rf"engine (?P<e>{_NUM}) vs reference (?P<r>{_NUM}) at flat index \d+:[^\n]*?"
-                          rf"tolerance (?P<t>{_NUM})")
-PARTITION_CLAUSE = re.compile(rf"(?P<x>{_NUM}) vs (?:[^\n]*? = )?(?P<y>{_NUM})(?: at flat index \d+)? "
-                              rf"\(reference (?P<r>{_NUM}), allowed difference (?P<d>{_NUM})(?:, [^)\n]*)?\)")
-NONFINITE_WHERE_FINITE = re.compile(rf"engine (?P<e>nan|-?inf) where the reference[a-z ]* is finite")
-#: :func:`rlconform.harness.core.impl_contract.rank_problem`: an input rank the implementation's docstring allows raised
-RANK_CONTRACT = re.compile(r"contract: a rank-(?P<rank>\d+) input [^\n]*?\(its docstring allows ranks [^)]*\) raised "
-                           r"(?P<t>[A-Za-z0-9_.]+)")
-CRASH_TYPE = re.compile(r"(?:engine raised in [^:]*: )?(?P<t>[A-Z][A-Za-z0-9_.]*(?:Error|Exception|Warning))\b")
 
 
-def _f(text: str) -> float:
-    return float(text)
+def value_clauses(finding: dict) -> list[tuple[float, float, float]]:
+    """(engine, exact, tolerance) of every ``value`` clause of the finding's failure record."""
+    return F.value_clauses(finding)
 
 
-def value_clauses(message: str) -> list[tuple[float, float, float]]:
-    """(engine, reference, tolerance) of every ``engine E vs reference R … tolerance T`` clause."""
-    return [(_f(m["e"]), _f(m["r"]), _f(m["t"])) for m in VALUE_CLAUSE.finditer(message or "")]
+def partition_clauses(finding: dict) -> list[tuple[float, float, float, float]]:
+    """(x, y, exact, allowed difference) of every ``difference`` clause (two runs of the same data)."""
+    return F.difference_clauses(finding)
 
 
-def partition_clauses(message: str) -> list[tuple[float, float, float, float]]:
-    """(x, y, reference, allowed difference) of every ``X vs Y … (reference R, allowed difference D)``."""
-    return [(_f(m["x"]), _f(m["y"]), _f(m["r"]), _f(m["d"])) for m in PARTITION_CLAUSE.finditer(message or "")]
+def crash_type(finding: dict) -> str:
+    """The engine's exception type of a crash finding (``exception`` when unknown)."""
+    return F.crash_type(finding)
 
 
-def crash_type(message: str) -> str:
-    m = CRASH_TYPE.search(message or "")
-    return m["t"].rsplit(".", 1)[-1] if m else "exception"
-
-
-def contract_crash_type(message: str) -> str | None:
-    """The exception type (``IndexError``) when ``message`` says an input rank the implementation's docstring
-    allows raised (:data:`RANK_CONTRACT`), else None."""
-    m = RANK_CONTRACT.search(message or "")
-    return m["t"].rstrip(":").rsplit(".", 1)[-1] if m else None
+def contract_crash_type(finding: dict) -> str | None:
+    """The exception type (``IndexError``) when an input rank the implementation's docstring allows raised (a
+    ``contract`` clause), else None."""
+    c = F.contract(finding)
+    return (c.error_type or "exception") if c is not None else None
 
 
 def nonfinite_where_finite(finding: dict) -> str | None:
     """``"nan"`` / ``"inf"`` when the finding shows a NaN or ±inf engine value where the exact value is
     finite, else None."""
-    msg = finding.get("message") or ""
-    m = NONFINITE_WHERE_FINITE.search(msg)
-    if m:
-        return "nan" if m["e"] == "nan" else "inf"
-    for e, r, _ in value_clauses(msg):
-        if not math.isfinite(e) and math.isfinite(r):
-            return "nan" if math.isnan(e) else "inf"
-    for x, y, r, _ in partition_clauses(msg):
-        if math.isfinite(r) and not (math.isfinite(x) and math.isfinite(y)):
-            return "nan" if (math.isnan(x) or math.isnan(y)) else "inf"
+    found = F.nonfinite(finding)
+    if found:
+        return found
     rel = finding.get("max_rel_err")
     if isinstance(rel, (int, float)) and math.isinf(rel):  # err = inf at a finite, nonzero reference
         return "nan/inf"
@@ -126,13 +105,12 @@ def nonfinite_where_finite(finding: dict) -> str | None:
 
 def _wrong_value(finding: dict) -> str | None:
     """Why the finding's values are wrong beyond rounding (the tolerance table's thresholds), else None."""
-    msg = finding.get("message") or ""
     ratio = finding.get("max_ratio")
     near = isinstance(ratio, (int, float)) and ratio < NEAR  # None: unbounded
     if near:
         return None
     worst, why = 0.0, None
-    for e, r, t in value_clauses(msg):
+    for e, r, t in value_clauses(finding):
         err = abs(e - r)
         if t > 0 and abs(r) > t and err > t:
             rel = err / abs(r)
@@ -143,7 +121,7 @@ def _wrong_value(finding: dict) -> str | None:
             # is read at unit scale (verl's vectorized GRPO gives 0.0119 where the exact advantage is 0)
             worst, why = err, f"abs err {err:.3g} where the exact value is {r:.3g} (tolerance {t:.3g})"
     agreement = finding.get("property") == "implementations_agree"
-    for x, y, r, d in partition_clauses(msg):
+    for x, y, r, d in partition_clauses(finding):
         diff = abs(x - y)
         # two implementations: at the scale of their own values (the reference may be a convention's 0 or NaN)
         scale = max((abs(v) for v in (x, y, r) if math.isfinite(v)), default=0.0) if agreement else abs(r)
@@ -158,7 +136,6 @@ def _wrong_value(finding: dict) -> str | None:
     return why
 
 
-_MICRO = re.compile(r"micro-batches \(nnz\) \[(?P<n>[^\]]*)\]")
 #: unit roundoff of the low precisions (half an ulp at 1: 2⁻⁸ for bf16's 8-bit significand, 2⁻¹¹ for fp16)
 UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 #: data regimes whose inputs sit at the edge of a low precision: log-ratios of ±20 (exp(20) ≈ 4.9e8, one bf16
@@ -185,7 +162,7 @@ def rounding_of_extreme_input(finding: dict) -> str | None:
     if u is None or data not in EXTREME_INPUT_REGIMES or nonfinite_where_finite(finding):
         return None
     bound = EXTREME_LOG_RATIO * u if data == "extreme_log_ratios" else 0.5 + 1e-2
-    rels = [abs(e - r) / abs(r) for e, r, t in value_clauses(finding.get("message") or "")
+    rels = [abs(e - r) / abs(r) for e, r, t in value_clauses(finding)
             if math.isfinite(e) and math.isfinite(r) and r and abs(e - r) > t]
     if not rels or max(rels) > bound:
         return None
@@ -238,13 +215,12 @@ def ulp_level(finding: dict) -> str | None:
     below the 3e-5 spacing of float32 there. A partition or agreement clause, a NaN / inf, or a value off
     by more than that stays what it is; a low-precision computation (bf16 logits of 256 giving entropy 0
     instead of 0.69) is far beyond float32's resolution and stays a wrong value."""
-    msg = finding.get("message") or ""
-    if nonfinite_where_finite(finding) or partition_clauses(msg):
+    if nonfinite_where_finite(finding) or partition_clauses(finding):
         return None
     scale = input_scale(finding.get("worst_input") or "")
     wide = finding.get("dtype") == "float64"  # computed in float64 (a float32 engine path is module rounding)
     bound = ULP_LEVEL * (2.0 ** -52 if wide else 2.0 ** -23) * scale
-    errs = [abs(e - r) for e, r, t in value_clauses(msg) if math.isfinite(e) and math.isfinite(r) and abs(e - r) > t]
+    errs = [abs(e - r) for e, r, t in value_clauses(finding) if math.isfinite(e) and math.isfinite(r) and abs(e - r) > t]
     if not errs or not scale or max(errs) > bound:
         return None
     kind = "float64" if wide else "float32"
@@ -252,20 +228,21 @@ def ulp_level(finding: dict) -> str | None:
             f"{scale:.3g} ({bound:.3g}), what any {kind} computation of it may give")
 
 
-def scaled_by_micro_batches(line: str) -> bool:
-    """Whether a partition clause ``micro-batches (nnz) [n1, …, nk]: X vs Y (reference R, …)`` shows a value
-    k× (or 1/k×) the reference, k ≥ 2 the number of micro-batches: an error that grows with the
-    configuration (verl's ``compute_policy_loss_geo_mean`` sums micro-batch means), unbounded."""
-    m = _MICRO.search(line)
-    k = len([p for p in (m["n"].split(",") if m else []) if p.strip()])
+def scaled_by_micro_batches(clause) -> bool:
+    """Whether a ``difference`` clause of a run split into k ≥ 2 micro-batches (its ``layout``) shows a value
+    k× (or 1/k×) the exact one: an error that grows with the configuration (verl's
+    ``compute_policy_loss_geo_mean`` sums micro-batch means), unbounded."""
+    if clause.kind != "difference" or (clause.layout or {}).get("parts") != "micro-batches":
+        return False
+    k = F.parts_of(clause)
     if k < 2:
         return False
-    for x, y, r, _ in partition_clauses(line):
-        for v in (x, y):
-            if math.isfinite(v) and r and math.isfinite(r) and v * r > 0:
-                q = abs(v / r)
-                if abs(q - k) <= 1e-3 * k or abs(q * k - 1) <= 1e-3:
-                    return True
+    r = clause.exact
+    for v in (clause.engine, clause.other):
+        if v is not None and r and math.isfinite(v) and math.isfinite(r) and v * r > 0:
+            q = abs(v / r)
+            if abs(q - k) <= 1e-3 * k or abs(q * k - 1) <= 1e-3:
+                return True
     return False
 
 
@@ -282,20 +259,19 @@ def effect(finding: dict) -> float:
     mutation, a NaN / inf, or a value scaled by the number of micro-batches (:func:`scaled_by_micro_batches`:
     it grows with the configuration), else the largest relative error or partition dependence of its
     clauses, else ``max_ratio`` × 1e-6 (a rounding-sized failure ranks below any wrong value)."""
-    msg = finding.get("message") or ""
     if outcome(finding) in ("crash", "unavailable") or finding.get("property") == "non_destructive" \
-            or RANK_CONTRACT.search(msg) or nonfinite_where_finite(finding):
+            or F.contract(finding) or nonfinite_where_finite(finding):
         return math.inf
-    if any(scaled_by_micro_batches(line) for line in msg.splitlines()):
+    if any(scaled_by_micro_batches(c) for c in F.of_kind(finding, "difference")):
         return math.inf
     best = 0.0
-    for e, r, t in value_clauses(msg):
+    for e, r, t in value_clauses(finding):
         if abs(r) > t:
             best = max(best, abs(e - r) / abs(r))
         elif abs(e - r) > t:  # an exact value at the floor: the absolute error, at unit scale (see _wrong_value)
             best = max(best, abs(e - r))
     agreement = finding.get("property") == "implementations_agree"
-    for x, y, r, d in partition_clauses(msg):
+    for x, y, r, d in partition_clauses(finding):
         # two implementations: at the scale of their own values (the reference may be a convention's 0)
         scale = max((abs(v) for v in (x, y, r) if math.isfinite(v)), default=0.0) if agreement else abs(r)
         if scale > d:
@@ -308,29 +284,28 @@ def effect(finding: dict) -> float:
 
 def is_metric(finding: dict) -> bool:
     """Whether the failing values are a logged metric (see the module table, ``logging``)."""
-    msg = finding.get("message") or ""
     if finding.get("op") in METRIC_OPS or finding.get("property") == "metric_integrity":
         return True
-    if "missing from the final dict" in msg:
+    if any("missing from the final dict" in t for t in F.texts(finding)):
         return True
-    lines = [ln for ln in msg.splitlines() if VALUE_CLAUSE.search(ln) or PARTITION_CLAUSE.search(ln)]
-    return bool(lines) and all(_METRIC_CLAUSE.search(ln) for ln in lines)
+    compared = F.of_kind(finding, "value", "difference")
+    return bool(compared) and all(c.quantity == "metric" for c in compared)
 
 
 def _impact(finding: dict) -> tuple[str | None, str]:
     """Severity by impact before the dtype gate."""
     status = outcome(finding)
-    msg = finding.get("message") or ""
-    low = msg.lower()
+    said = [t for t in F.texts(finding)]
+    low = "\n".join(said).lower()
     prop = finding.get("property")
     if status == "unavailable":
         return "robustness", "the op could not be loaded"
     if status == "crash":
-        return "robustness", f"the engine raised {crash_type(msg)} on a legal input"
-    m = RANK_CONTRACT.search(msg)
-    if m:  # a documented input shape that cannot run is a crash on a legal input, whatever else failed
-        return "robustness", (f"the engine raised {contract_crash_type(msg)} on a rank-{m['rank']} input its "
-                              "docstring allows")
+        return "robustness", f"the engine raised {crash_type(finding)} on a legal input"
+    contract = F.contract(finding)
+    if contract is not None:  # a documented input shape that cannot run is a crash on a legal input, whatever else failed
+        return "robustness", (f"the engine raised {contract_crash_type(finding)} on a rank-{contract.rank} input "
+                              "its docstring allows")
     if prop == "non_destructive":
         return "destructive", ("an input changed" if "mutated" in low
                                else "a tensor saved for backward was modified in place")
@@ -341,9 +316,9 @@ def _impact(finding: dict) -> tuple[str | None, str]:
     target = "logging" if metric else "training"
     if "no autograd graph" in low or "no gradient" in low:
         return "training", "a gradient the contract requires is missing"
-    if "the engine returned shape" in msg or "nothing to compare" in msg:
+    if "the engine returned shape" in low or "nothing to compare" in low:
         return target, "an output is missing or has the wrong shape"
-    if prop == "metric_integrity" or "missing from the final dict" in msg:
+    if prop == "metric_integrity" or "missing from the final dict" in low:
         return "logging", "a metric is lost or malformed on its way to the final dict"
     why = _wrong_value(finding)
     if why:
@@ -387,7 +362,7 @@ def is_crash(finding: dict) -> bool:
     a value's rounding or range, not an exception — a caller in that dtype (verl's fp16 mixed precision)
     loses the step, so the crash stays ``robustness`` in every dtype (verl's ``compute_is_metrics``
     ZeroDivisionError on fp16 weights that underflow to 0). A declared guard is no finding at all."""
-    return outcome(finding) == "crash" or bool(RANK_CONTRACT.search(finding.get("message") or ""))
+    return outcome(finding) == "crash" or F.contract(finding) is not None
 
 
 def normalise(fail_on: str) -> str:

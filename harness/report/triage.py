@@ -97,8 +97,10 @@ from __future__ import annotations
 import math
 import re
 
+from rlconform.harness.core import failure
+from rlconform.harness.report import failure_fields as F
 from rlconform.harness.report.severity import (
-    NONFINITE_WHERE_FINITE, PARTITION_CLAUSE, RANK, VALUE_CLAUSE, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses,
+    RANK, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses,
     outcome, rounding_of_extreme_input, ulp_level, value_clauses,
 )
 
@@ -116,19 +118,18 @@ def kind(finding: dict) -> str:
     from rlconform.harness.report.severity import crash_type, nonfinite_where_finite
 
     status, prop = outcome(finding), finding.get("property")
-    msg = finding.get("message") or ""
-    low = msg.lower()
+    low = "\n".join(F.texts(finding)).lower()
     if status == "crash":
-        return f"crash:{crash_type(msg)}"
-    contract = contract_crash_type(msg)
+        return f"crash:{crash_type(finding)}"
+    contract = contract_crash_type(finding)
     if contract:  # a documented input rank raised: the crash is the defect, whatever else the finding shows
         return f"crash:{contract}"
     if status == "unavailable":
         return "unavailable"
     if "no autograd graph" in low or "no gradient" in low:
         return "missing gradient"
-    if ("the engine returned shape" in msg or "nothing to compare" in msg or prop == "metric_integrity"
-            or "missing from the final dict" in msg):  # a metric lost on its way, whatever property saw it
+    if ("the engine returned shape" in low or "nothing to compare" in low or prop == "metric_integrity"
+            or "missing from the final dict" in low):  # a metric lost on its way, whatever property saw it
         return "missing output"
     if prop == "non_destructive":
         return "mutation" if "mutated" in low else "in-place on saved"
@@ -159,22 +160,19 @@ def wrong_unpartitioned(finding: dict) -> bool:
     and the partition is not what brings it out (verl's bf16 ``vocab_parallel_entropy``: unsharded 0.5 and
     TP = 2 0.0 where the exact entropy is 0.113)."""
     from rlconform.harness.core.tolerance import WRONG_REL
-    from rlconform.harness.report.severity import PARTITION_CLAUSE
 
-    for line in (finding.get("message") or "").splitlines():
-        for m in PARTITION_CLAUSE.finditer(line):
-            x, y, r, d = (float(m[k]) for k in ("x", "y", "r", "d"))
-            if not all(math.isfinite(v) for v in (x, y, r)) or d <= 0:
-                continue
-            head = line[:m.start("x")]
-            left_whole = bool(_LABELLED_WHOLE.search(head.rsplit(" vs ", 1)[-1] if " vs " in head else head))
-            right_whole = bool(_LABELLED_WHOLE.search(line[m.end("x"):m.start("y")]))
-            sides = [x] if left_whole else [y] if right_whole else [x, y]
-            # wrong beyond the thresholds of a wrong value, not by rounding (Megatron's float64 smoothed
-            # log-prob, unsharded 6e-11 off in float32 arithmetic, TP = 2 9e-4 off: the layout's)
-            if all(abs(v - r) > d and abs(v - r) >= WRONG_REL * max(abs(r), 1.0 if abs(r) <= d else 0.0)
-                   for v in sides):
-                return True
+    for c in F.of_kind(finding, "difference"):
+        x, y, r, d = c.engine, c.other, c.exact, c.tolerance
+        if None in (x, y, r, d) or not all(math.isfinite(v) for v in (x, y, r)) or d <= 0:
+            continue
+        left_whole = bool(_LABELLED_WHOLE.search(c.label or ""))
+        right_whole = bool(_LABELLED_WHOLE.search(c.other_label or ""))
+        sides = [x] if left_whole else [y] if right_whole else [x, y]
+        # wrong beyond the thresholds of a wrong value, not by rounding (Megatron's float64 smoothed
+        # log-prob, unsharded 6e-11 off in float32 arithmetic, TP = 2 9e-4 off: the layout's)
+        if all(abs(v - r) > d and abs(v - r) >= WRONG_REL * max(abs(r), 1.0 if abs(r) <= d else 0.0)
+               for v in sides):
+            return True
     return False
 
 
@@ -556,25 +554,22 @@ def numbers(finding: dict) -> dict | None:
     not the engine and the exact value) ``sides`` is ``[[label of X, X], [label of Y, Y]]`` (``TP=1``,
     ``TP=2``, ``2 micro-batches``…) and ``engine`` the one of X, Y farther from R, ``exact`` R; else
     ``sides`` is None."""
-    msg = finding.get("message") or ""
-    for line in msg.splitlines():
-        found = []  # (how wrong, engine, exact, component, sides): the worst clause of this line
-        for m in VALUE_CLAUSE.finditer(line):
-            e, r = _fnum(m["e"]), _fnum(m["r"])
-            found.append((_badness(e, r), e, r, _component(line[:m.start()]), None))
-        for m in PARTITION_CLAUSE.finditer(line):
-            x, y, r = _fnum(m["x"]), _fnum(m["y"]), _fnum(m["r"])
-            other = x if not math.isfinite(x) or (math.isfinite(y) and abs(x - r) >= abs(y - r)) else y
-            comp, left, right = _sides(line[:m.start("x")], line[m.end("x"):m.start("y")], finding.get("property"))
-            found.append((_badness(other, r), other, r, comp, [[left, _jsonable(x)], [right, _jsonable(y)]]))
-        m = NONFINITE_WHERE_FINITE.search(line)
-        ref = re.search(r"is finite \((?P<r>[-+0-9.e]+|nan|inf)\)", line)
-        if m and ref:
-            found.append((math.inf, float(m["e"]), float(ref["r"]), _component(line[:m.start()]), None))
-        if found:
-            _, e, r, comp, sides = max(found, key=lambda t: t[0])
-            return {"engine": _jsonable(e), "exact": _jsonable(r), "clause": line.strip()[:300], "component": comp,
-                    "sides": sides}
+    for c in F.numeric(finding):  # the first clause that compares numbers, as the message's first such line
+        if c.kind == "value" and None not in (c.engine, c.exact):
+            e, r, comp, sides = c.engine, c.exact, _component(c.label + ":"), None
+        elif c.kind == "difference" and None not in (c.engine, c.other, c.exact):
+            x, y, r = c.engine, c.other, c.exact
+            e = x if not math.isfinite(x) or (math.isfinite(y) and abs(x - r) >= abs(y - r)) else y
+            comp, left, right = _sides(c.label + " = ", " vs " + (f"{c.other_label} = " if c.other_label else ""),
+                                       finding.get("property"))
+            sides = [[left, _jsonable(x)], [right, _jsonable(y)]]
+        elif c.kind == "nonfinite" and None not in (c.engine, c.exact):
+            e, r, comp, sides = c.engine, c.exact, _component(c.label + ":"), None
+        else:
+            continue
+        line = c.text or failure.render_clause(c)  # an older report's clause keeps its own line
+        return {"engine": _jsonable(e), "exact": _jsonable(r), "clause": line.strip()[:300],
+                "component": comp, "sides": sides}
     return None
 
 

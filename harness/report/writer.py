@@ -24,6 +24,11 @@ Schema ``rlconform.report/1``::
      "findings": [{"id", "op", "property", "dtype", "regime", "status", "examples", "max_abs_err",
                    "max_rel_err", "tolerance", "message", "worst_input", "reproducer": {"case_file",
                    "command"} | null, "traceback", "xfail_listed",
+                   "status" decided by :func:`rlconform.harness.run.status.decide` ("xfail_of": what a listed
+                   failure is, "ledger_defect": the defect line that lists it),
+                   "failure": {"clauses": [clause records of rlconform.harness.core.failure], "crash": {"type",
+                   "where"}} (failing and marginal findings; ``message`` is their rendering; absent in a report
+                   of an older rlconform: read from its message by rlconform.harness.report.legacy_failure),
                    "max_ratio": worst error / tolerance (null: unbounded, a failure without a numeric bound),
                    "samples": [{"imbalance", "abs_err", "rel_err", "ratio", "ok"}] | null,
                    "profiles": [the profiles that add this finding's regime] (profile-only regimes only,

@@ -52,8 +52,9 @@ from rlconform.harness.catalog.binding import BindingError
 from rlconform.harness.core.opinfo import FINDING_ID
 from rlconform.harness.report.case_paths import CASES, case_file_name
 from rlconform.harness.run.selection import selected_findings
+from rlconform.harness.run.status import decide
 from rlconform.harness.run.recorder import (
-    EngineAbort, FindingRecorder, FindingStateChanged, classify, crash_message, dead_process_entry,
+    EngineAbort, FindingRecorder, FindingStateChanged, classify, crash_message, crash_of, dead_process_entry,
     error_message, finding_entry, format_traceback,
 )
 
@@ -519,54 +520,35 @@ def pytest_runtest_makereport(item, call):
     if rec is None or report.when != "call" and not (report.when == "setup" and report.failed):
         return
     params = item.callspec.params["rlconform_case"]
-    from rlconform.harness.core.tolerance import verdict
+    from rlconform.harness.run import status as decider
 
-    listed = rec.id in rec.state.xfails
-    xfail_of = None  # an xfail's own verdict (crash, discrepancy, marginal): the report triages it as that
+    listed = rec.id in rec.state.xfails  # only to undo the ledger's xfail mark: the status is decided later
     tb = None
     exc = call.excinfo.value if call.excinfo is not None else None
-    if rec.unavailable_detail is not None:
-        status = "xfail" if listed else "unavailable"
-        xfail_of = "unavailable"
-    elif rec.adapter_error is not None:  # issue 23 §2: never an engine defect, never matched by the ledger
-        status = "binding_error"
+    # pytest's outcome with the ledger's strict xfail mark undone: a listed failure reports "skipped"
+    # (wasxfail), a listed pass reports "failed" without an exception
+    passed = report.passed or (report.failed and listed and exc is None)
+    failure = None if passed else classify(exc)
+    status = decider.observe(passed=passed, unavailable=rec.unavailable_detail is not None,
+                             binding_error=rec.adapter_error is not None, failure=failure, max_ratio=rec.max_ratio)
+    if status == "binding_error":  # issue 23 §2: never an engine defect, never matched by the ledger
         rec.message = rec.adapter_error
         tb = format_traceback(exc) if exc is not None else None
-    elif hasattr(report, "wasxfail") and report.skipped:
-        status = "error" if classify(exc) == "error" else "xfail"
-        xfail_of = classify(exc) if status == "xfail" and exc is not None else None
-    elif (report.passed or report.failed and listed and exc is None) and verdict(rec.max_ratio) == "marginal":
-        # within the margin band: never red; a ledger line matches it as it matches a discrepancy (xfail), so
-        # a listed finding reads the same on a CPU whose last bits take it past the band
-        status = "xfail" if listed else "marginal"
-        xfail_of = "marginal"
-        rec.message = rec.marginal_message + (" (marginal: inside the margin band; listed in the ledger)"
-                                              if listed else "")
-    elif report.passed and listed:
-        status = "xpass"
-    elif report.passed:
-        status = "pass"
-    elif report.failed and listed and exc is None:  # strict xfail that passed shows as failed
-        status = "xpass"
-    else:
-        status = classify(exc)
-        if status != "error" and listed:
-            status, xfail_of = "xfail", status
-        tb = format_traceback(exc) if exc is not None else None
-    if status == "xpass":
-        rec.message = "listed in the xfails ledger but now passes: remove it from the ledger"
+    elif status == "marginal":  # within the margin band: never red (the decider may list it)
+        rec.message = rec.marginal_message
     elif status == "error" and exc is not None:
         rec.message = error_message(exc)
         tb = format_traceback(exc)
-    elif status in ("crash", "xfail") and exc is not None and classify(exc) == "crash" and not rec.message:
-        rec.message = crash_message(exc)
-    if status == "xfail" and not rec.message:
-        rec.message = str(getattr(report, "wasxfail", ""))
-    reproducer = rec.save_reproducer() if status in ("discrepancy", "crash", "xfail", "marginal") else None
+    elif status == "crash" and exc is not None:
+        if not rec.message:
+            rec.message = crash_message(exc)
+        rec.crash = crash_of(exc)
+        tb = format_traceback(exc)
+    elif status == "discrepancy" and exc is not None:
+        tb = format_traceback(exc)
+    reproducer = rec.save_reproducer() if status in ("discrepancy", "crash", "marginal") else None
     finding = finding_entry(rec, params, status, tb, reproducer)
     finding["cost_s"] = round(float(getattr(report, "duration", 0.0) or 0.0), 3)  # what --shard balances
-    if status == "xfail" and xfail_of:
-        finding["xfail_of"] = xfail_of
     # --- root cause (issue 20 §1): the engine function, crash frame and trigger, read where the engine ran
     from rlconform.harness.run import root_cause
 
@@ -574,6 +556,8 @@ def pytest_runtest_makereport(item, call):
         finding.update(root_cause.fields(rec.state.binding, finding, exc, rec.failing or rec.current))
     except Exception as err:  # noqa: BLE001 - the finding stands without them; triage falls back to the op
         finding["root_cause_error"] = f"{type(err).__name__}: {err}"[:300]
+    # what this process saw; the status is decided where the report is written (run.status.decide)
+    finding["observed"] = finding.pop("status")
     report.user_properties.append(("rlconform_finding", finding))
     # JUnit XML (--junitxml) writes the *teardown* report's user_properties, which are copied from the
     # item: give it scalar properties (the finding dict would be written as its str())
@@ -661,11 +645,16 @@ def pytest_runtest_logreport(report):
 
     for name, value in report.user_properties:
         if name == "rlconform_finding":
-            if state.use_referee and state.referees:  # the referee's verdicts stand (issue 22 §1)
+            if not isinstance(value, dict):
+                continue
+            refereed = state.use_referee and state.referees
+            if refereed:  # the referee's verdicts stand (issue 22 §1)
                 state.drain_referees()
-                state.verdicts.overrule(value, state.xfails)
+            line = decide(value, listed=state.xfails, verdicts=state.verdicts if refereed else None,
+                          ledger=state.ledger)
+            if line is not None:
+                state.ledger_matches.setdefault(line.key, []).append(value["id"])
             _keep_case(state, value)
-            _apply_defect_lines(state, value)
             _progress(state, value.get("id", "") if isinstance(value, dict) else "")
             try:
                 state.writer.add(value)
@@ -673,26 +662,6 @@ def pytest_runtest_logreport(report):
                 state.error = str(exc)
                 raise _StopRun(state.error) from None
     interrupts.check()  # an interrupt swallowed anywhere in this process ends the run here
-
-
-def _apply_defect_lines(state: State, finding: dict) -> None:
-    """A failing finding of a defect the ledger lists is ``xfail`` (issue 21 §2): matched here, in the
-    process that writes the report, on the finding record's root-cause fields
-    (:func:`rlconform.harness.report.xfails.defect_key`)."""
-    if not isinstance(finding, dict) or not state.ledger.defects:
-        return
-    line = state.ledger.match(finding)
-    if line is None:
-        return
-    state.ledger_matches.setdefault(line.key, []).append(finding["id"])
-    if finding["status"] == "marginal":
-        finding["message"] = (finding.get("message") or "") + " (marginal: inside the margin band; listed in the ledger)"
-    # xfail as a listed finding reads on every CPU; the report triages it as what it is (triage.outcome)
-    if finding["status"] != "xfail":
-        finding["xfail_of"] = finding["status"]
-    finding["status"] = "xfail"
-    finding["xfail_listed"] = True
-    finding["ledger_defect"] = line.key
 
 
 def _ledger_verdicts(state: State, recorded: set[str]) -> list[dict]:
@@ -796,9 +765,9 @@ def pytest_handlecrashitem(crashitem, report, sched):
     fid = m.group(1)
     b = state.binding
     try:
-        entry = dead_process_entry(fid, fid in state.xfails, description, fault, inflight, state.out, b.spec, b.path)
+        entry = dead_process_entry(fid, description, fault, inflight, state.out, b.spec, b.path)
     except Exception as exc:  # noqa: BLE001 - a crash finding without a reproducer is better than none
-        entry = dead_process_entry(fid, fid in state.xfails, description + f" (reproducer not saved: {exc})",
+        entry = dead_process_entry(fid, description + f" (reproducer not saved: {exc})",
                                    fault, None, state.out, b.spec, b.path)
     report.user_properties.append(("rlconform_finding", entry))
     report.longrepr = f"{crashitem}: {description}"

@@ -122,6 +122,9 @@ class FindingRecorder:
         self.shrink_steps = 0
         self._best_ratio = -1.0
         self.message = ""
+        self.clauses: list = []  # the failing example's failure, as data (core.failure); ``message`` renders it
+        self.marginal_clauses: list = []
+        self.crash: dict | None = None  # the engine's exception: {"type", "where"}
         self.note = ""  # shown with a passing finding (e.g. torch state an import changed, restored)
         self.unavailable_detail = None
         self.needs = None  # the device an unavailable op needs (issue 27: "cuda" on a CPU run), else None
@@ -157,6 +160,7 @@ class FindingRecorder:
         message no longer describes it (the report takes the crash's own message)."""
         self.failing = self.current
         self.message = ""
+        self.clauses = []
         if self.first_failure_at is None:
             self.first_failure_at = self.examples
 
@@ -173,6 +177,7 @@ class FindingRecorder:
         if verdict == "marginal" and outcome.ratio >= self._marginal_ratio:
             self._marginal_ratio = outcome.ratio
             self.marginal_case = self.current
+            self.marginal_clauses = list(getattr(outcome, "clauses", ()) or ())
             self.marginal_message = outcome.message or (
                 f"worst example at {outcome.ratio:.3g}× its tolerance {outcome.tolerance:.3g} "
                 f"(abs err {outcome.max_abs_err:.3g}, rel err {outcome.max_rel_err:.3g})")
@@ -181,6 +186,7 @@ class FindingRecorder:
         if verdict == "discrepancy":  # the tolerance reported is the one the (last, shrunk) failure exceeded
             self.failing = self.current
             self.message = outcome.message
+            self.clauses = list(getattr(outcome, "clauses", ()) or ())
             self.tolerance = outcome.tolerance or self.tolerance
             if self.first_failure_at is None:
                 self.first_failure_at = self.examples
@@ -288,23 +294,57 @@ def _finding_entry(rec, params, status, tb, reproducer, failing, case) -> dict:
         "max_abs_err": rec.max_abs_err, "max_rel_err": rec.max_rel_err,
         "tolerance": rec.tolerance, "message": rec.unavailable_detail or rec.message or rec.note,
         "worst_input": case.summary() if failing and case else None,
-        "reproducer": reproducer, "traceback": tb, "xfail_listed": rec.id in rec.state.xfails,
+        "reproducer": reproducer, "traceback": tb,
         "binding_error": rec.binding_error,
         "max_ratio": rec.max_ratio if math.isfinite(rec.max_ratio) else None,
         "samples": rec.samples.as_list(),
+        **({"failure": _failure_fields(rec, status)} if failing else {}),
         **({"declared": dict(rec.declared)} if rec.declared else {}),
         **({"needs": rec.needs} if getattr(rec, "needs", None) else {}),
         **({"transcribed": rec.transcribed} if rec.transcribed else {}),
     }
 
 
+def _failure_fields(rec, status: str) -> dict:
+    """The finding's ``failure`` record (:mod:`rlconform.harness.core.failure`): the clauses of the example its
+    ``message`` describes, and the engine's exception of a crash."""
+    from rlconform.harness.core import failure
+
+    clauses = rec.marginal_clauses if status == "marginal" else rec.clauses
+    out: dict = {"clauses": failure.clauses_to_json(clauses) if rec.message or status == "marginal" else []}
+    if status == "crash" and rec.crash:
+        out["crash"] = dict(rec.crash)
+    return out
+
+
+def crash_of(exc: BaseException | None) -> dict | None:
+    """``{"type": the engine's exception type, "where": the engine call that raised}`` of a crash (inside
+    hypothesis's exception groups, an EngineCrash's cause), or None when there is no engine exception."""
+    pending = [exc]
+    while pending:
+        e = pending.pop(0)
+        if e is None:
+            continue
+        if type(e).__name__ == "EngineCrash":
+            cause = e.__cause__
+            return {"type": type(cause).__name__ if cause is not None else "Exception",
+                    "where": str(getattr(e, "where", "") or "")}
+        if isinstance(e, BaseExceptionGroup):
+            pending.extend(e.exceptions)
+        elif type(e).__name__ in _CRASH_TYPES or any(c.__name__ in _CRASH_TYPES for c in type(e).__mro__):
+            cause = e.__cause__
+            return {"type": type(cause).__name__ if cause is not None else type(e).__name__, "where": ""}
+    return None
+
+
 def format_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc))[-30000:]
 
 
-def dead_process_entry(fid: str, listed: bool, description: str, fault_text: str, inflight, out: str,
+def dead_process_entry(fid: str, description: str, fault_text: str, inflight, out: str,
                        spec: str | None, engine_path: str | None) -> dict:
-    """The finding of a worker that died while running ``fid``: ``crash`` (``xfail`` when listed), with
+    """The finding of a worker that died while running ``fid``: observed ``crash`` (the ledger is applied by
+    :func:`rlconform.harness.run.status.decide`), with
     how the process ended, its Python stack (faulthandler) and, when the example in flight is known, a
     reproducer."""
     op, prop, dtype, regime = fid.split(".")
@@ -319,10 +359,10 @@ def dead_process_entry(fid: str, listed: bool, description: str, fault_text: str
     reproducer = save_reproducer(out, fid, case, spec, engine_path) if case is not None else None
     return _with_profiles({
         "id": fid, "op": op, "property": prop, "dtype": dtype, "regime": regime,
-        "status": "xfail" if listed else "crash",
+        "observed": "crash",
         "examples": examples, "examples_to_first_failure": examples or None, "shrink_steps": int(meta.get("shrink_steps") or 0),
         "max_abs_err": 0.0, "max_rel_err": 0.0, "tolerance": None, "message": message,
         "worst_input": case.summary() if case is not None else None, "reproducer": reproducer,
-        "traceback": fault_text.strip() or None, "xfail_listed": listed, "binding_error": None,
+        "traceback": fault_text.strip() or None, "binding_error": None,
         "max_ratio": None, "samples": None,
     })

@@ -3,8 +3,9 @@
 
 Each engine worker of a check has its referee (:mod:`rlconform.harness.workers.referee`, started by the
 controller before the worker imports the engine). The referee sends every verdict it reaches straight to
-the controller; the worker gets the same verdict and reports the finding as before. :meth:`VerdictBook.overrule`
-applies the referee's record to the finding the worker reported: a finding reported ``pass``, ``xpass`` or
+the controller; the worker gets the same verdict and reports the finding as before. :meth:`VerdictBook.apply`
+applies the referee's record to the worker's observation of a finding (for
+:func:`rlconform.harness.run.status.decide`, the one place that decides a status): a finding observed ``pass`` or
 ``marginal`` is a ``discrepancy`` when its referee judged one of its examples a discrepancy, an ``error``
 (rlconform's, not the engine's) when its referee's evaluation diverged, and a ``crash`` when its referee
 judged an engine crash, or when the worker reports examples the referee never saw (a worker whose checks were diverted past the referee). The worker's own report can
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import collections
 
-#: statuses a worker's report may claim that the referee's record can contradict
-GREEN = ("pass", "xpass", "marginal")
+#: observations that the referee's record can contradict
+GREEN = ("pass", "marginal")
 
 
 def refereed(op) -> bool:
@@ -27,11 +28,6 @@ def refereed(op) -> bool:
 
     return isinstance(op, str) and op in OPS
 
-
-#: statuses that only the controller's own ledger may give
-LEDGER_STATUSES = ("xfail", "xpass")
-#: what a worker may report as the failure under an xfail (``xfail_of``)
-_UNDERLYING = ("discrepancy", "crash", "marginal", "unavailable", "error", "binding_error")
 
 
 def _number(x) -> float | None:
@@ -80,52 +76,47 @@ class VerdictBook:
             elif kind != "outcome":
                 self.failing[fid] = ("crash", f"the referee: {message}")
 
-    def overrule(self, finding: dict, listed=frozenset()) -> dict:
-        """``finding`` (a report entry, changed in place and returned) with the referee's record applied.
-
-        ``listed``: the finding ids the controller's own ledger lists. The worker's record decides nothing
-        green: ``xfail`` / ``xpass`` stand only for a listed id (otherwise the status is the failure the
-        worker names under it, or ``discrepancy``; ``pass`` for an ``xpass``), and ``xfail_listed`` is the
-        controller's; a refereed finding reported green that its referee judged failing takes the referee's
-        status and numbers; one the referee judged no example of, or whose example count is not a count
-        the referee saw, is a crash; a failing one's error over tolerance is never below the referee's."""
-        fid, status = finding.get("id"), finding.get("status")
-        if not isinstance(fid, str):
-            finding["status"] = "crash"
-            finding["message"] = "the engine's worker reported a finding without an id"
-            return finding
-        listed_here = fid in listed
-        if status in LEDGER_STATUSES and not listed_here:
-            under = finding.get("xfail_of")
-            status = under if under in _UNDERLYING else ("pass" if status == "xpass" else "discrepancy")
-            finding["status"] = status
-            finding.pop("xfail_of", None)
-        finding["xfail_listed"] = listed_here
-        finding.pop("ledger_defect", None)  # defect lines are matched by the controller, after this
+    def apply(self, finding: dict, status: str) -> str:
+        """The status of ``finding`` (a report entry, whose numbers are changed in place) once the referee's
+        record is applied to the worker's observation ``status`` (:func:`rlconform.harness.run.status.decide`
+        calls it; nothing else does). For an op the referee judges: a green observation that the referee
+        judged failing takes the referee's status, numbers and failure record; a green one the referee judged
+        no example of, or whose example count is not a count the referee saw, is a crash; the error over
+        tolerance is never below the referee's."""
+        fid = finding["id"]
         if not refereed(finding.get("op")):
-            return finding
+            return status
         seen = self.seen.get(fid, 0)
         if status in GREEN and fid in self.failing:
             new, message = self.failing[fid]
-            finding["status"] = "xfail" if status == "xpass" and new != "error" else new
-            finding["message"] = (f"{message} (the referee's verdict; the engine's worker reported {status})")[:4000]
             numbers = self.failing_numbers.get(fid) or {}
-            for field, key in (("max_abs_err", "max_abs_err"), ("max_rel_err", "max_rel_err"),
-                               ("tolerance", "tolerance")):
-                if key in numbers and _number(numbers[key]) is not None:
-                    finding[field] = float(numbers[key])
+            clauses = numbers.get("clauses")
+            if new == "discrepancy" and isinstance(clauses, list):
+                from rlconform.harness.core import failure
+
+                try:
+                    message = failure.render(failure.clauses_from_json(clauses))
+                    finding["failure"] = {"clauses": clauses}
+                except (TypeError, ValueError):
+                    finding.pop("failure", None)
+            else:
+                finding.pop("failure", None)
+            finding["message"] = (f"{message} (the referee's verdict; the engine's worker reported {status})")[:4000]
+            for field in ("max_abs_err", "max_rel_err", "tolerance"):
+                if field in numbers and _number(numbers[field]) is not None:
+                    finding[field] = float(numbers[field])
+            status = new
         elif status in GREEN:
             examples = finding.get("examples")
             if seen == 0 or isinstance(examples, bool) or not isinstance(examples, int) or not 0 < examples <= seen:
-                finding["status"] = "crash"
+                finding.pop("failure", None)
                 finding["message"] = (f"the engine's worker reported {examples!r} example(s) of this finding as "
                                       f"{status}, its referee judged {seen}: the checks did not all reach the "
                                       f"referee")
-        if finding["status"] not in GREEN and fid in self.worst and "ratio" in self.worst[fid]:
+                status = "crash"
+        if fid in self.worst and "ratio" in self.worst[fid]:
             ref = self.worst[fid]["ratio"]
             mine = _number(finding.get("max_ratio"))
             worst = ref if mine is None else max(mine, ref)
             finding["max_ratio"] = worst if worst != float("inf") else None
-        elif _number(finding.get("max_ratio")) is None:
-            finding["max_ratio"] = None
-        return finding
+        return status

@@ -111,7 +111,7 @@ def fields(binding, finding: dict, exc: BaseException | None, case) -> dict:
     site, packages = finding_site(binding, finding["op"], finding["property"], finding["regime"], msg,
                                   metric=is_metric(finding) and folded, trigger=trig)
     frame = None
-    if k.startswith("crash:") or contract_crash_type(msg):
+    if k.startswith("crash:") or contract_crash_type(finding):
         frame = crash_frame(engine_tracebacks(exc) + [finding.get("traceback") or "", msg], packages)
     elif site is not None and case is not None and finding["property"] != "non_destructive":
         # a crash cites its frame's line, a changed tensor its writer (a backward, a ``via`` statement);

@@ -1,0 +1,175 @@
+"""A failure as data: the clauses a property's judgment produces, and the one renderer of their message.
+
+A failing example is described by a list of :class:`Clause` records (one per output, difference, mutation or
+problem that failed), not by prose. The generic properties (:mod:`rlconform.properties.generic`) build them
+from the numbers they compare; a finding of ``report.json`` carries them as ``failure.clauses`` (with the
+engine's crash, if any, as ``failure.crash``); and the finding's ``message`` is :func:`render` of them.
+Severity, triage, root causes and diffs read the fields (:mod:`rlconform.harness.report.failure_fields`);
+only this module turns them into English.
+
+==============  ==================================================================================
+clause kind     fields it carries (beside ``label``, ``quantity``, ``dtype``, ``layout``)
+==============  ==================================================================================
+``value``       ``engine`` vs ``exact`` at flat ``index``: ``abs_err``, ``rel_err``, ``ulp_err`` (of that
+                element), ``tolerance`` there and ``ratio`` (error / tolerance)
+``nonfinite``   ``engine`` NaN / ±inf where ``exact`` is finite, at flat ``index``
+``difference``  two runs of the same data: ``engine`` (this run, ``label``) vs ``other`` (the base run,
+                ``other_label``) at flat ``index``, ``exact`` the reference there, ``tolerance`` the
+                allowed difference, ``ratio``
+``contract``    an input rank the implementation's docstring allows raised: ``rank``, ``error_type``
+``problem``     something expected was absent or malformed (``text``, the family's sentence)
+``mutation``    an input or a tensor saved for backward changed (``text``)
+``metric``      a metric key lost, printed or retyped on its way to the final dict (``text``)
+==============  ==================================================================================
+
+``quantity`` says what the compared number is: ``value`` (an output of the op), ``gradient`` (a gradient
+w.r.t. an input), ``metric`` (a logged metric), or ``""`` where the clause is about no single number.
+``layout`` (or ``None``) gives the partition of the run the clause describes: ``{"parts": "micro-batches" |
+"shards" | "DP ranks", "nnz": [tokens per part]}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+#: the kinds of :class:`Clause` (module table)
+KINDS = ("value", "nonfinite", "difference", "contract", "problem", "mutation", "metric")
+#: what a compared number is
+QUANTITIES = ("value", "gradient", "metric", "")
+
+
+@dataclasses.dataclass
+class Clause:
+    """One failing part of one example (module table). Numbers are Python floats (NaN / ±inf allowed);
+    ``index`` is the flat index of the element described, or None."""
+
+    kind: str
+    label: str = ""
+    quantity: str = ""
+    engine: float | None = None
+    exact: float | None = None
+    index: int | None = None
+    abs_err: float | None = None
+    rel_err: float | None = None
+    ulp_err: float | None = None
+    tolerance: float | None = None
+    ratio: float | None = None
+    dtype: str | None = None
+    other: float | None = None
+    other_label: str | None = None
+    layout: dict | None = None
+    rank: int | None = None
+    error_type: str | None = None
+    text: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown clause kind {self.kind!r}; one of {', '.join(KINDS)}")
+
+    def __str__(self) -> str:
+        return render_clause(self)
+
+    def to_json(self) -> dict:
+        """The clause as JSON-safe fields: non-finite floats as the strings ``"nan"``, ``"inf"``, ``"-inf"``;
+        fields at their default left out."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v == f.default and f.name != "kind" or v is None:
+                continue
+            if isinstance(v, float) and not math.isfinite(v):
+                v = repr(v)
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Clause":
+        """Inverse of :meth:`to_json`; raises ValueError on an unknown kind or field, or a number field that
+        is not a number."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"a failure clause must be an object, not {type(doc).__name__}")
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(doc) - set(names)
+        if unknown:
+            raise ValueError(f"unknown failure clause field(s) {sorted(unknown)}")
+        kw = {}
+        for k, v in doc.items():
+            if k in _FLOATS:
+                v = _number(v, k)
+            kw[k] = v
+        return cls(**kw)
+
+
+_FLOATS = ("engine", "exact", "abs_err", "rel_err", "ulp_err", "tolerance", "ratio", "other")
+
+
+def _number(v, name: str) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
+        return float(v)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    raise ValueError(f"failure clause field {name!r} is not a number: {v!r}")
+
+
+def value(label: str, quantity: str, *, engine: float, exact: float, index: int, abs_err: float,
+          rel_err: float, ulp_err: float, tolerance: float, ratio: float, dtype: str | None = None,
+          layout: dict | None = None) -> Clause:
+    """A ``value`` clause (an engine number against the exact one, beyond its tolerance)."""
+    return Clause("value", label, quantity, engine=float(engine), exact=float(exact), index=int(index),
+                  abs_err=float(abs_err), rel_err=float(rel_err), ulp_err=float(ulp_err),
+                  tolerance=float(tolerance), ratio=float(ratio), dtype=dtype, layout=layout)
+
+
+def text(kind: str, message: str, label: str = "") -> Clause:
+    """A ``problem`` / ``mutation`` / ``metric`` clause: the family's own sentence."""
+    return Clause(kind, label, text=str(message))
+
+
+def as_clause(item, kind: str = "problem") -> Clause:
+    """``item`` as a clause: a :class:`Clause` as it is, a string as a ``kind`` clause holding it."""
+    return item if isinstance(item, Clause) else text(kind, str(item))
+
+
+def _g(x: float | None) -> str:
+    return "nan" if x is None else f"{x:.3g}"
+
+
+def render_clause(c: Clause) -> str:
+    """The one English line of a clause (what ``report.json``'s ``message`` holds, line by line)."""
+    if c.kind == "value":
+        head = f"engine {c.engine!r} vs reference {c.exact!r} at flat index {c.index}"
+        if not math.isfinite(c.engine) or not math.isfinite(c.exact):
+            body = f"{head}: tolerance {_g(c.tolerance)}"
+        else:
+            parts = [f"abs err {_g(c.abs_err)}"]
+            if c.exact != 0:
+                parts += [f"rel err {_g(c.rel_err)}", f"{_g(c.ulp_err)} ulp"]
+            body = f"{head}: " + ", ".join(parts) + f", tolerance {_g(c.tolerance)}"
+        return f"{c.label}: {body}" if c.label else body
+    if c.kind == "nonfinite":
+        return (f"{c.label}: engine {c.engine!r} where the reference is finite ({c.exact!r}) "
+                f"at flat index {c.index}")
+    if c.kind == "difference":
+        return (f"{c.label} = {c.engine!r} vs {c.other_label} = {c.other!r} at flat index {c.index} "
+                f"(reference {c.exact!r}, allowed difference {_g(c.tolerance)}, {_g(c.ratio)}×)")
+    return c.text
+
+
+def render(clauses) -> str:
+    """The message of a failing example: its clauses' lines, in order."""
+    return "\n".join(render_clause(c) for c in clauses)
+
+
+def clauses_to_json(clauses) -> list[dict]:
+    return [c.to_json() for c in clauses]
+
+
+def clauses_from_json(docs) -> list[Clause]:
+    """Raises ValueError when ``docs`` is not a list of clause objects."""
+    if not isinstance(docs, list):
+        raise ValueError(f"failure clauses must be a list, not {type(docs).__name__}")
+    return [Clause.from_json(d) for d in docs]

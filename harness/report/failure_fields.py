@@ -1,0 +1,96 @@
+"""A finding's failure record, read as fields: what severity, triage and diffs ask of a failing finding.
+
+A finding of ``report.json`` carries ``failure``: ``{"clauses": [...], "crash": {"type", "where"}}``
+(:mod:`rlconform.harness.core.failure`). A finding of an older report has none; its clauses are read back
+from its message (:mod:`rlconform.harness.report.legacy_failure`), marked ``"from_message": true``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rlconform.harness.core.failure import Clause, clauses_from_json
+
+
+def record(finding: dict) -> dict:
+    """The finding's ``failure`` record (built from an older finding's message when absent or malformed)."""
+    rec = finding.get("failure")
+    if isinstance(rec, dict) and isinstance(rec.get("clauses"), list):
+        return rec
+    from rlconform.harness.report import legacy_failure
+
+    rec = {"clauses": [c.to_json() for c in legacy_failure.clauses_from_message(
+        finding.get("message") or "", finding.get("property"))], "from_message": True}
+    if (finding.get("xfail_of") or finding.get("status")) == "crash":
+        crash = legacy_failure.crash_from_message(finding.get("message") or "")
+        if crash:
+            rec["crash"] = crash
+    return rec
+
+
+def clauses(finding: dict) -> list[Clause]:
+    """The finding's failure clauses (empty for a finding that did not fail on a judged example)."""
+    try:
+        return clauses_from_json(record(finding)["clauses"])
+    except ValueError:
+        return []
+
+
+def of_kind(finding: dict, *kinds: str) -> list[Clause]:
+    return [c for c in clauses(finding) if c.kind in kinds]
+
+
+def value_clauses(finding: dict) -> list[tuple[float, float, float]]:
+    """(engine, exact, tolerance) of every ``value`` clause."""
+    return [(c.engine, c.exact, c.tolerance) for c in of_kind(finding, "value")
+            if None not in (c.engine, c.exact, c.tolerance)]
+
+
+def difference_clauses(finding: dict) -> list[tuple[float, float, float, float]]:
+    """(this run's value, the base run's value, exact, allowed difference) of every ``difference`` clause."""
+    return [(c.engine, c.other, c.exact, c.tolerance) for c in of_kind(finding, "difference")
+            if None not in (c.engine, c.other, c.exact, c.tolerance)]
+
+
+def crash_type(finding: dict) -> str:
+    """The engine's exception type of a crash (``exception`` when unknown)."""
+    crash = record(finding).get("crash")
+    t = crash.get("type") if isinstance(crash, dict) else None
+    return t.rsplit(".", 1)[-1] if isinstance(t, str) and t else "exception"
+
+
+def contract(finding: dict) -> Clause | None:
+    """The first ``contract`` clause (an input rank the implementation's docstring allows raised), or None."""
+    found = of_kind(finding, "contract")
+    return found[0] if found else None
+
+
+def nonfinite(finding: dict) -> str | None:
+    """``"nan"`` / ``"inf"`` when an engine value is NaN / ±inf where the exact one is finite, else None."""
+    for c in of_kind(finding, "nonfinite"):
+        return "nan" if c.engine is not None and math.isnan(c.engine) else "inf"
+    for e, r, _ in value_clauses(finding):
+        if not math.isfinite(e) and math.isfinite(r):
+            return "nan" if math.isnan(e) else "inf"
+    for x, y, r, _ in difference_clauses(finding):
+        if math.isfinite(r) and not (math.isfinite(x) and math.isfinite(y)):
+            return "nan" if (math.isnan(x) or math.isnan(y)) else "inf"
+    return None
+
+
+def numeric(finding: dict) -> list[Clause]:
+    """The clauses that compare numbers (``value``, ``difference``, ``nonfinite``)."""
+    return of_kind(finding, "value", "difference", "nonfinite")
+
+
+def texts(finding: dict, *kinds: str) -> list[str]:
+    """The sentences of the finding's ``problem`` / ``mutation`` / ``metric`` / ``contract`` clauses (all of
+    them, or those of ``kinds``)."""
+    kinds = kinds or ("problem", "mutation", "metric", "contract")
+    return [c.text for c in of_kind(finding, *kinds)]
+
+
+def parts_of(c: Clause) -> int:
+    """How many parts (micro-batches, shards, DP ranks) the run of ``c`` was split into (0: unknown)."""
+    nnz = (c.layout or {}).get("nnz")
+    return len(nnz) if isinstance(nnz, list) else 0

@@ -1,0 +1,79 @@
+"""The failure record of a finding written before findings carried one: read back from its message.
+
+A ``report.json`` finding of an older rlconform has a ``message`` and no ``failure`` field. To keep such
+reports (of another device, or committed long ago) loading for ``report``, ``diff`` and ``ledger``, this
+module parses the message's lines, in the wording :func:`rlconform.harness.core.failure.render_clause`
+gives them, back into (each keeping its line as ``text``) :class:`~rlconform.harness.core.failure.Clause` records. It is the only reader of
+a message's wording in the report layer, and it reads only reports without a ``failure`` field
+(:func:`rlconform.harness.report.failure_fields.clauses`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from rlconform.harness.core.failure import Clause
+
+_NUM = r"[-+]?(?:nan|inf|[0-9.]+(?:e[-+]?[0-9]+)?)"
+VALUE_CLAUSE = re.compile(rf"engine (?P<e>{_NUM}) vs reference (?P<r>{_NUM}) at flat index (?P<i>\d+):[^\n]*?"
+                          rf"tolerance (?P<t>{_NUM})")
+DIFFERENCE_CLAUSE = re.compile(rf"(?P<x>{_NUM}) vs (?:(?P<ol>[^\n]*?) = )?(?P<y>{_NUM})(?: at flat index (?P<i>\d+))? "
+                               rf"\(reference (?P<r>{_NUM}), allowed difference (?P<d>{_NUM})(?:, [^)\n]*)?\)")
+NONFINITE_CLAUSE = re.compile(rf"engine (?P<e>nan|-?inf) where the reference[a-z ]* is finite(?: \((?P<r>{_NUM})\))?")
+RANK_CONTRACT = re.compile(r"contract: a rank-(?P<rank>\d+) input [^\n]*?\(its docstring allows ranks [^)]*\) raised "
+                           r"(?P<t>[A-Za-z0-9_.]+)")
+CRASH_TYPE = re.compile(r"(?:engine raised in [^:]*: )?(?P<t>[A-Z][A-Za-z0-9_.]*(?:Error|Exception|Warning))\b")
+_METRIC_LABEL = re.compile(r"\bmetric [A-Za-z0-9_/]+(?: =|: engine)")
+_MICRO = re.compile(r"micro-batches \(nnz\) \[(?P<n>[^\]]*)\]")
+_MUTATION = re.compile(r"\bmutated\b|modified by an inplace operation|saved for backward", re.I)
+
+
+def _quantity(line: str, label: str) -> str:
+    if _METRIC_LABEL.search(line):
+        return "metric"
+    return "gradient" if "gradient" in label else "value"
+
+
+def clauses_from_message(message: str, prop: str | None = None) -> list[Clause]:
+    """The clauses of an older finding's ``message``, one per line; a line in none of the judged wordings is a
+    ``problem`` (a ``mutation`` under ``non_destructive``) holding the line."""
+    out = []
+    for line in (message or "").splitlines():
+        if not line.strip():
+            continue
+        m = VALUE_CLAUSE.search(line)
+        if m:
+            head = line[:m.start()].rstrip(": ")
+            out.append(Clause("value", head, _quantity(line, head), engine=float(m["e"]),
+                              exact=float(m["r"]), index=int(m["i"]), tolerance=float(m["t"]), text=line))
+            continue
+        m = DIFFERENCE_CLAUSE.search(line)
+        if m:
+            micro = _MICRO.search(line)
+            layout = ({"parts": "micro-batches", "nnz": [int(x) for x in re.findall(r"\d+", micro["n"])]}
+                      if micro else None)
+            head = line[:m.start()].rstrip(" =")
+            out.append(Clause("difference", head, _quantity(line, head), engine=float(m["x"]),
+                              other=float(m["y"]), other_label=m["ol"], exact=float(m["r"]), tolerance=float(m["d"]),
+                              index=int(m["i"]) if m["i"] else None, layout=layout, text=line))
+            continue
+        m = NONFINITE_CLAUSE.search(line)
+        if m:
+            head = line[:m.start()].rstrip(": ")
+            out.append(Clause("nonfinite", head, _quantity(line, head), engine=float(m["e"]),
+                              exact=float(m["r"]) if m["r"] else None, text=line))
+            continue
+        m = RANK_CONTRACT.search(line)
+        if m:
+            out.append(Clause("contract", rank=int(m["rank"]), error_type=m["t"].rstrip(":").rsplit(".", 1)[-1],
+                              text=line))
+            continue
+        kind = "mutation" if prop == "non_destructive" or _MUTATION.search(line) and prop is None else "problem"
+        out.append(Clause(kind, text=line))
+    return out
+
+
+def crash_from_message(message: str) -> dict | None:
+    """``{"type": …}`` of an older crash finding: the first exception type its message names, or None."""
+    m = CRASH_TYPE.search(message or "")
+    return {"type": m["t"].rsplit(".", 1)[-1], "where": ""} if m else None

@@ -1,0 +1,192 @@
+"""Findings as data: a failure is a list of clause records (:mod:`rlconform.harness.core.failure`), its message is
+rendered from them, severity reads the fields, and an older report (a message, no record) reads the same."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import pathlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlconform.harness.cli import main
+from rlconform.harness.core import failure
+from rlconform.harness.report import failure_fields, legacy_failure
+from rlconform.harness.report.severity import classify, effect
+from rlconform.harness.report.triage import kind, numbers
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+number = st.one_of(finite, st.sampled_from([math.nan, math.inf, -math.inf]))
+positive = st.floats(min_value=1e-300, max_value=1e300)
+label = st.sampled_from(["value", "gradient", "loss", "metric pg_clipfrac", "gradient w.r.t. log_prob"])
+
+
+@st.composite
+def clauses(draw):
+    kind_ = draw(st.sampled_from(["value", "difference", "nonfinite"]))
+    if kind_ == "value":
+        return failure.value(draw(label), "value", engine=draw(number), exact=draw(finite), index=draw(st.integers(0, 99)),
+                             abs_err=draw(positive), rel_err=draw(positive), ulp_err=draw(positive),
+                             tolerance=draw(positive), ratio=draw(positive))
+    if kind_ == "difference":  # two runs of one output: the same label, the layout before it
+        name = draw(label)
+        return failure.Clause("difference", "micro-batches (nnz) [1, 2]: " + name, "value", engine=draw(number),
+                              other=draw(number), other_label=name, exact=draw(finite),
+                              index=draw(st.integers(0, 99)), tolerance=draw(positive), ratio=draw(positive))
+    return failure.Clause("nonfinite", draw(label), "value", engine=draw(st.sampled_from([math.nan, math.inf, -math.inf])),
+                          exact=draw(finite), index=draw(st.integers(0, 99)))
+
+
+def _same(x, y) -> bool:
+    return (x is None and y is None) or (x is not None and y is not None and (x == y or math.isnan(x) and math.isnan(y)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(clauses(), min_size=1, max_size=3))
+def test_an_older_reports_message_reads_back_as_the_clauses_it_was_rendered_from(cs):
+    """What severity and triage read of a report written before findings carried records (its message)
+    is what they read of the record itself."""
+    back = legacy_failure.clauses_from_message(failure.render(cs))
+    assert [c.kind for c in back] == [c.kind for c in cs]
+    for mine, read in zip(cs, back):
+        for field in ("engine", "exact", "other"):
+            assert _same(getattr(mine, field), getattr(read, field)), (field, mine, read)
+        if mine.kind != "nonfinite":  # a tolerance is printed with 3 digits
+            assert float(f"{mine.tolerance:.3g}") == read.tolerance
+        assert read.quantity == ("metric" if "metric" in mine.label else
+                                 "gradient" if "gradient" in mine.label else "value")
+
+
+@given(st.lists(clauses(), min_size=1, max_size=3))
+@settings(max_examples=100, deadline=None)
+def test_a_clause_survives_json(cs):
+    doc = json.loads(json.dumps(failure.clauses_to_json(cs)))  # plain JSON: no NaN / inf literals
+    back = failure.clauses_from_json(doc)
+    assert failure.render(back) == failure.render(cs)
+
+
+@pytest.mark.parametrize("bad", [{"kind": "vibes"}, {"kind": "value", "engine": "1.0"}, {"kind": "value", "colour": 1},
+                                 "value", {"kind": "value", "engine": True}])
+def test_a_malformed_clause_is_refused(bad):
+    with pytest.raises(ValueError):
+        failure.clauses_from_json([bad])
+
+
+#: a micro-batch sum where a mean is due: the loss of 2 micro-batches is 2× the exact one
+_SCALED = failure.Clause("difference", "micro-batches (nnz) [1, 1]: loss", "value", engine=-1.6660629212856293,
+                         other=-0.8330314755439758, other_label="loss", exact=-0.8330314601438209, index=0,
+                         tolerance=2.45e-05, ratio=3.4e4, layout={"parts": "micro-batches", "nnz": [1, 1]})
+
+
+def _finding(clauses_, prop="partition_invariant", status="discrepancy", **extra):
+    return {"id": f"policy_loss.{prop}.float32.geo_mean@moderate", "op": "policy_loss", "property": prop,
+            "dtype": "float32", "regime": "geo_mean@moderate", "status": status, "max_ratio": 3.4e4,
+            "max_rel_err": 1.0, "message": failure.render(clauses_), **extra,
+            "failure": {"clauses": failure.clauses_to_json(clauses_)}}
+
+
+def test_severity_reads_the_record_not_the_message():
+    f = _finding([_SCALED])
+    assert effect(f) == math.inf  # k× the exact value with k micro-batches: grows with the configuration
+    assert kind(f) == "partition dependence" and classify(f)[0] == "training"
+    reworded = dict(f, message="the loss doubled with two micro-batches")  # another wording: same verdict
+    assert (kind(reworded), classify(reworded), effect(reworded)) == (kind(f), classify(f), effect(f))
+    older = {k: v for k, v in f.items() if k != "failure"}  # an older report: read from its message
+    assert (kind(older), classify(older), effect(older)) == (kind(f), classify(f), effect(f))
+    assert numbers(f)["engine"] == numbers(older)["engine"] == _SCALED.engine
+    # the layout is a field: without it (another run, one part) the same numbers are no k× scaling
+    single = failure.Clause(**{**_SCALED.__dict__, "layout": {"parts": "micro-batches", "nnz": [2]}})
+    assert effect(_finding([single])) < math.inf
+
+
+def test_a_metric_quantity_is_logging_and_a_crash_type_is_a_field():
+    metric = failure.value("metric pg_clipfrac", "metric", engine=0.75, exact=0.5, index=0, abs_err=0.25, rel_err=0.5,
+                           ulp_err=1e6, tolerance=1e-6, ratio=2.5e5, dtype="float32")
+    f = _finding([metric], prop="matches_reference")
+    assert classify(f)[0] == "logging"
+    as_value = failure.Clause(**{**metric.__dict__, "quantity": "value"})
+    assert classify(_finding([as_value], prop="matches_reference"))[0] == "training"
+    crash = _finding([], prop="matches_reference", status="crash",
+                     message="engine raised in the op: something went wrong")
+    crash["failure"]["crash"] = {"type": "ZeroDivisionError", "where": "the op"}
+    assert kind(crash) == "crash:ZeroDivisionError" and failure_fields.crash_type(crash) == "ZeroDivisionError"
+
+
+def test_a_contract_clause_is_a_crash_on_a_legal_input():
+    c = failure.Clause("contract", rank=2, error_type="IndexError",
+                       text="contract: a rank-2 input (3, 5) (its docstring allows ranks 2, 3) raised IndexError: oops")
+    f = _finding([c], prop="matches_reference")
+    assert kind(f) == "crash:IndexError"
+    assert classify(f) == ("robustness", "the engine raised IndexError on a rank-2 input its docstring allows")
+
+
+def test_a_checked_finding_carries_its_record_and_its_message_is_the_rendering(tmp_path):
+    out = tmp_path / "rep"
+    code = main(["check", "--engine", "mutants.naive_entropy", "--op", "entropy", "--property",
+                 "finite_where_reference_finite", "--dtype", "float32", "--max-examples", "5", "--out", str(out),
+                 "-q", "-n", "0"])
+    assert code == 1
+    failing = [f for f in json.loads((out / "report.json").read_text())["findings"] if f["status"] == "discrepancy"]
+    assert failing
+    for f in failing:
+        cs = failure.clauses_from_json(f["failure"]["clauses"])
+        assert cs and {c.kind for c in cs} == {"nonfinite"} and {c.quantity for c in cs} <= {"value", "gradient"}
+        assert f["message"] == failure.render(cs)
+
+
+#: modules that still read a finding's ``message`` wording, each with what it reads there (the renderers, the
+#: reader of older reports, and the readers not yet moved to the record's fields)
+MESSAGE_READERS = {
+    # the reader of older reports
+    "harness/report/failure_fields.py": "hands an older finding's message to legacy_failure",
+    # renderers: they print or quote the message, they decide nothing from it
+    "harness/report/writer.py": "quotes the message in report.md",
+    "harness/report/summary.py": "prints the message's first line",
+    "harness/report/html_report.py": "renders the message",
+    "harness/report/matrix_md.py": "quotes an unavailable op's message",
+    "harness/report/ledger_text.py": "quotes the message's first line in a ledger line's comment",
+    "harness/report/diff.py": "quotes the message of a changed finding",
+    "harness/cli.py": "prints a replay's message",
+    "harness/run/status.py": "appends the ledger's word to the message",
+    "harness/core/declared.py": "matches a declared guard's error text (the engine's exception text, not ours)",
+    # not yet on the record's fields (their wording is read): the crash texts of in-place errors and the
+    # backward op named in them, the layout labels of an empty shard, the families' trigger hooks
+    "harness/report/triage.py": "layout labels (an empty shard), the backward op of an in-place error, changed tensors",
+    "harness/report/triage_md.py": "the exception types a crash message names, the lost metric's sentence",
+    "harness/report/xfails.py": "the in-place error and backward op of a crash",
+    "harness/report/explain.py": "the first line as the numbers of a row without a clause, the kept-mask label",
+    "harness/run/fuzz.py": "whose error a fuzz target's message says it is",
+    "harness/run/root_cause.py": "hands the message to the families' trigger hooks",
+}
+
+
+def _reads_message(path: pathlib.Path) -> list[int]:
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and \
+                isinstance(node.slice, ast.Constant) and node.slice.value == "message":
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get" and node.args and \
+                isinstance(node.args[0], ast.Constant) and node.args[0].value == "message":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_listed_modules_read_a_findings_message():
+    readers = {}
+    for folder in ("harness", "properties", "distributed_tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            found = _reads_message(path)
+            if found:
+                readers[rel] = found
+    unlisted = {k: v for k, v in readers.items() if k not in MESSAGE_READERS}
+    assert not unlisted, f"these modules read a finding's message wording: read failure_fields instead: {unlisted}"
+    stale = sorted(set(MESSAGE_READERS) - set(readers))
+    assert not stale, f"these modules no longer read a message: remove them from MESSAGE_READERS: {stale}"
+    assert "harness/report/severity.py" not in readers  # severity reads fields only
