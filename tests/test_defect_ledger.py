@@ -312,7 +312,7 @@ def test_the_defects_of_a_run_do_not_depend_on_the_ledger(report):
     doc = json.loads((pathlib.Path(__file__).resolve().parents[1] / "reports" / report / "report.json").read_text())
     before = ({d["id"]: d["severity"] for d in doc["defects"]},
               sorted(f["id"] for f in doc["findings"] if f.get("declared_write")))
-    for f in doc["findings"]:  # as the check with the ledger records them (pytest_plugin._apply_defect_lines)
+    for f in doc["findings"]:  # as the check with the ledger records them (run.status.decide)
         if f["status"] in ("marginal", "discrepancy", "crash"):
             f["status"], f["xfail_of"] = "xfail", f["status"]
     annotate(doc)

@@ -13,11 +13,11 @@ import os
 
 from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding
-from rlconform.harness.run import pytest_plugin
+from rlconform.harness.run import plugin_worker
 from rlconform.properties import referee
 
 MODE = os.environ.get("RLCONFORM_TEST_TAMPER", "")
-_real = pytest_plugin.finding_entry
+_real = plugin_worker.finding_entry
 
 
 def _forged(rec, params, status, tb, reproducer):
@@ -33,7 +33,7 @@ def _forged(rec, params, status, tb, reproducer):
     return entry
 
 
-pytest_plugin.finding_entry = _forged
+plugin_worker.finding_entry = _forged
 if MODE.startswith("disconnect"):
     referee.connected = lambda: False
 
