@@ -190,3 +190,27 @@ def test_only_listed_modules_read_a_findings_message():
     stale = sorted(set(MESSAGE_READERS) - set(readers))
     assert not stale, f"these modules no longer read a message: remove them from MESSAGE_READERS: {stale}"
     assert "harness/report/severity.py" not in readers  # severity reads fields only
+
+
+def test_a_rows_numbers_show_the_largest_effect_and_say_what_it_is():
+    """SkyRL's kl_cov row showed a loss 0.06 % off for a member whose gradient is 132 % off."""
+    from rlconform.harness.report.triage_md import numbers_cell
+
+    loss = failure.value("loss", "value", engine=1.0442662239074707, exact=1.0436470393317332, index=0,
+                         abs_err=6.2e-4, rel_err=5.9e-4, ulp_err=5.2e3, tolerance=1.18e-5, ratio=52.0)
+    grad = failure.value("gradient w.r.t. log_prob", "gradient", engine=1.3166166543960571, exact=0.5666166443229762,
+                         index=0, abs_err=0.75, rel_err=1.32, ulp_err=1.26e7, tolerance=1.09e-5, ratio=6.9e4)
+    clipfrac = failure.value("metric pg_clipfrac", "metric", engine=0.0, exact=0.0714, index=0, abs_err=0.0714,
+                             rel_err=1.0, ulp_err=9.6e6, tolerance=1e-5, ratio=7e3)
+    f = _finding([loss, grad], prop="matches_reference")
+    n = numbers(f)
+    assert (n["engine"], n["quantity"]) == (grad.engine, "gradient")
+    assert numbers_cell({"numbers": n, "signature": {"kind": "wrong value"}}).startswith("gradient")
+    # a logged metric 100 % off does not headline a training row whose loss is 4.7 % off
+    loss2 = failure.Clause(**{**loss.__dict__, "engine": 1.0927, "rel_err": 0.047})
+    assert numbers(_finding([clipfrac, loss2], prop="matches_reference"))["quantity"] == "value"
+    # a metric-only finding shows its metric and says so
+    only = numbers(_finding([clipfrac], prop="matches_reference"))
+    assert only["quantity"] == "metric"
+    assert numbers_cell({"numbers": dict(only, component="pg_clipfrac"),
+                         "signature": {"kind": "wrong value"}}).startswith("metric (pg_clipfrac)")

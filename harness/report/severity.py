@@ -264,22 +264,39 @@ def effect(finding: dict) -> float:
         return math.inf
     if any(scaled_by_micro_batches(c) for c in F.of_kind(finding, "difference")):
         return math.inf
-    best = 0.0
-    for e, r, t in value_clauses(finding):
-        if abs(r) > t:
-            best = max(best, abs(e - r) / abs(r))
-        elif abs(e - r) > t:  # an exact value at the floor: the absolute error, at unit scale (see _wrong_value)
-            best = max(best, abs(e - r))
     agreement = finding.get("property") == "implementations_agree"
-    for x, y, r, d in partition_clauses(finding):
-        # two implementations: at the scale of their own values (the reference may be a convention's 0)
-        scale = max((abs(v) for v in (x, y, r) if math.isfinite(v)), default=0.0) if agreement else abs(r)
-        if scale > d:
-            best = max(best, abs(x - y) / scale)
+    best = max((clause_effect(c, agreement) for c in F.of_kind(finding, "value", "difference")), default=0.0)
     ratio = finding.get("max_ratio")
     if not best and isinstance(ratio, (int, float)):
         best = ratio * 1e-6
     return best
+
+
+def clause_effect(c, agreement: bool = False) -> float:
+    """The size of one failing clause's effect: inf for a NaN / inf where the exact value is finite; a
+    ``value`` clause's relative error (its absolute error, at unit scale, where the exact value is at or below
+    the absolute floor); a ``difference`` clause's difference over the exact value (over the larger of the two
+    values and the exact one for two implementations, whose reference may be a convention's 0; at unit scale
+    where that is at the floor: a kept mask 1 where the exact one is 0); 0 for a clause within its tolerance or
+    without numbers."""
+    if c.kind == "nonfinite":
+        return math.inf
+    if c.kind == "value" and None not in (c.engine, c.exact, c.tolerance):
+        e, r, t = c.engine, c.exact, c.tolerance
+        if not math.isfinite(e) and math.isfinite(r):
+            return math.inf
+        if abs(r) > t:
+            return abs(e - r) / abs(r)
+        return abs(e - r) if abs(e - r) > t else 0.0
+    if c.kind == "difference" and None not in (c.engine, c.other, c.exact, c.tolerance):
+        x, y, r, d = c.engine, c.other, c.exact, c.tolerance
+        if math.isfinite(r) and not (math.isfinite(x) and math.isfinite(y)):
+            return math.inf
+        scale = max((abs(v) for v in (x, y, r) if math.isfinite(v)), default=0.0) if agreement else abs(r)
+        if scale > d:
+            return abs(x - y) / scale
+        return abs(x - y) if abs(x - y) > d else 0.0  # at an exact value at the floor: at unit scale (a 0/1 mask)
+    return 0.0
 
 
 def is_metric(finding: dict) -> bool:

@@ -545,16 +545,24 @@ def _jsonable(x: float):
 
 
 def numbers(finding: dict) -> dict | None:
-    """Engine vs exact value of the failing clause the message reports first (issue 20, a maintainer's C:
-    the line the row's message quotes; the worst clause of the first line that holds one, a NaN first):
-    ``{"engine", "exact", "clause", "component", "sides"}`` (a non-finite value as the string ``"nan"`` /
+    """Engine vs exact value of the failing clause with the largest effect on training: a value or gradient before
+    a logged metric, then by :func:`rlconform.harness.report.severity.clause_effect` (a NaN first, then the
+    largest relative error; the first in the record among equals): ``{"engine", "exact", "clause", "component", "sides", "quantity"}``
+    (``quantity``: ``value``, ``gradient`` or ``metric``) (a non-finite value as the string ``"nan"`` /
     ``"inf"`` / ``"-inf"``; ``component`` the output the clause is about: ``value``, ``gradient``, ``metric
     ppo_kl``; ``""`` when it names none), or None when the message has no such clause. For a partition /
     mask / implementations clause ``X vs Y (reference R)`` (B: what is compared is two runs of the engine,
     not the engine and the exact value) ``sides`` is ``[[label of X, X], [label of Y, Y]]`` (``TP=1``,
     ``TP=2``, ``2 micro-batches``…) and ``engine`` the one of X, Y farther from R, ``exact`` R; else
     ``sides`` is None."""
-    for c in F.numeric(finding):  # the first clause that compares numbers, as the message's first such line
+    from rlconform.harness.report.severity import clause_effect
+
+    agreement = finding.get("property") == "implementations_agree"
+    # what the optimiser sees before a logged metric (a wrong pg_clipfrac beside a wrong loss); equal effects to
+    # 3 digits (a loss and its gradient both 2× off): the first in the record
+    ranked = sorted(enumerate(F.numeric(finding)), key=lambda ic: (
+        ic[1].quantity == "metric", -float(f"{clause_effect(ic[1], agreement):.3g}"), ic[0]))
+    for _, c in ranked:  # the clause with the largest effect (a gradient 132 % off before a loss 0.06 % off)
         if c.kind == "value" and None not in (c.engine, c.exact):
             e, r, comp, sides = c.engine, c.exact, _component(c.label + ":"), None
         elif c.kind == "difference" and None not in (c.engine, c.other, c.exact):
@@ -569,7 +577,7 @@ def numbers(finding: dict) -> dict | None:
             continue
         line = c.text or failure.render_clause(c)  # an older report's clause keeps its own line
         return {"engine": _jsonable(e), "exact": _jsonable(r), "clause": line.strip()[:300],
-                "component": comp, "sides": sides}
+                "component": comp, "sides": sides, "quantity": c.quantity or ""}
     return None
 
 

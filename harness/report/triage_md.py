@@ -64,20 +64,29 @@ def _num(x, other=None) -> str:
     return text
 
 
+def _what(n: dict) -> str:
+    """The output a numbers cell is about, saying whether it is a gradient or a metric when its name does not."""
+    comp = n.get("component") or ""
+    quantity = n.get("quantity") or ""
+    if quantity in ("gradient", "metric") and quantity not in comp:
+        return f"{quantity} ({comp})" if comp else quantity
+    return comp
+
+
 def numbers_cell(d: dict) -> str:
-    """Engine vs exact on the smallest input, each with the digits that tell them apart, and their relative
-    error; for a changed tensor, what changed (``version 0 → 3``, elements changed and one of them) when
-    the message records it."""
+    """Engine vs exact of the clause with the largest effect, each with the digits that tell them apart, and
+    their relative error; for a changed tensor, what changed (``version 0 → 3``, elements changed and one of
+    them) when the message records it."""
     n = d.get("numbers")
     if n and n.get("sides"):  # two runs of the engine compared (B): each labelled, the exact value apart
         (la, a), (lb, b) = n["sides"]
-        comp = n.get("component") or ""
+        comp = _what(n)
         r = n["exact"]
         return (f"{comp + ': ' if comp else ''}{la} {_num(a, b)} vs {lb} {_num(b, a)} (exact {_num(r, a)})")
     if n:
         e, r = n["engine"], n["exact"]
         text = f"engine {_num(e, r)} vs exact {_num(r, e)}"
-        comp = n.get("component")
+        comp = _what(n) if "component" in n else None
         if comp is None and str(n.get("clause") or "").lower().lstrip("- ").startswith("gradient"):
             comp = "gradient"  # a report written before numbers named their component
         if comp:

@@ -46,7 +46,7 @@ Schema ``rlconform.report/1``::
                    (issue 23 §1; absent when every stage calls the engine's code)}],
      "defects": [{"id", "severity", "effect", "engine_function", "crash_frame", "upstream", "trigger", "op",
                   "ops", "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes",
-                  "regimes", "numbers": {"engine", "exact", "clause", "component", "sides"} | null, "reproducer": {"finding",
+                  "regimes", "numbers": {"engine", "exact", "clause", "component", "sides", "quantity"} | null, "reproducer": {"finding",
                   "case_file", "command", "input"}, "message", "reach", "reach_text"}]  (ranked by
                   severity in SEVERITIES order — training before destructive —, then ``reach`` — 3
                   every step of a configuration, 2 any input, 1 an edge input, 0 contrived: another dtype or an
