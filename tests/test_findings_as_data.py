@@ -214,3 +214,20 @@ def test_a_rows_numbers_show_the_largest_effect_and_say_what_it_is():
     assert only["quantity"] == "metric"
     assert numbers_cell({"numbers": dict(only, component="pg_clipfrac"),
                          "signature": {"kind": "wrong value"}}).startswith("metric (pg_clipfrac)")
+
+
+def test_a_contract_clause_names_the_engines_exception_not_the_pools():
+    """On gloo ranks an engine's exception reaches the family wrapped in the pool's RankFailure: the clause
+    (and so the defect's kind, ``crash:IndexError``) names the engine's own type."""
+    from rlconform.harness.core.evaluation import EngineCrash
+    from rlconform.harness.core.impl_contract import rank_problem
+    from rlconform.harness.workers.pool import RankFailure
+
+    inner = RankFailure("raised", {0: "IndexError: too many indices"}, [0], 0.1)
+    crash = EngineCrash("vocab_parallel_entropy@chunked", inner)
+    crash.engine_traceback = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+                              "IndexError: too many indices for tensor of dimension 2\n")
+    crash.__cause__ = inner
+    impl = type("Impl", (), {"ranks": (2, 3)})()
+    c = rank_problem(2, (1, 2), impl, crash)
+    assert (c.kind, c.rank, c.error_type) == ("contract", 2, "IndexError")

@@ -65,10 +65,12 @@ def rank_problem(rank: int, shape: tuple, impl, exc: BaseException):
     from rlconform.harness.core import failure
 
     last = _last_line(exc)
-    error_type = last.split(":", 1)[0].strip().rsplit(".", 1)[-1] if ":" in last else type(exc).__name__
+    head = last.split(":", 1)[0].strip().rsplit(".", 1)[-1] if ":" in last else ""
     cause = getattr(exc, "__cause__", None)
-    if cause is not None:
-        error_type = type(cause).__name__
+    # the engine's own exception: the last ``SomeError: …`` line of its traceback (on gloo ranks the cause is
+    # the pool's RankFailure, which holds every rank's), else the cause's type
+    error_type = head if head.isidentifier() and head[:1].isupper() else (
+        type(cause).__name__ if cause is not None else type(exc).__name__)
     return failure.Clause("contract", rank=int(rank), error_type=error_type, text=(
         f"contract: a rank-{rank} input {tuple(shape)} (its docstring allows ranks "
         f"{', '.join(map(str, impl.ranks))}) raised {last}{frame_text(exc)}"))
