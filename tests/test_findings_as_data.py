@@ -231,3 +231,33 @@ def test_a_contract_clause_names_the_engines_exception_not_the_pools():
     impl = type("Impl", (), {"ranks": (2, 3)})()
     c = rank_problem(2, (1, 2), impl, crash)
     assert (c.kind, c.rank, c.error_type) == ("contract", 2, "IndexError")
+
+
+def test_a_training_row_names_the_configuration_key_its_impact_depends_on():
+    """verl's bf16 entropy rows are training only with entropy_coeff ≠ 0 (default 0: the logged actor/entropy)."""
+    from rlconform.harness.bindings.verl import IMPACT_KNOBS
+    from rlconform.harness.report.triage import impact_knob
+    from rlconform.harness.report.triage_md import severity_cell
+
+    row = {"severity": "training", "ops": ["entropy"], "op": "entropy"}
+    knob = impact_knob(row, IMPACT_KNOBS)
+    assert knob["knob"] == "actor_rollout_ref.actor.entropy_coeff" and knob["default"] == "0"
+    assert severity_cell(dict(row, depends_on=knob)) == (
+        "**training** if `actor_rollout_ref.actor.entropy_coeff` ≠ 0 (default 0: logging, the logged actor/entropy)")
+    # a row that also holds an op with no such key, or another severity, depends on nothing
+    assert impact_knob(dict(row, ops=["entropy", "agg_loss"]), IMPACT_KNOBS) is None
+    assert impact_knob(dict(row, severity="robustness"), IMPACT_KNOBS) is None
+    assert severity_cell(row) == "**training**"
+
+
+def test_rows_of_one_known_idiom_get_one_summary_line():
+    from rlconform.harness.report.triage_md import idiom_lines
+
+    def row(fn, kind, trig):
+        return {"signature": {"kind": kind, "feature": trig}, "trigger": trig, "engine_function": {"function": fn}}
+
+    masked = [row(f"f{i}", "NaN / inf", "a masked position holding NaN") for i in range(3)]
+    [line] = idiom_lines(masked + [row("g", "wrong value", "any input")] * 4)  # "any input" is no idiom
+    assert line.startswith("- **3 rows are NaN / inf · a masked position holding NaN** (`f0`, `f1`, `f2`)")
+    assert "torch.where" in line
+    assert idiom_lines(masked[:2]) == []  # two rows: no summary

@@ -1497,8 +1497,18 @@ FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression)
 }
 
 
+#: the entropy enters verl's loss only through the entropy bonus: ``ray_trainer`` computes it in the update step
+#: when ``calculate_entropy or entropy_coeff != 0``, and always in the old-log-prob pass, which logs it
+_ENTROPY_KNOB = {"knob": "actor_rollout_ref.actor.entropy_coeff", "default": "0",
+                 "otherwise": "logging, the logged actor/entropy",
+                 "why": "the entropy is in the loss only through the entropy bonus (entropy_coeff, default 0); "
+                        "otherwise it is computed for the logged actor/entropy"}
+IMPACT_KNOBS = {"entropy": _ENTROPY_KNOB, "vocab_parallel_entropy": _ENTROPY_KNOB}
+
+
 binding = Binding(
     name="verl",
+    impact_knobs=IMPACT_KNOBS,
     implementations=IMPLEMENTATIONS,
     variant_triggers=VARIANT_TRIGGERS,
     engine_dtypes=ENGINE_DTYPES,

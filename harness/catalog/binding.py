@@ -182,6 +182,10 @@ class Binding:
     gets its own line; one no line matches anymore cites the function. A pattern may be
     ``(qualname, pattern)``: a line of another function of the same module that the engine function hands
     its work to (verl's ``vocab_parallel_entropy`` -> ``_VocabParallelEntropy.forward``).
+    ``impact_knobs``: op -> ``{"knob", "default", "otherwise", "why"}``: the configuration key on which a wrong
+    value of the op reaches training (verl's entropy enters the loss only with
+    ``actor_rollout_ref.actor.entropy_coeff`` ≠ 0; at the default 0 it is the logged ``actor/entropy``), its
+    default, and the severity at the default (``otherwise``). A ``training`` row of such an op says so.
     ``needs``: op -> the device its default implementation needs (``"cuda"``: a Triton / CUDA kernel); an
     alternative implementation declares it on its :class:`Implementation` (``needs``). On a run whose
     ``--device`` is not one, the op's findings are ``unavailable: needs CUDA`` (:meth:`device_gap`).
@@ -204,6 +208,7 @@ class Binding:
     output_sites: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
     variant_triggers: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     fault_anchors: Mapping[str, Mapping[str, tuple]] = dataclasses.field(default_factory=dict)
+    impact_knobs: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):

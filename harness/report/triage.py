@@ -795,6 +795,19 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
     return out
 
 
+def impact_knob(defect: dict, knobs: dict) -> dict | None:
+    """The configuration key a ``training`` defect's impact depends on (the binding's ``impact_knobs`` of every
+    op of its members, when they name one key), or None: ``{"knob", "default", "otherwise", "why"}``."""
+    if defect.get("severity") != "training" or not isinstance(knobs, dict):
+        return None
+    found = [knobs.get(op) for op in defect.get("ops") or [defect.get("op")]]
+    if not found or not all(isinstance(k, dict) and k.get("knob") for k in found):
+        return None
+    if len({k["knob"] for k in found}) != 1:
+        return None
+    return {f: str(found[0].get(f) or "") for f in ("knob", "default", "otherwise", "why")}
+
+
 def _probe_keys(finding: dict) -> bool:
     """Whether the finding's op names its own metric keys (:attr:`~rlconform.harness.core.opinfo.OpInfo.probe_metric_keys`)."""
     from rlconform.harness.catalog.ops import OPS
@@ -866,6 +879,11 @@ def annotate(doc: dict) -> dict:
         else:
             f["severity"], f["severity_reason"] = sev, reason
     doc["defects"] = defects(doc.get("findings", []), dtypes, config_triggers(doc))
+    knobs = (doc.get("engine") or {}).get("impact_knobs") or {}
+    for d in doc["defects"]:
+        depends = impact_knob(d, knobs)
+        if depends:
+            d["depends_on"] = depends
     doc["triage"] = severity_counts(doc["defects"])
     return doc
 

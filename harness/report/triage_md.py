@@ -148,6 +148,16 @@ def where_cell(d: dict) -> str:
     return f"op {d.get('op')}" + (f" ({site_text(site)})" if site else "")
 
 
+def severity_cell(d: dict) -> str:
+    """``**training**``, or, for a defect whose impact depends on a configuration key, the condition and what it
+    is at the default (``**training** if `actor_rollout_ref.actor.entropy_coeff` ≠ 0 (default 0: logging)``)."""
+    k = d.get("depends_on")
+    if not k:
+        return f"**{d['severity']}**"
+    return (f"**{d['severity']}** if `{k['knob']}` ≠ {k['default']} (default {k['default']}: "
+            f"{k.get('otherwise') or 'no training impact'})")
+
+
 def defect_row(d: dict) -> str:
     sig = d["signature"]
     rep = d.get("reproducer") or {}
@@ -156,7 +166,7 @@ def defect_row(d: dict) -> str:
     what = " · ".join(x for x in (", ".join(d.get("ops") or [d["op"]]),
                                    ", ".join(d.get("properties") or [d["property"]]),
                                    ", ".join(d.get("dtypes") or [])) if x)
-    return (f"| **{d['severity']}** | {where_cell(d)} | {sig['kind']} · {d.get('trigger') or sig['feature']} | {nums} | "
+    return (f"| {severity_cell(d)} | {where_cell(d)} | {sig['kind']} · {d.get('trigger') or sig['feature']} | {nums} | "
             f"{len(d['members'])} ({what}) | {cmd} |")
 
 
@@ -180,6 +190,41 @@ def precision_row(d: dict) -> str:
             f"{len(d['members'])} ({what}) | {cmd} |")
 
 
+#: the idiom behind a failure and trigger that many rows share: what a maintainer fixes once, everywhere
+IDIOMS = {
+    ("NaN / inf", "a masked position holding NaN"):
+        "a mask applied by multiplication or a sum over every position keeps NaN · 0 = NaN: select the unmasked "
+        "positions (torch.where, masked_fill) before reducing",
+    ("partition dependence", "more than one micro-batch"):
+        "each micro-batch is normalised by its own count: emit sums and counts, divide once over the mini-batch",
+    ("NaN / inf", "a −inf logit"):
+        "p · log p at a −inf logit is 0 · (−inf) = NaN: use the limit 0 (torch.special.xlogy, or mask the −inf "
+        "positions before the product)",
+    ("wrong value", "bf16 input"):
+        "the softmax / logsumexp reduction runs in bf16: upcast the logits to float32 before reducing over the vocabulary",
+}
+#: rows sharing a failure and trigger from which the table gets a one-line summary above it
+IDIOM_ROWS = 3
+
+
+def idiom_lines(rows: list[dict]) -> list[str]:
+    """One line per failure · trigger of a known idiom (:data:`IDIOMS`) that :data:`IDIOM_ROWS` or more rows share:
+    how many, which functions, and the fix that applies to all of them."""
+    groups: dict[tuple, list[dict]] = {}
+    for d in rows:
+        groups.setdefault((d["signature"]["kind"], d.get("trigger") or d["signature"]["feature"]), []).append(d)
+    out = []
+    for (kind, trig), members in groups.items():
+        idiom = IDIOMS.get((kind, trig))
+        if len(members) < IDIOM_ROWS or idiom is None:
+            continue
+        names = sorted({(m.get("engine_function") or m.get("crash_frame") or {}).get("function") or m.get("op")
+                        for m in members})
+        out.append(f"- **{len(members)} rows are {kind} · {trig}** ({', '.join(f'`{n}`' for n in names[:8])}"
+                   f"{', …' if len(names) > 8 else ''}): {idiom}.")
+    return out
+
+
 def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
     """The defects section of report.md (empty when there is no defect): the defects table (every
     severity but ``precision``, which ``--fail-on``'s default does not fail on), then the ``precision``
@@ -194,6 +239,9 @@ def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
              *([writes, ""] if writes else []), ORDER_NOTE, "", CITE_NOTE, ""]
     main = [d for d in defects if d.get("severity") != "precision"]
     fine = [d for d in defects if d.get("severity") == "precision"]
+    idioms = idiom_lines(main)
+    if idioms:
+        lines += ["One idiom, several rows:", "", *idioms, ""]
     if main:
         lines += HEADER
     used = sum(len(x) + 1 for x in lines)

@@ -131,6 +131,7 @@ class _EngineInfo:
         self.engine_dtypes = meta.get("engine_dtypes") or {}  # issue 20 §3: op -> dtypes the trainer uses
         self.declared_rows = meta.get("declared") or []  # issue 20 §2: conventions, preconditions, guards (data)
         self.variant_triggers = meta.get("variant_triggers") or {}  # configurations as triggers (for reachability)
+        self.impact_knobs = meta.get("impact_knobs") or {}  # op -> the config key its training impact depends on
         self.coverage = meta.get("coverage")  # the coverage table (issue 11), built in the probe's child process
 
     def provided_ops(self) -> list[str]:
@@ -250,7 +251,8 @@ class State:
                     "engine_dtypes": {op: list(d) for op, d in (getattr(b, "engine_dtypes", None) or {}).items()},
                     "declared": getattr(b, "declared_rows", None)
                     or [d.row() for d in getattr(b, "declared", ())],
-                    "variant_triggers": {op: dict(v) for op, v in (getattr(b, "variant_triggers", None) or {}).items()}},
+                    "variant_triggers": {op: dict(v) for op, v in (getattr(b, "variant_triggers", None) or {}).items()},
+                    "impact_knobs": {op: dict(v) for op, v in (getattr(b, "impact_knobs", None) or {}).items()}},
             run={"profile": opt("rlconform_profile"), "seed": self.seed,
                  "max_examples": self.settings.max_examples,
                  "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},
