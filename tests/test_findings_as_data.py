@@ -261,3 +261,14 @@ def test_rows_of_one_known_idiom_get_one_summary_line():
     assert line.startswith("- **3 rows are NaN / inf · a masked position holding NaN** (`f0`, `f1`, `f2`)")
     assert "torch.where" in line
     assert idiom_lines(masked[:2]) == []  # two rows: no summary
+
+
+def test_an_idiom_of_a_kind_groups_rows_whatever_their_trigger():
+    from rlconform.harness.report.triage_md import idiom_lines
+
+    rows = [{"signature": {"kind": "partition dependence", "feature": t}, "trigger": t,
+             "engine_function": {"function": f}}
+            for f, t in (("reduce_metrics", "more than one micro-batch"), ("aggregate_dp", "a DP rank with no valid token"),
+                         ("compute_policy_loss_geo_mean", "more than one micro-batch"))]
+    [line] = idiom_lines(rows)
+    assert line.startswith("- **3 rows are partition dependence** (") and "sums and counts" in line

@@ -1503,7 +1503,14 @@ _ENTROPY_KNOB = {"knob": "actor_rollout_ref.actor.entropy_coeff", "default": "0"
                  "otherwise": "logging, the logged actor/entropy",
                  "why": "the entropy is in the loss only through the entropy bonus (entropy_coeff, default 0); "
                         "otherwise it is computed for the logged actor/entropy"}
-IMPACT_KNOBS = {"entropy": _ENTROPY_KNOB, "vocab_parallel_entropy": _ENTROPY_KNOB}
+#: Σπ² is computed in the old-log-prob pass only with ``calculate_sum_pi_squared`` (default False), for the
+#: optimal_token_baseline estimators' path-variance weights (``ray_trainer._compute_old_log_prob``)
+_SUM_PI_SQUARED_KNOB = {"knob": "actor_rollout_ref.actor.calculate_sum_pi_squared", "default": "False",
+                        "otherwise": "not computed",
+                        "why": "Σπ² is computed only with calculate_sum_pi_squared=True (default False), for the "
+                               "optimal_token_baseline advantage estimators"}
+IMPACT_KNOBS = {"entropy": _ENTROPY_KNOB, "vocab_parallel_entropy": _ENTROPY_KNOB,
+                "sum_pi_squared": _SUM_PI_SQUARED_KNOB, "vocab_parallel_sum_pi_squared": _SUM_PI_SQUARED_KNOB}
 
 
 binding = Binding(

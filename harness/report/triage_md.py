@@ -195,24 +195,28 @@ IDIOMS = {
     ("NaN / inf", "a masked position holding NaN"):
         "a mask applied by multiplication or a sum over every position keeps NaN · 0 = NaN: select the unmasked "
         "positions (torch.where, masked_fill) before reducing",
-    ("partition dependence", "more than one micro-batch"):
-        "each micro-batch is normalised by its own count: emit sums and counts, divide once over the mini-batch",
+    ("partition dependence", None):
+        "a normaliser per part (a mean per micro-batch or DP rank, then summed or averaged over the parts): emit "
+        "sums and counts, divide once over the mini-batch",
     ("NaN / inf", "a −inf logit"):
-        "p · log p at a −inf logit is 0 · (−inf) = NaN: use the limit 0 (torch.special.xlogy, or mask the −inf "
-        "positions before the product)",
+        "Σ softmax · logits at a −inf logit is 0 · (−inf) = NaN: take 0 where the probability is 0 "
+        "(torch.where(p > 0, p · z, 0)) or mask the −inf positions before the product",
     ("wrong value", "bf16 input"):
-        "the softmax / logsumexp reduction runs in bf16: upcast the logits to float32 before reducing over the vocabulary",
+        "the reduction over the vocabulary runs in bf16 (or cancels in float32 at a large offset): reduce the "
+        "max-shifted logits in float32",
 }
 #: rows sharing a failure and trigger from which the table gets a one-line summary above it
 IDIOM_ROWS = 3
 
 
 def idiom_lines(rows: list[dict]) -> list[str]:
-    """One line per failure · trigger of a known idiom (:data:`IDIOMS`) that :data:`IDIOM_ROWS` or more rows share:
-    how many, which functions, and the fix that applies to all of them."""
+    """One line per known idiom (:data:`IDIOMS`: a failure and trigger, or a failure whatever its trigger) that
+    :data:`IDIOM_ROWS` or more rows share: how many, which functions, and the fix that applies to all of them."""
     groups: dict[tuple, list[dict]] = {}
     for d in rows:
-        groups.setdefault((d["signature"]["kind"], d.get("trigger") or d["signature"]["feature"]), []).append(d)
+        kind, trig = d["signature"]["kind"], d.get("trigger") or d["signature"]["feature"]
+        key = (kind, trig) if (kind, trig) in IDIOMS else (kind, None)  # an idiom of the kind, whatever the trigger
+        groups.setdefault(key, []).append(d)
     out = []
     for (kind, trig), members in groups.items():
         idiom = IDIOMS.get((kind, trig))
@@ -220,7 +224,8 @@ def idiom_lines(rows: list[dict]) -> list[str]:
             continue
         names = sorted({(m.get("engine_function") or m.get("crash_frame") or {}).get("function") or m.get("op")
                         for m in members})
-        out.append(f"- **{len(members)} rows are {kind} · {trig}** ({', '.join(f'`{n}`' for n in names[:8])}"
+        what = f"{kind} · {trig}" if trig else kind
+        out.append(f"- **{len(members)} rows are {what}** ({', '.join(f'`{n}`' for n in names[:8])}"
                    f"{', …' if len(names) > 8 else ''}): {idiom}.")
     return out
 

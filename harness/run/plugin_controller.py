@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,9 +21,6 @@ from rlconform.harness.run.plugin_state import CONTROLLER_STATE as _CONTROLLER_S
 from rlconform.harness.run.recorder import dead_process_entry
 from rlconform.harness.run.status import decide
 from rlconform.harness.workers import interrupts
-
-if TYPE_CHECKING:
-    from rlconform.harness.run.pytest_plugin import State
 
 _FID = re.compile(rf"\[({FINDING_ID})\]$")
 
@@ -57,7 +53,7 @@ class _StopRun(KeyboardInterrupt):
     """Ends the run from a hook (pytest and xdist stop on a KeyboardInterrupt); ``State.error`` says why."""
 
 
-def _controller_state() -> State | None:
+def _controller_state():
     return _CONTROLLER_STATE.get("state")
 
 
@@ -93,7 +89,7 @@ def progress_line(done: int, total: int, elapsed_s: float) -> str:
     return f"rlconform: {done}/{total} findings · {span(elapsed_s)}{left}"
 
 
-def _progress(state: State, fid: str) -> None:
+def _progress(state, fid: str) -> None:
     """On a terminal, one rewritten line: findings recorded of those selected, and the latest. In a log
     (CI, ``-q`` included), a line with an estimate of the time left every :data:`PROGRESS_EVERY_S`."""
     import time
@@ -145,7 +141,7 @@ def pytest_runtest_logreport(report):
     interrupts.check()  # an interrupt swallowed anywhere in this process ends the run here
 
 
-def _ledger_verdicts(state: State, recorded: set[str]) -> list[dict]:
+def _ledger_verdicts(state, recorded: set[str]) -> list[dict]:
     """One entry per defect line: ``xfail`` (a finding of it failed), ``xpass`` (the run checked its whole
     scope and none did: fixed, remove the line) or ``not checked`` (the run selected too little to tell:
     part of its scope, or narrowed by ``--dtype`` / ``--regime``)."""
@@ -171,7 +167,7 @@ def _ledger_verdicts(state: State, recorded: set[str]) -> list[dict]:
     return out
 
 
-def _keep_case(state: State, finding: dict) -> None:
+def _keep_case(state, finding: dict) -> None:
     """Keep the bytes of the finding's reproducer as they are when the finding arrives: the run's files are
     written from this record once every engine process is gone (issue 22 §2)."""
     rep = finding.get("reproducer") if isinstance(finding, dict) else None
@@ -271,7 +267,7 @@ def pytest_sessionstart(session):
         faulthandler.enable(file=state.fault_file, all_threads=True)
 
 
-def _kill_workers(state: State) -> None:
+def _kill_workers(state) -> None:
     for node in list(state.nodes.values()):
         popen = _popen(node)
         if popen is not None and popen.poll() is None:
