@@ -48,6 +48,7 @@ from rlconform.harness.workers.pool import PoolStartupError, RankFailure, get_po
 from rlconform.harness.core.tensors import to_tensor
 from rlconform.properties.case import Case
 from rlconform.properties.generic import JUDGES, Outcome
+from rlconform.harness.core.failure import problem as problem_clause
 
 __all__ = ["EVALUATORS", "evaluate_context_parallel", "evaluate_dp_metric", "evaluate_dp_whiten",
            "evaluate_vocab_parallel", "on_pool", "run_check", "run_check_here", "run_ranks"]
@@ -344,7 +345,7 @@ def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
                         "token_stat")]
         if grad is not None:
             if unsharded["grad"] is None:
-                ev.problems.append("gradient: the unsharded (TP = 1) run produced no gradient")
+                ev.problems.append(problem_clause("missing gradient", "gradient: the unsharded (TP = 1) run produced no gradient"))
             else:
                 alt.append(Compared("gradient, unsharded (TP = 1)", unsharded["grad"], ref_grad, f_grad_np,
                                     grad_dtype, "token_stat"))
@@ -557,7 +558,7 @@ def evaluate_dp_whiten(binding: Binding, case: Case) -> Evaluation:
         res = results[0][2]
         got = np.asarray(res["out"], dtype=np.float64)
         if got.shape != values64.shape:
-            ev.problems.append(f"unsharded (DP = 1): the engine returned shape {got.shape}, expected {values64.shape}")
+            ev.problems.append(problem_clause("missing output", f"unsharded (DP = 1): the engine returned shape {got.shape}, expected {values64.shape}"))
         else:
             ev.alternatives.append(("unsharded (DP = 1)", [Compared("unsharded (DP = 1)", got, ref, faithful,
                                                                     res["out_dtype"], "advantage", only_where=mask)]))
@@ -569,7 +570,7 @@ def evaluate_dp_whiten(binding: Binding, case: Case) -> Evaluation:
 def _scalar(out, ev: Evaluation) -> np.ndarray:
     a = np.asarray(out, dtype=np.float64)
     if a.size != 1:
-        ev.problems.append(f"the engine returned shape {a.shape}, expected a scalar")
+        ev.problems.append(problem_clause("missing output", f"the engine returned shape {a.shape}, expected a scalar"))
         return np.float64(np.nan)
     return a.reshape(())
 

@@ -99,7 +99,7 @@ def _nothing(ev: Evaluation, outcome: Outcome, what: str) -> bool:
     """Fail ``outcome`` when ``ev`` has nothing to judge for ``what`` and does not say why."""
     if ev.undefined is not None or ev.problems:
         return False
-    outcome.fail(f"nothing to compare: the engine produced no {what} for this case")
+    outcome.fail(failure.problem("missing output", f"nothing to compare: the engine produced no {what} for this case"))
     return True
 
 
@@ -298,9 +298,9 @@ def metric_integrity(ev: Evaluation) -> Outcome:
     or an integral float64), a float64 value is not narrowed to float32 / float16."""
     outcome = _start(ev)
     flow = ev.metrics
-    lost = lambda text: outcome.fail(failure.text("metric", text))  # noqa: E731
+    lost = lambda text: outcome.fail(failure.Clause("metric", text=text, what="lost metric"))  # noqa: E731
     if flow is None or not flow.emitted:
-        lost("nothing to compare: the pipeline emitted no metric key")
+        outcome.fail(failure.problem("missing output", "nothing to compare: the pipeline emitted no metric key"))
         return outcome
     for key in sorted(flow.emitted):
         target = flow.emitted_to_final.get(key, key)

@@ -272,3 +272,28 @@ def test_an_idiom_of_a_kind_groups_rows_whatever_their_trigger():
                          ("compute_policy_loss_geo_mean", "more than one micro-batch"))]
     [line] = idiom_lines(rows)
     assert line.startswith("- **3 rows are partition dependence** (") and "sums and counts" in line
+
+
+def test_what_is_absent_is_a_field():
+    """A missing gradient, a missing output and a lost metric are named by the problem clause, whatever its
+    sentence says; an older report's sentence is read for it."""
+    gone = failure.problem("missing gradient", "the loss came back detached")  # no wording the old code matched
+    f = _finding([gone], prop="matches_reference")
+    assert kind(f) == "missing gradient" and classify(f) == ("training", "a gradient the contract requires is missing")
+    shape = failure.problem("missing output", "value: 3 numbers where 1 is due")
+    assert kind(_finding([shape], prop="matches_reference")) == "missing output"
+    older = {k: v for k, v in _finding([], prop="matches_reference").items() if k != "failure"}
+    older["message"] = "gradient: backward ran but no gradient reached log_prob"
+    assert failure_fields.problems(older) == {"missing gradient"} and kind(older) == "missing gradient"
+    with pytest.raises(ValueError):
+        failure.problem("vibes", "x")
+
+
+def test_a_family_names_the_missing_gradient_in_its_record(tmp_path):
+    out = tmp_path / "rep"
+    assert main(["check", "--engine", "mutants.detached_entropy", "--op", "entropy", "--property", "matches_reference",
+                 "--dtype", "float32", "--regime", "moderate", "--max-examples", "3", "--out", str(out), "-q",
+                 "-n", "0"]) == 1
+    [f] = [f for f in json.loads((out / "report.json").read_text())["findings"] if f["status"] == "discrepancy"]
+    assert [(c["kind"], c.get("what")) for c in f["failure"]["clauses"]] == [("problem", "missing gradient")]
+    assert f["severity"] == "training"

@@ -135,10 +135,13 @@ class Evaluation:
         return self.values + self.gradients
 
 
-def shape_problem(label: str, got: Any, expected: tuple, context: str = "") -> str | None:
-    """A problem message when an engine output's shape differs from the reference's, else None."""
+def shape_problem(label: str, got: Any, expected: tuple, context: str = ""):
+    """A ``missing output`` problem clause (:func:`rlconform.harness.core.failure.problem`) when an engine
+    output's shape differs from the reference's, else None."""
+    from rlconform.harness.core.failure import problem
+
     shape = tuple(np.shape(got))
     if shape != tuple(expected):
-        return f"{label}: the engine returned shape {shape}, expected {tuple(expected)}" + (
-            f" ({context})" if context else "")
+        return problem("missing output", f"{label}: the engine returned shape {shape}, expected {tuple(expected)}" + (
+            f" ({context})" if context else ""))
     return None

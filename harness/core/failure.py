@@ -17,7 +17,8 @@ clause kind     fields it carries (beside ``label``, ``quantity``, ``dtype``, ``
                 ``other_label``) at flat ``index``, ``exact`` the reference there, ``tolerance`` the
                 allowed difference, ``ratio``
 ``contract``    an input rank the implementation's docstring allows raised: ``rank``, ``error_type``
-``problem``     something expected was absent or malformed (``text``, the family's sentence)
+``problem``     something expected was absent or malformed (``text``, the family's sentence; ``what``, one of
+                :data:`PROBLEMS`, when the family names it)
 ``mutation``    an input or a tensor saved for backward changed (``text``)
 ``metric``      a metric key lost, printed or retyped on its way to the final dict (``text``)
 ==============  ==================================================================================
@@ -38,6 +39,9 @@ from typing import Any
 KINDS = ("value", "nonfinite", "difference", "contract", "problem", "mutation", "metric")
 #: what a compared number is
 QUANTITIES = ("value", "gradient", "metric", "")
+#: what a ``problem`` clause says is absent: a gradient the contract requires (no autograd graph, or backward
+#: reached no input), an output (missing, or of the wrong shape or type), a metric on its way to the final dict
+PROBLEMS = ("missing gradient", "missing output", "lost metric")
 
 
 @dataclasses.dataclass
@@ -63,10 +67,13 @@ class Clause:
     rank: int | None = None
     error_type: str | None = None
     text: str = ""
+    what: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"unknown clause kind {self.kind!r}; one of {', '.join(KINDS)}")
+        if self.what and self.what not in PROBLEMS:
+            raise ValueError(f"unknown problem {self.what!r}; one of {', '.join(PROBLEMS)}")
 
     def __str__(self) -> str:
         return render_clause(self)
@@ -127,6 +134,11 @@ def value(label: str, quantity: str, *, engine: float, exact: float, index: int,
 def text(kind: str, message: str, label: str = "") -> Clause:
     """A ``problem`` / ``mutation`` / ``metric`` clause: the family's own sentence."""
     return Clause(kind, label, text=str(message))
+
+
+def problem(what: str, message: str) -> Clause:
+    """A ``problem`` clause that names what is absent (one of :data:`PROBLEMS`) beside the family's sentence."""
+    return Clause("problem", text=str(message), what=what)
 
 
 def as_clause(item, kind: str = "problem") -> Clause:

@@ -18,6 +18,7 @@ from rlconform.harness.core.guards import InputGuard
 from rlconform.harness.core.opinfo import MASK_INVARIANT, NON_DESTRUCTIVE, PARTITION_INVARIANT
 from rlconform.harness.core.tensors import as_numpy, out_dtype, to_tensor
 from rlconform.reference.exact_sum import exact_sum
+from rlconform.harness.core.failure import problem as problem_clause
 
 
 def loss_mask(case) -> np.ndarray:
@@ -93,13 +94,13 @@ def drive_micro_batches(op: str, call: Callable[[dict, torch.Tensor], Any], arra
         total.append(float(as_numpy(loss).reshape(())))
         parts.append((dict(metrics or {}), int(mask[a:b].sum())))
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-            ev.problems.append(f"gradient: the loss has no autograd graph (requires_grad=False): no gradient "
-                               f"reaches {grad_key}")
+            ev.problems.append(problem_clause("missing gradient", f"gradient: the loss has no autograd graph (requires_grad=False): no gradient "
+                               f"reaches {grad_key}"))
             grad = None
             continue
         call_engine(f"{op} backward", loss.backward)
         if t[grad_key].grad is None:
-            ev.problems.append(f"gradient: backward ran but no gradient reached {grad_key}")
+            ev.problems.append(problem_clause("missing gradient", f"gradient: backward ran but no gradient reached {grad_key}"))
             grad = None
         elif grad is not None:
             grad[a:b] = as_numpy(t[grad_key].grad)

@@ -37,6 +37,7 @@ from rlconform.harness.core.opinfo import (
 )
 from rlconform.harness.core.tensors import as_numpy, to_tensor
 from rlconform.reference.exact_sum import exact_sum
+from rlconform.harness.core.failure import problem as problem_clause
 
 PARTITION_DTYPES = ("float32", "float64", "bfloat16")
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
@@ -158,12 +159,12 @@ def run_agg_loss(agg: AggLoss, loss: torch.Tensor, mask: torch.Tensor, mode: str
             g = None
             if grad:
                 if not isinstance(v, torch.Tensor) or not v.requires_grad:
-                    problems.append("gradient: a micro-batch's loss has no autograd graph (requires_grad=False): "
-                                    "no gradient reaches the per-token loss")
+                    problems.append(problem_clause("missing gradient", "gradient: a micro-batch's loss has no autograd graph (requires_grad=False): "
+                                    "no gradient reaches the per-token loss"))
                 else:
                     call_engine("agg_loss backward", _backward64, v)
                     if rows.grad is None:
-                        problems.append("gradient: backward ran but no gradient reached the per-token loss")
+                        problems.append(problem_clause("missing gradient", "gradient: backward ran but no gradient reached the per-token loss"))
                     else:
                         g = rows.grad.detach().to(torch.float64).numpy()
             rank_grads.append(g)

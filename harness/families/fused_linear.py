@@ -35,6 +35,7 @@ from rlconform.harness.core.guards import InputGuard
 from rlconform.harness.core.opinfo import (FINITE, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, implementation_regimes,
                                            reference_function, split_regime)
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
+from rlconform.harness.core.failure import problem as problem_clause
 
 NAME = "fused_linear_token_stats"
 #: float32 and float64 only: in float16 / bfloat16 the logits are an intermediate that every implementation
@@ -111,14 +112,14 @@ def _backward(out, leaves, g_lp, g_ent, ev: Evaluation, binding) -> bool:
     if NAME in binding.forward_only:
         return False
     if not all(isinstance(o, torch.Tensor) and o.requires_grad for o in out):
-        ev.problems.append("gradient: an output has no autograd graph (requires_grad=False): no gradient reaches "
-                           "the hidden states or the weight")
+        ev.problems.append(problem_clause("missing gradient", "gradient: an output has no autograd graph (requires_grad=False): no gradient reaches "
+                           "the hidden states or the weight"))
         return False
     # the engine's backward is an engine call (recorded for the referee, issue 22 §1)
     call_engine(f"{NAME} backward", _backprop, out[0], out[1], g_lp, g_ent)
     missing = [name for name, leaf in zip(("hidden", "weight"), leaves) if leaf.grad is None]
     if missing:
-        ev.problems.append(f"gradient: backward ran but no gradient reached {' and '.join(missing)}")
+        ev.problems.append(problem_clause("missing gradient", f"gradient: backward ran but no gradient reached {' and '.join(missing)}"))
         return False
     return True
 
@@ -166,7 +167,7 @@ def evaluate(binding, case) -> Evaluation:
             crashes.append((rank, tuple(h.shape), exc))
             continue
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            ev.problems.append(f"value: the engine returned {type(out).__name__}, expected (logprobs, entropy)")
+            ev.problems.append(problem_clause("missing output", f"value: the engine returned {type(out).__name__}, expected (logprobs, entropy)"))
             return ev
         bad = [shape_problem(f"{name} (rank {rank})", as_numpy(o), batch) for name, o in zip(OUTPUTS, out)]
         if any(bad):

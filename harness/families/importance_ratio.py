@@ -57,6 +57,7 @@ from rlconform.harness.core.opinfo import (
     variant_regime,
 )
 from rlconform.harness.core.tensors import as_numpy, out_dtype, to_tensor
+from rlconform.harness.core.failure import problem as problem_clause
 
 #: catalog variant -> keyword arguments of :func:`rlconform.reference.importance_ratio`
 VARIANTS = {
@@ -259,12 +260,12 @@ def _run(binding, fn, lp64, old64, mask, dtype, label, refs, fa, ev) -> list[Com
     if "importance_ratio" in getattr(binding, "detached", ()):
         return res + _detached_problem(out, lp, m, label, ev)
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
-        ev.problems.append(f"{label}gradient: the ratio has no autograd graph: no gradient reaches log_prob "
-                           "(bind the op forward_only if the engine detaches it by design)")
+        ev.problems.append(problem_clause("missing gradient", f"{label}gradient: the ratio has no autograd graph: no gradient reaches log_prob "
+                           "(bind the op forward_only if the engine detaches it by design)"))
         return res
     call_engine("importance_ratio backward", out.backward, m.to(out.dtype))
     if lp.grad is None:
-        ev.problems.append(f"{label}gradient: backward ran but no gradient reached log_prob")
+        ev.problems.append(problem_clause("missing gradient", f"{label}gradient: backward ran but no gradient reached log_prob"))
         return res
     res.append(Compared(f"{label}gradient w.r.t. log_prob", as_numpy(lp.grad), refs[1], S.round_to(fa[1], odt),
                         odt, "pipeline", only_where=mask))

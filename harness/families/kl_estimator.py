@@ -31,6 +31,7 @@ from rlconform.harness.core.opinfo import (
     variant_regime,
 )
 from rlconform.harness.core.tensors import as_numpy, out_dtype, to_tensor
+from rlconform.harness.core.failure import problem as problem_clause
 
 MODES = tuple(R.KL_ESTIMATORS)
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
@@ -138,11 +139,11 @@ def _run(fn, lp64, ref64, mask, dtype, label, refs, ev) -> list[Compared]:
     res = [Compared(f"{label}value", as_numpy(out), mode_ref[0], S.round_to(mode_ref[0], odt), odt, "pipeline",
                     only_where=mask)]
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
-        ev.problems.append(f"{label}gradient: the estimate has no autograd graph: no gradient reaches logprob")
+        ev.problems.append(problem_clause("missing gradient", f"{label}gradient: the estimate has no autograd graph: no gradient reaches logprob"))
         return res
     call_engine("kl_estimator backward", out.backward, m.to(out.dtype))
     if lp.grad is None:
-        ev.problems.append(f"{label}gradient: backward ran but no gradient reached logprob")
+        ev.problems.append(problem_clause("missing gradient", f"{label}gradient: backward ran but no gradient reached logprob"))
         return res
     res.append(Compared(f"{label}gradient w.r.t. logprob", as_numpy(lp.grad), mode_ref[1],
                         S.round_to(mode_ref[1], odt), odt, "pipeline", only_where=mask))

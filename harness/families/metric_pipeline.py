@@ -33,6 +33,7 @@ from rlconform.harness.core.opinfo import (
     MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, PARTITION_INVARIANT, OpInfo, reference_function,
 )
 from rlconform.harness.core.tensors import as_numpy, to_tensor
+from rlconform.harness.core.failure import problem as problem_clause
 
 PARTITION_REGIMES = {"imbalanced_partitions": ("float32", "float64", "bfloat16")}
 REGIMES = dict(PARTITION_REGIMES, real_shapes=("float32", "bfloat16"))
@@ -123,7 +124,7 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
     out = []
     for stat, key in mp.stats.items():
         if key not in final:
-            ev.problems.append(f"{key} ({stat}) missing from the final dict {sorted(final)} ({label})")
+            ev.problems.append(problem_clause("lost metric", f"{key} ({stat}) missing from the final dict {sorted(final)} ({label})"))
             continue
         got = as_numpy(final[key])
         if got.size != 1:

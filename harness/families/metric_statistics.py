@@ -46,6 +46,7 @@ from rlconform.harness.core.opinfo import (
 )
 from rlconform.harness.core.profiles import ExampleCap
 from rlconform.harness.core.tensors import as_numpy, to_tensor
+from rlconform.harness.core.failure import problem as problem_clause
 
 #: the statistics every binding of the op maps (reference.metric_statistics' keys)
 STATISTICS = ("mean", "min", "max", "sum", "count", "len_mean", "len_min", "len_max", "n_seq")
@@ -177,7 +178,7 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
         if isinstance(r, float) and math.isnan(r):
             continue  # no unmasked token: mean / min / max undefined
         if key not in final:
-            ev.problems.append(f"{key} ({stat}) missing from the final dict {sorted(final)} ({label})")
+            ev.problems.append(problem_clause("lost metric", f"{key} ({stat}) missing from the final dict {sorted(final)} ({label})"))
             continue
         try:
             got = np.asarray(as_numpy(final[key]), dtype=np.float64)

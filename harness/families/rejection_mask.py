@@ -71,6 +71,7 @@ from rlconform.harness.core.tensors import as_numpy, to_tensor
 from rlconform.harness.core.triggers import failing_labels
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families import _log_ratio as L
+from rlconform.harness.core.failure import problem as problem_clause
 
 OP = "rollout_rejection_mask"
 #: catalog variant -> the reference's options (level, estimator, lower, upper), ANDed
@@ -320,7 +321,7 @@ def _call(fn, lp64, old64, mask, dtype, ev, label):
     lp, old = to_tensor(lp64, dtype), to_tensor(old64, dtype)
     out = call_engine(OP, fn, lp, old, torch.from_numpy(mask.copy()))
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
-        ev.problems.append(f"{label}the engine returned {type(out).__name__}, expected (kept mask, metrics dict)")
+        ev.problems.append(problem_clause("missing output", f"{label}the engine returned {type(out).__name__}, expected (kept mask, metrics dict)"))
         return None
     kept = np.asarray(as_numpy(out[0]), dtype=np.float64)
     problem = shape_problem(f"{label}kept mask", kept, mask.shape)

@@ -45,6 +45,7 @@ from rlconform.harness.core.opinfo import (
 from rlconform.harness.core.profiles import profile_regimes
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 from rlconform.harness.core.tolerance import compare
+from rlconform.harness.core.failure import problem as problem_clause
 
 #: Logits regimes (see :func:`rlconform.harness.core.strategies.logits`), with the dtypes each applies to.
 LOGITS_REGIMES = {
@@ -226,10 +227,10 @@ def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev:
     if not op.differentiable or op.name in binding.forward_only:
         return False
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
-        ev.problems.append(
+        ev.problems.append(problem_clause("missing gradient", 
             f"gradient: the engine's output has no autograd graph (requires_grad=False): no gradient reaches "
             f"the logits, so a loss built on it would not train; if no gradient is part of the engine's "
-            f"contract, bind it with Binding(forward_only={{{op.name!r}}})")
+            f"contract, bind it with Binding(forward_only={{{op.name!r}}})"))
         return False
     try:  # the engine's backward is an engine call (recorded for the referee, issue 22 §1)
         call_engine(f"{op.name} backward", _backprop, out, grad_out,
@@ -241,7 +242,7 @@ def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev:
             return False
         raise
     if leaf_or_none is not None and leaf_or_none.grad is None:
-        ev.problems.append("gradient: backward ran but no gradient reached the logits (the graph is cut)")
+        ev.problems.append(problem_clause("missing gradient", "gradient: backward ran but no gradient reached the logits (the graph is cut)"))
         return False
     return True
 

@@ -90,6 +90,23 @@ def texts(finding: dict, *kinds: str) -> list[str]:
     return [c.text for c in of_kind(finding, *kinds)]
 
 
+def problems(finding: dict) -> set[str]:
+    """What the finding's clauses say is absent (:data:`rlconform.harness.core.failure.PROBLEMS`): their
+    ``what``; for a clause written before it carried one, read from its sentence
+    (:func:`rlconform.harness.report.legacy_failure.what_of`)."""
+    from rlconform.harness.report.legacy_failure import what_of
+
+    out = set()
+    for c in clauses(finding):
+        if c.what:
+            out.add(c.what)
+        elif c.kind in ("problem", "metric"):
+            found = what_of(c.text)
+            if found:
+                out.add(found)
+    return out
+
+
 def parts_of(c: Clause) -> int:
     """How many parts (micro-batches, shards, DP ranks) the run of ``c`` was split into (0: unknown)."""
     nnz = (c.layout or {}).get("nnz")

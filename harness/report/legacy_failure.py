@@ -69,8 +69,20 @@ def clauses_from_message(message: str, prop: str | None = None) -> list[Clause]:
                               text=line))
             continue
         kind = "mutation" if prop == "non_destructive" or _MUTATION.search(line) and prop is None else "problem"
-        out.append(Clause(kind, text=line))
+        out.append(Clause(kind, text=line, what=what_of(line) if kind == "problem" else ""))
     return out
+
+
+#: how an older clause's sentence says what is absent (:data:`rlconform.harness.core.failure.PROBLEMS`)
+_PROBLEM_WORDS = (("missing gradient", ("no autograd graph", "no gradient")),
+                  ("missing output", ("the engine returned shape", "nothing to compare")),
+                  ("lost metric", ("missing from the final dict",)))
+
+
+def what_of(text: str) -> str:
+    """What an older problem sentence says is absent, or ``""``."""
+    low = (text or "").lower()
+    return next((what for what, words in _PROBLEM_WORDS if any(w in low for w in words)), "")
 
 
 def crash_from_message(message: str) -> dict | None:

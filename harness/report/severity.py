@@ -303,7 +303,7 @@ def is_metric(finding: dict) -> bool:
     """Whether the failing values are a logged metric (see the module table, ``logging``)."""
     if finding.get("op") in METRIC_OPS or finding.get("property") == "metric_integrity":
         return True
-    if any("missing from the final dict" in t for t in F.texts(finding)):
+    if "lost metric" in F.problems(finding):
         return True
     compared = F.of_kind(finding, "value", "difference")
     return bool(compared) and all(c.quantity == "metric" for c in compared)
@@ -312,8 +312,7 @@ def is_metric(finding: dict) -> bool:
 def _impact(finding: dict) -> tuple[str | None, str]:
     """Severity by impact before the dtype gate."""
     status = outcome(finding)
-    said = [t for t in F.texts(finding)]
-    low = "\n".join(said).lower()
+    low = "\n".join(F.texts(finding, "mutation")).lower()
     prop = finding.get("property")
     if status == "unavailable":
         return "robustness", "the op could not be loaded"
@@ -331,11 +330,12 @@ def _impact(finding: dict) -> tuple[str | None, str]:
         return "robustness", f"{nf} where the exact value is finite"
     metric = is_metric(finding)
     target = "logging" if metric else "training"
-    if "no autograd graph" in low or "no gradient" in low:
+    absent = F.problems(finding)
+    if "missing gradient" in absent:
         return "training", "a gradient the contract requires is missing"
-    if "the engine returned shape" in low or "nothing to compare" in low:
+    if "missing output" in absent:
         return target, "an output is missing or has the wrong shape"
-    if prop == "metric_integrity" or "missing from the final dict" in low:
+    if prop == "metric_integrity" or "lost metric" in absent:
         return "logging", "a metric is lost or malformed on its way to the final dict"
     why = _wrong_value(finding)
     if why:

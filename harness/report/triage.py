@@ -118,7 +118,7 @@ def kind(finding: dict) -> str:
     from rlconform.harness.report.severity import crash_type, nonfinite_where_finite
 
     status, prop = outcome(finding), finding.get("property")
-    low = "\n".join(F.texts(finding)).lower()
+    low = "\n".join(F.texts(finding, "mutation")).lower()
     if status == "crash":
         return f"crash:{crash_type(finding)}"
     contract = contract_crash_type(finding)
@@ -126,10 +126,11 @@ def kind(finding: dict) -> str:
         return f"crash:{contract}"
     if status == "unavailable":
         return "unavailable"
-    if "no autograd graph" in low or "no gradient" in low:
+    absent = F.problems(finding)
+    if "missing gradient" in absent:
         return "missing gradient"
-    if ("the engine returned shape" in low or "nothing to compare" in low or prop == "metric_integrity"
-            or "missing from the final dict" in low):  # a metric lost on its way, whatever property saw it
+    if "missing output" in absent or "lost metric" in absent or prop == "metric_integrity":
+        # a metric lost on its way, whatever property saw it
         return "missing output"
     if prop == "non_destructive":
         return "mutation" if "mutated" in low else "in-place on saved"
