@@ -469,16 +469,18 @@ def evaluate_dp_metric(binding: Binding, case: Case) -> Evaluation:
     shown = range(world) if prop == MATCHES_REFERENCE else range(1)
     for rank in shown:
         ev.values.append(Compared(f"{layout.name}: DP rank {rank}, tokens per DP rank {nnz(splits[0])}",
-                                  _scalar(results[rank][0]["out"], ev), ref, faithful, out_dtype, "pipeline"))
+                                  _scalar(results[rank][0]["out"], ev), ref, faithful, out_dtype, "pipeline",
+                                  quantity="metric", layout=_dp_layout(nnz(splits[0]))))
     if prop == PARTITION_INVARIANT:
         ev.base_label = f"tokens per DP rank {nnz(splits[0])}"
         for i in range(1, len(splits)):
             label = f"tokens per DP rank {nnz(splits[i])}"
             ev.alternatives.append((label, [Compared(label, _scalar(results[0][i]["out"], ev), ref, faithful,
-                                                     out_dtype, "pipeline")]))
+                                                     out_dtype, "pipeline", quantity="metric",
+                                                     layout=_dp_layout(nnz(splits[i])))]))
         ev.alternatives.append(("unsharded (DP = 1)", [Compared("unsharded (DP = 1)",
                                                                 _scalar(results[0][len(splits)]["out"], ev), ref,
-                                                                faithful, out_dtype, "pipeline")]))
+                                                                faithful, out_dtype, "pipeline", quantity="metric")]))
     return ev
 
 
@@ -565,6 +567,14 @@ def evaluate_dp_whiten(binding: Binding, case: Case) -> Evaluation:
     if prop == MASK_INVARIANT:
         ev.alternatives.append((runs[1][0], assembled(1, partitions[0], runs[1][0])))
     return ev
+
+
+def _dp_layout(tokens) -> dict | None:
+    """The layout record of a run split over DP ranks (:mod:`rlconform.harness.core.failure`): tokens per rank."""
+    try:
+        return {"parts": "DP ranks", "nnz": [int(n) for n in tokens]}
+    except (TypeError, ValueError):
+        return None
 
 
 def _scalar(out, ev: Evaluation) -> np.ndarray:

@@ -131,7 +131,7 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
             ev.problems.append(f"{key} ({stat}) is not a scalar: shape {got.shape} ({label})")
             continue
         out.append(Compared(f"{key} ({stat}), {label}", got.reshape(()), np.float64(ref[stat]),
-                            as_numpy(fa[stat]), dtype, "pipeline"))
+                            as_numpy(fa[stat]), dtype, "pipeline", quantity="metric"))
     return out
 
 

@@ -191,7 +191,7 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
         exact = stat in COUNT_STATISTICS
         out.append(Compared(f"{key} ({stat}), {label}", got.reshape(()), np.float64(r),
                             None if exact else as_numpy(fa[stat]), "float64" if exact else dtype, "pipeline",
-                            resolution=RESOLUTION.get(stat)))
+                            resolution=RESOLUTION.get(stat), quantity="metric"))
     return out
 
 
