@@ -19,6 +19,7 @@ in a terminal reaches the whole process group, and only the controller acts on i
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 __all__ = ["check", "engine_raised", "ignore_sigint", "install", "installed", "received", "reset", "uninstall"]
@@ -27,6 +28,16 @@ _received: list[int] = []
 _previous: dict[int, object] = {}
 _ignoring: list[bool] = []
 _checked: list[bool] = []
+_hook: list = []  # the unraisable hook install() found (one entry while installed)
+
+
+def _unraisable(info) -> None:
+    """An interrupt raised where exceptions are ignored (a gc callback) is recorded and re-raised at the next
+    :func:`check`: Python's "Exception ignored … KeyboardInterrupt" report of it is not printed. Anything else
+    goes to the hook that was in place."""
+    if isinstance(info.exc_value, KeyboardInterrupt) and _received:
+        return
+    (_hook[0] if _hook else sys.__unraisablehook__)(info)
 
 
 def _handler(signum, frame):
@@ -44,6 +55,9 @@ def install(signals=(signal.SIGINT, signal.SIGTERM)) -> bool:
     for s in signals:
         _previous[s] = signal.getsignal(s)
         signal.signal(s, _handler)
+    if not _hook:
+        _hook.append(sys.unraisablehook)
+        sys.unraisablehook = _unraisable
     return True
 
 
@@ -54,6 +68,8 @@ def uninstall() -> None:
     for s, h in list(_previous.items()):
         signal.signal(s, h if h is not None else signal.SIG_DFL)
         del _previous[s]
+    if _hook:
+        sys.unraisablehook = _hook.pop()
 
 
 def installed() -> bool:
