@@ -49,8 +49,7 @@ class Outcome:
     """Result of one check: ``ok``; ``message`` (what failed, uniform wording); error measures of the
     worst compared element (``max_abs_err``, ``max_rel_err``, ``tolerance``) and ``ratio`` (error over
     tolerance; its margin band gives the :attr:`verdict`; the quantity ``rlconform fuzz``'s ``target()`` climbs);
-    ``declared``: the name of the binding's declared guard or precondition this example fell under (issue 20
-    §2), or None; ``clauses``: what failed, as data (:class:`rlconform.harness.core.failure.Clause`), of which
+    ``declared``: the name of the binding's declared guard or precondition this example fell under, or None; ``clauses``: what failed, as data (:class:`rlconform.harness.core.failure.Clause`), of which
     a failing outcome's ``message`` is the rendering."""
 
     ok: bool

@@ -58,7 +58,7 @@ def _controller_state():
 
 
 def _silence_pytest(config) -> None:
-    """``rlconform check`` without ``-v`` (issue 26 §7): pytest's and xdist's own lines (progress letters,
+    """``rlconform check`` without ``-v``: pytest's and xdist's own lines (progress letters,
     "bringing up nodes", "18 failed … 54 skipped") are not printed; rlconform's summary and the
     progress line of :func:`_progress` speak instead."""
     tr = config.pluginmanager.get_plugin("terminalreporter")
@@ -125,7 +125,7 @@ def pytest_runtest_logreport(report):
             if not isinstance(value, dict):
                 continue
             refereed = state.use_referee and state.referees
-            if refereed:  # the referee's verdicts stand (issue 22 §1)
+            if refereed:  # the referee's verdicts stand
                 state.drain_referees()
             line = decide(value, listed=state.xfails, verdicts=state.verdicts if refereed else None,
                           ledger=state.ledger)
@@ -169,7 +169,7 @@ def _ledger_verdicts(state, recorded: set[str]) -> list[dict]:
 
 def _keep_case(state, finding: dict) -> None:
     """Keep the bytes of the finding's reproducer as they are when the finding arrives: the run's files are
-    written from this record once every engine process is gone (issue 22 §2)."""
+    written from this record once every engine process is gone."""
     rep = finding.get("reproducer") if isinstance(finding, dict) else None
     if not isinstance(rep, dict):
         return

@@ -97,7 +97,7 @@ def pytest_runtest_makereport(item, call):
     failure = None if passed else classify(exc)
     status = decider.observe(passed=passed, unavailable=rec.unavailable_detail is not None,
                              binding_error=rec.adapter_error is not None, failure=failure, max_ratio=rec.max_ratio)
-    if status == "binding_error":  # issue 23 §2: never an engine defect, never matched by the ledger
+    if status == "binding_error":  # never an engine defect, never matched by the ledger
         rec.message = rec.adapter_error
         tb = format_traceback(exc) if exc is not None else None
     elif status == "marginal":  # within the margin band: never red (the decider may list it)
@@ -115,7 +115,7 @@ def pytest_runtest_makereport(item, call):
     reproducer = rec.save_reproducer() if status in ("discrepancy", "crash", "marginal") else None
     finding = finding_entry(rec, params, status, tb, reproducer)
     finding["cost_s"] = round(float(getattr(report, "duration", 0.0) or 0.0), 3)  # what --shard balances
-    # --- root cause (issue 20 §1): the engine function, crash frame and trigger, read where the engine ran
+    # --- root cause: the engine function, crash frame and trigger, read where the engine ran
     from rlconform.harness.run import root_cause
 
     try:

@@ -51,7 +51,9 @@ from rlconform.harness.core import torch_state
 from rlconform.harness.catalog.binding import BindingError
 from rlconform.harness.core.opinfo import FINDING_ID
 from rlconform.harness.run.selection import selected_findings
-from rlconform.harness.run.plugin_state import CONTROLLER_STATE as _CONTROLLER_STATE, STATE_KEY, is_controller, is_worker
+from rlconform.harness.run.plugin_state import (  # noqa: F401 - STATE_KEY: where the state hangs
+    CONTROLLER_STATE as _CONTROLLER_STATE, STATE_KEY, is_controller, is_worker, state_of,
+)
 # the two halves' hooks and fixtures: pytest registers what this module holds
 from rlconform.harness.run.plugin_worker import (  # noqa: F401
     pytest_runtest_call, pytest_runtest_makereport, rlconform_binding, rlconform_finding, rlconform_state,
@@ -116,9 +118,6 @@ def argparse_suppress():
     return argparse.SUPPRESS
 
 
-_is_worker, _is_controller = is_worker, is_controller
-
-
 class _EngineInfo:
     """The engine as the controller knows it (from ``--rlconform-engine-meta``): data, no code."""
 
@@ -149,10 +148,10 @@ class State:
 
         opt = config.getoption
         self.config = config
-        self.worker = _is_worker(config)
+        self.worker = is_worker(config)
         if self.worker:  # before the engine loads: Ctrl-C is the controller's; a KeyboardInterrupt here the engine's
             interrupts.ignore_sigint()
-        self.controller = _is_controller(config)
+        self.controller = is_controller(config)
         self.referees: dict = {}  # controller: worker id -> its referee (issue 22 §1)
         from rlconform.harness.run.referee_verdicts import VerdictBook
 
@@ -369,7 +368,7 @@ def pytest_configure(config):
     if not config.getoption("rlconform_engine", None) and not os.environ.get("RLCONFORM_ENGINE") \
             and not config.getoption("rlconform_engine_meta", None):
         return
-    if not _is_worker(config):
+    if not is_worker(config):
         config._rlconform_own_handlers = interrupts.install()
     try:
         setattr(config, STATE_KEY, State(config))
@@ -388,7 +387,7 @@ def pytest_unconfigure(config):
 
 
 def _state(config) -> State | None:
-    return getattr(config, STATE_KEY, None)
+    return state_of(config)
 
 
 
