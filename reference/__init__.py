@@ -15,7 +15,8 @@ and the gradients w.r.t. both),
 mergeable global statistics), ``kl`` (kl_estimator), ``importance`` (importance_ratio),
 ``policy_loss`` (policy_loss and its variants), ``value_loss`` (the clipped critic loss); the last four
 with closed-form gradients w.r.t. the log-probs / values; ``rejection`` (rollout_rejection_mask and the
-rollout-correction diagnostics).
+rollout-correction diagnostics); ``policy_step`` (one policy-gradient step of a tiny embedding + LM-head model:
+loss, parameter gradients and metrics, composed from the above).
 """
 
 from .advantage import optimal_token_baseline
@@ -26,6 +27,7 @@ from .label_smoothing import smoothed_token_logprobs, smoothed_token_logprobs_gr
 from .loss_agg import LOSS_AGG_MODES, agg_loss, agg_loss_grad
 from .metrics import INTEGER_STATISTICS, metric_statistics, token_metrics
 from .policy_loss import POLICY_LOSS_VARIANTS, SumCount, policy_loss, policy_loss_grad
+from .policy_step import policy_step
 from .reductions import (
     ChanMoments,
     Moments,
@@ -107,6 +109,7 @@ __all__ = [
     "SumCount",
     "policy_loss",
     "policy_loss_grad",
+    "policy_step",
     "value_loss",
     "value_loss_grad",
     # rollout-correction rejection masks and diagnostics

@@ -14,11 +14,12 @@ import math
 import torch
 
 from rlconform.harness.core import faithful as F
-from rlconform.harness.catalog.binding import AggLoss, Binding, Implementation, MetricPipeline, Variants
+from rlconform.harness.catalog.binding import AggLoss, Binding, Implementation, MetricPipeline, PolicyStep, Variants
 from rlconform.harness.families import advantages as A
 from rlconform.harness.families import importance_ratio as _ir
 from rlconform.harness.families import kl_estimator as _kl
 from rlconform.harness.families import policy_loss as _pl
+from rlconform.harness.families import policy_step as _step
 from rlconform.harness.families import rejection_mask as _rs
 from rlconform.harness.families import value_loss as _vl
 
@@ -426,6 +427,7 @@ binding = Binding(
         "importance_ratio": _ir.reference_variants(),
         "rollout_rejection_mask": _rs.reference_variants(),
         "value_loss": _vl.reference_variants(),
+        "policy_step": PolicyStep(run=_step.fp32_step),
     },
     notes={"all": "dtype-faithful torch computations (rlconform.harness.core.faithful)",
            "kl_estimator": "the float64 reference as an autograd op, rounded to the input dtype",
@@ -434,6 +436,8 @@ binding = Binding(
            "importance_ratio": "the float64 reference as an autograd op, rounded to the input dtype",
            "rollout_rejection_mask": "the float64 reference (mask in the input dtype, metrics as Python floats)",
            "value_loss": "the float64 reference per micro-batch (each row's token sum weighted by the mini-batch's "
-                         "normaliser) as an autograd op, rounded to the input dtype; vf_clipfrac folded token-weighted"},
+                         "normaliser) as an autograd op, rounded to the input dtype; vf_clipfrac folded token-weighted",
+           "policy_step": "a plain float32 step (old log-probs without gradient, then one backward per micro-batch "
+                          "with the mini-batch's normaliser; metrics token-weighted over the mini-batch)"},
     implementations=IMPLEMENTATIONS,
 )

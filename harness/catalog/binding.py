@@ -39,8 +39,8 @@ from typing import Any, Callable, Mapping
 
 from rlconform.harness.catalog.ops import OPS
 from rlconform.harness.core.contracts import (  # noqa: F401 - re-exported: bindings import them from here
-    AggLoss, BatchInfo, BindingError, Implementation, LossVariants, MetricPipeline, OpUnavailable, VariantNotProvided,
-    Variants, signature_arity,
+    AggLoss, BatchInfo, BindingError, Implementation, LossVariants, MetricPipeline, OpUnavailable, PolicyStep,
+    VariantNotProvided, Variants, signature_arity,
 )
 from rlconform.harness.core.declared import Declared  # noqa: F401 - re-exported
 
@@ -56,6 +56,7 @@ __all__ = [
     "LossVariants",
     "MetricPipeline",
     "OpUnavailable",
+    "PolicyStep",
     "VariantNotProvided",
     "Variants",
 ]
@@ -369,6 +370,10 @@ def validate_impl(op: str, impl: Any, *, where: str = "binding") -> None:
     if info.kind == "metric_pipeline":
         if not isinstance(impl, MetricPipeline):
             raise BindingError(f"{where}: op 'metric_pipeline' must be a MetricPipeline, got {type(impl).__name__}")
+        return
+    if info.kind == "policy_step":
+        if not isinstance(impl, PolicyStep):
+            raise BindingError(f"{where}: op 'policy_step' must be a PolicyStep, got {type(impl).__name__}")
         return
     if info.variants:
         if not isinstance(impl, Variants):

@@ -286,9 +286,9 @@ _GENERIC_METHODS = frozenset(n for t in (list, dict, set, str, bytes, object) fo
 
 def _walk(root: Any, engine_roots: frozenset) -> _Reach:
     from rlconform.harness.catalog.binding import Lazy
-    from rlconform.harness.core.contracts import AggLoss, MetricPipeline, Variants
+    from rlconform.harness.core.contracts import AggLoss, MetricPipeline, PolicyStep, Variants
 
-    contract_types = (AggLoss, MetricPipeline, Variants, Lazy)
+    contract_types = (AggLoss, MetricPipeline, PolicyStep, Variants, Lazy)
     reach = _Reach()
     stack = [root]
     while stack:

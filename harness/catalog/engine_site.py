@@ -35,7 +35,7 @@ NOT_ENGINE = frozenset({"rlconform", "harness", "properties", "distributed_tests
                         "hypothesis", "builtins", "functools", "typing", "abc", "dataclasses", "collections",
                         "contextlib", "math", "_pytest", "pytest", "importlib", "tensordict", "omegaconf", "ray"})
 #: the parts of an Implementation / AggLoss / MetricPipeline searched for engine callables, in this order
-_PARTS = ("fn", "loss", "emit", "reduce_micro", "reduce_dp", "reduce_mini", "finalize")
+_PARTS = ("fn", "run", "loss", "emit", "reduce_micro", "reduce_dp", "reduce_mini", "finalize")
 
 
 def calls(engine_fn: Any, *more: Any) -> Callable[[Callable], Callable]:

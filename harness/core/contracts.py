@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 from rlconform.harness.core.opinfo import implemented_variant, split_variant
 
 __all__ = ["AggLoss", "BatchInfo", "BindingError", "Implementation", "LossVariants", "MetricPipeline",
-           "OpUnavailable", "VariantNotProvided", "Variants", "signature_arity"]
+           "OpUnavailable", "PolicyStep", "STEP_METRICS", "VariantNotProvided", "Variants", "signature_arity"]
 
 
 class BindingError(Exception):
@@ -42,6 +42,45 @@ class VariantNotProvided(Exception):
     def __init__(self, op: str, variant: str, engine: str):
         self.op, self.variant = op, variant
         super().__init__(f"engine {engine!r} does not provide variant {variant!r} of {op!r}")
+
+
+#: the metrics a policy step logs, by the catalog's names (:func:`rlconform.reference.policy_step`)
+STEP_METRICS = ("pg_loss", "entropy_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy")
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyStep:
+    """Binding of a trainer's policy-gradient step (op ``policy_step``): the engine's own worker code from the
+    trainer's batch to the gradient.
+
+    ``run(batch, params, old_params, knobs) -> dict`` is called once per step:
+
+    * ``batch``: the trainer's padded batch after rollout, CPU tensors: ``prompts`` ``[B, P]`` (left padded),
+      ``responses`` ``[B, R]`` (right padded), ``input_ids`` ``[B, P + R]``, ``attention_mask`` ``[B, P + R]``
+      (int64), ``position_ids`` ``[B, P + R]``, ``response_mask`` ``[B, R]`` (int64; 0 at padding and at interior
+      observation tokens), ``advantages`` ``[B, R]`` float32;
+    * ``params`` / ``old_params``: the current and the proximal policy's parameters (``{name: float32 tensor}``)
+      of :class:`rlconform.harness.core.tiny_lm.TinyLM`, which the binding builds (``TinyLM(params)``) and hands
+      to the engine as its model; the engine computes the old log-probs with the proximal model on its own
+      forward-only path and the update with the current one;
+    * ``knobs``: ``temperature`` (float), ``loss_agg_mode``, ``entropy_coeff``, ``micro_batch_size`` (rows per
+      micro-batch; it divides B), ``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c``; the whole batch
+      is one mini-batch (one optimizer step).
+
+    It returns ``{"old_log_probs": [B, R] tensor, "grads": {parameter name: tensor} (the gradient the optimizer
+    step would read, accumulated over the micro-batches), "metrics": {name: float}}`` with the metrics under
+    the catalog's names (:data:`STEP_METRICS`). ``modes``: the loss_agg_modes the engine's step supports.
+    ``transcribed``: the stand-ins (device, FSDP, collectives, optimizer) the binding puts around the engine's
+    code, shown on every finding of the op.
+    """
+
+    run: Callable[..., dict]
+    modes: Sequence[str] = ("token-mean", "seq-mean-token-mean")
+    transcribed: str | None = None
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(self.modes)
 
 
 @dataclasses.dataclass(frozen=True)

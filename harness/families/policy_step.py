@@ -1,0 +1,301 @@
+"""The policy-gradient step: how a trainer wires temperature, log-probs, masks, counts and the micro-batch loop.
+
+Canonical form: a :class:`~rlconform.harness.core.contracts.PolicyStep` (``run(batch, params, old_params, knobs)``).
+Each function of the step can be right while the step that wires them is wrong: the temperature divided
+twice or not on one path, the normaliser counted on another mask or scoped to a micro-batch, a metric folded
+from per-micro-batch means. The binding drives the engine's own worker code; the harness hands it a tiny real
+model (:class:`~rlconform.harness.core.tiny_lm.TinyLM`: embedding → LM head, logits an exact function of the parameters) and compares the
+old log-probs, the gradient with respect to the model's parameters and the logged metrics with the exact
+float64 step (:func:`rlconform.reference.policy_step`).
+
+Inputs, as a trainer's batch after rollout: prompts and responses of uneven length (left / right padding),
+rows cut at the maximum response length, interior observation tokens masked out of the loss (multi-turn),
+advantages per token, a temperature ≠ 1 (drawn), proximal (old) parameters that differ from the current ones
+(or equal them: on-policy), the entropy bonus on or off. Variants: ``loss_agg_mode``. Partitions: the
+mini-batch cut into micro-batches of every size that divides it. Checked on CPU in float32 only (the
+parameters and the logits are float32; CUDA autocast does nothing on CPU).
+
+Properties: ``matches_reference`` (old log-probs, parameter gradient, metrics); ``partition_invariant``
+(the same step under every other micro-batch size); ``mask_invariant`` (garbage in the advantages at masked
+positions and other token ids at padded positions leave the step unchanged).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+import rlconform.reference as R
+from rlconform.harness.core.contracts import STEP_METRICS, VariantNotProvided
+from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine
+from rlconform.harness.core.failure import problem as problem_clause
+from rlconform.harness.core.opinfo import (
+    MASK_INVARIANT, MATCHES_REFERENCE, PARTITION_INVARIANT, OpInfo, reference_function, split_regime, variant_regime,
+)
+from rlconform.harness.core.profiles import profile_regimes
+from rlconform.harness.core.tiny_lm import TinyLM
+from rlconform.harness.families import OpFamily
+
+MODES = ("token-mean", "seq-mean-token-mean")
+DATA = "trainer_batches"
+REGIMES = {variant_regime(mode, DATA): ("float32",) for mode in MODES}
+GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
+TEMPERATURES = (0.7, 1.0, 1.3, 0.6)
+CLIP = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}
+#: the old (proximal) parameters: the current ones plus this much noise (0: on-policy, ratio 1)
+OFF_POLICY = (0.3, 0.0, 0.05)
+
+OPS = (
+    OpInfo("policy_step", "policy_step", None, (MATCHES_REFERENCE, PARTITION_INVARIANT, MASK_INVARIANT), REGIMES,
+           reference_function("policy_step"),
+           source="one PPO step of a tiny embedding + LM-head model: old log-probs at the proximal parameters, "
+                  "the clipped loss and entropy bonus over the mini-batch, the parameter gradient and the logged "
+                  "metrics (verl workers/utils/losses.py ppo_loss; Schulman et al. 2017, arXiv:1707.06347)",
+           family="policy_step", variants=MODES, profile_regimes=profile_regimes(REGIMES)),
+)
+
+
+@st.composite
+def inputs(draw, mode: str):
+    """A trainer's batch (module doc) as NumPy arrays, the model's parameters and the step's knobs."""
+    rows = draw(st.sampled_from((2, 4, 3, 6)))
+    prompt_width = draw(st.integers(1, 3))
+    response_width = draw(st.integers(2, 5))
+    vocab = draw(st.integers(4, 9))
+    hidden = draw(st.integers(2, 4))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    prompt_len = [draw(st.integers(1, prompt_width)) for _ in range(rows)]
+    response_len = [draw(st.integers(1, response_width)) for _ in range(rows)]
+    response_len[draw(st.integers(0, rows - 1))] = response_width  # a row cut at the maximum length
+    width = prompt_width + response_width
+    attention = np.zeros((rows, width), np.int64)
+    for i in range(rows):
+        attention[i, prompt_width - prompt_len[i]: prompt_width + response_len[i]] = 1
+    input_ids = rng.integers(0, vocab, size=(rows, width)) * attention
+    response_mask = attention[:, prompt_width:].copy()
+    for i in range(rows):  # interior observation tokens (multi-turn): masked, still the model's input
+        if response_len[i] >= 3 and draw(st.booleans()):
+            a = draw(st.integers(1, response_len[i] - 2))
+            b = draw(st.integers(a + 1, response_len[i] - 1))
+            response_mask[i, a:b] = 0
+    per_row = draw(st.booleans())
+    adv = rng.normal(size=(rows, 1)) * np.ones((1, response_width)) if per_row else rng.normal(size=(rows, response_width))
+    embed = rng.normal(size=(vocab, hidden))
+    head = rng.normal(size=(vocab, hidden))
+    noise = draw(st.sampled_from(OFF_POLICY))
+    divisors = [d for d in range(1, rows + 1) if rows % d == 0]
+    micro = draw(st.sampled_from(divisors))
+    return {
+        "input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask,
+        "advantages": (adv * response_mask).astype(np.float32),
+        "embed": embed, "head": head,
+        "old_embed": embed + noise * rng.normal(size=embed.shape), "old_head": head + noise * rng.normal(size=head.shape),
+        "temperature": draw(st.sampled_from(TEMPERATURES)), "entropy_coeff": draw(st.sampled_from((0.0, 0.01))),
+        "mode": mode, "micro_batch_sizes": [micro] + [d for d in divisors if d != micro],
+        "garbage": draw(st.sampled_from(GARBAGE)), "seed": seed,
+    }
+
+
+def strategy(op: OpInfo, dtype: str, regime: str):
+    mode, _ = split_regime(regime)
+    return inputs(mode)
+
+
+def trainer_batch(inp: dict, advantages: np.ndarray | None = None, input_ids: np.ndarray | None = None) -> dict:
+    """The trainer's padded batch (:class:`~rlconform.harness.core.contracts.PolicyStep`) as CPU tensors."""
+    ids = torch.from_numpy(np.asarray(inp["input_ids"] if input_ids is None else input_ids, np.int64))
+    attention = torch.from_numpy(np.asarray(inp["attention_mask"], np.int64))
+    response_mask = torch.from_numpy(np.asarray(inp["response_mask"], np.int64))
+    width = response_mask.shape[1]
+    adv = inp["advantages"] if advantages is None else advantages
+    return {"prompts": ids[:, :-width].clone(), "responses": ids[:, -width:].clone(), "input_ids": ids,
+            "attention_mask": attention, "position_ids": (attention.cumsum(1) - 1).clamp(min=0),
+            "response_mask": response_mask, "advantages": torch.from_numpy(np.asarray(adv, np.float32))}
+
+
+def knobs(inp: dict, micro_batch_size: int) -> dict:
+    return {"temperature": float(inp["temperature"]), "loss_agg_mode": inp["mode"],
+            "entropy_coeff": float(inp["entropy_coeff"]), "micro_batch_size": int(micro_batch_size), **CLIP}
+
+
+def params(inp: dict, old: bool = False) -> dict:
+    """The model's float32 parameters (:data:`~rlconform.harness.core.tiny_lm.PARAMETERS`) as fresh tensors."""
+    prefix = "old_" if old else ""
+    return {"embed.weight": torch.tensor(np.asarray(inp[prefix + "embed"], np.float32)),
+            "head.weight": torch.tensor(np.asarray(inp[prefix + "head"], np.float32))}
+
+
+def run_step(step, inp: dict, micro_batch_size: int, **batch_changes) -> dict:
+    """One call of the engine's step with fresh parameters (its gradient starts from nothing)."""
+    return call_engine("policy_step.run", step.run, trainer_batch(inp, **batch_changes), params(inp),
+                       params(inp, old=True), knobs(inp, micro_batch_size))
+
+
+def faithful(inp: dict) -> dict:
+    """The step in float32 torch on the whole mini-batch at once (no micro-batches): the dtype-faithful values
+    whose distance from the float64 step sets the tolerance."""
+    return fp32_step(trainer_batch(inp), params(inp), params(inp, old=True), knobs(inp, len(inp["input_ids"])))
+
+
+# -- the float32 step the reference binding runs (and its mutants bend) ---------------------------------------
+
+def _log_probs(model, batch, temperature, times=1):
+    width = batch["responses"].shape[1]
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   position_ids=batch["position_ids"], use_cache=False).logits[:, -width - 1:-1, :]
+    for _ in range(times):
+        logits = logits / temperature
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    lp = logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    return lp, -(logp.exp() * logp).sum(-1)
+
+
+def _agg(x, m, mode, nnz, rows, multiply=False):
+    kept = x * m if multiply else torch.where(m, x, 0.0)
+    if mode == "token-mean":
+        return kept.sum() / nnz
+    return (kept.sum(1) / m.sum(1).clamp(min=1)).sum() / rows
+
+
+def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_temperature: bool = True,
+              micro_normaliser: bool = False, zero_masked_advantages: bool = True) -> dict:
+    """A plain float32 step of :class:`~rlconform.harness.core.tiny_lm.TinyLM`: old log-probs with ``old_params``
+    (no gradient), then the micro-batch loop (rows
+    ``[a, a + micro_batch_size)``) with the mini-batch's normaliser, one backward per micro-batch, gradients
+    accumulated; metrics token-weighted over the mini-batch. The keyword flaws are the mutants' (the reference
+    binding passes none): the current logits divided ``temperature_times`` times, the old path without
+    temperature, each micro-batch normalised by its own count, masked advantages kept (NaN · 0)."""
+    model, old_model = TinyLM(params), TinyLM(old_params)
+    T, mode, c_ent = kn["temperature"], kn["loss_agg_mode"], kn["entropy_coeff"]
+    lo, hi, cc = kn["clip_ratio_low"], kn["clip_ratio_high"], kn["clip_ratio_c"]
+    m_all = batch["response_mask"].bool()
+    with torch.no_grad():
+        old_lp, old_H = _log_probs(old_model, batch, T if old_temperature else 1.0)
+    rows, nnz = m_all.shape[0], m_all.sum()
+    model.zero_grad(set_to_none=True)
+    step = int(kn["micro_batch_size"])
+    totals = {"pg_loss": 0.0, "entropy_loss": 0.0, "clipped": 0.0, "clipped_lower": 0.0, "neg_log_ratio": 0.0}
+    for a in range(0, rows, step):
+        micro = {k: v[a:a + step] for k, v in batch.items()}
+        m = m_all[a:a + step]
+        adv = micro["advantages"]
+        if zero_masked_advantages:
+            adv = torch.where(m, adv, 0.0)
+        lp, H = _log_probs(model, micro, T, temperature_times)
+        log_ratio = lp - old_lp[a:a + step]
+        ratio = torch.exp(log_ratio)
+        l1, l2 = -adv * ratio, -adv * torch.clamp(ratio, 1 - lo, 1 + hi)
+        c1 = torch.maximum(l1, l2)
+        pg = torch.where(adv < 0, torch.minimum(-adv * cc, c1), c1)
+        n, r = (m.sum(), m.shape[0]) if micro_normaliser else (nnz, rows)
+        pg_part = _agg(pg, m, mode, n, r, multiply=not zero_masked_advantages)
+        h_part = _agg(H, m, mode, n, r)
+        (pg_part - c_ent * h_part).backward()
+        with torch.no_grad():
+            totals["pg_loss"] += float(pg_part)
+            totals["entropy_loss"] += float(h_part)
+            totals["clipped"] += float(torch.where(m, (l2 > l1).float(), 0.0).sum())
+            totals["clipped_lower"] += float(torch.where(m & (adv < 0), (c1 > -adv * cc).float(), 0.0).sum())
+            totals["neg_log_ratio"] += float(torch.where(m, -log_ratio, 0.0).sum())
+    count = float(nnz)
+    metrics = {"pg_loss": totals["pg_loss"], "entropy_loss": totals["entropy_loss"],
+               "pg_clipfrac": totals["clipped"] / count, "pg_clipfrac_lower": totals["clipped_lower"] / count,
+               "ppo_kl": totals["neg_log_ratio"] / count, "entropy": float(_agg(old_H, m_all, mode, nnz, rows))}
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    return {"old_log_probs": old_lp, "grads": grads, "metrics": metrics}
+
+
+# -- evaluation -------------------------------------------------------------------------------------------
+
+def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: Evaluation) -> tuple[list, list]:
+    values, grads = [], []
+    if not isinstance(out, dict):
+        ev.problems.append(problem_clause("missing output", f"the step returned {type(out).__name__}, not a dict "
+                                                            f"({label})"))
+        return values, grads
+    mask = np.asarray(inp["response_mask"], bool)
+    old = out.get("old_log_probs")
+    if old is None or tuple(np.shape(old)) != mask.shape:
+        ev.problems.append(problem_clause("missing output", f"old_log_probs: got shape {None if old is None else tuple(np.shape(old))}, "
+                                                            f"expected {mask.shape} ({label})"))
+    else:
+        values.append(Compared(f"old log-probs ({label})", _np(old), ref["old_log_probs"],
+                               _np(fa["old_log_probs"]), "float32", "token_stat", only_where=mask, layout=layout))
+    metrics = out.get("metrics") or {}
+    for name in STEP_METRICS:
+        if name not in metrics:
+            ev.problems.append(problem_clause("lost metric", f"metric {name} missing from the step's metrics "
+                                                             f"{sorted(metrics)} ({label})"))
+            continue
+        values.append(Compared(f"metric {name} ({label})", np.float64(float(metrics[name])),
+                               np.float64(ref["metrics"][name]), np.float64(fa["metrics"][name]), "float32",
+                               "pipeline", quantity="metric", layout=layout))
+    got = out.get("grads") or {}
+    for name, key in (("embed.weight", "grad_embed"), ("head.weight", "grad_head")):
+        g = got.get(name)
+        if g is None:
+            ev.problems.append(problem_clause("missing gradient", f"no gradient for {name} ({label})"))
+            continue
+        if tuple(np.shape(g)) != ref[key].shape:
+            ev.problems.append(problem_clause("missing output", f"gradient of {name}: shape {tuple(np.shape(g))}, "
+                                                                f"expected {ref[key].shape} ({label})"))
+            continue
+        grads.append(Compared(f"gradient of {name} ({label})", _np(g), ref[key], _np(fa["grads"][name]), "float32",
+                              "pipeline", quantity="gradient", layout=layout))
+    return values, grads
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().double().numpy() if isinstance(t, torch.Tensor) else np.asarray(t, np.float64)
+
+
+def _layout(inp: dict, micro: int) -> dict:
+    mask = np.asarray(inp["response_mask"], bool)
+    return {"parts": "micro-batches", "nnz": [int(mask[a:a + micro].sum()) for a in range(0, len(mask), micro)]}
+
+
+def _label(inp: dict, micro: int) -> str:
+    return (f"{inp['mode']}, temperature {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, "
+            f"micro-batches of {micro} rows (nnz {_layout(inp, micro)['nnz']})")
+
+
+def evaluate(binding, case) -> Evaluation:
+    step = binding.resolve("policy_step")
+    inp = case.inputs
+    if inp["mode"] not in step.modes:
+        raise VariantNotProvided("policy_step", inp["mode"], binding.name)
+    ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
+                        inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
+                        inp["input_ids"], inp["response_mask"], inp["advantages"],
+                        temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
+                        entropy_coeff=float(inp["entropy_coeff"]), **CLIP)
+    fa = faithful(inp)
+    micro_sizes = inp["micro_batch_sizes"]
+    ev = Evaluation()
+    base = micro_sizes[0]
+    out = run_step(step, inp, base)
+    ev.values, ev.gradients = _outputs(out, ref, fa, inp, _label(inp, base), _layout(inp, base), ev)
+    ev.base_label = _label(inp, base)
+    if case.property == PARTITION_INVARIANT:
+        for micro in micro_sizes[1:]:
+            out = run_step(step, inp, micro)
+            v, g = _outputs(out, ref, fa, inp, _label(inp, micro), _layout(inp, micro), ev)
+            ev.alternatives.append((_label(inp, micro), v + g))
+    elif case.property == MASK_INVARIANT:
+        garbage = float(inp["garbage"])
+        mask = np.asarray(inp["response_mask"], bool)
+        attention = np.asarray(inp["attention_mask"], bool)
+        vocab = inp["embed"].shape[0]
+        ids = np.where(attention, inp["input_ids"], (np.asarray(inp["input_ids"]) + 1) % vocab)
+        dirty = np.where(mask, inp["advantages"], np.float32(garbage)).astype(np.float32)
+        what = f"advantages at masked positions set to {garbage!r}, padded token ids changed"
+        out = run_step(step, inp, base, advantages=dirty, input_ids=ids)
+        v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base), ev)
+        ev.alternatives.append((what, v + g))
+    return ev
+
+
+FAMILY = OpFamily("policy_step", OPS, strategy, evaluate, order=95,
+                  doc="a trainer's policy-gradient step: old log-probs, loss, parameter gradient and metrics")

@@ -1,0 +1,103 @@
+"""One policy-gradient step of a tiny language model, exactly: from a trainer's padded batch to the loss,
+the gradient with respect to the model's parameters and the metrics the step logs.
+
+The model is an embedding ``E`` ``[V, H]`` followed by a linear LM head ``W`` ``[V, H]`` (no bias): the
+logits at a position are ``z = W·E[x] / τ`` (τ the sampling temperature), an exact function of the
+parameters, so every quantity below has a float64 value and a closed-form gradient.
+
+Layout (a trainer's batch after rollout): ``input_ids`` ``[B, P + R]`` holds each row's prompt right-aligned in
+the first ``P`` columns (left padding) and its response left-aligned in the last ``R`` (right padding);
+``attention_mask`` marks the real tokens; ``response_mask`` ``[B, R]`` marks the response tokens the loss
+counts (0 at padding and at interior observation tokens of a multi-turn row). Response token ``j`` of row ``i``
+is predicted by the logits at column ``P + j − 1``: its log-probability is ``log softmax(z)[x_{P+j}]``.
+
+The step (one mini-batch, one optimizer step; verl's ``ppo_loss``, Schulman et al. 2017, arXiv:1707.06347):
+
+* ℓ = log-probs at the current parameters, o = log-probs at the old parameters (``old_embed``,
+  ``old_head``: the proximal policy the trainer recomputes before the update), both at temperature τ;
+* loss = ``policy_loss(o, ℓ, A, m)`` − entropy_coeff · ``agg_loss(H, m)`` with H the entropy of softmax(z) at
+  the current parameters, aggregated over the whole mini-batch by ``loss_agg_mode``
+  (:func:`rlconform.reference.agg_loss`);
+* the gradient of that loss with respect to ``E`` and ``W`` (o is a constant);
+* metrics: ``pg_loss``, ``entropy_loss`` (the two terms), ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``
+  (token-weighted over the mini-batch, :func:`rlconform.reference.policy_loss`) and ``entropy`` (the old
+  path's entropy aggregated by ``loss_agg_mode``: what verl logs as ``actor/entropy``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._convert import as_float64, as_mask
+from .loss_agg import agg_loss, agg_loss_grad
+from .policy_loss import policy_loss, policy_loss_grad
+from .softmax_stats import entropy, entropy_grad, token_logprobs, token_logprobs_grad
+
+__all__ = ["policy_step", "step_positions"]
+
+
+def step_positions(input_ids, response_length: int):
+    """(context ids ``[B, R]``, label ids ``[B, R]``): the token whose logits predict each response position
+    (the column before it) and the response token itself. input_ids: integer ``[B, P + R]``."""
+    ids = np.asarray(input_ids, dtype=np.int64)
+    p = ids.shape[1] - response_length
+    if p < 1:
+        raise ValueError(f"the batch has no prompt column (width {ids.shape[1]}, response length {response_length})")
+    return ids[:, p - 1:-1], ids[:, p:]
+
+
+def _logits(embed, head, context, temperature):
+    return np.einsum("vh,brh->brv", head, embed[context]) / temperature
+
+
+def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, advantages, *, temperature: float,
+                loss_agg_mode: str = "token-mean", entropy_coeff: float = 0.0, clip_ratio_low: float = 0.2,
+                clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0) -> dict:
+    """The exact step (module doc). Returns a dict:
+
+    ``log_probs``, ``old_log_probs``, ``entropy``, ``old_entropy``: float64 ``[B, R]`` (every position; the
+    masked ones are what the model gives there); ``loss``: float; ``grad_embed``, ``grad_head``: float64
+    ``[V, H]``; ``metrics``: name -> float (module doc).
+
+    embed, head, old_embed, old_head: ``[V, H]`` real arrays; input_ids: integer ``[B, P + R]`` in ``[0, V)``;
+    response_mask: ``[B, R]`` bool / 0-1; advantages: ``[B, R]`` real (only unmasked positions are read);
+    temperature: τ > 0. loss_agg_mode, clip ratios: as :func:`rlconform.reference.policy_loss` (vanilla PPO
+    with dual clip).
+
+    Raises ValueError: shapes that do not match, τ ≤ 0, no unmasked token, and what
+    :func:`rlconform.reference.policy_loss` raises.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    E, W, E0, W0 = (as_float64(x, n) for x, n in ((embed, "embed"), (head, "head"), (old_embed, "old_embed"),
+                                                    (old_head, "old_head")))
+    if not (E.shape == W.shape == E0.shape == W0.shape) or E.ndim != 2:
+        raise ValueError(f"embed / head / old_embed / old_head must share one [V, H] shape: "
+                         f"{E.shape}, {W.shape}, {E0.shape}, {W0.shape}")
+    m = as_mask(response_mask, None, "response_mask")
+    A = np.where(m, as_float64(advantages, "advantages"), 0.0)
+    context, labels = step_positions(input_ids, m.shape[1])
+    if not m.any():
+        raise ValueError("the mini-batch has no unmasked response token: the step is undefined")
+    z = _logits(E, W, context, temperature)
+    z0 = _logits(E0, W0, context, temperature)
+    lp, old = token_logprobs(z, labels), token_logprobs(z0, labels)
+    H, H0 = entropy(z), entropy(z0)
+    params = dict(variant="vanilla", loss_agg_mode=loss_agg_mode, clip_ratio_low=clip_ratio_low,
+                  clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c)
+    pg_loss, pg_metrics = policy_loss(old, lp, A, m, **params)
+    entropy_loss = agg_loss(H, m, loss_agg_mode)
+    loss = pg_loss - entropy_coeff * entropy_loss
+    d_lp = policy_loss_grad(old, lp, A, m, **params)
+    d_H = -entropy_coeff * agg_loss_grad(H, m, loss_agg_mode)
+    d_z = token_logprobs_grad(z, labels, d_lp) + entropy_grad(z, d_H)  # [B, R, V]
+    d_z = d_z / temperature
+    hidden = E[context]  # [B, R, H]
+    grad_head = np.einsum("brv,brh->vh", d_z, hidden)
+    d_hidden = np.einsum("brv,vh->brh", d_z, W)
+    grad_embed = np.zeros_like(E)
+    np.add.at(grad_embed, context.reshape(-1), d_hidden.reshape(-1, E.shape[1]))
+    metrics = {"pg_loss": pg_loss, "entropy_loss": entropy_loss, "entropy": agg_loss(H0, m, loss_agg_mode)}
+    metrics.update({k: v.mean for k, v in pg_metrics.items()})
+    return {"log_probs": lp, "old_log_probs": old, "entropy": H, "old_entropy": H0, "loss": float(loss),
+            "grad_embed": grad_embed, "grad_head": grad_head, "metrics": metrics}
