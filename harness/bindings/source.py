@@ -84,9 +84,8 @@ def engine_function(module: str, qualname: str, importer: Callable[[str], types.
         return _CACHE[key]
     importer = importer or importlib.import_module
     path = module_file(module)
-    tree = ast.parse(path.read_text(), filename=str(path))
+    _, defs, imports = _parsed(module, path)
     head, _, method = qualname.partition(".")
-    defs = _definitions(tree)
     if head not in defs:
         raise AttributeError(f"module {module!r} ({path}) defines no {head!r}")
     node = defs[head]
@@ -98,7 +97,6 @@ def engine_function(module: str, qualname: str, importer: Callable[[str], types.
     node = _strip_decorators(node)
     code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec")
     namespace: dict[str, Any] = {"__name__": module, "__file__": str(path)}
-    imports = _imports(tree, module)
     for name in sorted(_code_names(code)):
         value = _resolve(name, module, imports, defs, importer)
         if value is not _MISSING:
@@ -109,6 +107,18 @@ def engine_function(module: str, qualname: str, importer: Callable[[str], types.
 
 
 _MISSING = object()
+_PARSED: dict[tuple[str, str, int], tuple[ast.Module, dict, dict]] = {}
+
+
+def _parsed(module: str, path: pathlib.Path) -> tuple[ast.Module, dict, dict]:
+    """(tree, top-level definitions, top-level imports) of ``module``'s file, parsed once per file version
+    (a module's functions resolve each other's names: without this, compiling one method of a 1600-line
+    module parsed it again for every name it reaches)."""
+    key = (module, str(path), path.stat().st_mtime_ns)
+    if key not in _PARSED:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        _PARSED[key] = (tree, _definitions(tree), _imports(tree, module))
+    return _PARSED[key]
 
 
 def _strip_decorators(node):

@@ -585,6 +585,13 @@ SAPO_AGG_MODES = {"sapo": "seq-mean-token-mean"}
 _METRIC_KEYS = {"pg_clipfrac": "pg_clipfrac", "ppo_kl": "ppo_kl", "pg_clipfrac_lower": "pg_clipfrac_lower"}
 
 
+def _policy_step():
+    """verl's trainer step from the batch to the gradient: :mod:`.verl_step`."""
+    from .verl_step import policy_step
+
+    return policy_step()
+
+
 def _policy_loss():
     """Every loss of ``core_algos.POLICY_LOSS_REGISTRY`` (read at run time): bound to its catalog variant,
     or listed unchecked (a fork's new entry shows up unchecked).
@@ -1552,6 +1559,7 @@ binding = Binding(
         "value_loss": Lazy(loader=_value_loss),
         "importance_ratio": Lazy(loader=_importance_ratio),
         "rollout_rejection_mask": Lazy(loader=_rollout_rejection_mask),
+        "policy_step": Lazy(loader=_policy_step),
     },
     # verl computes Σπ² for the optimal token baseline only, as a detached statistic (compute_log_prob):
     # its gradient is not part of the contract (vocab_parallel_sum_pi_squared's raw all_reduce would make
@@ -1621,6 +1629,10 @@ binding = Binding(
         "gae": "core_algos.compute_gae_advantage_return (gamma, lam as floats)",
         "masked_whiten": "verl.utils.torch_functional.masked_whiten (masked_mean with nnz + 1e-8; masked_var raises "
         "for nnz <= 1)",
+        "policy_step": "RayPPOTrainer._compute_old_log_prob -> ActorRolloutRefWorker.compute_log_prob -> "
+        "TrainingWorker.infer_batch -> FSDPEngine.forward_backward_batch (forward only) on the proximal model; "
+        "RayPPOTrainer._update_actor -> TrainingWorker.train_mini_batch -> forward_backward_batch -> "
+        "FSDPEngineWithLMHead.forward_step -> losses.ppo_loss; reduce_metrics (see verl_step.py)",
     },
 )
 

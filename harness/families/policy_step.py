@@ -43,6 +43,8 @@ REGIMES = {variant_regime(mode, DATA): ("float32",) for mode in MODES}
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
 TEMPERATURES = (0.7, 1.0, 1.3, 0.6)
 CLIP = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}
+#: metrics a step logs only when the entropy bonus is on
+OPTIONAL_METRICS = ("entropy_loss",)
 #: the old (proximal) parameters: the current ones plus this much noise (0: on-policy, ratio 1)
 OFF_POLICY = (0.3, 0.0, 0.05)
 
@@ -225,6 +227,8 @@ def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: 
                                _np(fa["old_log_probs"]), "float32", "token_stat", only_where=mask, layout=layout))
     metrics = out.get("metrics") or {}
     for name in STEP_METRICS:
+        if name not in metrics and name in OPTIONAL_METRICS and not inp["entropy_coeff"]:
+            continue  # no entropy bonus: a trainer need not compute (or log) the entropy term
         if name not in metrics:
             ev.problems.append(problem_clause("lost metric", f"metric {name} missing from the step's metrics "
                                                              f"{sorted(metrics)} ({label})"))

@@ -1,0 +1,199 @@
+"""verl's policy-gradient step (op ``policy_step``), driven through verl's own trainer and worker code.
+
+The path, as ``RayPPOTrainer.fit`` runs it for one batch (verl 0.9.1, the engine-worker path, FSDP engine),
+every function compiled from the installed source by :func:`.source.engine_function` (a fork's edit is what
+runs; the modules do not import on this CPU machine: ``peft``, ``uvicorn``, ray):
+
+1. ``batch.meta_info["temperature"]`` and ``["global_token_num"]`` set as ``fit`` sets them after generation;
+2. ``RayPPOTrainer._compute_old_log_prob`` → ``ActorRolloutRefWorker.compute_log_prob`` →
+   ``TrainingWorker.infer_batch`` → ``BaseEngine.infer_batch`` → ``FSDPEngine.forward_backward_batch``
+   (forward only) → ``FSDPEngineWithLMHead.forward_step`` / ``prepare_model_inputs`` /
+   ``prepare_model_outputs`` (temperature, remove-padding, log-probs, entropy) on the proximal model;
+   ``fit``'s ``actor/entropy`` (``core_algos.agg_loss`` of the old path's entropy) and the union into the batch;
+3. ``RayPPOTrainer._update_actor`` (``left_right_2_no_padding``: the loss mask; the mini-batch's sizes) →
+   ``ActorRolloutRefWorker.update_actor`` → ``TrainingWorker.train_mini_batch`` / ``train_batch`` /
+   ``_postprocess_output`` → ``BaseEngine.train_batch`` → ``FSDPEngine.forward_backward_batch`` (the token
+   count, ``prepare_micro_batches``, one backward per micro-batch) → ``forward_step`` → ``losses.ppo_loss``
+   (``partial(ppo_loss, config=ActorConfig)`` as ``ActorRolloutRefWorker.init_model`` builds it);
+4. ``reduce_metrics`` of the actor's metrics, as ``fit`` logs them.
+
+Stand-ins (:data:`TRANSCRIBED`, shown on every finding): the device (``get_device_id`` / ``get_device_name`` →
+"cpu"), FSDP (a plain module; gradient-sync deferral off), the engine's optimizer (``optimizer_zero_grad`` clears
+the gradients; ``optimizer_step`` records them and returns their norm: the gradient compared is the one before
+clipping and the update), the LR scheduler, the FLOPs counter (MFU 0), a DP group of one rank (DP size 1), no
+autocast (float32 parameters: CUDA autocast does nothing on CPU). Knobs left at verl's defaults and not drawn:
+``use_remove_padding`` True, ``use_dynamic_bsz`` False, the vanilla policy loss, no KL loss, no rollout
+correction, one PPO epoch, one mini-batch. The Megatron engine's step (``MegatronEngineWithLMHead``) is not
+driven: unchecked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+TRAINER = "verl.trainer.ppo.ray_trainer"
+ENGINE_WORKERS = "verl.workers.engine_workers"
+FSDP_IMPL = "verl.workers.engine.fsdp.transformer_impl"
+BASE_ENGINE = "verl.workers.engine.base"
+
+TRANSCRIBED = ("stand-ins around verl's own step code: device 'cpu' for get_device_id / get_device_name; a plain "
+               "module for FSDP (no gradient-sync deferral); optimizer_step records the accumulated gradient (before "
+               "clipping) and returns its norm; no LR scheduler; MFU 0; a DP group of one rank; no autocast "
+               "(float32). Not drawn: use_dynamic_bsz, KL loss, rollout correction, other policy losses, several "
+               "mini-batches or epochs; the Megatron engine's step is not driven")
+
+#: the step's metrics as verl logs them (after ``reduce_metrics``), by the catalog's names
+METRIC_KEYS = {"pg_loss": "actor/pg_loss", "entropy_loss": "actor/entropy_loss", "pg_clipfrac": "actor/pg_clipfrac",
+               "pg_clipfrac_lower": "actor/pg_clipfrac_lower", "ppo_kl": "actor/ppo_kl", "entropy": "actor/entropy"}
+
+_ENGINE_METHODS = ("FSDPEngine.forward_backward_batch", "FSDPEngine._get_packed_pad_size",
+                   "FSDPEngine._gather_and_unpad_packed", "FSDPEngineWithLMHead.prepare_model_inputs",
+                   "FSDPEngineWithLMHead.prepare_model_outputs", "FSDPEngineWithLMHead.forward_step")
+_WORKER_METHODS = ("TrainingWorker.train_mini_batch", "TrainingWorker.train_batch", "TrainingWorker.infer_batch",
+                   "TrainingWorker._postprocess_output")
+
+
+def _on_cpu(fn):
+    """``fn`` with verl's device lookups answering "cpu" (the device plumbing; nothing else of its globals)."""
+    cpu = {"get_device_id": lambda: "cpu", "get_device_name": lambda: "cpu"}
+    scope = dict(fn.__globals__)
+    scope.update({k: v for k, v in cpu.items() if k in fn.__code__.co_names})
+    return types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def _engine_class():
+    """A class whose step methods are verl's own (FSDP engine and its LM-head subclass, BaseEngine's
+    train_batch / infer_batch) and whose optimizer, modes and parallel groups are stand-ins."""
+    from .source import engine_function
+
+    methods = {q.split(".")[1]: _on_cpu(engine_function(FSDP_IMPL, q)) for q in _ENGINE_METHODS}
+    methods["_gradient_sync_context"] = contextlib.contextmanager(
+        engine_function(FSDP_IMPL, "FSDPEngine._gradient_sync_context"))
+    methods["train_batch"] = engine_function(BASE_ENGINE, "BaseEngine.train_batch")
+    methods["infer_batch"] = engine_function(BASE_ENGINE, "BaseEngine.infer_batch")
+
+    def optimizer_zero_grad(self):
+        self.module.zero_grad(set_to_none=True)
+
+    def optimizer_step(self):
+        import torch
+
+        grads = {name: p.grad.detach().clone() for name, p in self.module.named_parameters() if p.grad is not None}
+        self.captured.append(grads)
+        return torch.sqrt(sum((g.double() ** 2).sum() for g in grads.values())) if grads else torch.tensor(0.0)
+
+    methods.update(
+        optimizer_zero_grad=optimizer_zero_grad, optimizer_step=optimizer_step, lr_scheduler_step=lambda self: None,
+        get_data_parallel_group=lambda self: None, get_data_parallel_size=lambda self: 1,
+        get_data_parallel_rank=lambda self: 0, is_mp_src_rank_with_outputs=lambda self: True,
+        train_mode=lambda self, **kw: contextlib.nullcontext(), eval_mode=lambda self, **kw: contextlib.nullcontext())
+    return type("FSDPEngineWithLMHeadOnCPU", (), methods)
+
+
+def _engine_config(micro_batch_size: int):
+    return types.SimpleNamespace(
+        entropy_checkpointing=False, entropy_from_logits_with_chunking=False, entropy_from_logits_chunk_size=2048,
+        use_no_sync_for_gradient_accumulation=False, use_dynamic_bsz=False, max_token_len_per_gpu=16384,
+        infer_max_token_len_per_gpu=16384, micro_batch_size_per_gpu=micro_batch_size,
+        infer_micro_batch_size_per_gpu=micro_batch_size, use_fused_kernels=False, forward_only=False)
+
+
+def _actor_config(kn: dict, rows: int):
+    """verl's ``ActorConfig`` for the knobs (the fields this verl has), as ``ActorRolloutRefWorker.init_model``
+    hands it to ``ppo_loss``."""
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    from ._compat import accepted_keywords
+    from .verl import ACTOR_CONFIG, POLICY_LOSS_CONFIG
+
+    fields = {k: v for k, v in ACTOR_CONFIG.items() if k != "clip_ratio"}
+    fields.update(entropy_coeff=kn["entropy_coeff"], loss_agg_mode=kn["loss_agg_mode"],
+                  clip_ratio_low=kn["clip_ratio_low"], clip_ratio_high=kn["clip_ratio_high"],
+                  clip_ratio_c=kn["clip_ratio_c"], ppo_mini_batch_size=rows,
+                  ppo_micro_batch_size_per_gpu=kn["micro_batch_size"], use_dynamic_bsz=False)
+    loss = PolicyLossConfig(**accepted_keywords(PolicyLossConfig, {k: v for k, v in POLICY_LOSS_CONFIG.items()
+                                                                   if k != "loss_mode"}))
+    return ActorConfig(**accepted_keywords(ActorConfig, dict(fields, policy_loss=loss)))
+
+
+def policy_step():
+    """The :class:`~rlconform.harness.catalog.binding.PolicyStep` of verl (module doc). Raises
+    ``ModuleNotFoundError`` / ``AttributeError`` when the installed verl lacks a piece of the path (a binding
+    error of this op)."""
+    import functools
+
+    import torch
+    import verl.utils.torch_functional as verl_F
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.trainer.ppo.core_algos import agg_loss
+    from verl.utils.metric import reduce_metrics
+    from verl.workers.utils.losses import ppo_loss
+
+    from rlconform.harness.catalog.binding import PolicyStep
+    from rlconform.harness.catalog.engine_site import calls
+    from rlconform.harness.core.tiny_lm import TinyLM
+
+    from .source import engine_function
+    from .verl import _one_rank_group
+
+    compute_old_log_prob = engine_function(TRAINER, "RayPPOTrainer._compute_old_log_prob")
+    update_actor = engine_function(TRAINER, "RayPPOTrainer._update_actor")
+    worker_methods = {q.split(".")[1]: engine_function(ENGINE_WORKERS, q) for q in _WORKER_METHODS}
+    rollout_worker = {q: engine_function(ENGINE_WORKERS, f"ActorRolloutRefWorker.{q}")
+                      for q in ("compute_log_prob", "update_actor")}
+    engine_class = _engine_class()
+    worker_class = type("TrainingWorkerOnCPU", (), worker_methods)
+
+    def training_worker(params, kn, loss_fn):
+        engine = engine_class()
+        engine.module, engine.captured = TinyLM(params), []
+        engine.engine_config = _engine_config(kn["micro_batch_size"])
+        engine.ulysses_sequence_parallel_size, engine.use_ulysses_sp = 1, False
+        engine.pad_to_length, engine.pad_to_length_bucket = False, 1
+        engine.scaler, engine._autocast_dtype = None, torch.float32
+        engine.compute_entropy_from_logits = verl_F.entropy_from_logits
+        worker = worker_class()
+        worker.engine, worker.engine_config, worker.loss_fn = engine, engine.engine_config, loss_fn
+        worker.model_config = {"use_remove_padding": True}
+        worker.profiler = types.SimpleNamespace(step=lambda: None)
+        worker.device_name = "cpu"
+        worker.flops_counter = types.SimpleNamespace(estimate_flops=lambda *a, **k: (0.0, 1.0))
+        return worker
+
+    @calls(ppo_loss, compute_old_log_prob, update_actor)
+    def run(batch, params, old_params, kn):
+        rows = int(batch["input_ids"].shape[0])
+        loss_fn = functools.partial(ppo_loss, config=_actor_config(kn, rows))
+        old_actor = training_worker(old_params, kn, loss_fn)
+        actor = training_worker(params, kn, loss_fn)
+        wg = types.SimpleNamespace(
+            compute_log_prob=functools.partial(rollout_worker["compute_log_prob"], types.SimpleNamespace(actor=old_actor)),
+            update_actor=functools.partial(rollout_worker["update_actor"], types.SimpleNamespace(actor=actor)))
+        trainer = types.SimpleNamespace(actor_rollout_wg=wg, distillation_config=None, config=OmegaConf.create({
+            "actor_rollout_ref": {
+                "actor": {"calculate_entropy": False, "entropy_coeff": kn["entropy_coeff"], "ppo_mini_batch_size": rows,
+                          "ppo_epochs": 1, "data_loader_seed": 42, "shuffle": False,
+                          "loss_agg_mode": kn["loss_agg_mode"], "loss_scale_factor": None},
+                "rollout": {"n": 1, "temperature": kn["temperature"], "multi_turn": {"enable": False}}}}))
+        data = DataProto.from_dict(tensors={k: v.clone() for k, v in batch.items()},
+                                   meta_info={"temperature": kn["temperature"],  # fit, after generation
+                                              "global_token_num": batch["attention_mask"].sum(-1).tolist()})
+        with _one_rank_group(True):
+            # fit: old log-probs, actor/entropy of the old path, the union into the batch
+            old_log_prob, _ = compute_old_log_prob(trainer, data)
+            entropy = agg_loss(loss_mat=old_log_prob.batch["entropys"], loss_mask=data.batch["response_mask"],
+                               loss_agg_mode=kn["loss_agg_mode"], loss_scale_factor=None)
+            old_log_probs = old_log_prob.batch["old_log_probs"].clone()
+            old_log_prob.batch.pop("entropys")
+            data = data.union(old_log_prob)
+            actor_output = update_actor(trainer, data)
+        metrics = reduce_metrics(dict(actor_output.meta_info["metrics"]))
+        metrics["actor/entropy"] = entropy.detach().item()
+        if len(actor.engine.captured) != 1:
+            raise RuntimeError(f"the step made {len(actor.engine.captured)} optimizer steps, expected 1 (one mini-batch)")
+        return {"old_log_probs": old_log_probs, "grads": actor.engine.captured[0],
+                "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
+
+    return PolicyStep(run=run, modes=("token-mean", "seq-mean-token-mean"), transcribed=TRANSCRIBED)

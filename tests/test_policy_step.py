@@ -1,0 +1,126 @@
+"""The policy-step op: its float64 reference against an independent autograd computation, the float32
+reference engine against it, the canonical form's contract, and the tiny model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import find, given, settings
+
+import rlconform.reference as R
+from rlconform.harness.bindings.reference import binding as reference_binding
+from rlconform.harness.core.opinfo import MASK_INVARIANT, MATCHES_REFERENCE, PARTITION_INVARIANT
+from rlconform.harness.core.tiny_lm import TinyLM
+from rlconform.harness.families import policy_step as S
+from rlconform.properties import generic
+
+
+def _smallest(mode="token-mean"):
+    """The strategy's simplest input (deterministic)."""
+    return find(S.inputs(mode), lambda inp: True)
+
+
+def _autograd_step(inp):
+    """The step in float64 torch autograd (a second, independent derivation of the reference's gradient)."""
+    E = torch.tensor(inp["embed"].astype(np.float32).astype(np.float64), requires_grad=True)
+    W = torch.tensor(inp["head"].astype(np.float32).astype(np.float64), requires_grad=True)
+    E0 = torch.tensor(inp["old_embed"].astype(np.float32).astype(np.float64))
+    W0 = torch.tensor(inp["old_head"].astype(np.float32).astype(np.float64))
+    width = inp["response_mask"].shape[1]
+    ids = torch.tensor(inp["input_ids"])
+    ctx, lab = ids[:, -width - 1:-1], ids[:, -width:]
+    T = float(np.float32(inp["temperature"]))
+    z, z0 = E[ctx] @ W.T / T, E0[ctx] @ W0.T / T
+    lp = torch.log_softmax(z, -1).gather(-1, lab[..., None])[..., 0]
+    old = torch.log_softmax(z0, -1).gather(-1, lab[..., None])[..., 0]
+    m = torch.tensor(inp["response_mask"], dtype=torch.float64)
+    A = torch.tensor(inp["advantages"], dtype=torch.float64) * m
+    r = torch.exp(lp - old)
+    c1 = torch.maximum(-A * r, -A * r.clamp(0.8, 1.2))
+    pl = torch.where(A < 0, torch.minimum(-A * 3.0, c1), c1)
+    H = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+
+    def agg(x):
+        if inp["mode"] == "token-mean":
+            return (x * m).sum() / m.sum()
+        return ((x * m).sum(1) / m.sum(1)).mean()
+
+    loss = agg(pl) - inp["entropy_coeff"] * agg(H)
+    loss.backward()
+    return loss.item(), E.grad.numpy(), W.grad.numpy(), old.detach().numpy()
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(S.inputs("token-mean") | S.inputs("seq-mean-token-mean"))
+def test_the_reference_step_equals_float64_autograd(inp):
+    ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
+                        inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32), inp["input_ids"],
+                        inp["response_mask"], inp["advantages"], temperature=float(np.float32(inp["temperature"])),
+                        loss_agg_mode=inp["mode"], entropy_coeff=inp["entropy_coeff"], **S.CLIP)
+    loss, g_embed, g_head, old = _autograd_step(inp)
+    mask = inp["response_mask"].astype(bool)
+    assert ref["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-12)
+    np.testing.assert_allclose(ref["grad_embed"], g_embed, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(ref["grad_head"], g_head, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(ref["old_log_probs"][mask], old[mask], rtol=1e-12, atol=1e-12)
+
+
+def test_the_reference_step_raises_on_bad_input():
+    inp = _smallest()
+    args = (inp["embed"], inp["head"], inp["old_embed"], inp["old_head"], inp["input_ids"])
+    with pytest.raises(ValueError, match="temperature"):
+        R.policy_step(*args, inp["response_mask"], inp["advantages"], temperature=0.0)
+    with pytest.raises(ValueError, match="no unmasked"):
+        R.policy_step(*args, np.zeros_like(inp["response_mask"]), inp["advantages"], temperature=1.0)
+    with pytest.raises(ValueError, match=r"\[V, H\]"):
+        R.policy_step(inp["embed"], inp["head"][:, :1], inp["old_embed"], inp["old_head"], inp["input_ids"],
+                      inp["response_mask"], inp["advantages"], temperature=1.0)
+
+
+class _Case:
+    def __init__(self, inputs, prop):
+        self.inputs, self.property, self.dtype = inputs, prop, "float32"
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(S.inputs("token-mean") | S.inputs("seq-mean-token-mean"))
+def test_the_float32_reference_engine_passes_every_property(inp):
+    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference), (PARTITION_INVARIANT, generic.partition_invariant),
+                        (MASK_INVARIANT, generic.mask_invariant)):
+        ev = S.evaluate(reference_binding, _Case(inp, prop))
+        assert not ev.problems
+        assert len(ev.values) >= 6 and len(ev.gradients) == 2  # old log-probs, metrics; both parameters
+        outcome = judge(ev)
+        assert outcome.ok, (prop, outcome.messages if hasattr(outcome, "messages") else outcome)
+
+
+def test_a_step_that_loses_a_gradient_or_a_metric_is_a_problem():
+    from rlconform.harness.catalog.binding import PolicyStep
+
+    def forgetful(batch, params, old_params, knobs):
+        out = S.fp32_step(batch, params, old_params, knobs)
+        del out["grads"]["head.weight"], out["metrics"]["ppo_kl"]
+        return out
+
+    class Forgetful:
+        name = "forgetful"
+
+        @staticmethod
+        def resolve(op):
+            return PolicyStep(run=forgetful)
+
+    ev = S.evaluate(Forgetful, _Case(_smallest(), MATCHES_REFERENCE))
+    whats = sorted(p.what for p in ev.problems)
+    assert whats == ["lost metric", "missing gradient"], ev.problems
+
+
+def test_the_tiny_model_is_its_parameters():
+    embed, head = torch.randn(5, 3), torch.randn(5, 3)
+    model = TinyLM({"embed.weight": embed, "head.weight": head})
+    ids = torch.tensor([[0, 4, 2]])
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=None, use_cache=False).logits, embed[ids] @ head.T)
+    with pytest.raises(ValueError):
+        TinyLM({"embed.weight": embed, "head.weight": head[:, :2]})
+    with pytest.raises(KeyError):
+        TinyLM({"embed.weight": embed})

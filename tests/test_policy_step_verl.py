@@ -1,0 +1,90 @@
+"""verl's policy step is checked through verl's own code: a fork of the installed verl with a wiring mutant
+applied as a source edit (``--engine-path``) turns quantities red that the installed verl gets right.
+
+Two wiring mutants of the step, each a one-line edit a pull request could make:
+
+* **temperature twice**: ``FSDPEngineWithLMHead.prepare_model_outputs`` divides the logits by the temperature
+  again after ``_scale_logits_by_temperature`` (both the old and the current log-probs move);
+* **micro-batch normaliser**: ``losses.ppo_loss`` takes ``batch_num_tokens`` from the micro-batch's own response
+  mask instead of the mini-batch's count that ``forward_backward_batch`` all-reduced.
+
+The installed verl 0.9.1 fails ``policy_step.matches_reference`` too, but only on the ``pg_clipfrac`` / ``ppo_kl``
+metrics (a mean of per-micro-batch means); its old log-probs, its parameter gradient and its ``pg_loss`` pass.
+Each fork must add a failing clause on one of those.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.engines
+
+TEMPERATURE_TWICE = {"workers/engine/fsdp/transformer_impl.py": [(
+    "                logits_rmpad = _scale_logits_by_temperature(\n"
+    "                    logits_rmpad,\n"
+    "                    temperature_rmpad.unsqueeze(-1),\n"
+    "                    is_unit_temperature=temperature_is_one,\n"
+    "                )\n",
+    "                logits_rmpad = _scale_logits_by_temperature(\n"
+    "                    logits_rmpad,\n"
+    "                    temperature_rmpad.unsqueeze(-1),\n"
+    "                    is_unit_temperature=temperature_is_one,\n"
+    "                )\n"
+    "                logits_rmpad = logits_rmpad / temperature_rmpad.unsqueeze(-1)\n")]}
+MICRO_NORMALISER = {"workers/utils/losses.py": [(
+    '    config.global_batch_info["batch_num_tokens"] = data["batch_num_tokens"]\n',
+    '    config.global_batch_info["batch_num_tokens"] = data["response_mask"].sum().item()\n')]}
+#: examples per run: the draws put a temperature ≠ 1 and an uneven micro-batch split in the first few
+EXAMPLES = 8
+
+
+def _verl_dir() -> str:
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("verl is not installed (bash install/engines.sh .venv/bin/python verl)")
+    return list(spec.submodule_search_locations)[0]
+
+
+def _fork(root, edits) -> str:
+    shutil.copytree(_verl_dir(), root / "verl")
+    for rel, pairs in edits.items():
+        path = root / "verl" / rel
+        text = path.read_text()
+        for old, new in pairs:
+            assert text.count(old) == 1, f"verl's {rel} changed; update the mutant ({old.strip()[:60]!r})"
+            text = text.replace(old, new)
+        path.write_text(text)
+        for pyc in (path.parent / "__pycache__").glob(path.stem + ".*.pyc"):
+            pyc.unlink()
+    return str(root)
+
+
+def _failing_labels(out, *extra) -> list[str]:
+    args = [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "verl", "--op", "policy_step",
+            "--property", "matches_reference", "--regime", "token-mean@trainer_batches",
+            "--max-examples", str(EXAMPLES), "--max-shrinks", "0", "--out", str(out), "-q", *extra]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=1200)
+    assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
+    (finding,) = [f for f in json.loads((out / "report.json").read_text())["findings"] if f["op"] == "policy_step"]
+    return [c.get("label", "") for c in (finding.get("failure") or {}).get("clauses", [])]
+
+
+def _core(labels) -> list[str]:
+    return [label for label in labels if label.startswith(("old log-probs", "gradient of", "metric pg_loss"))]
+
+
+def test_wiring_mutants_of_verls_step_turn_its_core_quantities_red(tmp_path):
+    installed = _failing_labels(tmp_path / "installed")
+    assert installed and not _core(installed), installed  # only the per-micro-batch-mean metrics
+
+    twice = _failing_labels(tmp_path / "twice", "--engine-path", _fork(tmp_path / "verl-twice", TEMPERATURE_TWICE))
+    assert any(label.startswith("old log-probs") for label in twice), twice
+
+    micro = _failing_labels(tmp_path / "micro", "--engine-path", _fork(tmp_path / "verl-micro", MICRO_NORMALISER))
+    assert any(label.startswith(("gradient of", "metric pg_loss")) for label in micro), micro
