@@ -88,3 +88,21 @@ def test_wiring_mutants_of_verls_step_turn_its_core_quantities_red(tmp_path):
 
     micro = _failing_labels(tmp_path / "micro", "--engine-path", _fork(tmp_path / "verl-micro", MICRO_NORMALISER))
     assert any(label.startswith(("gradient of", "metric pg_loss")) for label in micro), micro
+
+
+def test_a_change_to_verls_worker_or_engine_code_selects_the_step():
+    """``--changed-since`` maps a change to the step's findings through every function of the step the
+    binding runs (each compiled method keeps its class's qualname, so a site names it as the diff does)."""
+    _verl_dir()
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.catalog.engine_site import op_sites
+
+    sites = op_sites(load_engine("verl"))["policy_step"]
+    named = {f"{s['file']}:{s['function']}" for prefix in sites.values() for s in prefix}
+    for expected in ("verl/workers/utils/losses.py:ppo_loss",
+                     "verl/trainer/ppo/ray_trainer.py:RayPPOTrainer._update_actor",
+                     "verl/trainer/ppo/ray_trainer.py:RayPPOTrainer._compute_old_log_prob",
+                     "verl/workers/engine_workers.py:TrainingWorker.train_mini_batch",
+                     "verl/workers/engine/fsdp/transformer_impl.py:FSDPEngine.forward_backward_batch",
+                     "verl/workers/engine/fsdp/transformer_impl.py:FSDPEngineWithLMHead.prepare_model_outputs"):
+        assert expected in named, sorted(named)

@@ -102,8 +102,11 @@ def engine_function(module: str, qualname: str, importer: Callable[[str], types.
         if value is not _MISSING:
             namespace[name] = value
     exec(code, namespace)
-    _CACHE[key] = namespace[node.name]
-    return namespace[node.name]
+    obj = namespace[node.name]
+    if method and hasattr(obj, "__qualname__"):
+        obj.__qualname__ = qualname  # as Python names it in its class (sites, --changed-since)
+    _CACHE[key] = obj
+    return obj
 
 
 _MISSING = object()

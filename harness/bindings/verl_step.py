@@ -59,7 +59,9 @@ def _on_cpu(fn):
     cpu = {"get_device_id": lambda: "cpu", "get_device_name": lambda: "cpu"}
     scope = dict(fn.__globals__)
     scope.update({k: v for k, v in cpu.items() if k in fn.__code__.co_names})
-    return types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    out = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    out.__qualname__, out.__module__ = fn.__qualname__, fn.__module__
+    return out
 
 
 def _engine_class():
@@ -162,7 +164,8 @@ def policy_step():
         worker.flops_counter = types.SimpleNamespace(estimate_flops=lambda *a, **k: (0.0, 1.0))
         return worker
 
-    @calls(ppo_loss, compute_old_log_prob, update_actor)
+    @calls(ppo_loss, compute_old_log_prob, update_actor, *rollout_worker.values(), *worker_methods.values(),
+           *(getattr(engine_class, q.split(".")[1]) for q in _ENGINE_METHODS))
     def run(batch, params, old_params, kn):
         rows = int(batch["input_ids"].shape[0])
         loss_fn = functools.partial(ppo_loss, config=_actor_config(kn, rows))

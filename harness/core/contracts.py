@@ -82,6 +82,17 @@ class PolicyStep:
     def variants(self) -> tuple[str, ...]:
         return tuple(self.modes)
 
+    @property
+    def agg_modes(self) -> dict[str, str]:
+        """Each variant is the loss_agg_mode the step hands the engine's aggregation (read as
+        :attr:`LossVariants.agg_modes` is: a step failing the way its aggregation fails joins the
+        aggregation's defect only when the aggregation fails in that mode)."""
+        return {mode: mode for mode in self.modes}
+
+    @property
+    def calls_agg_mode(self) -> str | None:
+        return self.modes[0] if self.modes else None
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchInfo:

@@ -355,8 +355,9 @@ def _fold(keys: dict, findings: dict) -> dict:
         variants: dict[tuple, set] = {}  # (key, trigger) -> the variants (of the callee's own op) failing so
         for fid, key in keys.items():
             triggers.setdefault(key, set()).add(trigger(findings[fid]))
-            variants.setdefault((key, trigger(findings[fid])), set()).add(
-                split_regime(findings[fid].get("regime") or "")[0])
+            if _place(where(findings[fid])) == key[0]:  # the callee's own findings say which variants it fails in
+                variants.setdefault((key, trigger(findings[fid])), set()).add(
+                    split_regime(findings[fid].get("regime") or "")[0])
         moved = False
         for fid, (place, cls) in list(keys.items()):
             f = findings[fid]
