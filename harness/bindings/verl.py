@@ -1775,9 +1775,6 @@ NOT_BOUND: dict[str, str] = {
     "vocab_parallel_log_probs_from_logits (bound as vocab_parallel_token_logprobs); needs flash-attn: "
     "unreachable on CPU",
     # ---- verl.workers.utils.losses
-    "verl.workers.utils.losses.ppo_loss": "the worker's loss wrapper (model-output TensorDict in, unpadding, "
-    "global_batch_info, policy loss + entropy + KL terms): its arithmetic is bound piecewise, agg_loss and "
-    "policy_loss are driven as it calls them; the wrapper itself has no catalog op",
     "verl.workers.utils.losses.sft_loss": "no catalog op yet: the SFT negative log-likelihood over a TensorDict "
     "(token-mean over the DP group); the RL catalog has no supervised loss",
     "verl.workers.utils.losses.value_loss": "the critic wrapper around compute_value_loss (bound as value_loss, "
