@@ -354,3 +354,24 @@ def test_a_member_listed_under_another_line_of_its_function_is_accepted_there(tm
     assert ledger.match(_finding(b)).line == 3
     other = _finding(b, engine_function={**SITE, "function": "entropy_from_logits_with_chunking"})
     assert ledger.match(other) is None  # a member failing in another engine function is new
+
+
+def test_a_member_folded_into_a_callees_line_is_accepted_there_though_its_function_has_a_line(tmp_path):
+    """A step whose NaN in one mode is its aggregation's (folded into the callee's line) and in another its own
+    (a line of its function's): each member is accepted under the line that lists it; a finding neither lists
+    is red."""
+    core, losses = "verl.trainer.ppo.core_algos", "verl.workers.utils.losses"
+    step_site = {"function": "ppo_loss", "module": losses, "file": "l.py", "line": 1, "calls": [f"{core}.agg_loss"]}
+    nan = "loss: engine nan where the reference is finite (0.5) at flat index 0"
+    seq, tok, other = (f"policy_step.mask_invariant.float32.{m}@trainer_batches"
+                       for m in ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum"))
+    path = tmp_path / "xfails.txt"
+    path.write_text(f"defect {core}.agg_loss | NaN / inf | agg_loss.mask_invariant, policy_step.mask_invariant\n"
+                    f"    {seq}\n"
+                    f"defect {losses}.ppo_loss | NaN / inf | policy_step.mask_invariant\n    {tok}\n")
+    ledger = parse_ledger(str(path))
+    step = lambda fid: _finding(fid, message=nan, engine_function=step_site,  # noqa: E731
+                                trigger="a masked position holding NaN")
+    assert ledger.match(step(tok)).line == 3
+    assert ledger.match(step(seq)).line == 1
+    assert ledger.match(step(other)) is None

@@ -120,6 +120,11 @@ class Ledger:
             return None
         if line is not None and (finding.get("status") == "marginal" or line.accepts(finding.get("id"))):
             return line
+        folded = self._folded(finding) if line is not None and finding.get("status") in FAILING else None
+        if folded is not None and folded.accepts(finding.get("id")):
+            # the function has a line of its own, but this member was folded into a callee's line (a step whose
+            # seq-mean NaN is agg_loss's, while its token-mean NaN is the step's own)
+            return folded
         # a member listed under another line of the same engine function (or module): the report's table, and so
         # the ledger written from it, folds some failures into a row of their own (a wrong value only in a dtype
         # the engine does not use, a module-wide rounding row) that the finding's own key does not name
