@@ -79,8 +79,8 @@ def test_the_reference_step_raises_on_bad_input():
 
 
 class _Case:
-    def __init__(self, inputs, prop):
-        self.inputs, self.property, self.dtype = inputs, prop, "float32"
+    def __init__(self, inputs, prop, op=S.STEP_OP):
+        self.inputs, self.property, self.dtype, self.op = inputs, prop, "float32", op
 
 
 @settings(max_examples=10, deadline=None, derandomize=True)
@@ -88,11 +88,14 @@ class _Case:
 def test_the_float32_reference_engine_passes_every_property(inp):
     for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference), (PARTITION_INVARIANT, generic.partition_invariant),
                         (MASK_INVARIANT, generic.mask_invariant)):
-        ev = S.evaluate(reference_binding, _Case(inp, prop))
-        assert not ev.problems
-        assert len(ev.values) >= 6 and len(ev.gradients) == 2  # old log-probs, metrics; both parameters
-        outcome = judge(ev)
-        assert outcome.ok, (prop, outcome.messages if hasattr(outcome, "messages") else outcome)
+        step = S.evaluate(reference_binding, _Case(inp, prop))
+        assert not step.problems
+        assert len(step.values) == 1 and len(step.gradients) == 2  # old log-probs; both parameters
+        metrics = S.evaluate(reference_binding, _Case(inp, prop, S.METRICS_OP))
+        assert not metrics.problems and not metrics.gradients and len(metrics.values) >= 5
+        for ev in (step, metrics):
+            outcome = judge(ev)
+            assert outcome.ok, (prop, outcome)
 
 
 def test_a_step_that_loses_a_gradient_or_a_metric_is_a_problem():
@@ -110,9 +113,10 @@ def test_a_step_that_loses_a_gradient_or_a_metric_is_a_problem():
         def resolve(op):
             return PolicyStep(run=forgetful)
 
-    ev = S.evaluate(Forgetful, _Case(_smallest(), MATCHES_REFERENCE))
-    whats = sorted(p.what for p in ev.problems)
-    assert whats == ["lost metric", "missing gradient"], ev.problems
+    step = S.evaluate(Forgetful, _Case(_smallest(), MATCHES_REFERENCE))
+    assert [p.what for p in step.problems] == ["missing gradient"], step.problems
+    metrics = S.evaluate(Forgetful, _Case(_smallest(), MATCHES_REFERENCE, S.METRICS_OP))
+    assert [p.what for p in metrics.problems] == ["lost metric"], metrics.problems
 
 
 def test_the_tiny_model_is_its_parameters():

@@ -428,6 +428,7 @@ binding = Binding(
         "rollout_rejection_mask": _rs.reference_variants(),
         "value_loss": _vl.reference_variants(),
         "policy_step": PolicyStep(run=_step.fp32_step),
+        "policy_step_metrics": PolicyStep(run=_step.fp32_step),
     },
     notes={"all": "dtype-faithful torch computations (rlconform.harness.core.faithful)",
            "kl_estimator": "the float64 reference as an autograd op, rounded to the input dtype",

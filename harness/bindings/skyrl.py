@@ -266,6 +266,13 @@ def _stand_in_trainer(minis=None, reduced=None):
     return trainer, data
 
 
+def _policy_step():
+    """SkyRL's trainer step from the batch to the gradient: :mod:`.skyrl_step`."""
+    from .skyrl_step import policy_step
+
+    return policy_step()
+
+
 def _metric_pipeline() -> MetricPipeline:
     """The policy entropy metric, from worker to logger, through the installed SkyRL's own code (issue 23 §1:
     a fork's fix is what gets checked).
@@ -1077,6 +1084,8 @@ binding = Binding(
         doc="logits [batch_size, seqlen, vocab_size] (jaxtyping annotation); output dtype not stated, not checked")}},
     ops={
         "metric_pipeline": Lazy(loader=_metric_pipeline),
+        "policy_step": Lazy(loader=_policy_step),
+        "policy_step_metrics": Lazy(loader=_policy_step),
         "metric_statistics": Lazy(loader=_metric_statistics),
         "agg_loss": Lazy(loader=_agg_loss),
         "entropy": Lazy(loader=_entropy),
@@ -1096,6 +1105,9 @@ binding = Binding(
     # compute_tis_ratio detaches its weights by design: their gradient is not part of the contract.
     detached=frozenset({"importance_ratio"}),  # compute_tis_ratio returns .detach()
     notes={
+        "policy_step": "RayPPOTrainer._execute_training_step (compiled: _normalize_advantages, the mini-batch loop) -> "
+        "PolicyWorkerBase.forward_backward -> _forward_backward_micro -> HFModelWrapper.forward (compiled) -> "
+        "dual_clip policy loss + entropy bonus; old log-probs from PolicyWorkerBase.forward (see skyrl_step.py)",
         "value_loss": "ppo_utils.ppo_critic_loss (value_clip 0.2 or None; 1/2 mean over the micro-batch's rows of "
         "masked row means) x b/B (microbatch_weight); values_clipfrac folded by worker_utils.reduce_metrics",
         "rollout_rejection_mask": "off_policy_correction_utils.compute_off_policy_correction(no TIS; one of the "

@@ -1560,6 +1560,7 @@ binding = Binding(
         "importance_ratio": Lazy(loader=_importance_ratio),
         "rollout_rejection_mask": Lazy(loader=_rollout_rejection_mask),
         "policy_step": Lazy(loader=_policy_step),
+        "policy_step_metrics": Lazy(loader=_policy_step),
     },
     # verl computes Σπ² for the optimal token baseline only, as a detached statistic (compute_log_prob):
     # its gradient is not part of the contract (vocab_parallel_sum_pi_squared's raw all_reduce would make

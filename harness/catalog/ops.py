@@ -22,7 +22,8 @@ vocab_parallel          vocab_parallel_token_logprobs / _entropy / _sum_pi_squar
 context_parallel        cp_masked_mean (CP ranks, Megatron load-balanced chunks)
 dp_metric               dp_metric_all_reduce (DP ranks)
 dp_whiten               dp_masked_whiten (DP ranks: statistics global over the DP group)
-policy_step             policy_step (PolicyStep: a trainer's step on a tiny model -> old log-probs, gradient, metrics)
+policy_step             policy_step, policy_step_metrics (PolicyStep: a trainer's step on a tiny model -> old log-probs
+                        and parameter gradient; the logged metrics)
 ======================  ==========================================================================
 
 Regime names: a data regime (``moderate``, ``padded``), a distributed layout and data regime

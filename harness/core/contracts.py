@@ -70,6 +70,8 @@ class PolicyStep:
     It returns ``{"old_log_probs": [B, R] tensor, "grads": {parameter name: tensor} (the gradient the optimizer
     step would read, accumulated over the micro-batches), "metrics": {name: float}}`` with the metrics under
     the catalog's names (:data:`STEP_METRICS`). ``modes``: the loss_agg_modes the engine's step supports.
+    ``metrics``: the catalog's metrics the engine logs (each must be there and right; the others it does not
+    log are listed on the finding as unchecked).
     ``transcribed``: the stand-ins (device, FSDP, collectives, optimizer) the binding puts around the engine's
     code, shown on every finding of the op.
     """
@@ -77,6 +79,7 @@ class PolicyStep:
     run: Callable[..., dict]
     modes: Sequence[str] = ("token-mean", "seq-mean-token-mean")
     transcribed: str | None = None
+    metrics: Sequence[str] = STEP_METRICS
 
     @property
     def variants(self) -> tuple[str, ...]:

@@ -3,8 +3,6 @@ parameters (:func:`rlconform.reference.policy_step` computes its step in float64
 
 from __future__ import annotations
 
-import types
-
 import torch
 
 #: the parameters of :class:`TinyLM`, by name: ``[V, H]`` each
@@ -15,8 +13,8 @@ class TinyLM(torch.nn.Module):
     """``logits = head(embed(input_ids))`` (``[..., V]``) with parameters ``embed.weight`` ``[V, H]`` and
     ``head.weight`` ``[V, H]`` (copied from ``params``, a dict of those names to tensors; their dtype is the
     model's). Called as a Hugging Face causal LM is (``input_ids``, ``attention_mask``, ``position_ids``,
-    ``use_cache``; other keywords ignored); returns an object with ``.logits``. The logits at a position depend
-    on that position's token only (no attention), so the exact step needs none.
+    ``use_cache``; other keywords ignored); returns :class:`LMOutput` (``.logits`` / ``["logits"]``). The logits
+    at a position depend on that position's token only (no attention), so the exact step needs none.
 
     Raises KeyError for a missing parameter, ValueError for shapes that differ."""
 
@@ -33,4 +31,14 @@ class TinyLM(torch.nn.Module):
             self.head.weight.copy_(head)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False, **kwargs):
-        return types.SimpleNamespace(logits=self.head(self.embed(input_ids)))
+        return LMOutput(logits=self.head(self.embed(input_ids)))
+
+
+class LMOutput(dict):
+    """What a Hugging Face model returns, as far as a trainer reads it: ``out.logits`` and ``out["logits"]``."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None

@@ -15,7 +15,10 @@ advantages per token, a temperature ≠ 1 (drawn), proximal (old) parameters tha
 mini-batch cut into micro-batches of every size that divides it. Checked on CPU in float32 only (the
 parameters and the logits are float32; CUDA autocast does nothing on CPU).
 
-Properties: ``matches_reference`` (old log-probs, parameter gradient, metrics); ``partition_invariant``
+Two ops of one step: ``policy_step`` compares the old log-probs and the parameter gradient, ``policy_step_metrics``
+the logged metrics (a binding maps both to the same :class:`~rlconform.harness.core.contracts.PolicyStep`), so that
+a wrong metric never hides a wrong gradient behind the same finding.
+Properties: ``matches_reference`` (against the exact step); ``partition_invariant``
 (the same step under every other micro-batch size); ``mask_invariant`` (garbage in the advantages at masked
 positions and other token ids at padded positions leave the step unchanged).
 """
@@ -48,14 +51,19 @@ OPTIONAL_METRICS = ("entropy_loss",)
 #: the old (proximal) parameters: the current ones plus this much noise (0: on-policy, ratio 1)
 OFF_POLICY = (0.3, 0.0, 0.05)
 
-OPS = (
-    OpInfo("policy_step", "policy_step", None, (MATCHES_REFERENCE, PARTITION_INVARIANT, MASK_INVARIANT), REGIMES,
-           reference_function("policy_step"),
-           source="one PPO step of a tiny embedding + LM-head model: old log-probs at the proximal parameters, "
-                  "the clipped loss and entropy bonus over the mini-batch, the parameter gradient and the logged "
-                  "metrics (verl workers/utils/losses.py ppo_loss; Schulman et al. 2017, arXiv:1707.06347)",
-           family="policy_step", variants=MODES, profile_regimes=profile_regimes(REGIMES)),
-)
+#: the op that checks what trains the model (old log-probs, parameter gradient) and the one that checks what the
+#: step logs: one step, two ops, so that a wrong logged metric (caught first when shrinking) never hides a wrong
+#: gradient of the same step
+STEP_OP, METRICS_OP = "policy_step", "policy_step_metrics"
+_SOURCE = ("one PPO step of a tiny embedding + LM-head model: old log-probs at the proximal parameters, the clipped "
+           "loss and entropy bonus over the mini-batch, {what} (verl workers/utils/losses.py ppo_loss; Schulman et "
+           "al. 2017, arXiv:1707.06347)")
+OPS = tuple(
+    OpInfo(name, "policy_step", None, (MATCHES_REFERENCE, PARTITION_INVARIANT, MASK_INVARIANT), REGIMES,
+           reference_function("policy_step"), source=_SOURCE.format(what=what), family="policy_step",
+           variants=MODES, profile_regimes=profile_regimes(REGIMES))
+    for name, what in ((STEP_OP, "the old log-probs and the gradient with respect to the parameters"),
+                       (METRICS_OP, "the metrics the step logs (pg_loss, entropy_loss, pg_clipfrac, ppo_kl, ...)")))
 
 
 @st.composite
@@ -162,13 +170,15 @@ def _agg(x, m, mode, nnz, rows, multiply=False):
 
 
 def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_temperature: bool = True,
-              micro_normaliser: bool = False, zero_masked_advantages: bool = True) -> dict:
+              micro_normaliser: bool = False, zero_masked_advantages: bool = True,
+              metric_micro_means: bool = False) -> dict:
     """A plain float32 step of :class:`~rlconform.harness.core.tiny_lm.TinyLM`: old log-probs with ``old_params``
     (no gradient), then the micro-batch loop (rows
     ``[a, a + micro_batch_size)``) with the mini-batch's normaliser, one backward per micro-batch, gradients
     accumulated; metrics token-weighted over the mini-batch. The keyword flaws are the mutants' (the reference
     binding passes none): the current logits divided ``temperature_times`` times, the old path without
-    temperature, each micro-batch normalised by its own count, masked advantages kept (NaN · 0)."""
+    temperature, each micro-batch normalised by its own count, masked advantages kept (NaN · 0), the token
+    fractions logged as the mean of per-micro-batch means."""
     model, old_model = TinyLM(params), TinyLM(old_params)
     T, mode, c_ent = kn["temperature"], kn["loss_agg_mode"], kn["entropy_coeff"]
     lo, hi, cc = kn["clip_ratio_low"], kn["clip_ratio_high"], kn["clip_ratio_c"]
@@ -179,6 +189,7 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     model.zero_grad(set_to_none=True)
     step = int(kn["micro_batch_size"])
     totals = {"pg_loss": 0.0, "entropy_loss": 0.0, "clipped": 0.0, "clipped_lower": 0.0, "neg_log_ratio": 0.0}
+    micro_means: list[tuple[float, float, float]] = []
     for a in range(0, rows, step):
         micro = {k: v[a:a + step] for k, v in batch.items()}
         m = m_all[a:a + step]
@@ -201,22 +212,34 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
             totals["clipped"] += float(torch.where(m, (l2 > l1).float(), 0.0).sum())
             totals["clipped_lower"] += float(torch.where(m & (adv < 0), (c1 > -adv * cc).float(), 0.0).sum())
             totals["neg_log_ratio"] += float(torch.where(m, -log_ratio, 0.0).sum())
+            k = max(float(m.sum()), 1.0)
+            micro_means.append((float(torch.where(m, (l2 > l1).float(), 0.0).sum()) / k,
+                                float(torch.where(m & (adv < 0), (c1 > -adv * cc).float(), 0.0).sum()) / k,
+                                float(torch.where(m, -log_ratio, 0.0).sum()) / k))
     count = float(nnz)
     metrics = {"pg_loss": totals["pg_loss"], "entropy_loss": totals["entropy_loss"],
                "pg_clipfrac": totals["clipped"] / count, "pg_clipfrac_lower": totals["clipped_lower"] / count,
                "ppo_kl": totals["neg_log_ratio"] / count, "entropy": float(_agg(old_H, m_all, mode, nnz, rows))}
+    if metric_micro_means:
+        for i, name in enumerate(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")):
+            metrics[name] = sum(v[i] for v in micro_means) / len(micro_means)
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
     return {"old_log_probs": old_lp, "grads": grads, "metrics": metrics}
 
 
 # -- evaluation -------------------------------------------------------------------------------------------
 
-def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: Evaluation) -> tuple[list, list]:
+def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: Evaluation,
+             logged=STEP_METRICS, op: str = STEP_OP) -> tuple[list, list]:
+    """(values, gradients) of one run of the step: old log-probs and parameter gradients for :data:`STEP_OP`,
+    the logged metrics for :data:`METRICS_OP`; what is missing is a problem of ``ev``."""
     values, grads = [], []
     if not isinstance(out, dict):
         ev.problems.append(problem_clause("missing output", f"the step returned {type(out).__name__}, not a dict "
                                                             f"({label})"))
         return values, grads
+    if op == METRICS_OP:
+        return _metrics(out, ref, fa, inp, label, layout, ev, logged), []
     mask = np.asarray(inp["response_mask"], bool)
     old = out.get("old_log_probs")
     if old is None or tuple(np.shape(old)) != mask.shape:
@@ -225,17 +248,6 @@ def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: 
     else:
         values.append(Compared(f"old log-probs ({label})", _np(old), ref["old_log_probs"],
                                _np(fa["old_log_probs"]), "float32", "token_stat", only_where=mask, layout=layout))
-    metrics = out.get("metrics") or {}
-    for name in STEP_METRICS:
-        if name not in metrics and name in OPTIONAL_METRICS and not inp["entropy_coeff"]:
-            continue  # no entropy bonus: a trainer need not compute (or log) the entropy term
-        if name not in metrics:
-            ev.problems.append(problem_clause("lost metric", f"metric {name} missing from the step's metrics "
-                                                             f"{sorted(metrics)} ({label})"))
-            continue
-        values.append(Compared(f"metric {name} ({label})", np.float64(float(metrics[name])),
-                               np.float64(ref["metrics"][name]), np.float64(fa["metrics"][name]), "float32",
-                               "pipeline", quantity="metric", layout=layout))
     got = out.get("grads") or {}
     for name, key in (("embed.weight", "grad_embed"), ("head.weight", "grad_head")):
         g = got.get(name)
@@ -249,6 +261,22 @@ def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: 
         grads.append(Compared(f"gradient of {name} ({label})", _np(g), ref[key], _np(fa["grads"][name]), "float32",
                               "pipeline", quantity="gradient", layout=layout))
     return values, grads
+
+
+def _metrics(out: dict, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: Evaluation, logged) -> list:
+    values = []
+    metrics = out.get("metrics") or {}
+    for name in logged:
+        if name not in metrics and name in OPTIONAL_METRICS and not inp["entropy_coeff"]:
+            continue  # no entropy bonus: a trainer need not compute (or log) the entropy term
+        if name not in metrics:
+            ev.problems.append(problem_clause("lost metric", f"metric {name} missing from the step's metrics "
+                                                             f"{sorted(metrics)} ({label})"))
+            continue
+        values.append(Compared(f"metric {name} ({label})", np.float64(float(metrics[name])),
+                               np.float64(ref["metrics"][name]), np.float64(fa["metrics"][name]), "float32",
+                               "pipeline", quantity="metric", layout=layout))
+    return values
 
 
 def _np(t) -> np.ndarray:
@@ -266,10 +294,10 @@ def _label(inp: dict, micro: int) -> str:
 
 
 def evaluate(binding, case) -> Evaluation:
-    step = binding.resolve("policy_step")
+    step = binding.resolve(case.op)
     inp = case.inputs
     if inp["mode"] not in step.modes:
-        raise VariantNotProvided("policy_step", inp["mode"], binding.name)
+        raise VariantNotProvided(case.op, inp["mode"], binding.name)
     ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
                         inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
                         inp["input_ids"], inp["response_mask"], inp["advantages"],
@@ -280,12 +308,13 @@ def evaluate(binding, case) -> Evaluation:
     ev = Evaluation()
     base = micro_sizes[0]
     out = run_step(step, inp, base)
-    ev.values, ev.gradients = _outputs(out, ref, fa, inp, _label(inp, base), _layout(inp, base), ev)
+    logged = tuple(step.metrics)
+    ev.values, ev.gradients = _outputs(out, ref, fa, inp, _label(inp, base), _layout(inp, base), ev, logged, case.op)
     ev.base_label = _label(inp, base)
     if case.property == PARTITION_INVARIANT:
         for micro in micro_sizes[1:]:
             out = run_step(step, inp, micro)
-            v, g = _outputs(out, ref, fa, inp, _label(inp, micro), _layout(inp, micro), ev)
+            v, g = _outputs(out, ref, fa, inp, _label(inp, micro), _layout(inp, micro), ev, logged, case.op)
             ev.alternatives.append((_label(inp, micro), v + g))
     elif case.property == MASK_INVARIANT:
         garbage = float(inp["garbage"])
@@ -296,7 +325,7 @@ def evaluate(binding, case) -> Evaluation:
         dirty = np.where(mask, inp["advantages"], np.float32(garbage)).astype(np.float32)
         what = f"advantages at masked positions set to {garbage!r}, padded token ids changed"
         out = run_step(step, inp, base, advantages=dirty, input_ids=ids)
-        v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base), ev)
+        v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base), ev, logged, case.op)
         ev.alternatives.append((what, v + g))
     return ev
 

@@ -12,4 +12,5 @@ CAUGHT_BY = [  # findings that fail under the CI profile; tests/test_mutants.py 
     "policy_step.partition_invariant.float32.token-mean@trainer_batches",
 ]
 binding = mutant("step_micro_normaliser", __doc__,
-                 policy_step=PolicyStep(run=functools.partial(fp32_step, micro_normaliser=True)))
+                 **dict.fromkeys(("policy_step", "policy_step_metrics"),
+                                PolicyStep(run=functools.partial(fp32_step, micro_normaliser=True))))

@@ -11,4 +11,5 @@ CAUGHT_BY = [  # findings that fail under the CI profile; tests/test_mutants.py 
     "policy_step.matches_reference.float32.token-mean@trainer_batches",
 ]
 binding = mutant("step_old_untempered", __doc__,
-                 policy_step=PolicyStep(run=functools.partial(fp32_step, old_temperature=False)))
+                 **dict.fromkeys(("policy_step", "policy_step_metrics"),
+                                PolicyStep(run=functools.partial(fp32_step, old_temperature=False))))

@@ -1,0 +1,168 @@
+"""SkyRL's policy-gradient step (op ``policy_step``), driven through SkyRL's own trainer and worker code.
+
+The path, as ``RayPPOTrainer`` runs one training step (SkyRL 0.4.0, FSDP workers):
+
+1. the old log-probs: ``PolicyWorkerBase.forward`` (inference micro-batches of
+   ``micro_forward_batch_size_per_gpu``) → ``_forward_micro_batch`` → ``HFModelWrapper.forward`` (the temperature
+   ``logits.div_(temperature)``, ``logprobs_from_logits``) on the proximal model, and the trainer's
+   ``loss_fn_outputs_to_tensor`` (what ``_execute_forward_pass`` does with the dispatch's output);
+2. ``RayPPOTrainer._execute_training_step("policy", …)`` (compiled from ``train/trainer.py``, which does not
+   import here): ``_normalize_advantages`` (the same compiled method: ``apply_loss_reduction_to_advantages_minibatch``
+   pre-scales the advantages so that summing gives the loss reduction), the mini-batch loop,
+   ``reduce_metrics``;
+3. each mini-batch: ``PolicyWorkerBase.forward_backward`` (the micro-batch loop of
+   ``micro_train_batch_size_per_gpu`` rows) → ``_forward_backward_micro`` → ``HFModelWrapper.forward`` →
+   the ``dual_clip`` policy loss of ``PolicyLossRegistry`` → the entropy bonus
+   (``masked_mean(entropy, loss_mask) · entropy_loss_coef``, weighted by the micro-batch's share of rows) →
+   ``strategy.backward`` → ``reduce_metrics`` / ``all_reduce_metrics``.
+
+Stand-ins (:data:`TRANSCRIBED`): ``torch.cuda.current_device`` answers the CPU; ``strategy.backward`` is
+``loss.backward()`` (FSDP's, without its scaling); ``optim_step`` records the accumulated gradient (before
+clipping) and steps nothing; the dispatch hands the one mini-batch to the worker in-process; DP size 1 (the
+metrics' all-reduce is the identity); no autocast (float32). ``remove_microbatch_padding`` is off: SkyRL packs
+micro-batches with flash-attn's ``unpad_input`` only with ``flash_attention_2``, which this CPU build lacks.
+The ``dual_clip`` loss stands for ``regular`` (PPO without the dual clip) so that the reference's vanilla PPO
+with ``clip_ratio_c`` applies. Logged and checked: ``policy_loss`` (``pg_loss``) and
+``loss_metrics/clip_ratio`` (``pg_clipfrac``); SkyRL logs no ``ppo_kl`` / ``pg_clipfrac_lower`` and no entropy of
+the old path; its ``policy_entropy`` is the current path's token mean whatever the loss reduction (not the
+catalog's ``entropy_loss``): unchecked here (the ``metric_pipeline`` op checks it).
+"""
+
+from __future__ import annotations
+
+import types
+
+WORKER = "skyrl.backends.skyrl_train.workers.worker"
+WRAPPER = "skyrl.backends.skyrl_train.workers.model_wrapper"
+BATCH = "skyrl.backends.skyrl_train.training_batch"
+TRAINER = "skyrl.train.trainer"
+DISPATCH = "skyrl.backends.skyrl_train.distributed.dispatch"
+TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
+
+#: the catalog's loss_agg_modes and SkyRL's loss reductions that compute them
+REDUCTIONS = {"token-mean": "token_mean", "seq-mean-token-mean": "sequence_mean"}
+#: the step's metrics as SkyRL logs them (``policy/`` is added by ``train_critic_and_policy``)
+METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio"}
+
+TRANSCRIBED = ("stand-ins around SkyRL's own step code: torch.cuda.current_device answers the CPU; "
+               "strategy.backward is loss.backward(); optim_step records the accumulated gradient (before clipping) "
+               "and steps nothing; the dispatch runs the one mini-batch in-process; DP size 1; no autocast (float32); "
+               "remove_microbatch_padding off (flash-attn unpadding is CUDA-only); the dual_clip loss. Not drawn: "
+               "KL loss, off-policy correction, token-based micro-batching, several mini-batches or epochs; "
+               "policy_entropy unchecked (the metric_pipeline op checks it); the Megatron worker's step is not driven")
+
+
+def policy_step():
+    """The :class:`~rlconform.harness.catalog.binding.PolicyStep` of SkyRL (module doc). Raises
+    ``ModuleNotFoundError`` / ``AttributeError`` when the installed SkyRL lacks a piece of the path."""
+    import torch
+
+    from rlconform.harness.catalog.binding import PolicyStep
+    from rlconform.harness.catalog.engine_site import calls
+    from rlconform.harness.core.tiny_lm import TinyLM
+
+    from ._compat import accepted_keywords, import_skyrl, skyrl_cuda_device_on_cpu
+    from .source import engine_function
+
+    worker_mod = import_skyrl(WORKER)
+    policy_worker = worker_mod.PolicyWorkerBase
+    wrapper_forward = engine_function(WRAPPER, "HFModelWrapper.forward", import_skyrl)
+    # what HFModelWrapper.__init__ sets (use_torch_compile off): the function model_wrapper.py imports
+    entropy_fn = import_skyrl(TORCH_UTILS).chunked_entropy_from_logits
+    batch_cls = import_skyrl(BATCH).TrainingInputBatch
+    config = import_skyrl("skyrl.train.config")
+    execute_training_step = engine_function(TRAINER, "RayPPOTrainer._execute_training_step", import_skyrl)
+    normalize_advantages = engine_function(TRAINER, "RayPPOTrainer._normalize_advantages", import_skyrl)
+    to_tensor = engine_function(DISPATCH, "loss_fn_outputs_to_tensor", import_skyrl)
+    wrapper_cls = _wrapper_class(wrapper_forward)
+
+    def algorithm(kn):
+        fields = dict(policy_loss_type="dual_clip", eps_clip_low=kn["clip_ratio_low"],
+                      eps_clip_high=kn["clip_ratio_high"], clip_ratio_c=kn["clip_ratio_c"],
+                      loss_reduction=REDUCTIONS[kn["loss_agg_mode"]], temperature=kn["temperature"],
+                      use_entropy_loss=bool(kn["entropy_coeff"]), entropy_loss_coef=kn["entropy_coeff"],
+                      use_kl_loss=False, advantage_batch_normalize=False)
+        return config.AlgorithmConfig(**accepted_keywords(config.AlgorithmConfig, fields))
+
+    def worker(params, alg, micro):
+        w = object.__new__(policy_worker)
+        w.model = wrapper_cls(TinyLM(params), entropy_fn)
+        w.cfg = types.SimpleNamespace(algorithm=alg, micro_train_batch_size_per_gpu=micro,
+                                      micro_forward_batch_size_per_gpu=micro, max_tokens_per_microbatch=0)
+        w.policy_loss_fn = worker_mod.PolicyLossRegistry.get(alg.policy_loss_type)
+        w.mesh_rank = types.SimpleNamespace(dp_size=1)
+        w.optimizer = None
+        w.strategy = types.SimpleNamespace(backward=lambda loss, model, optimizer: loss.backward(),
+                                           all_reduce=lambda data, op="mean", group=None: data)
+        w.device_mesh = types.SimpleNamespace(get_group=lambda name: None)
+        w.scheduler = types.SimpleNamespace(get_last_lr=lambda: [0.0])
+        w.record_memory = False
+        return w
+
+    @calls(policy_worker._forward_backward_micro, policy_worker.forward_backward, policy_worker.forward,
+           policy_worker._forward_micro_batch, wrapper_forward, execute_training_step, normalize_advantages)
+    def run(batch, params, old_params, kn):
+        rows, width = batch["responses"].shape
+        alg = algorithm(kn)
+        data = batch_cls({
+            "sequences": batch["input_ids"].clone(), "attention_mask": batch["attention_mask"].clone(),
+            "loss_mask": batch["response_mask"].clone(), "response_mask": batch["response_mask"].clone(),
+            "advantages": batch["advantages"].clone(), "base_action_log_probs": None, "rollout_logprobs": None,
+        })
+        data.metadata = {"response_length": width, "policy_mini_batch_boundaries": [(0, rows)]}
+        with skyrl_cuda_device_on_cpu():
+            old_worker = worker(old_params, alg, kn["micro_batch_size"])
+            out = policy_worker.forward(old_worker, data.select(["sequences", "attention_mask"], ["response_length"]))
+            old = to_tensor(out.loss_fn_outputs, key="logprobs")[:rows]
+            data["action_log_probs"] = old.to(torch.float32)
+            actor = worker(params, alg, kn["micro_batch_size"])
+            captured = []
+
+            def optim_step(model):
+                captured.append({n: p.grad.detach().clone() for n, p in actor.model.model.named_parameters()
+                                 if p.grad is not None})
+                return None
+
+            trainer = types.SimpleNamespace(
+                cfg=types.SimpleNamespace(trainer=types.SimpleNamespace(
+                    update_epochs_per_batch=1, micro_train_batch_size_per_gpu=kn["micro_batch_size"],
+                    algorithm=types.SimpleNamespace(advantage_batch_normalize=False,
+                                                    loss_reduction=REDUCTIONS[kn["loss_agg_mode"]],
+                                                    max_seq_len=width))),
+                dispatch=types.SimpleNamespace(
+                    stage_data=lambda model, d, boundaries: [d[a:b] for a, b in boundaries],
+                    forward_backward_from_staged=lambda model, chunk: policy_worker.forward_backward(actor, chunk),
+                    optim_step=optim_step))
+            trainer._normalize_advantages = types.MethodType(normalize_advantages, trainer)
+            metrics = execute_training_step(trainer, "policy", data)
+        if len(captured) != 1:
+            raise RuntimeError(f"the step made {len(captured)} optimizer steps, expected 1 (one mini-batch)")
+        return {"old_log_probs": old, "grads": captured[0],
+                "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
+
+    return PolicyStep(run=run, modes=tuple(REDUCTIONS), transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS))
+
+
+def _wrapper_class(forward):
+    """A stand-in ``HFModelWrapper`` (its module imports flash-attn at load time, which this CPU build lacks)
+    whose ``forward`` is SkyRL's own, compiled from the installed source, around a given model; the attributes
+    ``HFModelWrapper.__init__`` sets for a model passed in (no sequence parallelism, no packing, not a VLM)."""
+
+    class HFModelWrapperOnCPU:
+        def __init__(self, model, entropy_fn):
+            self.model, self.temperature, self.sequence_parallel_size = model, 1.0, 1
+            self.attn_implementation, self.remove_microbatch_padding, self.is_vlm = "sdpa", False, False
+            self.logprobs_chunk_size, self.chunked_entropy_from_logits_fn = 1024, entropy_fn
+
+        def train(self, mode: bool = True):
+            self.model.train(mode)
+            return self
+
+        def eval(self):
+            return self.train(False)
+
+        def __call__(self, *args, **kwargs):
+            return self.forward(*args, **kwargs)
+
+    HFModelWrapperOnCPU.forward = forward
+    return HFModelWrapperOnCPU
