@@ -52,7 +52,7 @@ def _logits(embed, head, context, temperature):
 
 def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, advantages, *, temperature: float,
                 loss_agg_mode: str = "token-mean", entropy_coeff: float = 0.0, clip_ratio_low: float = 0.2,
-                clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0) -> dict:
+                clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0, entropy_agg_mode: str | None = None) -> dict:
     """The exact step (module doc). Returns a dict:
 
     ``log_probs``, ``old_log_probs``, ``entropy``, ``old_entropy``: float64 ``[B, R]`` (every position; the
@@ -62,7 +62,8 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     embed, head, old_embed, old_head: ``[V, H]`` real arrays; input_ids: integer ``[B, P + R]`` in ``[0, V)``;
     response_mask: ``[B, R]`` bool / 0-1; advantages: ``[B, R]`` real (only unmasked positions are read);
     temperature: τ > 0. loss_agg_mode, clip ratios: as :func:`rlconform.reference.policy_loss` (vanilla PPO
-    with dual clip).
+    with dual clip). entropy_agg_mode: how the entropy term (and the ``entropy_loss`` metric) is aggregated
+    (None: by ``loss_agg_mode``; an engine's declared convention may aggregate it otherwise, SkyRL: token-mean).
 
     Raises ValueError: shapes that do not match, τ ≤ 0, no unmasked token, and what
     :func:`rlconform.reference.policy_loss` raises.
@@ -86,10 +87,11 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     params = dict(variant="vanilla", loss_agg_mode=loss_agg_mode, clip_ratio_low=clip_ratio_low,
                   clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c)
     pg_loss, pg_metrics = policy_loss(old, lp, A, m, **params)
-    entropy_loss = agg_loss(H, m, loss_agg_mode)
+    entropy_mode = entropy_agg_mode or loss_agg_mode
+    entropy_loss = agg_loss(H, m, entropy_mode)
     loss = pg_loss - entropy_coeff * entropy_loss
     d_lp = policy_loss_grad(old, lp, A, m, **params)
-    d_H = -entropy_coeff * agg_loss_grad(H, m, loss_agg_mode)
+    d_H = -entropy_coeff * agg_loss_grad(H, m, entropy_mode)
     d_z = token_logprobs_grad(z, labels, d_lp) + entropy_grad(z, d_H)  # [B, R, V]
     d_z = d_z / temperature
     hidden = E[context]  # [B, R, H]

@@ -21,7 +21,7 @@ def _smallest(mode="token-mean"):
     return find(S.inputs(mode), lambda inp: True)
 
 
-def _autograd_step(inp):
+def _autograd_step(inp, entropy_agg_mode=None):
     """The step in float64 torch autograd (a second, independent derivation of the reference's gradient)."""
     E = torch.tensor(inp["embed"].astype(np.float32).astype(np.float64), requires_grad=True)
     W = torch.tensor(inp["head"].astype(np.float32).astype(np.float64), requires_grad=True)
@@ -41,12 +41,12 @@ def _autograd_step(inp):
     pl = torch.where(A < 0, torch.minimum(-A * 3.0, c1), c1)
     H = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
 
-    def agg(x):
-        if inp["mode"] == "token-mean":
+    def agg(x, mode=inp["mode"]):
+        if mode == "token-mean":
             return (x * m).sum() / m.sum()
         return ((x * m).sum(1) / m.sum(1)).mean()
 
-    loss = agg(pl) - inp["entropy_coeff"] * agg(H)
+    loss = agg(pl) - inp["entropy_coeff"] * agg(H, entropy_agg_mode or inp["mode"])
     loss.backward()
     return loss.item(), E.grad.numpy(), W.grad.numpy(), old.detach().numpy()
 
@@ -66,6 +66,21 @@ def test_the_reference_step_equals_float64_autograd(inp):
     np.testing.assert_allclose(ref["old_log_probs"][mask], old[mask], rtol=1e-12, atol=1e-12)
 
 
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(S.inputs("seq-mean-token-mean"))
+def test_an_entropy_term_aggregated_by_a_declared_convention(inp):
+    """SkyRL's entropy bonus is a token mean whatever the loss reduction: the reference follows a declared
+    ``entropy_agg_mode``."""
+    inp = dict(inp, entropy_coeff=0.05)
+    ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
+                        inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32), inp["input_ids"],
+                        inp["response_mask"], inp["advantages"], temperature=float(np.float32(inp["temperature"])),
+                        loss_agg_mode=inp["mode"], entropy_coeff=0.05, entropy_agg_mode="token-mean", **S.CLIP)
+    loss, g_embed, g_head, _ = _autograd_step(inp, "token-mean")
+    assert ref["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-12)
+    np.testing.assert_allclose(ref["grad_head"], g_head, rtol=1e-9, atol=1e-12)
+
+
 def test_the_reference_step_raises_on_bad_input():
     inp = _smallest()
     args = (inp["embed"], inp["head"], inp["old_embed"], inp["old_head"], inp["input_ids"])
@@ -81,6 +96,7 @@ def test_the_reference_step_raises_on_bad_input():
 class _Case:
     def __init__(self, inputs, prop, op=S.STEP_OP):
         self.inputs, self.property, self.dtype, self.op = inputs, prop, "float32", op
+        self.regime = f"{inputs['mode']}@{S.DATA}"
 
 
 @settings(max_examples=10, deadline=None, derandomize=True)

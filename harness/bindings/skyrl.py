@@ -914,6 +914,14 @@ CROSS_ENTROPY_AGG_MODES = {"cross_entropy": "token-sum"}
 #: SkyRL's deliberate behaviour (issue 20 §2): checked as declared, listed in "Conventions and guards"
 DECLARED = (
     Declared(
+        "entropy_bonus_token_mean", "convention", ("policy_step", "policy_step_metrics"),
+        "the entropy bonus is masked_mean(entropy, loss_mask), a token mean, whatever loss_reduction the policy loss "
+        "uses (the reference follows: entropy_agg_mode='token-mean'); it is added per micro-batch, weighted by the "
+        "micro-batch's share of rows",
+        "'The KL and entropy loss terms are not pre-scaled, so we just average them across microbatches and DP "
+        "workers' (worker.py)", "skyrl/backends/skyrl_train/workers/worker.py:1217",
+        reference=(("entropy_agg_mode", "token-mean"),)),
+    Declared(
         "masked_var_le_one_token", "guard", ("masked_var",),
         "the unbiased masked_var raises ValueError on 0 or 1 valid tokens ('At least one element in the mask "
         "has to be 1.' / 'The sum of the mask is one, which can cause a division by zero.')",

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core.contracts import STEP_METRICS, VariantNotProvided
+from rlconform.harness.core.declared import followed
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine
 from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.opinfo import (
@@ -143,10 +144,11 @@ def run_step(step, inp: dict, micro_batch_size: int, **batch_changes) -> dict:
                        params(inp, old=True), knobs(inp, micro_batch_size))
 
 
-def faithful(inp: dict) -> dict:
+def faithful(inp: dict, entropy_agg_mode: str | None = None) -> dict:
     """The step in float32 torch on the whole mini-batch at once (no micro-batches): the dtype-faithful values
     whose distance from the float64 step sets the tolerance."""
-    return fp32_step(trainer_batch(inp), params(inp), params(inp, old=True), knobs(inp, len(inp["input_ids"])))
+    kn = dict(knobs(inp, len(inp["input_ids"])), entropy_agg_mode=entropy_agg_mode)
+    return fp32_step(trainer_batch(inp), params(inp), params(inp, old=True), kn)
 
 
 # -- the float32 step the reference binding runs (and its mutants bend) ---------------------------------------
@@ -181,6 +183,7 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     fractions logged as the mean of per-micro-batch means."""
     model, old_model = TinyLM(params), TinyLM(old_params)
     T, mode, c_ent = kn["temperature"], kn["loss_agg_mode"], kn["entropy_coeff"]
+    h_mode = kn.get("entropy_agg_mode") or mode
     lo, hi, cc = kn["clip_ratio_low"], kn["clip_ratio_high"], kn["clip_ratio_c"]
     m_all = batch["response_mask"].bool()
     with torch.no_grad():
@@ -204,7 +207,7 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
         pg = torch.where(adv < 0, torch.minimum(-adv * cc, c1), c1)
         n, r = (m.sum(), m.shape[0]) if micro_normaliser else (nnz, rows)
         pg_part = _agg(pg, m, mode, n, r, multiply=not zero_masked_advantages)
-        h_part = _agg(H, m, mode, n, r)
+        h_part = _agg(H, m, h_mode, n, r)
         (pg_part - c_ent * h_part).backward()
         with torch.no_grad():
             totals["pg_loss"] += float(pg_part)
@@ -298,14 +301,19 @@ def evaluate(binding, case) -> Evaluation:
     inp = case.inputs
     if inp["mode"] not in step.modes:
         raise VariantNotProvided(case.op, inp["mode"], binding.name)
+    declared = getattr(binding, "declared", ())
+    conventions = followed(declared, case.op, case.regime)  # SkyRL's token-mean entropy bonus
     ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
                         inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
                         inp["input_ids"], inp["response_mask"], inp["advantages"],
                         temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
-                        entropy_coeff=float(inp["entropy_coeff"]), **CLIP)
-    fa = faithful(inp)
+                        entropy_coeff=float(inp["entropy_coeff"]), **CLIP, **conventions)
+    fa = faithful(inp, conventions.get("entropy_agg_mode"))
     micro_sizes = inp["micro_batch_sizes"]
     ev = Evaluation()
+    if conventions:
+        ev.declared = next(d.name for d in declared if d.kind == "convention" and d.reference
+                           and d.concerns(case.op, inp["mode"]))
     base = micro_sizes[0]
     out = run_step(step, inp, base)
     logged = tuple(step.metrics)
