@@ -1021,6 +1021,8 @@ OUTPUT_SITES = {
     ),
     "metric_pipeline": ((r"^lost: ", _REDUCE, ""), (_FOLDED, _ALL_REDUCE, "DP rank"), (_FOLDED, _REDUCE, "micro-batch")),
     "dp_metric_all_reduce": ((_FOLDED, _ALL_REDUCE, ""),),
+    # the step's clip ratio is one mean per micro-batch, folded by reduce_metrics (a mean of micro-batch means)
+    "policy_step_metrics": ((r"^metric pg_clipfrac\b", _REDUCE, "micro-batch"),),
 }
 
 

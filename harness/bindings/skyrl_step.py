@@ -17,12 +17,12 @@ The path, as ``RayPPOTrainer`` runs one training step (SkyRL 0.4.0, FSDP workers
    ``strategy.backward`` → ``reduce_metrics`` / ``all_reduce_metrics``.
 
 Stand-ins (:data:`TRANSCRIBED`): ``torch.cuda.current_device`` answers the CPU; ``strategy.backward`` is
-``loss.backward()`` (FSDP's, without its scaling); ``optim_step`` records the accumulated gradient (before
+``loss.backward()`` (what ``FSDPStrategy.backward`` does); ``optim_step`` records the accumulated gradient (before
 clipping) and steps nothing; the dispatch hands the one mini-batch to the worker in-process; DP size 1 (the
 metrics' all-reduce is the identity); no autocast (float32). ``remove_microbatch_padding`` is off: SkyRL packs
 micro-batches with flash-attn's ``unpad_input`` only with ``flash_attention_2``, which this CPU build lacks.
-The ``dual_clip`` loss stands for ``regular`` (PPO without the dual clip) so that the reference's vanilla PPO
-with ``clip_ratio_c`` applies. Logged and checked: ``policy_loss`` (``pg_loss``) and
+It uses the ``dual_clip`` loss instead of SkyRL's default ``regular`` (PPO without the dual clip), the
+reference's vanilla PPO with ``clip_ratio_c``. Logged and checked: ``policy_loss`` (``pg_loss``) and
 ``loss_metrics/clip_ratio`` (``pg_clipfrac``); SkyRL logs no ``ppo_kl`` / ``pg_clipfrac_lower`` and no entropy of
 the old path; its ``policy_entropy`` is the current path's token mean whatever the loss reduction (not the
 catalog's ``entropy_loss``): unchecked here (the ``metric_pipeline`` op checks it).
@@ -44,12 +44,10 @@ REDUCTIONS = {"token-mean": "token_mean", "seq-mean-token-mean": "sequence_mean"
 #: the step's metrics as SkyRL logs them (``policy/`` is added by ``train_critic_and_policy``)
 METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio"}
 
-TRANSCRIBED = ("stand-ins around SkyRL's own step code: torch.cuda.current_device answers the CPU; "
-               "strategy.backward is loss.backward(); optim_step records the accumulated gradient (before clipping) "
-               "and steps nothing; the dispatch runs the one mini-batch in-process; DP size 1; no autocast (float32); "
-               "remove_microbatch_padding off (flash-attn unpadding is CUDA-only); the dual_clip loss. Not drawn: "
-               "KL loss, off-policy correction, token-based micro-batching, several mini-batches or epochs; "
-               "policy_entropy unchecked (the metric_pipeline op checks it); the Megatron worker's step is not driven")
+TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); optim_step records the gradient "
+               "(before clipping); dispatch in-process; DP 1; float32; no micro-batch packing (flash-attn); dual_clip "
+               "loss. Not drawn: KL loss, off-policy correction, token-based micro-batches, several mini-batches; "
+               "policy_entropy left to metric_pipeline; Megatron's step not driven")
 
 
 def policy_step():

@@ -589,7 +589,7 @@ def _policy_step():
     """verl's trainer step from the batch to the gradient: :mod:`.verl_step`."""
     from .verl_step import policy_step
 
-    return policy_step()
+    return policy_step(_one_rank_group, ACTOR_CONFIG, POLICY_LOSS_CONFIG)
 
 
 def _policy_loss():
@@ -1398,7 +1398,10 @@ DECLARED = (
 
 RC = "verl.trainer.ppo.rollout_corr_helper"
 #: the function behind each output of compute_rollout_correction_and_rejection_mask (kept mask first)
-OUTPUT_SITES = {"rollout_rejection_mask": (
+OUTPUT_SITES = {"policy_step_metrics": (
+    # the token fractions ppo_loss logs per micro-batch (Metric MEAN) are folded as a mean of micro-batch means
+    (r"^metric (pg_clipfrac|pg_clipfrac_lower|ppo_kl)\b", "verl.utils.metric.utils:Metric.aggregate_dp", "micro-batch"),
+), "rollout_rejection_mask": (
     ("^kept mask$", "verl.utils.torch_functional:masked_mean", "masked_mean"),
     ("^kept mask$", f"{RC}:compute_rollout_rejection_mask", ""),
     (r"^metric (kl|k3_kl|chi2_token|chi2_seq|training_ppl|rollout_ppl|log_ppl_diff|ppl_ratio)$",

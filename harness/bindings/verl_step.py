@@ -37,11 +37,9 @@ ENGINE_WORKERS = "verl.workers.engine_workers"
 FSDP_IMPL = "verl.workers.engine.fsdp.transformer_impl"
 BASE_ENGINE = "verl.workers.engine.base"
 
-TRANSCRIBED = ("stand-ins around verl's own step code: device 'cpu' for get_device_id / get_device_name; a plain "
-               "module for FSDP (no gradient-sync deferral); optimizer_step records the accumulated gradient (before "
-               "clipping) and returns its norm; no LR scheduler; MFU 0; a DP group of one rank; no autocast "
-               "(float32). Not drawn: use_dynamic_bsz, KL loss, rollout correction, other policy losses, several "
-               "mini-batches or epochs; the Megatron engine's step is not driven")
+TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gradient (before clipping); no LR "
+               "scheduler; MFU 0; DP 1; float32. Not drawn: dynamic batch size, KL loss, rollout correction, other "
+               "losses, several mini-batches; Megatron's step not driven")
 
 #: the step's metrics as verl logs them (after ``reduce_metrics``), by the catalog's names
 METRIC_KEYS = {"pg_loss": "actor/pg_loss", "entropy_loss": "actor/entropy_loss", "pg_clipfrac": "actor/pg_clipfrac",
@@ -101,28 +99,29 @@ def _engine_config(micro_batch_size: int):
         infer_micro_batch_size_per_gpu=micro_batch_size, use_fused_kernels=False, forward_only=False)
 
 
-def _actor_config(kn: dict, rows: int):
+def _actor_config(kn: dict, rows: int, actor_fields: dict, loss_fields: dict):
     """verl's ``ActorConfig`` for the knobs (the fields this verl has), as ``ActorRolloutRefWorker.init_model``
-    hands it to ``ppo_loss``."""
+    hands it to ``ppo_loss``; ``actor_fields`` / ``loss_fields``: the binding's defaults of the actor config and
+    of its ``policy_loss`` section."""
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
     from ._compat import accepted_keywords
-    from .verl import ACTOR_CONFIG, POLICY_LOSS_CONFIG
 
-    fields = {k: v for k, v in ACTOR_CONFIG.items() if k != "clip_ratio"}
+    fields = {k: v for k, v in actor_fields.items() if k != "clip_ratio"}
     fields.update(entropy_coeff=kn["entropy_coeff"], loss_agg_mode=kn["loss_agg_mode"],
                   clip_ratio_low=kn["clip_ratio_low"], clip_ratio_high=kn["clip_ratio_high"],
                   clip_ratio_c=kn["clip_ratio_c"], ppo_mini_batch_size=rows,
                   ppo_micro_batch_size_per_gpu=kn["micro_batch_size"], use_dynamic_bsz=False)
-    loss = PolicyLossConfig(**accepted_keywords(PolicyLossConfig, {k: v for k, v in POLICY_LOSS_CONFIG.items()
+    loss = PolicyLossConfig(**accepted_keywords(PolicyLossConfig, {k: v for k, v in loss_fields.items()
                                                                    if k != "loss_mode"}))
     return ActorConfig(**accepted_keywords(ActorConfig, dict(fields, policy_loss=loss)))
 
 
-def policy_step():
-    """The :class:`~rlconform.harness.catalog.binding.PolicyStep` of verl (module doc). Raises
-    ``ModuleNotFoundError`` / ``AttributeError`` when the installed verl lacks a piece of the path (a binding
-    error of this op)."""
+def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
+    """The :class:`~rlconform.harness.catalog.binding.PolicyStep` of verl (module doc). ``one_rank_group(needed)``:
+    the binding's context manager that provides a default process group of one rank; ``actor_fields`` /
+    ``loss_fields``: its actor-config defaults. Raises ``ModuleNotFoundError`` / ``AttributeError`` when the
+    installed verl lacks a piece of the path (a binding error of this op)."""
     import functools
 
     import torch
@@ -138,7 +137,6 @@ def policy_step():
     from rlconform.harness.core.tiny_lm import TinyLM
 
     from .source import engine_function
-    from .verl import _one_rank_group
 
     compute_old_log_prob = engine_function(TRAINER, "RayPPOTrainer._compute_old_log_prob")
     update_actor = engine_function(TRAINER, "RayPPOTrainer._update_actor")
@@ -168,7 +166,7 @@ def policy_step():
            *(getattr(engine_class, q.split(".")[1]) for q in _ENGINE_METHODS))
     def run(batch, params, old_params, kn):
         rows = int(batch["input_ids"].shape[0])
-        loss_fn = functools.partial(ppo_loss, config=_actor_config(kn, rows))
+        loss_fn = functools.partial(ppo_loss, config=_actor_config(kn, rows, actor_fields, loss_fields))
         old_actor = training_worker(old_params, kn, loss_fn)
         actor = training_worker(params, kn, loss_fn)
         wg = types.SimpleNamespace(
@@ -183,7 +181,7 @@ def policy_step():
         data = DataProto.from_dict(tensors={k: v.clone() for k, v in batch.items()},
                                    meta_info={"temperature": kn["temperature"],  # fit, after generation
                                               "global_token_num": batch["attention_mask"].sum(-1).tolist()})
-        with _one_rank_group(True):
+        with one_rank_group(True):
             # fit: old log-probs, actor/entropy of the old path, the union into the batch
             old_log_prob, _ = compute_old_log_prob(trainer, data)
             entropy = agg_loss(loss_mat=old_log_prob.batch["entropys"], loss_mask=data.batch["response_mask"],

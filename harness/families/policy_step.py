@@ -249,7 +249,7 @@ def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: 
         ev.problems.append(problem_clause("missing output", f"old_log_probs: got shape {None if old is None else tuple(np.shape(old))}, "
                                                             f"expected {mask.shape} ({label})"))
     else:
-        values.append(Compared(f"old log-probs ({label})", _np(old), ref["old_log_probs"],
+        values.append(Compared(f"old log-probs, {label}", _np(old), ref["old_log_probs"],
                                _np(fa["old_log_probs"]), "float32", "token_stat", only_where=mask, layout=layout))
     got = out.get("grads") or {}
     for name, key in (("embed.weight", "grad_embed"), ("head.weight", "grad_head")):
@@ -261,7 +261,7 @@ def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: 
             ev.problems.append(problem_clause("missing output", f"gradient of {name}: shape {tuple(np.shape(g))}, "
                                                                 f"expected {ref[key].shape} ({label})"))
             continue
-        grads.append(Compared(f"gradient of {name} ({label})", _np(g), ref[key], _np(fa["grads"][name]), "float32",
+        grads.append(Compared(f"gradient of {name}, {label}", _np(g), ref[key], _np(fa["grads"][name]), "float32",
                               "pipeline", quantity="gradient", layout=layout))
     return values, grads
 
@@ -276,7 +276,7 @@ def _metrics(out: dict, ref: dict, fa: dict, inp: dict, label: str, layout: dict
             ev.problems.append(problem_clause("lost metric", f"metric {name} missing from the step's metrics "
                                                              f"{sorted(metrics)} ({label})"))
             continue
-        values.append(Compared(f"metric {name} ({label})", np.float64(float(metrics[name])),
+        values.append(Compared(f"metric {name}, {label}", np.float64(float(metrics[name])),
                                np.float64(ref["metrics"][name]), np.float64(fa["metrics"][name]), "float32",
                                "pipeline", quantity="metric", layout=layout))
     return values
@@ -292,8 +292,8 @@ def _layout(inp: dict, micro: int) -> dict:
 
 
 def _label(inp: dict, micro: int) -> str:
-    return (f"{inp['mode']}, temperature {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, "
-            f"micro-batches of {micro} rows (nnz {_layout(inp, micro)['nnz']})")
+    return (f"{inp['mode']}, T {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, "
+            f"{micro}-row micro-batches, nnz {_layout(inp, micro)['nnz']}")
 
 
 def evaluate(binding, case) -> Evaluation:
@@ -331,12 +331,24 @@ def evaluate(binding, case) -> Evaluation:
         vocab = inp["embed"].shape[0]
         ids = np.where(attention, inp["input_ids"], (np.asarray(inp["input_ids"]) + 1) % vocab)
         dirty = np.where(mask, inp["advantages"], np.float32(garbage)).astype(np.float32)
-        what = f"advantages at masked positions set to {garbage!r}, padded token ids changed"
+        what = f"masked advantages = {garbage!r}, padding ids changed"
         out = run_step(step, inp, base, advantages=dirty, input_ids=ids)
         v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base), ev, logged, case.op)
         ev.alternatives.append((what, v + g))
     return ev
 
 
-FAMILY = OpFamily("policy_step", OPS, strategy, evaluate, order=95,
+def trigger(case, message, kind) -> str | None:
+    """A failure of a run cut into more than one micro-batch is "more than one micro-batch" (the words of the
+    generic partition trigger), so that its wrong value joins the partition dependence of the same place; a
+    mask_invariant failure, or a run of one micro-batch, is read by the generic trigger."""
+    inp = case.inputs
+    if case.property == MASK_INVARIANT:
+        return None
+    sizes = inp.get("micro_batch_sizes") or []
+    rows = len(inp.get("input_ids", ()))
+    return "more than one micro-batch" if sizes and int(sizes[0]) < rows else None
+
+
+FAMILY = OpFamily("policy_step", OPS, strategy, evaluate, order=95, trigger=trigger,
                   doc="a trainer's policy-gradient step: old log-probs, loss, parameter gradient and metrics")

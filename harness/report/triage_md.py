@@ -194,7 +194,8 @@ def precision_row(d: dict) -> str:
 IDIOMS = {
     ("NaN / inf", "a masked position holding NaN"):
         "a mask applied by multiplication or a sum over every position keeps NaN · 0 = NaN: select the unmasked "
-        "positions (torch.where, masked_fill) before reducing",
+        "positions (torch.where, masked_fill) before reducing; where only the gradient is NaN, zero the masked "
+        "inputs themselves before the product (the backward of torch.where multiplies its 0 by the NaN factor)",
     ("partition dependence", None):
         "a normaliser per part (a mean per micro-batch or DP rank, then summed or averaged over the parts): emit "
         "sums and counts, divide once over the mini-batch",
