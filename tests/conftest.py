@@ -1,5 +1,6 @@
-"""Registers ``tests/forked_cli.py`` as the module ``forked_cli`` (the suite runs with
-``--import-mode=importlib``: a test module imports it by that name) and stops its server at the end."""
+"""Registers the suite's helper modules ``tests/forked_cli.py`` and ``tests/engine_fork.py`` under their names
+(the suite runs with ``--import-mode=importlib``: a test module imports them by those names) and stops the forked
+CLI's server at the end."""
 
 from __future__ import annotations
 
@@ -7,10 +8,18 @@ import importlib.util
 import pathlib
 import sys
 
-_spec = importlib.util.spec_from_file_location("forked_cli", pathlib.Path(__file__).with_name("forked_cli.py"))
-forked_cli = importlib.util.module_from_spec(_spec)
-sys.modules["forked_cli"] = forked_cli
-_spec.loader.exec_module(forked_cli)
+
+
+def _register(name: str):
+    spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+forked_cli = _register("forked_cli")
+_register("engine_fork")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -12,12 +12,11 @@ sum does not survive at fp64 tolerance.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 
+import engine_fork
 import pytest
 
 pytestmark = pytest.mark.engines
@@ -64,28 +63,9 @@ PROPERTIES = ("matches_reference", "partition_invariant", "metric_integrity")
 EXAMPLES = 8
 
 
-def _skyrl_dir() -> str:
-    spec = importlib.util.find_spec("skyrl")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
-    return list(spec.submodule_search_locations)[0]
-
-
 def _fork(root) -> str:
-    # with the installed byte code: the checks run with -B (nothing is written back), so without it every
-    # process of both runs compiled SkyRL from source (minutes on a loaded machine); an edited file's byte
-    # code is removed, so it is compiled from the fork's source
-    shutil.copytree(_skyrl_dir(), root / "skyrl")
-    for rel, edits in FIX.items():
-        path = root / "skyrl" / rel
-        text = path.read_text()
-        for old, new in edits:
-            assert text.count(old) == 1, f"SkyRL's {rel} changed; update the fix ({old.strip()[:60]!r})"
-            text = text.replace(old, new)
-        path.write_text(text)
-        for pyc in (path.parent / "__pycache__").glob(path.stem + ".*.pyc"):
-            pyc.unlink()
-    return str(root)
+    source = engine_fork.package_dir("skyrl", "bash install/engines.sh .venv/bin/python skyrl")
+    return engine_fork.fork(root, "skyrl", source, FIX)
 
 
 def _check(out, *extra):

@@ -102,8 +102,8 @@ class _Case:
 @settings(max_examples=10, deadline=None, derandomize=True)
 @given(S.inputs("token-mean") | S.inputs("seq-mean-token-mean"))
 def test_the_float32_reference_engine_passes_every_property(inp):
-    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference), (PARTITION_INVARIANT, generic.partition_invariant),
-                        (MASK_INVARIANT, generic.mask_invariant)):
+    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference),
+                        (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):
         step = S.evaluate(reference_binding, _Case(inp, prop))
         assert not step.problems
         assert len(step.values) == 1 and len(step.gradients) == 2  # old log-probs; both parameters

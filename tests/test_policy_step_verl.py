@@ -15,12 +15,11 @@ must fail it with a clause on the quantity the mutant moves.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 
+import engine_fork
 import pytest
 
 pytestmark = pytest.mark.engines
@@ -45,24 +44,11 @@ EXAMPLES = 8
 
 
 def _verl_dir() -> str:
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("verl is not installed (bash install/engines.sh .venv/bin/python verl)")
-    return list(spec.submodule_search_locations)[0]
+    return engine_fork.package_dir("verl", "bash install/engines.sh .venv/bin/python verl")
 
 
 def _fork(root, edits) -> str:
-    shutil.copytree(_verl_dir(), root / "verl")
-    for rel, pairs in edits.items():
-        path = root / "verl" / rel
-        text = path.read_text()
-        for old, new in pairs:
-            assert text.count(old) == 1, f"verl's {rel} changed; update the mutant ({old.strip()[:60]!r})"
-            text = text.replace(old, new)
-        path.write_text(text)
-        for pyc in (path.parent / "__pycache__").glob(path.stem + ".*.pyc"):
-            pyc.unlink()
-    return str(root)
+    return engine_fork.fork(root, "verl", _verl_dir(), edits)
 
 
 def _failing_labels(out, *extra) -> list[str]:

@@ -170,7 +170,8 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         old_actor = training_worker(old_params, kn, loss_fn)
         actor = training_worker(params, kn, loss_fn)
         wg = types.SimpleNamespace(
-            compute_log_prob=functools.partial(rollout_worker["compute_log_prob"], types.SimpleNamespace(actor=old_actor)),
+            compute_log_prob=functools.partial(rollout_worker["compute_log_prob"],
+                                               types.SimpleNamespace(actor=old_actor)),
             update_actor=functools.partial(rollout_worker["update_actor"], types.SimpleNamespace(actor=actor)))
         trainer = types.SimpleNamespace(actor_rollout_wg=wg, distillation_config=None, config=OmegaConf.create({
             "actor_rollout_ref": {
@@ -193,7 +194,8 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         metrics = reduce_metrics(dict(actor_output.meta_info["metrics"]))
         metrics["actor/entropy"] = entropy.detach().item()
         if len(actor.engine.captured) != 1:
-            raise RuntimeError(f"the step made {len(actor.engine.captured)} optimizer steps, expected 1 (one mini-batch)")
+            raise RuntimeError(f"the step made {len(actor.engine.captured)} optimizer steps, expected 1 "
+                               "(one mini-batch)")
         return {"old_log_probs": old_log_probs, "grads": actor.engine.captured[0],
                 "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
 

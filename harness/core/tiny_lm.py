@@ -22,7 +22,8 @@ class TinyLM(torch.nn.Module):
         super().__init__()
         embed, head = (params[name].detach() for name in PARAMETERS)
         if embed.shape != head.shape or embed.dim() != 2:
-            raise ValueError(f"embed.weight {tuple(embed.shape)} and head.weight {tuple(head.shape)} must both be [V, H]")
+            raise ValueError(f"embed.weight {tuple(embed.shape)} and head.weight {tuple(head.shape)} must both be "
+                             "[V, H]")
         vocab, hidden = embed.shape
         self.embed = torch.nn.Embedding(vocab, hidden, dtype=embed.dtype)
         self.head = torch.nn.Linear(hidden, vocab, bias=False, dtype=head.dtype)

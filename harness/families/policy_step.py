@@ -4,9 +4,9 @@ Canonical form: a :class:`~rlconform.harness.core.contracts.PolicyStep` (``run(b
 Each function of the step can be right while the step that wires them is wrong: the temperature divided
 twice or not on one path, the normaliser counted on another mask or scoped to a micro-batch, a metric folded
 from per-micro-batch means. The binding drives the engine's own worker code; the harness hands it a tiny real
-model (:class:`~rlconform.harness.core.tiny_lm.TinyLM`: embedding → LM head, logits an exact function of the parameters) and compares the
-old log-probs, the gradient with respect to the model's parameters and the logged metrics with the exact
-float64 step (:func:`rlconform.reference.policy_step`).
+model (:class:`~rlconform.harness.core.tiny_lm.TinyLM`: embedding → LM head, logits an exact function of the
+parameters) and compares the old log-probs, the gradient with respect to the model's parameters and the logged
+metrics with the exact float64 step (:func:`rlconform.reference.policy_step`).
 
 Inputs, as a trainer's batch after rollout: prompts and responses of uneven length (left / right padding),
 rows cut at the maximum response length, interior observation tokens masked out of the loss (multi-turn),
@@ -92,7 +92,8 @@ def inputs(draw, mode: str):
             b = draw(st.integers(a + 1, response_len[i] - 1))
             response_mask[i, a:b] = 0
     per_row = draw(st.booleans())
-    adv = rng.normal(size=(rows, 1)) * np.ones((1, response_width)) if per_row else rng.normal(size=(rows, response_width))
+    adv = (rng.normal(size=(rows, 1)) * np.ones((1, response_width)) if per_row
+           else rng.normal(size=(rows, response_width)))
     embed = rng.normal(size=(vocab, hidden))
     head = rng.normal(size=(vocab, hidden))
     noise = draw(st.sampled_from(OFF_POLICY))
@@ -102,7 +103,8 @@ def inputs(draw, mode: str):
         "input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask,
         "advantages": (adv * response_mask).astype(np.float32),
         "embed": embed, "head": head,
-        "old_embed": embed + noise * rng.normal(size=embed.shape), "old_head": head + noise * rng.normal(size=head.shape),
+        "old_embed": embed + noise * rng.normal(size=embed.shape),
+        "old_head": head + noise * rng.normal(size=head.shape),
         "temperature": draw(st.sampled_from(TEMPERATURES)), "entropy_coeff": draw(st.sampled_from((0.0, 0.01))),
         "mode": mode, "micro_batch_sizes": [micro] + [d for d in divisors if d != micro],
         "garbage": draw(st.sampled_from(GARBAGE)), "seed": seed,
@@ -246,8 +248,9 @@ def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: 
     mask = np.asarray(inp["response_mask"], bool)
     old = out.get("old_log_probs")
     if old is None or tuple(np.shape(old)) != mask.shape:
-        ev.problems.append(problem_clause("missing output", f"old_log_probs: got shape {None if old is None else tuple(np.shape(old))}, "
-                                                            f"expected {mask.shape} ({label})"))
+        got = None if old is None else tuple(np.shape(old))
+        ev.problems.append(problem_clause("missing output", f"old_log_probs: got shape {got}, expected {mask.shape} "
+                                                            f"({label})"))
     else:
         values.append(Compared(f"old log-probs, {label}", _np(old), ref["old_log_probs"],
                                _np(fa["old_log_probs"]), "float32", "token_stat", only_where=mask, layout=layout))

@@ -1,15 +1,10 @@
-"""A wiring mutant of the policy step: the current log-probs divide the logits by the temperature twice (once in the model wrapper, once in the log-prob helper)."""
+"""A wiring mutant of the policy step: the current log-probs divide the logits by the temperature twice (once in the
+model wrapper, once in the log-prob helper)."""
 
-import functools
-
-from rlconform.harness.catalog.binding import PolicyStep
-from rlconform.harness.families.policy_step import fp32_step
-from rlconform.harness.mutants._base import mutant
+from rlconform.harness.mutants._step import step_mutant
 
 EXPECTED = [("policy_step", "matches_reference")]
 CAUGHT_BY = [  # findings that fail under the CI profile; tests/test_mutants.py checks only these
     "policy_step.matches_reference.float32.token-mean@trainer_batches",
 ]
-binding = mutant("step_temperature_twice", __doc__,
-                 **dict.fromkeys(("policy_step", "policy_step_metrics"),
-                                PolicyStep(run=functools.partial(fp32_step, temperature_times=2))))
+binding = step_mutant("step_temperature_twice", __doc__, temperature_times=2)
