@@ -49,6 +49,7 @@ over a real process group (gloo on CPU, with :func:`._compat.skyrl_cuda_device_o
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import math
 from collections import defaultdict
@@ -266,8 +267,9 @@ def _stand_in_trainer(minis=None, reduced=None):
     return trainer, data
 
 
+@functools.cache
 def _policy_step():
-    """SkyRL's trainer step from the batch to the gradient: :mod:`.skyrl_step`."""
+    """SkyRL's trainer step from the batch to the gradient: :mod:`.skyrl_step` (built once: both step ops use it)."""
     from .skyrl_step import policy_step
 
     return policy_step()

@@ -585,8 +585,9 @@ SAPO_AGG_MODES = {"sapo": "seq-mean-token-mean"}
 _METRIC_KEYS = {"pg_clipfrac": "pg_clipfrac", "ppo_kl": "ppo_kl", "pg_clipfrac_lower": "pg_clipfrac_lower"}
 
 
+@functools.cache
 def _policy_step():
-    """verl's trainer step from the batch to the gradient: :mod:`.verl_step`."""
+    """verl's trainer step from the batch to the gradient: :mod:`.verl_step` (built once: both step ops use it)."""
     from .verl_step import policy_step
 
     return policy_step(_one_rank_group, ACTOR_CONFIG, POLICY_LOSS_CONFIG)
