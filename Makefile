@@ -10,7 +10,7 @@ PYTEST_ARGS ?= -n 2 --dist worksteal
 # two engine worker processes for the checks (2 cores); override with CHECK_ARGS=...
 CHECK_ARGS ?= -n 2
 
-.PHONY: setup engines browser check-verl check-reference test reports clean
+.PHONY: setup engines browser check-verl check-reference lint test test-fast reports clean
 
 # pip's output goes to $(VENV)/rlconform-install.log (it holds local-index notices such as "Location …
 # is ignored", which are not errors); on a failure its last lines are printed.
@@ -53,11 +53,21 @@ browser:
 	    >/dev/null || echo "note: could not install chromium; the browser tests will skip"; \
 	else echo "note: chromium not found (not root or no apt-get); the browser tests will skip"; fi
 
-# Quick start 2: the self-tests, real engines included.
+# The linter (configuration: [tool.ruff] in pyproject.toml), part of both test targets.
+lint: setup
+	$(VENV)/bin/ruff check .
+
+# Quick start 2: the self-tests, real engines included; the 20 slowest tests are printed at the end.
 # -P and PYTHONSAFEPATH (inherited by xdist workers and subprocesses): the checkout root is never on
 # sys.path, so a bare `import reference` cannot work by accident.
-test: engines browser
-	PYTHONSAFEPATH=1 $(PY) -P -m pytest $(PYTEST_ARGS) tests
+test: engines browser lint
+	PYTHONSAFEPATH=1 $(PY) -P -m pytest $(PYTEST_ARGS) --durations=20 tests
+
+# Before a commit: the linter, every module's unit tests and one end-to-end check of the reference engine;
+# no real engine needed. The markers are checked by tests/test_markers.py.
+FAST_MARKERS ?= smoke or not (cli or engines or distributed or slow)
+test-fast: setup lint
+	PYTHONSAFEPATH=1 $(PY) -P -m pytest $(PYTEST_ARGS) --durations=10 -m "$(FAST_MARKERS)" tests
 
 # Regenerate the committed reports of the real engines.
 reports: engines

@@ -1,4 +1,4 @@
-"""Peak memory and wall time of one ``real_shapes`` finding, against the engine's own (issue 22 §5).
+"""Peak memory and wall time of one ``real_shapes`` finding, against the engine's own.
 
 Each measurement runs in a fresh subprocess (``ru_maxrss`` is a process's high-water mark):
 
@@ -79,16 +79,16 @@ def _inputs(rows: int, vocab: int):
 def child(args) -> dict:
     ref = None
     if args.referee and args.what == "finding":  # started before any engine import, as `rlconform check` does
+        from rlconform.harness.run.dispatch import referee_judge
         from rlconform.harness.workers import referee as referee_process
         from rlconform.properties import referee
-        from rlconform.harness.run.dispatch import referee_judge
 
         ref = referee_process.start(referee_judge, referee.check_clean)
         referee.connect(ref.address, ref.authkey)
     import torch
 
     from rlconform.harness.bindings.load import load_engine
-    from rlconform.harness.families.token_stats import engine_args, OPS
+    from rlconform.harness.families.token_stats import OPS, engine_args
     from rlconform.properties.case import Case
     from rlconform.properties.checks import run_check
 
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=VOCAB)
     p.add_argument("--referee", action=argparse.BooleanOptionalAction, default=True,
-                   help="judge in a referee process (issue 22 §1; the default, as in `rlconform check`): its "
+                   help="judge in a referee process (the default, as in `rlconform check`): its "
                         "peak is reported apart (referee_peak); --no-referee: the whole check in one process")
     p.add_argument("--label", default="current", help="what is measured (e.g. before / after a change)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     records.append(rec)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"target": "total_peak(finding) - total_peak(engine alone) <= 2 x logits bytes "
-                                              "(issue 22 §5; total: every process's RSS and the spill files in "
+                                              "(total: every process's RSS and the spill files in "
                                               "/dev/shm, at one moment)", "runs": records}, indent=1) + "\n")
     gb = 1e9
     print(f"{args.label}: {args.engine} {args.op} {args.property} {args.dtype} {[args.rows, args.vocab]} "

@@ -1,4 +1,4 @@
-"""Benchmark of the referee (issue 22 §1): the cost of judging a case in a referee process instead of the
+"""Benchmark of the referee: the cost of judging a case in a referee process instead of the
 engine's worker, per example, for a CI-sized entropy case and one at real vocabulary size.
 
 For each case: ``off`` = the whole check in this process (``run_check_here``); ``on`` = the same judged by
@@ -34,9 +34,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "referee.json"))
     args = ap.parse_args()
 
+    from rlconform.harness.run.dispatch import referee_judge
     from rlconform.harness.workers import referee as referee_process
     from rlconform.properties import referee
-    from rlconform.harness.run.dispatch import referee_judge
 
     load_start = os.getloadavg()
     t0 = time.perf_counter()

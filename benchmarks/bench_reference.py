@@ -1,4 +1,4 @@
-"""The fused float64 reference pass against verl's four fp32 calls, side by side; peak memory (issue 13).
+"""The fused float64 reference pass against verl's four fp32 calls, side by side; peak memory.
 
 Timing (one subprocess per T, everything on the same ``[T, V]`` fp32 logits, V = 151936 = Qwen's
 vocab): ``rlconform.reference.token_stats(x, labels)`` (logsumexp, token log-prob, entropy, Σπ² in one
@@ -73,10 +73,12 @@ def _logits(rows: int, vocab: int, seed: int):
 
 
 def _verl4():
-    from verl.utils.torch_functional import (
-        calculate_sum_pi_squared_from_logits, entropy_from_logits, logprobs_from_logits,
-    )
     import torch
+    from verl.utils.torch_functional import (
+        calculate_sum_pi_squared_from_logits,
+        entropy_from_logits,
+        logprobs_from_logits,
+    )
 
     def run(x, labels):
         return (entropy_from_logits(x), logprobs_from_logits(x, labels), calculate_sum_pi_squared_from_logits(x),
@@ -168,7 +170,7 @@ def _sub(args: list[str]) -> dict:
 
 
 def _markdown(doc: dict) -> str:
-    lines = ["# Fused float64 reference vs verl's four fp32 calls (issue 13)", "",
+    lines = ["# Fused float64 reference vs verl's four fp32 calls", "",
              f"Machine: {doc['machine']['cpus']} CPUs, {doc['machine']['platform']}, torch {doc['machine']['torch']}, "
              f"shared with other jobs (load average before/after each run below). Logits: fp32 [T, {VOCAB}], 3·N(0, 1).",
              f"Targets: time ratio ≤ {TARGET_TIME_RATIO}, fused extra memory ≤ {TARGET_EXTRA_RATIO} of the logits.", "",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 27 §3: verl's token statistics, fused kernels (the torch FusedLinearForPPO and the Triton
+# verl's token statistics, fused kernels (the torch FusedLinearForPPO and the Triton
 # linear_cross_entropy) and agg_loss checked on CUDA, plus one real-shape finding ([4096, 151936] bf16, wall
 # time and peak GPU memory). Fits one device call of at most 8 minutes; needs no network. See docs/cuda.md.
 #

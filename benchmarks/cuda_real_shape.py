@@ -1,4 +1,4 @@
-"""One real-shape finding on CUDA (issue 27 §3): verl's ``entropy`` (``entropy_from_logits``) and
+"""One real-shape finding on CUDA: verl's ``entropy`` (``entropy_from_logits``) and
 ``token_logprobs`` on bf16 logits ``[T, V] = [4096, 151936]`` (Qwen2's vocabulary), checked against the float64
 CPU reference exactly as ``rlconform check --device cuda`` checks them (inputs drawn on the CPU, moved to the
 GPU for the engine call, outputs back), with the wall time of each check and the peak GPU memory

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Post a Markdown file (default rlconform-ci/comment.md) as the pull request's rlconform comment
-# (issues 12 §5, 26 §9). rlconform's own comment is found by the hidden marker `<!-- rlconform -->` (added
+#. rlconform's own comment is found by the hidden marker `<!-- rlconform -->` (added
 # to the file's first line when missing) and edited; without one a comment is added. Another workflow's
 # comment of the same bot account is never touched.
 #

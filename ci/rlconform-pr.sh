@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# rlconform on a pull request (issue 12 §5): check the PR's head and its base with the fork's ledger,
+# rlconform on a pull request: check the PR's head and its base with the fork's ledger,
 # diff the two reports, and write the pull-request comment. Plain bash: runs the same locally and in CI
 # (.github/actions/rlconform/action.yml calls it).
 #
@@ -21,7 +21,7 @@
 #              the pull request supplies): the base's verdicts of the head's selection are read from it
 #              instead of checked (`rlconform report DIR --subset`); when it is of another commit, engine
 #              or rlconform version, incomplete, or lacks a selected finding, the base is checked as usual
-#   --all      check the whole catalog on both sides; by default (issue 26 §2) the head is checked with
+#   --all      check the whole catalog on both sides; by default the head is checked with
 #              `--changed-since <base commit>` (the findings whose engine functions, or what they call in
 #              the engine's package, changed, and those of ledger lines the PR edits) and the base with `--findings` of the head's
 #              selection (OUT/head/selection.txt): the same findings on both sides
@@ -170,7 +170,7 @@ rlconform diff "$out/base" "$out/head" --fail-on "$fail_on" --markdown "$out/com
 rc=$?
 [ -z "$since" ] || coverage_note
 # every command of the comment must work pasted in the fork's checkout with the uploaded reports in $out
-# (issue 26 §5): the checkouts' absolute paths become `.` (the head) and the base commit
+#: the checkouts' absolute paths become `.` (the head) and the base commit
 "${PYTHON:-python3}" - "$out/comment.md" "$head" "$base" "$out" "$since" "${GITHUB_SERVER_URL:-}" \
     "${GITHUB_REPOSITORY:-}" "${GITHUB_RUN_ID:-}" <<'PY' || die "cannot rewrite $out/comment.md"
 import os, sys

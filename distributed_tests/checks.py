@@ -21,7 +21,7 @@ Properties (the layout comes from the regime, see :mod:`rlconform.harness.core.l
 * ``non_destructive`` — on every rank, the shard (a producer's saved output, see
   :func:`rlconform.harness.core.guards.produce`) and the labels are bit-identical with unchanged version
   counters after forward and after backward; the producer must still backprop. For
-  ``vocab_parallel_sum_pi_squared`` in the ``*_after_entropy`` regimes, the *ordering* check of seed 002:
+  ``vocab_parallel_sum_pi_squared`` in the ``*_after_entropy`` regimes, the *ordering* check of verl PR #6153:
   Σπ² read before and after a vocab-parallel entropy forward + backward on the same logits (the
   binding's own ``vocab_parallel_entropy``, or the reference one) must be bit-identical.
 
@@ -38,17 +38,23 @@ import numpy as np
 import torch
 
 from rlconform.distributed_tests import ranks as K
-from rlconform.harness.core.layout import Layout, parse_regime, row_chunks, zigzag_index
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding, BindingError
-from rlconform.harness.catalog.ops import MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, get_op
+from rlconform.harness.catalog.ops import (
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    PARTITION_INVARIANT,
+    get_op,
+)
+from rlconform.harness.core import faithful as F
 from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation, call_engine
+from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.generated import LogitsGen
-from rlconform.harness.workers.pool import PoolStartupError, RankFailure, get_pool, in_torchrun
+from rlconform.harness.core.layout import Layout, parse_regime, row_chunks, zigzag_index
 from rlconform.harness.core.tensors import to_tensor
+from rlconform.harness.workers.pool import PoolStartupError, RankFailure, get_pool, in_torchrun
 from rlconform.properties.case import Case
 from rlconform.properties.generic import JUDGES, Outcome
-from rlconform.harness.core.failure import problem as problem_clause
 
 __all__ = ["EVALUATORS", "evaluate_context_parallel", "evaluate_dp_metric", "evaluate_dp_whiten",
            "evaluate_vocab_parallel", "on_pool", "run_check", "run_check_here", "run_ranks"]
@@ -67,7 +73,7 @@ def run_ranks(world: int, fn, payloads: list, where: str) -> list:
     rank order; a failure on any rank becomes an :class:`EngineCrash` with every rank's traceback.
 
     The round trip to the pool is an engine call (:func:`~rlconform.harness.core.evaluation.call_engine` of
-    :func:`on_pool`): under a referee (issue 22 §1) the evaluation runs in the referee, the engine's worker
+    :func:`on_pool`): under a referee the evaluation runs in the referee, the engine's worker
     makes only this call on its pool and the ranks' raw outputs (NumPy arrays as bytes, dtype names,
     guard messages) travel back to the referee, which computes the reference, the faithful path and the
     verdict. Raises :class:`~rlconform.harness.workers.pool.PoolStartupError` (a harness error, never a
@@ -91,7 +97,7 @@ def on_pool(world: int, fn, payloads: list) -> list:
     engine's worker); raises :class:`~rlconform.harness.workers.pool.RankFailure` when a rank fails."""
     from rlconform.harness.core import device
 
-    backend, devices = device.pool_backend(world)  # gloo on cpu; nccl, or gloo over CUDA tensors (issue 27)
+    backend, devices = device.pool_backend(world)  # gloo on cpu; nccl, or gloo over CUDA tensors
     pool = get_pool(world, backend=backend, devices=devices, timeout_s=DEADLINE_S,
                     collective_timeout_s=COLLECTIVE_TIMEOUT_S)
     return pool.run(fn, payloads, timeout_s=DEADLINE_S)
@@ -159,7 +165,7 @@ def _vp_shard(x: np.ndarray, labels, g: np.ndarray, layout: Layout, rank: int, p
 def _vp_assemble(results: list, layout: Layout, expect_grad: bool, ev: Evaluation):
     """Per TP rank, the value over all rows; the gradient with the shards concatenated (or None). With
     ``expect_grad``, a rank without an autograd graph or without a gradient is a problem of ``ev`` (one
-    rank's missing gradient never drops the check of the others: cases.md family 19)."""
+    rank's missing gradient never drops the check of the others: “gradient check skipped without a graph”)."""
     values = []
     for t in range(layout.tp):
         parts = [results[layout.rank(t, c)]["out"] for c in range(layout.cp)]
@@ -188,7 +194,7 @@ def _vp_faithful(base: str, x: torch.Tensor, labels, g: torch.Tensor, params: tu
 
 
 def _evaluate_vp_implementation(binding: Binding, case: Case, name: str) -> Evaluation:
-    """An alternative implementation ``name`` of a vocab-parallel op (issue 11 part 2) on TP ranks: the same
+    """An alternative implementation ``name`` of a vocab-parallel op on TP ranks: the same
     data in every input rank its contract allows (tokens ``[N]`` or ``[b, N/b]``), each answer (value on every
     TP rank, the gradient w.r.t. the concatenated shards) compared with the reference; a rank that raises on
     some TP rank, or an output dtype off the contract, is a problem of the case."""
@@ -597,7 +603,7 @@ EVALUATORS = {
 def run_check(binding: Binding, case: Case) -> Outcome:
     """Check a distributed ``case`` against ``binding`` on gloo ranks (or this torchrun job): the
     Evaluation assembled from every rank is judged by the generic property. With a referee connected
-    (:mod:`rlconform.properties.referee`, issue 22 §1) the op is resolved here (OpUnavailable and
+    (:mod:`rlconform.properties.referee`) the op is resolved here (OpUnavailable and
     BindingError surface in the engine's worker, as without one), then the evaluation and the verdict are
     the referee's (:func:`run_check_here` there), the pool round trips the engine calls made here
     (:func:`run_ranks`); otherwise everything runs on this process."""

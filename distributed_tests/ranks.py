@@ -221,7 +221,7 @@ def _vp_compute(mode: str, op: str, fn, entropy, group, data: dict, dtype: str, 
         messages += [m.describe() for m in guard.check("backward")]
         return {"messages": messages}
 
-    if mode == "order":  # seed 002: Σπ² before and after a vocab-parallel entropy forward + backward
+    if mode == "order":  # verl PR #6153: Σπ² before and after a vocab-parallel entropy forward + backward
         guard = InputGuard(logits=logits)
         before = fn(logits, group).detach().clone()
         messages += [m.describe() for m in guard.check("sum_pi_squared forward")]
@@ -261,7 +261,7 @@ def vocab_parallel_rank(ctx, payload: dict) -> list:
     binding = load_binding(payload["engine"])
     op, mode = payload["op"], payload["mode"]
     fn = binding.resolve(op)
-    if payload.get("impl"):  # an alternative implementation (issue 11 part 2), with its chunk size
+    if payload.get("impl"):  # an alternative implementation, with its chunk size
         fn = _with_chunk(binding.resolve_implementation(op, payload["impl"]), payload.get("chunk_size"))
     entropy = None
     if mode in ("after", "order"):
@@ -270,7 +270,7 @@ def vocab_parallel_rank(ctx, payload: dict) -> list:
         else:
             from rlconform.harness.bindings.reference import vocab_parallel_entropy as entropy
     ps = uses_parallel_state(fn, entropy)
-    fn = device.engine_call(fn, ctx.device)  # the rank's device (issue 27); the identity on the CPU
+    fn = device.engine_call(fn, ctx.device)  # the rank's device; the identity on the CPU
     if entropy is not None:
         entropy = device.engine_call(entropy, ctx.device)
     results = []
@@ -304,7 +304,7 @@ def token_reduction_rank(ctx, payload: dict) -> list:
     binding = load_binding(payload["engine"])
     fn = binding.resolve(payload["op"])
     ps = uses_parallel_state(fn)
-    fn = device.engine_call(fn, ctx.device)  # the rank's device (issue 27); the identity on the CPU
+    fn = device.engine_call(fn, ctx.device)  # the rank's device; the identity on the CPU
     results = []
     for run in payload["runs"]:
         groups = layout_groups(ctx, Layout(**run["layout"]), ps)

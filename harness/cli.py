@@ -6,9 +6,9 @@
     rlconform report DIR                       (re-render report.md and report.html from report.json)
     rlconform ledger DIR/report.json > xfails.txt
     rlconform diff BASE HEAD [--fail-on SEVERITY] [--markdown FILE]   (what a pull request changes)
-    rlconform bisect --engine-path CHECKOUT --good REV --bad REV CASE_FILE [--engine SPEC]   (issue 12 §4)
+    rlconform bisect --engine-path CHECKOUT --good REV --bad REV CASE_FILE [--engine SPEC]
     rlconform coverage --engine X [--format table|md|json] [--strict]   (the engine's numerics: bound or not)
-    rlconform audit --engine X [--report DIR] [--format md|json]   (fault shapes in the numerics, issue 24)
+    rlconform audit --engine X [--report DIR] [--format md|json]   (fault shapes in the numerics)
     rlconform list-ops | list-engines | --version
 
 Exit codes: 0 clean (every selected finding run and recorded, none failing), 1 discrepancies (or crashes,
@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--regime", action="append", default=[],
                    help="only this regime (repeatable; a data regime such as real_shapes also selects "
                         "variant@real_shapes and tp2_real_shapes)")
-    c.add_argument("--profile", default="ci", choices=["dev", "ci", "nightly"], help="hypothesis profile")
+    c.add_argument("--profile", default="ci", choices=["dev", "ci", "nightly"],
+                   help="hypothesis profile (default: ci, derandomized: the same examples on every machine; "
+                        "nightly adds the real_shapes regime)")
     c.add_argument("--max-examples", type=_positive_int, default=None,
                    help="examples per finding (overrides the profile)")
     c.add_argument("--max-shrinks", type=int, default=None,
@@ -112,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     _referee_arg(c)
     c.add_argument("-v", "--verbose", action="store_true",
                    help="also pytest's and pytest-xdist's own output (progress, warnings summary, counts)")
-    # --- triage (issue 12) ---
+    # --- triage ---
     from rlconform.harness.report.severity import DEFAULT_FAIL_ON, FAIL_ON
 
     c.add_argument("--fail-on", choices=FAIL_ON, default=DEFAULT_FAIL_ON,
@@ -141,28 +143,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_fuzz_parser(sub)
 
-    from rlconform.harness.report.diff import add_parser as add_diff_parser  # --- triage (issue 12) ---
+    from rlconform.harness.report.diff import add_parser as add_diff_parser  # --- triage ---
 
     add_diff_parser(sub)
 
-    from rlconform.harness.run.bisect import add_parser as add_bisect_parser  # --- bisect (issue 12 §4) ---
+    from rlconform.harness.run.bisect import add_parser as add_bisect_parser  # --- bisect ---
 
     add_bisect_parser(sub)
 
-    from rlconform.harness.report.explain_cmd import add_parser as add_explain_parser  # --- issue 20 §5 ---
+    from rlconform.harness.report.explain_cmd import add_parser as add_explain_parser  # --- explain ---
 
     add_explain_parser(sub)
 
-    from rlconform.harness.run.audit import add_parser as add_audit_parser  # --- static audit (issue 24 §2) ---
+    from rlconform.harness.run.audit import add_parser as add_audit_parser  # --- static audit ---
 
     add_audit_parser(sub)
 
-    from rlconform.harness.run.matrix import add_parser as add_matrix_parser  # --- version matrix (issue 23 §3) ---
+    from rlconform.harness.run.matrix import add_parser as add_matrix_parser  # --- version matrix ---
 
     add_matrix_parser(sub)
 
     cv = sub.add_parser("coverage", help="inventory the engine's numerics: every public function bound to an op, "
-                        "justified, or unbound (issue 11)")
+                        "justified, or unbound")
     _engine_args(cv)
     cv.add_argument("--format", choices=["table", "md", "json"], default=None,
                     help="table (rich), md (Markdown, as reports/<engine>/coverage.md) or json "
@@ -354,7 +356,6 @@ def cmd_check(args) -> int:
 
     from rlconform.harness.catalog.binding import BindingError
     from rlconform.harness.catalog.ops import FLOAT_DTYPES, OPS, PROPERTIES
-    from rlconform.harness.run.outdir import OutDirError, claim
     from rlconform.harness.report.xfails import parse_xfails
     from rlconform.properties.corpus import CorpusError, validate_corpus
 
@@ -381,7 +382,7 @@ def cmd_check(args) -> int:
     spec = args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference"
     from rlconform.harness.workers.reaper import Reaper
 
-    reaper = Reaper()  # from here on, every process the engine starts is a descendant of this one (issue 22 §2)
+    reaper = Reaper()  # from here on, every process the engine starts is a descendant of this one
     try:
         return _check_with(args, spec, corpus, reaper, pytest)
     finally:
@@ -566,7 +567,7 @@ def _run_pytest(args, meta: dict, corpus: str | None, tmp: str, pytest, only: bo
 
 def _seal(result: dict, reaper) -> str | None:
     """End every process the run started, then write the run's files from what the controller recorded and
-    read them back (issue 22 §2); returns a harness error, or None."""
+    read them back; returns a harness error, or None."""
     from rlconform.harness.report.writer import ReportWriteError
 
     reaper.end()
@@ -589,9 +590,9 @@ def _seal(result: dict, reaper) -> str | None:
 def _verdict(args, code: int, reaper=None) -> int:
     """The exit code, from what the plugin recorded (never from anything an engine could set: the report
     is read from the controller's record, after every process the run started is gone)."""
-    from rlconform.harness.run import pytest_plugin
-    from rlconform.harness.report.severity import fails  # --- triage (issue 12): --fail-on ---
+    from rlconform.harness.report.severity import fails  # --- triage: --fail-on ---
     from rlconform.harness.report.summary import print_summary
+    from rlconform.harness.run import pytest_plugin
 
     result = pytest_plugin._CONTROLLER_STATE.pop("result", None)
     if result is None:
@@ -624,7 +625,7 @@ def _verdict(args, code: int, reaper=None) -> int:
               "fault); see their messages in the report", file=sys.stderr)
         return EXIT_USAGE
     fixed = [d for d in (doc.get("run") or {}).get("ledger_defects") or () if d.get("status") == "xpass"]
-    for d in fixed:  # a listed defect none of whose findings failed (issue 21 §2)
+    for d in fixed:  # a listed defect none of whose findings failed
         print(f"rlconform: ledger line {d['line']}: defect {d['key']} is listed but none of its findings fails "
               f"now: it is fixed, remove the line", file=sys.stderr)
     if any(fails(f, args.fail_on) for f in doc["findings"]) or fixed:
@@ -642,18 +643,18 @@ def _verdict(args, code: int, reaper=None) -> int:
 
 def _replay_child(spec: str | None, engine_path: str | None, case_doc: dict, referee_at=None, emit=None) -> dict:
     """In the child process: load the engine, check the case, return what happened (data only). With
-    ``referee_at`` (address, authkey hex) the verdict is the referee's (issue 22 §1)."""
+    ``referee_at`` (address, authkey hex) the verdict is the referee's."""
     if referee_at:
         from rlconform.properties import referee
 
         referee.connect(referee_at[0], bytes.fromhex(referee_at[1]))
-    from rlconform.harness.core import torch_state
-    from rlconform.harness.catalog.binding import BindingError, OpUnavailable
     from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.catalog.binding import BindingError, OpUnavailable
+    from rlconform.harness.core import torch_state
+    from rlconform.harness.core.evaluation import EngineCrash
+    from rlconform.harness.run.dispatch import run_check
     from rlconform.harness.workers.pool import PoolStartupError
     from rlconform.properties.case import Case
-    from rlconform.harness.run.dispatch import run_check
-    from rlconform.harness.core.evaluation import EngineCrash
     from rlconform.properties.referee import RefereeError
 
     case = Case.from_json(case_doc)
@@ -747,7 +748,7 @@ def cmd_replay(args) -> int:
 
     if in_torchrun() and int(os.environ.get("RANK", "0")) != 0:
         # every rank runs the case (it holds its shard of the collectives); only rank 0 prints the verdict and
-        # carries it in its exit code, so torchrun reports one failing rank, not one per rank (issue 15)
+        # carries it in its exit code, so torchrun reports one failing rank, not one per rank
         result = _replay_child(spec, args.engine_path, case.to_json())
         return EXIT_USAGE if result["kind"] == "usage" else EXIT_CLEAN
     print(f"replaying {case.finding_id} on engine {spec}")
@@ -765,16 +766,15 @@ def cmd_replay(args) -> int:
         # child's start (a fresh interpreter importing torch and the catalog, ~3 s of CPU); it patches nothing
         # at import, never ends its process, and its verdict is the same as in a child
         return _print_replay_result(_replay_child(spec, None, case.to_json()))
-    from rlconform.harness.workers.isolated import ChildDied, run_isolated
-
     from rlconform.harness.run.referee_verdicts import refereed
+    from rlconform.harness.workers.isolated import ChildDied, run_isolated
 
     ref = None
     try:
         if refereed(case.op) and args.referee:  # started before the engine's child imports anything
+            from rlconform.harness.run.dispatch import referee_judge
             from rlconform.harness.workers import referee as referee_process
             from rlconform.properties import referee as judge
-            from rlconform.harness.run.dispatch import referee_judge
 
             try:
                 ref = referee_process.start(referee_judge, judge.check_clean)
@@ -837,8 +837,8 @@ def _print_replay_result(result: dict) -> int:
 
 def _coverage_child(spec: str | None, engine_path: str | None, emit=None) -> dict:
     """In a child process: load the engine and build its coverage table (data only), or ``{"error": ...}``."""
-    from rlconform.harness.catalog.coverage import coverage_record
     from rlconform.harness.bindings.load import load_engine_with_coverage
+    from rlconform.harness.catalog.coverage import coverage_record
 
     binding, error = load_engine_with_coverage(
         spec, engine_path, "its numerics modules, registries and NOT_BOUND justifications")
@@ -851,8 +851,8 @@ def _coverage_child(spec: str | None, engine_path: str | None, emit=None) -> dic
 
 def cmd_coverage(args) -> int:
     """Print the engine's coverage table; exit 1 with ``--strict`` when an item is unbound."""
-    from rlconform.harness.report.coverage_md import print_table, render_markdown
     from rlconform.harness.bindings.load import engine_record
+    from rlconform.harness.report.coverage_md import print_table, render_markdown
 
     spec = args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference"
     record, error = engine_record(_coverage_child, spec, args.engine_path, args.timeout, "the coverage table")
@@ -975,7 +975,7 @@ def cmd_report(args) -> int:
         return _report_subset(args)
 
     out = os.path.dirname(args.out) or "." if args.out.endswith(".json") else args.out
-    from rlconform.harness.report.load import ReportError, load_report
+    from rlconform.harness.report.load import load_report
 
     try:
         load_report(out)  # every finding's shape, before anything is rewritten
@@ -1028,15 +1028,15 @@ def _main(argv: list[str] | None = None) -> int:
         return cmd_fuzz(args)
     if args.command == "report":
         return cmd_report(args)
-    if args.command == "diff":  # --- triage (issue 12) ---
+    if args.command == "diff":  # --- triage ---
         from rlconform.harness.report.diff import cmd_diff
 
         return cmd_diff(args)
-    if args.command == "bisect":  # --- bisect (issue 12 §4) ---
+    if args.command == "bisect":  # --- bisect ---
         from rlconform.harness.run.bisect import cmd_bisect
 
         return cmd_bisect(args)
-    if args.command == "explain":  # --- issue 20 §5 ---
+    if args.command == "explain":  # --- ---
         from rlconform.harness.report.explain_cmd import cmd_explain
 
         return cmd_explain(args)
@@ -1044,11 +1044,11 @@ def _main(argv: list[str] | None = None) -> int:
         return cmd_ledger(args)
     if args.command == "coverage":
         return cmd_coverage(args)
-    if args.command == "audit":  # --- static audit (issue 24 §2) ---
+    if args.command == "audit":  # --- static audit ---
         from rlconform.harness.run.audit import cmd_audit
 
         return cmd_audit(args)
-    if args.command == "matrix":  # --- version matrix (issue 23 §3) ---
+    if args.command == "matrix":  # --- version matrix ---
         from rlconform.harness.run.matrix import cmd_matrix
 
         return cmd_matrix(args)

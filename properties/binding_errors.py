@@ -1,4 +1,4 @@
-"""A binding's own error, told apart from an engine crash (issue 23 §2).
+"""A binding's own error, told apart from an engine crash.
 
 When an op's call raises ``TypeError``, ``AttributeError``, ``ImportError`` (``ModuleNotFoundError``) or
 ``NameError`` and the innermost Python frame of the traceback is the binding's code — a file of

@@ -5,7 +5,7 @@ case — call the engine through its binding, the float64 reference and the dtyp
 and judges the resulting :class:`~rlconform.harness.core.evaluation.Evaluation` with the generic property
 (:mod:`rlconform.properties.generic`). It raises :class:`EngineCrash` when the engine itself raises.
 The hypothesis tests in this package draw cases and call it; ``rlconform replay`` calls it on a saved
-case. A case of a second implementation of a variant (regime ``variant+impl@data``, issue 28 §2) is
+case. A case of a second implementation of a variant (regime ``variant+impl@data``) is
 evaluated by :func:`evaluate_implementation`. Distributed families are checked by :func:`rlconform.distributed_tests.checks.run_check`.
 """
 
@@ -17,10 +17,14 @@ from rlconform.harness.catalog.ops import family_of, get_op
 from rlconform.harness.core import failure
 from rlconform.harness.core.evaluation import EngineCrash, Evaluation, call_engine  # noqa: F401 - re-exported
 from rlconform.harness.core.opinfo import (
-    IMPLEMENTATIONS_AGREE, MATCHES_REFERENCE, plain_regime, regime_implementation, split_regime,
+    IMPLEMENTATIONS_AGREE,
+    MATCHES_REFERENCE,
+    plain_regime,
+    regime_implementation,
+    split_regime,
 )
-from rlconform.harness.families.agg_loss import describe_partition, partition_rows  # noqa: F401
 from rlconform.harness.core.tensors import TORCH_DTYPES, as_numpy, out_dtype, representable, to_tensor  # noqa: F401
+from rlconform.harness.families.agg_loss import describe_partition, partition_rows  # noqa: F401
 from rlconform.properties.case import Case
 from rlconform.properties.generic import JUDGES, Outcome  # noqa: F401 - re-exported
 
@@ -32,7 +36,7 @@ class PropertyFailure(AssertionError):
 def run_check(binding, case: Case) -> Outcome:
     """Check ``case`` against ``binding``; raises EngineCrash, OpUnavailable, VariantNotProvided or
     BindingError (a distributed op, or a property that does not apply). With a referee connected
-    (:mod:`rlconform.properties.referee`, issue 22 §1) only the engine's calls run here: the evaluation and
+    (:mod:`rlconform.properties.referee`) only the engine's calls run here: the evaluation and
     the verdict are the referee's;
     otherwise everything runs on this process (:func:`run_check_here`)."""
     from rlconform.harness.core.compile_limits import keep_compiling
@@ -76,7 +80,7 @@ def run_check_here(binding, case: Case) -> Outcome:
 
 def evaluate_implementation(family, binding, case: Case, impl: str) -> Evaluation:
     """The Evaluation of a case of a second implementation ``impl`` of a variant (regime
-    ``variant+impl@data``, issue 28 §2): the family evaluates the same inputs under the plain
+    ``variant+impl@data``): the family evaluates the same inputs under the plain
     ``variant@data`` regime with the binding seen through :class:`ImplementationView`, so every property
     judges the second implementation exactly as it judges the first. For ``implementations_agree`` both
     implementations are evaluated as for ``matches_reference`` and the second one's outputs are the
@@ -117,7 +121,7 @@ def _engine_error(exc: EngineCrash) -> str:
 
 
 def declared_guard(binding, case: Case, exc: EngineCrash):
-    """The binding's declared guard (issue 20 §2) that covers this crash, or None: the engine raised the
+    """The binding's declared guard that covers this crash, or None: the engine raised the
     declared error type with a matching message where the declared trigger holds on the case's inputs. A
     guard raising anywhere else, or another error, stays a crash."""
     from rlconform.harness.core.declared import matching_guard

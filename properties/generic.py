@@ -38,10 +38,16 @@ import numpy as np
 from rlconform.harness.core import failure
 from rlconform.harness.core.evaluation import Compared, Evaluation
 from rlconform.harness.core.opinfo import (
-    FINITE, IMPLEMENTATIONS_AGREE, MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE, PARTITION_INVARIANT,
+    FINITE,
+    IMPLEMENTATIONS_AGREE,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    METRIC_INTEGRITY,
+    NON_DESTRUCTIVE,
+    PARTITION_INVARIANT,
 )
 from rlconform.harness.core.tensors import representable
-from rlconform.harness.core.tolerance import ATOL, C, ULP_FLOOR, Comparison, bound, compare, ulp, verdict
+from rlconform.harness.core.tolerance import ATOL, ULP_FLOOR, C, Comparison, bound, compare, ulp, verdict
 
 
 @dataclasses.dataclass

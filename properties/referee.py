@@ -1,5 +1,4 @@
-"""The referee: the verdict on a case is computed in a process that has never imported engine code
-(issue 22 §1).
+"""The referee: the verdict on a case is computed in a process that has never imported engine code.
 
 The engine's worker (:func:`refereed_check`) sends the referee the case and a stand-in of the binding
 (:func:`standin`: the binding's data, every engine callable replaced by a :class:`ReplayFn`, every other
@@ -17,7 +16,7 @@ the verdict to the controller of the run. Whatever the engine patched in its pro
 tensor subclass whose methods lie, never reaches the verdict; the reference and the faithful path are
 computed once, in the referee.
 
-A declared guard's trigger (issue 20 §2) is the binding's code: it is evaluated on the case in the worker and
+A declared guard's trigger is the binding's code: it is evaluated on the case in the worker and
 travels as its value (:class:`Decided`).
 """
 
@@ -426,9 +425,9 @@ def refereed_check(binding, case):
     :class:`~rlconform.harness.core.blame.OwnCodeRaised` when rlconform's yardstick raised on it (its error);
     :class:`RefereeError` when the referee could not judge (its evaluation diverged, it failed or stopped
     answering): rlconform's error, not the engine's."""
-    from rlconform.harness.workers.referee import RefereeUnavailable
     from rlconform.harness.core import torch_state
     from rlconform.harness.core.evaluation import EngineCrash
+    from rlconform.harness.workers.referee import RefereeUnavailable
 
     table: list = []
     payload = pickle.dumps({"case": case, "binding": standin(binding, case, table)}, protocol=pickle.HIGHEST_PROTOCOL)

@@ -39,14 +39,14 @@ import shlex
 import pytest
 from hypothesis import given, seed, settings
 
-from rlconform.harness.workers import interrupts
 from rlconform.harness.catalog.binding import BindingError, OpUnavailable, VariantNotProvided
 from rlconform.harness.catalog.ops import OPS
-from rlconform.properties.binding_errors import adapter_error
 from rlconform.harness.core.blame import OwnCodeRaised, own_code_raised
 from rlconform.harness.core.evaluation import EngineCrash
-from rlconform.harness.workers.pool import PoolStartupError, RankFailure
 from rlconform.harness.core.profiles import capped_settings, example_cap
+from rlconform.harness.workers import interrupts
+from rlconform.harness.workers.pool import PoolStartupError, RankFailure
+from rlconform.properties.binding_errors import adapter_error
 from rlconform.properties.case import Case, CaseError
 from rlconform.properties.checks import PropertyFailure
 from rlconform.properties.corpus import replay_corpus
@@ -136,10 +136,10 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
     shrunk)."""
     op, prop, dtype, regime = finding
     try:
-        # issue 23 §1: a stage transcribed from the engine instead of called is named on every finding
+        # a stage transcribed from the engine instead of called is named on every finding
         rec.transcribed = getattr(binding.resolve(op), "transcribed", None)
     except OpUnavailable as exc:
-        # the cause first (issue 26 §6: "op 'x' unavailable: ModuleNotFoundError: …"), then the traceback's tail
+        # the cause first ("op 'x' unavailable: ModuleNotFoundError: …"), then the traceback's tail
         rec.unavailable_detail = f"{exc}\n{exc.detail[-3000:]}"
         pytest.skip(str(exc))
     except BindingError as exc:
@@ -150,12 +150,12 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
     provided = binding.provided_implementations(op) if hasattr(binding, "provided_implementations") else ()
     impl = regime.split("@", 1)[0] if "@" in regime and regime.split("@", 1)[0] in provided else None
     gap = binding.device_gap(op, regime) if hasattr(binding, "device_gap") else None
-    if gap is not None:  # a CUDA-only kernel on a CPU run (issue 27 §1): unavailable with its reason, never skipped
+    if gap is not None:  # a CUDA-only kernel on a CPU run: unavailable with its reason, never skipped
         rec.unavailable_detail = f"op {op + '@' + impl if impl else op!r} unavailable: {gap}"
         rec.needs = "cuda"
         pytest.skip(rec.unavailable_detail)
     if impl is not None:
-        # issue 23 §2: an implementation this engine release lacks (its import or lookup fails) is unavailable for
+        # an implementation this engine release lacks (its import or lookup fails) is unavailable for
         # that implementation, said here in the parent, as for the op itself (the referee's stand-in of the
         # binding holds only the implementations that resolve: it would answer VariantNotProvided)
         try:
@@ -181,7 +181,7 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
         except EngineCrash as exc:
             adapter = adapter_error(binding, getattr(exc, "where", op), exc.__cause__) \
                 if exc.__cause__ is not None else None
-            if adapter is not None:  # issue 23 §2: the binding does not fit this engine version; no crash
+            if adapter is not None:  # the binding does not fit this engine version; no crash
                 rec.adapter_error = rec.binding_error = adapter
                 err = AdapterError(adapter)
                 err.__cause__ = exc.__cause__

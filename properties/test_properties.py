@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlconform.harness.catalog.ops import OPS, strategy_for
+from rlconform.harness.catalog.ops import strategy_for
 from rlconform.properties.checks import run_check
 from rlconform.properties.runner import run_finding
 

@@ -21,6 +21,8 @@ loss, parameter gradients and metrics, composed from the above).
 
 from .advantage import optimal_token_baseline
 from .advantage_estimators import ESTIMATOR_DOCS, ESTIMATORS, NAN_SCOPE, gae, outcome_advantage
+from .fused_linear import fused_linear_token_stats, fused_linear_token_stats_grad
+from .fused_stats import token_stats
 from .importance import IMPORTANCE_LEVELS, importance_ratio, importance_ratio_grad
 from .kl import KL_ESTIMATORS, kl_estimator, kl_estimator_grad
 from .label_smoothing import smoothed_token_logprobs, smoothed_token_logprobs_grad
@@ -44,8 +46,13 @@ from .reductions import (
     moments,
     moments_to_mean_var,
 )
-from .fused_linear import fused_linear_token_stats, fused_linear_token_stats_grad
-from .fused_stats import token_stats
+from .rejection import (
+    RS_ESTIMATORS,
+    RS_LEVELS,
+    rejection_statistics,
+    rollout_correction_metrics,
+    rollout_rejection_mask,
+)
 from .softmax_stats import (
     entropy,
     entropy_grad,
@@ -56,7 +63,6 @@ from .softmax_stats import (
     token_logprobs,
     token_logprobs_grad,
 )
-from .rejection import RS_ESTIMATORS, RS_LEVELS, rejection_statistics, rollout_correction_metrics, rollout_rejection_mask
 from .value_loss import value_loss, value_loss_grad
 from .whitening import WHITEN_EPS, ExactMoments, exact_moments, masked_whiten, merge_exact_moments
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from ._compensated import two_sum
 from ._convert import as_float64, as_mask
-from .loss_agg import LOSS_AGG_MODES
 from .exact_sum import exact_sum
+from .loss_agg import LOSS_AGG_MODES
 
 __all__ = [
     "SumCount",

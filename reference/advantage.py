@@ -1,4 +1,4 @@
-"""Optimal token baseline advantages (verl PR #6153, seed 002), exact in float64 and without epsilon."""
+"""Optimal token baseline advantages verl PR #6153, exact in float64 and without epsilon."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def optimal_token_baseline(
     with compensated pairwise sums over the group (normalised weights: no underflow of G·W). So each
     B_t is accurate to a few ulps of Σ_i (|G|·Ŵ)_i / |Σ W·m|, where Ŵ accumulates the size of w's terms,
     |Σπ² − 1| + 2|expm1(log π)| (times ρ²): w itself may cancel, e.g. when π → 1 and Σπ² → 1.
-    Source: verl PR #6153 (seed 002); the optimal-baseline derivation in its docstring
+    Source: verl PR #6153 (verl PR #6153); the optimal-baseline derivation in its docstring
     (B_t* = E[G_t·W_t] / E[W_t]).
     """
     rewards0 = as_float64(token_level_rewards, "token_level_rewards")

@@ -27,7 +27,7 @@ Conventions shared by every variant (``S`` below):
      every unmasked output of the input's containment unit is NaN, and nothing outside it changes.
      The unit (``NAN_SCOPE``) is the prompt group for group-normalised variants, the row for remax,
      and the whole batch for variants that end with batch whitening (a batch statistic cannot contain
-     a NaN; cases.md row 18 is about the group-normalised variants).
+     a NaN; “one NaN reward spreads to every group” is about the group-normalised variants).
   S7 accuracy, against the exact value of the formula on the given float64 inputs: group variants
      within ~1.5 ulps (exact rational statistics, σ rounded once, one final rounding); returns and
      remax advantages within 1 ulp + ~2^-100·Σ|r| (double-double recurrences); whitened outputs
@@ -45,11 +45,11 @@ from fractions import Fraction
 
 import numpy as np
 
-from ._convert import as_float64, as_mask, is_tensor_like
 from ._compensated import two_sum
+from ._convert import as_float64, as_mask, is_tensor_like
 from ._dd import dd_add, dd_mul, dd_round, two_prod
-from .whitening import WHITEN_EPS, ExactMoments, masked_whiten, whiten_scale
 from .exact_sum import exact_sum
+from .whitening import WHITEN_EPS, ExactMoments, masked_whiten, whiten_scale
 
 __all__ = ["ESTIMATORS", "ESTIMATOR_DOCS", "NAN_SCOPE", "outcome_advantage", "gae", "masked_whiten"]
 

@@ -5,7 +5,7 @@ log-probability (when labels are given), the entropy and Σπ² (``sum_pi_square
 their gradients w.r.t. the logits — from a single chunked pass over the rows, as a dict of NumPy
 float64 arrays. It computes the same formulas as :mod:`rlconform.reference.softmax_stats` (one
 function per statistic, NumPy) with torch float64 kernels, so that checking at real shapes
-(``[4096, 151936]``) costs no more than the engine under check (issue 13; see
+(``[4096, 151936]``) costs no more than the engine under check (see
 ``benchmarks/bench_reference.py`` and ``benchmarks/results/bench_reference.md``).
 
 Inputs, outputs and errors are those of the separate references (see the softmax_stats module doc):

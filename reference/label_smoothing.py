@@ -12,7 +12,7 @@ over the V − 1 other classes instead (NeMo's convention): its loss is −s(x, 
 α = α_M·V/(V − 1). Under tensor parallelism V is the *whole* vocab and the mean runs over every
 shard — a per-shard V and a per-shard mean (Megatron-core 0.19.2 ``_VocabParallelCrossEntropy.forward``
 uses ``exp_logits.size(-1)``, the partition's vocab, and ``log_probs.mean(dim=-1)`` over the local
-shard) give each TP rank a different, wrong loss (issue 11 §3).
+shard) give each TP rank a different, wrong loss.
 
 α = 0 is ``token_logprobs``. ``-inf`` logits (a padded vocab) make mean(x) = −inf, so s = −inf: a
 padded vocab must not be smoothed over (the regimes of the smoothed ops have finite logits).
@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._convert import as_float64
-from .softmax_stats import logsumexp_grad, token_logprobs
 from .exact_sum import exact_sum
+from .softmax_stats import logsumexp_grad, token_logprobs
 
 __all__ = ["smoothed_token_logprobs", "smoothed_token_logprobs_grad"]
 

@@ -115,7 +115,7 @@ def agg_loss_grad(loss_mat, mask, mode: str, loss_scale_factor=None, grad_output
     ==========================  =========================================  ===========================
 
     Masked tokens get exactly 0 whatever they hold (a loss whose numerator sums them gives them
-    weight: cases.md family 15). Times ``grad_output``. Raises as :func:`agg_loss`.
+    weight: “masked tokens in the loss numerator”). Times ``grad_output``. Raises as :func:`agg_loss`.
     Source: the closed form of :func:`agg_loss` (verl ``core_algos.agg_loss``).
     """
     agg_loss(np.where(as_mask(mask, np.shape(as_float64(loss_mat, "loss_mat"))), as_float64(loss_mat, "loss_mat"), 0.0),

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from .reductions import masked_count, masked_max, masked_mean, masked_min, masked_std
 from .exact_sum import exact_sum
+from .reductions import masked_count, masked_max, masked_mean, masked_min, masked_std
 
 __all__ = ["INTEGER_STATISTICS", "metric_statistics", "token_metrics"]
 
@@ -24,7 +24,7 @@ def token_metrics(values, mask) -> dict:
     shard's mean is never averaged with another's (the "mean of per-shard means" bug: shard A =
     1 token at 1.0, shard B = 100 tokens at 2.0 → 201/101, not 1.5).
     Raises ValueError as :func:`rlconform.reference.masked_mean`.
-    Source: SkyRL issue #1822 and its sum/count fix (seed 000).
+    Source: SkyRL issue #1822 and its sum/count fix (SkyRL issue #1822).
     """
     return {
         "mean": masked_mean(values, mask),

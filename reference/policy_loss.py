@@ -103,8 +103,8 @@ from ._policy_common import (
     sigmoid_pair,
     sum_count,
 )
-from .loss_agg import agg_loss
 from .exact_sum import exact_sum
+from .loss_agg import agg_loss
 
 __all__ = ["POLICY_LOSS_VARIANTS", "SumCount", "policy_loss", "policy_loss_grad"]
 

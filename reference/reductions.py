@@ -17,7 +17,7 @@ catastrophic cancellation (values like 1e16 + small). Moments are merged with fs
 or with Chan et al.'s pairwise update (1979, "Updating formulae and a pairwise algorithm for
 computing sample variances"), the latter evaluated in exact rational arithmetic.
 
-Source: the sum/count metric fix of SkyRL issue #1822 (seed 000): reduce (Σx, Σx², nnz), divide once.
+Source: the sum/count metric fix of SkyRL issue #1822: reduce (Σx, Σx², nnz), divide once.
 """
 
 from __future__ import annotations

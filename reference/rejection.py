@@ -1,4 +1,4 @@
-"""Rollout-correction rejection masks and their diagnostics (issue 25 §3).
+"""Rollout-correction rejection masks and their diagnostics.
 
 With Δ_{i,t} = log_prob − old_log_prob at the valid tokens of row i (``log_prob``: the training policy,
 ``old_log_prob``: the rollout policy, so r = e^Δ = π_train / π_rollout) and the per-token statistics
@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from .exact_sum import exact_sum
 
 __all__ = ["RS_LEVELS", "RS_ESTIMATORS", "rollout_rejection_mask", "rejection_statistics",

@@ -45,7 +45,7 @@ Memory and time
 Sources: logsumexp / log-softmax as in torch; entropy as verl ``entropy_from_logits`` and Megatron
 ``vocab_parallel_entropy``; token log-probs as verl ``logprobs_from_logits`` / Megatron
 ``vocab_parallel_cross_entropy`` (= −log p_y); Σπ² as verl ``calculate_sum_pi_squared_from_logits`` and
-``vocab_parallel_sum_pi_squared`` (verl PR #6153, seed 002). Gradients are the closed forms of the
+``vocab_parallel_sum_pi_squared`` verl PR #6153. Gradients are the closed forms of the
 rlconform design (d log p_y = e_y − p; dH = −p ⊙ (log p + H); dΣπ² = 2p ⊙ (p − Σπ²)).
 """
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from ._compensated import two_sum
 from ._convert import as_float64, as_mask
-from .reductions import ChanMoments, Moments
 from .exact_sum import exact_sum
+from .reductions import ChanMoments, Moments
 
 __all__ = ["ExactMoments", "exact_moments", "merge_exact_moments", "masked_whiten", "WHITEN_EPS"]
 

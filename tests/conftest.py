@@ -9,7 +9,6 @@ import pathlib
 import sys
 
 
-
 def _register(name: str):
     spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)

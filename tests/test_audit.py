@@ -1,4 +1,4 @@
-"""The static audit of fault shapes (issue 24 §2): every rule fires on its planted shape
+"""The static audit of fault shapes: every rule fires on its planted shape
 (``tests/audit_fixtures/planted.py``) and not on the fixed form; the clean reference engine stays quiet; hits
 are linked to a report's findings (confirmed / contradicted / unverified); the command never fails a run."""
 
@@ -106,6 +106,7 @@ def test_hits_are_linked_to_the_findings_of_their_function():
     assert "`eng/m.py:12`" in md and "1 of 1 fail, e.g. `entropy.b`" in md
 
 
+@pytest.mark.cli
 def test_cli_audit_exits_0_with_hits_and_2_on_bad_input(tmp_path, capsys, monkeypatch):
     """A binding file whose coverage names a planted package: its hits are listed, exit 0; an unreadable
     report or an engine without coverage is one line and exit 2."""
@@ -132,6 +133,7 @@ def test_cli_audit_exits_0_with_hits_and_2_on_bad_input(tmp_path, capsys, monkey
     assert "declares no coverage" in capsys.readouterr().err
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("unreadable", ["recursion", "fifo"])
 def test_cli_audit_reports_a_file_it_cannot_read_and_exits_2(unreadable, tmp_path, capsys, monkeypatch):
     """A file that makes Python's parser raise RecursionError, or a FIFO named ``*.py`` (opening it would

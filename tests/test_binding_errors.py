@@ -1,4 +1,4 @@
-"""A binding that does not fit the engine version is a binding error, not an engine crash (issue 23 §2).
+"""A binding that does not fit the engine version is a binding error, not an engine crash.
 
 tests/bindings/adapter_mismatch.py: its ``masked_sum`` adapter passes a keyword the engine function lacks
 (``binding_error`` naming the version and the missing name, no defect, its own report section, exit code 2);
@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 BINDING = os.path.join(os.path.dirname(__file__), "bindings", "adapter_mismatch.py")
 import forked_cli
 
 
+@pytest.mark.cli
 def test_adapter_typeerror_is_a_binding_error_and_a_missing_module_takes_down_only_its_op(tmp_path):
     out = tmp_path / "r"
     proc = forked_cli.run(["check", "--engine", BINDING, "--op", "masked_sum",

@@ -1,4 +1,4 @@
-"""``rlconform bisect`` (issue 12 §4) on a small git repository built here: a binding whose ``masked_mean``
+"""``rlconform bisect`` on a small git repository built here: a binding whose ``masked_mean``
 goes wrong (divides by the wrong count) at commit k, with a commit before it where the module does not
 import (skip). The checkout must be left on its branch (or detached HEAD) with nothing changed.
 
@@ -13,8 +13,8 @@ import pathlib
 import subprocess
 import sys
 
-import numpy as np
 import forked_cli
+import numpy as np
 import pytest
 
 from rlconform.harness.run import bisect as B
@@ -63,6 +63,7 @@ def fork(tmp_path):
     return repo, T.make_fork(repo, HISTORY)
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_bisect_names_commit_k_and_leaves_the_checkout_as_found(tmp_path, fork):
     repo, hashes = fork
@@ -119,6 +120,7 @@ def test_older_replay_reads_engine_from_a_copy_of_the_case(tmp_path, fork):
     assert B.replay_flags() >= {"--engine-path"}  # the real one
 
 
+@pytest.mark.cli
 def test_dirty_checkout_is_refused_and_left_alone(tmp_path, fork):
     repo, hashes = fork
     (repo / "toypkg" / "ops.py").write_text("# local edit\n")

@@ -1,8 +1,8 @@
 """Every listed branch of every variant's definition is taken by the CI profile's examples at ordinary
-magnitudes (issue 25 §2): the families' ``BRANCHES`` (a predicate per branch over the inputs) counted over
+magnitudes: the families' ``BRANCHES`` (a predicate per branch over the inputs) counted over
 the examples the CI profile draws from the ordinary regimes, in their first dtype (no engine runs:
 strategies only). A branch no example takes fails, naming it. And every op with a loss / response mask
-draws multi-turn rows (§1): interior observation spans of one token and of several, runs at the start
+draws multi-turn rows: interior observation spans of one token and of several, runs at the start
 and at the end, rows that are all observation."""
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from rlconform.harness.catalog.ops import OPS, strategy_for
 from rlconform.harness.core.branches import branch_counts
 from rlconform.harness.core.opinfo import split_regime
 from rlconform.harness.core.profiles import PROFILES, settings_for
-from rlconform.harness.families import importance_ratio, kl_estimator, policy_loss, rejection_mask, value_loss, advantages
+from rlconform.harness.families import (
+    advantages,
+    importance_ratio,
+    kl_estimator,
+    policy_loss,
+    rejection_mask,
+    value_loss,
+)
 
 #: op -> (family module, the data regimes of ordinary magnitudes, the inputs' mask key)
 FAMILIES = {
@@ -67,7 +74,7 @@ def test_ci_examples_take_every_branch(op, variant):
     assert not missing, f"{op}[{variant}]: no CI-profile example of {regimes} takes {missing} ({n} examples; {counts})"
 
 
-# ----------------------------------------------------------------------------- multi-turn masks (§1)
+# ----------------------------------------------------------------------------- multi-turn masks
 def mask_shapes(m) -> dict[str, int]:
     """Rows of a mask [B, T] by shape: interior masked spans of one token / of ≥ 2 tokens (a valid token on
     each side), a masked run at the start followed by a valid token, right padding, all observation."""

@@ -1,5 +1,5 @@
 """Report case files are relative to the report folder, and every reader resolves them there; older
-reports with another machine's absolute paths still work (issue 20 §4)."""
+reports with another machine's absolute paths still work."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import json
 import os
 
 import forked_cli
+import numpy as np
+import pytest
+
 from rlconform.harness.report import case_paths as CP
-from rlconform.harness.report.writer import SCHEMA, rerender
 from rlconform.harness.report.diff import load
+from rlconform.harness.report.writer import SCHEMA, rerender
 from rlconform.harness.run.recorder import save_reproducer
 from rlconform.properties.case import Case
-
-import numpy as np
 
 FID = "masked_sum.matches_reference.float64.random"
 
@@ -73,6 +74,7 @@ def _cli(*args, cwd):
     return forked_cli.run(args, cwd=cwd, timeout=600)
 
 
+@pytest.mark.cli
 def test_replay_by_finding_id_resolves_against_the_report_folder(tmp_path):
     rep = _old_report(tmp_path)  # an absolute path of another machine: found in the report's own cases/
     elsewhere = tmp_path / "cwd"

@@ -1,4 +1,4 @@
-"""``rlconform check --changed-since REV`` (issue 26 §2): the findings of the engine functions a change
+"""``rlconform check --changed-since REV``: the findings of the engine functions a change
 touched, and of those that call them inside the package, plus the ledger's.
 
 The fast tests read a tiny git repository built here (no engine imported); the slow one forks the
@@ -153,6 +153,8 @@ def test_findings_file_refuses_what_is_not_a_finding_id(tmp_path):
         read_selection(str(f))
 
 
+@pytest.mark.cli
+@pytest.mark.engines
 @pytest.mark.slow
 def test_one_function_pr_of_a_verl_fork_selects_only_its_ops(tmp_path):
     """A git fork of the installed verl; one commit changes ``kl_penalty_forward``, which ``kl_penalty``
@@ -178,6 +180,7 @@ def test_one_function_pr_of_a_verl_fork_selects_only_its_ops(tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_a_ledger_never_widens_the_selection_but_a_line_the_change_edits_selects_its_scope(tmp_path):
     """A fork whose ledger lists a finding of an unchanged function: a change elsewhere selects nothing; a

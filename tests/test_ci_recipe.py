@@ -1,4 +1,4 @@
-"""The CI recipe's scripts (issue 12 §5), end to end on two checkouts of a small fork, without GitHub:
+"""The CI recipe's scripts, end to end on two checkouts of a small fork, without GitHub:
 ci/rlconform-pr.sh checks base and head and writes the PR comment; ci/rlconform-comment.sh posts it with
 `gh` (a stand-in here) or, locally, only says where it is. The action (.github/actions/rlconform) is
 only the glue that calls them."""
@@ -80,7 +80,7 @@ def test_new_bug_in_the_head_is_commented_and_fails(tmp_path, checkouts):
     selected = (tmp_path / "ci" / "head" / "selection.txt").read_text()
     assert "changed: toypkg/ops.py:masked_mean" in selected, selected
     assert comment.startswith("<!-- rlconform -->") and "rlconform-report" in comment
-    # every printed command works pasted in the fork's checkout (issue 26 §5)
+    # every printed command works pasted in the fork's checkout
     commands = re.findall(r"`(rlconform replay [^`]+)`", comment)
     assert commands and all(str(head) not in c and str(base) not in c for c in commands), comment
     replay = subprocess.run(shlex.split(commands[0]), capture_output=True, text=True, cwd=head, env=env())
@@ -181,6 +181,7 @@ def test_refused_comment_goes_to_the_job_summary_with_a_notice(tmp_path):
     assert "1 new defect" in (tmp_path / "summary.md").read_text()
 
 
+@pytest.mark.cli
 def test_action_calls_the_scripts():
     """The composite action's run steps are the tested scripts, and the fork's lines in its header are
     at most 10 and parse as a workflow that uses the action."""
@@ -196,6 +197,51 @@ def test_action_calls_the_scripts():
     workflow = yaml.safe_load(fork)
     assert workflow["jobs"]["rlconform"]["steps"][1]["uses"].endswith("/.github/actions/rlconform@main")
 
+
+
+INSTALL = ROOT / "ci" / "rlconform-install.sh"
+
+
+@pytest.mark.engines
+def test_install_script_installs_cpu_torch_rlconform_and_the_fork_without_its_dependencies(tmp_path):
+    """The action's install step, dry-run here (the CPU-torch index is reachable only from GitHub's
+    runners): CPU torch from its index when the pinned version is missing, rlconform under the
+    constraints with the engine's CPU requirements, the fork editable with ``--no-deps``."""
+    fork = tmp_path / "fork"
+    fork.mkdir()
+    (fork / "pyproject.toml").write_text("[project]\nname = 'fork'\nversion = '0'\n")
+    no_torch = tmp_path / "bin" / "python3"  # an interpreter without torch: the torch step is printed
+    no_torch.parent.mkdir()
+    no_torch.write_text("#!/bin/sh\nexit 1\n")
+    no_torch.chmod(0o755)
+    proc = subprocess.run(["bash", str(INSTALL), "--engine", "verl", "--fork", str(fork), "--dry-run"],
+                          env=dict(os.environ, PYTHON=str(no_torch)), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    assert lines[0] == f"{no_torch} -m pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    assert lines[1] == (f"{no_torch} -m pip install -c {ROOT}/install/constraints.txt {ROOT} "
+                        f"-r {ROOT}/install/verl.txt")
+    assert lines[2] == f"{no_torch} -m pip install --no-deps -e {fork}"
+    # with the pinned torch present (this interpreter) the torch step is skipped, and a spec that names no
+    # stock engine installs no requirement file
+    proc = subprocess.run(["bash", str(INSTALL), "--engine", "my_binding.py", "--fork", str(tmp_path), "--dry-run"],
+                          env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "torch 2.13.0 already installed" in proc.stdout, proc.stdout + proc.stderr
+    assert [line for line in proc.stdout.splitlines() if line.startswith("+ ")] == [
+        f"+ {sys.executable} -m pip install -c {ROOT}/install/constraints.txt {ROOT}"]
+    bad = subprocess.run(["bash", str(INSTALL), "--bogus"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown argument" in bad.stderr
+
+
+@pytest.mark.cli
+def test_action_installs_with_the_script_and_checks_without_reinstalling():
+    yaml = pytest.importorskip("yaml")
+    action = yaml.safe_load((ROOT / ".github" / "actions" / "rlconform" / "action.yml").read_text())
+    steps = action["runs"]["steps"]
+    install = next(i for i, s in enumerate(steps) if "rlconform-install.sh" in s.get("run", ""))
+    check = next(i for i, s in enumerate(steps) if "rlconform-pr.sh" in s.get("run", ""))
+    assert install < check and steps[check]["env"]["RLCONFORM_SKIP_INSTALL"] == "1"
+    assert action["inputs"]["torch-index"]["default"] == "https://download.pytorch.org/whl/cpu"
 
 COVERED_BINDING = '''
 from rlconform.harness.catalog.binding import Binding, Coverage

@@ -17,6 +17,8 @@ def cli(*args, cwd=None, env=None):
     return forked_cli.run(args, cwd=cwd, env=env, timeout=600)
 
 
+@pytest.mark.smoke
+@pytest.mark.cli
 def test_version_and_help(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--version"])
@@ -27,6 +29,8 @@ def test_version_and_help(capsys):
     assert exc.value.code == 0
 
 
+@pytest.mark.smoke
+@pytest.mark.cli
 def test_list_ops_names_every_catalog_op(capsys):
     from rlconform.harness.catalog.ops import OPS
 
@@ -36,12 +40,15 @@ def test_list_ops_names_every_catalog_op(capsys):
         assert name in out
 
 
+@pytest.mark.smoke
+@pytest.mark.cli
 def test_list_engines(capsys):
     assert main(["list-engines"]) == 0
     out = capsys.readouterr().out
     assert "reference" in out and "mutants.naive_entropy" in out and "verl" in out
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("spec", ["reference", "mutants.chunk_fp32_entropy"])
 def test_metadata_of_the_harness_own_bindings_is_read_here_as_the_child_reads_it(spec, monkeypatch):
     """``check`` reads the reference's and a mutant's variants and coverage in its own process (no child
@@ -61,6 +68,8 @@ def test_metadata_of_the_harness_own_bindings_is_read_here_as_the_child_reads_it
         assert here == load.probe_engine(spec, None)
 
 
+@pytest.mark.smoke
+@pytest.mark.cli
 def test_bad_arguments_exit_2():
     proc = cli("check", "--profile", "nope")
     assert proc.returncode == 2
@@ -69,17 +78,20 @@ def test_bad_arguments_exit_2():
     assert cli().returncode == 2
 
 
+@pytest.mark.cli
 def test_unknown_engine_lists_available(tmp_path):
     proc = cli("check", "--engine", "nosuchengine", "--out", str(tmp_path))
     assert proc.returncode == 2
     assert "unknown engine 'nosuchengine'" in proc.stderr and "mutants.naive_entropy" in proc.stderr
 
 
+@pytest.mark.cli
 def test_unknown_mutant(tmp_path):
     proc = cli("check", "--engine", "mutants.nope", "--out", str(tmp_path))
     assert proc.returncode == 2 and "unknown mutant" in proc.stderr
 
 
+@pytest.mark.cli
 def test_binding_file_with_syntax_error_names_file_and_line(tmp_path):
     f = tmp_path / "broken_binding.py"
     f.write_text("from rlconform.harness.catalog.binding import Binding\nbinding = Binding(name='x', ops={\n  'entropy': lambda x: x\n  oops\n})\n")
@@ -88,6 +100,7 @@ def test_binding_file_with_syntax_error_names_file_and_line(tmp_path):
     assert "broken_binding.py:" in proc.stderr and "syntax error" in proc.stderr
 
 
+@pytest.mark.cli
 def test_wrong_signature_names_the_op(tmp_path):
     f = tmp_path / "wrong_sig.py"
     f.write_text(textwrap.dedent("""
@@ -101,6 +114,7 @@ def test_wrong_signature_names_the_op(tmp_path):
     assert "'entropy'" in proc.stderr and "wrong_sig.py" in proc.stderr
 
 
+@pytest.mark.cli
 def test_unknown_op_in_binding(tmp_path):
     f = tmp_path / "unknown_op.py"
     f.write_text("from rlconform.harness.catalog.binding import Binding\nbinding = Binding(name='u', ops={'entropyy': abs})\n")
@@ -108,6 +122,7 @@ def test_unknown_op_in_binding(tmp_path):
     assert proc.returncode == 2 and "entropyy" in proc.stderr
 
 
+@pytest.mark.cli
 def test_engine_function_that_raises_is_a_crash_and_the_run_goes_on(tmp_path):
     f = tmp_path / "raising.py"
     f.write_text(textwrap.dedent("""
@@ -143,6 +158,7 @@ def test_engine_function_that_raises_is_a_crash_and_the_run_goes_on(tmp_path):
     assert doc["run"]["complete"]
 
 
+@pytest.mark.cli
 def test_xfails_ledger(tmp_path):
     ledger = tmp_path / "xfails.txt"
     fid = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
@@ -162,6 +178,8 @@ def test_xfails_ledger(tmp_path):
     assert {f["id"]: f["status"] for f in doc["findings"]}[fid] == "xpass"
 
 
+@pytest.mark.smoke
+@pytest.mark.cli
 @pytest.mark.parametrize("line, words", [
     ("entropy.nonsense_property.float32.moderate", "unknown property"),
     ("entropy.matches_reference.float33.moderate", "unknown dtype"),
@@ -183,21 +201,25 @@ def test_malformed_xfails_names_the_line(tmp_path, capsys, monkeypatch, line, wo
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.cli
 def test_missing_xfails_file(tmp_path):
     proc = cli("check", "--engine", "reference", "--xfails", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "cannot read xfails" in proc.stderr
 
 
+@pytest.mark.cli
 def test_engine_path_that_does_not_exist(tmp_path):
     proc = cli("check", "--engine", "verl", "--engine-path", str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
+@pytest.mark.cli
 def test_engine_path_without_the_package(tmp_path):
     proc = cli("check", "--engine", "verl", "--engine-path", str(tmp_path), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "holds no package 'verl'" in proc.stderr
 
 
+@pytest.mark.cli
 def test_engine_not_installed_gives_install_command(tmp_path):
     # hide verl with a sitecustomize that blocks its import
     block = tmp_path / "block"
@@ -217,6 +239,7 @@ def test_engine_not_installed_gives_install_command(tmp_path):
     assert "install/engines.sh" in proc.stderr
 
 
+@pytest.mark.cli
 def test_replay_of_missing_or_bad_case_file(tmp_path):
     assert cli("replay", str(tmp_path / "nope.json")).returncode == 2
     bad = tmp_path / "bad.json"
@@ -225,6 +248,7 @@ def test_replay_of_missing_or_bad_case_file(tmp_path):
     assert proc.returncode == 2 and "not an rlconform case file" in proc.stderr
 
 
+@pytest.mark.cli
 def test_filters_that_select_nothing_are_usage_errors(tmp_path):
     proc = cli("check", "--op", "entropy", "--property", "partition_invariant", "--out", str(tmp_path))
     assert proc.returncode == 2 and "no finding matches" in proc.stderr
@@ -237,12 +261,15 @@ def test_filters_that_select_nothing_are_usage_errors(tmp_path):
     assert proc.returncode == 2 and "does not bind entropy" in proc.stderr and "logsumexp" in proc.stderr
 
 
+@pytest.mark.smoke
+@pytest.mark.cli
 @pytest.mark.parametrize("value", ["0", "-3", "many"])
 def test_max_examples_must_be_positive(tmp_path, value):
     proc = cli("check", "--max-examples", value, "--out", str(tmp_path))
     assert proc.returncode == 2 and "--max-examples" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.cli
 def test_wrong_output_shape_is_a_discrepancy_that_says_so(tmp_path):
     f = tmp_path / "identity_entropy.py"
     f.write_text("from rlconform.harness.catalog.binding import Binding\nbinding = Binding(name='id', ops={'entropy': lambda logits: logits * 1})\n")
@@ -256,6 +283,7 @@ def test_wrong_output_shape_is_a_discrepancy_that_says_so(tmp_path):
     assert all("the engine returned shape" in x["message"] for x in doc["findings"])
 
 
+@pytest.mark.cli
 def test_binding_that_is_not_a_binding(tmp_path):
     f = tmp_path / "notb.py"
     f.write_text("binding = {'entropy': abs}\n")

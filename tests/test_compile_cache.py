@@ -1,4 +1,4 @@
-"""A forced CPU ISA gets torch.compile kernels of its own (harness/core/compile_cache.py, issue 21): inductor
+"""A forced CPU ISA gets torch.compile kernels of its own (harness/core/compile_cache.py): inductor
 reused kernels generated under another ISA from its shared on-disk cache, and verl's vocab-parallel entropy
 read 38.85 for an exact 0.668 under ``ATEN_CPU_CAPABILITY=avx2`` after a native run."""
 

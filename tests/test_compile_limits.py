@@ -1,5 +1,5 @@
 """A process that runs engine code keeps compiling a ``torch.compile``'d engine function past dynamo's
-default recompile limit, whatever ran before (issue 21: verl's vocab-parallel entropy gave another answer
+default recompile limit, whatever ran before (verl's vocab-parallel entropy gave another answer
 after 27 other findings had run in the same rank; :mod:`rlconform.harness.core.compile_limits`). The pool
 ranks' side is ``tests/test_pool_idle.py``; this is the single-process check's."""
 

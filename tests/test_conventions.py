@@ -1,4 +1,4 @@
-"""Declared conventions the reference follows (issue 20 §2): verl's group of one sample keeps its score
+"""Declared conventions the reference follows: verl's group of one sample keeps its score
 (μ := 0, σ := 1). The reference computes the convention, the check follows the binding's declaration, and
 an engine that stops following a declared convention fails."""
 
@@ -74,6 +74,7 @@ def test_an_engine_that_stops_following_a_declared_convention_fails():
     assert not run_check(undeclared, _case()).ok  # undeclared, the same difference stays a failure
 
 
+@pytest.mark.engines
 @verl_only
 def test_verl_follows_its_singleton_convention_and_fails_without_it():
     from rlconform.harness.bindings.load import load_engine
@@ -87,6 +88,7 @@ def test_verl_follows_its_singleton_convention_and_fails_without_it():
         assert not run_check(dataclasses.replace(verl, declared=()), case).ok, est
 
 
+@pytest.mark.engines
 @pytest.mark.skipif(importlib.util.find_spec("skyrl") is None, reason="SkyRL not installed")
 def test_skyrl_follows_its_singleton_convention_and_fails_without_it():
     from rlconform.harness.bindings.load import load_engine
@@ -100,6 +102,7 @@ def test_skyrl_follows_its_singleton_convention_and_fails_without_it():
         assert not run_check(dataclasses.replace(skyrl, declared=()), case).ok, est
 
 
+@pytest.mark.engines
 @verl_only
 def test_verl_follows_its_log_ratio_clamp_convention_and_fails_without_it():
     """verl clamps the IS / χ² log-ratios to ±20 (SAFETY_BOUND): declared, the reference follows it; without

@@ -1,4 +1,4 @@
-"""The coverage table (issue 11, part 1): every public function of an engine's numerics modules and every
+"""The coverage table: every public function of an engine's numerics modules and every
 registry entry is bound to an op, justified, or listed as unbound, from the module contents at run time.
 
 A fake engine (a package written to a temporary folder) stands for verl / SkyRL: its functions are the
@@ -160,7 +160,7 @@ def _binding(not_bound=None) -> Binding:
             not_bound=dict(not_bound if not_bound is not None else {
                 f"{NUMERICS}.pad_to_length": "not numerics: padding",
                 f"{NUMERICS}.register": "not numerics: registration decorator",
-                f"{NUMERICS}.Stats.aggregate": "no catalog op yet: issue 11 part 4",
+                f"{NUMERICS}.Stats.aggregate": "no catalog op yet: metric statistics",
                 f"{NUMERICS}.Stats.append": "not numerics: appends",
                 f"{NUMERICS}.Kind": "not numerics: a marker class",
                 f"{NUMERICS}.REGISTRY['mse']": "the same function as k2",
@@ -303,6 +303,7 @@ def _cli(tmp_path, capsys, not_bound, *extra):
     return code, capsys.readouterr()
 
 
+@pytest.mark.cli
 def test_cli_strict_exits_1_when_something_is_unbound(fake_engine, tmp_path, capsys):
     nb = dict(_ALL_JUSTIFIED)
     del nb[f"{NUMERICS}.pad_to_length"]
@@ -314,6 +315,7 @@ def test_cli_strict_exits_1_when_something_is_unbound(fake_engine, tmp_path, cap
     assert code == 0
 
 
+@pytest.mark.cli
 def test_cli_prints_a_complete_table_and_exits_0(fake_engine, tmp_path, capsys):
     code, out = _cli(tmp_path, capsys, _ALL_JUSTIFIED, "--format", "json", "--strict")
     assert code == 0, out.err
@@ -325,6 +327,7 @@ def test_cli_prints_a_complete_table_and_exits_0(fake_engine, tmp_path, capsys):
     assert code == 0 and "masked_mean" in out.out and "justified in the test" in out.out
 
 
+@pytest.mark.cli
 def test_cli_engine_without_coverage_is_a_usage_error(capsys):
     from rlconform.harness.cli import main
 
@@ -361,7 +364,7 @@ def test_report_carries_the_coverage(tmp_path, fake_engine):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("engine,package", [("verl", "verl"), ("skyrl", "skyrl"), ("megatron", "megatron.core")])
 def test_every_numerics_function_of_the_real_engines_is_bound_or_justified(engine, package):
-    """The goal of issue 11 part 1 for the installed releases: nothing unbound, no stale justification."""
+    """For the installed releases: nothing unbound, no stale justification."""
     try:
         found = importlib.util.find_spec(package.split(".")[0]) is not None
     except (ImportError, ValueError):

@@ -1,4 +1,4 @@
-"""Declared conventions, preconditions and guards (issue 20 §2): checked as declared, listed in their own
+"""Declared conventions, preconditions and guards: checked as declared, listed in their own
 report section, never defects; an undeclared difference stays a defect."""
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def test_a_guard_passes_only_where_declared_and_only_with_the_declared_error():
         run_check(undeclared, _whiten_case([[True, False, False]]))
 
 
+@pytest.mark.engines
 @verl_only
 def test_verl_declares_its_guards_and_they_hold():
     verl = load_engine("verl")
@@ -91,6 +92,7 @@ def test_verl_declares_its_guards_and_they_hold():
     assert run_check(verl, passk).declared == "passk_one_sample_group"
 
 
+@pytest.mark.engines
 @verl_only
 def test_the_rewards_precondition_keeps_garbage_out_of_the_rewards_and_only_there():
     """Declared: verl's callers keep rewards zero outside the response mask, so mask_invariant writes no
@@ -118,7 +120,7 @@ def test_conventions_and_guards_section_lists_declared_items_never_as_defects():
     assert markdown_section({"engine": {}, "findings": []}) == [] and html_section({"findings": []}) == ""
 
 
-# ----------------------------------------------------------------- declared writes (issue 20, a maintainer's reading)
+# ----------------------------------------------------------------- declared writes
 import json  # noqa: E402
 import os  # noqa: E402
 import pathlib  # noqa: E402
@@ -164,6 +166,7 @@ def _fork(tmp_path, edit):
     return fork
 
 
+@pytest.mark.engines
 @verl_only
 def test_the_backward_write_precondition_is_read_from_the_installed_caller_and_fails_without_the_clone(tmp_path):
     """verl's _VocabParallelEntropy.backward writes into the logits it saved: declared, because its caller
@@ -207,6 +210,7 @@ def test_the_backward_write_precondition_is_read_from_the_installed_caller_and_f
     assert again and again[0]["severity"] == "destructive"
 
 
+@pytest.mark.engines
 @verl_only
 def test_a_declared_write_covers_only_what_it_declares():
     """The write must be confined to what is declared: the declared tensor, in the declared pass, at the
@@ -236,6 +240,7 @@ def test_a_declared_write_covers_only_what_it_declares():
     assert covering_write([dict(meg, holds=False)], _nd("vocab_parallel_token_logprobs", fwd, via)) is None
 
 
+@pytest.mark.engines
 @verl_only
 def test_the_upstream_inplace_convention_is_read_from_the_installed_megatron(tmp_path):
     """Megatron-core's calculate_predicted_logits writes in place on purpose: declared as a convention, verified
@@ -250,6 +255,7 @@ def test_the_upstream_inplace_convention_is_read_from_the_installed_megatron(tmp
     assert not d.verify(roots={"megatron": str(fork)})["holds"]
 
 
+@pytest.mark.engines
 @verl_only
 def test_declared_writes_are_listed_with_their_hazard_and_source():
     doc = json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text())

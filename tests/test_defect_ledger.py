@@ -1,4 +1,4 @@
-"""The ledger lists defects (issue 21 §2): one ``defect <where> | <kind> | <scope>`` line per accepted root
+"""The ledger lists defects: one ``defect <where> | <kind> | <scope>`` line per accepted root
 cause, keyed without the trigger (read from the shrunk input, so it moves between the run that wrote the
 ledger and a run that reads it). Any failing finding of a listed defect is ``xfail``; a failing finding of
 an unlisted one is red; a listed defect none of whose findings fails, in a run that checks its scope, is
@@ -14,8 +14,8 @@ import pytest
 
 from rlconform.harness.cli import main
 from rlconform.harness.report.ledger_text import ledger_lines
-from rlconform.harness.run import pytest_plugin, status
 from rlconform.harness.report.xfails import XfailsError, defect_key, parse_ledger, parse_xfails
+from rlconform.harness.run import pytest_plugin, status
 
 FID = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
 SITE = {"function": "entropy_from_logits", "module": "verl.utils.torch_functional", "file": "f.py", "line": 1}
@@ -77,6 +77,7 @@ def test_rlconform_ledger_writes_one_line_per_defect_and_reads_it_back(tmp_path)
     assert parse_xfails(str(path)) == ledger.findings  # the finding-id view the callers of old read
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("line, words", [
     ("defect verl.x.f | NaN", "malformed defect line"),
     ("defect verl.x.f | NaN | entropy", "malformed scope 'entropy'"),
@@ -162,6 +163,7 @@ def _check(tmp_path, name: str, engine: str, *extra: str):
     return proc, doc
 
 
+@pytest.mark.cli
 def test_a_defect_ledger_matches_a_run_whose_examples_differ_and_goes_xpass_when_fixed(tmp_path):
     proc, first = _check(tmp_path, "first", "mutants.naive_entropy", "--max-examples", "6", "--seed", "1")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -213,7 +215,7 @@ def test_a_failing_finding_of_a_listed_scope_is_matched_by_scope_when_its_kind_m
 
 
 def test_the_ledger_writes_the_report_tables_folded_rows_and_matches_every_member(tmp_path):
-    """Maintainer's error 8 (issue 20): the ledger's lines are the defects table's rows (folded keys), and
+    """Maintainer's error 8: the ledger's lines are the defects table's rows (folded keys), and
     each failing finding of a listed row matches its line: a callee fold, a wrong value joined to its
     partition dependence, a mutation seen after another op's backward."""
     from rlconform.harness.report.triage import annotate
@@ -275,6 +277,7 @@ def test_the_ledger_follows_the_second_readings_folds(tmp_path):
     assert {ledger.match(f).key for f in fs[2:]} == {"verl.trainer.ppo.core_algos.grpo_vec | wrong value"}
 
 
+@pytest.mark.engines
 @pytest.mark.skipif(__import__("importlib").util.find_spec("skyrl") is None, reason="SkyRL not installed")
 def test_a_finding_three_calls_above_a_listed_callee_matches_its_line():
     # SkyRL's GAE NaN under a masked NaN is masked_mean's (gae -> masked_whiten -> masked_mean): the report's

@@ -1,4 +1,4 @@
-"""The ``detached`` contract (issue 25 §4): an op a binding declares detached must give no gradient to
+"""The ``detached`` contract: an op a binding declares detached must give no gradient to
 log_prob; a non-zero one fails, no graph or a zero gradient passes; detached and forward_only exclude each
 other; verl and SkyRL declare their TIS weights detached (both call ``.detach()`` on them)."""
 
@@ -47,6 +47,7 @@ def test_detached_and_forward_only_exclude_each_other():
         Binding(name="x", ops={}, detached=frozenset({"entropy"}))
 
 
+@pytest.mark.engines
 def test_engines_declare_their_tis_weights_detached():
     from rlconform.harness.bindings.skyrl import binding as skyrl
     from rlconform.harness.bindings.verl import binding as verl

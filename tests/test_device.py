@@ -1,4 +1,4 @@
-"""The device as a dimension of the run (issue 27 §1–2), exercised without a GPU: ``--device cpu`` given
+"""The device as a dimension of the run, exercised without a GPU: ``--device cpu`` given
 explicitly changes no status; an op a binding declares to need CUDA is ``unavailable: needs CUDA`` on a CPU
 run (reported, not red); a device that is malformed or absent is exit 2 with one line; the report records
 the device; ``diff`` refuses reports of two devices unless told. No test here needs (or skips for lack of)
@@ -45,6 +45,7 @@ def runs(tmp_path_factory):
     return _check(tmp, "default", env=env), _check(tmp, "cpu", "--device", "cpu", env=env)
 
 
+@pytest.mark.cli
 def test_explicit_cpu_gives_the_default_statuses(runs):
     (p0, d0), (p1, d1) = runs
     s0 = {f["id"]: f["status"] for f in d0["findings"]}
@@ -55,6 +56,7 @@ def test_explicit_cpu_gives_the_default_statuses(runs):
     assert p0.returncode == p1.returncode == 1  # the mutant's discrepancy; not the op that needs CUDA
 
 
+@pytest.mark.cli
 def test_an_op_that_needs_cuda_is_unavailable_needs_cuda_on_cpu(runs):
     (proc, doc), _ = runs
     f = next(f for f in doc["findings"] if f["op"] == "entropy")
@@ -70,6 +72,7 @@ def test_an_op_that_needs_cuda_is_unavailable_needs_cuda_on_cpu(runs):
     assert "op 'token_logprobs@naive' unavailable: needs CUDA" in impl["message"]
 
 
+@pytest.mark.cli
 def test_the_report_records_the_device(runs):
     (_, doc), (_, doc_cpu) = runs
     for d in (doc, doc_cpu):
@@ -78,11 +81,10 @@ def test_the_report_records_the_device(runs):
         assert dev["torch"] == d["run"]["torch"]
 
 
+@pytest.mark.cli
 def test_the_report_records_the_cpu_kernels_isa_as_forced(runs, tmp_path):
-    """Two CPU reports of one engine can differ by the vector ISA torch dispatches to (issue 21): the report
+    """Two CPU reports of one engine can differ by the vector ISA torch dispatches to: the report
     says which, and ``ATEN_CPU_CAPABILITY`` moves it."""
-    import subprocess
-    import sys
 
     (_, doc), _ = runs
     isa = doc["run"]["device"]["cpu_capability"]
@@ -96,6 +98,7 @@ def test_the_report_records_the_cpu_kernels_isa_as_forced(runs, tmp_path):
     assert f", CPU kernels {isa})" in render_markdown(doc)
 
 
+@pytest.mark.cli
 def test_report_md_and_html_name_the_device(tmp_path, runs):
     from rlconform.harness.report.html_report import render_html
     from rlconform.harness.report.writer import render_markdown
@@ -108,6 +111,7 @@ def test_report_md_and_html_name_the_device(tmp_path, runs):
     assert "NVIDIA H200" in html and "CUDA 12.8" in html
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("argv, says", [
     (["check", "--device", "tpu"], "unknown device 'tpu': choose cpu, cuda or cuda:N"),
     (["check", "--device", "cuda:x"], "unknown device 'cuda:x'"),
@@ -120,6 +124,7 @@ def test_a_malformed_device_is_exit_2_in_one_line(capsys, argv, says):
     assert len(err) == 1 and says in err[0] and "Traceback" not in err[0]
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("argv, says", [
     (["check", "--device", "cuda"], "--device cuda: no CUDA device on this machine"),
     (["check", "--device", "cuda:7"], "--device cuda:7: no CUDA device on this machine"),
@@ -135,6 +140,7 @@ def test_cuda_on_a_machine_without_one_is_exit_2(monkeypatch, capsys, argv, says
     assert len(err) == 1 and says in err[0]
 
 
+@pytest.mark.cli
 def test_a_gpu_index_past_the_machine_is_exit_2(monkeypatch, capsys):
     import torch
 
@@ -144,6 +150,7 @@ def test_a_gpu_index_past_the_machine_is_exit_2(monkeypatch, capsys):
     assert "this machine has 1 CUDA device(s) (cuda:0..cuda:0)" in capsys.readouterr().err
 
 
+@pytest.mark.cli
 def test_the_environment_names_the_device(monkeypatch, capsys):
     monkeypatch.setenv(device.ENV, "tpu")
     assert main(["check"]) == 2
@@ -175,6 +182,7 @@ def test_engine_calls_are_not_wrapped_on_cpu(monkeypatch):
     assert device.engine_call(f) is f  # the CPU path is today's, bit for bit
 
 
+@pytest.mark.engines
 def test_implementation_needs_cuda_is_declared_on_verl_triton():
     from rlconform.harness.bindings.verl import IMPLEMENTATIONS
 
@@ -191,9 +199,10 @@ def _report(path, device_doc, engine="verl"):
     return str(path)
 
 
+@pytest.mark.cli
 def test_diff_refuses_reports_of_two_devices_unless_told(tmp_path, capsys):
     cpu = _report(tmp_path / "cpu", {"device": "cpu", "name": "x86", "torch": "2.13.0", "cuda": None})
-    old = _report(tmp_path / "old", None)  # before issue 27: a CPU run
+    old = _report(tmp_path / "old", None)  # before devices were recorded: a CPU run
     gpu = _report(tmp_path / "gpu", {"device": "cuda:0", "name": "NVIDIA H200", "torch": "2.13.0", "cuda": "12.8"})
     other = _report(tmp_path / "other", {"device": "cuda:1", "name": "NVIDIA H200", "torch": "2.13.0", "cuda": "12.8"})
     assert main(["diff", cpu, gpu]) == 2

@@ -1,4 +1,4 @@
-"""``rlconform diff`` never calls a break a fix (issue 22 §4, issue 26 §1).
+"""``rlconform diff`` never calls a break a fix.
 
 Two reports are built in each test. A finding that is ``error`` in HEAD was not checked: it is not fixed,
 and the diff is red saying so; an incomplete HEAD is red and names what was not run; a defect is fixed only
@@ -43,6 +43,7 @@ def _one_line_error(capsys) -> str:
     return lines[0]
 
 
+@pytest.mark.cli
 def test_error_in_head_is_not_fixed_and_the_diff_is_red(tmp_path, capsys):
     base = _write(tmp_path / "base", [_f(A, ratio=20.0), _f(B, ratio=20.0)])
     head = _write(tmp_path / "head", [_f(A, status="error", message="strategy failed"), _f(B, status="pass")])
@@ -56,6 +57,7 @@ def test_error_in_head_is_not_fixed_and_the_diff_is_red(tmp_path, capsys):
     assert "1 fixed" in out and "defects: 0 new, 0 fixed" in out  # B is a fixed finding; the defect is not fixed
 
 
+@pytest.mark.cli
 def test_error_in_head_alone_is_red(tmp_path, capsys):
     """Every failing finding of BASE in ``error`` in HEAD: once "465 findings fixed, exit 0"."""
     base = _write(tmp_path / "base", [_f(A), _f(B)])
@@ -65,6 +67,7 @@ def test_error_in_head_alone_is_red(tmp_path, capsys):
     assert "fixed" not in out.replace("neither passing nor fixed", "") and "2 finding(s) are `error`" in out
 
 
+@pytest.mark.cli
 def test_an_incomplete_head_is_red_and_names_what_was_not_run(tmp_path, capsys):
     base = _write(tmp_path / "base", [_f(A, status="pass"), _f(B, status="pass")])
     head = _write(tmp_path / "head", [_f(A, status="pass")], complete=False, not_run=[B], interrupted=True)
@@ -75,8 +78,9 @@ def test_an_incomplete_head_is_red_and_names_what_was_not_run(tmp_path, capsys):
     assert main(["diff", base, complete]) == 0
 
 
+@pytest.mark.cli
 def test_a_defect_whose_members_fail_with_a_new_signature_is_changed_not_fixed(tmp_path, capsys):
-    """Issue 26 §1: imprecise (ratio 2, "inexact value") in BASE, wrong (ratio 20, "wrong value") in HEAD."""
+    """Imprecise (ratio 2, "inexact value") in BASE, wrong (ratio 20, "wrong value") in HEAD."""
     base = _write(tmp_path / "base", [_f(A, ratio=2.0), _f(B, ratio=2.0)])
     head = _write(tmp_path / "head", [_f(A, ratio=20.0), _f(B, ratio=20.0)])
     b, h = load(base), load(head)
@@ -98,6 +102,7 @@ def test_a_defect_whose_members_fail_with_a_new_signature_is_changed_not_fixed(t
     assert main(["diff", head, base, "--fail-on", "imprecise"]) == 1
 
 
+@pytest.mark.cli
 def test_a_defect_is_fixed_only_when_every_member_passes(tmp_path, capsys):
     base = _write(tmp_path / "base", [_f(A), _f(B)])
     half = _write(tmp_path / "half", [_f(A, status="pass"), _f(B)])
@@ -111,6 +116,7 @@ def test_a_defect_is_fixed_only_when_every_member_passes(tmp_path, capsys):
     assert "1 fixed" in capsys.readouterr().out
 
 
+@pytest.mark.cli
 def test_a_severity_change_of_one_finding_is_changed_and_fails_at_fail_on(tmp_path, capsys):
     base = _write(tmp_path / "base", [_f(A, ratio=2.0)])
     head = _write(tmp_path / "head", [_f(A, ratio=20.0)])
@@ -120,6 +126,7 @@ def test_a_severity_change_of_one_finding_is_changed_and_fails_at_fail_on(tmp_pa
     capsys.readouterr()
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("findings, says", [
     ([{"id": A, "op": "entropy", "property": "matches_reference"}], f"finding {A} has no status"),
     ("nope", "findings is a str, not a list"),
@@ -138,6 +145,7 @@ def test_malformed_findings_are_refused_in_one_line(tmp_path, capsys, findings, 
         assert says in _one_line_error(capsys)
 
 
+@pytest.mark.cli
 def test_reports_of_two_engines_are_refused_unless_told(tmp_path, capsys):
     verl = _write(tmp_path / "verl", [_f(A)], engine="verl")
     skyrl = _write(tmp_path / "skyrl", [_f(A)], engine="skyrl")

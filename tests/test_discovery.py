@@ -1,4 +1,4 @@
-"""Whole-package discovery (issue 24 §1): the rule finds numerics functions anywhere in an engine's source,
+"""Whole-package discovery: the rule finds numerics functions anywhere in an engine's source,
 without importing it, and coverage lists them, so a fork's new numerics outside the binding's module list is
 ``unbound`` and fails ``--strict``."""
 

@@ -62,6 +62,7 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
+@pytest.mark.cli
 def test_hung_and_killed_ranks_fail_their_cases_and_the_run_completes(tmp_path):
     binding = tmp_path / "failing_ranks.py"
     binding.write_text(BINDING)

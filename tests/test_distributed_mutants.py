@@ -1,5 +1,5 @@
 """The distributed checks (rlconform.distributed_tests): the reference engine passes them, each of the
-distributed mutants is caught by its property on the small inputs of cases.md, a rank failure becomes a
+distributed mutants is caught by its property on the small inputs of docs/bug-kinds.md, a rank failure becomes a
 crash with every rank's traceback, a case runs unchanged under torchrun, and the harness's layout is
 Megatron's. (tests/test_mutants.py runs the same mutants through `rlconform check` under the CI profile.)
 """
@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from rlconform.harness.core.opinfo import split_regime
-from rlconform.harness.core.layout import Layout, parse_regime, zigzag_index
 from rlconform.distributed_tests.checks import run_check
+from rlconform.harness.bindings.load import load_engine
 from rlconform.harness.catalog.ops import DISTRIBUTED_KINDS, OPS, strategy_for
 from rlconform.harness.core.evaluation import EngineCrash
-from rlconform.harness.bindings.load import load_engine
+from rlconform.harness.core.layout import Layout, parse_regime, zigzag_index
+from rlconform.harness.core.opinfo import split_regime
 from rlconform.harness.workers.pool import _pid_alive, close_all_pools, get_pool
 from rlconform.properties.case import Case, save_case
 
@@ -53,26 +53,26 @@ def mutant(name):
 
 # ------------------------------------------------------------------------------------ the cases
 def cp_case(prop: str) -> Case:
-    """cases.md row 5: one sequence, 8 tokens of loss 1.0, split 4/4 over CP = 2."""
+    """CP token count not reduced: one sequence, 8 tokens of loss 1.0, split 4/4 over CP = 2."""
     return Case("cp_masked_mean", prop, "float32", "cp2_all_on",
                 {"values": np.ones((1, 8)), "mask": np.ones((1, 8), bool)})
 
 
 def local_max_case(prop: str) -> Case:
-    """cases.md row 13: TP = 2 shards [0, 0] | [5, 1]: local maxima 0 and 5 differ."""
+    """Local max in a vocab-parallel softmax: TP = 2 shards [0, 0] | [5, 1]: local maxima 0 and 5 differ."""
     return Case("vocab_parallel_sum_pi_squared", prop, "float32", "tp2_moderate",
                 {"logits": np.array([[0.0, 0.0, 5.0, 1.0]]), "grad_output": np.array([1.0]), "vocab": 4})
 
 
 def order_case(prop: str = "non_destructive") -> Case:
-    """cases.md row 12: Σπ² before and after a vocab-parallel entropy forward + backward, TP = 2."""
+    """Σπ² read after a destructive op: Σπ² before and after a vocab-parallel entropy forward + backward, TP = 2."""
     return Case("vocab_parallel_sum_pi_squared", prop, "float32", "tp2_after_entropy",
                 {"logits": np.array([[2.0, 0.0, 1.0, -1.0], [0.5, 3.0, -2.0, 0.0]]),
                  "grad_output": np.array([1.0, -0.5]), "vocab": 4})
 
 
 def dp_case(prop: str) -> Case:
-    """cases.md row 1 on two DP ranks: 1 token of 1.0 | 100 tokens of 2.0."""
+    """Mean of per-shard means on two DP ranks: 1 token of 1.0 | 100 tokens of 2.0."""
     values = np.zeros((2, 100))
     values[0, 0], values[1, :] = 1.0, 2.0
     mask = np.zeros((2, 100), bool)
@@ -155,7 +155,7 @@ from rlconform.harness.mutants._base import mutant
 
 
 def dp_metric_all_reduce(local_values, local_mask, group):
-    """Family 1: each DP rank emits its own masked mean; the all-reduce averages the means."""
+    """Mean of per-shard means: each DP rank emits its own masked mean; the all-reduce averages the means."""
     m = local_mask.to(torch.float64)
     t = ((local_values.double() * m).sum() / m.sum().clamp(min=1)).reshape(1)
     dist.all_reduce(t, group=group)
@@ -205,6 +205,7 @@ def test_rank_failure_is_a_crash_with_every_rank(file_binding, reference):
 
 
 # ----------------------------------------------------------------------------------- torchrun
+@pytest.mark.cli
 @pytest.mark.slow
 def test_a_case_runs_unchanged_under_torchrun(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))

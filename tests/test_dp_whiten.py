@@ -1,4 +1,4 @@
-"""``dp_masked_whiten`` on gloo DP ranks (issue 9): the reference engine passes each property on the
+"""``dp_masked_whiten`` on gloo DP ranks: the reference engine passes each property on the
 small case of the mutant's docstring, each DP-whitening mutant fails the property it names with the
 numbers it states, and the float64 reference of one DP rank's rows (merged exact moments) is the same
 for every split. (tests/test_mutants.py runs the mutants through `rlconform check` under the CI profile.)"""
@@ -106,7 +106,7 @@ binding = mutant("grad_off_whiten", "turns grad mode off on the ranks", dp_maske
 
 
 def test_a_rank_side_call_that_changes_torch_state_is_a_crash(tmp_path):
-    """Issue 14 on the ranks: an engine call that flips global torch state fails its finding (with what
+    """On the ranks, an engine call that flips global torch state fails its finding (with what
     changed), and the next case on the same pool starts from the restored state."""
     from rlconform.harness.core.evaluation import EngineCrash
 

@@ -54,7 +54,7 @@ def skyrl_adv():
 
 def test_verl_every_registered_estimator_bound_or_unchecked(verl_adv):
     """grpo / rloo are the default implementations of their variants; grpo_vectorized / rloo_vectorized are
-    their second implementations (issue 28 §2), bound in the same engine 'verl', never unchecked."""
+    their second implementations, bound in the same engine 'verl', never unchecked."""
     from verl.trainer.ppo import core_algos
 
     variants = verl_adv.binding.resolve("outcome_advantage")

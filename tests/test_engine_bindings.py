@@ -1,5 +1,5 @@
 """The real-engine bindings (verl, SkyRL, megatron-core) resolve, run with the canonical signatures,
-and show the discrepancies cases.md predicts for the released versions.
+and show the discrepancies docs/bug-kinds.md predicts for the released versions.
 
 Needs the engines installed (``install/engines.sh .venv/bin/python all``); each engine's tests are
 skipped, with the command to run, when it is not installed.
@@ -120,7 +120,7 @@ def _check_reductions(binding):
 
 
 def _check_agg_loss(binding):
-    """cases.md row 3: micro A 1 token at 1.0, micro B 3 tokens at 2.0 -> token-mean 7/4 (both engines
+    """Mean of micro-batch means: micro A 1 token at 1.0, micro B 3 tokens at 2.0 -> token-mean 7/4 (both engines
     normalise by the global token count, so they are right here), on 1 and 2 DP ranks."""
     agg = binding.resolve("agg_loss")
     assert isinstance(agg, AggLoss) and agg.micro_combine == "sum" and agg.dp_combine == "mean"
@@ -155,7 +155,7 @@ def test_verl_ops_resolve_and_run(verl):
 
 
 def test_verl_pg_clipfrac_is_mean_of_rank_means(verl):
-    """cases.md row 6: rank 0 clips 3 of 12 tokens, rank 1 3 of 4 -> verl logs 0.5, not 6/16."""
+    """Mean of ratios across DP ranks: rank 0 clips 3 of 12 tokens, rank 1 3 of 4 -> verl logs 0.5, not 6/16."""
     mp = verl.resolve("metric_pipeline")
     r0 = torch.tensor([[1.0] * 3 + [0.0] * 9])
     r1 = torch.tensor([[1.0] * 3 + [0.0]])
@@ -179,7 +179,7 @@ def test_skyrl_ops_resolve_and_run(skyrl):
 
 @pytest.mark.parametrize("layout", ["two_dp_ranks", "two_micro_batches", "two_mini_batches"])
 def test_skyrl_entropy_mean_of_means(skyrl, layout):
-    """cases.md row 1: shard A 1 token of entropy 1.0, shard B 100 tokens of entropy 2.0. The
+    """Mean of per-shard means: shard A 1 token of entropy 1.0, shard B 100 tokens of entropy 2.0. The
     released SkyRL logs the mean of the shards' means, 1.5; the token-weighted value is 201/101."""
     mp = skyrl.resolve("metric_pipeline")
     a = (torch.tensor([[1.0]]), torch.ones(1, 1))
@@ -195,7 +195,7 @@ def test_skyrl_entropy_mean_of_means(skyrl, layout):
     # every key the worker logs (the loss and its metrics too: the worker's own _forward_backward_micro runs)
     assert "policy/policy_entropy" in final and all(key.startswith("policy/") for key in final), final
     assert isinstance(final["policy/policy_entropy"], float)
-    assert final["policy/policy_entropy"] == 1.5  # the released bug (family 1)
+    assert final["policy/policy_entropy"] == 1.5  # the released bug (“mean of per-shard means”)
 
 
 def test_skyrl_real_all_reduce_on_cpu_group(skyrl):
@@ -222,7 +222,7 @@ def test_megatron_ops_resolve_and_run(megatron):
 
 
 def test_megatron_token_logprobs_mutates_fp32_logits_not_bf16(megatron):
-    """cases.md row 9: fp32 logits [2, 0] become the softmax [0.8808, 0.1192] in place; bf16 is
+    """Forward overwrites fp32 logits in place: fp32 logits [2, 0] become the softmax [0.8808, 0.1192] in place; bf16 is
     copied by .float() and stays [2, 0]. The value itself is right: log p_0 = -log(1 + e^-2)."""
     token_logprobs = megatron.resolve("token_logprobs")
     expected = -math.log1p(math.exp(-2.0))

@@ -1,5 +1,5 @@
-"""``--engine-path`` checks a fork: a copy of the installed verl with a planted fault of family 9
-(cases.md row 9: the forward writes into the caller's fp32 logits) is flagged, the installed verl is
+"""``--engine-path`` checks a fork: a copy of the installed verl with a planted fault
+(the forward writes into the caller's fp32 logits) is flagged, the installed verl is
 not, and the report records the fork's path and git revision."""
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def _check(*extra, out):
     return subprocess.run(args, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.cli
 def test_planted_fault_in_a_fork_is_flagged(tmp_path):
     fork = tmp_path / "my-verl-fork"
     # with the installed byte code (untracked): the checks run with -B (nothing is written back), so

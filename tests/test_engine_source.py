@@ -1,4 +1,4 @@
-"""``bindings.source.engine_function`` runs an engine function whose module does not import (issue 23 §1):
+"""``bindings.source.engine_function`` runs an engine function whose module does not import:
 compiled from the file on the path (a fork's edit included), its names resolved from the module's own
 imports (an importable module directly, one that does not import from its source), its frames the file's."""
 

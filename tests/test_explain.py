@@ -1,4 +1,4 @@
-"""``rlconform explain`` and the standalone reproducers (issue 20 §5).
+"""``rlconform explain`` and the standalone reproducers.
 
 The scripts of verl's defects are generated from the committed ``reports/verl-0.9.1/`` (defects found by engine
 function and failure class, the script's member chosen by explain among the defect's member findings, never by
@@ -23,7 +23,13 @@ import pytest
 
 from rlconform.harness.cli import main
 from rlconform.harness.report.explain import (
-    NO_SCRIPT, explain_markdown, find_defect, read_case, script_member_id, scripted_member, standalone_script,
+    NO_SCRIPT,
+    explain_markdown,
+    find_defect,
+    read_case,
+    script_member_id,
+    scripted_member,
+    standalone_script,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -187,6 +193,7 @@ def test_explain_markdown_has_every_part(doc):
         assert part in md, part
 
 
+@pytest.mark.cli
 def test_unknown_id_is_one_line_and_exit_2(capsys):
     assert main(["explain", "verl.no.such.defect", "--report", REPORT]) == 2
     err = capsys.readouterr().err.strip()
@@ -198,6 +205,7 @@ def test_a_unique_prefix_is_accepted(doc):
     assert find_defect(doc, d["id"][:-8]) is d or find_defect(doc, d["id"][:-8])["id"] == d["id"]
 
 
+@pytest.mark.cli
 def test_script_flag_writes_only_the_script(doc, tmp_path, capsys):
     d = _defect(doc, "agg_loss_wrong")
     out = tmp_path / "repro.py"
@@ -207,6 +215,7 @@ def test_script_flag_writes_only_the_script(doc, tmp_path, capsys):
     compile(text, str(out), "exec")
 
 
+@pytest.mark.cli
 def test_script_flag_on_a_kind_without_template_is_exit_2(doc, tmp_path, capsys):
     d = _crash_defect(doc)
     assert main(["explain", d["id"], "--report", REPORT]) == 0  # explained, with the line in place of a script
@@ -217,6 +226,7 @@ def test_script_flag_on_a_kind_without_template_is_exit_2(doc, tmp_path, capsys)
     assert not (tmp_path / "x.py").exists()
 
 
+@pytest.mark.cli
 def test_ambiguous_prefix_and_a_case_path_leaving_the_folder_are_exit_2(doc, tmp_path, capsys):
     assert main(["explain", "verl.", "--report", REPORT]) == 2
     assert "ambiguous" in capsys.readouterr().err
@@ -390,6 +400,7 @@ def test_scripts_exit_1_in_a_venv_of_torch_and_verl_only_and_0_once_fixed(script
         assert "fixed: " in text and "DEFECT" not in text, (name, text)
 
 
+@pytest.mark.cli
 def test_a_folder_without_report_or_with_a_malformed_one_is_one_line(tmp_path, capsys):
     assert main(["explain", "x", "--report", str(tmp_path)]) == 2
     (tmp_path / "report.json").write_text("[" * 200_000)
@@ -409,7 +420,7 @@ def test_no_script_for_an_engine_the_templates_do_not_call(doc):
 
 def test_the_script_shows_what_the_row_says(doc, scripts):
     """A member of the row's severity and trigger is scripted before a smaller one of another trigger (a verl
-    maintainer's reading: the Dr. GRPO row's script showed a 1e-6 ε effect of a singleton-group member)."""
+    the Dr. GRPO row's script showed a 1e-6 ε effect of a singleton-group member)."""
     by_id = {f["id"]: f for f in doc["findings"]}
     d = _defect(doc, "grpo_vectorized")
     others = [m for m in d["members"] if by_id[m].get("trigger") != d["trigger"]]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 BINDING = os.path.join(os.path.dirname(__file__), "bindings", "crash_when_small.py")
 import forked_cli
 
@@ -18,6 +20,7 @@ def _cli(*args):
     return forked_cli.run(args, timeout=900)
 
 
+@pytest.mark.cli
 def test_a_crash_found_while_shrinking_a_discrepancy_is_reported_as_that_crash(tmp_path):
     out = tmp_path / "r"
     proc = _cli("check", "--engine", BINDING, "--op", "masked_sum", "--property", "matches_reference",

@@ -1,4 +1,4 @@
-"""Issue 20, a maintainer's A/B/C: the cited line is the faulty line (spectrum-based fault localization over
+"""The cited line is the faulty line (spectrum-based fault localization over
 traced examples, else a binding-declared anchor resolved in the installed source), and the numbers cell
 labels what it compares and shows the component the message reports."""
 
@@ -87,6 +87,7 @@ VERL_CASES = [  # (defect id, faulty lines of verl 0.9.1 the report must cite)
 ]
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize("defect,lines", VERL_CASES)
 def test_committed_verl_case_cites_its_faulty_line(defect, lines):
     verl = pytest.importorskip("verl")
@@ -159,8 +160,9 @@ def test_explain_names_the_faulty_line_and_its_evidence():
     assert "declares" in where and "pg_loss = torch.mean(pg_losses)" in where
 
 
+@pytest.mark.engines
 def test_an_anchor_in_the_function_an_entry_point_hands_its_work_to():
-    """A verl maintainer's reading (issue 20): vocab_parallel_entropy's bf16 error comes from
+    """vocab_parallel_entropy's bf16 error comes from
     _VocabParallelEntropy.forward (Σ softmax · the unshifted logits, then logits_max added back), where the row
     cited the entry point's def. An anchor ``(qualname, pattern)`` resolves in that function of the module."""
     import inspect

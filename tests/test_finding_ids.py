@@ -12,10 +12,10 @@ import re
 
 import pytest
 
-from rlconform.harness.run import outdir, pytest_plugin
 from rlconform.harness.catalog.ops import OPS
 from rlconform.harness.core.opinfo import FINDING_ID
 from rlconform.harness.report.xfails import parse_ledger, parse_xfails
+from rlconform.harness.run import outdir, pytest_plugin
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_IDS = [f"{op.name}.{prop}.{dtype}.{regime}" for op in OPS.values() for prop, dtype, regime in op.findings()]

@@ -125,6 +125,7 @@ def test_a_contract_clause_is_a_crash_on_a_legal_input():
     assert classify(f) == ("robustness", "the engine raised IndexError on a rank-2 input its docstring allows")
 
 
+@pytest.mark.cli
 def test_a_checked_finding_carries_its_record_and_its_message_is_the_rendering(tmp_path):
     out = tmp_path / "rep"
     code = main(["check", "--engine", "mutants.naive_entropy", "--op", "entropy", "--property",
@@ -233,6 +234,7 @@ def test_a_contract_clause_names_the_engines_exception_not_the_pools():
     assert (c.kind, c.rank, c.error_type) == ("contract", 2, "IndexError")
 
 
+@pytest.mark.engines
 def test_a_training_row_names_the_configuration_key_its_impact_depends_on():
     """verl's bf16 entropy rows are training only with entropy_coeff ≠ 0 (default 0: the logged actor/entropy)."""
     from rlconform.harness.bindings.verl import IMPACT_KNOBS
@@ -289,6 +291,7 @@ def test_what_is_absent_is_a_field():
         failure.problem("vibes", "x")
 
 
+@pytest.mark.cli
 def test_a_family_names_the_missing_gradient_in_its_record(tmp_path):
     out = tmp_path / "rep"
     assert main(["check", "--engine", "mutants.detached_entropy", "--op", "entropy", "--property", "matches_reference",

@@ -1,5 +1,5 @@
-"""A check of a fork runs the fork's code (issue 23 §1): a fork of SkyRL 0.4.0 that applies the upstream
-sum/count fix of the policy-entropy metric (seed 000, SkyRL issue #1822: workers emit masked sums and
+"""A check of a fork runs the fork's code: a fork of SkyRL 0.4.0 that applies the upstream
+sum/count fix of the policy-entropy metric (SkyRL issue #1822, SkyRL issue #1822: workers emit masked sums and
 counts, the reducers sum them, the trainer divides once) passes ``metric_pipeline``; 0.4.0 itself, checked
 the same way, fails it (a mean of per-shard means).
 
@@ -82,6 +82,7 @@ def _statuses(out) -> dict:
     return {f["property"]: f["status"] for f in doc["findings"] if f["op"] == "metric_pipeline"}
 
 
+@pytest.mark.cli
 def test_the_fork_with_the_sum_count_fix_passes_and_040_fails(tmp_path):
     fork = _fork(tmp_path / "skyrl-fork")
 

@@ -24,6 +24,7 @@ def _plain(args, **kw):
                           timeout=900, **kw)
 
 
+@pytest.mark.cli
 def test_a_forked_check_gives_what_a_subprocess_gives(tmp_path):
     forked = forked_cli.run([*MUTANT, "--out", "o"], cwd=tmp_path)
     plain = _plain([*MUTANT, "--out", "p"], cwd=tmp_path)
@@ -34,6 +35,7 @@ def test_a_forked_check_gives_what_a_subprocess_gives(tmp_path):
         [(f["id"], f["status"], f["message"]) for f in docs[1]["findings"]]] * 2
 
 
+@pytest.mark.cli
 def test_the_callers_environment_reaches_the_child_and_an_import_time_variable_falls_back(tmp_path, monkeypatch):
     monkeypatch.setenv("RLCONFORM_ENGINE", "mutants.naive_entropy")  # read by the CLI when it runs
     args = [a for a in MUTANT if a not in ("--engine", "mutants.naive_entropy")]
@@ -46,6 +48,7 @@ def test_the_callers_environment_reaches_the_child_and_an_import_time_variable_f
         assert not server.can_fork(dict(server.env, **{name: "1"})), name
 
 
+@pytest.mark.cli
 def test_a_call_past_its_timeout_is_killed_and_raises(tmp_path):
     slow = ["check", "--engine", "reference", "--op", "entropy", "--max-examples", "500", "-q", "--no-referee", "-n", "0"]
     with pytest.raises(subprocess.TimeoutExpired):
@@ -53,6 +56,7 @@ def test_a_call_past_its_timeout_is_killed_and_raises(tmp_path):
     assert forked_cli.run(["list-ops"]).returncode == 0  # the server answers the next call
 
 
+@pytest.mark.cli
 def test_every_module_level_read_of_an_rlconform_variable_is_listed():
     read = set()
     for path in (p for folder in ("harness", "properties", "reference", "distributed_tests")

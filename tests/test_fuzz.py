@@ -2,7 +2,7 @@
 next ``rlconform check`` in the same folder replays the saved case before drawing new examples and fails
 on it; Ctrl-C stops cleanly and keeps what was found; usage errors exit 2.
 
-No test here needs a wall-clock budget met (issue 15): a run that must find something has an example
+No test here needs a wall-clock budget met: a run that must find something has an example
 budget (``--max-examples``), and the time limits left are upper bounds (``--shrink-seconds``
 only bounds how small a saved case is) or catch hangs."""
 
@@ -38,6 +38,7 @@ FAMILIES = [
 ]
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("family,op,prop", FAMILIES, ids=[f[0] for f in FAMILIES])
 def test_fuzz_saves_counterexample_and_check_replays_it(tmp_path, family, op, prop):
     engine = f"mutants.{family}"
@@ -53,7 +54,7 @@ def test_fuzz_saves_counterexample_and_check_replays_it(tmp_path, family, op, pr
     assert stats["max_examples"] == 12 and stats["budget"] is None
     assert all(t["granted"] == 12 for t in stats["targets"] if t["status"] == "live")
     assert all(t["found_after_examples"] <= 12 for t in found)
-    # the printed count is the generated examples, shrink replays apart (issue 26 §10)
+    # the printed count is the generated examples, shrink replays apart
     assert all(t["examples"] <= 12 for t in stats["targets"]) and any(t["shrink_replays"] for t in found)
     assert re.search(r"\d+ examples \(\+\d+ shrink replays\) in", proc.stdout), proc.stdout
     files = sorted(glob.glob(str(tmp_path / "rlconform-corpus" / "*" / "*.json")))
@@ -91,6 +92,7 @@ def test_fuzz_saves_counterexample_and_check_replays_it(tmp_path, family, op, pr
         [p for p in files if case.finding_id in p]
 
 
+@pytest.mark.cli
 def test_counterexample_is_shrunk_when_the_database_holds_a_clean_run(tmp_path):
     """Slices of a clean run end mid-example; those examples must not land in the database as failures
     (a later run would replay them as already shrunk and save them unshrunk). The clean run is time-sliced
@@ -108,6 +110,7 @@ def test_counterexample_is_shrunk_when_the_database_holds_a_clean_run(tmp_path):
     assert case.inputs["values"].shape[1] == 1 and case.inputs["values"].shape[0] <= 12, case.summary()
 
 
+@pytest.mark.cli
 def test_fuzz_clean_engine_exits_0(tmp_path):
     proc = cli("fuzz", "--engine", "reference", "--op", "masked_mean", "--dtype", "float64", "--max-examples", "5",
                cwd=tmp_path)
@@ -116,6 +119,7 @@ def test_fuzz_clean_engine_exits_0(tmp_path):
     assert not glob.glob(str(tmp_path / "rlconform-corpus" / "*" / "*.json"))
 
 
+@pytest.mark.cli
 def test_fuzz_usage_errors_exit_2(tmp_path, capsys, monkeypatch):
     assert cli("fuzz", "--engine", "nosuchengine", "--seconds", "1", cwd=tmp_path).returncode == 2
     assert cli("fuzz", "--minutes", "x", cwd=tmp_path).returncode == 2
@@ -167,6 +171,7 @@ def _drain(lines) -> str:
         out.append(line)
 
 
+@pytest.mark.cli
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT")
 def test_ctrl_c_stops_cleanly_and_keeps_what_was_found(tmp_path):
     """Event-driven: SIGINT once a counterexample was announced; the deadlines only catch hangs (a loaded

@@ -89,6 +89,7 @@ def test_rlconforms_git_calls_run_none_of_them(hostile_repo, tmp_path):
     assert _ran(markers) == []
 
 
+@pytest.mark.cli
 def test_the_pr_scripts_git_calls_run_none_of_them(hostile_repo, tmp_path):
     repo, markers = hostile_repo
     script = (ROOT / "ci" / "rlconform-pr.sh").read_text()

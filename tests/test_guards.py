@@ -1,5 +1,5 @@
 """The bitwise input guard (harness/core/guards.py): exact snapshots for small tensors, block digests for large
-ones (issue 13, part 3: real-shape logits must not double the memory)."""
+ones (real-shape logits must not double the memory)."""
 
 from __future__ import annotations
 

@@ -63,6 +63,7 @@ def expected_plots(html: str) -> int:
     return int(re.search(r'data-expected-plots="(\d+)"', html).group(1))
 
 
+@pytest.mark.cli
 def test_check_writes_a_self_contained_html_report(pipeline_report):
     html = (pipeline_report / "report.html").read_text()
     doc = json.loads((pipeline_report / "report.json").read_text())
@@ -102,6 +103,7 @@ def test_check_writes_a_self_contained_html_report(pipeline_report):
                 assert any(not s["ok"] for s in f["samples"])
 
 
+@pytest.mark.cli
 def test_report_command_rerenders(pipeline_report):
     os.remove(pipeline_report / "report.html")
     os.remove(pipeline_report / "report.md")
@@ -111,6 +113,7 @@ def test_report_command_rerenders(pipeline_report):
     assert cli("report", str(pipeline_report / "nope"), cwd=pipeline_report).returncode == 2
 
 
+@pytest.mark.cli
 def test_html_loads_in_chromium_without_errors(pipeline_report):
     html = (pipeline_report / "report.html").read_text()
     dom = []
@@ -123,6 +126,7 @@ def test_html_loads_in_chromium_without_errors(pipeline_report):
     assert dom[0].count('<tr class="s-') >= n
 
 
+@pytest.mark.cli
 def test_browser_check_catches_a_broken_findings_table(pipeline_report, tmp_path):
     """The browser check can fail: a findings table that does not decompress turns the title into an error."""
     html = (pipeline_report / "report.html").read_text()
@@ -156,6 +160,7 @@ def test_crash_traceback_shows_the_engines_frames():
     assert engine_traceback(None) is None
 
 
+@pytest.mark.cli
 def test_browser_check_catches_a_broken_plot(pipeline_report, tmp_path):
     """The browser check can fail: a plot that does not decode turns the title into an error."""
     html = (pipeline_report / "report.html").read_text()

@@ -1,4 +1,4 @@
-"""Alternative implementations are checked as the op they implement (issue 11 part 2): chunked / naive /
+"""Alternative implementations are checked as the op they implement: chunked / naive /
 row-wise implementations under ``impl@data`` regimes with their contract (output dtype, input ranks, chunk
 boundaries), the fused-linear op and its reference, the three chunked-entropy mutants, and verl 0.9.1's
 implementations on small cases, with the defects found pinned as regression cases."""
@@ -11,16 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from rlconform.harness.core import impl_contract as IC
+from rlconform.harness.bindings.load import load_engine, validate_binding, variant_info
 from rlconform.harness.catalog.binding import Binding, BindingError, Implementation
 from rlconform.harness.catalog.ops import OPS
-from rlconform.harness.bindings.load import load_engine, validate_binding, variant_info
+from rlconform.harness.core import impl_contract as IC
 from rlconform.harness.core.opinfo import OpInfo, split_regime
 from rlconform.harness.run.selection import selected_findings
 from rlconform.properties.case import Case
 from rlconform.properties.checks import run_check
 from rlconform.reference import (
-    entropy, fused_linear_token_stats, fused_linear_token_stats_grad, token_logprobs,
+    entropy,
+    fused_linear_token_stats,
+    fused_linear_token_stats_grad,
+    token_logprobs,
 )
 
 HAS_VERL = importlib.util.find_spec("verl") is not None
@@ -85,7 +88,7 @@ def test_malformed_implementations_are_binding_errors():
 
 
 def test_an_output_dtype_the_docstring_does_not_state_is_not_checked():
-    """Regression (issue 20 §4): ``Implementation``'s default assumed the input's dtype, so verl's
+    """Regression: ``Implementation``'s default assumed the input's dtype, so verl's
     ``vocab_parallel_entropy@chunked`` (docstring: shapes only) was reported as breaking a contract it never
     stated. The default is now "not stated, not checked"; a stated one is still checked."""
     unstated = Implementation(len)
@@ -188,11 +191,12 @@ def test_reference_fused_linear_passes(dtype):
 verl_only = pytest.mark.skipif(not HAS_VERL, reason="verl not installed")
 
 
+@pytest.mark.engines
 @verl_only
 def test_verl_implementations_are_bound_with_their_contracts():
     verl = load_engine("verl")
     chunked = verl.resolve_implementation("entropy", "chunked")
-    # issue 20 §4: its docstring states shapes only ("Converts chunks to float32 ... during computation" is about
+    # its docstring states shapes only ("Converts chunks to float32 ... during computation" is about
     # the computation): no output dtype is checked
     assert chunked.ranks == (2,) and chunked.out_dtype is None and chunked.chunk_arg == "chunk_size"
     for op, impls in verl.implementations.items():
@@ -201,6 +205,7 @@ def test_verl_implementations_are_bound_with_their_contracts():
     assert set(verl.provided_implementations("token_logprobs")) == {"naive", "rowwise"}
 
 
+@pytest.mark.engines
 @verl_only
 @pytest.mark.parametrize("rows,chunk", [(3, 2), (4, 2), (2049, 2048)])
 def test_verl_chunked_entropy_matches_around_chunk_boundaries_in_float32(rows, chunk):
@@ -209,6 +214,7 @@ def test_verl_chunked_entropy_matches_around_chunk_boundaries_in_float32(rows, c
     assert out.ok, out.message
 
 
+@pytest.mark.engines
 @verl_only
 @pytest.mark.parametrize("impl", ["naive", "rowwise"])
 def test_verl_token_logprobs_implementations_take_2d_and_3d_in_float64(impl):
@@ -217,6 +223,7 @@ def test_verl_token_logprobs_implementations_take_2d_and_3d_in_float64(impl):
     assert out.ok, out.message
 
 
+@pytest.mark.engines
 @verl_only
 def test_verl_fused_linear_float64_entropy_has_float32_precision():
     """Regression (verl 0.9.1 FusedLinearForPPO): float64 hidden states give a float64-typed entropy computed
@@ -237,6 +244,7 @@ def test_verl_fused_linear_float64_entropy_has_float32_precision():
     assert not out.ok and "entropy (rank 2)" in out.message
 
 
+@pytest.mark.engines
 def test_skyrl_and_megatron_declare_their_implementations():
     assert load_engine("reference").provided_implementations("vocab_parallel_token_logprobs") == ("fused",)
     if importlib.util.find_spec("skyrl") is not None:

@@ -4,9 +4,12 @@ failures, and each testcase carries the finding's status, errors and reproducer 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+
 import forked_cli
+import pytest
 
 
+@pytest.mark.cli
 def test_junit_xml_carries_finding_status(tmp_path):
     proc = forked_cli.run(["check", "--engine", "mutants.naive_entropy", "--op", "entropy",
          "--junitxml", "x.xml", "--max-examples", "5", "--out", "rep", "-q"],

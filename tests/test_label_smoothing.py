@@ -1,4 +1,4 @@
-"""Label smoothing (issue 11 §3): the float64 reference against mpmath and PyTorch's
+"""Label smoothing: the float64 reference against mpmath and PyTorch's
 ``F.cross_entropy(label_smoothing=α)``, the reference engine on one device and over TP vocab shards, the
 two mutants, and the Megatron-core 0.19.2 faults pinned as regression cases (per-shard smoothing under
 TP; −inf from log of an underflowed softmax)."""
@@ -110,7 +110,7 @@ def test_log_of_underflowed_softmax_is_caught():
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_megatron_smoothing_is_per_shard_under_tp_pinned():
     """Megatron-core 0.19.2 `_VocabParallelCrossEntropy.forward` smooths over the local shard with the
-    partition's vocab size: TP = 1 is right, TP = 2 is not (issue 11 §3; regression case)."""
+    partition's vocab size: TP = 1 is right, TP = 2 is not (regression case)."""
     if importlib.util.find_spec("megatron") is None:
         pytest.skip("megatron-core is not installed: run `install/engines.sh .venv/bin/python megatron`")
     from rlconform.distributed_tests.checks import run_check

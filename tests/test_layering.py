@@ -1,4 +1,4 @@
-"""The layers of the source tree, one-way and without an import circle (issues 9 and 28):
+"""The layers of the source tree, one-way and without an import circle:
 
     harness/cli.py                       the command line                                  (8)
     harness/run/                         running a check: plugin, recorder, fuzz, dispatch (7)
@@ -82,6 +82,7 @@ def graph(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
     return {m: {i for i in imports(p, m) if i in mods and i != m and i not in tops} for m, p in mods.items()}
 
 
+@pytest.mark.cli
 def test_modules_are_found():
     g = graph()
     assert "rlconform.harness.families.token_stats" in g and "rlconform.harness.cli" in g
@@ -152,6 +153,7 @@ def _planted_tree(tmp_path, rel: str, line: str) -> pathlib.Path:
     return tmp_path
 
 
+@pytest.mark.cli
 def test_a_planted_upward_import_is_found(tmp_path):
     """The check reads the files: a lazy import of the command line planted in core/tolerance.py fails it."""
     root = _planted_tree(tmp_path, "harness/core/tolerance.py",

@@ -1,4 +1,4 @@
-"""The margin band of the verdict (issue 21): an example within 1/2 … 4 times its tolerance is
+"""The margin band of the verdict: an example within 1/2 … 4 times its tolerance is
 ``marginal`` — never red, matched by a ledger line either way — so that the last bits a CPU's vector width
 changes never flip a run's exit code (harness/core/tolerance.py: ``verdict``, ``PASS_BELOW``, ``FAIL_ABOVE``,
 ``LEDGER_ABOVE``)."""
@@ -43,6 +43,7 @@ def _check(tmp_path, ratio: float, ledger_line: str | None = None, *extra: str):
     return proc, f, out
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("ratio, status, code", [(0.1, "pass", 0), (2.0, "marginal", 0), (40.0, "discrepancy", 1)])
 def test_a_finding_takes_its_worst_examples_verdict(tmp_path, ratio, status, code):
     proc, f, out = _check(tmp_path, ratio)
@@ -57,6 +58,7 @@ def test_a_finding_takes_its_worst_examples_verdict(tmp_path, ratio, status, cod
         assert json.loads((out / "report.json").read_text())["summary"]["marginal"] == 1
 
 
+@pytest.mark.cli
 def test_a_listed_finding_is_matched_marginal_or_discrepancy_and_xpass_only_when_it_passes(tmp_path):
     line = f"{FID}  # discrepancy: known"
     proc, f, _ = _check(tmp_path, 2.0, line)
@@ -67,6 +69,7 @@ def test_a_listed_finding_is_matched_marginal_or_discrepancy_and_xpass_only_when
     assert (proc.returncode, f["status"]) == (1, "xpass"), f
 
 
+@pytest.mark.cli
 def test_the_ledger_lists_a_marginal_finding_above_the_bands_centre(tmp_path):
     from rlconform.harness.cli import main
 

@@ -1,9 +1,9 @@
-"""The version matrix (issue 23 §3): defects per release, first seen / fixed in, ops a release cannot bind."""
+"""The version matrix: defects per release, first seen / fixed in, ops a release cannot bind."""
+
+import pytest
 
 from rlconform.harness.report.matrix_md import matrix_doc, matrix_markdown, missing_name
 from rlconform.harness.run.matrix import MatrixError, parse_versions
-
-import pytest
 
 
 def _finding(op, status, message="", fid=None):

@@ -1,5 +1,5 @@
 """report.md / report.html print a finding's worst error as what it is: ``NaN`` / ``inf`` where the engine
-gave a non-finite value at a finite exact value, ``–`` where a failure has no numeric measure (issue 15),
+gave a non-finite value at a finite exact value, ``–`` where a failure has no numeric measure,
 never the ``0`` that the finite-only maxima hold there."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Megatron-core 0.19.2 ``fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy`` (bound as
-``vocab_parallel_token_logprobs@fused``, issue 11 part 2): its backward ends with
+``vocab_parallel_token_logprobs@fused``): its backward ends with
 ``grad_input = grad_input.to(torch.bfloat16)`` whatever the logits' dtype, so float32 (and float64) logits get a
 gradient rounded to bfloat16 (8 mantissa bits). Pinned with its numbers on a single-rank gloo group."""
 
@@ -16,6 +16,7 @@ from rlconform.reference import token_logprobs, token_logprobs_grad
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
 
 
+@pytest.mark.engines
 def test_fused_cross_entropy_rounds_a_float32_gradient_to_bfloat16():
     from rlconform.harness.bindings.megatron import _fused_vocab_parallel_token_logprobs, single_rank_group
 

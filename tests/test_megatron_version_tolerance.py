@@ -1,5 +1,5 @@
 """Megatron-core's binding binds a release whose ``vocab_parallel_cross_entropy`` takes no ``tp_group``
-(0.14 - 0.18: it reads ``parallel_state``'s TP group; issue 23 §2), exercised on the installed 0.19 with the
+(0.14 - 0.18: it reads ``parallel_state``'s TP group), exercised on the installed 0.19 with the
 older signature put in place, so CI needs no old release: the adapters set ``parallel_state``'s TP group to
 the group the 0.19 binding passes, for the call only, and compute what 0.19 computes."""
 

@@ -1,4 +1,4 @@
-"""The metric_statistics op (issue 11 part 4): every statistic (mean, min, max, sum, count, per-sequence
+"""The metric_statistics op: every statistic (mean, min, max, sum, count, per-sequence
 lengths), every value type (Python number, 0-d tensor, NumPy scalar) and counts above 2²⁴ through the
 engine's reducer; metric_integrity fails on a dropped, printed or narrowed value. Each mutant is caught on a
 hand-built case and the reference engine passes the same case; real engine defects are pinned with numbers."""
@@ -6,7 +6,6 @@ hand-built case and the reference engine passes the same case; real engine defec
 from __future__ import annotations
 
 import importlib
-import math
 import types
 
 import numpy as np
@@ -84,8 +83,8 @@ def test_reference_engine_passes_large_counts():
 def test_missing_statistic_is_a_problem():
     import dataclasses
 
-    from rlconform.harness.catalog.binding import Binding
     from rlconform.harness.bindings.reference import statistics_pipeline
+    from rlconform.harness.catalog.binding import Binding
 
     partial = dataclasses.replace(statistics_pipeline, stats={"mean": "x_mean"})
     b = Binding("partial", {"metric_statistics": partial})
@@ -165,6 +164,7 @@ def _skyrl():
     return skyrl
 
 
+@pytest.mark.engines
 def test_skyrl_min_reads_masked_positions_as_zero():
     """worker_utils.compute_minibatch_rollout_logprob_diff_metrics: ``(abs_diff * loss_mask).min()``."""
     sk = _skyrl()
@@ -176,6 +176,7 @@ def test_skyrl_min_reads_masked_positions_as_zero():
     assert "engine 0.0 vs reference 0.25" in got.message
 
 
+@pytest.mark.engines
 def test_skyrl_reduce_metrics_prints_and_drops_tensors_and_numpy_scalars(capsys):
     sk = _skyrl()
     reduce_metrics = sk._skyrl(sk.WORKER_UTILS, "reduce_metrics")
@@ -186,6 +187,7 @@ def test_skyrl_reduce_metrics_prints_and_drops_tensors_and_numpy_scalars(capsys)
     assert not got.ok and "was printed instead of logged" in got.message
 
 
+@pytest.mark.engines
 def test_skyrl_all_reduce_carries_counts_in_float32():
     """``DistributedStrategy.all_reduce`` turns every number into ``torch.Tensor([v])`` (float32): a step of
     16 777 217 tokens logs 16 777 216.0."""
@@ -205,6 +207,7 @@ def _verl():
     return AggregationType, Metric
 
 
+@pytest.mark.engines
 def test_verl_metric_rejects_numpy_scalars():
     """verl.utils.metric.Metric.append accepts int, float, Tensor, ndarray: a NumPy float32 / int64 scalar
     (what np.mean / np.max of a float32 / int array returns) raises."""
@@ -219,6 +222,7 @@ def test_verl_metric_rejects_numpy_scalars():
         MS.evaluate(binding, case("matches_reference", "numpy_values", "float32"))
 
 
+@pytest.mark.engines
 def test_verl_sum_means_over_dp_ranks():
     """verl's AggregationType.SUM folds DP ranks by their *mean* (Metric.aggregate_dp): it is a sum only for
     values that carry the DP factor (losses scaled by dp_size); a raw per-rank count is divided by DP."""
@@ -229,6 +233,7 @@ def test_verl_sum_means_over_dp_ranks():
     assert metric.aggregate_dp(ranks) == 16.5  # Σ over ranks and micro-batches: 33
 
 
+@pytest.mark.engines
 def test_verl_metric_rejects_the_list_its_docstring_allows():
     """``Metric(aggregation, value)``: "value: Optional initial value(s) to add. Can be a single numeric value
     or a list of values" — a list raises (``__init__`` calls ``append``, not ``extend``)."""
@@ -237,6 +242,7 @@ def test_verl_metric_rejects_the_list_its_docstring_allows():
         metric(agg.MEAN, [1.0, 2.0])
 
 
+@pytest.mark.engines
 def test_verl_passes_counts_above_two_to_the_24():
     pytest.importorskip("verl")
     from rlconform.harness.bindings.verl import binding

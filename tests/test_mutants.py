@@ -1,4 +1,4 @@
-"""Every mutant is caught by the property cases.md names, under the CI profile; every generic property is
+"""Every mutant is caught by the property docs/bug-kinds.md names, under the CI profile; every generic property is
 failed by at least one mutant; the reference engine passes everything it is checked on.
 
 A mutant that declares ``CAUGHT_BY`` (finding ids of its ``EXPECTED`` / ``EXPECTED_CRASH`` pairs) is checked
@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shlex
 import subprocess
 
 import forked_cli
 import pytest
 
-from rlconform.harness.catalog.ops import PROPERTIES
 from rlconform.harness.bindings.load import mutant_names
+from rlconform.harness.catalog.ops import PROPERTIES
 
 MUTANTS = mutant_names()
 DISTRIBUTED_KINDS = ("vocab_parallel", "context_parallel", "dp_metric")
@@ -36,7 +35,7 @@ def expected(name: str) -> list[tuple[str, str]]:
 
 def expected_crash(name: str) -> list[tuple[str, str]]:
     """(op, property) pairs whose finding must be a ``crash``: a mutant of a "raises on a legal input"
-    family (cases.md 16) declares them in ``EXPECTED_CRASH``."""
+    family (a degenerate batch raises) declares them in ``EXPECTED_CRASH``."""
     return list(getattr(importlib.import_module(f"rlconform.harness.mutants.{name}"), "EXPECTED_CRASH", []))
 
 
@@ -47,8 +46,9 @@ def caught_by(name: str) -> list[str]:
 
 @pytest.mark.parametrize("name", [n for n in MUTANTS if caught_by(n)])
 def test_caught_by_covers_the_declared_pairs(name):
-    from rlconform.harness.core.opinfo import FINDING_ID
     import re
+
+    from rlconform.harness.core.opinfo import FINDING_ID
 
     ids = caught_by(name)
     declared = set(expected(name)) | set(expected_crash(name))
@@ -68,6 +68,7 @@ def test_zoo_has_a_mutant_per_single_process_family():
     assert len(MUTANTS) >= 10
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("name", MUTANTS)
 def test_mutant_is_caught(name, tmp_path):
     pairs = expected(name)
@@ -133,6 +134,7 @@ def test_mutant_is_caught(name, tmp_path):
     assert verdict.upper() in replay.stdout
 
 
+@pytest.mark.cli
 def test_reference_engine_passes_everything(tmp_path):
     # every finding of the catalog (about 1400) with a few examples each: the full CI profile of the reference
     # engine runs in `make reports`-sized time, not in the self-tests (benchmarks and the nightly profile do it)

@@ -96,6 +96,7 @@ binding = Binding(name="agg_loss_inf", ops={"agg_loss": AggLoss(loss=_loss, mode
 '''
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_agg_loss_returning_opposite_infinities_is_a_nan_row_not_a_crash(tmp_path):
     """Opposite infinities over micro-batches made ``math.fsum`` raise in rlconform's combination of the

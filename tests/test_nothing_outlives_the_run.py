@@ -1,4 +1,4 @@
-"""Nothing an engine starts outlives the run, and the files are what the run recorded (issue 22 §2).
+"""Nothing an engine starts outlives the run, and the files are what the run recorded.
 
 The planted binding ``tests/bindings/detached_rewriter.py`` leaves, from inside its op call, a detached
 process (double fork, new session) that keeps rewriting report.json / report.md to "all pass" and emptying
@@ -30,6 +30,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.cli
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreapers and /proc are Linux's")
 def test_a_detached_rewriter_is_ended_and_the_files_stay_as_recorded(tmp_path):
     out = tmp_path / "out"

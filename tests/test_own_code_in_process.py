@@ -16,6 +16,7 @@ def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return forked_cli.run(args, cwd=cwd, timeout=900)
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("spec", ["verl", "skyrl", "tests/bindings/anything.py", "some.module:binding"])
 def test_an_engine_package_never_runs_in_the_clis_process(spec, tmp_path):
     proc = cli("check", "--engine", spec, "-n", "0", "--out", str(tmp_path / "o"))
@@ -24,6 +25,7 @@ def test_an_engine_package_never_runs_in_the_clis_process(spec, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.cli
 def test_a_mutant_gets_the_same_findings_in_process_as_in_a_worker(tmp_path):
     """The same narrowed check of a mutant with ``-n 0`` and ``-n 1``: every finding has the same status and
     the same worst example; each one's reproducer replays to the same verdict in process (``--no-referee``) and

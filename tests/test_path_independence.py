@@ -1,5 +1,4 @@
-"""A run's findings do not depend on where the engine lives, the --out folder or the working directory
-(issue 12). The same binding file, copied to two folders, checked from two working directories into two
+"""A run's findings do not depend on where the engine lives, the --out folder or the working directory. The same binding file, copied to two folders, checked from two working directories into two
 report folders, gives the same findings: same examples, same numbers, same verdicts.
 
 Hypothesis mixes the literals of "local" modules (outside site-packages, and not under a folder named
@@ -51,6 +50,7 @@ def _findings(out):
     return {f["id"]: {k: v for k, v in f.items() if k not in LOCATION_FIELDS} for f in doc["findings"]}
 
 
+@pytest.mark.cli
 def test_same_binding_in_two_folders_gives_the_same_findings(tmp_path):
     places = {}
     for name, folder in (("a", tmp_path / "tests" / "engine"), ("b", tmp_path / "fork" / "engine")):
@@ -68,6 +68,7 @@ def test_same_binding_in_two_folders_gives_the_same_findings(tmp_path):
         assert a[fid] == b[fid], f"{fid} differs between the two folders"
 
 
+@pytest.mark.cli
 @pytest.mark.engines
 def test_byte_identical_copy_of_verl_gives_the_same_findings(tmp_path):
     """The issue's reproduction: verl checked as installed and from a byte-identical copy on

@@ -1,4 +1,4 @@
-"""The pytest plugin judges in a referee by default, as ``rlconform check`` does (issue 22 §1):
+"""The pytest plugin judges in a referee by default, as ``rlconform check`` does:
 ``--rlconform-no-referee`` (or ``RLCONFORM_REFEREE=0``) opts out, for debugging. A single process (no ``-n``)
 gets its own referee, started before it imports the engine. ``tests/bindings/tamper_atol.py`` (0.5× entropy,
 every tolerance widened a million-fold in the engine's process) is red only where the referee judges."""

@@ -1,5 +1,5 @@
 """verl's and SkyRL's policy-loss and KL registries are bound completely: every registered name is either
-bound to a catalog variant or listed unchecked with a reason (issue 10 §5)."""
+bound to a catalog variant or listed unchecked with a reason."""
 
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ def _check(out, prop: str):
     return finding
 
 
+@pytest.mark.cli
 def test_skyrls_entropy_bonus_gradient_depends_on_the_micro_batch_split(tmp_path):
     finding = _check(tmp_path / "split", "partition_invariant")
     assert finding["status"] == "discrepancy", finding

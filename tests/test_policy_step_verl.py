@@ -61,6 +61,7 @@ def _failing_labels(out, *extra) -> list[str]:
     return [c.get("label", "") for c in (finding.get("failure") or {}).get("clauses", [])]
 
 
+@pytest.mark.cli
 def test_wiring_mutants_of_verls_step_turn_its_core_quantities_red(tmp_path):
     installed = _failing_labels(tmp_path / "installed")
     assert installed == [], installed

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.distributed
 DTYPES = ["float16", "bfloat16", "float32", "float64"]
 HANG_DEADLINE_S = 3.0
 #: a failure must be noticed at once, not at its deadline: failures other than a hang get this deadline, and
-#: must be reported in less than half of it, a margin no load makes up (issue 15: no wall-clock budget tests)
+#: must be reported in less than half of it, a margin no load makes up (no wall-clock budget tests)
 FAILURE_DEADLINE_S = 120.0
 #: only catches a hang that was never ended: a loaded machine may take long to dump stacks and kill
 SLACK_S = 60.0

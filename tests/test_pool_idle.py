@@ -35,6 +35,7 @@ def _thread_names(pid: int) -> list[str]:
     return names
 
 
+@pytest.mark.distributed
 def test_subgroups_share_one_gloo_loop_thread():
     pool = WorkerPool(2, timeout_s=60.0, collective_timeout_s=60.0)
     try:
@@ -49,8 +50,9 @@ def test_subgroups_share_one_gloo_loop_thread():
         pool.close()
 
 
+@pytest.mark.distributed
 def test_ranks_keep_compiling_past_dynamos_default_limit():
-    from rlconform.harness.workers.pool_worker import ACCUMULATED_RECOMPILE_LIMIT, RECOMPILE_LIMIT
+    from rlconform.harness.core.compile_limits import ACCUMULATED_RECOMPILE_LIMIT, RECOMPILE_LIMIT
 
     pool = WorkerPool(2, timeout_s=120.0, collective_timeout_s=60.0)
     try:

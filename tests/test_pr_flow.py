@@ -1,4 +1,4 @@
-"""The smaller pieces of the pull-request flow (issue 26 §4-7, §10): extending a stock binding, the lock
+"""The smaller pieces of the pull-request flow: extending a stock binding, the lock
 file of an output folder, an unavailable op's cause, and a console that speaks rlconform only."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def _cli(*args, cwd=None) -> subprocess.CompletedProcess:
     return forked_cli.run(args, cwd=cwd, env={**os.environ, "PYTHONSAFEPATH": "1"})
 
 
-# --------------------------------------------------------------------------- Binding.extend (§4)
+# --------------------------------------------------------------------------- Binding.extend
 FORK = '''
 import torch
 
@@ -58,6 +58,7 @@ def test_extend_returns_a_new_binding_and_leaves_the_stock_one():
         Binding(name="n", ops={}).extend(not_bound={"a.y": "why"})
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_a_forks_function_bound_and_justified_passes_coverage_strict(tmp_path):
     """The fork's module holds masked_mean (bound to the existing op) and fancy_norm: unbound until justified."""
@@ -71,7 +72,7 @@ def test_a_forks_function_bound_and_justified_passes_coverage_strict(tmp_path):
     assert "feature scaling of the reward model" in ok.stdout
 
 
-# --------------------------------------------------------------------------- the lock file (§10)
+# --------------------------------------------------------------------------- the lock file
 def test_lock_file_is_removed_when_the_folder_is_released(tmp_path):
     out = claim(str(tmp_path / "r"))
     assert (tmp_path / "r" / LOCK_NAME).exists()
@@ -83,7 +84,7 @@ def test_lock_file_is_removed_when_the_folder_is_released(tmp_path):
     assert os.listdir(tmp_path / "r") == []
 
 
-# --------------------------------------------------------------------------- unavailable op, console (§6, §7)
+# --------------------------------------------------------------------------- unavailable op, console
 BROKEN = '''
 from rlconform.harness.catalog.binding import Binding, Lazy
 
@@ -92,6 +93,7 @@ binding = Binding(name="broken", ops={"masked_mean": Lazy("no_such_module_rlconf
 '''
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_unavailable_op_is_one_line_with_its_cause_and_the_console_speaks_rlconform(tmp_path):
     (tmp_path / "broken.py").write_text(BROKEN)
@@ -111,7 +113,7 @@ def test_unavailable_op_is_one_line_with_its_cause_and_the_console_speaks_rlconf
     assert not (tmp_path / "r" / LOCK_NAME).exists()
 
 
-# --------------------------------------------------------------------------- report.md fits a comment (§8)
+# --------------------------------------------------------------------------- report.md fits a comment
 GITHUB_COMMENT_LIMIT = 65_536
 
 
@@ -125,6 +127,7 @@ def _committed_verl_report(tmp_path):
     return json.loads((tmp_path / "report.json").read_text())
 
 
+@pytest.mark.cli
 def test_report_md_of_the_committed_verl_report_fits_a_github_comment(tmp_path):
     import json
 
@@ -144,7 +147,7 @@ def test_report_md_of_the_committed_verl_report_fits_a_github_comment(tmp_path):
     assert "more declared items: see report.html or report.json" in md
 
 
-# --------------------------------------------------------------------------- plots (§10)
+# --------------------------------------------------------------------------- plots
 def _figures(monkeypatch):
     from rlconform.harness.report import html_report
 
@@ -178,7 +181,7 @@ def test_longest_bar_label_is_inside_the_examples_plot(monkeypatch):
     assert label.get_window_extent(renderer).x1 <= right
 
 
-# --------------------------------------------------------------------------- pasteable reproducers (§5)
+# --------------------------------------------------------------------------- pasteable reproducers
 WRONG_COUNT = '''
 import torch
 from rlconform.harness.catalog.binding import Binding
@@ -193,6 +196,7 @@ binding = Binding(name="wrongcount", ops={"masked_mean": masked_mean})
 '''
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_printed_reproducer_of_a_module_attr_engine_runs_when_pasted(tmp_path):
     """`--engine mod:attr` found through PYTHONPATH: the printed command names the folder it imports from."""
@@ -222,6 +226,7 @@ def test_a_log_gets_a_progress_line_with_the_time_left():
     assert "left" not in progress_line(236, 236, 600)
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_a_quiet_check_in_a_log_prints_progress_lines(tmp_path):
     proc = forked_cli.run(["check", "--engine", "reference", "--op", "masked_sum", "--property", "matches_reference",

@@ -1,11 +1,11 @@
-"""Every promise of the README holds (issue 15): its shell commands are extracted and the cheap ones run, in
-README order, in one scratch folder, with the README's own example files (``my_binding.py``,
-``token_mean.py``) written from its Python blocks; the paths it names exist.
+"""Every promise of the README and the documents beside it (CONTRIBUTING.md, docs/) holds: their shell
+commands are extracted and the cheap ones run in one scratch folder, with the documents' own example files
+(``my_binding.py``, ``token_mean.py``) written from their Python blocks; the paths they name exist.
 
-:data:`PLAN` says, for every command of the README's code blocks, what this test does with it: run it as
+:data:`PLAN` says, for every command of the documents' code blocks, what this test does with it: run it as
 written, run it with options that keep it cheap (an example budget instead of minutes, one op), or skip it
-and why (a real-engine check, an install, a placeholder only the reader can fill in). A command added to
-the README without an entry in :data:`PLAN` fails :func:`test_every_readme_command_is_planned`.
+and why (a real-engine check, an install, a placeholder only the reader can fill in). A command added to a
+document without an entry in :data:`PLAN` fails :func:`test_every_readme_command_is_planned`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+#: what users and contributors read, README first
+DOCUMENTS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+README = "\n\n".join(p.read_text() for p in DOCUMENTS)
 
 
 def code_blocks(text: str, lang: str) -> list[str]:
@@ -58,6 +60,19 @@ def python_files(text: str = README) -> dict[str, str]:
 PLAN: dict[str, tuple] = {
     "make check-verl": ("skip", "installs torch and the three engines, then checks verl (~30 min)"),
     "make test": ("skip", "the whole self-test suite, this test included"),
+    "make test-fast": ("skip", "the fast self-tests, this test included"),
+    "rlconform check --engine verl --op agg_loss": ("skip", "a real-engine check (tests/test_verdict_stability.py runs it)"),
+    "ci/rlconform-pr.sh --engine verl --base-ref origin/main --xfails rlconform-xfails.txt":
+        ("skip", "a fork's checkout only the reader has; tests/test_ci_recipe.py runs the script on a toy fork"),
+    "pytest -p rlconform.harness.run.pytest_plugin --rlconform-engine verl --rlconform-op agg_loss --pyargs "
+    "rlconform.properties": ("skip", "a real-engine check through pytest; tests/test_plugin_referee.py runs the plugin"),
+    "rlconform check --engine verl --device cuda --profile ci --out rlconform-report/verl-cuda":
+        ("skip", "needs a GPU (docs/cuda.md)"),
+    "rlconform check --engine verl --device cuda:1 --op fused_linear_token_stats": ("skip", "needs a GPU"),
+    "RLCONFORM_DEVICE=cuda rlconform replay rlconform-report/verl-cuda/cases/<finding id>.json --engine verl":
+        ("skip", "needs a GPU's report"),
+    "rlconform diff reports/verl-0.9.1 rlconform-report/verl-cuda --allow-device-mismatch":
+        ("skip", "needs a GPU's report; tests/test_device.py diffs a CPU and a CUDA report"),
     "rlconform check --engine verl": ("skip", "a real-engine check (29 min)"),
     "rlconform check --engine skyrl --op metric_pipeline": ("skip", "a real-engine check"),
     "rlconform check --engine verl --device cuda":
@@ -134,12 +149,16 @@ def test_readme_python_examples_are_extracted(scratch):
     assert (scratch / "my_binding.py").exists() and (scratch / "token_mean.py").exists()
 
 
+@pytest.mark.cli
+@pytest.mark.distributed
 def test_listing_commands(scratch):
     for sub in ("list-ops", "list-engines", "--version"):
         proc = _run(["rlconform", sub], scratch)
         assert proc.returncode == 0 and proc.stdout.strip(), (sub, proc.stderr)
 
 
+@pytest.mark.cli
+@pytest.mark.distributed
 def test_binding_example(scratch):
     """The README's ``my_binding.py`` finds what the README says: its entropy gives NaN on ``-inf``-padded
     vocab in every dtype, ``token_logprobs`` (``my_pkg``, which does not exist) is unavailable, and the
@@ -168,6 +187,8 @@ def test_binding_example(scratch):
         in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.cli
+@pytest.mark.distributed
 def test_check_replay_report_of_the_default_folder(scratch):
     """``check`` without ``--out`` writes ``rlconform-report/``; the replay and report commands of the README
     work on what it wrote."""
@@ -191,6 +212,8 @@ def test_check_replay_report_of_the_default_folder(scratch):
     assert (out / "report.md").exists() and (out / "report.html").exists()
 
 
+@pytest.mark.cli
+@pytest.mark.distributed
 def test_fuzzing_transcript(scratch):
     """The worked fuzzing example: the correct reducer has no counterexample (exit 0), the refactor's is
     found and saved, and ``check`` replays the saved cases first: each of those findings fails on its first
@@ -214,6 +237,7 @@ def test_fuzzing_transcript(scratch):
         assert by_id[i]["status"] == "discrepancy" and by_id[i]["examples_to_first_failure"] == 1, by_id[i]
 
 
+@pytest.mark.cli
 @pytest.mark.distributed
 def test_torchrun_pool_example(scratch):
     cmd = next(c for c in PLAN if c.startswith("torchrun --nproc-per-node 2 -m rlconform.harness.workers.pool"))
@@ -236,11 +260,14 @@ WRITTEN = {
     "rlconform-ci/": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
     ".github/workflows/rlconform.yml": "the fork's workflow file the README shows",
     "./rlconform-corpus": "rlconform fuzz",
+    "rlconform-corpus/": "rlconform fuzz",
+    "reports/verl-0.9.1-cuda/": "benchmarks/cuda_check.sh on a GPU machine (docs/cuda.md)",
 }
 TOP = ("harness/", "tests/", "reports/", "reference/", "install/", "properties/", "distributed_tests/", "ci/",
        "benchmarks/", ".github/", ".venv/", "rlconform-", "./rlconform-")
 
 
+@pytest.mark.cli
 def test_paths_the_readme_names_exist():
     tokens = set(re.findall(r"`([^`\s]+)`", README))
     paths = sorted(t for t in tokens if t.startswith(TOP) and not re.search(r"[(){}=|\[\]]", t))

@@ -1,4 +1,4 @@
-"""Memory at real size (issue 22 §5), at small size: the row-chunked float64 reference of a ``real_shapes``
+"""Memory at real size, at small size: the row-chunked float64 reference of a ``real_shapes``
 case equals the unchunked one (≤ 1 ulp of float64), the digest guard that replaces a copy of large logits
 still fails the mutants that write into their input, and a spilled tape tensor is read straight into its
 tensor, then removed. The measurement at real size is
@@ -102,9 +102,9 @@ def test_refereed_real_shapes_case_is_judged_by_the_referee_alone(monkeypatch):
     fails a wrong gradient in the last row (test_real_shapes' wrong engine)."""
     from rlconform.harness.bindings.reference import binding as reference
     from rlconform.harness.catalog.binding import Binding
+    from rlconform.harness.run.dispatch import referee_judge
     from rlconform.harness.workers import referee as referee_process
     from rlconform.properties import referee
-    from rlconform.harness.run.dispatch import referee_judge
 
     def entropy(logits):
         h = reference.ops["entropy"](logits)

@@ -1,4 +1,4 @@
-"""The ``real_shapes`` regime (issue 13 §1): nightly-only selection, generator descriptions in case files,
+"""The ``real_shapes`` regime: nightly-only selection, generator descriptions in case files,
 the generator path at small V (a test hook), and the mutant only real shapes catch.
 
 No real-size check runs here: the token-stat tests shrink V (``REAL_VOCABS``) and T (``REAL_ROWS``) by
@@ -10,18 +10,25 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import forked_cli
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from rlconform.harness.catalog.ops import OPS
 from rlconform.harness.bindings.load import load_engine
+from rlconform.harness.catalog.ops import OPS
+from rlconform.harness.core.generated import GeneratorError, LogitsGen, TokensGen
+from rlconform.harness.core.profiles import (
+    DISTRIBUTED_CAP,
+    REAL_SHAPES_CAP,
+    ExampleCap,
+    capped_settings,
+    example_cap,
+    profile_only,
+)
 from rlconform.harness.families import reductions as RD
 from rlconform.harness.families import token_stats as TS
-from rlconform.harness.core.generated import GeneratorError, LogitsGen, TokensGen
-from rlconform.harness.core.profiles import DISTRIBUTED_CAP, REAL_SHAPES_CAP, ExampleCap, capped_settings, example_cap, profile_only
 from rlconform.harness.run.selection import selected_findings
 from rlconform.properties.case import Case, CaseError, decode_record, encode_record, load_case, save_case
 from rlconform.properties.checks import run_check
@@ -77,10 +84,11 @@ def test_only_nightly_selects_real_shapes():
     assert "real_shapes" not in OPS["smoothed_token_logprobs"].regimes
 
 
+@pytest.mark.cli
 def test_list_ops_and_report_name_the_profile(capsys):
     from rlconform.harness.cli import cmd_list_ops
-    from rlconform.harness.run.recorder import _with_profiles
     from rlconform.harness.report.writer import _profile_lines
+    from rlconform.harness.run.recorder import _with_profiles
 
     cmd_list_ops()
     assert "real_shapes (nightly profile only)" in capsys.readouterr().out
@@ -189,8 +197,8 @@ def test_generator_path_small(small):
 
 def test_generator_path_catches_a_wrong_engine(small):
     """The chunked comparison sees an error in any chunk (here: the last row's gradient of a wrong entropy)."""
-    from rlconform.harness.catalog.binding import Binding
     from rlconform.harness.bindings.reference import binding as reference
+    from rlconform.harness.catalog.binding import Binding
 
     def entropy(logits):
         h = reference.ops["entropy"](logits)
@@ -307,6 +315,7 @@ def test_vocab_parallel_generator_path_small(monkeypatch):
         close_all_pools()
 
 
+@pytest.mark.cli
 def test_check_under_ci_has_no_real_shapes(tmp_path):
     """`rlconform check --profile ci --regime real_shapes` selects nothing: a usage error naming the profile."""
     proc = forked_cli.run(["check", "--engine", "reference",

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
-
 import forked_cli
+import numpy as np
+import pytest
+
 from rlconform.harness.run import status
 from rlconform.harness.run.referee_verdicts import VerdictBook
-from rlconform.properties.referee import REFEREE_ERROR
 from rlconform.properties.case import Case
+from rlconform.properties.referee import REFEREE_ERROR
 
 BINDING = os.path.join(os.path.dirname(__file__), "bindings", "referee_diverges.py")
 FID = "entropy.matches_reference.float32.moderate"
@@ -24,6 +25,7 @@ def _cli(*args, cwd=None):
     return forked_cli.run(args, timeout=600, cwd=cwd)
 
 
+@pytest.mark.cli
 def test_a_diverging_referee_is_a_harness_error_not_an_engine_crash(tmp_path):
     out = tmp_path / "out"
     proc = _cli("check", "--engine", BINDING, "--op", "entropy", "--property", "matches_reference", "--dtype",
@@ -38,6 +40,7 @@ def test_a_diverging_referee_is_a_harness_error_not_an_engine_crash(tmp_path):
     assert finding["examples"] <= 1 and not finding.get("shrink_steps")  # not shrunk: it is not the case's
 
 
+@pytest.mark.cli
 def test_without_the_referee_the_same_engine_passes(tmp_path):
     """The engine is correct: the error above is rlconform's side of the referee's round trip."""
     out = tmp_path / "out"
@@ -46,6 +49,7 @@ def test_without_the_referee_the_same_engine_passes(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.cli
 def test_replay_and_fuzz_exit_2_with_rlconform_named(tmp_path):
     case = Case("entropy", "matches_reference", "float32", "moderate",
                 {"logits": np.array([[0.5, -1.0, 2.0], [1.0, 1.0, 0.0]]), "grad_output": np.ones(2)})

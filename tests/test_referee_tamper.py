@@ -1,4 +1,4 @@
-"""Issue 22 §1 acceptance: an engine that bends the harness in its own process cannot bend the verdict.
+"""An engine that bends the harness in its own process cannot bend the verdict.
 
 Each binding under ``tests/bindings/tamper_*.py`` wraps a buggy ``entropy`` (0.5× or bf16-rounded) in one
 tamper vector: a process-wide bf16 patch of ``torch.log_softmax`` / ``softmax`` / ``exp`` at import, a
@@ -19,6 +19,7 @@ BINDINGS = os.path.join(os.path.dirname(__file__), "bindings")
 VECTORS = ["tamper_global_softmax", "tamper_compare", "tamper_atol", "tamper_subclass"]
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("vector", VECTORS)
 def test_a_tampering_engine_stays_red(vector, tmp_path):
     out = tmp_path / "out"
@@ -37,6 +38,8 @@ def test_a_tampering_engine_stays_red(vector, tmp_path):
         assert rep.returncode == 1 and "DISCREPANCY" in rep.stdout, rep.stdout[-2000:] + rep.stderr[-2000:]
 
 
+@pytest.mark.cli
+@pytest.mark.distributed
 @pytest.mark.parametrize("referee", ["--referee", "--no-referee"])
 def test_a_tampering_distributed_engine_is_red_only_under_the_referee(referee, tmp_path):
     """A distributed family (gloo ranks) is judged by the referee too: the ranks' raw outputs travel to it.
@@ -54,6 +57,7 @@ def test_a_tampering_distributed_engine_is_red_only_under_the_referee(referee, t
         proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.cli
 def test_a_worker_cannot_choose_where_the_controller_writes_a_case_file(tmp_path):
     """The worker reports its reproducer at a path outside ``--out``: the controller writes the case file
     under ``OUT/cases/<finding id>.json`` and nothing at the worker's path."""
@@ -71,6 +75,7 @@ def test_a_worker_cannot_choose_where_the_controller_writes_a_case_file(tmp_path
     assert (out / "cases" / "entropy.matches_reference.float32.moderate.json").is_file()
 
 
+@pytest.mark.cli
 def test_replay_reads_a_reports_cases_only_under_its_cases_folder(tmp_path):
     """A report folder whose reproducer points outside ``DIR/cases`` (``../``, an absolute path, a symbolic
     link out) is refused with exit 2; the file is never read."""
@@ -86,6 +91,7 @@ def test_replay_reads_a_reports_cases_only_under_its_cases_folder(tmp_path):
         assert proc.returncode == 2 and "replay reads cases only there" in proc.stderr, (case_file, proc.stderr[-2000:])
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("mode", ["disconnect-0", "disconnect-str", "xfail", "max_ratio"])
 def test_no_field_of_the_workers_record_makes_a_finding_green(mode, tmp_path):
     """The controller computes the verdict-bearing fields from the referee's record: a worker that cuts its
@@ -106,6 +112,7 @@ def test_no_field_of_the_workers_record_makes_a_finding_green(mode, tmp_path):
         assert finding["status"] == "discrepancy" and (finding["max_ratio"] is None or finding["max_ratio"] > 10)
 
 
+@pytest.mark.cli
 def test_a_selected_finding_the_worker_leaves_out_keeps_the_run_red(tmp_path):
     out = tmp_path / "out"
     proc = forked_cli.run(["check", "--engine", os.path.join(BINDINGS, "tamper_worker_record.py"),

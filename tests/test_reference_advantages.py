@@ -5,7 +5,7 @@ Independent values come from mpmath at 700 digits (sums of float64s of any magni
 reference), and from hand-computed small cases. Covered: every variant of ESTIMATORS, singleton and
 constant groups, uneven groups, shuffled non-contiguous index, rewards at ±1e4 with 1e-7 differences,
 0 and 1 valid tokens, masked positions holding NaN/±inf/1e30, NaN containment, whitening from merged
-DP statistics, and cases.md rows 14, 16 and 18.
+DP statistics, and the one-pass variance, degenerate-batch and NaN-reward cases.
 """
 
 from __future__ import annotations
@@ -494,7 +494,7 @@ def test_gdpo_components_and_weights():
 
 
 # --------------------------------------------------------------------------------------------------
-# masked inputs, NaN containment (cases.md 18), torch inputs
+# masked inputs, NaN containment, torch inputs
 
 
 @pytest.mark.parametrize("name", R.ESTIMATORS)
@@ -564,7 +564,7 @@ def test_torch_inputs_match_numpy():
 
 
 # --------------------------------------------------------------------------------------------------
-# masked_whiten: degenerate cases (cases.md 16), mpmath, DP merges
+# masked_whiten: degenerate cases, mpmath, DP merges
 
 
 def test_cases_md_row_16_whitening_one_valid_token_is_defined():
@@ -659,7 +659,7 @@ def test_masked_whiten_unbiased_variance_and_eps_hand_value():
 
 
 # --------------------------------------------------------------------------------------------------
-# cases.md row 14
+# “one-pass variance E[x²] − μ²”
 
 
 def test_cases_md_row_14_leave_one_out_with_constant_others():

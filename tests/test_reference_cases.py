@@ -1,6 +1,6 @@
-"""The right values of the cases.md rows, hand-checked small cases per mode, edges and errors.
+"""The right values of the docs/bug-kinds.md rows, hand-checked small cases per mode, edges and errors.
 
-Each cases.md row that a reference function decides gets its right value asserted exactly (or to the
+Each bug-kind row that a reference function decides gets its right value asserted exactly (or to the
 digits the row gives); the faulty value of the row must differ. Property-based checks against mpmath
 and exact rationals are in test_reference_mpmath.py.
 """
@@ -109,7 +109,7 @@ def test_reductions_catastrophic_cancellation_and_edges():
 
 
 # --------------------------------------------------------------------------------------------------
-# metrics and agg_loss: cases.md rows 1-8, each mode by hand
+# metrics and agg_loss: the metric and loss rows, each mode by hand
 
 
 def _shards_global(shards):
@@ -190,7 +190,7 @@ def test_agg_loss_each_mode_hand_checked():
 
 
 # --------------------------------------------------------------------------------------------------
-# optimal token baseline (seed 002)
+# optimal token baseline (verl PR #6153)
 
 
 def test_optimal_token_baseline_hand_checked():

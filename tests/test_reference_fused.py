@@ -1,4 +1,4 @@
-"""Self-tests of the fused pass ``rlconform.reference.token_stats`` (issue 13, part 2).
+"""Self-tests of the fused pass ``rlconform.reference.token_stats``.
 
 It must give the statistics and gradients of the separate references (``softmax_stats``) to within
 their error bounds: checked against mpmath at 50 digits with the tolerances of

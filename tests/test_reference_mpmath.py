@@ -30,7 +30,7 @@ NINF = float("-inf")
 #: Σπ² = Σ e_v² / (1 + t)², relative error in units of EPS (= u, half an ulp): each e_v = exp(d_v)(1 + δ_v) is
 #: within 3u (exp's ulp and the first-order correction), so e_v² within 7u, their extracted sum (2u) within 9u;
 #: 1 + t within 6u, its square 13u, the quotient 1u more: 23u at worst. Typical errors are 2-4u; 4u was once
-#: exceeded (4.0u at [0.68197375, 0, 0, 0, 0, 0, 0], the fresh trial of issue 20's last stop), so 16u, which a
+#: exceeded (4.0u at [0.68197375, 0, 0, 0, 0, 0, 0], a fresh-clone trial), so 16u, which a
 #: wrong formula (errors ≫ 1e-15) still fails.
 S2_EPS = 16
 

@@ -6,8 +6,8 @@ the engines' source), never by calling the reference; gradients against mpmath c
 (``mpmath.diff``) of those formulas, with stop-gradient quantities frozen at the evaluation point as
 the engines' ``detach()`` does. Inputs: small batches (B ≤ 3, T ≤ 4) drawn by hypothesis in three
 regimes — moderate log-ratios, log-ratios up to ±100 (fp32 values, where exp overflows fp32), and
-log-ratios within 1e-7 of 0 — with masked positions holding garbage. Hand-computed cases and rows 15
-and 17 of cases.md close the file. Tolerances are in units of eps = 2**-53 times the scale of the
+log-ratios within 1e-7 of 0 — with masked positions holding garbage. Hand-computed cases and the masked-numerator
+and NaN·0 rows of docs/bug-kinds.md close the file. Tolerances are in units of eps = 2**-53 times the scale of the
 terms that are summed (the condition of the sum), far below any formula error.
 """
 
@@ -658,7 +658,7 @@ def test_value_loss_by_hand():
 
 
 # --------------------------------------------------------------------------------------------------
-# hand-computed policy losses and cases.md rows 15 and 17
+# hand-computed policy losses and the masked-numerator and NaN·0 rows
 
 
 def test_cases_row15_masked_tokens_never_in_the_numerator():

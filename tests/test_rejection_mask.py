@@ -1,4 +1,4 @@
-"""rollout_rejection_mask (issue 25 §3): the reference's decisions at the bounds, its diagnostics on legal
+"""rollout_rejection_mask: the reference's decisions at the bounds, its diagnostics on legal
 inputs where every weight is tiny, the family's yardstick, and the real-engine findings pinned on small
 inputs (verl 0.9.1, SkyRL 0.4.0)."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import rlconform.reference as R
+from rlconform.harness.bindings.reference import binding as reference_binding
 from rlconform.harness.families import rejection_mask as RS
 from rlconform.harness.mutants import rs_ratio_bounds_inverted
-from rlconform.harness.bindings.reference import binding as reference_binding
 from rlconform.properties import generic as G
 from rlconform.properties.case import Case
 

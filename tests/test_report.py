@@ -12,6 +12,8 @@ import textwrap
 import time
 
 import forked_cli
+import pytest
+
 from rlconform.harness.report.writer import SCHEMA
 
 REQUIRED = {"id", "op", "property", "dtype", "regime", "status", "examples", "max_abs_err", "max_rel_err",
@@ -22,6 +24,8 @@ def cli(*args, **kw):
     return forked_cli.run(args, timeout=600, **kw)
 
 
+@pytest.mark.smoke
+@pytest.mark.cli
 def test_report_schema_and_reproducer(tmp_path):
     out = tmp_path / "out"
     proc = cli("check", "--engine", "mutants.mean_of_shard_means", "--op", "metric_pipeline", "--property",
@@ -33,7 +37,7 @@ def test_report_schema_and_reproducer(tmp_path):
     (finding,) = doc["findings"]
     assert REQUIRED <= set(finding)
     assert finding["status"] == "discrepancy" and finding["max_abs_err"] > 0
-    # issue 20 §4: relative to the report folder, never this machine's absolute path
+    # relative to the report folder, never this machine's absolute path
     assert finding["reproducer"]["case_file"] == f"cases/{finding['id']}.json"
     assert os.path.exists(out / finding["reproducer"]["case_file"])
     command = shlex.split(finding["reproducer"]["command"])
@@ -46,6 +50,7 @@ def test_report_schema_and_reproducer(tmp_path):
     assert fixed.returncode == 0 and "PASS" in fixed.stdout
 
 
+@pytest.mark.cli
 def test_interrupted_run_keeps_the_findings_already_made(tmp_path):
     binding = tmp_path / "slow_binding.py"
     binding.write_text(textwrap.dedent("""
@@ -86,6 +91,7 @@ def test_interrupted_run_keeps_the_findings_already_made(tmp_path):
     assert (out / "report.md").exists() and "incomplete run" in (out / "report.md").read_text()
 
 
+@pytest.mark.cli
 def test_engine_from_environment(tmp_path):
     env = dict(os.environ, RLCONFORM_ENGINE="mutants.naive_entropy")
     out = tmp_path / "out"

@@ -1,4 +1,4 @@
-"""Kind 7 of issue 14: bad input files and broken surroundings are clear errors (exit code 2, a message
+"""Bad input files and broken surroundings are clear errors (exit code 2, a message
 naming the file and what is wrong, never a traceback), and harness-side errors are never reported as the
 engine's crash.
 
@@ -21,6 +21,7 @@ BINDINGS = os.path.join(os.path.dirname(__file__), "bindings")
 FID = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
 
 
+@pytest.mark.cli
 def test_a_ledger_that_is_not_utf8_names_the_line(tmp_path, capsys):
     ledger = tmp_path / "xfails.txt"
     ledger.write_bytes(b"# ok\n" + FID.encode() + b"  # caf\xe9\n")
@@ -35,6 +36,7 @@ def test_a_ledger_with_a_byte_order_mark_is_read(tmp_path):
     assert list(parse_xfails(str(ledger))) == [FID]
 
 
+@pytest.mark.cli
 def test_a_duplicate_ledger_line_is_a_warning(tmp_path, capsys):
     ledger = tmp_path / "xfails.txt"
     ledger.write_text(f"{FID}\n# again\n{FID}  # twice\n")
@@ -52,6 +54,7 @@ def test_a_ledger_that_is_a_folder(tmp_path):
         parse_xfails(str(tmp_path))
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("value", ["abc", "-2", "1.5"])  # 0 is valid for own code: tests/test_own_code_in_process.py
 def test_bad_numbers_of_workers(tmp_path, value):
     proc = forked_cli.run(["check", "-n", value, "--out",
@@ -59,6 +62,7 @@ def test_bad_numbers_of_workers(tmp_path, value):
     assert proc.returncode == 2 and "-n" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.cli
 def test_a_corrupt_corpus_file_is_named_and_not_blamed_on_the_engine(tmp_path, capsys):
     corpus = tmp_path / "corpus"
     (corpus / FID).mkdir(parents=True)
@@ -70,6 +74,7 @@ def test_a_corrupt_corpus_file_is_named_and_not_blamed_on_the_engine(tmp_path, c
     assert not (tmp_path / "out" / "report.json").exists()  # nothing ran, nothing reported as a crash
 
 
+@pytest.mark.cli
 def test_a_corpus_case_in_the_wrong_folder(tmp_path, capsys):
     import json
 
@@ -81,6 +86,7 @@ def test_a_corpus_case_in_the_wrong_folder(tmp_path, capsys):
     assert f"holds a case of {other.finding_id}" in capsys.readouterr().err
 
 
+@pytest.mark.cli
 def test_a_report_that_cannot_be_written_ends_the_run_with_2(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, RLCONFORM_TEST_REPORT=str(out / "report.json"))
@@ -96,8 +102,8 @@ def test_a_report_that_cannot_be_written_ends_the_run_with_2(tmp_path):
 def test_what_the_harness_breaks_is_an_error_not_the_engines_crash():
     from hypothesis.errors import FailedHealthCheck
 
-    from rlconform.harness.run.recorder import classify
     from rlconform.harness.core.torch_state import TorchStateChanged
+    from rlconform.harness.run.recorder import classify
     from rlconform.properties.checks import EngineCrash, PropertyFailure
     from rlconform.properties.corpus import CorpusError
     from rlconform.properties.runner import CheckRaised, EngineAbort

@@ -1,4 +1,4 @@
-"""Kind 3 of issue 14: an interrupt, at any moment, ends the run promptly with exit code 130, an
+"""An interrupt, at any moment, ends the run promptly with exit code 130, an
 incomplete report and no live worker.
 
 * the worker pool: an interrupt while its ranks rendezvous (``start``) or while ``run`` starts them
@@ -188,6 +188,7 @@ def _interrupt(proc, tmp_path, sig=signal.SIGINT):
             proc.kill()
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_ctrl_c_while_the_engine_hangs_ends_the_run_with_130(tmp_path):
     marker = uuid.uuid4().hex
@@ -203,6 +204,7 @@ def test_ctrl_c_while_the_engine_hangs_ends_the_run_with_130(tmp_path):
     _wait_until(lambda: not _processes_with(marker), 30, "no process of the run to be left")
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("sig,where", [(signal.SIGINT, "probe"), (signal.SIGTERM, "probe"), (signal.SIGINT, "worker")],
                          ids=["SIGINT-probe", "SIGTERM-probe", "SIGINT-worker"])
 def test_an_interrupt_while_the_engine_loads_ends_with_130(tmp_path, sig, where):

@@ -1,4 +1,4 @@
-"""Kinds 4 and 8 of issue 14: one report folder, one run; and no leftovers of another run in it.
+"""One report folder, one run; and no leftovers of another run in it.
 
 * a second run on a folder that a run holds (the ``fcntl`` lock of :mod:`rlconform.harness.run.outdir`)
   stops at once with a clear error (exit 2) naming the holder;
@@ -19,6 +19,7 @@ from rlconform.harness.cli import main
 from rlconform.harness.run.outdir import OutDirError, claim
 
 
+@pytest.mark.cli
 def test_a_held_folder_is_refused_with_the_holders_pid(tmp_path, capsys):
     out = tmp_path / "out"
     with claim(str(out)):
@@ -31,6 +32,7 @@ def test_a_held_folder_is_refused_with_the_holders_pid(tmp_path, capsys):
         pass
 
 
+@pytest.mark.cli
 def test_out_that_is_a_file_or_cannot_be_created(tmp_path, capsys):
     f = tmp_path / "a_file"
     f.write_text("x")
@@ -86,6 +88,7 @@ def test_memory_error_while_writing_the_report_is_a_report_error(tmp_path, monke
         writer.write()
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_a_check_in_a_reused_folder_reports_only_itself(tmp_path):
     out = tmp_path / "out"

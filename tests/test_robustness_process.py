@@ -1,4 +1,4 @@
-"""Kind 1 of issue 14: an engine that ends or aborts its process never turns a run green.
+"""An engine that ends or aborts its process never turns a run green.
 
 ``rlconform check`` runs the engine only in pytest-xdist workers. ``tests/bindings/faults.py`` breaks
 its process in a different way in each op, on one input regime: ``os._exit(0)``, a segfault,
@@ -34,6 +34,7 @@ def cli(*args, cwd=None, timeout=900):
     return forked_cli.run(args, cwd=cwd, timeout=timeout)
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_every_way_an_engine_ends_its_process_is_that_findings_crash(tmp_path):
     out = tmp_path / "out"
@@ -60,6 +61,7 @@ def test_every_way_an_engine_ends_its_process_is_that_findings_crash(tmp_path):
     assert "faults.py" in seg["traceback"]
 
 
+@pytest.mark.cli
 def test_the_process_that_decides_the_exit_code_never_loads_a_users_binding(tmp_path):
     """A binding file whose import calls os._exit(0): a usage error (exit 2), never a green run."""
     f = tmp_path / "exit_on_import.py"
@@ -69,6 +71,7 @@ def test_the_process_that_decides_the_exit_code_never_loads_a_users_binding(tmp_
     assert "exited with code 0" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.cli
 def test_fuzz_does_not_exit_0_when_the_engine_ends_its_process(tmp_path):
     proc = cli("fuzz", "--engine", FAULTS, "--op", "logsumexp", "--property", "matches_reference", "--dtype",
                "float64", "--max-examples", "4", "--stats", "s.json", cwd=tmp_path)  # an example budget: any load

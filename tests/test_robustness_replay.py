@@ -1,4 +1,4 @@
-"""Kinds 5 and 7 of issue 14: ``replay`` never runs code a case file names, and a crafted case file is a
+"""``replay`` never runs code a case file names, and a crafted case file is a
 clear error (exit 2, no traceback), never an engine's crash or a silent pass.
 
 The engine of a replay comes from the command line (``--engine``, ``$RLCONFORM_ENGINE``, else the
@@ -36,6 +36,7 @@ def _write(tmp_path, doc, name="case.json") -> str:
     return str(p)
 
 
+@pytest.mark.cli
 def test_an_engine_named_by_the_case_file_is_never_run(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("RLCONFORM_ENGINE", raising=False)
     marker = tmp_path / "imported"
@@ -49,6 +50,7 @@ def test_an_engine_named_by_the_case_file_is_never_run(tmp_path, capsys, monkeyp
     assert not marker.exists()
 
 
+@pytest.mark.cli
 def test_the_engine_comes_from_the_command_line(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("RLCONFORM_ENGINE", raising=False)
     path = _write(tmp_path, _case(engine={"spec": "os:abort", "path": None}))
@@ -58,6 +60,7 @@ def test_the_engine_comes_from_the_command_line(tmp_path, capsys, monkeypatch):
     assert main(["replay", path]) == 0
 
 
+@pytest.mark.cli
 def test_an_engine_that_ends_its_process_is_a_crash(tmp_path, capsys):
     path = _write(tmp_path, _case())
     assert main(["replay", path, "--engine", os.path.join(BINDINGS, "faults.py")]) == 1
@@ -90,6 +93,7 @@ BAD = {
 }
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("what", sorted(BAD))
 def test_a_crafted_case_file_is_a_clear_error(tmp_path, capsys, what):
     doc, words = BAD[what]

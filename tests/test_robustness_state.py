@@ -1,4 +1,4 @@
-"""Kind 2 of issue 14: torch's global state does not leak from one finding into the next.
+"""Torch's global state does not leak from one finding into the next.
 
 Unit: every mode of :data:`rlconform.harness.core.torch_state.MODES` that an engine call leaves changed is
 named by :class:`TorchStateChanged` and restored. End to end (``tests/bindings/state_leak.py``): an
@@ -86,6 +86,7 @@ def cli(*args):
     return forked_cli.run(args, timeout=900)
 
 
+@pytest.mark.cli
 def test_a_leak_is_a_crash_and_does_not_hide_a_later_bug(tmp_path):
     out = tmp_path / "out"
     proc = cli("check", "--engine", BINDING, "--property", "matches_reference", "--dtype", "float64",

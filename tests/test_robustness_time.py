@@ -1,4 +1,4 @@
-"""Kind 6 of issue 14: a hung or dying engine costs one deadline per finding, not one per example or per
+"""A hung or dying engine costs one deadline per finding, not one per example or per
 shrink step.
 
 * ``check --timeout S``: a finding whose engine hangs ends its worker after S seconds (faulthandler) and
@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import forked_cli
+import numpy as np
 import pytest
 from hypothesis import strategies as st
 
@@ -26,6 +26,7 @@ def cli(*args, cwd=None, env=None):
     return forked_cli.run(args, cwd=cwd, timeout=900, env=env)
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_a_hung_finding_ends_at_its_deadline_with_the_engines_stack(tmp_path):
     out = tmp_path / "out"
@@ -41,6 +42,7 @@ def test_a_hung_finding_ends_at_its_deadline_with_the_engines_stack(tmp_path):
     assert {f["status"] for f in doc["findings"] if f is not hung} <= {"pass", "crash"}  # and the run went on
 
 
+@pytest.mark.cli
 def test_fuzz_reports_an_example_that_hangs(tmp_path):
     # the first fully masked example hangs, no later one (three findings draw one: three deadlines otherwise)
     env = dict(os.environ, RLCONFORM_TEST_HANG_MARKER=str(tmp_path / "hanging"), RLCONFORM_TEST_HANG_ONCE="1")
@@ -65,10 +67,10 @@ class _State:
 
 
 def test_a_rank_failure_is_not_shrunk(tmp_path, monkeypatch):
-    from rlconform.harness.workers.pool import RankFailure
-    from rlconform.harness.run.recorder import FindingRecorder
-    from rlconform.properties import runner
     from rlconform.harness.core.evaluation import EngineCrash
+    from rlconform.harness.run.recorder import FindingRecorder
+    from rlconform.harness.workers.pool import RankFailure
+    from rlconform.properties import runner
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""A defect is a root cause in the engine (issue 20 §1) and severity is by impact (§3): the engine site of a
+"""A defect is a root cause in the engine and severity is by impact: the engine site of a
 finding (declared by the adapter or found in its closure, file:line relative to the engine's top package),
 the deepest engine frame of a crash, the trigger read from the shrunk input, the grouping of findings into
 defects, severities and their order, and the worker recording all of it in a real ``rlconform check``."""
@@ -10,8 +10,8 @@ import math
 import sys
 import textwrap
 
-import numpy as np
 import forked_cli
+import numpy as np
 import pytest
 
 from rlconform.harness.catalog.engine_site import calls, crash_frame, engine_callables, finding_site, site
@@ -73,6 +73,7 @@ def test_site_of_a_declared_and_of_a_closure_adapter(fake_engine):
     assert engine_callables(triggers.trigger) == []  # rlconform's own code (a mutant, the reference) is no site
 
 
+@pytest.mark.engines
 def test_verl_sites_name_the_engine_function():
     from rlconform.harness.bindings.load import load_engine
 
@@ -80,8 +81,9 @@ def test_verl_sites_name_the_engine_function():
     s, pkgs = finding_site(b, "policy_loss", "partition_invariant", "geo_mean@moderate")
     assert s["function"] == "compute_policy_loss_geo_mean" and s["file"] == "verl/trainer/ppo/core_algos.py"
     assert pkgs == ["verl"]
-    import verl.trainer.ppo.core_algos as ca
     import inspect
+
+    import verl.trainer.ppo.core_algos as ca
 
     src, first = inspect.getsourcelines(inspect.unwrap(ca.compute_policy_loss_geo_mean))
     assert src[0].lstrip().startswith("@")  # registered with a decorator: the site is the def line below it
@@ -96,7 +98,7 @@ def test_verl_sites_name_the_engine_function():
     assert v["file"] == "verl/utils/megatron/tensor_parallel.py"
     e, _ = finding_site(b, "outcome_advantage", "matches_reference", "grpo@singleton_groups")
     assert e["function"] == "compute_grpo_outcome_advantage"
-    # issue 20's maintainer review: where each metric is folded, and where the mutations are
+    # 's maintainer review: where each metric is folded, and where the mutations are
     assert finding_site(b, "value_loss", "partition_invariant", "token-mean@moderate", metric=True)[0][
         "function"] == "reduce_metrics"
     assert finding_site(b, "dp_metric_all_reduce", "partition_invariant", "dp2_imbalanced", metric=True)[0][
@@ -111,6 +113,7 @@ def test_verl_sites_name_the_engine_function():
     assert lp["via"]["file"] == "megatron/core/tensor_parallel/cross_entropy.py"
 
 
+@pytest.mark.engines
 def test_skyrl_metric_sites_are_the_worker_fold():
     """SkyRL's policy and value losses log one mean per micro-batch and ``worker_utils.reduce_metrics`` averages
     them: a wrong logged metric is that fold's defect (one row), not five loss functions' (a SkyRL maintainer
@@ -324,6 +327,7 @@ def test_family_trigger_hook_reads_its_own_inputs():
                       "", "NaN") == "no valid token in the batch"
 
 
+@pytest.mark.cli
 def test_check_records_engine_function_crash_frame_and_trigger(tmp_path, fake_engine):
     """End to end through the worker: a binding of the fake engine; its findings carry the engine function
     (file:line under the package), the crash's deepest engine frame and the trigger; report.md names them."""
@@ -385,7 +389,7 @@ def test_an_older_report_still_renders(tmp_path):
     assert all(not math.isnan(d["effect"]) for d in doc["defects"])
 
 
-#: issue 20 §3: every severity has a mutant whose finding gets it (mutant, op, property, dtype)
+#: every severity has a mutant whose finding gets it (mutant, op, property, dtype)
 SEVERITY_MUTANTS = {
     "training": ("local_denominator", "agg_loss", "matches_reference", "float32"),
     "destructive": ("forward_inplace", "token_logprobs", "non_destructive", "float32"),
@@ -399,6 +403,7 @@ def test_every_severity_has_a_mutant():
     assert set(SEVERITY_MUTANTS) == set(SEVERITIES)
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("severity", sorted(SEVERITY_MUTANTS))
 def test_mutant_finding_gets_its_severity(severity, tmp_path):
     name, op, prop, dtype = SEVERITY_MUTANTS[severity]
@@ -413,6 +418,7 @@ def test_mutant_finding_gets_its_severity(severity, tmp_path):
     assert doc["defects"][0]["severity"] == severity
 
 
+@pytest.mark.engines
 def test_a_variants_configuration_is_its_trigger_where_the_binding_declares_it():
     """verl's grpo_vectorized reads only its own ``norm_adv_by_std_in_grpo`` keyword (default True), so Dr. GRPO
     through the trainer's AlgoConfig divides by σ on any input: the binding declares the variant's words, which
@@ -432,6 +438,7 @@ def test_a_variants_configuration_is_its_trigger_where_the_binding_declares_it()
         "any input"
 
 
+@pytest.mark.engines
 def test_an_edge_input_a_configuration_produces_reads_as_that_configuration_and_ranks_with_it():
     """verl's sequence-level rollout rejection zeroes the response mask of every rejected row, and the trainer
     still divides the seq-mean losses by ppo_mini_batch_size: 'a row with no valid token' is then what a
@@ -459,6 +466,7 @@ def test_an_edge_input_a_configuration_produces_reads_as_that_configuration_and_
         "an edge input"
 
 
+@pytest.mark.engines
 def test_skyrl_metric_sites_name_the_reducer_that_folds_them():
     """SkyRL's logged metrics: a mean of micro-batch means is ``worker_utils.reduce_metrics``' (so is a value
     it prints and drops), a mean of DP-rank means ``all_reduce_metrics``', a min that sees masked zeros the
@@ -498,6 +506,7 @@ def test_skyrl_metric_sites_name_the_reducer_that_folds_them():
     assert fn("dp_metric_all_reduce", dp, "a DP rank with no valid token") == "all_reduce_metrics"
 
 
+@pytest.mark.engines
 def test_verl_policy_losses_record_the_mode_they_call_agg_loss_in():
     """verl's binding passes loss_agg_mode="token-mean" (SAPO forces seq-mean-token-mean): the engine site of
     a policy-loss finding records it (``calls_variant``), which the callee fold reads; value_loss declares none."""
@@ -546,6 +555,7 @@ def test_a_masked_value_that_moves_a_valid_result_is_its_own_kind_not_a_partitio
     assert ledgers["new"].match(dict(masked, engine_function=VANILLA)) is None
 
 
+@pytest.mark.engines
 def test_a_wrong_metric_is_its_folds_a_nan_or_rounded_one_its_emitters():
     """A logged metric wrong by a mean of micro-batch means is located at the fold (SkyRL's
     ``worker_utils.reduce_metrics``); one that is NaN (SkyRL's ``importance_sampling_loss`` logs the mean of an

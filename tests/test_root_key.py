@@ -1,4 +1,4 @@
-"""The root key of a defect (issue 20 §1): a crash is its deepest frame and exception type whatever the
+"""The root key of a defect: a crash is its deepest frame and exception type whatever the
 trigger; a trigger that is not necessary does not split a function's defect; a finding joins the defect of a
 callee that fails the same way; rounding is one defect per engine module; the id is a function of the key;
 impact first (the committed verl report's geo_mean scaling and TP-entropy backward mutation lead); the
@@ -107,7 +107,7 @@ def test_rounding_is_one_defect_per_engine_module_and_ids_depend_on_the_key_only
 def test_impact_first_in_the_committed_verl_report():
     doc = annotate(json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text()))
     first = [(d.get("crash_frame") or d["engine_function"] or {}).get("function") for d in doc["defects"][:5]]
-    # every step of a configuration first (issue 20, maintainers' readings): geo_mean scaled by the number of
+    # every step of a configuration first (maintainers' readings): geo_mean scaled by the number of
     # micro-batches, agg_loss's seq-mean counting the rows sequence-level rollout rejection empties, Dr. GRPO
     # through grpo_vectorized ignoring norm_adv_by_std_in_grpo (a report written before engine.variant_triggers
     # were recorded: its key=value trigger)
@@ -121,7 +121,7 @@ def test_impact_first_in_the_committed_verl_report():
     order = [SEVERITIES.index(d["severity"]) for d in doc["defects"]]  # training listed before destructive
     assert order == sorted(order)
     # the TP entropy backward's write into the logits it saved is a declared precondition of verl's (its only
-    # caller clones the logits and computes Σπ² first: a maintainer's reading), checked as declared in the
+    # caller clones the logits and computes Σπ² first), checked as declared in the
     # installed source: its findings are under "Conventions and guards", never a defect row
     declared = {d["name"]: d for d in doc["engine"]["declared"]}
     write = declared["entropy_backward_writes_logits"]
@@ -162,7 +162,7 @@ def test_report_md_sections_in_order(tmp_path):
 
 
 def test_an_unavailable_op_is_no_defect():
-    """An op the engine does not provide (an import failure: issue 26 §6) is one entry of the report's
+    """An op the engine does not provide (an import failure) is one entry of the report's
     unavailable list, never a defect per finding nor a row of the defects table."""
     gone = "op entropy unavailable: ModuleNotFoundError: No module named 'verl.utils.kernel'"
     fs = [_f(f"entropy.matches_reference.{d}.moderate", gone, status="unavailable") for d in ("float32", "bfloat16")]
@@ -215,7 +215,7 @@ GEO_SCALED = ("micro-batches (nnz) [1, 1]: loss = -1.666 vs loss = -0.833 at fla
 
 
 def test_a_metric_partition_dependence_is_its_aggregator_and_a_loss_one_stays_apart():
-    """Maintainer's error 1 (issue 20): ppo_kl of seven policy-loss variants, verl's metric pipeline and the DP
+    """Maintainer's error 1: ppo_kl of seven policy-loss variants, verl's metric pipeline and the DP
     gather are one cause (a mean of shard means in Metric.aggregate_dp, where the worker records the metric's
     site), whatever the trigger of the wrong values; geo_mean's loss scaled by the micro-batches is its own."""
     geo = dict(AGG, function="compute_policy_loss_geo_mean", line=1929)
@@ -292,7 +292,7 @@ def test_bf16_rounding_of_an_extreme_input_is_precision_and_a_real_bf16_defect_s
     by = {d["id"]: d for d in annotate({"findings": fs})["defects"]}
     assert by[f"{CORE}.rounding"]["severity"] == "precision" and len(by[f"{CORE}.rounding"]["members"]) == 2
     # beyond the bound it stays a wrong value (its own row), and so does bf16 entropy on logits of 256 — but
-    # both regimes are extreme, no training input (issue 20, a maintainer's reading): precision; on a realistic
+    # both regimes are extreme, no training input: precision; on a realistic
     # regime the same values are training
     assert by[f"{CORE}.k.wrong-value"]["severity"] == "precision"
     assert by[f"{CORE}.entropy_from_logits.wrong-value"]["severity"] == "precision"
@@ -424,7 +424,7 @@ def types_case(inputs):
                                  dtype="float32", regime=f"{inputs['variant']}@moderate")
 
 
-# ---------------------------------------------------------------- a maintainer's second reading (issue 20)
+# ---------------------------------------------------------------- grouping rules
 def test_an_inplace_version_crash_joins_the_write_that_caused_it():
     """verl's chunked vocab-parallel entropy: one chunk's backward writes into the logits every chunk's view
     shares, the next chunk's backward finds its saved view at a newer version and autograd raises. The
@@ -537,7 +537,7 @@ def test_a_rounding_sized_failure_under_its_functions_specific_trigger_joins_tha
 
 
 def test_a_crash_row_shows_its_exception_and_a_module_rounding_row_its_module():
-    """A maintainer's reading of verl's report: the crash:IndexError row showed another clause's NaN numbers
+    """In verl's report the crash:IndexError row showed another clause's NaN numbers
     (its smallest member also failed on rank-3 −inf logits), and module-wide rounding rows were cited at one
     of their functions' lines."""
     from rlconform.harness.report.triage_md import defect_row, precision_row
@@ -561,7 +561,7 @@ def test_a_crash_row_shows_its_exception_and_a_module_rounding_row_its_module():
 
 
 def test_a_metric_missing_from_the_final_dict_is_a_missing_output_under_any_property():
-    """A SkyRL maintainer's reading: metric_statistics' matches_reference / partition_invariant findings whose
+    """SkyRL: metric_statistics' matches_reference / partition_invariant findings whose
     metric never reached the final dict were filed as the module's rounding, with no numbers."""
     site = {"function": "reduce_metrics", "module": "skyrl.backends.skyrl_train.workers.worker_utils",
             "file": "skyrl/backends/skyrl_train/workers/worker_utils.py", "line": 77}
@@ -575,7 +575,7 @@ def test_a_metric_missing_from_the_final_dict_is_a_missing_output_under_any_prop
 def test_a_defect_headline_shows_a_key_the_engine_emits_before_a_probes_key(monkeypatch):
     """verl's ``Metric.aggregate_dp`` row once led with ``actor/response_length/mean (len_mean)``, a key the
     binding's ``metric_statistics`` probe names (verl never folds response lengths there): a maintainer reads
-    a key their trainer logs (issue 20, a SkyRL maintainer's reading). Without the op's ``probe_metric_keys``
+    a key their trainer logs. Without the op's ``probe_metric_keys``
     the probe's member would be shown (it is the most reachable): the preference is what moves it."""
     from rlconform.harness.report import triage
 
@@ -626,7 +626,7 @@ def test_a_fold_that_drops_non_numbers_names_the_value_type(message, words):
 
 
 def test_a_crash_row_names_the_engine_frame_that_called_the_crashing_one(tmp_path, monkeypatch):
-    """A verl maintainer's reading: Metric.append's ValueError was shown "via Metric.aggregate_dp" (the op's
+    """verl: Metric.append's ValueError was shown "via Metric.aggregate_dp" (the op's
     callable) though the traceback reaches it from Metric.__init__ (utils.py:101). The row names the caller the
     traceback shows; a frame with no engine caller keeps the op's function."""
     from rlconform.harness.core.engine_frames import deepest_frame
@@ -670,7 +670,7 @@ def test_a_variant_that_fails_only_in_another_dtype_is_its_own_precision_defect(
     """verl's grpo_vectorized: Dr. GRPO (its ignored norm_adv_by_std_in_grpo) is wrong in float32, the dtype verl
     computes advantages in; plain GRPO through it is off only in float64 (group_mean_std's float32 statistics).
     Two causes, two rows: the second one precision, its class marked; a variant that also fails where the
-    engine runs stays in the first row (a verl maintainer's reading, issue 20)."""
+    engine runs stays in the first row."""
     grpov = dict(AGG, function="compute_grpo_vectorized_outcome_advantage", line=335)
     fs = [_f("outcome_advantage.matches_reference.float32.drgrpo+vectorized@uneven_groups", HALF, site=grpov),
           _f("outcome_advantage.matches_reference.float64.drgrpo+vectorized@uneven_groups", HALF, site=grpov),

@@ -30,6 +30,7 @@ def _statuses(doc):
     return {f["id"]: f["status"] for f in doc["findings"]}
 
 
+@pytest.mark.cli
 @pytest.mark.slow
 def test_three_shards_merge_into_the_single_runs_report(tmp_path):
     single = tmp_path / "single"

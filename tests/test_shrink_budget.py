@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import forked_cli
+import pytest
+
 from rlconform.harness.core.profiles import MAX_SHRINKS, shrink_budget
 
 FINDING = "entropy.finite_where_reference_finite.float32.neg_inf_padded"
@@ -27,6 +29,7 @@ def test_budget_by_profile_and_ledger():
     assert shrink_budget("ci", listed=True, override=7) == 7 and shrink_budget("ci", False, override=-1) is None
 
 
+@pytest.mark.cli
 def test_max_shrinks_caps_shrinking_and_keeps_the_verdict(tmp_path):
     proc, full, _ = check(tmp_path, "full", "--max-shrinks", "-1")
     # unbounded, this finding's shrink takes a few steps (3 with hypothesis as pinned): the cap is set below it,
@@ -40,6 +43,7 @@ def test_max_shrinks_caps_shrinking_and_keeps_the_verdict(tmp_path):
     assert doc["run"]["max_shrinks"] == {"per_finding": cap, "ledger_listed": cap}
 
 
+@pytest.mark.cli
 def test_a_listed_finding_shrinks_as_an_unlisted_one_and_reads_the_same(tmp_path):
     # a listed finding that stopped at its first failing example was read from another input than the
     # committed report's (verl: 38 defects with the ledger, 34 without, the same findings)

@@ -1,4 +1,4 @@
-"""SkyRL's declared guards and conventions (issue 20 §2): masked_var's ValueError on ≤ 1 valid token, reached
+"""SkyRL's declared guards and conventions: masked_var's ValueError on ≤ 1 valid token, reached
 through masked_whiten, GAE and reinforce++'s batch whitening, is a guard exactly where SkyRL's code reaches it
 with ≤ 1 valid token; cross_entropy's plain masked sum is a convention (its callers pre-scale the loss mask).
 Each test fails when SkyRL stops behaving as declared, or when the declaration covers more than SkyRL does."""
@@ -11,7 +11,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from rlconform.harness.catalog.binding import Binding, LossVariants, Variants
+from rlconform.harness.catalog.binding import Binding, Variants
 from rlconform.harness.core.declared import matching_guard, read_source
 from rlconform.harness.core.evaluation import EngineCrash
 from rlconform.properties.case import Case
@@ -44,6 +44,7 @@ def _line(path_line: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ sources
+@pytest.mark.engines
 @pytest.mark.parametrize("name, text", [
     ("masked_var_le_one_token", 'raise ValueError("The sum of the mask is one'),
     ("masked_whiten_le_one_token", "masked_var(values, mask)"),
@@ -103,6 +104,7 @@ def _bare(skyrl):
     return dataclasses.replace(skyrl, declared=())
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize("prop", ["matches_reference", "mask_invariant", "non_destructive",
                                   "finite_where_reference_finite"])
 def test_skyrl_masked_whiten_guard_holds_on_le_one_token_only(skyrl, prop):
@@ -115,6 +117,7 @@ def test_skyrl_masked_whiten_guard_holds_on_le_one_token_only(skyrl, prop):
     assert two.declared is None and (two.ok or prop == "mask_invariant"), two.message  # NaN garbage leaks: a defect
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize("prop", ["matches_reference", "mask_invariant", "non_destructive"])
 def test_skyrl_gae_guard_holds_on_a_batch_of_le_one_token_only(skyrl, prop):
     """SkyRL's GAE whitens over the whole batch: one valid token in the batch (across rows) raises, one valid
@@ -128,6 +131,7 @@ def test_skyrl_gae_guard_holds_on_a_batch_of_le_one_token_only(skyrl, prop):
     assert two.declared == "response_mask_right_aligned" and (two.ok or prop == "mask_invariant"), two.message
 
 
+@pytest.mark.engines
 def test_skyrl_reinforce_pp_guard_is_the_batch_not_the_group(skyrl):
     """reinforce++ whitens the batch, not each group: a batch of two one-sample groups with one valid token
     each (two in the batch) is whitened and compared; one valid token in the whole batch raises, also when
@@ -142,6 +146,7 @@ def test_skyrl_reinforce_pp_guard_is_the_batch_not_the_group(skyrl):
             run_check(_bare(skyrl), case)
 
 
+@pytest.mark.engines
 def test_skyrl_whitening_guards_cover_nothing_else(skyrl):
     """The same ValueError where SkyRL's code would not raise it (two or more valid tokens, an estimator that
     never whitens, the biased variance) is not covered: it stays a crash."""
@@ -169,6 +174,7 @@ def test_skyrl_whitening_guards_cover_nothing_else(skyrl):
     assert matching_guard(skyrl.declared, var, "ValueError", "some other message") is None
 
 
+@pytest.mark.engines
 def test_skyrl_masked_var_raises_exactly_where_declared(skyrl):
     """The guard's trigger is SkyRL's: its masked_var raises the declared errors on 0 and 1 valid tokens of an
     unbiased variance, and nowhere else."""
@@ -197,6 +203,7 @@ def _ce_case(prop="matches_reference", dtype="float64"):
                  "variant": "cross_entropy"})
 
 
+@pytest.mark.engines
 def test_skyrl_cross_entropy_is_compared_with_the_declared_sum(skyrl):
     """Declared: cross_entropy sums −log π over the mask (the reference aggregates token-sum) and passes;
     compared with the catalog's token-mean, as before the declaration, it fails by the token count."""
@@ -212,6 +219,7 @@ def test_skyrl_cross_entropy_is_compared_with_the_declared_sum(skyrl):
     assert not out.ok and "loss" in out.message
 
 
+@pytest.mark.engines
 def test_a_cross_entropy_that_stops_summing_fails_under_the_declaration(skyrl):
     """An engine that normalised cross_entropy itself (a token mean over its call) no longer follows the
     declared convention: it fails."""
@@ -230,9 +238,10 @@ def test_a_cross_entropy_that_stops_summing_fails_under_the_declaration(skyrl):
     assert not out.ok and "loss" in out.message
 
 
+@pytest.mark.engines
 def test_skyrl_cross_entropy_nan_at_masked_positions_stays_a_failure(skyrl):
     """The convention is about the aggregation only: NaN at a masked position still leaks through NaN·0
-    (reduce_loss multiplies by the mask; cases.md family 17), and mask_invariant still fails."""
+    (reduce_loss multiplies by the mask; “NaN·0 at masked positions”), and mask_invariant still fails."""
     out = run_check(skyrl, _ce_case("mask_invariant"))
     assert not out.ok and "nan" in out.message.lower()
 
@@ -249,6 +258,7 @@ def test_skyrl_right_aligns_the_response_mask_it_passes_gae():
     assert 'response_mask=data["response_mask"],' in trainer
 
 
+@pytest.mark.engines
 def test_a_mask_hole_skyrl_never_passes_is_drawn_right_aligned_and_gae_is_exact_there(skyrl):
     """A mask with a masked position between valid ones ([T, T, F, T]) is a layout SkyRL's trainer never gives
     GAE (its recursion runs through the hole); drawn right-aligned, as the trainer gives it, SkyRL's GAE is
@@ -283,6 +293,7 @@ def test_skyrl_writes_rewards_only_over_the_response_tokens():
     assert "per_token_reward = [0.0] * len(response)" in trainer and "per_token_reward[-1] = float(reward)" in trainer
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize("variant", ["grpo", "rloo", "maxrl"])
 def test_the_rewards_precondition_keeps_garbage_out_of_the_rewards_and_only_there(skyrl, variant):
     """Declared: SkyRL's trainer keeps rewards zero outside the response mask, so mask_invariant writes no

@@ -35,6 +35,7 @@ def test_startup_modules_lists_what_a_fresh_interpreter_loads_and_drops_engine_p
     assert not any(n.split(".", 1)[0] in referee.ENGINE_TOPS for n in names)
 
 
+@pytest.mark.cli
 def test_a_check_runs_under_a_sitecustomize_that_imports_a_hook(tmp_path):
     env = _hooked_env(tmp_path, """
         try:
@@ -53,6 +54,7 @@ def test_a_check_runs_under_a_sitecustomize_that_imports_a_hook(tmp_path):
     assert statuses and set(statuses) == {"pass"}
 
 
+@pytest.mark.cli
 def test_a_sitecustomize_that_imports_engine_code_is_still_refused(tmp_path):
     env = _hooked_env(tmp_path, """
         import rlconform.harness.mutants

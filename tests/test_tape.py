@@ -1,5 +1,5 @@
 """Engine calls made in the engine's worker for an evaluation in the referee (harness/core/tape.py) and the
-referee's module check (properties/referee.py), issue 22 §1: in-process, tiny tensors."""
+referee's module check (properties/referee.py): in-process, tiny tensors."""
 
 from __future__ import annotations
 
@@ -35,9 +35,8 @@ ENGINE = {"fwd": lambda x: (2 * x).as_subclass(Lying), "write": lambda b: b.add_
 
 
 def test_the_referee_refuses_engine_modules_and_their_pickles():
-    from rlconform.properties import referee
-
     import rlconform.harness.mutants.naive_entropy  # noqa: F401 - an engine, as far as the referee is concerned
+    from rlconform.properties import referee
 
     assert "rlconform.harness.mutants.naive_entropy" in referee.touched_modules()
     with pytest.raises(pickle.UnpicklingError):
@@ -159,10 +158,10 @@ def test_an_example_interrupted_mid_call_leaves_the_next_one_its_own_verdict():
     import numpy as np
 
     from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.run.dispatch import referee_judge
     from rlconform.harness.workers import referee as referee_process
     from rlconform.properties import referee
     from rlconform.properties.case import Case
-    from rlconform.harness.run.dispatch import referee_judge
     from rlconform.properties.checks import run_check
 
     ref = referee_process.start(referee_judge, referee.check_clean)

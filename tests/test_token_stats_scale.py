@@ -1,4 +1,4 @@
-"""The token_stats family at real shapes (issue 13): the faithful fp32 path runs in row chunks (each a
+"""The token_stats family at real shapes: the faithful fp32 path runs in row chunks (each a
 view of the input) with the values and gradients of the one-shot path, and large logits get their
 reference from the fused float64 pass, equal to the separate references to within their bounds."""
 

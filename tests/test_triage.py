@@ -1,4 +1,4 @@
-"""Severity, defects and ``rlconform diff`` (issue 12) on findings in the report's own wording."""
+"""Severity, defects and ``rlconform diff`` on findings in the report's own wording."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_fail_on():
     imprecise = annotate({"findings": [_f("a.matches_reference.float32.r", message=HALF, ratio=2.0)]})["findings"][0]
     assert imprecise["severity"] == "precision"
     assert fails(imprecise, "precision") and not fails(imprecise, "robustness") and not fails(imprecise)
-    # the names of issue 12 still work: imprecise = precision, wrong = robustness
+    # the earlier names still work: imprecise = precision, wrong = robustness
     assert fails(imprecise, "imprecise") and not fails(imprecise, "wrong")
     assert fails(_f("a.matches_reference.float32.r", status="xpass"), "training")
     assert not fails(dict(imprecise, status="xfail"), "precision")
@@ -82,7 +82,7 @@ def test_verl_report_borderline_findings_are_precision_and_defects_group_dtypes(
     """An older report (no engine functions, triggers or engine dtypes recorded) still triages: defects fall
     back to the op and the input feature."""
     doc = json.loads((ROOT / "reports/verl-0.9.1/report.json").read_text())
-    for f in doc["findings"]:  # as a report written before issue 20 holds them
+    for f in doc["findings"]:  # as a report written before these fields holds them
         for key in ("engine_function", "crash_frame", "trigger", "severity", "severity_reason"):
             f.pop(key, None)
     doc["engine"].pop("engine_dtypes", None)
@@ -110,6 +110,7 @@ def _write(path, findings):
     return str(path)
 
 
+@pytest.mark.cli
 def test_diff_new_fixed_and_exit_codes(tmp_path, capsys):
     ok = _f("a.matches_reference.float32.r", status="pass")
     base = _write(tmp_path / "base", [ok, _f("b.matches_reference.float32.r", message=HALF, ratio=2.0)])
@@ -127,7 +128,7 @@ def test_diff_new_fixed_and_exit_codes(tmp_path, capsys):
 
 
 def test_html_of_verl_report_is_under_500_kb(tmp_path):
-    """Issue 12: verl's page stays one self-contained page under 500 KB, and the size is not bought by
+    """verl's page stays one self-contained page under 500 KB, and the size is not bought by
     leaving findings out: every defect's reproducer, a row per failing finding, every finding in the
     compressed table."""
     import json
@@ -180,7 +181,7 @@ def test_ulp_level_at_the_inputs_scale_is_precision():
             "tolerance 0.0313")
     g = _f("entropy.matches_reference.bfloat16.bf16_coarse", message=bf16, ratio=1416.0, inp="logits[1, 2]=[256.0, 256.0]")
     # beyond float32's resolution: a wrong value, not ulp-level — but logits of 256 are an extreme regime, no
-    # training input (issue 20, a maintainer's reading): precision; the same value on a realistic regime is training
+    # training input: precision; the same value on a realistic regime is training
     sev, why = classify(g, {"entropy": ["float32", "bfloat16"]})
     assert sev == "precision" and "extreme input" in why and kind(g) == "wrong value"
     g = dict(g, regime="moderate", id="entropy.matches_reference.bfloat16.moderate")
@@ -201,7 +202,7 @@ def test_a_crash_is_robustness_in_every_dtype_and_a_value_is_gated_by_it():
     assert classify(nan, used)[0] == "precision"
 
 
-# ------------------------------------------------- extreme regimes and reachability (issue 20, a maintainer's reading)
+# ------------------------------------------------- extreme regimes and reachability
 def test_a_wrong_value_only_on_an_extreme_regime_is_not_training():
     """bf16 entropy of logits of 256 (bf16_coarse), ±1e4 (near_uniform_offset, also behind a TP layout) or
     fp16's ±65504 is a contrived input: a wrong value there is precision, a NaN robustness; the same value on a
@@ -269,8 +270,8 @@ def test_the_stated_ranking_rule_is_the_order():
 
     assert "training, destructive, logging, robustness, precision, in that order" in ORDER_NOTE
     assert ORDER_NOTE.index("reachability") < ORDER_NOTE.index("size of the effect")
-    readme = (ROOT / "README.md").read_text()
-    assert "ranked by severity (training, destructive, logging, robustness, precision, in that order), then by\n*reachability*" in readme
+    triage_doc = (ROOT / "docs" / "triage.md").read_text()
+    assert "ranked by severity (training, destructive, logging, robustness, precision, in that order), then by\n*reachability*" in triage_doc
 
 
 def test_every_extreme_regime_is_a_catalog_regime_and_the_logits_strategy_agrees():

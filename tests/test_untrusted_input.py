@@ -1,4 +1,4 @@
-"""Data never chooses code, and bad input to a command is one line, exit 2 (issue 22 §3, §4).
+"""Data never chooses code, and bad input to a command is one line, exit 2.
 
 A case file, a corpus case or a report names an engine (``engine.spec``: here a script that leaves a
 marker when it is imported, then aborts); no command imports it: ``replay`` and ``bisect`` refuse the case
@@ -13,8 +13,8 @@ import json
 import os
 import subprocess
 
-import numpy as np
 import forked_cli
+import numpy as np
 import pytest
 
 from rlconform.harness.cli import main
@@ -67,6 +67,7 @@ def _one_line_error(capsys) -> str:
     return lines[0]
 
 
+@pytest.mark.cli
 def test_bisect_never_runs_the_engine_a_case_file_names(tmp_path, evil, capsys):
     spec, marker = evil
     repo = tmp_path / "fork"
@@ -83,6 +84,7 @@ def test_bisect_never_runs_the_engine_a_case_file_names(tmp_path, evil, capsys):
     assert not marker.exists()
 
 
+@pytest.mark.cli
 def test_fuzz_replays_its_corpus_on_the_engine_of_the_command_line(tmp_path, evil):
     spec, marker = evil
     corpus = tmp_path / "corpus"
@@ -98,6 +100,7 @@ def test_fuzz_replays_its_corpus_on_the_engine_of_the_command_line(tmp_path, evi
     assert not marker.exists()
 
 
+@pytest.mark.cli
 def test_report_commands_never_run_the_engine_a_report_names(tmp_path, evil, capsys):
     spec, marker = evil
     a, b = _report(tmp_path / "a", spec), _report(tmp_path / "b", spec)
@@ -108,6 +111,7 @@ def test_report_commands_never_run_the_engine_a_report_names(tmp_path, evil, cap
     assert not marker.exists()
 
 
+@pytest.mark.cli
 def test_deeply_nested_json_is_one_line_in_every_command(tmp_path, capsys):
     deep = tmp_path / "deep"
     deep.mkdir()
@@ -121,6 +125,7 @@ def test_deeply_nested_json_is_one_line_in_every_command(tmp_path, capsys):
         assert "nested deeper than" in _one_line_error(capsys), argv
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("doc, says", [
     ({"findings": "nope"}, "findings is a str"),
     ({"findings": [{"id": FID}]}, "has no status"),

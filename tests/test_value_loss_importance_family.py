@@ -1,4 +1,4 @@
-"""The ``value_loss`` and ``importance_ratio`` families (issue 10 §4): their reference-engine paths, their
+"""The ``value_loss`` and ``importance_ratio`` families: their reference-engine paths, their
 yardsticks and the checks they make, on hand-computed inputs (values written from the formulas, never
 by calling the reference); the engines' registries bound completely (engines marker)."""
 
@@ -13,9 +13,9 @@ import torch
 
 from rlconform.harness.catalog.binding import Binding, LossVariants, Variants
 from rlconform.harness.catalog.ops import OPS
+from rlconform.harness.core.opinfo import MASK_INVARIANT, MATCHES_REFERENCE, PARTITION_INVARIANT
 from rlconform.harness.families import importance_ratio as IR
 from rlconform.harness.families import value_loss as VL
-from rlconform.harness.core.opinfo import MASK_INVARIANT, MATCHES_REFERENCE, PARTITION_INVARIANT
 
 
 def _vl_case(prop=MATCHES_REFERENCE, variant="token-mean", partitions=([(0, 1), (1, 2)],)):
@@ -172,7 +172,7 @@ def test_verl_value_loss_and_is_weights_bound_completely():
     assert set(ir.impls) <= set(IR.VARIANTS) and ir.impls
     for name in rollout_corr_helper.SUPPORTED_ROLLOUT_RS_OPTIONS:
         assert ir.unchecked[f"rollout_rs={name}"]
-    assert "importance_ratio" in verl.binding.detached  # a constant for the policy gradient (issue 25 §4)
+    assert "importance_ratio" in verl.binding.detached  # a constant for the policy gradient
 
 
 @pytest.mark.engines

@@ -1,4 +1,4 @@
-"""Second implementations of one variant (issue 28 §2): a binding gives a variant of an op with variants
+"""Second implementations of one variant: a binding gives a variant of an op with variants
 (``outcome_advantage[grpo]``) a second implementation in ``Variants.implementations``; the main job checks
 it as its own findings under ``variant+impl@data`` with every property of the op, plus
 ``implementations_agree`` (the two implementations against each other, also where a convention applies).
@@ -16,12 +16,17 @@ import numpy as np
 import pytest
 import torch
 
-from rlconform.harness.bindings.load import load_engine, validate_binding, variant_info
+from rlconform.harness.bindings.load import validate_binding, variant_info
 from rlconform.harness.bindings.reference import binding as reference
 from rlconform.harness.catalog.binding import Binding, BindingError, Variants
 from rlconform.harness.catalog.ops import OPS
 from rlconform.harness.core.opinfo import (
-    IMPLEMENTATIONS_AGREE, MATCHES_REFERENCE, OpInfo, plain_regime, regime_implementation, split_variant,
+    IMPLEMENTATIONS_AGREE,
+    MATCHES_REFERENCE,
+    OpInfo,
+    plain_regime,
+    regime_implementation,
+    split_variant,
 )
 from rlconform.harness.mutants._advantages import broadcast, scores
 from rlconform.harness.report.xfails import XfailsError, parse_xfails
@@ -200,6 +205,7 @@ def test_case_files_round_trip_and_misplaced_agreement_cases_are_refused(tmp_pat
         load_case(str(path))
 
 
+@pytest.mark.cli
 def test_check_and_replay_of_the_mutant_on_one_regime(tmp_path):
     """The CLI end to end, narrowed with --regime to a second implementation's regime: the agreement fails,
     its reproducer replays to the same verdict."""

@@ -1,4 +1,4 @@
-"""One verdict on every machine (issue 21): a fork writes its ledger on one machine and runs the main job
+"""One verdict on every machine: a fork writes its ledger on one machine and runs the main job
 on others. A narrowed check of verl's real entropy and ``agg_loss`` (every dtype) runs with torch's native
 kernels, 2 intra-op threads and 2 engine workers; its ledger is written with ``rlconform ledger``; then the
 same check runs under ``ATEN_CPU_CAPABILITY=avx2`` (1 thread, 1 worker) and ``=default`` (2 threads, 1
@@ -6,8 +6,7 @@ worker) — other vector widths, so other last bits — with that ledger. Both m
 must have the status the first run gives it read through its own ledger (a listed finding ``xfail``, the
 others as they were). The three configurations cover every value of each factor (pairwise, not the full
 product). What makes it hold: the margin band of harness/core/tolerance.py (``verdict``,
-``LEDGER_ABOVE``) and examples that never follow the engine's output (no ``target()`` in ``check``);
-``../shared/tools/verdict-stability.sh`` runs a ledger-free comparison on any selection."""
+``LEDGER_ABOVE``) and examples that never follow the engine's output (no ``target()`` in ``check``)."""
 
 from __future__ import annotations
 
@@ -57,6 +56,7 @@ def _statuses(doc) -> dict:
     return {f["id"]: (f["status"], f.get("max_ratio")) for f in doc["findings"]}
 
 
+@pytest.mark.cli
 def test_a_ledger_written_on_one_kernel_keeps_every_other_green_with_the_same_statuses(tmp_path):
     names = list(CONFIGS)
     _, out, first_doc = _run(tmp_path, names[0])

@@ -1,4 +1,4 @@
-"""verl's ``distributed_masked_mean`` bound as ``cp_masked_mean`` (issue 11 part 5), on gloo CP ranks: it
+"""verl's ``distributed_masked_mean`` bound as ``cp_masked_mean``, on gloo CP ranks: it
 reduces over the default group, so every rank takes part in every run (idle ranks of the unsharded run
 pass an empty shard); it passes on a padded sequence whose second CP rank holds no valid token, its fp16
 overflow and its NaN / inf leak from masked positions are pinned, the in-place-masking and NaN·0 mutants
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from rlconform.distributed_tests.checks import run_check
-from rlconform.harness.catalog.binding import BindingError
 from rlconform.harness.bindings.load import load_engine
+from rlconform.harness.catalog.binding import BindingError
 from rlconform.properties.case import Case
 
 pytestmark = pytest.mark.distributed
@@ -41,6 +41,7 @@ def lopsided_case(prop: str, regime: str = "cp2_padded", dtype: str = "float32",
     return Case("cp_masked_mean", prop, dtype, regime, {"values": values, "mask": mask, "garbage": garbage})
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize("prop,regime", [("matches_reference", "cp2_padded"), ("partition_invariant", "cp2_padded"),
                                          ("partition_invariant", "tp2cp2_padded")])
 def test_verl_passes_with_a_fully_masked_cp_rank(verl, prop, regime):
@@ -48,6 +49,7 @@ def test_verl_passes_with_a_fully_masked_cp_rank(verl, prop, regime):
     assert outcome.ok, outcome.message
 
 
+@pytest.mark.engines
 def test_verl_fp16_masked_sum_overflows(verl):
     """Real defect: verl sums x·mask in fp16 (torch.sum keeps the dtype), so 4 tokens of 20000 per CP rank
     (local sum 80000 > 65504) give inf although the mean, 20000, is an fp16 number."""
@@ -58,6 +60,7 @@ def test_verl_fp16_masked_sum_overflows(verl):
     assert run_check(load_engine("reference"), case).ok  # fp32 accumulation: the same case passes
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize("garbage", [np.nan, np.inf])
 def test_verl_masked_garbage_poisons_the_mean(verl, garbage):
     """Real defect: distributed_masked_mean masks by multiplying (local_tensor * local_mask), so a NaN or
@@ -80,6 +83,7 @@ def test_inplace_mask_mutant_is_caught():
     assert "5.0 -> 0.0" in outcome.message, outcome.message
 
 
+@pytest.mark.engines
 def test_a_world_group_op_refuses_dp_ranks(verl):
     with pytest.raises(BindingError, match="DP > 1"):
         run_check(verl, lopsided_case("matches_reference", "cp2dp2_padded"))

@@ -1,4 +1,4 @@
-"""verl 0.9.1's alternative implementations (issue 11 part 2): the defects the implementation regimes found,
+"""verl 0.9.1's alternative implementations: the defects the implementation regimes found,
 pinned with their numbers. Each test states what verl does today; a fix makes it fail, and the pin is then
 replaced by the passing check."""
 
@@ -25,6 +25,7 @@ def _no_worker_outlives_the_module():
     close_all_pools()
 
 
+@pytest.mark.engines
 def test_entropy_from_logits_with_chunking_computes_float64_in_float32():
     """Documented ('Converts chunks to float32'), and costly for float64 callers: logits [1e4, 1e4] give
     0.693359375 instead of ln 2 = 0.6931471805599453 (abs err 2.1e-4, the float32 ulp of 1e4 through
@@ -38,6 +39,7 @@ def test_entropy_from_logits_with_chunking_computes_float64_in_float32():
     np.testing.assert_allclose(entropy(x.numpy()), [0.6931471805599453, 0.582203108888218], rtol=1e-15)
 
 
+@pytest.mark.engines
 def test_fused_linear_for_ppo_float64_entropy_has_float32_precision():
     """FusedLinearForPPO with float64 hidden states and weight: the entropy is float64-typed but computed from
     float32 logits (``logits.to(torch.float32)``): [3.1106655597686768, 2.3851242065429688, 1.9228754043579102]
@@ -73,16 +75,16 @@ def _vp_case(prop, dtype, rows, chunk, v=6, seed=0):
                 {"logits": x, "grad_output": rng.uniform(-1, 1, rows), "vocab": v, "chunk_size": chunk})
 
 
+@pytest.mark.engines
 def test_vocab_parallel_entropy_with_chunking_on_tp2_ranks():
     """On 2 gloo TP ranks (parallel_state initialised), with the 3-D input it takes: (a) one chunk, float64 in:
-    float32 out (``torch.zeros(output_shape)``; its docstring documents no dtype, so that is no contract breach:
-    issue 20 §4) and the 2-D rank refused;
+    float32 out (``torch.zeros(output_shape)``; its docstring documents no dtype, so that is no contract breach) and the 2-D rank refused;
     (b) two chunks: the backward raises 'modified by an inplace operation': ``_VocabParallelEntropy.backward``
     does ``sub_``/``add_`` on its saved logits chunk, a view of the caller's tensor, which bumps the version
     the next chunk's saved view checks. verl's Megatron engine calls it with entropy_from_logits_chunk_size
     (2048) on [1, total_nnz, V/tp] logits: any micro-batch over 2048 tokens with an entropy term in the loss."""
-    from rlconform.harness.run.dispatch import run_check
     from rlconform.harness.core.evaluation import EngineCrash
+    from rlconform.harness.run.dispatch import run_check
 
     verl = load_engine("verl")
     one_chunk = run_check(verl, _vp_case("matches_reference", "float64", 3, 4))

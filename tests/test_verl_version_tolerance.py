@@ -1,4 +1,4 @@
-"""verl's binding binds what an older release offers (issue 23 §2), exercised on the installed verl 0.9.1
+"""verl's binding binds what an older release offers, exercised on the installed verl 0.9.1
 with the older release's shape put in place (a monkeypatched signature, a module made unimportable, a
 missing attribute), so CI needs no old release:
 
@@ -224,6 +224,7 @@ def test_agg_loss_micro_batches_averaged_by_the_legacy_actor(vb, monkeypatch):
     assert vb._agg_loss(agg_loss).micro_combine == "mean"  # dp_actor: loss / gradient_accumulation, summed
 
 
+@pytest.mark.cli
 def test_an_implementation_the_release_lacks_is_unavailable_for_it(tmp_path):
     out = tmp_path / "r"
     proc = forked_cli.run(["check", "--engine",
@@ -238,6 +239,7 @@ def test_an_implementation_the_release_lacks_is_unavailable_for_it(tmp_path):
     assert "entropy@chunked" in chunked["message"] and "rlconform_no_such_engine" in chunked["message"], chunked
 
 
+@pytest.mark.distributed
 def test_stand_in_worker_feeds_verl_07_token_count_gather(vb, monkeypatch, tmp_path):
     """verl 0.7's train_mini_batch reads mini_batch_td["input_ids"].offsets() and all-gathers the counts over the
     DP group unconditionally (0.8+ checks '"input_ids" in mini_batch_td' first): the stand-in gives it one token

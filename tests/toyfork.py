@@ -1,4 +1,4 @@
-"""A tiny "fork" of an engine, built as a git repository in a test's tmp_path (issue 12 §4-5).
+"""A tiny "fork" of an engine, built as a git repository in a test's tmp_path.
 
 Not a test module: tests/test_bisect.py and tests/test_ci_recipe.py load it by path. The fork holds
 a package ``toypkg`` whose ``toypkg.ops.masked_mean`` is one of the bodies below, and a binding

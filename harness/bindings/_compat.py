@@ -214,7 +214,7 @@ def import_megatron(module: str) -> types.ModuleType:
 
 # ------------------------------------------------------------------------------ version tolerance
 def accepted_keywords(fn: Callable[..., Any], kwargs: dict) -> dict:
-    """``kwargs`` less the keywords ``fn``'s signature does not accept (issue 23 §2: an older engine release
+    """``kwargs`` less the keywords ``fn``'s signature does not accept (an older engine release
     lacks a keyword a newer one added, e.g. verl's ``agg_loss(dp_size=...)``); all of them when ``fn``
     takes ``**kwargs`` or has no readable signature."""
     import inspect

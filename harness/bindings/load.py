@@ -106,8 +106,7 @@ def _load_file(path: str) -> Binding:
 def validate_binding(binding: Binding, where: str) -> None:
     """Every op name is in the catalog and every eagerly given implementation has the op's shape
     (lazy ones are checked when they load); raise :class:`BindingError` naming the op otherwise."""
-    from rlconform.harness.catalog.binding import Lazy
-    from rlconform.harness.catalog.binding import validate_impl
+    from rlconform.harness.catalog.binding import Lazy, validate_impl
     from rlconform.harness.catalog.ops import OPS
 
     for op, impl in binding.ops.items():
@@ -153,7 +152,7 @@ def _import_root(module: str) -> str | None:
 def load_engine(spec: str | None = None, engine_path: str | None = None) -> Binding:
     """Resolve an engine spec (default: ``$RLCONFORM_ENGINE`` or ``reference``) to a Binding. Warnings the
     engine's modules raise while they are imported ("Transformer Engine and Apex are not installed") are
-    not printed (issue 26 §7): they say nothing of the numerics checked."""
+    not printed: they say nothing of the numerics checked."""
     import warnings
 
     with warnings.catch_warnings():
@@ -201,7 +200,7 @@ def _load_engine(spec: str | None, engine_path: str | None) -> Binding:
         raise BindingError(f"unknown engine {spec!r}; available engines: {', '.join(available_engines())}")
     validate_binding(binding, where=spec)
     if engine_path is None and ":" in spec and not spec.endswith(".py") and spec not in BUILTIN:
-        engine_path = _import_root(spec.split(":", 1)[0])  # a reproducer must import it too (issue 26 §5)
+        engine_path = _import_root(spec.split(":", 1)[0])  # a reproducer must import it too
     if engine_path is not None:
         binding.path = engine_path
         binding.revision = _git_revision(engine_path)

@@ -16,7 +16,7 @@ vocab_parallel_smoothed_...     the same on the TP ``group``, V = local vocab ×
 
 The adapter passes the caller's tensor as is: Megatron's forward calls ``.float()`` (a no-op for
 fp32, a copy for bf16/fp16 and a *downcast* for fp64), then subtracts the max, exponentiates and
-divides **in place** — so fp32 logits come back holding the softmax (cases.md family 9), and the
+divides **in place** — so fp32 logits come back holding the softmax (“forward overwrites fp32 logits in place”), and the
 result is always float32. Only the sign is flipped (CE = -log p_y).
 
 ``G``: when ``torch.distributed`` is not initialised, it is initialised here, in-process, with gloo
@@ -26,7 +26,7 @@ world, ``G`` is a new single-rank group made with ``use_local_synchronization=Tr
 takes part, so no other rank has to call it). :func:`release_single_rank_group` destroys the
 default group again if this module created it (also run at exit).
 
-Older releases (issue 23 §2): megatron-core 0.14 - 0.18's ``vocab_parallel_cross_entropy(logits, target,
+Older releases: megatron-core 0.14 - 0.18's ``vocab_parallel_cross_entropy(logits, target,
 label_smoothing)`` takes no ``tp_group``; it reads ``parallel_state``'s TP group, rank and size. For those
 (detected from the signature) the adapters set ``parallel_state``'s TP group to the same ``G`` / ``group`` for
 the call (:func:`parallel_state_tp_group`) and restore it afterwards, so every release reduces over the same
@@ -105,7 +105,7 @@ def single_rank_group():
 
 def _takes_tp_group(fn) -> bool:
     """Whether this megatron-core's ``vocab_parallel_cross_entropy`` takes its TP group (``tp_group=``, 0.19);
-    0.14 - 0.18 read ``parallel_state.get_tensor_model_parallel_group()`` instead (issue 23 §2: detected from
+    0.14 - 0.18 read ``parallel_state.get_tensor_model_parallel_group()`` instead (detected from
     the signature, never from the version number)."""
     return bool(accepted_keywords(fn, {"tp_group": None}))
 
@@ -233,7 +233,7 @@ binding = Binding(
     name="megatron",
     fault_anchors=FAULT_ANCHORS,
     version=_version(),
-    # issue 20 §3: Megatron trains in bf16 or fp16 (``--bf16`` / ``--fp16``; fp32 with neither): the output
+    # Megatron trains in bf16 or fp16 (``--bf16`` / ``--fp16``; fp32 with neither): the output
     # layer's logits reach ``vocab_parallel_cross_entropy`` in that dtype. Never float64.
     engine_dtypes={op: ("float32", "bfloat16", "float16") for op in (
         "token_logprobs", "vocab_parallel_token_logprobs", "smoothed_token_logprobs",
@@ -265,7 +265,7 @@ binding = Binding(
 
 
 # ------------------------------------------------------------------------------------ coverage
-#: megatron-core's numerics modules (issue 11): the vocab-parallel cross-entropy and what it calls
+#: megatron-core's numerics modules: the vocab-parallel cross-entropy and what it calls
 #: (``tensor_parallel.utils.VocabUtility``), the fused variant, and the context-parallel loss helpers: the
 #: pipeline schedules, whose ``forward_step_calc_loss`` scales the loss by the CP size and the number of
 #: micro-batches, and ``finalize_model_grads``, which divides the gradients by the token count all-reduced
@@ -290,7 +290,7 @@ _LOSS_SCALING = ("no catalog op yet: runs the micro-batches, sums their token co
                  "(calculate_per_token_loss): the CP / DP mean exists only in the averaged gradients, and no catalog "
                  "op checks a loss through them (cp_masked_mean checks a reduced value; verl's distributed_masked_mean "
                  "is bound to it)")
-#: every public function of :data:`NUMERICS_MODULES` that no op binds, with why (issue 11)
+#: every public function of :data:`NUMERICS_MODULES` that no op binds, with why
 NOT_BOUND: dict[str, str] = {
     f"{_CE}.VocabParallelCrossEntropy.calculate_logits_max": _STEP,
     f"{_CE}.VocabParallelCrossEntropy.calculate_predicted_logits": _STEP,
@@ -342,7 +342,7 @@ NOT_BOUND: dict[str, str] = {
 }
 
 NOT_BOUND.update({
-    # ---- found by whole-package discovery (issue 24), outside NUMERICS_MODULES
+    # ---- found by whole-package discovery, outside NUMERICS_MODULES
     "megatron.core.models.common.language_module.language_module.LanguageModule.compute_language_model_loss":
     "checked by op token_logprobs: calls vocab_parallel_cross_entropy (or fused_vocab_parallel_cross_entropy, "
     "bound as vocab_parallel_token_logprobs@fused; TE's te_parallel_cross_entropy, kernel: needs CUDA) on the model's "
@@ -356,7 +356,7 @@ NOT_BOUND.update({
 _MODEL = "model forward: transformer / MoE / attention / SSM layers and their fused kernels, not the RL objective"
 _PRETRAIN = ("not numerics of an RL objective: Megatron-LM's pretraining loop (logging, checkpointing, data "
              "iterators, GPU sniff tests); RL trainers drive megatron.core themselves")
-#: whole subpackages discovery reads that are not the RL objective (issue 24); a name above takes precedence
+#: whole subpackages discovery reads that are not the RL objective; a name above takes precedence
 NOT_BOUND_UNDER: dict[str, str] = {
     "megatron.core.transformer.": _MODEL,
     "megatron.core.models.": _MODEL,

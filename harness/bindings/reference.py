@@ -1,7 +1,7 @@
 """The ``reference`` engine: the dtype-faithful computations of :mod:`rlconform.harness.core.faithful`.
 
 It must pass every property; the self-tests assert so. Its metric pipeline is the sum/count fix of
-SkyRL issue #1822 (seed 000), made numerically stable: workers emit masked sums, counts, the sum of
+SkyRL issue #1822, made numerically stable: workers emit masked sums, counts, the sum of
 squared deviations from their own mean (M2), min and max; every reduction adds sums and counts and
 merges M2 with Chan et al.'s parallel formula (1979), instead of E[x²] − E[x]², which cancels
 catastrophically for values with a large offset; the trainer divides once.
@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import AggLoss, Binding, Implementation, MetricPipeline, PolicyStep, Variants
+from rlconform.harness.core import faithful as F
 from rlconform.harness.families import advantages as A
 from rlconform.harness.families import importance_ratio as _ir
 from rlconform.harness.families import kl_estimator as _kl
@@ -312,7 +312,7 @@ def cp_masked_mean(local_values, local_mask, group):
 
 
 def dp_metric_all_reduce(local_values, local_mask, group):
-    """A token metric over DP ranks, the sum/count way (seed 000's fix): each rank emits its masked
+    """A token metric over DP ranks, the sum/count way (the sum/count fix of SkyRL issue #1822): each rank emits its masked
     sum and nnz, both all-reduced (SUM, float64) over the DP group, divided once -> Python float."""
     import torch.distributed as dist
 
@@ -323,7 +323,7 @@ def dp_metric_all_reduce(local_values, local_mask, group):
     return float(t[0] / t[1]) if float(t[1]) else float("nan")
 
 def dp_masked_whiten(local_values, local_mask, group, shift_mean=True):
-    """Whitening with statistics global over the DP ``group``, two passes (issue 9): the masked sum and
+    """Whitening with statistics global over the DP ``group``, two passes: the masked sum and
     nnz all-reduced (SUM), then the sum of squared deviations from the global mean all-reduced, divided
     once by nnz − 1 (unbiased; σ² := 0 when nnz ≤ 1, as the reference defines it). [b, T], [b, T], group,
     bool -> [b, T] (the values' dtype; fp32 arithmetic for 16-bit inputs; masked outputs 0)."""
@@ -359,7 +359,7 @@ def _outcome_estimator(estimator: str):
 
 def chunked_entropy(logits, chunk_size=2048):
     """Entropy of ``logits [N, ..., V]`` in chunks of ``chunk_size`` along dim 0 (the faithful entropy per
-    chunk, concatenated): the reference's ``entropy@chunked`` (issue 11 part 2)."""
+    chunk, concatenated): the reference's ``entropy@chunked``."""
     return torch.cat([F.entropy(logits[i:i + chunk_size]) for i in range(0, logits.shape[0], chunk_size)])
 
 
@@ -380,7 +380,7 @@ def vocab_parallel_entropy_chunked(local_logits, group, chunk_size=2048):
                       for i in range(0, local_logits.shape[0], chunk_size)])
 
 
-#: the reference's alternative implementations (issue 11 part 2): ranks 2 and 3, the input's dtype out
+#: the reference's alternative implementations: ranks 2 and 3, the input's dtype out
 IMPLEMENTATIONS = {
     "vocab_parallel_entropy": {"chunked": Implementation(vocab_parallel_entropy_chunked, out_dtype="input",
                                                          chunk_arg="chunk_size")},

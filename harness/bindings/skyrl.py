@@ -9,7 +9,7 @@ metric_pipeline             the policy entropy through SkyRL's own code (:func:`
                             ``masked_mean(entropy, loss_mask).item()``) -> ``worker_utils.reduce_metrics``
                             -> ``worker_utils.all_reduce_metrics`` (DP) -> the trainer's
                             ``_execute_training_step`` and ``train_critic_and_policy`` (from source).
-                            In 0.4.0 a mean of per-micro-batch / per-rank means: family 1 of cases.md.
+                            In 0.4.0 a mean of per-micro-batch / per-rank means: “mean of per-shard means”.
 agg_loss                    the policy-loss reduction (:func:`_agg_loss`): the trainer pre-scales the
                             per-token loss with ``ppo_utils.apply_loss_reduction_to_advantages_minibatch``
                             over the whole mini-batch, each micro-batch reduces with
@@ -152,7 +152,7 @@ def _dp_metric_all_reduce():
     """The policy entropy metric on real DP ranks (op ``dp_metric_all_reduce``): each rank logs
     ``masked_mean(entropy, loss_mask).item()`` for its one micro-batch, ``worker_utils.reduce_metrics``
     folds the micro-batches, and the real ``all_reduce_metrics`` runs over the DP group
-    (:func:`dp_all_reduce_metrics`): a mean of per-rank means (seed 000; cases.md families 1, 6)."""
+    (:func:`dp_all_reduce_metrics`): a mean of per-rank means (SkyRL issue #1822; “mean of per-shard means” / “mean of ratios across DP ranks”)."""
     worker_utils = _skyrl(WORKER_UTILS)
     masked_mean = _skyrl(TORCH_UTILS, "masked_mean")
 
@@ -169,7 +169,7 @@ def _dp_metric_all_reduce():
 WORKER = "skyrl.backends.skyrl_train.workers.worker"
 TRAINER = "skyrl.train.trainer"
 
-#: what :func:`_metric_pipeline` does not run of SkyRL's own code (issue 23 §1), shown on every finding of the
+#: what :func:`_metric_pipeline` does not run of SkyRL's own code, shown on every finding of the
 #: op (``transcribed``) and in the coverage table
 METRIC_PIPELINE_TRANSCRIBED = (
     "PolicyWorkerBase.forward_backward's micro-batch loop (collect each micro-batch's dict into lists, drop "
@@ -240,7 +240,7 @@ def _experience(values, mask):
 class _StagedStatus(dict):
     """What ``dispatch.forward_backward_from_staged`` returns, in either release's form: SkyRL ≥ 0.3 reads a
     ``WorkerOutput``'s ``.metrics``, 0.2.0's ``_execute_training_step`` iterates the status dict itself
-    (``for k, v in status.items()``); this is both (issue 23 §2: the stand-in fits the release)."""
+    (``for k, v in status.items()``); this is both (the stand-in fits the release)."""
 
     @property
     def metrics(self) -> dict:
@@ -276,8 +276,7 @@ def _policy_step():
 
 
 def _metric_pipeline() -> MetricPipeline:
-    """The policy entropy metric, from worker to logger, through the installed SkyRL's own code (issue 23 §1:
-    a fork's fix is what gets checked).
+    """The policy entropy metric, from worker to logger, through the installed SkyRL's own code (a fork's fix is what gets checked).
 
     * emit: ``PolicyWorkerBase._forward_backward_micro`` (workers/worker.py), the real method, on a stand-in
       worker (:func:`_stand_in_worker`) whose model (:class:`_FakeEntropyModel`) returns the micro-batch's
@@ -295,9 +294,9 @@ def _metric_pipeline() -> MetricPipeline:
       ``torchdata`` and the generator stack), on :func:`_stand_in_trainer`.
     * finalize: ``RayPPOTrainer.train_critic_and_policy``, likewise: every key logged as ``policy/<key>``.
 
-    0.4.0 logs a mean of per-micro-batch / per-rank / per-mini-batch means (family 1; SkyRL issue #1822,
-    fixed upstream by the sum/count PR of seed 000). With TokenBasedBatchIterator SkyRL pads DP ranks with
-    fully masked micro-batches; they log entropy 0.0 and are averaged in (family 7).
+    0.4.0 logs a mean of per-micro-batch / per-rank / per-mini-batch means (“mean of per-shard means”; SkyRL issue #1822,
+    fixed upstream by its sum/count PR). With TokenBasedBatchIterator SkyRL pads DP ranks with
+    fully masked micro-batches; they log entropy 0.0 and are averaged in (“empty micro-batch counted”).
 
     Raises ``ModuleNotFoundError`` / ``AttributeError`` when the installed SkyRL has no such worker method or
     trainer function (a binding error of this op).
@@ -880,7 +879,7 @@ def _masked_whiten():
     return masked_whiten
 
 
-#: issue 20 §3: the dtypes SkyRL's trainer calls each op with. ``model_wrapper.py`` takes ``output["logits"]``
+#: the dtypes SkyRL's trainer calls each op with. ``model_wrapper.py`` takes ``output["logits"]``
 #: in the model's dtype (bf16 under FSDP mixed precision, fp32 otherwise) into ``logprobs_from_logits`` and
 #: ``chunked_entropy_from_logits``; the log-probs feed the policy loss, KL and TIS ratios; rewards,
 #: advantages, masks' statistics, values and metrics are fp32. Never float64 or float16.
@@ -913,7 +912,7 @@ _MASKED_VAR_RAISES = r"At least one element in the mask has to be 1|The sum of t
 #: (LossVariants.agg_modes): cross_entropy's plain masked sum (declared: cross_entropy_weighted_sum)
 CROSS_ENTROPY_AGG_MODES = {"cross_entropy": "token-sum"}
 
-#: SkyRL's deliberate behaviour (issue 20 §2): checked as declared, listed in "Conventions and guards"
+#: SkyRL's deliberate behaviour: checked as declared, listed in "Conventions and guards"
 DECLARED = (
     Declared(
         "entropy_bonus_token_mean", "convention", ("policy_step", "policy_step_metrics"),
@@ -1088,7 +1087,7 @@ binding = Binding(
     version=_version(),
     engine_dtypes=ENGINE_DTYPES,
     declared=DECLARED,
-    # issue 11 part 2: logprobs_from_logits_v2 ("a memory efficient implementation of logprobs_from_logits"; its
+    # logprobs_from_logits_v2 ("a memory efficient implementation of logprobs_from_logits"; its
     # annotations say logits [batch_size, seqlen, vocab_size], and it loops over dim 0, so [N, V] works too:
     # ranks 2 and 3), bound on its own so that it is checked where token_logprobs runs flash-attn instead
     implementations={"token_logprobs": {"rowwise": Implementation(
@@ -1162,7 +1161,7 @@ binding = Binding(
 # ------------------------------------------------------------------------------------ coverage
 TRAINER_UTILS = "skyrl.train.utils.trainer_utils"
 OPC = "skyrl.backends.skyrl_train.utils.off_policy_correction_utils"
-#: SkyRL's numerics modules (issue 11): ppo_utils, worker_utils (micro-batch and DP metric reduction),
+#: SkyRL's numerics modules: ppo_utils, worker_utils (micro-batch and DP metric reduction),
 #: torch_utils (token statistics) and trainer_utils (the trainer's metric finalisation)
 NUMERICS_MODULES = (PPO_UTILS, WORKER_UTILS, TORCH_UTILS, TRAINER_UTILS)
 
@@ -1187,11 +1186,11 @@ _REGISTRY_PLUMBING = "not numerics: registry plumbing (registration, lookup, Ray
     "are listed as registry entries"
 _BATCHING = "not numerics: micro-batch iteration / reordering of TensorBatch rows (the partitions the catalog's " \
     "partition properties enumerate)"
-#: every public function of :data:`NUMERICS_MODULES` that no op binds, with why (issue 11)
+#: every public function of :data:`NUMERICS_MODULES` that no op binds, with why
 NOT_BOUND: dict[str, str] = {
     # ---- ppo_utils
     f"{PPO_UTILS}.AdaptiveKLController.update": "no catalog op yet: the adaptive KL coefficient (Ziegler et al. "
-    "2019, proportional controller on the observed KL; KL / loss family, issue 10)",
+    "2019, proportional controller on the observed KL; KL / loss family)",
     f"{PPO_UTILS}.FixedKLController.update": "not numerics: a no-op, the coefficient stays fixed",
     f"{PPO_UTILS}.get_kl_controller": "not numerics: builds a KL controller from the config",
     f"{PPO_UTILS}.AdvantageEstimator": "not numerics: the enum of estimator names (the registry entries are listed)",
@@ -1213,7 +1212,7 @@ NOT_BOUND: dict[str, str] = {
     f"{TORCH_UTILS}.logprobs_from_logits_flash_attn": "called by logprobs_from_logits for CUDA logits with "
     "flash-attn installed; unreachable on the CPU machines the reports are made on",
     f"{TORCH_UTILS}.safe_exp_delta": "called by the bound policy losses (importance ratio exp(clamp(Δ, ±20)) in "
-    "float32, cast back); no catalog op yet for the ratio itself (importance_ratio, issue 10 part 4)",
+    "float32, cast back); no catalog op yet for the ratio itself (importance_ratio)",
     f"{TORCH_UTILS}.chunked_cross_entropy_from_log_probs": "entropy −Σ exp(l)·l of log-probs l (not logits): as an "
     "entropy@chunked implementation its adapter would have to compute log_softmax itself, arithmetic the harness "
     "must not add; no catalog op takes log-probs (an entropy_from_logprobs op would); no caller in SkyRL 0.4.0",
@@ -1232,7 +1231,7 @@ NOT_BOUND: dict[str, str] = {
     "environment, so nothing in it can be bound here (its items are listed from the source)",
     f"{TRAINER_UTILS}.finalize_minibatch_rollout_logprob_diff_std": "no catalog op yet: a std rebuilt from "
     "mean-reduced moments, sqrt(max(0, E[x²] − E[x]²)) after reduce_metrics averaged the per-micro-batch moments "
-    "(cancellation, and a mean of means: metric family, issue 11 part 4); the module does not import here",
+    "(cancellation, and a mean of means: metric family); the module does not import here",
     f"{TRAINER_UTILS}.calculate_per_dataset_metrics": "evaluation metrics (avg score, pass@n per data source) from "
     "generator outputs: no catalog op yet (reward statistics, not the training objective)",
     f"{TRAINER_UTILS}.get_intra_group_completion_time_std_cv": "not numerics of the objective: std / CV of "
@@ -1240,9 +1239,9 @@ NOT_BOUND: dict[str, str] = {
     f"{TRAINER_UTILS}.get_group_completion_metrics": "not numerics of the objective: completion-time mean / p90 / "
     "max (wall-clock telemetry)",
     f"{TRAINER_UTILS}.zero_variance_filter": "no catalog op yet: drops prompt groups whose rewards have zero "
-    "variance (DAPO dynamic sampling: a selection of groups, advantage family, issue 9)",
+    "variance (DAPO dynamic sampling: a selection of groups, advantage family)",
     f"{TRAINER_UTILS}.handle_dynamic_sampling": "no catalog op yet: DAPO dynamic sampling driver (filter / replace "
-    "groups by reward variance; a selection step, advantage family, issue 9)",
+    "groups by reward variance; a selection step, advantage family)",
     f"{TRAINER_UTILS}.handle_filter_sampling": "no catalog op yet: dynamic sampling by filtering (see "
     "handle_dynamic_sampling)",
     f"{TRAINER_UTILS}.handle_replace_sampling": "no catalog op yet: dynamic sampling by replacing zero-variance "
@@ -1273,7 +1272,7 @@ _ISSUE25 = ("checked by op rollout_rejection_mask: called by compute_off_policy_
             "rollout_rejection_mask finding")
 _WRAPPER_FWD = "model forward: a model wrapper's forward returning log-probs / entropy of the model's logits"
 NOT_BOUND.update({
-    # ---- found by whole-package discovery (issue 24), outside NUMERICS_MODULES
+    # ---- found by whole-package discovery, outside NUMERICS_MODULES
     f"{OPC}.compute_sequence_mask": _ISSUE25,
     f"{OPC}.compute_outlier_token_mask": _ISSUE25,
     f"{OPC}.compute_token_mask": _ISSUE25,
@@ -1302,7 +1301,7 @@ NOT_BOUND.update({
     "skyrl.backends.skyrl_train.utils.sample_support_replay.sample_support_scores": "not yet bound: support "
     "scores for sampled-token replay (a rollout-side selection statistic, not the policy objective)",
 })
-#: whole subpackages discovery reads that are not the RL objective (issue 24); a name above takes precedence
+#: whole subpackages discovery reads that are not the RL objective; a name above takes precedence
 NOT_BOUND_UNDER: dict[str, str] = {
     "skyrl.backends.skyrl_train.distributed.megatron.model_utils": _MCORE_LOGPROB,
     "skyrl.backends.skyrl_train.distributed.megatron.fused_linear_logprob_triton": "kernel: needs CUDA: Triton "

@@ -52,7 +52,7 @@ masked_whiten               ``torch_functional.masked_whiten(values, mask, shift
 
 Not bound: verl 0.9.1 has no ``logsumexp``, ``masked_std``, ``masked_min``/``max`` helper.
 
-Older releases (issue 23 §2) are bound by feature detection, never by version number: policy losses get the
+Older releases are bound by feature detection, never by version number: policy losses get the
 OmegaConf actor config ``dp_actor`` passes when there is no ``verl.workers.config`` (< 0.6), "vanilla" is the
 unregistered ``compute_policy_loss(cliprange=...)`` when the registry has no "vanilla" (< 0.6), 4-tuple results
 become the worker's metrics; without global batch info the legacy workers' ``loss / gradient_accumulation`` is
@@ -61,7 +61,7 @@ pipeline is the float one (:func:`_metric_pipeline_floats`: ``append_to_dict``, 
 ``DataProto.concat``, ``reduce_metrics``); without ``AlgoConfig`` (0.4) the estimators get the algorithm
 DictConfig; an alternative implementation or op a release lacks is ``unavailable`` with the missing name.
 
-Alternative implementations (issue 11 part 2, :data:`IMPLEMENTATIONS`; regimes ``impl@data``):
+Alternative implementations (:data:`IMPLEMENTATIONS`; regimes ``impl@data``):
 ``entropy@chunked`` = ``entropy_from_logits_with_chunking`` (engine option of the same name: 2-D input only,
 each chunk upcast with ``.float()``, result always float32, as its docstring says), ``token_logprobs@naive``
 = ``logprobs_from_logits_naive``, ``token_logprobs@rowwise`` = ``logprobs_from_logits_v2``.
@@ -93,7 +93,6 @@ reduces over the default group and is checked on the CP layouts as ``cp_masked_m
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import importlib.metadata
 import math
@@ -173,14 +172,14 @@ def _agg_loss(agg_loss) -> AggLoss:
     """
 
     def loss(loss_mat, mask, mode, info):
-        # only the keywords this verl's agg_loss accepts (issue 23 §2: releases before the global batch
+        # only the keywords this verl's agg_loss accepts (releases before the global batch
         # info have no dp_size / batch_num_tokens / global_batch_size)
         return agg_loss(loss_mat, mask, mode, **accepted_keywords(agg_loss, dict(
             dp_size=info.dp_size, batch_num_tokens=info.global_nnz, global_batch_size=info.global_batch_size,
             loss_scale_factor=info.loss_scale_factor)))
 
     loss.__qualname__ = "verl.agg_loss"
-    # issue 23 §2: without the global batch info (before 0.7) the legacy actor backpropagates each micro-batch's
+    # without the global batch info (before 0.7) the legacy actor backpropagates each micro-batch's
     # loss / gradient_accumulation (dp_actor.update_policy): the mean over this rank's micro-batches
     legacy = "dp_size" not in accepted_keywords(agg_loss, {"dp_size": 1}) and _has_legacy_worker("actor")
     return AggLoss(
@@ -195,7 +194,7 @@ AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-me
 
 
 def _agg_modes(agg_loss) -> tuple[str, ...]:
-    """The :data:`AGG_MODES` this verl's ``agg_loss`` dispatches on (issue 23 §2: ``token-sum`` is newer than
+    """The :data:`AGG_MODES` this verl's ``agg_loss`` dispatches on (``token-sum`` is newer than
     0.7), read from its source (``loss_agg_mode == "..."``); all of them when the source cannot be read."""
     from rlconform.harness.catalog.coverage import compared_strings
 
@@ -212,7 +211,7 @@ PG_KEY = "actor/pg_clipfrac"
 
 ENGINE_WORKERS = "verl.workers.engine_workers"
 
-#: what :func:`_metric_pipeline` does not run of verl's own code (issue 23 §1); shown on every finding of the op
+#: what :func:`_metric_pipeline` does not run of verl's own code; shown on every finding of the op
 METRIC_PIPELINE_TRANSCRIBED = (
     "emit is core_algos.compute_policy_loss_vanilla's metric line, masked_mean(clip indicator, "
     "response_mask).detach().item(), with the case's token values in place of the 0/1 clip indicator (the real "
@@ -246,7 +245,7 @@ def _stand_in_training_worker(minis, gathers_token_counts=False):
                                    profiler=types.SimpleNamespace(step=lambda: None))
     tensors = {"rlconform_mini_batch": torch.arange(len(minis))}
     if gathers_token_counts:
-        # issue 23 §2: verl 0.7's loop all-gathers each mini-batch's token counts (input_ids.offsets()) over the DP
+        # verl 0.7's loop all-gathers each mini-batch's token counts (input_ids.offsets()) over the DP
         # group before train_batch, unconditionally: one token per row, a DP group of one (see _one_rank_group)
         tensors["input_ids"] = torch.nested.as_nested_tensor([torch.zeros(1, dtype=torch.long)] * len(minis),
                                                              layout=torch.jagged)
@@ -258,7 +257,7 @@ def _stand_in_training_worker(minis, gathers_token_counts=False):
 def _gathers_token_counts() -> bool:
     """Whether this verl's ``TrainingWorker.train_mini_batch`` reads ``mini_batch_td["input_ids"]`` and all-gathers
     the token counts whether or not the batch has ``input_ids`` (verl 0.7; from 0.8 it checks
-    ``"input_ids" in mini_batch_td`` first), read from the installed source (issue 23 §2)."""
+    ``"input_ids" in mini_batch_td`` first), read from the installed source."""
     from .source import module_file
 
     try:
@@ -331,7 +330,7 @@ def _metric_pipeline() -> MetricPipeline:
       when the key contains "max" / "min").
 
     A verl without typed metrics (no ``verl.utils.metric.Metric``: before 0.8) logs plain floats instead:
-    :func:`_metric_pipeline_floats` (issue 23 §2).
+    :func:`_metric_pipeline_floats`.
 
     Raises ``ModuleNotFoundError`` / ``AttributeError`` when the installed verl lacks one of these (a binding
     error of this op).
@@ -393,11 +392,11 @@ def _metric_pipeline() -> MetricPipeline:
 
 def _typed_metrics(verl_metric) -> bool:
     """Whether this verl logs typed metrics (``verl.utils.metric.Metric`` / ``AggregationType``, folded by
-    ``Metric.aggregate_dp``: verl >= 0.8) or plain floats folded by ``reduce_metrics`` (before; issue 23 §2)."""
+    ``Metric.aggregate_dp``: verl >= 0.8) or plain floats folded by ``reduce_metrics`` (before)."""
     return hasattr(verl_metric, "Metric") and hasattr(verl_metric, "AggregationType")
 
 
-#: what :func:`_metric_pipeline_floats` does not run of verl's own code (issue 23 §1)
+#: what :func:`_metric_pipeline_floats` does not run of verl's own code
 METRIC_PIPELINE_FLOATS_TRANSCRIBED = (
     "emit is the actor's metric line (dp_actor.update_policy: 'actor/pg_clipfrac': pg_clipfrac.detach().item(), "
     "pg_clipfrac = masked_mean(clip indicator, response_mask)) with the case's token values in place of the 0/1 "
@@ -408,7 +407,7 @@ METRIC_PIPELINE_FLOATS_TRANSCRIBED = (
 
 
 def _metric_pipeline_floats() -> MetricPipeline:
-    """``actor/pg_clipfrac`` on a verl without typed metrics (before 0.8; issue 23 §2):
+    """``actor/pg_clipfrac`` on a verl without typed metrics (before 0.8):
 
     * emit (per micro-batch): ``dp_actor.update_policy`` logs ``pg_clipfrac.detach().item()`` with
       ``pg_clipfrac = verl_F.masked_mean(indicator, response_mask)``;
@@ -500,7 +499,7 @@ def _metric_statistics() -> MetricPipeline:
     import verl.utils.torch_functional as verl_F
     from verl.utils.metric import AggregationType, Metric
 
-    try:  # issue 23 §2: a release without the distillation trainer still checks every other statistic
+    try:  # a release without the distillation trainer still checks every other statistic
         from verl.trainer.distillation.losses import compute_distillation_loss_range
     except ImportError as exc:
         compute_distillation_loss_range, no_range = None, f"{type(exc).__name__}: {exc}"
@@ -564,7 +563,7 @@ def _kl_estimator():
 
     import inspect
 
-    try:  # issue 23 §2: the straight-through "+" modes are newer than verl 0.5 (kl_penalty strips the suffix)
+    try:  # the straight-through "+" modes are newer than verl 0.5 (kl_penalty strips the suffix)
         straight_through = 'endswith("+")' in inspect.getsource(core_algos.kl_penalty)
     except (OSError, TypeError):
         straight_through = True
@@ -621,7 +620,7 @@ def _policy_loss():
         keys = dict(_METRIC_KEYS, ppo_kl="ppo_kl_abs") if name == "kl_cov" else _METRIC_KEYS
 
         def loss(old_log_prob, log_prob, advantages, response_mask, info):
-            global_info = hasattr(cfg, "global_batch_info")  # verl >= 0.7 (issue 23 §2)
+            global_info = hasattr(cfg, "global_batch_info")  # verl >= 0.7
             if global_info:
                 cfg.global_batch_info.update(dp_size=info.dp_size, batch_num_tokens=info.global_nnz,
                                              global_batch_size=info.global_batch_size, loss_scale_factor=None)
@@ -658,7 +657,7 @@ def _policy_loss():
             micro = [Metric.from_dict(dict(m), aggregation=AggregationType.MEAN) for m, _ in parts]
             final = pipe.finalize(pipe.reduce_mini([pipe.reduce_dp([pipe.reduce_micro(micro)])]))
             return {k.removeprefix("actor/"): v for k, v in final.items()}
-    else:  # older verl (issue 23 §2): dp_actor.update_policy appends each micro-batch's floats, reduce_metrics folds
+    else:  # older verl: dp_actor.update_policy appends each micro-batch's floats, reduce_metrics folds
         from verl.utils.py_functional import append_to_dict
 
         @calls(verl_metric.reduce_metrics)
@@ -675,7 +674,7 @@ def _policy_loss():
         else:
             unchecked[name] = POLICY_LOSS_UNCHECKED.get(name, "registered in verl; no catalog variant")
     if "vanilla" not in core_algos.POLICY_LOSS_REGISTRY and hasattr(core_algos, "compute_policy_loss"):
-        # issue 23 §2: before "vanilla" was registered the actor called compute_policy_loss(..., cliprange=...)
+        # before "vanilla" was registered the actor called compute_policy_loss(..., cliprange=...)
         # for loss_mode "vanilla" (dp_actor.update_policy)
         impls["vanilla"] = bind("vanilla", core_algos.compute_policy_loss, worker_vanilla=True)
     # compute_policy_loss_sapo ignores the loss_agg_mode it is passed: "for SAPO, we need to aggregate the loss
@@ -694,7 +693,7 @@ POLICY_LOSS_CONFIG = dict(loss_mode="vanilla", dro_beta=0.5, clip_cov_ratio=1.0,
 
 
 def _actor_config():
-    """A zero-argument builder of the actor config this verl's policy losses read (issue 23 §2): the
+    """A zero-argument builder of the actor config this verl's policy losses read: the
     ``verl.workers.config.actor.ActorConfig`` dataclass with only the fields it has (tau_pos / tau_neg,
     dro_beta... are newer), or, on a verl without typed worker configs (before 0.6), the OmegaConf
     ``DictConfig`` of ``actor_rollout_ref.actor`` that ``dp_actor`` hands them (``config=self.config``; the
@@ -753,14 +752,14 @@ def _value_loss():
     from rlconform.harness.families.value_loss import CLIPRANGE_VALUE, VARIANTS
 
     fn = core_algos.compute_value_loss
-    # issue 23 §2: a compute_value_loss without the global batch info (before 0.9) aggregates per micro-batch;
+    # a compute_value_loss without the global batch info (before 0.9) aggregates per micro-batch;
     # the legacy critic (workers/critic/dp_critic.py, verl <= 0.7) then backpropagates vf_loss /
     # gradient_accumulation (this rank's micro-batches), the engine worker's value_loss the unscaled vf_loss
     scale_by_micro_batches = "dp_size" not in accepted_keywords(fn, {"dp_size": 1}) and _has_legacy_worker("critic")
 
     def bind(mode):
         def value_loss(vpreds, values, returns, response_mask, info):
-            # only the keywords this verl accepts (issue 23 §2: no global batch info before 0.9)
+            # only the keywords this verl accepts (no global batch info before 0.9)
             loss, clipfrac = fn(vpreds=vpreds, returns=returns, values=values, response_mask=response_mask,
                                 cliprange_value=CLIPRANGE_VALUE, loss_agg_mode=mode, **accepted_keywords(fn, dict(
                                     dp_size=info.dp_size, batch_num_tokens=info.global_nnz,
@@ -777,7 +776,7 @@ def _value_loss():
 
     @calls(verl_metric.reduce_metrics)  # vf_clipfrac is a plain float: reduce_metrics' np.mean over micro-batches
     def combine_metrics(parts):
-        pipe = _metric_pipeline()  # the typed or the float pipeline, whichever this verl has (issue 23 §2)
+        pipe = _metric_pipeline()  # the typed or the float pipeline, whichever this verl has
         micro = [dict(m) for m, _ in parts]
         final = pipe.finalize(pipe.reduce_mini([pipe.reduce_dp([pipe.reduce_micro(micro)])]))
         return {k.removeprefix("actor/"): v for k, v in final.items()}  # the pipeline's rename_dict
@@ -889,7 +888,7 @@ def _rollout_rejection_mask():
 
 def rollout_rs_options(rc) -> set[str]:
     """The ``rollout_rs`` option names this verl accepts (``rollout_corr_helper.SUPPORTED_ROLLOUT_RS_OPTIONS``,
-    0.7+; issue 23 §2: a variant whose option the release lacks is not provided there). Raises ``ImportError``
+    0.7+; a variant whose option the release lacks is not provided there). Raises ``ImportError``
     (the op is unavailable) for a verl without the set: 0.6's ``rollout_rs`` is an aggregation level
     (``token`` / ``sequence`` / ``geometric`` with upper / lower IS-weight thresholds), no option the catalog's
     variants are."""
@@ -916,7 +915,7 @@ VERL_ESTIMATORS = {
     "gpg": ("gpg",),
 }
 #: verl registry name -> (catalog implementation name, the name of the default implementation whose variants
-#: it implements): second implementations of an estimator, checked as ``variant+vectorized`` (issue 28 §2).
+#: it implements): second implementations of an estimator, checked as ``variant+vectorized``.
 VERL_SECOND_IMPLEMENTATIONS = {"grpo_vectorized": ("vectorized", "grpo"), "rloo_vectorized": ("vectorized", "rloo")}
 #: why a registered name is not a variant of ``outcome_advantage`` (anything else registered: "not in the catalog").
 VERL_UNCHECKED = {
@@ -947,7 +946,7 @@ def _gdpo_inputs(reward_components, response_mask):
     per-row score per key in ``non_tensor_batch`` (what ``compute_score`` returned: the component's value
     at the row's last valid token, the column verl writes it back to), and ``batch`` with ``prompts``
     [B, 1] and the integer ``attention_mask`` [B, 1 + T]: 1 up to the row's last valid token, so a
-    multi-turn row's tool-observation tokens are attended as in the trainer (issue 25 §1; verl's
+    multi-turn row's tool-observation tokens are attended as in the trainer (verl's
     ``valid_response_length`` = attention_mask.sum − 1 is then the last valid token)."""
     import numpy as np
     import torch
@@ -995,7 +994,7 @@ def _verl_estimator(fn, name: str, variant: str, algo_config):
 
 
 def _algo_config():
-    """``config=`` of the estimators as the trainer passes it (issue 23 §2): ``verl.trainer.config.AlgoConfig``
+    """``config=`` of the estimators as the trainer passes it: ``verl.trainer.config.AlgoConfig``
     (verl >= 0.5), or before it the OmegaConf ``DictConfig`` ``self.config.algorithm`` (the estimators read
     ``config.get("norm_adv_by_std_in_grpo", True)``, ``config.gamma``)."""
     try:
@@ -1111,7 +1110,7 @@ def _dp_metric_all_reduce():
     from verl.utils import torch_functional as verl_F
 
     if not _typed_metrics(verl_metric) or not hasattr(verl_F, "allgather_dict_into_dict"):
-        # issue 23 §2: the missing names, and where this release folds the ranks' metrics instead
+        # the missing names, and where this release folds the ranks' metrics instead
         missing = [n for n, ok in (("verl.utils.metric.Metric", hasattr(verl_metric, "Metric")),
                                    ("verl.utils.torch_functional.allgather_dict_into_dict",
                                     hasattr(verl_F, "allgather_dict_into_dict"))) if not ok]
@@ -1179,7 +1178,7 @@ def _fused_linear():
     forward = module_class.forward  # nn.Module.__call__ adds nothing here (no hooks); held for the coverage table
 
     def fused_linear_token_stats(hidden, weight, labels, temperature, chunk_size):
-        # impl_backend only where the constructor has it (issue 23 §2: verl <= 0.5 has the torch path only)
+        # impl_backend only where the constructor has it (verl <= 0.5 has the torch path only)
         module = module_class(**accepted_keywords(module_class.__init__, dict(chunk_size=chunk_size,
                                                                               impl_backend="torch")))
         return forward(module, hidden, weight, labels,
@@ -1213,11 +1212,11 @@ def _triton_linear_ce():
     return triton_linear_cross_entropy
 
 
-#: verl's alternative implementations of catalog ops (issue 11 part 2), each checked as the op under regimes
+#: verl's alternative implementations of catalog ops, each checked as the op under regimes
 #: ``impl@data`` with the contract its docstring states.
 IMPLEMENTATIONS = {
     "fused_linear_token_stats": {
-        # the Triton kernel verl's models run on GPUs (issue 27): unavailable: needs CUDA on a CPU run
+        # the Triton kernel verl's models run on GPUs: unavailable: needs CUDA on a CPU run
         "triton": Implementation(Lazy(loader=_triton_linear_ce), ranks=(2,), needs="cuda",
                                  doc="hidden (batch_size, num_tokens, hidden_size) -> (batch_size * num_tokens, "
                                  "hidden_size); output dtype not stated, not checked; CUDA only (Triton)"),
@@ -1253,7 +1252,7 @@ IMPLEMENTATIONS = {
 }
 
 
-#: issue 20 §3: the dtypes verl's trainer calls each op with (a defect only in other dtypes is ``precision``).
+#: the dtypes verl's trainer calls each op with (a defect only in other dtypes is ``precision``).
 #: Logits come straight from the model (``transformer_impl.py``: ``output.logits`` under FSDP
 #: ``mixed_precision.param_dtype``, default bf16; fp32 for an fp32 model), so the softmax statistics see
 #: bf16 and fp32; log-probs computed from them (``logprobs_from_logits``: bf16 in, bf16 out) reach the
@@ -1294,7 +1293,7 @@ def _one_sample_group(case) -> bool:
     return bool((counts == 1).any())
 
 
-#: verl's deliberate behaviour (issue 20 §2): checked as declared, listed in "Conventions and guards"
+#: verl's deliberate behaviour: checked as declared, listed in "Conventions and guards"
 DECLARED = (
     Declared(
         "masked_var_le_one_token", "guard", ("masked_var",),
@@ -1446,7 +1445,7 @@ FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression)
     "verl.utils.torch_functional.entropy_from_logits": {
         "wrong value|NaN|inf|inexact value": (r"entropy = torch\.logsumexp\(logits, dim=-1\) - torch\.sum\(",)},
     # Σ softmax · logits with the *unshifted* logits, then logits_max added back: in bf16 / fp16 the entropy
-    # is a small difference of two numbers of the logits' size (a maintainer's reading, issue 20)
+    # is a small difference of two numbers of the logits' size
     "verl.utils.megatron.tensor_parallel.vocab_parallel_entropy": {
         "wrong value|inexact value": (
             ("_VocabParallelEntropy.forward", r"sum_softmax_times_logits = mul_reduce\(softmax_logits, vocab_parallel_logits\)"),
@@ -1642,7 +1641,7 @@ binding = Binding(
 )
 
 # ------------------------------------------------------------------------------------ coverage
-#: verl's numerics modules (issue 11): every public function there is bound or justified in NOT_BOUND
+#: verl's numerics modules: every public function there is bound or justified in NOT_BOUND
 NUMERICS_MODULES = (TF, "verl.utils.experimental.torch_functional", CORE, "verl.utils.metric", TPM,
                     "verl.workers.utils.losses")
 
@@ -1685,7 +1684,7 @@ def _kl_modes():
 _NOT_NUMERICS = "not numerics: "
 _LR = "optimizer-side, outside the RL objective: a learning-rate schedule (LambdaLR); no catalog op"
 _MCORE_CFG = _NOT_NUMERICS + "builds Megatron ModelParallelConfig / parallel-layer keyword arguments"
-#: every public function of :data:`NUMERICS_MODULES` that no op binds, with why (issue 11). Registry entries
+#: every public function of :data:`NUMERICS_MODULES` that no op binds, with why. Registry entries
 #: reuse the reasons the report gives for unchecked variants.
 NOT_BOUND: dict[str, str] = {
     # ---- verl.utils.torch_functional
@@ -1700,7 +1699,7 @@ NOT_BOUND: dict[str, str] = {
     "no reduction or rounding of its own",
     f"{TF}.distributed_mean_max_min_std": "no catalog op yet: mean / max / min / std of already-selected values "
     "(no mask) all-reduced over the default (world) group; the distributed metric family binds DP reductions "
-    "through a group (dp_metric_all_reduce); a world-group statistics op is left open (issue 11 part 4)",
+    "through a group (dp_metric_all_reduce); a world-group statistics op is left open",
     f"{TF}.allgather_dict_tensors": _NOT_NUMERICS + "all_gather of a dict of tensors and concatenation (data "
     "movement, no arithmetic)",
     f"{TF}.broadcast_dict_tensor": _NOT_NUMERICS + "broadcast of a dict of tensors",
@@ -1737,20 +1736,20 @@ NOT_BOUND: dict[str, str] = {
     f"{CORE}.register_policy_loss": _NOT_NUMERICS + "the registration decorator of POLICY_LOSS_REGISTRY",
     f"{CORE}.get_policy_loss_fn": _NOT_NUMERICS + "registry lookup (the binding calls it to fetch each loss)",
     f"{CORE}.AdaptiveKLController.update": "no catalog op yet: the adaptive KL coefficient (Ziegler et al. 2019, "
-    "proportional controller on the observed KL; KL / loss family, issue 10)",
+    "proportional controller on the observed KL; KL / loss family)",
     f"{CORE}.FixedKLController.update": _NOT_NUMERICS + "a no-op: the coefficient stays fixed",
     f"{CORE}.get_kl_controller": _NOT_NUMERICS + "builds a KL controller from the config",
     f"{CORE}.kl_penalty_forward": "called by kl_penalty (bound as kl_estimator[*]) for every mode; the modes are "
     "listed as 'kl_penalty modes' entries",
     f"{CORE}.compute_rewards": "no catalog op yet: token rewards minus kl_ratio · (log π_old − log π_ref) (k1 KL "
-    "in the reward; KL family, issue 10)",
+    "in the reward; KL family)",
     f"{CORE}.compute_entropy_loss": "entropy_from_logits (bound as entropy) then agg_loss (bound as agg_loss); the "
     "composition has no op of its own ('for backward compatibility' per its docstring)",
     f"{CORE}.compute_policy_loss": "deprecated in verl 0.9.1 (@deprecated -> compute_policy_loss_vanilla, bound as "
     "policy_loss[vanilla]); not in POLICY_LOSS_REGISTRY",
     f"{CORE}.compute_policy_loss_reinforce": "called by compute_policy_loss_bypass_mode for "
     "rollout_correction.loss_type='reinforce' (not the default); no catalog variant yet for REINFORCE with "
-    "rollout IS weights (policy-loss family, issue 10)",
+    "rollout IS weights (policy-loss family)",
     f"{CORE}.compute_pf_ppo_reweight_data": "no catalog op yet: PF-PPO score-weighted resampling of a batch "
     "(a sampling step on a DataProto, not a tensor formula the catalog models)",
     # ---- verl.utils.metric
@@ -1792,13 +1791,13 @@ _DISTILL = ("not yet bound: on-policy distillation loss (teacher top-k log-probs
             "the catalog has no distillation / forward-KL op yet")
 _ENGINE_OUT = ("not yet bound: the training engine's model-output post-processing (calls logprobs_from_logits / "
                "entropy_from_logits / calculate_sum_pi_squared_from_logits, bound as token_logprobs, entropy, "
-               "sum_pi_squared, on the model's logits, and wires which of them are computed: seed 002's Σπ²); "
+               "sum_pi_squared, on the model's logits, and wires which of them are computed: verl PR #6153's Σπ²); "
                "needs a model forward and a TensorDict micro-batch")
 _FWD_BWD = "model forward: the engine's forward-backward over micro-batches (model call, loss_fn, all_reduce of metrics)"
 _FIT = "not numerics on its own: the trainer loop (it calls the bound advantage / loss / metric functions)"
 _HF_TRITON = "model forward: a patched HF model forward returning log-probs / entropy from the fused Triton kernel"
 NOT_BOUND.update({
-    # ---- found by whole-package discovery (issue 24), outside NUMERICS_MODULES
+    # ---- found by whole-package discovery, outside NUMERICS_MODULES
     f"{RCH}.compute_rollout_rejection_mask": _RS_CALLED,
     f"{RCH}.compute_rs_metrics": _RS_CALLED + " (its per-option keys are listed unchecked)",
     f"{RCH}.compute_is_metrics": _RS_CALLED + " (rollout_is='token')",
@@ -1854,7 +1853,7 @@ NOT_BOUND.update({
     "verl.models.transformers.qwen3_5.forward_with_triton_backend": _HF_TRITON,
     "verl.models.transformers.qwen3_vl.forward_with_triton_backend": _HF_TRITON,
 })
-#: whole subpackages discovery reads that are not the RL objective (issue 24); a name above takes precedence
+#: whole subpackages discovery reads that are not the RL objective; a name above takes precedence
 NOT_BOUND_UNDER: dict[str, str] = {
     "verl.models.": "model forward: model definitions and patches (attention, MoE routing, packed-sequence "
     "layout), not the RL objective",

@@ -1,4 +1,4 @@
-"""A static audit of known fault shapes in an engine's numerics functions (issue 24 §2), read with ``ast``.
+"""A static audit of known fault shapes in an engine's numerics functions, read with ``ast``.
 
 The functions audited are those whole-package discovery finds (:mod:`rlconform.harness.catalog.discovery`);
 nothing is imported or run. Each rule is a code shape that the public bug log of RL trainers keeps showing;
@@ -8,7 +8,7 @@ a hit is a place to look, never a verdict (``rlconform audit`` never exits non-z
 ``mask-multiply-reduce``
     ``(x * mask).sum()`` / ``.mean()`` / ``torch.sum(x * mask)``, also through one name (``y = x * mask;
     y.sum()``): a NaN / inf at a masked position leaks into the sum (``0 · nan = nan``); ``torch.where`` /
-    ``masked_fill`` does not (verl ``distributed_masked_mean``, SkyRL ``(x * mask).min()``; bug family 7).
+    ``masked_fill`` does not (verl ``distributed_masked_mean``, SkyRL ``(x * mask).min()``: garbage at masked positions).
 ``in-place-write``
     ``.div_`` / ``.sub_`` / ``.exp_`` / any ``.<op>_()``, ``out=``, slice assignment ``x[...] = v`` or
     ``x += v`` on a parameter of the function (a tensor-annotated one for ``+=``; a string key ``d["k"] = v``
@@ -29,7 +29,7 @@ a hit is a place to look, never a verdict (``rlconform audit`` never exits non-z
 ``mean-of-means``
     a mean over a list of means: ``np.mean(L)`` / ``torch.stack(L).mean()`` / ``sum(L) / len(L)`` where ``L``
     gets ``.append(<a mean>)`` or is a comprehension of means, and ``all_reduce(m, op=ReduceOp.AVG)`` of a
-    name bound to a mean: each micro-batch / rank weighs the same whatever its token count (bug family 1).
+    name bound to a mean: each micro-batch / rank weighs the same whatever its token count (“mean of per-shard means”).
 ``no-upcast-cancellation``
     ``lse - Σ p·z`` (a ``logsumexp`` minus a sum of a product) or ``E[x²] - μ²`` (a mean of squares minus a
     square) in a function with no upcast anywhere (``.float()``, ``.double()``, ``.to(torch.float32)``,

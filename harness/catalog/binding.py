@@ -39,8 +39,17 @@ from typing import Any, Callable, Mapping
 
 from rlconform.harness.catalog.ops import OPS
 from rlconform.harness.core.contracts import (  # noqa: F401 - re-exported: bindings import them from here
-    AggLoss, BatchInfo, BindingError, Implementation, LossVariants, MetricPipeline, OpUnavailable, PolicyStep,
-    VariantNotProvided, Variants, signature_arity,
+    AggLoss,
+    BatchInfo,
+    BindingError,
+    Implementation,
+    LossVariants,
+    MetricPipeline,
+    OpUnavailable,
+    PolicyStep,
+    VariantNotProvided,
+    Variants,
+    signature_arity,
 )
 from rlconform.harness.core.declared import Declared  # noqa: F401 - re-exported
 
@@ -76,8 +85,7 @@ class Lazy:
     loader: Callable[[], Any] | None = None
 
     def load(self) -> Any:
-        """The object, imported now; warnings the engine's modules raise while importing are not printed
-        (issue 26 §7)."""
+        """The object, imported now; warnings the engine's modules raise while importing are not printed."""
         import warnings
 
         with warnings.catch_warnings():
@@ -108,10 +116,10 @@ class Coverage:
     entry whose callable the binding does not hold (or shares with another entry) is bound when an
     implementation of that op holds the entry's name in its closure. ``not_bound``: qualified item name
     (a module that cannot be imported: its name) -> why it is not bound (e.g. "not numerics: a tensor
-    reshaping utility", "no catalog op yet: issue N"). ``importer``: imports a module by name (default
+    reshaping utility", "no catalog op yet: …"). ``importer``: imports a module by name (default
     ``importlib.import_module``; an engine that needs an import shim passes its own).
-    ``packages``: the packages whole-package discovery reads (:mod:`rlconform.harness.catalog.discovery`,
-    issue 24; default: the top package of each of ``modules``): every numerics function found there is an
+    ``packages``: the packages whole-package discovery reads (:mod:`rlconform.harness.catalog.discovery`;
+    default: the top package of each of ``modules``): every numerics function found there is an
     item too, so ``modules`` is a hint of what to list whole, not the boundary. ``not_bound_under``: module
     prefix (``verl.models.``) -> why the functions discovery finds under it are not bound (a category:
     "model forward: ...", "optimizer schedule: ...", "not numerics: ...", "kernel: needs CUDA: ..."), for
@@ -141,7 +149,7 @@ class Binding:
     ``spec``: the ``--engine`` value it was loaded from (set by the loader; used in reproducers).
     ``forward_only``: ops whose gradient is not part of the engine's contract (e.g. a statistic always
     computed detached): their values are checked, their gradients are not.
-    ``detached``: ops whose output must have *no* gradient path to the log-probs (issue 25 §4: a TIS /
+    ``detached``: ops whose output must have *no* gradient path to the log-probs (a TIS /
     rejection weight computed from the rollout's and the old log-probs is a constant for the policy
     gradient): the value is checked, and a gradient that reaches ``log_prob`` non-zero at a valid token
     fails; an output without autograd graph, or one whose backward gives zeros, passes. Families that check
@@ -149,13 +157,13 @@ class Binding:
     ``coverage``: the engine's numerics modules, registries and justifications for the coverage table
     (:class:`Coverage`; ``None``: the binding declares none).
     ``declared``: the engine's declared conventions, preconditions and guards
-    (:class:`~rlconform.harness.core.declared.Declared`, issue 20 §2): checked as declared, listed in the
+    (:class:`~rlconform.harness.core.declared.Declared`): checked as declared, listed in the
     report's "Conventions and guards" section, never as defects.
     ``implementations``: op -> {catalog implementation name -> :class:`Implementation`}: the engine's
-    alternative implementations of the op (chunked, naive, ...; issue 11 part 2), each checked as the op
+    alternative implementations of the op (chunked, naive, ...), each checked as the op
     under regimes ``impl@data``. The op itself must be bound too (its default implementation).
     ``engine_dtypes``: op -> the dtypes (catalog names: ``float32``, ``bfloat16``…) the engine's trainer
-    calls it with (issue 20 §3; e.g. verl's ``masked_var`` on fp32 advantages, ``entropy`` on the model's
+    calls it with (e.g. verl's ``masked_var`` on fp32 advantages, ``entropy`` on the model's
     bf16 logits). A defect only in dtypes outside this set is graded ``precision``; an op not listed
     counts every dtype as used.
     ``output_sites``: op -> rules ``(output, "module:qualname", trigger)`` naming the engine function that
@@ -285,7 +293,7 @@ class Binding:
         """A new binding: this one with ``ops`` bound (an op already bound is replaced: a fork's own
         function for it), ``not_bound`` justifications (``"module.function": "why it is not an op"``) and
         ``modules`` added to its coverage (the fork's numerics modules, inventoried by ``coverage``), and
-        ``notes`` added; this binding is left as it was (issue 26 §4). Raises :class:`BindingError` for
+        ``notes`` added; this binding is left as it was. Raises :class:`BindingError` for
         an unknown op, or justifications on a binding that declares no coverage."""
         from rlconform.harness.catalog.ops import OPS
 
@@ -339,7 +347,7 @@ class Binding:
 
 
 class ImplementationView:
-    """``binding`` as a second implementation of its variants sees it (issue 28 §2): ``resolve(op)`` gives the
+    """``binding`` as a second implementation of its variants sees it: ``resolve(op)`` gives the
     registry whose ``impls`` are implementation ``impl``'s callables (:meth:`Variants.implementation`), so a
     family's ``evaluate`` checks it under the plain ``variant@data`` regime with no change; everything else
     (name, spec, other ops, forward_only) is the binding's."""

@@ -1,4 +1,4 @@
-"""The coverage of an engine's numerics by its binding (issue 11, part 1): which functions are checked.
+"""The coverage of an engine's numerics by its binding: which functions are checked.
 
 A binding declares the engine's *numerics modules*, its *registries* and a table of justifications
 (:class:`~rlconform.harness.catalog.binding.Coverage`). :func:`inventory` imports those modules at run time and
@@ -35,7 +35,7 @@ What is bound through another function (a helper that a bound function calls) is
 the autograd Functions below): the
 table says so explicitly, so that the reader sees what is checked on its own.
 
-**Whole-package discovery (issue 24).** The module list is a hint, not the boundary: every numerics
+**Whole-package discovery.** The module list is a hint, not the boundary: every numerics
 function that :func:`rlconform.harness.catalog.discovery.discover` finds anywhere in the engine's packages
 (``Coverage.packages``, default the top package of each module; read with ``ast``, never imported) is an
 item too, with the signals that found it (:attr:`Item.signals`) and its ``file:line``. A found function in
@@ -119,7 +119,7 @@ class Inventory:
     errors: list[str] = dataclasses.field(default_factory=list)
     stale: list[str] = dataclasses.field(default_factory=list)
     discovery: dict = dataclasses.field(default_factory=dict)
-    #: op -> the part of its engine path the binding transcribes instead of calling (issue 23 §1)
+    #: op -> the part of its engine path the binding transcribes instead of calling
     transcribed: dict = dataclasses.field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
@@ -347,8 +347,7 @@ def _walk(root: Any, engine_roots: frozenset) -> _Reach:
 
 def _targets(binding, op: str) -> list[tuple[str, Any]]:
     """(label, implementation) pairs to walk for ``op``: one per variant for an op with variants, one per
-    alternative implementation (``op@impl``, issue 11 part 2)."""
-    from rlconform.harness.core.contracts import Variants
+    alternative implementation (``op@impl``)."""
 
     alternatives = [(f"{op}@{name}", binding.resolve_implementation(op, name).fn)
                     for name in getattr(binding, "implementations", {}).get(op, {})]

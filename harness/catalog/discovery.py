@@ -1,4 +1,4 @@
-"""Whole-package discovery of an engine's numerics functions (issue 24 §1), by reading its source with ``ast``.
+"""Whole-package discovery of an engine's numerics functions, by reading its source with ``ast``.
 
 The engine package is never imported: :func:`package_dir` finds its folder on ``sys.path`` (an
 ``--engine-path`` checkout comes first there) and :func:`discover` parses every ``.py`` under it. A

@@ -1,4 +1,4 @@
-"""Where in the engine a finding goes wrong (issue 20 §1): the engine callable behind an op / variant /
+"""Where in the engine a finding goes wrong: the engine callable behind an op / variant /
 implementation, and for a crash the deepest traceback frame inside the engine's package.
 
 A binding's adapters name the engine callable they call with :func:`calls` (attribute
@@ -418,7 +418,7 @@ _AFTER_OP = __import__("re").compile(r"after (?P<op>[a-z0-9_]+) backward")
 def op_sites(binding) -> dict[str, dict[str, list[dict]]]:
     """``op -> regime prefix ("" for the op's own implementation, else a variant or implementation name)
     -> the sites of every engine callable behind it`` (a loss registry's ``combine_metrics`` included), for
-    ``--changed-since`` (issue 26 §2); an op that cannot be resolved maps to ``{}`` (its findings are then
+    ``--changed-since``; an op that cannot be resolved maps to ``{}`` (its findings are then
     always selected). Resolves the ops: run it where engine code may run (the probe's child process)."""
     from rlconform.harness.catalog.ops import OPS
     from rlconform.harness.core.opinfo import split_regime

@@ -35,6 +35,20 @@ Regime names: a data regime (``moderate``, ``padded``), a distributed layout and
 from __future__ import annotations
 
 from rlconform.harness.core.contracts import BindingError
+from rlconform.harness.core.opinfo import (  # noqa: F401 - the catalog's vocabulary, re-exported
+    FINITE,
+    FLOAT_DTYPES,
+    IMPLEMENTATIONS_AGREE,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    METRIC_INTEGRITY,
+    NON_DESTRUCTIVE,
+    PARTITION_INVARIANT,
+    PROPERTIES,
+    OpInfo,
+    plain_regime,
+    split_regime,
+)
 from rlconform.harness.families import OpFamily, all_families
 from rlconform.harness.families.agg_loss import PARTITION_DTYPES  # noqa: F401 - re-exported
 from rlconform.harness.families.context_parallel import CONTEXT_PARALLEL_REGIMES  # noqa: F401
@@ -43,10 +57,6 @@ from rlconform.harness.families.metric_pipeline import PARTITION_REGIMES  # noqa
 from rlconform.harness.families.reductions import MASK_REGIMES  # noqa: F401
 from rlconform.harness.families.token_stats import LOGITS_REGIMES  # noqa: F401
 from rlconform.harness.families.vocab_parallel import ORDER_REGIMES, VOCAB_PARALLEL_REGIMES  # noqa: F401
-from rlconform.harness.core.opinfo import (  # noqa: F401 - the catalog's vocabulary, re-exported
-    FINITE, FLOAT_DTYPES, MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, NON_DESTRUCTIVE,
-    IMPLEMENTATIONS_AGREE, PARTITION_INVARIANT, PROPERTIES, OpInfo, plain_regime, split_regime,
-)
 
 FAMILIES: tuple[OpFamily, ...] = all_families()
 

@@ -1,4 +1,4 @@
-"""The branches of a piecewise definition, as data (issue 25 §2).
+"""The branches of a piecewise definition, as data.
 
 A clip, a dual clip, a cap, a clamp, a threshold or a ``where`` splits an op's definition into branches. A
 family lists, per variant, each branch as a :class:`Branch`: a name and a predicate over the inputs dict

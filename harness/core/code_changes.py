@@ -1,4 +1,4 @@
-"""Which engine functions a change touched (issue 26 §2): ``git diff -U0 REV HEAD`` hunks of a checkout,
+"""Which engine functions a change touched: ``git diff -U0 REV HEAD`` hunks of a checkout,
 mapped onto the line ranges of its functions (read with :mod:`ast`, never imported), and a static call
 graph inside the engine's package.
 

@@ -7,7 +7,7 @@ come out wrong. Measured on an AVX-512 Xeon with verl's ``mul_reduce`` (``(a * b
 compiled with ``dynamic=True``): float64 ones, 16 elements summing to 8 under avx2 after a native run had
 filled the cache, 8 summing to 16 the other way round; every sum right with a fresh cache per ISA. verl's
 vocab-parallel entropy compiles exactly that, so a ``make check-verl`` under ``ATEN_CPU_CAPABILITY=avx2`` that
-followed a native one read 38.85 for an exact 0.668 (issue 21). Core layer: imports nothing of the project.
+followed a native one read 38.85 for an exact 0.668. Core layer: imports nothing of the project.
 """
 
 from __future__ import annotations

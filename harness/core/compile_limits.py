@@ -6,7 +6,7 @@ limit (8 per function) runs that frame *eagerly* for the rest of the process. A 
 for a whole run and sees every finding's dtypes and shapes: without raised limits the same input gave
 another answer after other findings had run (verl's vocab-parallel entropy compiles its ``mul_reduce``
 with ``dynamic=True``: ``vocab_parallel_entropy.partition_invariant.float16.tp2_fp16_extreme``, its third
-example a discrepancy alone, a pass after 27 other vocab-parallel findings; issue 21).
+example a discrepancy alone, a pass after 27 other vocab-parallel findings).
 
 :func:`keep_compiling` is applied once dynamo is imported (by the engine; importing it here would cost
 every process about a dozen seconds on a loaded 2-core box), before and after each case, so the limits

@@ -173,7 +173,7 @@ class MetricPipeline:
     key that must carry it. ``emitted_to_final`` maps every emitted key to the final key that must
     carry it (default: each emitted key must itself reach the final dict); a callable ``key -> final key``
     serves an engine whose emitted keys are known only once it ran (SkyRL's worker logs ``policy/<key>``).
-    ``transcribed`` (issue 23 §1): a sentence naming the part of the pipeline that is a transcription of the
+    ``transcribed``: a sentence naming the part of the pipeline that is a transcription of the
     engine's code rather than a call of it (None: every stage calls the engine); it is shown on every finding
     of the op (field ``transcribed``, a line of its card) and in the coverage table.
     ``equal_micro_batches_per_rank``: the engine requires every DP rank of a mini-batch to hold the same
@@ -205,7 +205,7 @@ class Variants:
     ``unchecked`` maps every name the engine registers that the catalog cannot check to the reason (the
     report lists them: a registered variant is bound or reported, never silently skipped).
 
-    ``implementations`` (issue 28 §2): second implementations the engine registers of some variants,
+    ``implementations``: second implementations the engine registers of some variants,
     catalog implementation name (:attr:`~rlconform.harness.core.opinfo.OpInfo.variant_implementations`) ->
     {variant -> callable with the same signature}, e.g. verl's ``grpo_vectorized`` as
     ``{"vectorized": {"grpo": ..., "drgrpo": ..., "rloo": ...}}``. Each is checked as its variant under the
@@ -251,12 +251,12 @@ class LossVariants(Variants):
     micro-batch's number of valid tokens (an engine that logs per-call means and averages them ignores
     it; the token-weighted fold Σ mean·n / Σ n uses it).
     ``agg_modes``: variant -> the loss_agg_mode the engine forces for it whatever the caller passes (a
-    declared convention, issue 20 §2: verl's SAPO aggregates ``seq-mean-token-mean``); the reference then
+    declared convention: verl's SAPO aggregates ``seq-mean-token-mean``); the reference then
     aggregates that variant the same way. A variant not named uses the catalog's token-mean.
     ``calls_agg_mode``: the loss_agg_mode the binding's losses pass to the engine's aggregation (verl's
     ``agg_loss``) for a variant ``agg_modes`` does not name (``None``: not declared). Recorded with each
     finding's engine site (``calls_variant``), so that a loss failing the way its aggregation fails joins
-    the aggregation's defect only when the aggregation fails in that mode (issue 20 §1: verl's GSPO NaN on
+    the aggregation's defect only when the aggregation fails in that mode (verl's GSPO NaN on
     masked garbage is GSPO's own sequence sum, token-mean ``agg_loss`` does not fail there).
     """
 
@@ -267,7 +267,7 @@ class LossVariants(Variants):
 
 @dataclasses.dataclass(frozen=True)
 class Implementation:
-    """An alternative implementation of a catalog op (issue 11 part 2): a chunked, naive, row-wise or
+    """An alternative implementation of a catalog op: a chunked, naive, row-wise or
     streamed function computing the same thing as the op's default binding, checked as that op under
     the regimes ``impl@data`` (:func:`rlconform.harness.core.opinfo.implementation_regimes`).
 
@@ -287,8 +287,7 @@ class Implementation:
       and two chunks) is passed as that keyword;
     * ``doc``: the docstring's words the contract comes from (shown in the report's notes);
     * ``needs``: the device the implementation needs (``"cuda"``: a Triton or CUDA kernel; ``None``: any).
-      On a run whose ``--device`` is not one, its findings are ``unavailable`` with the reason ``needs CUDA``
-      (issue 27 §1), never skipped in silence; the coverage table counts it bound either way.
+      On a run whose ``--device`` is not one, its findings are ``unavailable`` with the reason ``needs CUDA``, never skipped in silence; the coverage table counts it bound either way.
     """
 
     fn: Any

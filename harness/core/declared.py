@@ -1,4 +1,4 @@
-"""What an engine does on purpose: declared conventions, preconditions and guards (issue 20 §2).
+"""What an engine does on purpose: declared conventions, preconditions and guards.
 
 Some differences from the reference are an engine's documented choice, not a defect. A binding declares
 each as a :class:`Declared` with the reason and the engine's source line (``path:line`` relative to the

@@ -8,7 +8,7 @@ local depends on where things live: an engine checked out outside site-packages
 (``--engine-path``), an editable install of rlconform, a binding file, even a folder named ``test``
 on the path. The derandomized seed (the digest of the test function and the finding id) is the same
 everywhere, but from the first constant drawn on, the examples differ, and so do borderline verdicts
-(issue 12: ``token_logprobs.matches_reference.float32.neg_inf_padded`` at 2.88e-6 vs a tolerance of
+(``token_logprobs.matches_reference.float32.neg_inf_padded`` at 2.88e-6 vs a tolerance of
 2.59e-6 with a byte-identical copy of verl). It also writes a constants cache under ``./.hypothesis``.
 
 :func:`pin_generation` replaces the local-constant pool by an empty one, so generation draws only

@@ -1,4 +1,4 @@
-"""The device of a run (issue 27 §1): where the engine and the dtype-faithful path compute.
+"""The device of a run: where the engine and the dtype-faithful path compute.
 
 ``rlconform check|replay|fuzz --device cpu|cuda|cuda:N`` (default ``cpu``; environment
 ``RLCONFORM_DEVICE``, which the command line sets for every process the run starts). Inputs are

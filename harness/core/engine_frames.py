@@ -1,4 +1,4 @@
-"""Engine frames of a traceback (issue 20 §1): the deepest frame of a crash that lies in the engine's
+"""Engine frames of a traceback: the deepest frame of a crash that lies in the engine's
 code, ``{"function", "module", "file", "line"}`` with ``file`` relative to the directory holding the
 engine's top package (``verl/utils/torch_functional.py``), so a fork's checkout gives its own lines.
 

@@ -9,7 +9,7 @@ same data (other partitions, garbage at masked positions) and metric flows. The 
 Anything an engine raises is wrapped by :func:`call_engine` into :class:`EngineCrash` (a ``crash``
 finding). Anything *expected but absent* (no autograd graph where a gradient is part of the contract,
 no gradient on an input, an empty output, a missing metric key) is a ``problem`` of the Evaluation:
-every property fails on it, never passes in silence (cases.md family 19).
+every property fails on it, never passes in silence (“gradient check skipped without a graph”).
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ def call_engine(where: str, fn: Callable, *args, **kwargs):
     """Call an engine function; anything it raises becomes :class:`EngineCrash` naming ``where``. Torch's
     process-global state (grad mode, default dtype, deterministic / anomaly modes, threads, ...) is
     restored after the call, and a call that changed it is a crash naming what changed
-    (:mod:`rlconform.harness.core.torch_state`, issue 14).
+    (:mod:`rlconform.harness.core.torch_state`).
 
     Under :func:`~rlconform.harness.core.tape.remote` (the referee) ``fn`` is not called here: the call is
     made in the engine's worker, and its record (the result, its effects on the arguments, what it printed
-    or raised) is applied here (issue 22 §1).
+    or raised) is applied here.
 
     On a CUDA run (``--device cuda``) ``fn`` runs on the device: its tensor arguments are moved there, its
     tensor results brought back to the CPU and its writes into its inputs mirrored into the caller's tensors
@@ -117,7 +117,7 @@ class Evaluation:
     pipeline's key flow (``metric_integrity``); ``undefined``: the reference is undefined for this input
     (e.g. the mean of no tokens) and says why: there is nothing to compare, by definition;
     ``base_label``: how the base run is described next to an alternative; ``declared``: the name of a
-    declared precondition the family honoured in this check (issue 20 §2), or None.
+    declared precondition the family honoured in this check, or None.
     """
 
     values: list[Compared] = dataclasses.field(default_factory=list)

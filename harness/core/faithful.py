@@ -211,7 +211,7 @@ def fused_linear_token_stats(hidden: torch.Tensor, weight: torch.Tensor, labels:
 
 
 def _on_the_run_device() -> None:
-    """Every public function of this module computes on the run's device (issue 27 §1: the faithful path runs
+    """Every public function of this module computes on the run's device (the faithful path runs
     where the engine runs), its results brought back to the CPU (:func:`rlconform.harness.core.device.faithful_call`)."""
     from rlconform.harness.core.device import faithful_call
 

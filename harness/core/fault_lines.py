@@ -1,4 +1,4 @@
-"""The faulty line of an engine function (issue 20, a maintainer's A): which line of the function a
+"""The faulty line of an engine function (a maintainer's A): which line of the function a
 defect's ``file:line`` cites, by evidence, never by a table of line numbers.
 
 Two sources of evidence, in this order:

@@ -2,7 +2,7 @@
 
 A fully valid mask has no masked position. Clearing a valid one (the last token of the last row) changes
 the problem: whatever sits there leaves it, and for an outcome reward, which sits on a row's last valid
-token, that moves the row's score to a masked position (issue 20 §4: a card showed −1.0 vs −0.5 in a check
+token, that moves the row's score to a masked position (a card showed −1.0 vs −0.5 in a check
 about garbage values). :func:`with_masked_column` appends one masked time step instead, as padding is in
 a real batch. Core layer: imports NumPy only.
 """

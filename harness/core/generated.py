@@ -1,4 +1,4 @@
-"""Inputs described by a seed instead of stored: logits at real shapes (issue 13 §1, ``real_shapes``).
+"""Inputs described by a seed instead of stored: logits at real shapes (``real_shapes``).
 
 A ``[T, V]`` logits tensor at V = 151 936 (Qwen) or 128 256 (Llama 3) and T up to 4096 is 0.6 G
 entries: 5 GB as float64, ~25 GB as the hex floats of a case file. A :class:`LogitsGen` is what a case

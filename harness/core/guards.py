@@ -1,7 +1,7 @@
 """The non-destructiveness guard: inputs must come back bit-identical, with unchanged version counters.
 
 A trainer computes several statistics from one logits tensor (log-probs, entropy, Σπ²). If one of
-them writes into the caller's tensor — in its forward (cases.md row 9: Megatron's vocab-parallel cross
+them writes into the caller's tensor — in its forward (“forward overwrites fp32 logits in place”: Megatron's vocab-parallel cross
 entropy on fp32 logits) or in its backward (row 10: "subtract then add back") — every later reader sees
 altered data and autograd may refuse to backprop through an op that saved the tensor (verl PR #6153).
 
@@ -12,7 +12,7 @@ count) or version counter changed. No tolerance is ever applied.
 Memory: one copy of the bits per tensor up to ``EXACT_MAX_BYTES`` (the values shown in a report are
 read back from it). A larger tensor — logits at real shapes, ``[4096, 151936]`` fp32 is 2.5 GB — is
 snapshotted as SHA-256 digests of its raw bytes in blocks of ``BLOCK_BYTES`` (32 bytes per MiB, hashed
-on as many threads as torch has), so the guard never doubles memory (issue 13, part 3); a change is
+on as many threads as torch has), so the guard never doubles memory; a change is
 then located to its blocks, and the report gives the values found there now (the old ones are gone).
 A change that keeps every digest would need a SHA-256 collision.
 """
@@ -158,7 +158,7 @@ class SavesOutputIdentity(torch.autograd.Function):
 
     If an engine writes into the tensor this returns, autograd raises "one of the variables needed for
     gradient computation has been modified by an inplace operation" on backward: exactly the failure
-    seed 002 guards against.
+    verl PR #6153 guards against.
     """
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""The contract of an alternative implementation of an op (issue 11 part 2): chunk boundaries, input
+"""The contract of an alternative implementation of an op: chunk boundaries, input
 ranks, output dtype.
 
 An op family that has alternative implementations (:attr:`~rlconform.harness.core.opinfo.OpInfo.implementations`)

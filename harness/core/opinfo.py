@@ -26,10 +26,10 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 #: separator between a variant (an estimator, a loss_agg_mode, ...) and the data regime in a regime name,
 #: e.g. ``grpo@uneven_groups``: each variant is its own finding, so a fault in one is never diluted; an
-#: alternative implementation of an op (``chunked@peaked``, issue 11 part 2) uses the same separator
+#: alternative implementation of an op (``chunked@peaked``) uses the same separator
 VARIANT_SEP = "@"
 #: separator between a variant and the name of a second implementation of it in a regime name, e.g.
-#: ``grpo+vectorized@uneven_groups`` (issue 28 §2): the variant is kept, the implementation named. A catalog
+#: ``grpo+vectorized@uneven_groups``: the variant is kept, the implementation named. A catalog
 #: variant name may end in ``+`` (kl_estimator's straight-through ``k1+``), never hold one elsewhere, and an
 #: implementation name is ``[A-Za-z0-9_]+``, so ``k1++fused`` still parses as (``k1+``, ``fused``).
 IMPL_SEP = "+"
@@ -48,7 +48,7 @@ def variant_regime(variant: str, data: str) -> str:
 
 
 def implementation_regimes(regimes: dict[str, tuple[str, ...]], implementations) -> dict[str, tuple[str, ...]]:
-    """``regimes`` plus ``impl@data`` for every alternative implementation ``impl`` (issue 11 part 2): the
+    """``regimes`` plus ``impl@data`` for every alternative implementation ``impl``: the
     plain regimes check the engine's default implementation, each ``impl@data`` one alternative, so a
     fault in one implementation is its own finding, never diluted by the other."""
     out = dict(regimes)
@@ -87,8 +87,7 @@ def regime_implementation(regime: str) -> str | None:
 
 
 def with_variant_implementations(op: "OpInfo", implementations: dict[str, str]) -> "OpInfo":
-    """``op`` (an op with variants, regimes ``variant@data``) with second implementations of its variants
-    (issue 28 §2): ``implementations`` maps a catalog implementation name to what it is. Every
+    """``op`` (an op with variants, regimes ``variant@data``) with second implementations of its variants: ``implementations`` maps a catalog implementation name to what it is. Every
     ``variant@data`` regime gets a ``variant+impl@data`` twin with the same dtypes, checked with every
     property of the op (a property restricted to some regimes also gets their twins) plus
     :data:`IMPLEMENTATIONS_AGREE`, which only the twins have: the two implementations against each other
@@ -192,7 +191,7 @@ class OpInfo:
     #: (case files and ledgers may name it), but a run of another profile does not select it.
     profile_regimes: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
-    #: alternative implementations of the op the catalog knows (issue 11 part 2: chunked, naive, rowwise,
+    #: alternative implementations of the op the catalog knows (chunked, naive, rowwise,
     #: ...), name -> what it is. A binding declares which it has (``Binding.implementations``); each is
     #: checked as the op under regimes ``impl@data`` (:func:`implementation_regimes`), against the same
     #: reference with the same properties, plus the contract the binding declares for it (output dtype,
@@ -200,7 +199,7 @@ class OpInfo:
     #: implementations, not both (both would use the ``@`` of the regime).
     implementations: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    #: second implementations of the op's variants the catalog knows (issue 28 §2: verl's
+    #: second implementations of the op's variants the catalog knows (verl's
     #: ``grpo_vectorized`` is ``vectorized``), name -> what it is; added by
     #: :func:`with_variant_implementations`, checked under regimes ``variant+impl@data``.
     variant_implementations: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -218,7 +217,7 @@ class OpInfo:
 
     @property
     def implemented_variants(self) -> tuple[str, ...]:
-        """``variant+impl`` for every variant and catalog implementation of it (issue 28 §2)."""
+        """``variant+impl`` for every variant and catalog implementation of it."""
         return tuple(implemented_variant(v, i) for i in self.variant_implementations for v in self.variants)
 
     def regime_profiles(self, regime: str) -> tuple[str, ...] | None:

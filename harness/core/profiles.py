@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 PROFILES = {"dev": 8, "ci": 20, "nightly": 500}
 
-#: Profile-only regimes (issue 13 §1): regime (data part) -> the profiles that add it. ``real_shapes``
+#: Profile-only regimes: regime (data part) -> the profiles that add it. ``real_shapes``
 #: (logits at V = 151 936 / 128 256, T up to 4096; reductions over > 2^24 tokens) exists only in
 #: ``nightly``: ``dev`` and ``ci`` keep their cost, and under them the regime is not in the selection at all.
 PROFILE_ONLY_REGIMES = {"real_shapes": ("nightly",)}
@@ -31,8 +31,8 @@ REAL_SHAPES_EXAMPLES = 2
 #: one round trip to the gloo ranks each for the distributed findings); past the budget the smallest
 #: failing input found so far is the reproducer. A finding the xfails ledger lists shrinks as any other:
 #: its shrunk input decides its row of the report (kind, trigger, the engine line that fails), so a check
-#: with the ledger (``make check-verl``) writes the report the committed one is (until issue 21 a listed
-#: finding stopped at its first failing example, and verl's report with the ledger showed 38 defects where
+#: with the ledger (``make check-verl``) writes the report the committed one is (a listed finding that
+#: stopped at its first failing example, and verl's report with the ledger showed 38 defects where
 #: the same findings shrunk show 34). ``--max-shrinks`` overrides it. Only the reproducer's size and the
 #: report's reading of it depend on it, never a finding's status.
 MAX_SHRINKS = {"dev": 25, "ci": 50, "nightly": None}
@@ -146,7 +146,7 @@ def settings_for(profile: str, max_examples: int | None = None, database=None) -
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     from rlconform.harness.core.determinism import pin_generation
 
-    pin_generation()  # the same examples wherever the engine, the binding or rlconform live (issue 12)
+    pin_generation()  # the same examples wherever the engine, the binding or rlconform live
     register_profiles()
     base = settings.get_profile(f"rlconform-{profile}")
     kwargs = {}

@@ -1,4 +1,4 @@
-"""Whether a data regime is realistic for training (issue 20, a maintainer's reading of the severities).
+"""Whether a data regime is realistic for training.
 
 The catalog's regimes probe the arithmetic at its edges on purpose: logits offset by ±1e4, on bf16's coarse
 grid at 256–3e4 or near fp16's ±65504, log-ratios of ±20 or below −12, values near a dtype's range. No

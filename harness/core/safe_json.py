@@ -1,4 +1,4 @@
-"""One safe way to read a JSON file that a user hands the harness (issue 22 §4).
+"""One safe way to read a JSON file that a user hands the harness.
 
 Reports (``report.json``), case files, corpus cases and the engine record of a run are data that may be
 malformed, truncated, not UTF-8, or built to break a parser (200 000 nested ``[``: CPython's decoder raises

@@ -135,7 +135,7 @@ MULTI_TURN_ROWS = ("single_holes", "span_start", "span_middle", "span_end", "spa
 
 
 def multi_turn_mask(rng: np.random.Generator, b: int, t: int) -> np.ndarray:
-    """Loss mask [B, T] bool of agentic / multi-turn rows (issue 25 §1): tool-observation tokens masked out
+    """Loss mask [B, T] bool of agentic / multi-turn rows: tool-observation tokens masked out
     *between* trainable tokens, not only padding at the end. Each row is one of :data:`MULTI_TURN_ROWS`:
     single masked tokens, a masked run (1 token to half the row) at the start, the middle or the end,
     several runs (turns), all observation (no valid token), or plain right padding; then, for half the
@@ -174,7 +174,7 @@ def _has_interior_span(m: np.ndarray) -> np.ndarray:
 
 
 def loss_masks(draw, rng: np.random.Generator, b: int, t: int, lengths: np.ndarray) -> np.ndarray:
-    """A drawn choice between right padding at ``lengths`` and :func:`multi_turn_mask` (issue 25 §1): the mask
+    """A drawn choice between right padding at ``lengths`` and :func:`multi_turn_mask`: the mask
     every token-loss, KL, importance-ratio and advantage strategy draws (``draw`` a hypothesis draw)."""
     if draw(st.sampled_from(["padded", "multi_turn"])) == "padded":
         return np.arange(t)[None, :] < np.asarray(lengths)[:, None]
@@ -203,7 +203,7 @@ def values(draw, shape: tuple[int, int], dtype: str, rng: np.random.Generator | 
 def row_lengths_data(draw, dtype: str, max_rows: int = 12):
     """Rows of imbalanced length: ``{"values": [B, T], "mask": [B, T]}`` with right-padded masks whose
     per-row lengths are drawn from {0, 1, small, T} and T from {1, 8, 100, 10⁴}; in half the examples the
-    rows also get multi-turn holes (:func:`interior_holes`: masked spans between valid tokens, issue 25 §1),
+    rows also get multi-turn holes (:func:`interior_holes`: masked spans between valid tokens),
     drawn last so that the other half is unchanged."""
     b = draw(st.integers(1, max_rows))
     t = draw(st.sampled_from([1, 8, 100, 10_000]))
@@ -219,7 +219,7 @@ def row_lengths_data(draw, dtype: str, max_rows: int = 12):
 
 
 def interior_holes(rng: np.random.Generator, mask: np.ndarray) -> np.ndarray:
-    """``mask`` [B, T] bool with multi-turn holes (issue 25 §1) in each row with at least 3 valid tokens: single
+    """``mask`` [B, T] bool with multi-turn holes in each row with at least 3 valid tokens: single
     masked tokens, a run or several runs strictly between its first and last valid token (tool observations
     between trainable tokens), or a masked run at its start (an observation before the first trainable token).
     Empty rows, rows of 1 or 2 tokens, each row's last valid position (a "length" read off the mask) and the

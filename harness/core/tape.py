@@ -1,4 +1,4 @@
-"""Engine calls made in the engine's worker for an evaluation that runs in the referee (issue 22 §1).
+"""Engine calls made in the engine's worker for an evaluation that runs in the referee.
 
 The referee runs the family's ``evaluate`` itself; under :func:`remote`, each
 :func:`~rlconform.harness.core.evaluation.call_engine` is sent to the engine's worker (:class:`Remote` in
@@ -159,7 +159,7 @@ class TensorData:
     def raw(self) -> torch.Tensor:
         """A fresh plain tensor with the recorded data (no autograd flags). A spill file is read straight
         into the tensor's memory (no intermediate bytes: a ``[4096, 151936]`` fp32 gradient costs its own
-        2.5 GB, not 3×; issue 22 §5), then removed: each record is read once, by the other side (a file
+        2.5 GB, not 3×), then removed: each record is read once, by the other side (a file
         left in ``/dev/shm`` would hold its bytes in memory for as long as the machine runs)."""
         dt = _DTYPES[self.dtype]
         if self.data is None:

@@ -34,7 +34,7 @@ pipeline        1e-9     1e-5     1e-2    1e-3    metrics/losses formed from fp3
 advantage       1e-9     1e-4     1e-2    1e-2    cumulative sums over T then ratios (verl: +1e-8)
 ==============  =======  =======  ======  ======  ===============================================
 
-Resolution floor (issue 20 §4): a bound is never finer than half an ulp, at |ref|, of the dtype the value
+Resolution floor: a bound is never finer than half an ulp, at |ref|, of the dtype the value
 is resolved in: the output dtype, or the coarser ``resolution`` dtype a family names for a value the engine
 computes in a narrower dtype than it returns (verl's ``masked_var`` of fp16 values sums them in fp16 and
 returns float32: at 16 625 half an fp16 ulp is 8, and a bound of 7.05 would fail a correctly rounded
@@ -43,7 +43,7 @@ float32, not float64). With the ULP floors above this only acts through ``resolu
 
 Bit-exactness (``non_destructive``) never uses a tolerance.
 
-The margin band (issue 21): the verdict of an example is drawn from its worst ratio r = error / bound,
+The margin band: the verdict of an example is drawn from its worst ratio r = error / bound,
 
 ===========  ==========================  ================================================================
 verdict      when                        reason
@@ -68,9 +68,9 @@ that a CPU that takes it past 4 keeps the run green. On the machine that wrote t
 finding is above 1.41 and every unlisted one below it; so a run's verdict (its exit code) changes on another
 machine only when an engine's error moves by more than 2.8× between the two (1.41 → 4, or 1.41 → 1/2).
 
-Thresholds of a *wrong value* (issue 12; applied by :mod:`rlconform.harness.report.severity` to the numbers a
+Thresholds of a *wrong value* (applied by :mod:`rlconform.harness.report.severity` to the numbers a
 finding carries: the ``engine E vs reference R … tolerance T`` clauses of its message, ``max_ratio``,
-``max_rel_err``). A wrong value is graded by its impact (issue 20 §3): ``training`` (a loss, gradient,
+``max_rel_err``). A wrong value is graded by its impact: ``training`` (a loss, gradient,
 advantage, log-prob, importance weight), ``logging`` (a metric); a crash or a NaN/±inf is ``robustness``,
 a changed input ``destructive``, everything else ``precision`` (severity's module table):
 

@@ -1,4 +1,4 @@
-"""The *trigger* of a failing finding (issue 20 §1): the feature of its shrunk (worst) input that brings
+"""The *trigger* of a failing finding: the feature of its shrunk (worst) input that brings
 the failure out, in a maintainer's words ("a row with no valid token", "a group of one sample", "a −inf
 logit", "more than one micro-batch", "TP > 1", "bf16 input").
 

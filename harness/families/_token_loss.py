@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from rlconform.harness.core.evaluation import Evaluation, call_engine, shape_problem
+from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.guards import InputGuard
-from rlconform.harness.core.opinfo import MASK_INVARIANT, NON_DESTRUCTIVE, PARTITION_INVARIANT
+from rlconform.harness.core.opinfo import MASK_INVARIANT, PARTITION_INVARIANT
 from rlconform.harness.core.tensors import as_numpy, out_dtype, to_tensor
 from rlconform.reference.exact_sum import exact_sum
-from rlconform.harness.core.failure import problem as problem_clause
 
 
 def loss_mask(case) -> np.ndarray:

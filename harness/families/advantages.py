@@ -29,13 +29,13 @@ Regimes: ``uneven_groups`` (group sizes 2–5, shuffled index, rows of 0 to T to
 each row's last valid token), ``singleton_groups`` (the same with at least one group of one row: the reference
 gives it 0, several engines its raw score, a convention kept apart so it never hides other faults) and
 ``near_constant`` (groups whose rewards are equal or differ
-by 1e-7 relative: where E[x²] − μ² cancels; cases.md family 14). A second implementation of an estimator an engine registers
+by 1e-7 relative: where E[x²] − μ² cancels; “one-pass variance E[x²] − μ²”). A second implementation of an estimator an engine registers
 (:data:`VARIANT_IMPLEMENTATIONS`: verl's ``grpo_vectorized`` is ``vectorized``) is checked as that estimator
 under ``grpo+vectorized@uneven_groups`` ... with every property, and against the engine's default
 implementation (``implementations_agree``). The dtype-faithful path is the same
 formulas in float32 (float64 stays float64) with two-pass group statistics.
 
-Masks (issue 25 §1): every regime of every op draws right-padded rows or multi-turn rows
+Masks: every regime of every op draws right-padded rows or multi-turn rows
 (:func:`~rlconform.harness.core.strategies.multi_turn_mask`: tool-observation spans between trainable
 tokens, single tokens and long runs at the start, middle and end, rows that are all observation). The
 references skip a masked position: GAE's δ and recurrence jump over an interior span to the next valid
@@ -52,19 +52,26 @@ from hypothesis import strategies as st
 import rlconform.reference as R
 from rlconform.harness.core import strategies as S
 from rlconform.harness.core.branches import Branch
+from rlconform.harness.core.declared import followed, mask_layout, preconditions
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.core.faithful import compute_dtype
-from rlconform.harness.families import OpFamily
-from rlconform.harness.core.guards import InputGuard
-from rlconform.harness.core.opinfo import (
-    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
-    variant_regime, with_variant_implementations,
-)
-from rlconform.harness.core.declared import followed, mask_layout, preconditions
-from rlconform.harness.core.mask_layout import apply as apply_layout
 from rlconform.harness.core.garbage import with_masked_column
+from rlconform.harness.core.guards import InputGuard
+from rlconform.harness.core.mask_layout import apply as apply_layout
+from rlconform.harness.core.opinfo import (
+    FINITE,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    OpInfo,
+    reference_function,
+    split_regime,
+    variant_regime,
+    with_variant_implementations,
+)
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 from rlconform.harness.core.triggers import group_trigger
+from rlconform.harness.families import OpFamily
 
 ESTIMATORS = tuple(R.ESTIMATORS)
 EPSILON = 1e-6
@@ -73,7 +80,7 @@ DTYPES = ("float32", "float64")
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
 PROPS = (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE, MASK_INVARIANT)
 
-#: second implementations of an estimator the catalog knows (issue 28 §2), checked as ``variant+impl@data``
+#: second implementations of an estimator the catalog knows, checked as ``variant+impl@data``
 VARIANT_IMPLEMENTATIONS = {
     "vectorized": "group statistics of every group at once (scatter / bincount over the group index) instead "
                   "of a loop over groups: verl grpo_vectorized, rloo_vectorized",
@@ -131,7 +138,7 @@ _GROUP = (
 _ROWS = (Branch("row with no valid token", lambda x: ~np.asarray(x["response_mask"]).any(-1)),
          Branch("row with valid tokens", lambda x: np.asarray(x["response_mask"]).any(-1)))
 #: estimator -> the branches of its definition (reference.advantage_estimators S3 and the estimator's own
-#: ``where``s), per row [B]: the CI profile's examples take each one (issue 25 §2)
+#: ``where``s), per row [B]: the CI profile's examples take each one
 BRANCHES = {e: _ROWS if e in ("remax", "reinforce_plus_plus") else _GROUP for e in ESTIMATORS}
 BRANCHES["grpo_passk"] = _GROUP + (
     Branch("strict group maximum (gets r_max − r_second)", lambda x: (_group_stats(x)[0] > 1) & _group_stats(x)[2]),
@@ -172,7 +179,7 @@ def outcome_inputs(draw, dtype: str, estimator: str, data: str):
         lengths[rng.integers(0, b)] = 0
     if draw(st.booleans()):
         lengths = np.maximum(lengths, 1)
-    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows
     lengths, last = mask.sum(-1), last_valid(mask)
     rewards = np.zeros((b, t))
     if data in ("uneven_groups", "singleton_groups"):
@@ -183,7 +190,7 @@ def outcome_inputs(draw, dtype: str, estimator: str, data: str):
         base = draw(st.sampled_from([0.95, 1.0, -0.5, 3.0]))
         spread = draw(st.sampled_from([0.0, 1e-7, 1e-6]))
         scores = base * (1 + spread * rng.integers(-2, 3, size=b))
-        if draw(st.booleans()):  # cases.md row 14: [0, 0.95 × 7]
+        if draw(st.booleans()):  # “one-pass variance E[x²] − μ²”: [0, 0.95 × 7]
             scores[index == index[0]] = 0.95
             scores[0] = 0.0
     rewards[np.arange(b), last] = np.where(lengths > 0, scores, 0.0)
@@ -205,7 +212,7 @@ def gae_inputs(draw, dtype: str):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     b, t = draw(st.integers(1, 6)), draw(st.sampled_from([1, 4, 16, 64]))
     lengths = rng.integers(0, t + 1, size=b)
-    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows
     rewards = np.zeros((b, t))
     rewards[np.arange(b), last_valid(mask)] = rng.choice([0.0, 1.0, -1.0], size=b) * mask.any(-1)
     if draw(st.booleans()):

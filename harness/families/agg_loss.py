@@ -6,7 +6,7 @@ the binding's ``micro_combine`` over a DP rank's micro-batches and ``dp_combine`
 every partition of the global batch the combination must equal :func:`rlconform.reference.agg_loss`
 of the whole batch (verl ``core_algos.agg_loss``; HF transformers PR #34191), and the gradient each
 token receives must equal :func:`rlconform.reference.agg_loss_grad` (masked tokens exactly 0:
-cases.md family 15).
+“masked tokens in the loss numerator”).
 
 Each ``loss_agg_mode`` is a variant, so a regime is ``<mode>@imbalanced_partitions`` and a fault in one
 mode is its own finding. Gradients: each micro-batch's contribution is differentiated w.r.t. its rows;
@@ -29,15 +29,21 @@ from rlconform.harness.core import faithful as F
 from rlconform.harness.core import strategies as S
 from rlconform.harness.core.contracts import AggLoss, BatchInfo, VariantNotProvided
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine
-from rlconform.harness.families import OpFamily
+from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.guards import InputGuard
 from rlconform.harness.core.opinfo import (
-    MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
-    split_regime, variant_regime,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    PARTITION_INVARIANT,
+    OpInfo,
+    reference_function,
+    split_regime,
+    variant_regime,
 )
 from rlconform.harness.core.tensors import as_numpy, to_tensor
+from rlconform.harness.families import OpFamily
 from rlconform.reference.exact_sum import exact_sum
-from rlconform.harness.core.failure import problem as problem_clause
 
 PARTITION_DTYPES = ("float32", "float64", "bfloat16")
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
@@ -104,12 +110,12 @@ def describe_partition(partition, mask: np.ndarray) -> str:
 
 def _backward64(v: torch.Tensor) -> None:
     """Backpropagate a micro-batch's loss (upcast to float64) through the engine's graph: one engine call,
-    made where the graph is (the engine's worker, under a referee; issue 22 §1)."""
+    made where the graph is (the engine's worker, under a referee)."""
     v.to(torch.float64).backward()
 
 
 def _combine(rule, values: list) -> float:
-    """:meth:`AggLoss.combine`; a callable rule is the engine's code, hence an engine call (issue 22 §1)."""
+    """:meth:`AggLoss.combine`; a callable rule is the engine's code, hence an engine call."""
     if callable(rule):
         return call_engine("agg_loss combine", AggLoss.combine, rule, list(values))
     return AggLoss.combine(rule, values)

@@ -3,7 +3,7 @@
 
 Per-rank signature: ``(local_values [B, T/cp], local_mask [B, T/cp], group) -> 0-d``, with Megatron's
 load-balanced layout (T in ``2·cp`` chunks, CP rank ``c`` holds chunks ``c`` and ``2·cp−1−c``); masked
-sums *and* nnz must be reduced over the CP group (cases.md family 5), and garbage at masked positions
+sums *and* nnz must be reduced over the CP group (“CP token count not reduced”), and garbage at masked positions
 (NaN, ±inf from padded log-probs) must not reach the mean. Regimes ``<layout>_<mask regime>``.
 """
 
@@ -13,11 +13,17 @@ import numpy as np
 from hypothesis import strategies as st
 
 from rlconform.harness.core import strategies as S
-from rlconform.harness.families import OpFamily
 from rlconform.harness.core.layout import parse_regime
 from rlconform.harness.core.opinfo import (
-    FLOAT_DTYPES, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
+    FLOAT_DTYPES,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    PARTITION_INVARIANT,
+    OpInfo,
+    reference_function,
 )
+from rlconform.harness.families import OpFamily
 
 #: what ``mask_invariant`` writes into masked positions (as for the single-device reductions)
 GARBAGE = (float("nan"), float("inf"), float("-inf"), 1e30, -1e30)
@@ -27,7 +33,7 @@ CONTEXT_PARALLEL_REGIMES = {
     "cp2_padded": FLOAT_DTYPES,
     "cp4_random": ("float32", "bfloat16"),
     "tp2cp2_padded": ("float32",),
-    "cp2_multi_turn": ("float32",),  # issue 25 §1: interior observation spans split over the CP chunks
+    "cp2_multi_turn": ("float32",),  # interior observation spans split over the CP chunks
 }
 
 OPS = (
@@ -36,7 +42,7 @@ OPS = (
            CONTEXT_PARALLEL_REGIMES, reference_function("masked_mean"),
            property_regimes={MASK_INVARIANT: tuple(r for r in CONTEXT_PARALLEL_REGIMES if not r.endswith("all_on"))},
            source="token-mean over a sequence split over CP: masked sums and nnz reduced over the CP group "
-                  "(Megatron's load-balanced 2·cp chunks; cases.md family 5)",
+                  "(Megatron's load-balanced 2·cp chunks; “CP token count not reduced”)",
            family="context_parallel", distributed=True),
 )
 

@@ -3,7 +3,7 @@
 
 Per-rank signature: ``(local_values [b, T], local_mask [b, T], group) -> number / 0-d``: each DP rank
 emits from its own rows, the emitted values are reduced over the DP group; the result must be the
-token-weighted mean over all DP ranks (cases.md families 1 and 6; seed 000: SkyRL all_reduce_metrics).
+token-weighted mean over all DP ranks (“mean of per-shard means” / “mean of ratios across DP ranks”; SkyRL issue #1822: SkyRL all_reduce_metrics).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 from hypothesis import strategies as st
 
 from rlconform.harness.core import strategies as S
-from rlconform.harness.families import OpFamily
 from rlconform.harness.core.layout import parse_regime
 from rlconform.harness.core.opinfo import MATCHES_REFERENCE, PARTITION_INVARIANT, OpInfo, reference_function
+from rlconform.harness.families import OpFamily
 
 #: rows split over DP ranks, imbalanced (0 to 10⁴ tokens per rank, fully masked ranks)
 DP_METRIC_REGIMES = {
@@ -25,8 +25,8 @@ DP_METRIC_REGIMES = {
 OPS = (
     OpInfo("dp_metric_all_reduce", "dp_metric", 3, (MATCHES_REFERENCE, PARTITION_INVARIANT), DP_METRIC_REGIMES,
            reference_function("masked_mean"),
-           source="token-weighted mean of a metric over DP ranks (SkyRL all_reduce_metrics, seed 000; "
-                  "cases.md families 1, 6)", family="dp_metric", distributed=True),
+           source="token-weighted mean of a metric over DP ranks (SkyRL all_reduce_metrics, SkyRL issue #1822; "
+                  "“mean of per-shard means” / “mean of ratios across DP ranks”)", family="dp_metric", distributed=True),
 )
 
 

@@ -9,7 +9,7 @@ float64 reference merges the ranks' exact moments, so every split gives the same
 positions are not compared (the engines leave ``(x − μ)·rsqrt(σ² + ε)`` there; the reference 0).
 
 Faults this finds: whitening with each rank's *local* statistics (exact only when every rank's rows
-have the same mean and variance: issue 9, cases.md family 1 — the metric-of-shard-means bug of seed 000
+have the same mean and variance: the mean-of-per-shard-means bug of SkyRL issue #1822
 applied to advantages), a one-pass fp32 variance E[x²] − μ² merged over ranks (cancels for rewards
 offset by 10⁴), counts not reduced, garbage at masked positions leaking into the global sums.
 """
@@ -20,10 +20,16 @@ import numpy as np
 from hypothesis import strategies as st
 
 from rlconform.harness.core import strategies as S
-from rlconform.harness.families import OpFamily
 from rlconform.harness.core.layout import parse_regime
-from rlconform.harness.core.opinfo import (MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT,
-                                      OpInfo, reference_function)
+from rlconform.harness.core.opinfo import (
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    PARTITION_INVARIANT,
+    OpInfo,
+    reference_function,
+)
+from rlconform.harness.families import OpFamily
 
 #: rows split over DP ranks, imbalanced; ``offset``: values around 10⁴ with spread 10⁻³…30 (E[x²] − μ²
 #: cancels in fp32)
@@ -40,7 +46,7 @@ OPS = (
     OpInfo("dp_masked_whiten", "dp_whiten", 4,
            (MATCHES_REFERENCE, PARTITION_INVARIANT, MASK_INVARIANT, NON_DESTRUCTIVE), DP_WHITEN_REGIMES,
            reference_function("masked_whiten"),
-           source="verl/SkyRL masked_whiten with statistics global over DP (issue 9): (x − μ)·rsqrt(σ² + 1e-8), "
+           source="verl/SkyRL masked_whiten with statistics global over DP: (x − μ)·rsqrt(σ² + 1e-8), "
                   "unbiased σ² over every unmasked entry of every DP rank", family="dp_whiten", distributed=True),
 )
 
@@ -50,7 +56,7 @@ def inputs(draw, dtype: str, regime: str):
     """``{"values": [B, T], "mask": [B, T], "shift_mean": bool, "partitions": [[[a, b], ...] per DP rank] × 2,
     "garbage": float}``: B ≥ the DP size rows, two different contiguous splits of them over the DP ranks
     (each rank ≥ 1 row, maybe fully masked; right-padded, or in half the examples multi-turn rows: interior
-    observation spans, issue 25 §1), values exactly representable in ``dtype``."""
+    observation spans), values exactly representable in ``dtype``."""
     layout, data = parse_regime(regime)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     b = draw(st.integers(layout.dp, layout.dp + 5))
@@ -65,7 +71,7 @@ def inputs(draw, dtype: str, regime: str):
     partitions = [[[int(a), int(c)] for a, c in draw(S.composition(b, layout.dp))] for _ in range(2)]
     out = {"values": S.round_to(values, dtype), "mask": mask, "shift_mean": draw(st.booleans()),
            "partitions": partitions, "garbage": draw(st.sampled_from(GARBAGE))}
-    if draw(st.booleans()):  # multi-turn rows (issue 25 §1), drawn last: the other examples are unchanged
+    if draw(st.booleans()):  # multi-turn rows, drawn last: the other examples are unchanged
         mt = S.multi_turn_mask(rng, b, t)
         if mt.any():
             out["mask"] = mt

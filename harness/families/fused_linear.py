@@ -1,4 +1,4 @@
-"""Fused-linear token statistics (issue 11 part 2): log-probs and entropy from hidden states and the
+"""Fused-linear token statistics: log-probs and entropy from hidden states and the
 LM-head weight, computed chunk by chunk without materialising all logits.
 
 Canonical signature: ``fused_linear_token_stats(hidden [..., H], weight [V, H], labels int64 [...],
@@ -30,22 +30,29 @@ from rlconform.harness.core import impl_contract as IC
 from rlconform.harness.core import strategies as S
 from rlconform.harness.core.contracts import Implementation
 from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation, call_engine, shape_problem
-from rlconform.harness.families import OpFamily
-from rlconform.harness.core.guards import InputGuard
-from rlconform.harness.core.opinfo import (FINITE, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, implementation_regimes,
-                                           reference_function, split_regime)
-from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 from rlconform.harness.core.failure import problem as problem_clause
+from rlconform.harness.core.guards import InputGuard
+from rlconform.harness.core.opinfo import (
+    FINITE,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    OpInfo,
+    implementation_regimes,
+    reference_function,
+    split_regime,
+)
+from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
+from rlconform.harness.families import OpFamily
 
 NAME = "fused_linear_token_stats"
 #: float32 and float64 only: in float16 / bfloat16 the logits are an intermediate that every implementation
 #: rounds to the input dtype (verl twice: the product, then the division by τ), and one ulp of a logit moves
 #: a log-prob by up to that ulp; the elementwise yardstick C·|faithful − ref| can vanish at an element by
-#: chance, so half-precision cases need a tolerance for intermediate rounding first (left open, issue 11 §2).
+#: chance, so half-precision cases need a tolerance for intermediate rounding first (left open).
 FUSED_DTYPES = ("float32", "float64")
 REGIMES = {"moderate": FUSED_DTYPES, "peaked": FUSED_DTYPES}
-#: alternative implementations (issue 11 part 2), checked under ``impl@data``; ``triton``: a fused Triton kernel
-#: (verl's ``linear_cross_entropy``), bound with ``needs="cuda"``: ``unavailable: needs CUDA`` on a CPU run (issue 27)
+#: alternative implementations, checked under ``impl@data``; ``triton``: a fused Triton kernel
+#: (verl's ``linear_cross_entropy``), bound with ``needs="cuda"``: ``unavailable: needs CUDA`` on a CPU run
 IMPLEMENTATIONS = {"triton": "a fused Triton kernel of the same computation (verl utils/kernel linear_cross_entropy; "
                              "CUDA only)"}
 #: chunk sizes drawn (rows one short of, at, one past one and two chunks); 512 = FusedLinearForPPO's default
@@ -115,7 +122,7 @@ def _backward(out, leaves, g_lp, g_ent, ev: Evaluation, binding) -> bool:
         ev.problems.append(problem_clause("missing gradient", "gradient: an output has no autograd graph (requires_grad=False): no gradient reaches "
                            "the hidden states or the weight"))
         return False
-    # the engine's backward is an engine call (recorded for the referee, issue 22 §1)
+    # the engine's backward is an engine call (recorded for the referee)
     call_engine(f"{NAME} backward", _backprop, out[0], out[1], g_lp, g_ent)
     missing = [name for name, leaf in zip(("hidden", "weight"), leaves) if leaf.grad is None]
     if missing:

@@ -9,8 +9,7 @@ rollout correction: the training policy's ``old_log_prob``; SkyRL's TIS: ``old_l
 The gradient is that of Σ_valid ratio (the output backpropagated with the mask as ``grad_output``),
 compared with :func:`rlconform.reference.importance_ratio_grad`; engines that detach their IS weights
 by design (verl ``rollout_corr_helper.compute_rollout_correction_weights``: ``rollout_is_weights.detach()``,
-"mathematically required by IS theory"; SkyRL ``compute_tis_ratio``) bind the op ``detached`` (issue 25
-§4): a gradient that reaches log_prob non-zero fails, no gradient or a zero one passes.
+"mathematically required by IS theory"; SkyRL ``compute_tis_ratio``) bind the op ``detached``: a gradient that reaches log_prob non-zero fails, no gradient or a zero one passes.
 
 ==========================  ================================  =============================================
 variant                     reference kwargs                  engines
@@ -50,14 +49,20 @@ from rlconform.harness.core import strategies as S
 from rlconform.harness.core.branches import Branch, place_in_regions, place_rows_in_regions
 from rlconform.harness.core.contracts import Variants
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
-from rlconform.harness.families import OpFamily
-from rlconform.harness.families import _log_ratio as L
+from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.opinfo import (
-    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
+    FINITE,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    OpInfo,
+    reference_function,
+    split_regime,
     variant_regime,
 )
 from rlconform.harness.core.tensors import as_numpy, out_dtype, to_tensor
-from rlconform.harness.core.failure import problem as problem_clause
+from rlconform.harness.families import OpFamily
+from rlconform.harness.families import _log_ratio as L
 
 #: catalog variant -> keyword arguments of :func:`rlconform.reference.importance_ratio`
 VARIANTS = {
@@ -88,7 +93,7 @@ OPS = (
 
 # ------------------------------------------------------------------------------------ branches
 _LOG2, _LOG5 = np.log(2.0), np.log(5.0)  # the TIS caps of token_tis, sequence_tis
-#: token log-ratio intervals the moderate regime places tokens in (issue 25 §2): inside, above the token TIS
+#: token log-ratio intervals the moderate regime places tokens in: inside, above the token TIS
 #: cap 2, beyond the ±20 clamp (exp(25) = 7.2e10: no overflow in fp32)
 TOKEN_REGIONS = ((-0.9, 0.9), (_LOG2 + 0.05, 3.0), (20.5, 25.0), (-25.0, -20.5))
 #: row log-ratio intervals (the row's sum for the products, its mean for the geometric mean)
@@ -141,13 +146,13 @@ def inputs(draw, dtype: str, variant: str, data: str):
     """``{"log_prob", "old_log_prob": [B, T] float64 exact in dtype (≤ 0), "mask": [B, T] bool (right-padded
     or multi-turn rows, at least one valid token), "garbage", "variant"}``, B ≤ 8, T ≤ 64. ``moderate``: |Δ| ≤ 1, and in
     half the examples tokens (sequence levels: rows) placed in :data:`TOKEN_REGIONS` / :data:`ROW_REGIONS`
-    (above the TIS cap, beyond the clamps: ordinary magnitudes, issue 25 §2)."""
+    (above the TIS cap, beyond the clamps: ordinary magnitudes)."""
     b = draw(st.integers(1, 8))
     t = draw(st.sampled_from([1, 4, 16, 64]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(0, t + 1, size=b)
     lengths[rng.integers(0, b)] = rng.integers(1, t + 1)
-    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows
     if not mask.any():
         mask[rng.integers(0, b), rng.integers(0, t)] = True
     old = np.log(rng.uniform(0.05, 1.0, (b, t)))
@@ -224,7 +229,7 @@ def reference_variants() -> Variants:
 
 
 def _detached_problem(out, lp, m, label, ev) -> list:
-    """The detached contract (issue 25 §4): the weight must have no gradient path to log_prob. A backward of
+    """The detached contract: the weight must have no gradient path to log_prob. A backward of
     Σ_valid weight that reaches log_prob non-zero at a valid token is a problem in ``ev``; no graph, no
     gradient or an all-zero one pass. Returns no comparison (the gradient has no reference value)."""
     if not isinstance(out, torch.Tensor) or not out.requires_grad:

@@ -24,14 +24,20 @@ from rlconform.harness.core import strategies as S
 from rlconform.harness.core.branches import Branch, place_in_regions
 from rlconform.harness.core.contracts import Variants
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
-from rlconform.harness.families import OpFamily
+from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.guards import InputGuard
 from rlconform.harness.core.opinfo import (
-    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
+    FINITE,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    OpInfo,
+    reference_function,
+    split_regime,
     variant_regime,
 )
 from rlconform.harness.core.tensors import as_numpy, out_dtype, to_tensor
-from rlconform.harness.core.failure import problem as problem_clause
+from rlconform.harness.families import OpFamily
 
 MODES = tuple(R.KL_ESTIMATORS)
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
@@ -53,7 +59,7 @@ OPS = (
 
 #: k3's outer clamp (|k3| ≤ 10) binds for Δ below / above these (reference.kl module doc)
 K3_LOW, K3_HIGH = -2.6108686, 10.9999833
-#: log-ratio intervals the moderate regime places tokens in (issue 25 §2): k3 clamped low, interior, clamped high
+#: log-ratio intervals the moderate regime places tokens in: k3 clamped low, interior, clamped high
 REGIONS = ((-5.0, K3_LOW - 0.05), (-0.9, 0.9), (K3_HIGH + 0.5, 18.0))
 _ANY = (Branch("any valid token", lambda x: np.ones(x["mask"].shape, bool)),)
 _SIGN = (Branch("Δ > 0", lambda x: x["logprob"] > x["ref_logprob"]),
@@ -70,12 +76,12 @@ BRANCHES = {m: _K3 if m.rstrip("+") in ("k3", "low_var_kl") else _SIGN if m.rstr
 def inputs(draw, dtype: str, mode: str, data: str):
     """``{"logprob", "ref_logprob": [B, T] float64 exact in dtype, "mask": [B, T] bool, "garbage", "mode"}``,
     B ≤ 8, T ≤ 64. ``moderate``: |Δ| ≤ 1, and in half the examples tokens placed in :data:`REGIONS` (k3's
-    clamps bind at Δ < −2.61 and Δ > 11: ordinary magnitudes, issue 25 §2)."""
+    clamps bind at Δ < −2.61 and Δ > 11: ordinary magnitudes)."""
     b = draw(st.integers(1, 8))
     t = draw(st.sampled_from([1, 4, 16, 64]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(0, t + 1, size=b)
-    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows
     ref = np.log(rng.uniform(0.05, 1.0, (b, t)))
     delta = rng.uniform(-1.0, 1.0, (b, t)) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
     if data == "extreme_log_ratios":

@@ -3,11 +3,11 @@ reduce over mini-batches → finalize, as a trainer logs a token-level metric.
 
 Canonical form: a :class:`~rlconform.harness.catalog.binding.MetricPipeline`. The reference is the
 token-weighted mean, population std, min and max over every unmasked token of the global batch
-(:func:`rlconform.reference.token_metrics`; SkyRL issue #1822 and seed 000: a mean of per-shard means is
+(:func:`rlconform.reference.token_metrics`; SkyRL issue #1822 and SkyRL issue #1822: a mean of per-shard means is
 exact only when shards are balanced). Partitions nest mini-batches → DP ranks → micro-batches, with
 0-token and fully masked shards and imbalance up to 1:10⁴.
 
-``real_shapes`` (``nightly`` profile only; issue 13 §1): the global batch of the reductions' real_shapes
+``real_shapes`` (``nightly`` profile only): the global batch of the reductions' real_shapes
 (sequences of 32 768 or 8192 tokens, more than 2^24 unmasked tokens; a seeded
 :class:`~rlconform.harness.core.generated.TokensGen`), split by nested partitions of its rows.
 """
@@ -25,15 +25,20 @@ import rlconform.reference as R
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import strategies as S
 from rlconform.harness.core.evaluation import Compared, Evaluation, MetricFlow, call_engine
+from rlconform.harness.core.failure import problem as problem_clause
+from rlconform.harness.core.generated import TokensGen
+from rlconform.harness.core.opinfo import (
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    METRIC_INTEGRITY,
+    PARTITION_INVARIANT,
+    OpInfo,
+    reference_function,
+)
+from rlconform.harness.core.profiles import profile_regimes
+from rlconform.harness.core.tensors import as_numpy, to_tensor
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families.agg_loss import describe_partition, equalize_micro_batches
-from rlconform.harness.core.generated import TokensGen
-from rlconform.harness.core.profiles import profile_regimes
-from rlconform.harness.core.opinfo import (
-    MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, PARTITION_INVARIANT, OpInfo, reference_function,
-)
-from rlconform.harness.core.tensors import as_numpy, to_tensor
-from rlconform.harness.core.failure import problem as problem_clause
 
 PARTITION_REGIMES = {"imbalanced_partitions": ("float32", "float64", "bfloat16")}
 REGIMES = dict(PARTITION_REGIMES, real_shapes=("float32", "bfloat16"))

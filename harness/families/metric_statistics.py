@@ -1,5 +1,5 @@
 """Metric statistics: every statistic a trainer logs of one per-token quantity, in every value type a
-trainer emits, through the engine's metric reducer (issue 11 part 4).
+trainer emits, through the engine's metric reducer.
 
 Op ``metric_statistics``, bound as a :class:`~rlconform.harness.catalog.binding.MetricPipeline` (one optimizer
 step: DP ranks -> micro-batches of row ranges, one mini-batch). ``stats`` maps each statistic of
@@ -38,21 +38,26 @@ import rlconform.reference as R
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import strategies as S
 from rlconform.harness.core.evaluation import Compared, Evaluation, MetricFlow, call_engine
-from rlconform.harness.families import OpFamily
-from rlconform.harness.families.agg_loss import describe_partition
-from rlconform.harness.families.metric_pipeline import GARBAGE, run_metric_pipeline
+from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.opinfo import (
-    MASK_INVARIANT, MATCHES_REFERENCE, METRIC_INTEGRITY, PARTITION_INVARIANT, OpInfo, reference_function,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    METRIC_INTEGRITY,
+    PARTITION_INVARIANT,
+    OpInfo,
+    reference_function,
 )
 from rlconform.harness.core.profiles import ExampleCap
 from rlconform.harness.core.tensors import as_numpy, to_tensor
-from rlconform.harness.core.failure import problem as problem_clause
+from rlconform.harness.families import OpFamily
+from rlconform.harness.families.agg_loss import describe_partition
+from rlconform.harness.families.metric_pipeline import GARBAGE, run_metric_pipeline
 
 #: the statistics every binding of the op maps (reference.metric_statistics' keys)
 STATISTICS = ("mean", "min", "max", "sum", "count", "len_mean", "len_min", "len_max", "n_seq")
 #: statistics compared as float64 whatever the token dtype (integers, and the mean of integers)
 COUNT_STATISTICS = tuple(R.INTEGER_STATISTICS) + ("len_mean",)
-#: statistic -> the dtype its value is resolved in when coarser than the compared dtype (issue 20 §4): a
+#: statistic -> the dtype its value is resolved in when coarser than the compared dtype: a
 #: logged mean length is a float32 number (verl: ``response_mask.sum(-1).float()``, metric_utils.py:87, then
 #: ``torch.mean``); the integer statistics stay exact
 RESOLUTION = {"len_mean": "float32"}
@@ -74,7 +79,7 @@ OPS = (
            reference_function("metric_statistics"),
            source="mean / min / max / sum / count and per-sequence length statistics of one step, as the "
                   "engine's reducer folds them (verl Metric / reduce_metrics, SkyRL reduce_metrics / "
-                  "all_reduce_metrics; issue 11 part 4)", family="metric_statistics",
+                  "all_reduce_metrics)", family="metric_statistics",
            property_regimes={PARTITION_INVARIANT: SMALL_REGIMES, MASK_INVARIANT: SMALL_REGIMES,
                              METRIC_INTEGRITY: SMALL_REGIMES},
            example_caps={LARGE: ExampleCap(LARGE_EXAMPLES, LARGE_EXAMPLES)}, probe_metric_keys=True),

@@ -1,4 +1,4 @@
-"""Optimal token baseline advantages (verl PR #6153 / ``compute_optimal_token_baseline_advantage``; seed 002).
+"""Optimal token baseline advantages (verl PR #6153 / ``compute_optimal_token_baseline_advantage``).
 
 Canonical signature: ``optimal_token_baseline(rewards [B, T], mask [B, T], index [B], old_log_probs [B, T],
 sum_pi_squared [B, T]) -> (advantages [B, T], returns [B, T])``. w_t = 1 − 2π_t + Σπ², cumulative
@@ -14,14 +14,19 @@ from hypothesis import strategies as st
 import rlconform.reference as R
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import strategies as S
-from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
-from rlconform.harness.families import OpFamily
+from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.guards import InputGuard
 from rlconform.harness.core.opinfo import (
-    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function,
+    FINITE,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    OpInfo,
+    reference_function,
 )
 from rlconform.harness.core.tensors import TORCH_DTYPES, as_numpy, to_tensor
+from rlconform.harness.families import OpFamily
 
 NAMES = ("rewards", "mask", "old_log_probs", "sum_pi_squared")
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)

@@ -45,13 +45,20 @@ from rlconform.harness.core import strategies as S
 from rlconform.harness.core.branches import Branch, place_in_regions, place_rows_in_regions
 from rlconform.harness.core.contracts import BatchInfo, LossVariants
 from rlconform.harness.core.evaluation import Compared, Evaluation
-from rlconform.harness.families import OpFamily
-from rlconform.harness.families._token_loss import drive_micro_batches, guarded_call, loss_mask, second_looks
 from rlconform.harness.core.opinfo import (
-    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
-    split_regime, variant_regime,
+    FINITE,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    PARTITION_INVARIANT,
+    OpInfo,
+    reference_function,
+    split_regime,
+    variant_regime,
 )
 from rlconform.harness.core.tensors import as_numpy
+from rlconform.harness.families import OpFamily
+from rlconform.harness.families._token_loss import drive_micro_batches, guarded_call, loss_mask, second_looks
 from rlconform.reference.exact_sum import exact_sum
 
 #: catalog variant -> keyword arguments of :func:`rlconform.reference.policy_loss` (besides the
@@ -106,7 +113,7 @@ OPS = (
 
 # ------------------------------------------------------------------------------------ branches
 _LOG_LO, _LOG_HI, _LOG_C = math.log(0.8), math.log(1.2), math.log(3.0)  # 1 − εl, 1 + εh, c (engine defaults)
-#: log-ratio intervals Δ = ℓ − o the moderate regime places tokens in (issue 25 §2), each with the advantage
+#: log-ratio intervals Δ = ℓ − o the moderate regime places tokens in, each with the advantage
 #: sign its branch needs (0: any); margins keep a token's fp32 rounding on its side of the threshold
 REGIONS = {
     "inside the clip range": ((_LOG_LO + 0.03, _LOG_HI - 0.03), 0),
@@ -194,7 +201,7 @@ def _dppo(kind, truncated):
 
 
 #: variant -> the branches of its definition (reference.policy_loss's module doc; thresholds at the catalog's
-#: parameters, VARIANTS): every one must be taken by the CI profile's moderate examples (issue 25 §2)
+#: parameters, VARIANTS): every one must be taken by the CI profile's moderate examples
 BRANCHES = {
     "vanilla": _PPO + (
         _b("above 1 + εh, below c, A < 0 (unclipped −A·r)", lambda x: (_delta(x) > _LOG_HI) & (_delta(x) < _LOG_C)
@@ -271,7 +278,7 @@ def inputs(draw, dtype: str, variant: str, data: str):
     lengths = rng.integers(0, t + 1, size=b)
     if draw(st.booleans()):
         lengths[rng.integers(0, b)] = t
-    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows
     old = np.log(rng.uniform(0.05, 1.0, (b, t)))
     delta = rng.uniform(-1.0, 1.0, (b, t)) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
     if data == "extreme_log_ratios":
@@ -289,7 +296,7 @@ def inputs(draw, dtype: str, variant: str, data: str):
         adv = np.repeat(rng.standard_normal((b, 1)), t, axis=1)
     elif kind == "zeros":
         adv = np.where(rng.random((b, t)) < 0.3, 0.0, adv)
-    if data == "moderate" and draw(st.booleans()):  # take every branch (issue 25 §2); half the examples as before
+    if data == "moderate" and draw(st.booleans()):  # take every branch; half the examples as before
         delta, adv = _place_branches(rng, old, delta, adv, mask, variant, forced_signs=kind != "row")
         old = np.minimum(old, -delta - rng.uniform(0.05, 0.5, (b, t)))  # keep log_prob = old + Δ ≤ 0
     lp = old + delta

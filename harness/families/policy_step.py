@@ -35,7 +35,13 @@ from rlconform.harness.core.declared import followed
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine
 from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.opinfo import (
-    MASK_INVARIANT, MATCHES_REFERENCE, PARTITION_INVARIANT, OpInfo, reference_function, split_regime, variant_regime,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    PARTITION_INVARIANT,
+    OpInfo,
+    reference_function,
+    split_regime,
+    variant_regime,
 )
 from rlconform.harness.core.profiles import profile_regimes
 from rlconform.harness.core.tiny_lm import TinyLM

@@ -7,8 +7,8 @@ Canonical signatures: ``(values [B, T], mask [B, T]) -> 0-d`` (``masked_count(ma
 reference) except the sum (0) and the count (0): there any result, or a loud error, is accepted.
 
 Regimes are mask regimes (``all_on``, ``padded``, ``random``, ``all_off``, ``multi_turn``: tool-observation
-spans between trainable tokens, rows that are all observation, issue 25 §1), and ``real_shapes``
-(``nightly`` profile only; issue 13 §1): sequences of up to 32 768 tokens, more than 2^24 unmasked tokens
+spans between trainable tokens, rows that are all observation), and ``real_shapes``
+(``nightly`` profile only): sequences of up to 32 768 tokens, more than 2^24 unmasked tokens
 in all (where an fp32 count or a float32 running sum stops being exact), described by a seed
 (:class:`~rlconform.harness.core.generated.TokensGen`; ~150 MB of float64 values when materialised). ``mask_invariant``
 overwrites the masked positions with NaN, ±inf or 1e30 (a reduction computed as ``Σ values·mask``
@@ -24,18 +24,24 @@ from hypothesis import strategies as st
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import strategies as S
 from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation, call_engine, shape_problem
-from rlconform.harness.families import OpFamily
 from rlconform.harness.core.generated import TokensGen
 from rlconform.harness.core.guards import InputGuard
 from rlconform.harness.core.opinfo import (
-    FINITE, FLOAT_DTYPES, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function,
+    FINITE,
+    FLOAT_DTYPES,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    OpInfo,
+    reference_function,
 )
 from rlconform.harness.core.profiles import profile_regimes
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
+from rlconform.harness.families import OpFamily
 
 #: Mask regimes for token reductions.
 MASK_REGIMES = {name: FLOAT_DTYPES for name in ("all_on", "padded", "random", "all_off", "multi_turn")}
-#: the profile-only regime at real sizes (issue 13 §1)
+#: the profile-only regime at real sizes
 REAL_SHAPES = "real_shapes"
 REGIMES = dict(MASK_REGIMES, **{REAL_SHAPES: ("float32", "bfloat16")})
 #: sequence lengths of real_shapes (the first is the first, derandomized, example's); tests shrink them
@@ -121,7 +127,7 @@ def _run(fn, op: str, values64: np.ndarray, mask_np: np.ndarray, inputs: dict, d
     faithful = as_numpy(round_to(getattr(F, op)(*clean), odt))
     # a masked sum/mean/var of ``dtype`` values is resolved in ``dtype`` even when returned wider (verl's
     # masked_mean sums fp16 values in fp16 and returns float32): its bound is never below half an ulp of
-    # ``dtype`` (issue 20 §4); a count is exact
+    # ``dtype``; a count is exact
     return Compared(label, as_numpy(out).reshape(()), np.asarray(ref), faithful, odt, "reduction",
                     only_where=~np.isnan(ref), resolution=None if op == "masked_count" else dtype)
 

@@ -1,4 +1,4 @@
-"""Rollout-correction rejection masks ``rollout_rejection_mask`` and their diagnostics (issue 25 §3).
+"""Rollout-correction rejection masks ``rollout_rejection_mask`` and their diagnostics.
 
 Canonical form: a :class:`~rlconform.harness.core.contracts.Variants` registry, one callable per catalog
 variant ``(log_prob [B, T], old_log_prob [B, T], mask [B, T] bool) -> (kept [B, T] 0/1, metrics: dict[str,
@@ -63,15 +63,21 @@ from rlconform.harness.core import strategies as S
 from rlconform.harness.core.branches import Branch
 from rlconform.harness.core.contracts import Variants
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.opinfo import (
-    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, reference_function, split_regime,
+    FINITE,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    OpInfo,
+    reference_function,
+    split_regime,
     variant_regime,
 )
 from rlconform.harness.core.tensors import as_numpy, to_tensor
 from rlconform.harness.core.triggers import failing_labels
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families import _log_ratio as L
-from rlconform.harness.core.failure import problem as problem_clause
 
 OP = "rollout_rejection_mask"
 #: catalog variant -> the reference's options (level, estimator, lower, upper), ANDed
@@ -247,7 +253,7 @@ def inputs(draw, dtype: str, variant: str, data: str):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(0, t + 1, size=b)
     lengths[rng.integers(0, b)] = rng.integers(1, t + 1)
-    # multi-turn rows in two examples of three (issue 25 §1: rows with no valid token matter to the metrics)
+    # multi-turn rows in two examples of three (rows with no valid token matter to the metrics)
     mask = S.multi_turn_mask(rng, b, t) if draw(st.integers(0, 2)) else S.loss_masks(draw, rng, b, t, lengths)
     if not mask.any():
         mask[rng.integers(0, b), rng.integers(0, t)] = True

@@ -3,19 +3,19 @@
 Canonical signatures (torch in, torch out): ``logsumexp(logits [..., V]) -> [...]``,
 ``token_logprobs(logits [..., V], labels int64 [...]) -> [...]``, ``entropy(logits) -> [...]``,
 ``sum_pi_squared(logits) -> [...]`` (Σπ²), ``smoothed_token_logprobs(logits, labels, label_smoothing: float)
--> [...]`` (minus a label-smoothed cross-entropy, PyTorch's convention; issue 11 §3). Any float dtype in; a ``-inf`` logit is a legal masked vocab
+-> [...]`` (minus a label-smoothed cross-entropy, PyTorch's convention). Any float dtype in; a ``-inf`` logit is a legal masked vocab
 entry (p = 0, 0·log 0 = 0). Gradients are compared with the closed forms of :mod:`rlconform.reference`
 (d log p_y = e_y − p; dH = −p ⊙ (log p + H); dΣπ² = 2p ⊙ (p − Σπ²)) for a random ``grad_output``.
 
 Regimes: ``moderate`` (scale 0.1–30), ``peaked``, ``near_uniform_offset`` (±1e4), ``neg_inf_padded``,
 ``fp16_extreme`` (near ±65504), ``bf16_coarse``; see :func:`rlconform.harness.core.strategies.logits`.
-``real_shapes`` (``nightly`` profile only; issue 13 §1): ``[T, V]`` logits with V ∈ {151 936, 128 256}
+``real_shapes`` (``nightly`` profile only): ``[T, V]`` logits with V ∈ {151 936, 128 256}
 (Qwen, Llama 3), T up to 4096, bf16 and fp32, a peaked head over a long Gaussian tail, described by a
 seed (:class:`~rlconform.harness.core.generated.LogitsGen`) and materialised in the dtype under test when the
 case runs; the reference and the faithful path read it back in row chunks (:func:`_evaluate_generated`).
 The label-smoothed op has no ``real_shapes`` regime (the fused reference does not cover it).
 
-Alternative implementations (issue 11 part 2, :data:`IMPLEMENTATIONS`): ``entropy`` ``chunked`` (rows in
+Alternative implementations (:data:`IMPLEMENTATIONS`): ``entropy`` ``chunked`` (rows in
 chunks of ``chunk_size``), ``token_logprobs`` ``naive`` (log_softmax then gather) and ``rowwise``
 (x_y − logsumexp(x) one row at a time). Each is checked under ``impl@data`` regimes against the same
 reference with the same properties, in every input rank its binding declares, with its declared output
@@ -32,20 +32,26 @@ from hypothesis import strategies as st
 
 import rlconform.reference as R
 from rlconform.harness.core import faithful as F
+from rlconform.harness.core import impl_contract as IC
 from rlconform.harness.core import strategies as S
-from rlconform.harness.core.evaluation import Compared, Evaluation, EngineCrash, call_engine, shape_problem
-from rlconform.harness.families import OpFamily
+from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation, call_engine, shape_problem
+from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.generated import LogitsGen
 from rlconform.harness.core.guards import InputGuard, produce
-from rlconform.harness.core import impl_contract as IC
 from rlconform.harness.core.opinfo import (
-    FINITE, FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, OpInfo, implementation_regimes, reference_function,
+    FINITE,
+    FLOAT_DTYPES,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    OpInfo,
+    implementation_regimes,
+    reference_function,
     split_regime,
 )
 from rlconform.harness.core.profiles import profile_regimes
 from rlconform.harness.core.tensors import as_numpy, out_dtype, round_to, to_tensor
 from rlconform.harness.core.tolerance import compare
-from rlconform.harness.core.failure import problem as problem_clause
+from rlconform.harness.families import OpFamily
 
 #: Logits regimes (see :func:`rlconform.harness.core.strategies.logits`), with the dtypes each applies to.
 LOGITS_REGIMES = {
@@ -61,7 +67,7 @@ LOGITS_REGIMES = {
 #: label smoothing is smoothed over every vocab entry, so a ``-inf``-padded vocab is no input for it
 SMOOTHED_REGIMES = {k: v for k, v in LOGITS_REGIMES.items() if k != "neg_inf_padded"}
 
-#: the profile-only regime at real shapes (issue 13 §1; :data:`rlconform.harness.core.profiles.PROFILE_ONLY_REGIMES`)
+#: the profile-only regime at real shapes (:data:`rlconform.harness.core.profiles.PROFILE_ONLY_REGIMES`)
 REAL_SHAPES = "real_shapes"
 REAL_SHAPES_DTYPES = ("bfloat16", "float32")
 #: real vocab sizes: Qwen 2/2.5/3 (151 936), Llama 3 (128 256). Tests shrink these (monkeypatch) to run the
@@ -75,7 +81,7 @@ REAL_CHUNK_BYTES = 32 << 20
 LABEL_SMOOTHING = (0.1, 0.01, 0.5, 0.9)
 
 
-#: alternative implementations the catalog knows, per op (issue 11 part 2): name -> what it is
+#: alternative implementations the catalog knows, per op: name -> what it is
 IMPLEMENTATIONS = {
     "entropy": {"chunked": "rows in chunks of chunk_size, each chunk's entropy written into an output buffer "
                            "(verl entropy_from_logits_with_chunking)"},
@@ -104,7 +110,7 @@ OPS = (
     _op("entropy", 1, "H = logsumexp(x) − Σ p x; dH = −p ⊙ (log p + H)"),
     _op("sum_pi_squared", 1, "Σπ² (verl PR #6153); dΣπ² = 2p ⊙ (p − Σπ²)"),
     _op("smoothed_token_logprobs", 3, "(1 − α)·log p_y + α·mean_v log p_v = −F.cross_entropy(label_smoothing=α) "
-        "(Megatron vocab_parallel_cross_entropy with α·(V − 1)/V); d/dx = (1 − α)e_y + α/V − p (issue 11 §3)",
+        "(Megatron vocab_parallel_cross_entropy with α·(V − 1)/V); d/dx = (1 − α)e_y + α/V − p",
         SMOOTHED_REGIMES, {"label_smoothing": LABEL_SMOOTHING}),
 )
 
@@ -150,7 +156,7 @@ def engine_args(op: OpInfo, logits: torch.Tensor, inputs: dict) -> tuple:
 
 
 #: Logits with at least this many elements get their reference from the fused float64 pass
-#: (:func:`rlconform.reference.token_stats`: one chunked pass, value and gradient together; issue 13);
+#: (:func:`rlconform.reference.token_stats`: one chunked pass, value and gradient together);
 #: smaller ones (every CI case: V ≤ 4096, ≤ 6 rows) from the separate NumPy references, as before.
 FUSED_REFERENCE_ABOVE = 1 << 20
 
@@ -173,7 +179,7 @@ FAITHFUL_CHUNK_ABOVE = 64 << 20
 #: 8 chunk-sized tensors alive (upcast, log-softmax, p, products, their gradients), and small chunks
 #: also keep glibc's heap from holding on to freed chunk-sized blocks (with 32 MiB chunks a
 #: [1024, 151936] fp32 entropy kept 0.48× the input; with 4 MiB 0.09×), so its extra memory stays well
-#: under 25 % of the input (issue 13, part 3; measured by benchmarks/bench_reference.py).
+#: under 25 % of the input (measured by benchmarks/bench_reference.py).
 FAITHFUL_CHUNK_BYTES = 4 << 20
 
 
@@ -221,7 +227,7 @@ def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev:
     """Backpropagate ``grad_out`` through an engine output when a gradient is part of the contract.
 
     A missing graph (``requires_grad`` False, not a tensor) or a gradient that never reaches the logits
-    is a problem of ``ev`` (cases.md family 19: a detached entropy bonus silently stops training); only
+    is a problem of ``ev`` (“gradient check skipped without a graph”: a detached entropy bonus silently stops training); only
     ``Binding(forward_only=...)`` switches gradients off. Returns whether backward ran.
     """
     if not op.differentiable or op.name in binding.forward_only:
@@ -232,7 +238,7 @@ def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev:
             f"the logits, so a loss built on it would not train; if no gradient is part of the engine's "
             f"contract, bind it with Binding(forward_only={{{op.name!r}}})"))
         return False
-    try:  # the engine's backward is an engine call (recorded for the referee, issue 22 §1)
+    try:  # the engine's backward is an engine call (recorded for the referee)
         call_engine(f"{op.name} backward", _backprop, out, grad_out,
                     *(() if leaf_or_none is None else (leaf_or_none,)))
     except EngineCrash as crash:
@@ -259,8 +265,7 @@ def _evaluate_generated(op: OpInfo, fn, binding, case) -> Evaluation:
     logits, never a second copy of the engine's input: an engine that wrote into its input cannot move the
     reference either). Values are compared whole ([T]); the gradient chunk by chunk, the chunk with the
     worst error / tolerance kept for the judgment (any failing element fails it). Under a referee all of it
-    runs in the referee, the engine's calls in the engine's worker. Memory above the engine's own (issue 22 §5,
-    benchmarks/bench_real_shape_memory.py): ≈ 0 for ``matches_reference`` (chunks of ≤ ``REAL_CHUNK_BYTES``
+    runs in the referee, the engine's calls in the engine's worker. Memory above the engine's own (benchmarks/bench_real_shape_memory.py): ≈ 0 for ``matches_reference`` (chunks of ≤ ``REAL_CHUNK_BYTES``
     float64 after the engine's graph is freed), 1× the logits for ``non_destructive`` (the producer's copy)."""
     gen = case.inputs["logits"]
     t, vocab = gen.shape
@@ -341,7 +346,7 @@ def _shaped(inputs: dict, batch: tuple) -> dict:
 
 
 def _evaluate_implementation(op: OpInfo, binding, case, name: str) -> Evaluation:
-    """An alternative implementation ``name`` of the op (issue 11 part 2): the same data in every rank the
+    """An alternative implementation ``name`` of the op: the same data in every rank the
     implementation's contract allows, each answer (value, gradient) compared with the reference; an output
     dtype or a rank that breaks the contract is a problem."""
     impl = binding.resolve_implementation(case.op, name)

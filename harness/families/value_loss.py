@@ -47,14 +47,21 @@ from rlconform.harness.core import strategies as S
 from rlconform.harness.core.branches import Branch
 from rlconform.harness.core.contracts import BatchInfo, LossVariants
 from rlconform.harness.core.evaluation import Compared, Evaluation
+from rlconform.harness.core.opinfo import (
+    FINITE,
+    MASK_INVARIANT,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    PARTITION_INVARIANT,
+    OpInfo,
+    reference_function,
+    split_regime,
+    variant_regime,
+)
+from rlconform.harness.core.tensors import as_numpy
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families._token_loss import drive_micro_batches, guarded_call, loss_mask, second_looks
 from rlconform.harness.families.policy_loss import token_weighted
-from rlconform.harness.core.opinfo import (
-    FINITE, MASK_INVARIANT, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, reference_function,
-    split_regime, variant_regime,
-)
-from rlconform.harness.core.tensors import as_numpy
 from rlconform.reference._policy_common import agg_weights
 from rlconform.reference.exact_sum import exact_sum
 
@@ -99,7 +106,7 @@ _CLIPPED = (
     Branch("v below v_old − ε, unclipped term larger", lambda x: _vc(x)[3] & (_vc(x)[1] < _vc(x)[0])),
 )
 #: variant -> the branches of its definition (reference.value_loss): the CI profile's moderate examples take
-#: each one (issue 25 §2); the aggregation modes share the per-token branches
+#: each one; the aggregation modes share the per-token branches
 BRANCHES = {v: (_CLIPPED if eps is not None else (Branch("any valid token", lambda x: np.ones(x["mask"].shape, bool)),))
             for v, (eps, _) in VARIANTS.items()}
 
@@ -115,7 +122,7 @@ def inputs(draw, dtype: str, variant: str, data: str):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     lengths = rng.integers(0, t + 1, size=b)
     lengths[rng.integers(0, b)] = rng.integers(1, t + 1)
-    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows (issue 25 §1)
+    mask = S.loss_masks(draw, rng, b, t, lengths)  # right padding or multi-turn rows
     if not mask.any():
         mask[rng.integers(0, b), rng.integers(0, t)] = True
     scale = draw(st.sampled_from([0.1, 1.0, 10.0]))

@@ -8,15 +8,15 @@ holds the contiguous vocab shard ``[t·V/tp, (t+1)·V/tp)``; V is padded with ``
 the local shard (the loss is replicated on the TP ranks, Megatron's convention).
 
 Regimes are ``<layout>_<logits regime>`` (layouts tp2, tp4, tp2cp2); ``tp{2,4}_after_entropy`` (Σπ²
-only) reads Σπ² after a vocab-parallel entropy forward + backward on the same logits (seed 002).
-``tp2_real_shapes`` (``nightly`` profile only; issue 13 §1): the vocab shards of V = 151 936 / 128 256
+only) reads Σπ² after a vocab-parallel entropy forward + backward on the same logits (verl PR #6153).
+``tp2_real_shapes`` (``nightly`` profile only): the vocab shards of V = 151 936 / 128 256
 under TP = 2 (75 968 / 64 128 entries a rank), T ≤ 8 rows, bf16 and fp32, logits described by a seed
 (:class:`~rlconform.harness.core.generated.LogitsGen`, materialised when the case runs). Only TP = 2 and a few
 rows: every case ships the float64 shards to gloo ranks over pickled pipes and the 2-core CI machine runs
 both ranks; the shard size (what a per-rank fp32 accumulation over V/tp sees) is the real one, and
 TP = 4 shards (37 984 / 32 064) lie between TP = 2's and the CI regimes' sizes.
 
-Alternative implementations (issue 11 part 2): ``vocab_parallel_entropy`` ``chunked`` (tokens in chunks
+Alternative implementations: ``vocab_parallel_entropy`` ``chunked`` (tokens in chunks
 of ``chunk_size``; verl ``vocab_parallel_entropy_with_chunking``; rows drawn around chunk boundaries) and
 ``vocab_parallel_token_logprobs`` ``fused`` (Megatron-core ``fused_vocab_parallel_cross_entropy``) under
 ``impl@<layout>_<data>`` for the TP-only layouts, every input rank its binding declares, its declared
@@ -31,14 +31,20 @@ from hypothesis import strategies as st
 
 from rlconform.harness.core import impl_contract as IC
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core.layout import parse_regime
+from rlconform.harness.core.opinfo import (
+    FLOAT_DTYPES,
+    MATCHES_REFERENCE,
+    NON_DESTRUCTIVE,
+    PARTITION_INVARIANT,
+    OpInfo,
+    implementation_regimes,
+    reference_function,
+    split_regime,
+)
+from rlconform.harness.core.profiles import profile_regimes
 from rlconform.harness.families import OpFamily
 from rlconform.harness.families.token_stats import LABEL_SMOOTHING
-from rlconform.harness.core.layout import parse_regime
-from rlconform.harness.core.profiles import profile_regimes
-from rlconform.harness.core.opinfo import (
-    FLOAT_DTYPES, MATCHES_REFERENCE, NON_DESTRUCTIVE, PARTITION_INVARIANT, OpInfo, implementation_regimes,
-    reference_function, split_regime,
-)
 
 VOCAB_PARALLEL_REGIMES = {
     "tp2_moderate": FLOAT_DTYPES,
@@ -55,13 +61,13 @@ VOCAB_PARALLEL_REGIMES = {
 REAL_ROWS = (8, 2)
 #: the label-smoothed log-probs: smoothing runs over every vocab entry, so no ``-inf``-padded vocab
 SMOOTHED_REGIMES = {k: v for k, v in VOCAB_PARALLEL_REGIMES.items() if "neg_inf_padded" not in k}
-#: Σπ² only: the value read after a vocab-parallel entropy forward + backward (seed 002, family 12).
+#: Σπ² only: the value read after a vocab-parallel entropy forward + backward (verl PR #6153, “Σπ² read after a destructive op”).
 ORDER_REGIMES = {"tp2_after_entropy": FLOAT_DTYPES, "tp4_after_entropy": ("float32",)}
 #: data regimes that are not logits regimes, and the logits regime they draw
 _LOGITS_ALIASES = {"after_entropy": "moderate"}
 
 
-#: alternative implementations per op (issue 11 part 2): name -> what it is
+#: alternative implementations per op: name -> what it is
 IMPLEMENTATIONS = {
     "vocab_parallel_entropy": {"chunked": "tokens in chunks of chunk_size through the same vocab-parallel entropy, "
                                           "written into an output buffer (verl vocab_parallel_entropy_with_chunking)"},
@@ -97,7 +103,7 @@ OPS = (
         "(verl PR #6153, non-destructive)", ORDER_REGIMES),
     _op("smoothed_token_logprobs", 4, "(1 − α)·log p_y + α·mean_v log p_v over TP vocab shards: the mean runs over "
         "the whole vocab, V is the whole vocab's size (Megatron vocab_parallel_cross_entropy(label_smoothing); "
-        "a per-shard mean or V is the classic TP fault, issue 11 §3)", regimes=SMOOTHED_REGIMES,
+        "a per-shard mean or V is the classic TP fault)", regimes=SMOOTHED_REGIMES,
         parameters={"label_smoothing": LABEL_SMOOTHING}),
 )
 

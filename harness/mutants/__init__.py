@@ -1,4 +1,4 @@
-"""The mutant zoo: one minimal faulty engine per bug family of ``shared/cases.md``.
+"""The mutant zoo: one minimal faulty engine per bug kind of ``docs/bug-kinds.md``.
 
 Each module defines ``binding`` (the reference engine with one op replaced by the faulty version)
 and ``EXPECTED``: the (op, property) pairs that must catch it. ``tests/test_mutants.py`` asserts that

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlconform.harness.catalog.binding import Variants
 from rlconform.harness.bindings.reference import binding as reference
+from rlconform.harness.catalog.binding import Variants
 from rlconform.harness.core.faithful import compute_dtype
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import rlconform.reference as R
 from rlconform.harness.catalog.binding import Variants
 from rlconform.harness.core.tensors import as_numpy
 from rlconform.harness.families import rejection_mask as RS
-
-import rlconform.reference as R
 
 
 def faulty(inputs=None, options=None, keep=None, metrics=None) -> Variants:

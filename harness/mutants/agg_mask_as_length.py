@@ -1,4 +1,4 @@
-"""A mask read as a length (issue 25 §1): seq-mean-token-mean divides each row's masked loss sum by the
+"""A mask read as a length: seq-mean-token-mean divides each row's masked loss sum by the
 row's last valid position + 1 (``mask.cumsum(-1)`` at its end, or a response-length tensor), which is the
 row's token count only for a right-padded mask. A multi-turn row whose tool-observation tokens are masked
 between trainable tokens has fewer tokens than that: its token mean is diluted by the observation span.
@@ -6,8 +6,8 @@ Right-padded masks never catch it; interior masked spans (row_lengths_data's mul
 
 import torch
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import AggLoss
+from rlconform.harness.core import faithful as F
 from rlconform.harness.mutants._base import mutant
 
 

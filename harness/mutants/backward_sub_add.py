@@ -1,4 +1,4 @@
-"""Family 10 (cases.md row 10; verl PR #4711): the backward "subtracts then adds back" a constant on the
+"""Backward subtract-then-add-back (verl PR #4711): the backward "subtracts then adds back" a constant on the
 caller's logits (x.sub_(c) … x.add_(c)) to save memory. The bits do not come back: fp32 [1e4, 0.1]
 returns 0.0996 for 0.1, and the version counter moves, so another op that saved x cannot backprop."""
 

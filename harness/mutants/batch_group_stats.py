@@ -1,4 +1,4 @@
-"""Family: advantage group statistics (issue 9 §4, "whole-batch statistics for uneven groups"). GRPO
+"""Family: advantage group statistics ("whole-batch statistics for uneven groups"). GRPO
 normalises every row with the mean and std of the *whole batch* instead of its prompt group's — right
 only when the batch is one group; with several (uneven, shuffled) groups each row gets the wrong
 baseline, and a singleton is no longer 0."""

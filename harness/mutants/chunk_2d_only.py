@@ -1,4 +1,4 @@
-"""Issue 11 part 2: a chunked entropy that only takes 2-D logits although its docstring allows
+"""A chunked entropy that only takes 2-D logits although its docstring allows
 ``[B, T, V]`` too: the per-chunk result ``[c, T]`` is written into a buffer of ``logits.shape[0]``
 entries, which raises for a 3-D input (verl's ``entropy_from_logits_with_chunking`` has this shape of
 code, but documents 2-D only). Caught by the rank contract of ``entropy@chunked``."""

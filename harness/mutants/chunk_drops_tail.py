@@ -1,4 +1,4 @@
-"""Issue 11 part 2: a chunked entropy whose loop stops at the last full chunk
+"""A chunked entropy whose loop stops at the last full chunk
 (``range(0, n - chunk_size + 1, chunk_size)``): the rows of a short last chunk keep the buffer's zeros.
 Right whenever the row count is a multiple of the chunk size; caught by ``entropy@chunked`` cases drawn
 one row past a chunk boundary."""

@@ -1,4 +1,4 @@
-"""Issue 11 part 2: a chunked entropy that writes every chunk into a float32 buffer
+"""A chunked entropy that writes every chunk into a float32 buffer
 (``torch.zeros(n)``, as verl's ``entropy_from_logits_with_chunking`` does) while its docstring promises
 the input's dtype: a float64 input comes back float32 (and fp16 / bf16 ones float32). Caught by the dtype
 contract of ``entropy@chunked`` (a problem of every case: ``matches_reference`` fails with the message)."""

@@ -1,4 +1,4 @@
-"""Family 5 (cases.md row 5): token count not reduced over context parallelism. Each CP rank
+"""CP token count not reduced: token count not reduced over context parallelism. Each CP rank
 all-reduces the masked loss *sum* over the CP group but divides by its own token count (nnz): one
 sequence of 8 tokens of loss 1.0 split 4/4 over CP = 2 gives 8/4 = 2.0 instead of 1.0 (CP = 1 stays
 right)."""

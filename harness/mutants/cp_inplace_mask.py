@@ -1,4 +1,4 @@
-"""Family 5 with the inputs kept (cases.md family 9, "the op must not write to its inputs"): the CP
+"""CP token count not reduced with the inputs kept ("the op must not write to its inputs"): the CP
 token-mean masks the caller's values *in place* (``local_values.mul_(local_mask)``) before reducing the
 masked sum and nnz over the CP group. The mean is right; the caller's tensor has its padded positions
 zeroed, so a later reader of the same loss / IS-weight tensor sees different numbers (one value 5.0 at a

@@ -1,4 +1,4 @@
-"""Family 5 with padded garbage (cases.md family 3 on CP ranks): the CP token-mean masks by multiplying,
+"""CP token count not reduced with padded garbage (garbage at masked positions, on CP ranks): the CP token-mean masks by multiplying,
 ``Σ values·mask``, before reducing the sum and nnz over the CP group. Right on clean inputs; a NaN or
 ±inf at a masked position (a padded log-prob) gives NaN · 0 = NaN, and the all-reduce spreads it to every
 CP rank: one masked NaN on CP rank 1 turns the mean 2.0 into NaN."""

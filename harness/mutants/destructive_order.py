@@ -1,4 +1,4 @@
-"""Family 12 (cases.md row 12; verl PR #6153, seed 002): Σπ² read from logits that a vocab-parallel
+"""Σπ² read after a destructive op (verl PR #6153: Σπ² read from logits that a vocab-parallel
 entropy backward already mutated. This entropy's forward is correct and non-destructive, but its
 backward "saves memory" by computing the softmax inside the caller's logits shard (``sub_(max)``,
 ``exp_()``, ``div_(Σ exp)``) and never restores it. A Σπ² computed after the entropy's backward reads

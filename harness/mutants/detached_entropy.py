@@ -1,4 +1,4 @@
-"""Family 19 (cases.md row 19): an entropy whose output has no autograd graph (``.detach()``, or computed
+"""Gradient check skipped without a graph: an entropy whose output has no autograd graph (``.detach()``, or computed
 under ``torch.no_grad()``). Its values are exact, so a value-only check passes every finding; an entropy
 bonus built on it silently stops training. Only ``Binding(forward_only=...)`` may declare that no
 gradient is part of an op's contract."""

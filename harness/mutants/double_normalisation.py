@@ -1,4 +1,4 @@
-"""Family 8 (cases.md row 8; NeMo-RL issue #212): each micro-batch logs its loss already divided by the
+"""Double normalisation (NeMo-RL issue #212): each micro-batch logs its loss already divided by the
 number of micro-batches (as scaled for gradient accumulation), and the logs are then averaged instead
 of summed: 4 micro-batches of loss 1.0 log 0.25."""
 

@@ -1,7 +1,7 @@
-"""Issue 9 / cases.md family 1 applied to advantages: each DP rank whitens its rows with its *own* mean
+"""A mean of per-shard means applied to advantages: each DP rank whitens its rows with its *own* mean
 and variance instead of the global ones. Exact only when every rank's rows have the same statistics;
 rows split [3 rows of rewards ≈ 1, 1 row ≈ 0] over DP = 2 whiten the lone row to 0 instead of about −1.7.
-The same bug as seed 000's mean of per-shard means: the fix is to all-reduce (nnz, Σx) and then
+The same bug as SkyRL issue #1822's mean of per-shard means: the fix is to all-reduce (nnz, Σx) and then
 Σ(x − μ)² over the DP group and divide once."""
 
 from rlconform.harness.families.advantages import faithful_masked_whiten

@@ -1,11 +1,11 @@
-"""Family 6 (cases.md row 6; verl issue #7321): a ratio metric (e.g. clip fraction) reduced correctly
+"""Mean of ratios across DP ranks (verl issue #7321): a ratio metric (e.g. clip fraction) reduced correctly
 within a DP rank, then averaged across DP ranks: rank 0 has 3 of 12 tokens clipped, rank 1 3 of 4,
 giving 0.5 instead of 6/16 = 0.375."""
 
 from statistics import fmean
 
-from rlconform.harness.catalog.binding import MetricPipeline
 from rlconform.harness.bindings.reference import emit_sums, reduce_sums
+from rlconform.harness.catalog.binding import MetricPipeline
 from rlconform.harness.mutants._base import mutant
 
 

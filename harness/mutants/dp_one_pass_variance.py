@@ -1,4 +1,4 @@
-"""Issue 9 §3 / cases.md family 14 over DP ranks: the global variance from all-reduced fp32 Σx and Σx²
+"""The one-pass variance E[x²] − μ² over DP ranks: the global variance from all-reduced fp32 Σx and Σx²
 by the one-pass formula (Σx² − n·μ²)/(n − 1). Merging (nnz, Σx, Σx²) is the easy way to make moments
 mergeable, but for values around 10⁴ with a spread of 10⁻³…1, Σx² ≈ 10⁸·n holds the variance in its last
 bits: it cancels to rounding noise (or 0, or a negative number clamped to 0) and the whitened values are

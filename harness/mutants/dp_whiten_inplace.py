@@ -1,4 +1,4 @@
-"""cases.md family 3 (destroyed inputs) in DP whitening: the rank writes its whitened rows back into the
+"""Destroyed inputs in DP whitening: the rank writes its whitened rows back into the
 caller's ``local_values`` (``values.sub_(mean).mul_(rstd)``, the in-place idiom that saves one [B, T]
 buffer). The returned values are right (matches_reference passes), but the caller's rewards are gone:
 a trainer that logs or re-uses them afterwards (returns = advantages + values, reward metrics) reads

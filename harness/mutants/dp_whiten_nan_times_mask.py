@@ -1,4 +1,4 @@
-"""cases.md family 11 (garbage at masked positions) in DP whitening: the masked sums are Σ x·mask, so a
+"""Garbage at masked positions in DP whitening: the masked sums are Σ x·mask, so a
 NaN or inf at a padded position (NaN·0 = NaN, inf·0 = NaN) poisons the all-reduced Σx and every rank's
 whitened rows. Right on clean inputs (matches_reference passes), wrong when a masked position holds
 garbage (mask_invariant): `torch.where(mask, x, 0)` before summing, not `x * mask`."""

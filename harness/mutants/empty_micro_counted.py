@@ -1,11 +1,11 @@
-"""Family 7 (cases.md row 7; SkyRL PR #1648): micro-batch token-means averaged over *all* micro-batches,
+"""Empty micro-batch counted (SkyRL PR #1648): micro-batch token-means averaged over *all* micro-batches,
 a fully masked one contributing 0 (its mean is clamped 0/1): 4 micro-batches, one fully masked, the
 others mean 1.0 -> 0.75 instead of 1.0."""
 
 import torch
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import AggLoss
+from rlconform.harness.core import faithful as F
 from rlconform.harness.mutants._base import mutant
 
 

@@ -1,4 +1,4 @@
-"""Family 9 (cases.md row 9; Megatron-core vocab_parallel_cross_entropy, verl PR #6153): the forward
+"""Forward overwrites fp32 logits in place (Megatron-core vocab_parallel_cross_entropy, verl PR #6153): the forward
 subtracts the max, exponentiates and normalises inside the caller's tensor. ``.float()`` aliases an
 fp32 input (mutated) but copies bf16/fp16 (untouched): fp32 logits [2, 0] become [0.8808, 0.1192]."""
 

@@ -1,4 +1,4 @@
-"""Real shapes only (issue 13 §1): the token count kept in a float32 counter incremented once per token.
+"""Real shapes only: the token count kept in a float32 counter incremented once per token.
 
 A kernel (or a Python loop over tokens) that counts unmasked tokens with ``count += 1.0`` in float32 stops
 at 2^24 = 16 777 216: 2^24 + 1 rounds back to 2^24 (ties to even), so the counter saturates there. This

@@ -1,4 +1,4 @@
-"""Issue 11 part 2: a fused-linear backward that accumulates the LM-head weight gradient over the full
+"""A fused-linear backward that accumulates the LM-head weight gradient over the full
 chunks only (the short last chunk's ``dlogitsᵀ @ hidden`` is never added): the log-probs, entropy and the
 hidden-state gradient are right; ``d_weight`` is wrong whenever the row count is not a multiple of the
 chunk size. Caught by ``fused_linear_token_stats`` ``matches_reference`` on rows one past a boundary."""

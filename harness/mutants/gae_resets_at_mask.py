@@ -1,4 +1,4 @@
-"""GAE that ends the episode at a masked token (issue 25 §1): the recurrence A_t = δ_t + γλ·A_{t'} and the
+"""GAE that ends the episode at a masked token: the recurrence A_t = δ_t + γλ·A_{t'} and the
 bootstrap V_{t'} restart from 0 after every masked position, instead of jumping over it to the next valid
 token (verl 0.9.1 ``core_algos.compute_gae_advantage_return`` carries ``nextvalues`` and ``lastgaelam``
 through masked columns, lines 250–256). With right padding the masked positions come after every valid

@@ -1,4 +1,4 @@
-"""A TIS weight left attached to the graph (issue 25 §4): the binding declares ``importance_ratio``
+"""A TIS weight left attached to the graph: the binding declares ``importance_ratio``
 ``detached`` — the truncated IS weight is computed from the training policy's old log-probs and the
 rollout's, a constant for the policy gradient (verl ``compute_rollout_correction_weights``:
 ``rollout_is_weights.detach()``) — but the engine returns the ratio with its autograd graph, so the

@@ -1,5 +1,4 @@
-"""exp overflow, clamped afterwards (cases.md family 4 "inf/NaN where the exact result is finite";
-issue 10 §4): the token ratio is ``exp(Δ).clamp(max=e^20)`` instead of ``exp(Δ.clamp(±20))``. The value is
+"""exp overflow, clamped afterwards ("inf/NaN where the exact result is finite"): the token ratio is ``exp(Δ).clamp(max=e^20)`` instead of ``exp(Δ.clamp(±20))``. The value is
 right, but at Δ = 100 in fp32 exp overflows to inf and the clamp's zero gradient times inf is NaN: the
 gradient w.r.t. log_prob is NaN where the exact gradient is 0."""
 

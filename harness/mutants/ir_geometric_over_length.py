@@ -1,4 +1,4 @@
-"""GSPO's geometric mean over the padded length (cases.md family 15, wrong denominator; issue 10 §4): the
+"""GSPO's geometric mean over the padded length (a wrong denominator): the
 sequence ratio exp(Σ_t Δ_t / n) divides the row's log-ratio sum by the padded length T instead of the
 row's number of valid tokens n, so every padded row gets a ratio pulled towards 1."""
 

@@ -1,4 +1,4 @@
-"""NaN·0 in a sequence-level log-ratio sum (cases.md family 17; issue 10 §3): the sequence importance
+"""NaN·0 in a sequence-level log-ratio sum: the sequence importance
 ratio sums ``(Δ * mask)`` over the row instead of selecting the valid tokens (SkyRL 0.4.0
 ``compute_tis_ratio`` does this), so NaN or ±inf log-probs at padded positions make the whole row's
 ratio NaN, although those positions are masked."""

@@ -1,10 +1,10 @@
-"""Family 4 (cases.md row 4; verl issue #5983 / PR #1672): token-mean divided by each micro-batch's own
+"""Local denominator summed over micro-batches (verl issue #5983 / PR #1672): token-mean divided by each micro-batch's own
 nnz, then summed over micro-batches: 1 token at 1.0 and 100 tokens at 2.0 give 3.0, not 1.990099."""
 
 import torch
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import AggLoss
+from rlconform.harness.core import faithful as F
 from rlconform.harness.mutants._base import mutant
 
 

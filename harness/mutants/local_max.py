@@ -1,4 +1,4 @@
-"""Family 13 (cases.md row 13): vocab-parallel softmax without the all-reduce of the max. Each TP rank
+"""Local max in a vocab-parallel softmax: vocab-parallel softmax without the all-reduce of the max. Each TP rank
 shifts its vocab shard by its *local* max, exponentiates, and all-reduces the sums of exp and exp²:
 the terms of different shards are scaled by different factors, so Σπ² differs from the unsharded value
 whenever the shards' maxima differ (TP = 1 stays right; a shard of only ``-inf`` padding gives NaN)."""
@@ -6,8 +6,8 @@ whenever the shards' maxima differ (TP = 1 stays right; a shard of only ``-inf``
 import torch
 import torch.distributed as dist
 
-from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.bindings.reference import _VPSumPiSquared as _ReferenceSumPiSquared
+from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.mutants._base import mutant
 
 

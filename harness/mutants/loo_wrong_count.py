@@ -1,4 +1,4 @@
-"""Family: leave-one-out baselines (issue 9 §4, "leave-one-out over the wrong count"). RLOO's baseline
+"""Family: leave-one-out baselines ("leave-one-out over the wrong count"). RLOO's baseline
 for row i is the mean of the *other* n − 1 rewards of its group; this one divides their sum by n (the
 group size), so a_i = s_i − (Σs − s_i)/n: the baseline shrinks by (n − 1)/n, every advantage is biased
 towards s_i (a constant group no longer gets 0)."""

@@ -1,10 +1,10 @@
-"""Family 15 (cases.md row 15): the loss numerator reaches masked tokens in the gradient while its value
+"""Masked tokens in the loss numerator: the loss numerator reaches masked tokens in the gradient while its value
 is right: ``loss.sum() − (loss·(1−mask)).detach().sum()`` has the masked sum as its value but gives every
 masked token weight 1/nnz in the optimizer step (token-mean loss [[1, 100], [1, −50]], mask [[1, 0],
 [1, 0]]: value 1.0, masked gradient 0.5 instead of 0)."""
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import AggLoss
+from rlconform.harness.core import faithful as F
 from rlconform.harness.mutants._base import mutant
 
 

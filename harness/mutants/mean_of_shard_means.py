@@ -1,4 +1,4 @@
-"""Family 1 (cases.md row 1; SkyRL issue #1822, seed 000): a metric reported as a mean of per-shard
+"""Mean of per-shard means (SkyRL issue #1822): a metric reported as a mean of per-shard
 means. Each micro-batch emits its masked mean; every reduction averages. Exact only when shards are
 balanced: shard A 1 token of 1.0, shard B 100 tokens of 2.0 gives 1.5 instead of 201/101."""
 

@@ -1,10 +1,10 @@
-"""Family 2 (cases.md row 2; SkyRL PR for #1822, review comment): a worker emits its entropy sum as a
+"""Metric silently dropped (SkyRL PR for #1822, review comment): a worker emits its entropy sum as a
 0-d torch tensor; the reducer keeps only int/float values, so the key silently vanishes."""
 
 import torch
 
-from rlconform.harness.catalog.binding import MetricPipeline
 from rlconform.harness.bindings.reference import emit_sums, finalize_sums, reduce_sums
+from rlconform.harness.catalog.binding import MetricPipeline
 from rlconform.harness.mutants._base import mutant
 
 

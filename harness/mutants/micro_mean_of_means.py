@@ -1,4 +1,4 @@
-"""Family 3 (cases.md row 3; HF transformers PR #34191): under gradient accumulation each micro-batch
+"""Mean of micro-batch means (HF transformers PR #34191): under gradient accumulation each micro-batch
 takes its own token-mean and the micro-batch losses are averaged (fully masked micro-batches skipped):
 micro A 1 token of 1.0, micro B 3 tokens of 2.0 gives 1.5 instead of 7/4."""
 
@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import AggLoss, BatchInfo
+from rlconform.harness.core import faithful as F
 from rlconform.harness.mutants._base import mutant
 
 

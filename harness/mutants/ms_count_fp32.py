@@ -1,4 +1,4 @@
-"""Issue 11 part 4 (SkyRL ``DistributedStrategy.all_reduce``: ``torch.Tensor([v])``): the DP reduction
+"""A DP reduction in float32 (SkyRL ``DistributedStrategy.all_reduce``: ``torch.Tensor([v])``): the reduction
 carries integer metrics in float32, exact only up to 2²⁴ = 16 777 216: a step with an odd token count
 above that logs a count one token off (and an ``int`` comes back as a ``float``). Below 2²⁴ it is exact,
 so only the ``large_counts`` regime catches it."""

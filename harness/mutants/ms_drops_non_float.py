@@ -1,4 +1,4 @@
-"""Issue 11 part 4: the reducer keeps only Python ``float`` values and silently drops the rest: integer
+"""The reducer keeps only Python ``float`` values and silently drops the rest: integer
 counts and lengths, 0-d tensors, NumPy scalars never reach the logger (no error, no message)."""
 
 import dataclasses

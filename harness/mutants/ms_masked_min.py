@@ -1,4 +1,4 @@
-"""Issue 11 part 4 (SkyRL ``compute_minibatch_rollout_logprob_diff_metrics``): a worker logs the min / max
+"""A masked min by multiplication (SkyRL ``compute_minibatch_rollout_logprob_diff_metrics``): a worker logs the min / max
 of a non-negative token quantity as ``(x * mask).min()`` / ``.max()``: masked positions enter as 0, so the
 min of any micro-batch with padding is 0, and garbage there (NaN·0 = NaN) reaches both statistics."""
 

@@ -1,4 +1,4 @@
-"""Issue 11 part 4: the trainer logs every metric as a NumPy float32 (``np.float32(v)``, as an array
+"""The trainer logs every metric as a NumPy float32 (``np.float32(v)``, as an array
 ``.astype(np.float32)`` would): an integer count becomes a float32 and a float64 value loses 29 bits —
 the value changed in type on its way to the logger."""
 

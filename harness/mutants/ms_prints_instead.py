@@ -1,4 +1,4 @@
-"""Issue 11 part 4 (SkyRL ``worker_utils.reduce_metrics``): a key whose values are not all Python ``int`` /
+"""A metric printed instead of logged (SkyRL ``worker_utils.reduce_metrics``): a key whose values are not all Python ``int`` /
 ``float`` (a 0-d tensor, a NumPy scalar) is printed ("Metrics for key k are not all numbers") and skipped:
 the value is printed instead of logged. Python numbers pass, so only the tensor / NumPy regimes catch it."""
 

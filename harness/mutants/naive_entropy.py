@@ -1,4 +1,4 @@
-"""Family 11 (cases.md row 11; TRL PR #6380, issue #7221): entropy as −Σ exp(logp)·logp. A ``-inf``
+"""NaN from masked vocab or extreme logits (TRL PR #6380, issue #7221): entropy as −Σ exp(logp)·logp. A ``-inf``
 (masked) vocab entry gives 0·(−inf) = NaN; [0, −inf] -> NaN instead of 0, fp16 [65504, −65504] -> NaN
 instead of 0. A nan_to_num patch would fix the value but leave the gradient NaN."""
 

@@ -1,4 +1,4 @@
-"""Family 18 (cases.md row 18) with family 17's NaN·0: a NaN reward must stay inside its own prompt group
+"""One NaN reward spreads to every group through NaN·0: a NaN reward must stay inside its own prompt group
 (reference ``NAN_SCOPE["grpo"]``), but a vectorized GRPO that gathers group sums with a one-hot matrix
 product (``onehot[G, B] @ scores[B]``) multiplies the NaN by every other group's 0 and spreads it to
 the whole batch. The scores are ``(rewards · mask).sum(-1)``: a NaN (or ±inf) at a masked position

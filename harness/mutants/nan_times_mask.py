@@ -1,12 +1,11 @@
-"""Family 17 (cases.md row 17): masked positions reach arithmetic through NaN·0. A masked mean computed as
+"""NaN·0 at masked positions: masked positions reach arithmetic through NaN·0. A masked mean computed as
 Σ(values·mask)/Σ mask, and a token-mean loss as Σ(loss·mask)/nnz: a NaN (or ±inf) at a masked position
 gives NaN although no unmasked value changed — old log-prob [[0, NaN]], mask [[1, 0]] → NaN, not the
 value of the unmasked token."""
 
-import torch
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import AggLoss
+from rlconform.harness.core import faithful as F
 from rlconform.harness.mutants._base import mutant
 
 

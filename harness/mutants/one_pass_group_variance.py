@@ -1,8 +1,8 @@
-"""Family 14 (cases.md row 14): group variance by the one-pass formula E[x²] − μ² in float32. When a
+"""One-pass variance E[x²] − μ²: group variance by the one-pass formula E[x²] − μ² in float32. When a
 group's rewards are equal or 1e-7 apart (0.95 × 8, or [0, 0.95 × 7] for the others of a row), x² and μ²
 agree to every fp32 bit but the last, their difference is rounding noise (≈ 1e-7 instead of ≤ 1e-14),
 σ ≈ 3e-4 instead of ~0 and the normalised advantage is off by orders of magnitude (the row's −2075 in
-cases.md). Two-pass Σ(x − μ)² (torch.std) does not cancel."""
+docs/bug-kinds.md). Two-pass Σ(x − μ)² (torch.std) does not cancel."""
 
 import torch
 

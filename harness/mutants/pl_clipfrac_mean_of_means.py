@@ -1,4 +1,4 @@
-"""Clip fraction as a mean of micro-batch means (cases.md family 1; issue 10 §5): each micro-batch logs
+"""Clip fraction as a mean of micro-batch means: each micro-batch logs
 its own pg_clipfrac / ppo_kl (a mean over its tokens) and the trainer averages the micro-batches' values,
 empty micro-batches included, instead of Σ clipped / Σ tokens: the logged metric depends on how the
 mini-batch was split."""

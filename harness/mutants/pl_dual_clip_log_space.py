@@ -1,4 +1,4 @@
-"""A dual clip decided in log space (issue 25 §2): vanilla PPO's dual clip (Ye et al. 2020, arXiv:1912.09729;
+"""A dual clip decided in log space: vanilla PPO's dual clip (Ye et al. 2020, arXiv:1912.09729;
 verl ``compute_policy_loss_vanilla``: ``min(−A·c, L')`` where A < 0) applied where the *log*-ratio exceeds
 c instead of the ratio, so tokens with log c < Δ ≤ c (ratio 3 to 20 at c = 3) keep the unbounded −A·r.
 Correct for |Δ| ≤ 1 and for Δ beyond the ±20 clamp, the only log-ratios the strategies drew before the
@@ -6,8 +6,6 @@ branch regions: only a ratio above c at an ordinary magnitude (Δ ≈ 1.1–3) c
 pg_clipfrac_lower)."""
 
 import math
-
-import torch
 
 from rlconform.harness.catalog.binding import LossVariants
 from rlconform.harness.families import policy_loss as PL

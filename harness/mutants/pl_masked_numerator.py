@@ -1,4 +1,4 @@
-"""Masked tokens in the numerator (cases.md family 15; issue 10 §5): the vanilla PPO loss sums the
+"""Masked tokens in the numerator: the vanilla PPO loss sums the
 per-token loss over *every* position, padding included, and divides by the number of valid tokens, so
 padded tokens add to the loss and receive gradient (value and gradient both wrong)."""
 

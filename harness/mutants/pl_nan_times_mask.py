@@ -1,4 +1,4 @@
-"""NaN·0 at masked positions (cases.md family 17; issue 10 §3): the policy loss multiplies by the mask
+"""NaN·0 at masked positions: the policy loss multiplies by the mask
 instead of selecting with it (``(loss_mat * mask).sum()``), so NaN or ±inf in the log-probs or
 advantages at padded positions turns the whole loss into NaN, although those positions are masked."""
 

@@ -1,4 +1,4 @@
-"""Family 19 under TP (cases.md row 19): a vocab-parallel log-prob whose output is detached on TP ranks ≥ 1
+"""Gradient check skipped without a graph under TP: a vocab-parallel log-prob whose output is detached on TP ranks ≥ 1
 (e.g. a branch taken only where ``tp_rank != 0``). Values are exact on every rank; the vocab shards of
 ranks ≥ 1 never receive a gradient. One rank's missing gradient must fail the gradient check, never drop
 it for all ranks."""

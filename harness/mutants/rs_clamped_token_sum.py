@@ -1,4 +1,4 @@
-"""A sequence rejection statistic summed over per-token clamped log-ratios (issue 25 §3): each token's
+"""A sequence rejection statistic summed over per-token clamped log-ratios: each token's
 log-ratio is clamped to ±20 (the engines' exp safety bound) *before* the row's sum / mean, so a row with a
 token at +25 and one at −20.5 sums to 0 instead of 4.5 and is kept although its sequence ratio e^4.5 ≈ 90 is
 far above the bound (verl 0.9.1 ``compute_rollout_rejection_mask``: ``log_ratio_safe`` feeds ``seq_sum_k1``

@@ -1,4 +1,4 @@
-"""An effective sample size with an absolute epsilon in its normaliser (issue 25 §3): ESS = 1 / mean((w /
+"""An effective sample size with an absolute epsilon in its normaliser: ESS = 1 / mean((w /
 (mean w + 1e-8))²) is scale-free only while mean w ≫ 1e-8; when every IS weight is small (every log-ratio
 below about −14, e^−20 ≈ 2e-9 after the clamp) the normalised weights shrink and the ESS of equal weights
 is 34 instead of 1 (verl 0.9.1 ``compute_is_metrics``: ``weights_for_ess / (mean_for_ess + 1e-8)``). Only the

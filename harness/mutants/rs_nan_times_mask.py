@@ -1,4 +1,4 @@
-"""A sequence statistic of ``(log_prob − old_log_prob) * mask`` (issue 25 §3): NaN or ±inf at a masked
+"""A sequence statistic of ``(log_prob − old_log_prob) * mask``: NaN or ±inf at a masked
 position (a padded or tool-observation token the rollout never scored) times 0 is NaN, so the row's sum is
 NaN, every comparison with the bounds is False and the whole row is rejected (SkyRL 0.4.0
 ``compute_sequence_mask``: ``(token_tis_log_ratio * loss_mask).sum(dim=-1)``, where the NaN compares False on

@@ -1,4 +1,4 @@
-"""Ratio bounds applied to the inverse ratio (issue 25 §3): a k1 filter documented as keeping
+"""Ratio bounds applied to the inverse ratio: a k1 filter documented as keeping
 lower ≤ π_train/π_rollout ≤ upper keeps lower ≤ π_rollout/π_train ≤ upper, i.e. r ∈ [1/upper, 1/lower]
 (verl 0.9.1 ``compute_rollout_rejection_mask``: ``token_k1 = -log_ratio_safe`` compared with
 ``log(lower)`` / ``log(upper)``). With reciprocal bounds (a single threshold) both readings agree: only an

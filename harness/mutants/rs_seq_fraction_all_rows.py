@@ -1,4 +1,4 @@
-"""The rejected-row fraction divided by every row of the batch (issue 25 §3 with §1's multi-turn rows): a row
+"""The rejected-row fraction divided by every row of the batch (with multi-turn rows): a row
 with no valid token (an all-observation multi-turn row, or one an earlier filter already rejected) has nothing
 to reject but is counted in the denominator, so the logged ``rs_seq_masked_fraction`` shrinks with the number
 of empty rows (verl 0.9.1 ``rollout_rs_seq_masked_fraction`` = ``seq_has_masked.float().mean()``; SkyRL 0.4.0

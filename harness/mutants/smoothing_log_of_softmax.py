@@ -1,4 +1,4 @@
-"""Issue 11 §3 (Megatron-core 0.19.2 ``_VocabParallelCrossEntropy.forward``, label_smoothing > 0): the
+"""Label smoothing from the log of the softmax (Megatron-core 0.19.2 ``_VocabParallelCrossEntropy.forward``, label_smoothing > 0): the
 smoothing term takes ``log`` of the fp32 softmax probabilities. A vocab entry whose probability
 underflows (logits more than ~104 below the max in fp32, ~17 in fp16) gives log 0 = −inf, so the mean
 of log p — and the loss — is −inf where the exact value is finite (logits [0, −120], label 0, α = 0.1:

@@ -1,4 +1,4 @@
-"""Real shapes only (issue 13 §1): a split-vocab kernel whose cross-tile partials go through a bf16 workspace.
+"""Real shapes only: a split-vocab kernel whose cross-tile partials go through a bf16 workspace.
 
 logsumexp and entropy are computed over V in tiles of ``TILE`` = 32 768 entries, as split-V (split-K)
 kernels do (Liger's fused linear cross-entropy, flash-attention's split-KV): each tile's partial sums

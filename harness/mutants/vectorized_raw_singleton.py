@@ -1,4 +1,4 @@
-"""Issue 28 §2: two implementations of one estimator that disagree where a convention applies. The default
+"""Two implementations of one estimator that disagree where a convention applies. The default
 ``grpo`` is the reference's (a group of one row gets advantage 0); the second, ``grpo+vectorized``,
 computes every group's statistics at once with ``index_add_`` and gives a group of one row μ := 0, σ := 1,
 i.e. its raw score (verl's and SkyRL's loop GRPO convention). Elsewhere the two agree to rounding, so only

@@ -1,4 +1,4 @@
-"""Value clip on the wrong side (cases.md family 15-like logic error; issue 10 §4): the clipped value loss
+"""Value clip on the wrong side (a logic error): the clipped value loss
 takes the *minimum* of the unclipped and clipped squared errors (an optimistic bound) instead of the
 maximum (PPO's pessimistic bound, baselines ppo2 / verl compute_value_loss): the loss and its gradient
 are wrong wherever the clip is active."""

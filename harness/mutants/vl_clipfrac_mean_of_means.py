@@ -1,4 +1,4 @@
-"""vf_clipfrac as a mean of micro-batch means (cases.md family 1; issue 10 §5): each micro-batch logs the
+"""vf_clipfrac as a mean of micro-batch means: each micro-batch logs the
 clip fraction over its own tokens and the trainer averages the micro-batches' values (verl's and SkyRL's
 critic workers do exactly this), instead of Σ clipped / Σ tokens: the logged metric depends on how the
 mini-batch was split."""

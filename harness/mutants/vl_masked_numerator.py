@@ -1,4 +1,4 @@
-"""Masked tokens in the value-loss numerator (cases.md family 15; issue 10 §5): the clipped value loss sums
+"""Masked tokens in the value-loss numerator: the clipped value loss sums
 the per-token loss over every position, padding included, and divides by the number of valid tokens, so
 padded positions add to the loss and receive gradient."""
 

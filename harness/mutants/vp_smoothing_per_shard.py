@@ -1,4 +1,4 @@
-"""Issue 11 §3 (the classic TP fault of label smoothing; Megatron-core 0.19.2
+"""Label smoothing per vocab shard (the classic TP fault of label smoothing; Megatron-core 0.19.2
 ``_VocabParallelCrossEntropy.forward``): the smoothing term is computed per vocab shard — the mean of
 log p over the *local* shard, with V the *partition's* size — and never reduced over the TP group. Each
 TP rank then reports a different loss, none of them right; TP = 1 stays right. Logits [2, 0, 1, −1],

@@ -1,4 +1,4 @@
-"""Family 16 (cases.md row 16): whitening that raises on a legal degenerate batch. ``masked_whiten``
+"""Degenerate batch raises: whitening that raises on a legal degenerate batch. ``masked_whiten``
 with the unbiased variance divides by nnz − 1, so verl's and SkyRL's ``masked_var`` raise ValueError for
 0 or 1 valid tokens ("The sum of the mask is one, ..."): a micro-batch or a filtered batch with one
 valid token kills the step. The reference defines both cases (all zeros; x with shift_mean=False); an

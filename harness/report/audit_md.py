@@ -1,4 +1,4 @@
-"""The static audit's hits linked to a report's dynamic findings, and its Markdown (issue 24 §2).
+"""The static audit's hits linked to a report's dynamic findings, and its Markdown.
 
 Input: the audit record that ``rlconform audit`` builds in a child process (``hits``: each
 :class:`rlconform.harness.catalog.audit.Hit` as JSON; ``coverage``: the coverage table's items, so that a

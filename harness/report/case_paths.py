@@ -1,4 +1,4 @@
-"""Where a report's reproducer case files are: paths relative to the report folder (issue 20 §4).
+"""Where a report's reproducer case files are: paths relative to the report folder.
 
 A report travels: committed to a repository, attached to a CI run, copied to another machine. Its
 ``reproducer.case_file`` fields are therefore written relative to the report folder

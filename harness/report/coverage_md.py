@@ -52,7 +52,7 @@ def _what(item: dict) -> str:
 
 
 def transcribed_lines(record: dict) -> list[str]:
-    """The ops whose engine path the binding transcribes in part instead of calling it (issue 23 §1): what
+    """The ops whose engine path the binding transcribes in part instead of calling it: what
     a fork changes there is not checked."""
     rows = (record or {}).get("transcribed") or {}
     if not rows:

@@ -1,4 +1,4 @@
-"""The report section "Conventions and guards" (issue 20 §2): what the engine's binding declares it does
+"""The report section "Conventions and guards": what the engine's binding declares it does
 on purpose, and how often the run met each.
 
 Reads ``doc["engine"]["declared"]`` (the binding's :class:`~rlconform.harness.core.declared.Declared` rows)

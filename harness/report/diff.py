@@ -1,10 +1,10 @@
-"""``rlconform diff BASE HEAD``: what changed between two reports (issue 12; issue 22 §4, issue 26 §1).
+"""``rlconform diff BASE HEAD``: what changed between two reports.
 
 BASE and HEAD are ``report.json`` files or folders holding one (e.g. the report of a pull request's base
 and of its head), read by :func:`rlconform.harness.report.load.load_report` (a malformed report, a finding
 without a status, ``"findings": "nope"``, 200 000 nested ``[``: exit 2, one line). Reports of two different
 engines (``engine.name``, else ``engine.spec``) are refused unless ``--cross-engine`` is given, reports of two
-devices (``run.device``: cpu, or cuda and the GPU's name, issue 27) unless ``--allow-device-mismatch``. Both are
+devices (``run.device``: cpu, or cuda and the GPU's name) unless ``--allow-device-mismatch``. Both are
 triaged (:func:`rlconform.harness.report.triage.annotate`), then compared by id:
 
 * findings: *new* (failing in HEAD, passing or absent in BASE), *fixed* (failing in BASE, passing in HEAD:
@@ -57,7 +57,7 @@ def load(path: str) -> dict:
 def device_of(doc: dict) -> str:
     """The device a report's engine computed on, as diff compares it: ``cpu``, or ``cuda (GPU name)`` (the
     index is not compared: two GPUs of one model compute alike). A report without ``run.device`` (written
-    before issue 27) is a CPU run."""
+    before devices were recorded) is a CPU run."""
     dev = (doc.get("run") or {}).get("device")
     if not isinstance(dev, dict):
         return "cpu"

@@ -1,4 +1,4 @@
-"""``rlconform explain DEFECT_ID --report DIR``: a defect as a maintainer pastes it upstream (issue 20 §5).
+"""``rlconform explain DEFECT_ID --report DIR``: a defect as a maintainer pastes it upstream.
 
 Reads a report folder (``report.json`` and its ``cases/``) and writes, as Markdown: the cause in one paragraph
 (from the defect's failure kind, trigger, engine function and the property that failed), the engine function
@@ -56,7 +56,7 @@ def _defects(doc: dict, where: str) -> list[dict]:
 
 
 def declared_card(doc: dict, key: str) -> str | None:
-    """The card of a declared write named ``key`` (``engine.declared``, issue 20: no defect, but a fork's caller
+    """The card of a declared write named ``key`` (``engine.declared``: no defect, but a fork's caller
     needs the hazard): what the engine writes and why, its source and the caller that keeps it, whether it held
     in the engine the report ran and the findings that showed it; None when ``key`` names none."""
     for d in (doc.get("engine") or {}).get("declared") or ():
@@ -467,7 +467,7 @@ def scripted_member(doc: dict, d: dict, folder: str) -> tuple[dict, dict, tuple[
             first_reason = first_reason or got
             continue
         # a member of the row's own severity and trigger first: the script shows what the row says (a verl
-        # maintainer's reading: the Dr. GRPO row's script showed a 1e-6 ε effect of another member, not 0.707 vs 1)
+        # the Dr. GRPO row's script showed a 1e-6 ε effect of another member, not 0.707 vs 1)
         key = (bool(d.get("severity")) and f.get("severity") != d.get("severity"),
                bool(d.get("trigger")) and f.get("trigger") != d.get("trigger"),
                _elements(case), got[1].get("tp", 1), _PROPERTY_RANK.get(case.get("property"), 3), f["id"])
@@ -578,9 +578,9 @@ def standalone_script(doc: dict, d: dict, folder: str) -> tuple[str | None, str 
     got = scripted_member(doc, d, folder)
     if isinstance(got, str):
         return None, got
-    from rlconform.harness.report.triage import narrowest, trigger
-
     import markupsafe
+
+    from rlconform.harness.report.triage import narrowest, trigger
 
     f, case, (template, extra) = got
     eng = doc.get("engine") or {}

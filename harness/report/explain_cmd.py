@@ -1,4 +1,4 @@
-"""The ``rlconform explain DEFECT_ID --report DIR [--script PATH]`` command (issue 20 §5): reads the report
+"""The ``rlconform explain DEFECT_ID --report DIR [--script PATH]`` command: reads the report
 folder (:func:`rlconform.harness.report.load.load_report`), finds the defect (its id or a unique prefix) and
 prints :func:`rlconform.harness.report.explain.explain_markdown`, or writes the standalone script only. A bad
 report, an unknown or ambiguous id, a case file outside the folder or a defect none of whose member findings
@@ -14,7 +14,13 @@ import os
 import sys
 
 from rlconform.harness.report.explain import (
-    NO_SCRIPT, ExplainError, declared_card, explain_markdown, find_defect, read_case, standalone_script,
+    NO_SCRIPT,
+    ExplainError,
+    declared_card,
+    explain_markdown,
+    find_defect,
+    read_case,
+    standalone_script,
 )
 
 

@@ -18,7 +18,7 @@ canvas (no pyplot, no global backend switch) and embedded as base64 ``data:`` UR
   in every current browser).
 
 Long texts appear once: per defect in its card, per finding in the compressed table. verl 0.9.1's page
-(1135 findings, 346 failing, 61 defects) is ~300 KB, under issue 12's 500 KB; the plots are 80-dpi PNGs
+(1135 findings, 346 failing, 61 defects) is ~300 KB, under 500 KB; the plots are 80-dpi PNGs
 on a 64-colour palette.
 
 A small script checks that each plot decoded (``naturalWidth > 0``), expands the table and sets
@@ -42,8 +42,8 @@ import re
 import jinja2
 import markupsafe
 
-from rlconform.harness.report.atomic_write import atomic_write
 from rlconform.harness.core.opinfo import FLOAT_DTYPES  # torch-free: ``rlconform report`` imports no torch
+from rlconform.harness.report.atomic_write import atomic_write
 from rlconform.harness.report.measures import error_text, number_text
 
 STATUS_ORDER = ("crash", "discrepancy", "error", "binding_error", "xpass", "unavailable", "xfail", "marginal", "pass")
@@ -81,7 +81,7 @@ def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=PLOT_DPI, bbox_inches="tight")
     data = buf.getvalue()
-    try:  # an adaptive 64-colour palette: the plots use a handful of colours; ~3× smaller (issue 12: < 500 KB)
+    try:  # an adaptive 64-colour palette: the plots use a handful of colours; ~3× smaller (< 500 KB)
         from PIL import Image
 
         img = Image.open(io.BytesIO(data)).convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT)
@@ -114,7 +114,7 @@ def plot_imbalance(findings: list[dict]) -> list[dict]:
         fig = _figure(4.2 * len(props), 3.4)
         axes = fig.subplots(1, len(props), squeeze=False)[0]
         n_points = 0
-        labelled: set[str] = set()  # one legend entry per dtype × pass/fail for the whole figure (issue 26 §10)
+        labelled: set[str] = set()  # one legend entry per dtype × pass/fail for the whole figure
         for ax, prop in zip(axes, props):
             for f in sorted(by_prop[prop], key=lambda f: FLOAT_DTYPES.index(f["dtype"])
                             if f["dtype"] in FLOAT_DTYPES else 9):
@@ -231,7 +231,7 @@ def plot_examples(findings: list[dict]) -> list[dict]:
         left = [a + b for a, b in zip(left, vals)]
     for i, total in enumerate(left):
         ax.text(total, i, f" {int(total)}", va="center", fontsize=7)
-    # room for the longest bar's label inside the axes (it was clipped at the right edge: issue 26 §10)
+    # room for the longest bar's label inside the axes (never clipped at the right edge)
     ax.set_xlim(0, max(max(left) * 1.18, 1.0))
     ax.set_yticks(range(len(ops)), ops, fontsize=8)
     ax.invert_yaxis()

@@ -1,4 +1,4 @@
-"""The text of a defect ledger written from a report (``rlconform ledger REPORT``, issue 21 §2).
+"""The text of a defect ledger written from a report (``rlconform ledger REPORT``).
 
 :func:`ledger_lines` turns a ``report.json`` document into the lines of an ``--xfails`` file
 (:mod:`rlconform.harness.report.xfails`): a header, then one ``defect <where> | <kind> | <scope>`` line per
@@ -14,7 +14,7 @@ on one CPU and a rounding-sized discrepancy on another would change it). Then on
 defect line's scope holds: on a CPU with another vector width its last bits may take it past the band, and
 the line keeps that run green; one in a defect line's scope is matched by that line already
 (:meth:`~rlconform.harness.report.xfails.Ledger.match`), and which marginal findings sit above the centre
-depends on the CPU, so listing them would make the ledger differ between machines (issue 21 §3).
+depends on the CPU, so listing them would make the ledger differ between machines.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reading a ``report.json`` that a user hands a report command (``diff``, ``ledger``, ``report``; issue 22 §4).
+"""Reading a ``report.json`` that a user hands a report command (``diff``, ``ledger``, ``report``).
 
 :func:`load_report` reads through :func:`rlconform.harness.core.safe_json.load_object` (no traceback on bytes
 that are not UTF-8, text that is not JSON, or 200 000 nested ``[``) and checks the shape the commands rely on

@@ -1,4 +1,4 @@
-"""The version matrix's document and page (issue 23 §3): which defect each release has, and what it cannot bind.
+"""The version matrix's document and page: which defect each release has, and what it cannot bind.
 
 :func:`matrix_doc` folds one ``report.json`` document per release (oldest first) into a small document:
 

@@ -1,4 +1,4 @@
-"""How a finding's error measures are printed in report.md and report.html (issue 15).
+"""How a finding's error measures are printed in report.md and report.html.
 
 A finding's ``max_abs_err`` / ``max_rel_err`` are maxima over its examples of the *finite* comparisons;
 they do not see an engine NaN or ±inf where the exact value is finite, nor a crash or a mutated input.

@@ -1,4 +1,4 @@
-"""Severity of a failing finding by its impact on training (issue 20 §3; issue 12 before it): ``training``,
+"""Severity of a failing finding by its impact on training: ``training``,
 ``destructive``, ``logging``, ``robustness`` or ``precision``.
 
 Operates on a finding of ``report.json`` (a dict), from the fields it carries: the clauses of its failure
@@ -40,10 +40,10 @@ over every element, dominated by near-zero references), and a finding whose wors
 ``--fail-on S`` (:func:`fails`): a finding turns the exit code red when its severity is ``S`` or more
 severe (:data:`SEVERITIES` order; ``training`` and ``destructive`` rank together). The default,
 ``robustness``, fails on ``training``, ``destructive``, ``logging`` and ``robustness``; ``precision``
-fails on every failing finding. The names of issue 12 are read as aliases (``wrong`` = ``robustness``,
+fails on every failing finding. The earlier names are read as aliases (``wrong`` = ``robustness``,
 ``imprecise`` = ``precision``: what they selected before). ``xpass`` and ``unavailable`` always fail:
 the ledger works as before, and an op that cannot be loaded is never fine — save an op its binding declares
-to need CUDA, on a run of another device (``unavailable: needs CUDA``, issue 27): listed in every report,
+to need CUDA, on a run of another device (``unavailable: needs CUDA``): listed in every report,
 red on none (a CPU CI of an engine with a Triton kernel stays green; ``--device cuda`` checks the kernel).
 """
 
@@ -52,14 +52,14 @@ from __future__ import annotations
 import math
 import re
 
-from rlconform.harness.report import failure_fields as F
 from rlconform.harness.core.regimes import EXTREME_REGIMES, extreme
 from rlconform.harness.core.tolerance import NEAR, WRONG_PARTITION, WRONG_REL
+from rlconform.harness.report import failure_fields as F
 
 SEVERITIES = ("training", "destructive", "logging", "robustness", "precision")  # most severe first
 #: rank for ordering and --fail-on (training and destructive are as severe)
 RANK = {"training": 0, "destructive": 0, "logging": 1, "robustness": 2, "precision": 3}
-#: the names of issue 12, still accepted by --fail-on
+#: the earlier names, still accepted by --fail-on
 LEGACY = {"wrong": "robustness", "imprecise": "precision"}
 FAIL_ON = SEVERITIES + tuple(LEGACY)
 DEFAULT_FAIL_ON = "robustness"
@@ -401,7 +401,7 @@ def at_least(severity: str | None, fail_on: str) -> bool:
 
 def fails(finding: dict, fail_on: str = DEFAULT_FAIL_ON) -> bool:
     """Whether ``finding`` turns the exit code red: ``xpass`` / ``unavailable`` always — except an op the
-    binding declares to need CUDA on a run of another device (``"needs": "cuda"``, issue 27: reported
+    binding declares to need CUDA on a run of another device (``"needs": "cuda"``: reported
     ``unavailable: needs CUDA``, not a fault of the engine nor of its binding) — ``discrepancy`` / ``crash``
     (but a ``declared_write``, the engine's declared write checked as declared: never)
     when their severity is at least ``fail_on``, ``xfail`` / ``pass`` never."""

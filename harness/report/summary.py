@@ -48,7 +48,7 @@ def print_summary(doc: dict, console: Console | None = None) -> None:
             f"{len(not_run)} selected finding(s) not run, e.g. {not_run[0]}"
         console.print(f"[bold yellow]INCOMPLETE RUN[/] ({why}): the report holds the findings made so far",
                       highlight=False)
-    # an unavailable op is one line with its cause (issue 26 §6), not one line per finding
+    # an unavailable op is one line with its cause, not one line per finding
     unavailable: dict[str, list[dict]] = {}
     for f in doc["findings"]:
         if f["status"] == "unavailable":
@@ -56,7 +56,7 @@ def print_summary(doc: dict, console: Console | None = None) -> None:
     for op, fs in unavailable.items():
         console.print(f"[{_STYLE['unavailable']}]unavailable op {op}[/] ({len(fs)} finding(s)): "
                       f"{unavailable_cause(fs[0])}"[:400], highlight=False, soft_wrap=True)
-    binding_errors: dict[str, list[dict]] = {}  # issue 23 §2: the binding does not fit this engine version
+    binding_errors: dict[str, list[dict]] = {}  # the binding does not fit this engine version
     for f in doc["findings"]:
         if f["status"] == "binding_error":
             binding_errors.setdefault(f["op"], []).append(f)

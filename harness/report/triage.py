@@ -1,5 +1,4 @@
-"""Triage of a report: a severity per failing finding, and *defects* — root causes in the engine
-(issue 20 §1; issue 12 grouped by op × property × signature before it).
+"""Triage of a report: a severity per failing finding, and *defects* — root causes in the engine.
 
 Operates on the ``report.json`` document (a dict), whatever produced its findings. :func:`annotate` adds
 
@@ -30,7 +29,7 @@ A defect is the failing findings that share a *root key* (``where``, ``class``):
   else its ``engine_function`` (the engine callable behind the op / variant / second implementation); both
   recorded by the worker that ran the engine (:mod:`rlconform.harness.run.root_cause`), as
   ``module.qualname``. A finding without either (the reference engine, a mutant, a binding that names no
-  callable, a report written before issue 20) falls back to ``op <op>``. A rounding-sized failure
+  callable, a report written before these fields) falls back to ``op <op>``. A rounding-sized failure
   (class ``rounding``) is located at the engine *module* instead: it names no line to fix, only the
   precision a module computes in (bf16 log-probs in the policy losses, float64 inputs computed in
   float32), so one module's rounding is one defect (its dtypes listed).
@@ -100,8 +99,15 @@ import re
 from rlconform.harness.core import failure
 from rlconform.harness.report import failure_fields as F
 from rlconform.harness.report.severity import (
-    RANK, SEVERITIES, _wrong_value, classify, contract_crash_type, effect, partition_clauses,
-    outcome, rounding_of_extreme_input, ulp_level, value_clauses,
+    RANK,
+    SEVERITIES,
+    _wrong_value,
+    classify,
+    contract_crash_type,
+    effect,
+    outcome,
+    rounding_of_extreme_input,
+    ulp_level,
 )
 
 #: kinds of failure whose input feature tells defects apart in a report without triggers
@@ -261,7 +267,7 @@ _SHORT = dict(_LOW, float32="fp32", float64="fp64")
 
 def narrowest(trig: str, members: list[dict], checked: set | None = None) -> str:
     """The defect's trigger ``trig`` narrowed to what all ``members`` (those of its severity) share when it reads ``any input``
-    (issue 20: "any input" only for a failure seen on any input): the dtypes every member is in when the
+    ("any input" only for a failure seen on any input): the dtypes every member is in when the
     same ops and properties ran and passed in others (``checked``: the dtypes they ran in; ``fp32 input``
     for Megatron's in-place cross entropy, which copies bf16 / fp16 / fp64 logits and writes into fp32
     ones), or, without ``checked``, a low precision every member is in (``bf16 input``, ``bf16 or fp16
@@ -292,7 +298,7 @@ def site_text(site: dict | None) -> str:
 
 
 def cited_text(site: dict | None, mark: str = "") -> str:
-    """Where a (non-crash) site is cited (issue 20, a maintainer's A): its faulty line(s) when the worker
+    """Where a (non-crash) site is cited (a maintainer's A): its faulty line(s) when the worker
     located them (``site["fault"]``, :mod:`rlconform.harness.core.fault_lines`: the spectrum's
     discriminating line, else the binding's declared anchor), as ``file:2000 in fn (file:1929)``; ``fn
     (file:def) — no single line; the function`` when the examples ran the same lines and nothing is
@@ -486,7 +492,7 @@ def _split_other_dtype(keys: dict, findings: dict) -> dict:
     of a defect are all ``precision`` (a dtype the engine never calls the op with) while other variants of that
     defect fail more severely is another cause: it gets its own key, its class suffixed :data:`OTHER_DTYPE`
     (verl's plain GRPO through ``grpo_vectorized`` is off in float64 only, group_mean_std's float32 statistics
-    with eps=0; Dr. GRPO's ignored flag fails in float32 — a verl maintainer's reading, issue 20: two causes
+    with eps=0; Dr. GRPO's ignored flag fails in float32: two causes
     never share a card)."""
     from rlconform.harness.core.opinfo import split_regime
 
@@ -682,7 +688,7 @@ REACH = {3: "every step of a configuration", 2: "any input", 1: "an edge input",
 
 
 def reach(finding: dict, engine_dtypes: dict | None = None, config_triggers=()) -> int:
-    """How reachable a failing finding is from a trainer's run, for ranking within a severity (issue 20):
+    """How reachable a failing finding is from a trainer's run, for ranking within a severity:
     0 (``contrived``) in a dtype the engine never calls the op with (``engine_dtypes``) or on an extreme
     regime (:func:`rlconform.harness.core.regimes.extreme`); else 3 (``every step of a configuration``: not the trainer's defaults, but every step once the
     configuration is chosen) when its
@@ -748,7 +754,7 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
         # the reproducer: a member of an op whose metric keys the engine emits (not a probe's keys named by the
         # binding: a verl maintainer does not log actor/response_length/mean through Metric.aggregate_dp), then
         # the smallest input among the most severe and most reachable members, one with numbers to show first
-        # (a crash row shows the exception, not the numbers a member's other clauses report: a maintainer's reading)
+        # (a crash row shows the exception, not the numbers a member's other clauses report)
         shown = min(top, key=lambda m: (_probe_keys(m) and not _names_emitted_key(m), -reach(m, engine_dtypes, configs),
                                         not cls.startswith("crash:") and numbers(m) is None, _size(m)))
         k = kind(shown)
@@ -862,7 +868,7 @@ def upstream(site: dict | None, frame: dict | None) -> str | None:
 
 def annotate(doc: dict) -> dict:
     """Add severities, ``defects`` and ``triage`` counts to a report document, in place; returns it.
-    Idempotent (recomputed from the findings each time); a report written before issue 20 (no
+    Idempotent (recomputed from the findings each time); a report written before these fields (no
     ``engine_function`` / ``trigger`` / ``engine_dtypes``) is triaged with the fallbacks of the module
     docstring."""
     from rlconform.harness.core.declared import covering_write

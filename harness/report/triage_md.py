@@ -18,8 +18,7 @@ from rlconform.harness.report.severity import SEVERITIES
 DEFECTS_BUDGET = 20_000
 
 
-#: how the rows are ranked (:func:`rlconform.harness.report.triage.defects`; README "Severity, defects and
-#: pull-request diffs")
+#: how the rows are ranked (:func:`rlconform.harness.report.triage.defects`; docs/triage.md)
 ORDER_NOTE = ("Ranked by severity (training, destructive, logging, robustness, precision, in that order; "
               "`--fail-on` counts training and destructive as one level), then by reachability (every "
               "step of a configuration — a loss mode or estimator the engine offers (not necessarily its default), "
@@ -30,7 +29,7 @@ ORDER_NOTE = ("Ranked by severity (training, destructive, logging, robustness, p
               "unbounded for a crash, a NaN / inf, a changed tensor or a value scaled by the number of "
               "micro-batches), then by the number of findings.")
 
-#: how a row's file:line is chosen (README "Severity, defects and pull-request diffs"; issue 20, A)
+#: how a row's file:line is chosen (docs/triage.md)
 CITE_NOTE = ("file:line is the faulty line, relative to the engine's package: a crash's deepest engine frame; "
              "otherwise the line of the engine function that its failing (shrunk) example executes and its "
              "passing examples of the same finding do not, ranked by Ochiai suspiciousness over the traced "
@@ -120,9 +119,7 @@ def crash_text(d: dict) -> str:
 
 def where_cell(d: dict) -> str:
     """``function`` (``file:line``), crash frame first; the op when no engine site was recorded."""
-    from rlconform.harness.report.triage import site_text
-
-    from rlconform.harness.report.triage import cited_text
+    from rlconform.harness.report.triage import cited_text, site_text
 
     site = d.get("crash_frame") or d.get("engine_function")
     functions = d.get("functions") or []

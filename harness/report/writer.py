@@ -16,7 +16,7 @@ Schema ``rlconform.report/1``::
      "run": {"started", "finished", "complete", "profile", "seed", "command", "python", "torch", "hypothesis",
              "device": {"device": "cpu" | "cuda:N", "name": the CPU's or GPU's name, "torch", "cuda": the CUDA
                         version (CUDA runs; else null), "capability": "major.minor" | null, "cpu_capability": torch's CPU
-                        kernel ISA, "AVX512" | "AVX2" | "DEFAULT" | …} (issue 27, issue 21),
+                        kernel ISA, "AVX512" | "AVX2" | "DEFAULT" | …},
              "not_run": [finding ids selected but never run (a run that ended early), when known],
              "interrupted": true when Ctrl-C / SIGTERM ended it},
      "summary": {"pass": n, "marginal": n, "discrepancy": n, "crash": n, "error": n, "unavailable": n, "xfail": n,
@@ -43,7 +43,7 @@ Schema ``rlconform.report/1``::
                    "trigger": the shrunk input's feature that brings the failure out ("a row with no valid
                    token", "TP > 1", …),
                    "transcribed": the part of the op's engine path the binding transcribes instead of calling
-                   (issue 23 §1; absent when every stage calls the engine's code)}],
+                   (absent when every stage calls the engine's code)}],
      "defects": [{"id", "severity", "effect", "engine_function", "crash_frame", "upstream", "trigger", "op",
                   "ops", "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes",
                   "regimes", "numbers": {"engine", "exact", "clause", "component", "sides", "quantity"} | null, "reproducer": {"finding",
@@ -59,11 +59,11 @@ Schema ``rlconform.report/1``::
                   "items": [{"name", "module", "short", "kind", "status", "bound_to", "reason"}],
                   "errors", "stale"}   (``rlconform check`` only, when the binding declares one)}
 
-``coverage``: :mod:`rlconform.harness.catalog.coverage` (issue 11): every public function of the engine's numerics
+``coverage``: :mod:`rlconform.harness.catalog.coverage`: every public function of the engine's numerics
 modules and every registry entry, bound to an op, justified, or unbound.
 
 ``severity``, ``defects`` and ``triage``: :mod:`rlconform.harness.report.triage` (added by :func:`document`).
-``engine_function``, ``crash_frame``, ``trigger`` (issue 20): recorded by the worker that ran the engine
+``engine_function``, ``crash_frame``, ``trigger``: recorded by the worker that ran the engine
 (:mod:`rlconform.harness.run.root_cause`); a report without them (written before) is triaged with fallbacks
 (the op, the input feature), so ``rlconform report`` re-renders it. ``engine.engine_dtypes``: op -> the dtypes
 the engine's trainer calls it with (the binding's ``engine_dtypes``; ``{}`` when it declares none).
@@ -237,9 +237,9 @@ class ReportWriter:
         doc = {"schema": SCHEMA, "tool": {"name": "rlconform", "version": tool_version()}, "engine": self.engine,
                "run": self.run, "summary": self.summary(), "findings": findings}
         relativise(doc, self.out_dir)  # findings resumed from an older report.json may hold absolute paths
-        if self.coverage is not None:  # --- coverage table (issue 11) ---
+        if self.coverage is not None:  # --- coverage table ---
             doc["coverage"] = self.coverage
-        # --- triage (issue 12): severities, defects --------------------------------------------------
+        # --- triage: severities, defects --------------------------------------------------
         from rlconform.harness.report.triage import annotate
 
         return annotate(doc)
@@ -275,7 +275,7 @@ class ReportWriter:
 
     def seal(self, cases: dict[str, bytes]) -> list[str]:
         """Write the run's files once more from what this process recorded, after the last engine process is
-        gone (issue 22 §2): ``cases/`` holds exactly ``cases`` (``{path: bytes}``, read when each finding
+        gone: ``cases/`` holds exactly ``cases`` (``{path: bytes}``, read when each finding
         arrived; anything else there is removed), then report.json and report.md (the text of the last
         :meth:`write`) and report.html; each is read back. Returns the files that still differ from the
         record (empty: sealed). Raises :class:`ReportWriteError` when they cannot be written."""
@@ -331,7 +331,7 @@ MARKDOWN_LIMIT = 60_000
 
 
 def _profile_lines(doc: dict) -> list[str]:
-    """The run's profile, and the profile-only regimes (issue 13: ``real_shapes`` in ``nightly``) it added."""
+    """The run's profile, and the profile-only regimes (``real_shapes`` in ``nightly``) it added."""
     profile = doc.get("run", {}).get("profile")
     if not profile:
         return []
@@ -346,8 +346,7 @@ def _profile_lines(doc: dict) -> list[str]:
 
 
 def device_line(doc: dict) -> str:
-    """``device `cuda:0` (NVIDIA H200, compute capability 9.0) · torch 2.x · CUDA 12.x`` from ``run.device``
-    (issue 27); "" for a report without it."""
+    """``device `cuda:0` (NVIDIA H200, compute capability 9.0) · torch 2.x · CUDA 12.x`` from ``run.device``; "" for a report without it."""
     dev = (doc.get("run") or {}).get("device")
     if not isinstance(dev, dict):
         return ""
@@ -382,16 +381,16 @@ def render_markdown(doc: dict) -> str:
     if dev_line:
         lines += [dev_line, ""]
     lines += _profile_lines(doc)
-    # --- triage (issue 12): the defects first, ranked by severity -------------------------------------
+    # --- triage: the defects first, ranked by severity -------------------------------------
     from rlconform.harness.report.measures import error_text
     from rlconform.harness.report.triage_md import render_defects
 
     lines += render_defects(doc)
-    from rlconform.harness.report.declared_md import markdown_section  # issue 20 §2, after the defects
+    from rlconform.harness.report.declared_md import markdown_section  # after the defects
 
-    # at most a third of the comment: the defects and the failing groups come first (issue 26 §8)
+    # at most a third of the comment: the defects and the failing groups come first
     lines += _fit_declared(markdown_section(doc), MARKDOWN_LIMIT // 3)
-    from rlconform.harness.report.explain import markdown_lines  # issue 20 §5, one line per defect row
+    from rlconform.harness.report.explain import markdown_lines  # one line per defect row
 
     lines += markdown_lines(doc)
     groups: dict[tuple, list] = {}
@@ -409,7 +408,7 @@ def render_markdown(doc: dict) -> str:
 
     coverage = render_section(doc.get("coverage"), eng.get("spec"))  # the last section, inside the budget too
     tail_chars = sum(len(x) + 1 for x in coverage or []) + 80
-    if keys:  # after the defects and the declared section, under its own heading (issue 20 §4)
+    if keys:  # after the defects and the declared section, under its own heading
         lines += ["### All failing findings", "",
                   "| status | op | property | findings | dtypes | regimes | worst abs err | reproduce (worst) |",
                   "|---|---|---|---|---|---|---|---|"]
@@ -438,14 +437,14 @@ def render_markdown(doc: dict) -> str:
             lines.append(entry)
         lines.append("</details>\n")
     lines.append(f"{s.get('pass', 0)} finding(s) pass.")
-    # --- coverage table (issue 11): counts and what is unbound ------------------------------------------
+    # --- coverage table: counts and what is unbound ------------------------------------------
     if coverage:
         lines += [""] + coverage
     return "\n".join(lines) + "\n"
 
 
 def binding_error_lines(doc: dict) -> list[str]:
-    """The findings whose binding does not fit the engine version (status ``binding_error``, issue 23 §2):
+    """The findings whose binding does not fit the engine version (status ``binding_error``):
     their own section, one line per op, never among the defects."""
     errors: dict[str, list] = {}
     for f in doc.get("findings", []):
@@ -464,7 +463,7 @@ def binding_error_lines(doc: dict) -> list[str]:
 
 
 def _fit_declared(section: list[str], room: int) -> list[str]:
-    """The conventions-and-guards section within ``room`` characters (issue 26 §8: report.md is a
+    """The conventions-and-guards section within ``room`` characters (report.md is a
     pull-request comment, which GitHub refuses over 65,536 characters): its table rows as long as they fit,
     then one line counting the rest (report.html and report.json list them all)."""
     if sum(len(x) + 1 for x in section) <= room:
@@ -487,9 +486,8 @@ def rerender(out_dir: str) -> tuple[str, str]:
     severities and defects are re-derived by this version's triage and written back (the three files agree).
     Raises ValueError (one line) when report.json is not a report written by ``rlconform check``; the
     ``report`` command validates every finding first (:func:`rlconform.harness.report.load.load_report`)."""
-    from rlconform.harness.report.html_report import write_html
-
     from rlconform.harness.core.safe_json import load_object
+    from rlconform.harness.report.html_report import write_html
 
     path = os.path.join(out_dir, "report.json")
     doc = load_object(path)  # JsonFileError (a ValueError, one line) when it is not one JSON object

@@ -2,7 +2,7 @@
 
 Two kinds of line, ``#`` starts a comment (the reason), blank lines are ignored:
 
-* a **defect line** (issue 21 §2), one per accepted root cause::
+* a **defect line**, one per accepted root cause::
 
       defect verl.trainer.ppo.core_algos.agg_loss | wrong value | agg_loss.matches_reference  # a row with ...
 

@@ -1,4 +1,4 @@
-"""``rlconform audit --engine E [--report DIR]`` (issue 24 §2): the static audit of fault shapes, with each hit
+"""``rlconform audit --engine E [--report DIR]``: the static audit of fault shapes, with each hit
 linked to the dynamic findings of its function.
 
 The engine is loaded in a child process (as ``rlconform coverage`` does) to build its coverage table, which
@@ -22,7 +22,7 @@ EXIT_CLEAN, EXIT_USAGE = 0, 2
 def add_parser(sub) -> None:
     """Add the ``audit`` subcommand to the CLI's subparsers."""
     a = sub.add_parser("audit", help="list the places in the engine's numerics that match known fault shapes, "
-                       "linked to a report's findings (issue 24; never fails a run)")
+                       "linked to a report's findings (never fails a run)")
     a.add_argument("--engine", default=None, help="reference | verl | skyrl | megatron | module:attr | file.py "
                    "(default: $RLCONFORM_ENGINE or reference); the engine must declare coverage")
     a.add_argument("--engine-path", default=None, help="a fork's checkout, put first on sys.path")

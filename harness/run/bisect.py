@@ -1,4 +1,4 @@
-"""``rlconform bisect``: the first commit of an engine checkout at which a saved case fails (issue 12 §4).
+"""``rlconform bisect``: the first commit of an engine checkout at which a saved case fails.
 
     rlconform bisect --engine-path CHECKOUT --good REV --bad REV CASE_FILE [--engine SPEC] [--timeout S]
 
@@ -13,8 +13,7 @@ commit's code is imported anew, and turns replay's exit code into git bisect's v
     or the replay ran past ``--timeout``                     -> skip (``git bisect run``'s exit code 125)
     anything else (interrupted, killed)                      -> stop, exit 130 or 2
 
-SPEC is ``--engine``, else ``$RLCONFORM_ENGINE``, else ``reference``: a case file never chooses code to run
-(issue 22 §3), so a case recorded with another engine is refused (exit 2) unless ``--engine`` names it. Replay is given ``--engine`` only if
+SPEC is ``--engine``, else ``$RLCONFORM_ENGINE``, else ``reference``: a case file never chooses code to run, so a case recorded with another engine is refused (exit 2) unless ``--engine`` names it. Replay is given ``--engine`` only if
 ``rlconform replay --help`` lists it (checked at run time); otherwise the engine and path are written
 into a temporary copy of the case file, which older replays read. The case file is read once, before
 anything is checked out (it may live inside the checkout).
@@ -273,7 +272,7 @@ def bisect(engine_path: str, good: str, bad: str, case_file: str, engine: str | 
     except (ValueError, KeyError) as exc:
         raise BisectError(f"bad case file {case_file}: {exc}") from None
     engine = engine or os.environ.get("RLCONFORM_ENGINE")
-    if engine is None:  # a case file never chooses code to run (issue 22 §3): the same rule as replay's
+    if engine is None:  # a case file never chooses code to run: the same rule as replay's
         recorded = doc.get("engine") if isinstance(doc.get("engine"), dict) else {}
         named = recorded.get("spec")
         if named not in (None, "reference"):

@@ -1,4 +1,4 @@
-"""``rlconform check --changed-since REV`` (issue 26 §2): the findings a pull request can have changed.
+"""``rlconform check --changed-since REV``: the findings a pull request can have changed.
 
 The rule: a finding is selected when an engine function behind its op (or its variant / implementation:
 :func:`rlconform.harness.catalog.engine_site.op_sites`), or a function of the engine's package that one
@@ -117,8 +117,9 @@ def write_selection_json(path: str, sel: Selection) -> None:
 def read_selection(path: str) -> list[str]:
     """The finding ids of a findings file (one a line; ``#`` starts a comment); raises OSError, or
     ValueError naming the first line that is not a finding id."""
-    from rlconform.harness.core.opinfo import FINDING_ID
     import re
+
+    from rlconform.harness.core.opinfo import FINDING_ID
 
     pattern = re.compile(rf"^{FINDING_ID}$")
     out = []

@@ -27,7 +27,7 @@ def run_check(binding, case):
 
 def run_check_here(binding, case):
     """The referee's check of ``case`` (every family: the evaluation and the judgment on this process, the
-    engine's calls made by the engine's worker; issue 22 §1)."""
+    engine's calls made by the engine's worker)."""
     here = distributed_checks.run_check_here if get_op(case.op).distributed else process_checks.run_check_here
     return here(binding, case)
 

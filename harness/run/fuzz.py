@@ -17,7 +17,7 @@ generated examples (round 0, then slices of 8, 16, 32 … examples, closest to f
 ends when each has had its ``K`` or a counterexample; shrinking a counterexample is bounded by
 hypothesis' own limits, not by a clock. ``--minutes`` / ``--seconds``, when also given, stay an upper
 bound. What such a run finds depends on the examples drawn (``--seed`` fixes them), never on the speed
-of the machine: that is what the tests use (issue 15).
+of the machine: that is what the tests use.
 
 Hypothesis keeps a persistent example database (``--db``, default ``.rlconform-fuzz-db``; one key per
 finding), so failing examples and the ``target()`` Pareto front (error / tolerance, climbed by
@@ -43,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -234,15 +233,15 @@ class Fuzzer:
             if seen[t.op] is not None:
                 t.status, t.message = seen[t.op]
                 continue
-            gap = self.binding.device_gap(t.op, t.regime) if hasattr(self.binding, "device_gap") else None  # a CUDA-only kernel on a CPU run (issue 27 §1)
+            gap = self.binding.device_gap(t.op, t.regime) if hasattr(self.binding, "device_gap") else None  # a CUDA-only kernel on a CPU run
             if gap is not None:
                 t.status, t.message = "unavailable", f"op {t.op!r} unavailable: {gap}"
 
     def _replay_corpus(self) -> None:
+        from rlconform.harness.core.evaluation import EngineCrash
+        from rlconform.harness.run.dispatch import run_check
         from rlconform.harness.workers import interrupts
         from rlconform.properties.case import load_case
-        from rlconform.harness.run.dispatch import run_check
-        from rlconform.harness.core.evaluation import EngineCrash
         from rlconform.properties.corpus import corpus_files
         from rlconform.properties.runner import EngineAbort
 
@@ -273,13 +272,12 @@ class Fuzzer:
         save a counterexample if one turns up."""
         from hypothesis import given, seed, settings, target
 
-        from rlconform.properties.case import Case
         from rlconform.harness.catalog.ops import strategy_for
-        from rlconform.harness.run.dispatch import run_check
         from rlconform.harness.core.evaluation import EngineCrash
-        from rlconform.properties.checks import PropertyFailure
-
+        from rlconform.harness.run.dispatch import run_check
         from rlconform.harness.workers import interrupts
+        from rlconform.properties.case import Case
+        from rlconform.properties.checks import PropertyFailure
         from rlconform.properties.referee import RefereeError
         from rlconform.properties.runner import EngineAbort
 
@@ -298,7 +296,7 @@ class Fuzzer:
             if state["fail"] is None:  # a generated example (what --max-examples counts)
                 t.examples += 1
                 self.total_examples += 1
-            else:  # a replay of the shrinker: counted apart (issue 26 §10)
+            else:  # a replay of the shrinker: counted apart
                 t.shrink_replays += 1
                 self.total_shrink_replays += 1
             # each engine call of the example may take example_timeout s (set_engine_call_deadline): a
@@ -500,11 +498,11 @@ def _fuzz_child(params: dict, emit=None) -> dict:
     from rich.console import Console
     from rich.live import Live
 
-    from rlconform.harness.catalog.binding import BindingError
     from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.catalog.binding import BindingError
 
     emit = emit or (lambda obj: None)
-    if params.get("referee_at"):  # before the engine is imported: the verdicts are the referee's (issue 22 §1)
+    if params.get("referee_at"):  # before the engine is imported: the verdicts are the referee's
         from rlconform.properties import referee
 
         referee.connect(params["referee_at"][0], bytes.fromhex(params["referee_at"][1]))
@@ -570,7 +568,7 @@ def _merge_runs(per_run: list[dict[str, dict]]) -> dict[str, dict]:
 
 def cmd_fuzz(args) -> int:
     """Supervise fuzzing children: each runs the engine; the verdict is decided here, from the referee's
-    verdicts too (issue 22 §1)."""
+    verdicts too."""
     err = _validate(args)
     if err:
         print(f"rlconform: error: {err}", file=sys.stderr)
@@ -597,10 +595,10 @@ def cmd_fuzz(args) -> int:
               "max_examples": args.max_examples}
     per_run: list[dict[str, dict]] = []  # what each child reported, finding id -> target (as a dict)
     ref = None
-    if getattr(args, "referee", False):  # started before any engine import (issue 22 §1)
+    if getattr(args, "referee", False):  # started before any engine import
+        from rlconform.harness.run.dispatch import referee_judge
         from rlconform.harness.workers import referee as referee_process
         from rlconform.properties import referee as judge
-        from rlconform.harness.run.dispatch import referee_judge
 
         try:
             ref = referee_process.start(referee_judge, judge.check_clean)

@@ -1,4 +1,4 @@
-"""The version matrix (issue 23 §3): the main job on every release of an engine, one report per release.
+"""The version matrix: the main job on every release of an engine, one report per release.
 
 ``rlconform matrix --engine verl --versions 0.5.0,0.6.0,... [--profile ci] [--venvs DIR] [--op X ...]`` runs
 ``rlconform check`` once per release and writes ``reports/matrix/<engine>.md`` (:mod:`.matrix_md` renders
@@ -222,7 +222,7 @@ def add_parser(sub) -> None:
                                                           "(default: %(default)s)")
     m.add_argument("--out", default=os.path.join("reports", "matrix"),
                    help="folder of the matrix files <engine>.md / .json (default: %(default)s)")
-    m.add_argument("--profile", default="ci", choices=["dev", "ci", "nightly"], help="hypothesis profile")
+    m.add_argument("--profile", default="ci", choices=["dev", "ci", "nightly"], help="hypothesis profile (default: ci)")
     m.add_argument("--op", action="append", default=[], help="only this op (repeatable; the matrix says so)")
     m.add_argument("--max-examples", type=int, default=None, help="examples per finding (overrides the profile)")
     m.add_argument("--max-shrinks", type=int, default=0,

@@ -1,6 +1,6 @@
 """The report folder (``--out``) of one run: checked, locked, and cleared of another run's files.
 
-Two runs writing one folder would report each other's findings (issue 14: a clean reference run exited
+Two runs writing one folder would report each other's findings (a clean reference run exited
 1 showing another engine's summary). :func:`claim` therefore
 
 1. refuses a path that is a file, or a folder that cannot be created or written (:class:`OutDirError`);
@@ -42,7 +42,7 @@ class OutDir:
 
     def release(self) -> None:
         if self._fd is not None:
-            try:  # removed while still held (issue 26 §10): a run that opened it before sees another inode
+            try:  # removed while still held: a run that opened it before sees another inode
                 lock = os.path.join(self.path, LOCK_NAME)
                 if os.stat(lock).st_ino == os.fstat(self._fd).st_ino:
                     os.unlink(lock)

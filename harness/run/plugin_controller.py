@@ -17,7 +17,8 @@ import pytest
 
 from rlconform.harness.core.opinfo import FINDING_ID
 from rlconform.harness.report.case_paths import CASES, case_file_name
-from rlconform.harness.run.plugin_state import CONTROLLER_STATE as _CONTROLLER_STATE, state_of as _state
+from rlconform.harness.run.plugin_state import CONTROLLER_STATE as _CONTROLLER_STATE
+from rlconform.harness.run.plugin_state import state_of as _state
 from rlconform.harness.run.recorder import dead_process_entry
 from rlconform.harness.run.status import decide
 from rlconform.harness.workers import interrupts

@@ -14,8 +14,15 @@ import pytest
 from rlconform.harness.core import torch_state
 from rlconform.harness.run.plugin_state import state_of
 from rlconform.harness.run.recorder import (
-    EngineAbort, FindingRecorder, FindingStateChanged, classify, crash_message, crash_of, error_message,
-    finding_entry, format_traceback,
+    EngineAbort,
+    FindingRecorder,
+    FindingStateChanged,
+    classify,
+    crash_message,
+    crash_of,
+    error_message,
+    finding_entry,
+    format_traceback,
 )
 from rlconform.harness.workers import interrupts
 

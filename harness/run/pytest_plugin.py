@@ -7,7 +7,7 @@ Loaded by ``rlconform check`` (``-p rlconform.harness.run.pytest_plugin``); usab
 Every test id is a finding id (``op.property.dtype.regime``). After each test the finding is added to
 ``report.json`` (rewritten atomically), so an interrupted run keeps what it found.
 
-Process isolation (issue 14). Under pytest-xdist (``-n N``; ``rlconform check`` always uses it) the
+Process isolation. Under pytest-xdist (``-n N``; ``rlconform check`` always uses it) the
 engines run only in the workers; the controller collects nothing, runs nothing of the engine, and
 writes the report:
 
@@ -28,7 +28,7 @@ writes the report:
 * with ``--rlconform-seal`` (``rlconform check``) the controller keeps each reproducer's bytes as its
   finding arrives and leaves report.html to the caller, which ends every process the run started and then
   writes cases/, report.json, report.md and report.html from that record
-  (:meth:`rlconform.harness.report.writer.ReportWriter.seal`, issue 22 §2).
+  (:meth:`rlconform.harness.report.writer.ReportWriter.seal`).
 
 Without xdist (``-n 0`` or none) the engine runs in the pytest process itself, as any pytest plugin's
 tests do; ``rlconform check`` does that only for rlconform's own code (``-n 0`` with the reference engine
@@ -45,24 +45,42 @@ import tempfile
 
 import pytest
 
-from rlconform.harness.workers import interrupts
-
-from rlconform.harness.core import torch_state
 from rlconform.harness.catalog.binding import BindingError
+from rlconform.harness.core import torch_state
 from rlconform.harness.core.opinfo import FINDING_ID
-from rlconform.harness.run.selection import selected_findings
-from rlconform.harness.run.plugin_state import (  # noqa: F401 - STATE_KEY: where the state hangs
-    CONTROLLER_STATE as _CONTROLLER_STATE, STATE_KEY, is_controller, is_worker, state_of,
-)
-# the two halves' hooks and fixtures: pytest registers what this module holds
-from rlconform.harness.run.plugin_worker import (  # noqa: F401
-    pytest_runtest_call, pytest_runtest_makereport, rlconform_binding, rlconform_finding, rlconform_state,
-)
 from rlconform.harness.run.plugin_controller import (  # noqa: F401
-    PROGRESS_EVERY_S, _ledger_verdicts, progress_line, pytest_configure_node, pytest_handlecrashitem,
-    pytest_runtest_logreport, pytest_sessionfinish, pytest_sessionstart, pytest_testnodedown, pytest_testnodeready,
+    PROGRESS_EVERY_S,
+    _ledger_verdicts,
+    progress_line,
+    pytest_configure_node,
+    pytest_handlecrashitem,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_sessionstart,
+    pytest_testnodedown,
+    pytest_testnodeready,
     pytest_xdist_node_collection_finished,
 )
+from rlconform.harness.run.plugin_state import (  # noqa: F401 - STATE_KEY: where the state hangs
+    CONTROLLER_STATE as _CONTROLLER_STATE,
+)
+from rlconform.harness.run.plugin_state import (
+    STATE_KEY,
+    is_controller,
+    is_worker,
+    state_of,
+)
+
+# the two halves' hooks and fixtures: pytest registers what this module holds
+from rlconform.harness.run.plugin_worker import (  # noqa: F401
+    pytest_runtest_call,
+    pytest_runtest_makereport,
+    rlconform_binding,
+    rlconform_finding,
+    rlconform_state,
+)
+from rlconform.harness.run.selection import selected_findings
+from rlconform.harness.workers import interrupts
 
 #: seconds one finding may take in a worker before it is considered hung
 DEFAULT_DEADLINE_S = 900.0
@@ -96,7 +114,7 @@ def pytest_addoption(parser):
     g.addoption("--rlconform-out-claimed", action="store_true", default=False, help=argparse_suppress())
     g.addoption("--rlconform-seal", action="store_true", default=False, help=argparse_suppress())
     g.addoption("--rlconform-referee", action="store_true", dest="rlconform_referee", default=None,
-                help="judge in a referee process that never imports the engine (issue 22 §1); the default, "
+                help="judge in a referee process that never imports the engine; the default, "
                      "unless RLCONFORM_REFEREE=0")
     g.addoption("--rlconform-no-referee", action="store_false", dest="rlconform_referee",
                 help="judge in the engine's process: for debugging only, an engine can bend the verdict")
@@ -127,11 +145,11 @@ class _EngineInfo:
         self._ops = list(meta["ops"])
         self.variants = meta.get("variants") or {}
         self.variant_record = meta.get("variant_record") or {}
-        self.engine_dtypes = meta.get("engine_dtypes") or {}  # issue 20 §3: op -> dtypes the trainer uses
-        self.declared_rows = meta.get("declared") or []  # issue 20 §2: conventions, preconditions, guards (data)
+        self.engine_dtypes = meta.get("engine_dtypes") or {}  # op -> dtypes the trainer uses
+        self.declared_rows = meta.get("declared") or []  # conventions, preconditions, guards (data)
         self.variant_triggers = meta.get("variant_triggers") or {}  # configurations as triggers (for reachability)
         self.impact_knobs = meta.get("impact_knobs") or {}  # op -> the config key its training impact depends on
-        self.coverage = meta.get("coverage")  # the coverage table (issue 11), built in the probe's child process
+        self.coverage = meta.get("coverage")  # the coverage table, built in the probe's child process
 
     def provided_ops(self) -> list[str]:
         return list(self._ops)
@@ -152,7 +170,7 @@ class State:
         if self.worker:  # before the engine loads: Ctrl-C is the controller's; a KeyboardInterrupt here the engine's
             interrupts.ignore_sigint()
         self.controller = is_controller(config)
-        self.referees: dict = {}  # controller: worker id -> its referee (issue 22 §1)
+        self.referees: dict = {}  # controller: worker id -> its referee
         from rlconform.harness.run.referee_verdicts import VerdictBook
 
         self.verdicts = VerdictBook()
@@ -225,15 +243,15 @@ class State:
             self.inflight = InflightWriter(os.path.join(rundir, f"{wid}.case"))
             self.fault_file = open(os.path.join(rundir, f"{wid}.fault"), "w", buffering=1)
         referee = workerinput.get("rlconform_referee")
-        if referee:  # the verdicts are the referee's (issue 22 §1)
+        if referee:  # the verdicts are the referee's
             from rlconform.properties import referee as judge
 
             judge.connect(referee[0], bytes.fromhex(referee[1]))
 
     # -- controller (or a single process) ----------------------------------------------------------
     def _start_writer(self, opt) -> None:
-        from rlconform.harness.run.outdir import OutDirError, claim
         from rlconform.harness.report.writer import ReportWriter
+        from rlconform.harness.run.outdir import OutDirError, claim
 
         if not opt("rlconform_out_claimed"):  # `rlconform check` claims the folder before starting pytest
             try:
@@ -312,9 +330,9 @@ class State:
 
     def start_referee(self, node) -> None:
         """Controller: the referee of worker ``node``, started before the worker imports the engine."""
+        from rlconform.harness.run.dispatch import referee_judge
         from rlconform.harness.workers import referee
         from rlconform.properties import referee as judge
-        from rlconform.harness.run.dispatch import referee_judge
 
         wid = node.gateway.id
         if wid not in self.referees:
@@ -329,9 +347,9 @@ class State:
         """A single process (no xdist): its own referee, started before the engine is imported here. The
         evaluation and the judgment are the referee's as with workers, but the verdicts reach this process,
         which runs the engine: ``-n N`` (``rlconform check`` always) keeps them out of the engine's reach."""
+        from rlconform.harness.run.dispatch import referee_judge
         from rlconform.harness.workers import referee
         from rlconform.properties import referee as judge
-        from rlconform.harness.run.dispatch import referee_judge
 
         try:
             r = referee.start(referee_judge, judge.check_clean)

@@ -127,10 +127,10 @@ class FindingRecorder:
         self.crash: dict | None = None  # the engine's exception: {"type", "where"}
         self.note = ""  # shown with a passing finding (e.g. torch state an import changed, restored)
         self.unavailable_detail = None
-        self.needs = None  # the device an unavailable op needs (issue 27: "cuda" on a CPU run), else None
+        self.needs = None  # the device an unavailable op needs ("cuda" on a CPU run), else None
         self.binding_error = None
-        self.adapter_error = None  # the binding's adapter raised (status binding_error, issue 23 §2)
-        self.transcribed = None  # the op's part that is a transcription of the engine's code (issue 23 §1)
+        self.adapter_error = None  # the binding's adapter raised (status binding_error)
+        self.transcribed = None  # the op's part that is a transcription of the engine's code
         self.max_ratio = 0.0  # worst error / tolerance seen (see tolerance.verdict: the margin band)
         self.marginal_message = ""  # the worst marginal example's message (a finding that ends marginal)
         self._marginal_ratio = -1.0
@@ -213,7 +213,7 @@ def save_reproducer(out: str, fid: str, case, spec: str | None, engine_path: str
 
     text = json.dumps(doc)
     write_atomic(path, text)
-    # "_case_text": the controller keeps it and writes cases/ from it at the end of the run (issue 22 §2);
+    # "_case_text": the controller keeps it and writes cases/ from it at the end of the run;
     # popped before the finding is recorded
     return {"case_file": relative(out, path), "command": replay_command(os.path.relpath(path), spec, engine_path),
             "_case_text": text}

@@ -1,4 +1,4 @@
-"""The ``--referee`` / ``--no-referee`` option of ``check``, ``replay`` and ``fuzz`` (issue 22 §1).
+"""The ``--referee`` / ``--no-referee`` option of ``check``, ``replay`` and ``fuzz``.
 
 The referee is on by default: the float64 reference, the dtype-faithful path, the tolerance and the
 property's judgment run in a process that never imports engine code

@@ -1,5 +1,4 @@
-"""The controller's record of the referees' verdicts, and the rule that a finding's status follows them
-(issue 22 §1).
+"""The controller's record of the referees' verdicts, and the rule that a finding's status follows them.
 
 Each engine worker of a check has its referee (:mod:`rlconform.harness.workers.referee`, started by the
 controller before the worker imports the engine). The referee sends every verdict it reaches straight to

@@ -1,4 +1,4 @@
-"""The root-cause fields of a failing finding (issue 20 §1), recorded in the process that ran the engine:
+"""The root-cause fields of a failing finding, recorded in the process that ran the engine:
 
 * ``engine_function``: the site (``{"function", "module", "file", "line"}``) of the engine callable behind
   the finding's op / variant / implementation (:func:`rlconform.harness.catalog.engine_site.finding_site`);
@@ -147,7 +147,6 @@ def passing_cases(case, n: int = PASSING_EXAMPLES, seed: int = 0) -> list:
     import warnings
 
     from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
 
     from rlconform.harness.catalog.ops import strategy_for
 
@@ -182,7 +181,6 @@ def locate(binding, case, site: dict, kind: str = "") -> dict | None:
     function of this process."""
     from rlconform.harness.catalog.engine_site import engine_importer, fault, site_callable
     from rlconform.harness.catalog.ops import get_op
-
     from rlconform.harness.core.fault_lines import has_branches
 
     fn = site_callable(site, engine_importer(binding))

@@ -4,7 +4,7 @@ completeness check of a run). A variant regime (``variant@data``) is selected on
 provides that variant (``variants``: op -> the provided variants, or None for all). A profile-only regime
 (:attr:`~rlconform.harness.core.opinfo.OpInfo.profile_regimes`, e.g. ``real_shapes`` in ``nightly``) is selected
 only under a profile that adds it: under any other it is not in the selection at all (not a skip).
-For an op with alternative implementations (issue 11 part 2) the plain regimes check its default
+For an op with alternative implementations the plain regimes check its default
 implementation and an ``impl@data`` regime is selected only when ``variants[op]`` lists ``impl`` (none when it is absent)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ interrupts that something swallowed.
 
 Python turns SIGINT into a ``KeyboardInterrupt`` wherever the main thread happens to be; when that is a
 callback whose exceptions are ignored (hypothesis' gc callback, a ``__del__``), the interrupt is lost and
-the run goes on to finish green (issue 14: 2 of 11 SIGINTs). :func:`install` replaces the handlers of
+the run goes on to finish green (2 of 11 SIGINTs). :func:`install` replaces the handlers of
 SIGINT and SIGTERM with one that *records* the signal and then raises ``KeyboardInterrupt``; the run
 calls :func:`check` at safe points (after every finding, after every fuzz example) and
 :func:`received` at the end, so a swallowed interrupt still stops the run and is reported as one. Only

@@ -1,7 +1,7 @@
 """Run engine code in a child process, so that nothing it does decides the parent's exit code.
 
 An engine can end the process that runs it: ``os._exit(0)``, a segfault in an extension, the kernel's
-OOM killer, a hang. The process that decides a run's verdict must not be that process (issue 14). This
+OOM killer, a hang. The process that decides a run's verdict must not be that process. This
 module holds what the supervising side needs:
 
 * :func:`run_isolated` calls a picklable ``fn(*args, emit=...)`` in a ``spawn``-ed child (SIGINT ignored
@@ -143,7 +143,7 @@ def engine_call_deadline():
 def _child(conn, fn, args, fault_path, deadline_s, interruptible):
     import faulthandler
 
-    try:  # its own process group: what the engine starts here is ended with it (issue 22 §2)
+    try:  # its own process group: what the engine starts here is ended with it
         os.setpgid(0, 0)
     except OSError:  # pragma: no cover - already a group leader
         pass

@@ -1,8 +1,8 @@
-"""Persistent distributed worker pool (design.md, "Distributed runs").
+"""Persistent distributed worker pool (docs/distributed.md).
 
 A :class:`WorkerPool` spawns ``world_size`` processes once (``spawn``, never ``fork``), each pinned to
 one thread, rendezvoused over a TCPStore that the parent hosts on port 0 (no port race), with a
-``gloo`` (CPU) or ``nccl`` (GPU) default group, each rank on its device (``devices``; issue 27: the run's
+``gloo`` (CPU) or ``nccl`` (GPU) default group, each rank on its device (``devices``; the run's
 ``--device`` picks them with :func:`rlconform.harness.core.device.pool_backend`: gloo on the CPU, nccl with
 one GPU per rank, gloo over CUDA tensors when ranks share one GPU). Hypothesis draws each case in the parent; ``run``
 ships the case's function and payload(s) to the ranks over one Pipe per rank and gathers the results
@@ -169,7 +169,7 @@ class WorkerPool:
             raise ValueError(f"backend must be 'gloo' or 'nccl', not {backend!r}")
         self.world_size = int(world_size)
         self.backend = backend
-        # the device of each rank (issue 27): cpu; cuda:r with nccl; one shared cuda:N with gloo on fewer GPUs
+        # the device of each rank: cpu; cuda:r with nccl; one shared cuda:N with gloo on fewer GPUs
         # than ranks (rlconform.harness.core.device.pool_backend)
         self.devices = list(devices) if devices else (
             [f"cuda:{r}" for r in range(self.world_size)] if backend == "nccl" else ["cpu"] * self.world_size)
@@ -582,7 +582,6 @@ class WorkerPool:
                 os.kill(gen.procs[r].pid, signal.SIGUSR1)
             except (ProcessLookupError, TypeError):
                 pass
-        out: dict[int, str] = {}
         deadline = time.monotonic() + wait_s
         last_sizes: dict[int, int] = {}
         while ranks and time.monotonic() < deadline:

@@ -160,8 +160,6 @@ def _share_one_gloo_device() -> bool:
 #: torch.compile's recompile limits, raised in every rank (one process for the whole run: what it computes
 #: must not depend on the findings it ran before)
 from rlconform.harness.core.compile_limits import (  # noqa: E402
-    ACCUMULATED_RECOMPILE_LIMIT,
-    RECOMPILE_LIMIT,
     keep_compiling as _keep_compiling,
 )
 
@@ -208,7 +206,7 @@ def worker_main(
             pass
         timeout = datetime.timedelta(seconds=collective_timeout_s)
         device = torch.device(rank_device)
-        if device.type == "cuda":  # nccl: cuda:rank; gloo over CUDA tensors: the ranks share one GPU (issue 27)
+        if device.type == "cuda":  # nccl: cuda:rank; gloo over CUDA tensors: the ranks share one GPU
             torch.cuda.set_device(device)
         if backend == "gloo":
             _share_one_gloo_device()  # before the first group: one 10 ms loop thread per rank, not one per group

@@ -1,4 +1,4 @@
-"""Nothing an engine starts outlives the run (issue 22 §2).
+"""Nothing an engine starts outlives the run.
 
 An engine call may leave processes behind: a daemon, a double-forked child in a new session
 (``os.setsid``) that is no longer anyone's child. The process that writes the report makes itself a

@@ -7,8 +7,7 @@ example and answers the engine calls the referee asks for (``exchange(bytes) -> 
 the call; the worker's answer) until the reply comes (``b"R"`` + the pickled reply). A worker that dies
 mid-example ends that example without a verdict. Before each reply the referee sends ``verdict`` (plain data: the finding
 id, what it decided, its message) over a pipe that only the process that started it holds (the controller
-of the run), so the verdict reaches the controller without passing through the engine's process
-(issue 22 §1). ``check_clean()`` runs in the referee before it serves and after every request: it raises
+of the run), so the verdict reaches the controller without passing through the engine's process. ``check_clean()`` runs in the referee before it serves and after every request: it raises
 when a module the referee must never import is loaded (the referee then exits and the worker's request
 fails).
 
@@ -24,8 +23,8 @@ import os
 import pickle
 import secrets
 import shutil
-import threading
 import tempfile
+import threading
 import traceback
 from typing import Any, Callable
 

@@ -1,4 +1,4 @@
-"""A binding written for another version of its engine (issue 23 §2): three ops, three different failures.
+"""A binding written for another version of its engine: three ops, three different failures.
 
 * ``masked_sum``: the adapter passes a keyword the engine function does not take (``dp_size``, as a binding
   of a newer verl calls an older ``agg_loss``): a TypeError raised at the adapter's call, its frame

@@ -2,8 +2,8 @@
 ValueError on a one-element input: shrinking the discrepancy reaches the crash, so the reported status,
 message and reproducer must all describe the same (last, smallest) failing case."""
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding
+from rlconform.harness.core import faithful as F
 
 
 def masked_sum(values, mask):

@@ -1,6 +1,6 @@
 """A binding whose ``masked_sum`` is wrong (2×) and, on its first call, leaves a detached process behind
 (a double fork with ``os.setsid``: in a new session, nobody's child) that waits for the run's report and
-then keeps rewriting ``report.json`` / ``report.md`` to "all pass" and emptying ``cases/`` (issue 22 §2).
+then keeps rewriting ``report.json`` / ``report.md`` to "all pass" and emptying ``cases/``.
 
 ``$RLCONFORM_TEST_OUT`` is the run's ``--out``; the rewriter writes its pid to ``$RLCONFORM_TEST_OUT.pid``
 and appends a line to ``$RLCONFORM_TEST_OUT.struck`` each time it rewrites the files.
@@ -11,8 +11,8 @@ import os
 import shutil
 import time
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding
+from rlconform.harness.core import faithful as F
 
 _STARTED = []
 

@@ -9,8 +9,8 @@ import signal
 
 import torch
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding
+from rlconform.harness.core import faithful as F
 
 
 def _padded(logits) -> bool:

@@ -6,8 +6,8 @@ and no other (a test of one deadline waits it out once, not once per finding tha
 import os
 import time
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding
+from rlconform.harness.core import faithful as F
 
 
 def masked_mean(values, mask):

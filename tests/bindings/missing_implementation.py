@@ -1,4 +1,4 @@
-"""An engine release that lacks one alternative implementation (issue 23 §2): verl 0.5.0 has
+"""An engine release that lacks one alternative implementation: verl 0.5.0 has
 ``vocab_parallel_entropy`` but not ``vocab_parallel_entropy_with_chunking``. The op itself is bound (the
 faithful entropy); its ``chunked`` implementation imports a module this "release" does not have, so the
 findings of regime ``chunked@...`` are ``unavailable`` for that implementation, the others are checked."""

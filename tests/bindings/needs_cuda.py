@@ -1,4 +1,4 @@
-"""A binding with an op and an implementation that need CUDA (issue 27 §2): ``entropy`` is the
+"""A binding with an op and an implementation that need CUDA: ``entropy`` is the
 dtype-faithful entropy declared ``needs={"entropy": "cuda"}``, and ``token_logprobs@naive`` an
 :class:`Implementation` declared ``needs="cuda"`` (as verl's Triton kernel is, ``fused_linear_token_stats@triton``),
 so on a CPU run their findings must be ``unavailable: needs CUDA`` — reported, never skipped — while

@@ -6,9 +6,9 @@ call_engine"). The referee's evaluation diverges (``ReplayDiverged``): that is r
 finding is ``error`` (exit 2), never the engine's ``crash``. With ``--no-referee`` nothing is recorded and
 the op passes."""
 
+from rlconform.harness.catalog.binding import Binding
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import tape
-from rlconform.harness.catalog.binding import Binding
 
 
 def _broken(self, entry):

@@ -4,8 +4,8 @@ run with exit code 2 and a message, never a traceback or a crash blamed on the e
 
 import os
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding
+from rlconform.harness.core import faithful as F
 
 
 def masked_sum(values, mask):

@@ -1,5 +1,4 @@
-"""A ``masked_sum`` whose float64 error is a chosen multiple of the tolerance's floor, for the margin band
-(issue 21): ``RLCONFORM_TEST_ERROR_RATIO`` = r gives an error of r × (64 ulp + 1e-12) at the exact sum —
+"""A ``masked_sum`` whose float64 error is a chosen multiple of the tolerance's floor, for the margin band: ``RLCONFORM_TEST_ERROR_RATIO`` = r gives an error of r × (64 ulp + 1e-12) at the exact sum —
 the float64 reduction tolerance's ULP floor and ATOL (harness/core/tolerance.py), to which the faithful
 path adds at most a few ulps, so the example's ratio lies in [r/2, r]: r = 0.1 passes, r = 2 is marginal
 (inside 1/2 … 4), r = 40 is a discrepancy."""

@@ -1,12 +1,12 @@
 """A binding whose ``logsumexp`` turns autograd off for the whole process (``torch.set_grad_enabled(False)``)
 and whose ``token_logprobs`` has a real bug: its gradient is twice the true one (the value is right).
 Without per-finding torch state, the first would turn every later finding into a crash of the harness's
-own backward and hide the second (issue 14)."""
+own backward and hide the second."""
 
 import torch
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding
+from rlconform.harness.core import faithful as F
 
 
 def logsumexp(logits):

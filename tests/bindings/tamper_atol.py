@@ -1,11 +1,11 @@
-"""Issue 22 §1, tamper vector "on purpose": at import, this binding widens every absolute tolerance of
+"""Tamper vector "on purpose": at import, this binding widens every absolute tolerance of
 ``rlconform.harness.core.tolerance.ATOL`` (and the relative constants) a million-fold, in place. Its
 ``entropy`` is half the true one. Where the tolerance is computed in the engine's process the bug passes;
 the referee never imports this module, so the op must stay red."""
 
+from rlconform.harness.catalog.binding import Binding
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import tolerance
-from rlconform.harness.catalog.binding import Binding
 
 for _table in tolerance.ATOL.values():
     for _dtype in _table:

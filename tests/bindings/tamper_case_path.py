@@ -5,8 +5,8 @@ worker's path. Its ``entropy`` is half the true one (every finding fails and has
 
 import os
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding
+from rlconform.harness.core import faithful as F
 from rlconform.harness.run import recorder
 
 _real = recorder.save_reproducer

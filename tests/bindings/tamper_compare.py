@@ -1,4 +1,4 @@
-"""Issue 22 §1, tamper vector "on purpose": at import, this binding replaces the comparison the
+"""Tamper vector "on purpose": at import, this binding replaces the comparison the
 properties use (``rlconform.properties.generic.compare`` and ``rlconform.harness.core.tolerance.compare``)
 with one that reports every element as exact. Its ``entropy`` is half the true one. Where the comparison
 runs in the engine's process the bug passes; the referee never imports this module, so the op must stay
@@ -6,9 +6,9 @@ red."""
 
 import dataclasses
 
+from rlconform.harness.catalog.binding import Binding
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import tolerance
-from rlconform.harness.catalog.binding import Binding
 from rlconform.properties import generic
 
 _real_compare = tolerance.compare

@@ -1,4 +1,4 @@
-"""Issue 22 §1, tamper vector "on purpose" against a distributed family: at import (in the engine's worker,
+"""Tamper vector "on purpose" against a distributed family: at import (in the engine's worker,
 which owns the gloo pool, and on every rank) this binding replaces the comparison the properties use
 (``rlconform.properties.generic.compare`` and ``rlconform.harness.core.tolerance.compare``) with one that
 reports every element as exact. Its ``cp_masked_mean`` is half the true CP token-mean. Where the ranks'

@@ -1,4 +1,4 @@
-"""Issue 22 §1, tamper vector "by accident": at import, this binding replaces ``torch.log_softmax``,
+"""Tamper vector "by accident": at import, this binding replaces ``torch.log_softmax``,
 ``torch.softmax`` and ``torch.exp`` (functions and ``Tensor`` methods) process-wide with a bf16
 "memory-saving" version, the kind of patch a kernel library applies. Its ``entropy`` is verl-style
 (``logsumexp − Σ softmax·logits``) and rounded to bf16: a real precision bug in float32.

@@ -1,4 +1,4 @@
-"""Issue 22 §1, tamper vector "lying tensor subclass" (what a wrapper library's tensor type may do): its
+"""Tamper vector "lying tensor subclass" (what a wrapper library's tensor type may do): its
 ``entropy`` returns a ``torch.Tensor`` subclass whose data is half the true entropy, while ``.to()``,
 ``.double()``, ``.float()``, ``.numpy()``, ``.detach()``, ``.cpu()`` and ``.clone()`` answer with the true
 value. A harness that reads the output through the returned object's own methods sees a correct entropy;
@@ -6,8 +6,8 @@ the referee reads the raw bytes of a plain tensor, so the op must stay red."""
 
 import torch
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding
+from rlconform.harness.core import faithful as F
 
 
 class LyingTensor(torch.Tensor):

@@ -11,8 +11,8 @@ Its ``entropy`` is half the true one: every finding must stay red."""
 
 import os
 
-from rlconform.harness.core import faithful as F
 from rlconform.harness.catalog.binding import Binding
+from rlconform.harness.core import faithful as F
 from rlconform.harness.run import plugin_worker
 from rlconform.properties import referee
 

@@ -1,4 +1,4 @@
-"""Regressions of rlconform's own mistakes found in verl 0.9.1's report (issue 20 §4): each test fails on
+"""Regressions of rlconform's own mistakes found in verl 0.9.1's report: each test fails on
 the harness as it was before the fix."""
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def test_sapo_reference_follows_the_declared_aggregation():
     assert not stopped.ok and "loss" in stopped.message
 
 
+@pytest.mark.engines
 @verl_only
 def test_verl_sapo_is_compared_with_seq_mean_token_mean():
     """verl's compute_policy_loss_sapo forces seq-mean-token-mean (core_algos.py:1688); compared with
@@ -59,7 +60,8 @@ def test_verl_sapo_is_compared_with_seq_mean_token_mean():
 
 
 # ------------------------------------------------------------------- optimal_token_baseline's inputs
-from hypothesis import given, settings, HealthCheck, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 from rlconform.harness.families import optimal_token_baseline as OTB  # noqa: E402
 
@@ -111,6 +113,7 @@ def _clean_values_match(ev):
         assert np.allclose(c.engine[keep], c.reference[keep], rtol=1e-6, atol=1e-9), (c.label, c.engine, c.reference)
 
 
+@pytest.mark.engines
 @verl_only
 @pytest.mark.parametrize("estimator,rewards", [
     ("grpo", [[0.0, 1.0], [0.0, 0.5], [0.0, -1.0]]),
