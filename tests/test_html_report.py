@@ -24,16 +24,19 @@ def _browser() -> str | None:
     return next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
 
 
-def load_in_browser(html_path: str, dom: list | None = None) -> tuple[str, list[str]]:
-    """Load the page headless; return (document.title after load, console messages); the DOM after the
-    page's script ran is appended to ``dom`` when given."""
+def load_in_browser(html_path: str, dom: list | None = None, window: tuple[int, int] | None = None
+                    ) -> tuple[str, list[str]]:
+    """Load the page headless (``html_path`` may end in ``#anchor``); return (document.title after load,
+    console messages); the DOM after the page's script ran is appended to ``dom`` when given."""
     exe = _browser()
     if exe is None:
         pytest.skip("headless Chromium not found (install it: `make browser`, or apt-get install -y chromium)")
+    path, _, anchor = html_path.partition("#")
+    size = [f"--window-size={window[0]},{window[1]}"] if window else []
     proc = subprocess.run(
         [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom",
-         "file://" + os.path.abspath(html_path)],
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *size, "--dump-dom",
+         "file://" + os.path.abspath(path) + (f"#{anchor}" if anchor else "")],
         capture_output=True, text=True, timeout=120)
     m = re.search(r"<title>(.*?)</title>", proc.stdout, re.S)
     console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
@@ -70,9 +73,8 @@ def test_check_writes_a_self_contained_html_report(pipeline_report):
     # self-contained: no external resource of any kind
     assert not re.search(r'(src|href)="(?!data:|#)', html)
     assert "http://" not in html and "https://" not in html
-    # error-vs-imbalance plot and examples per op
-    assert expected_plots(html) == 2 and html.count('<img class="plot"') == 2
-    assert "metric_pipeline: error against shard imbalance" in html
+    # no softmax statistic checked: no plot (the samples stay in report.json)
+    assert expected_plots(html) == 0 and html.count('<img class="plot"') == 0
     # every non-pass finding has a row; its reproducer command is the page's pattern or shown in its row
     bad = [f for f in doc["findings"] if f["status"] != "pass"]
     assert bad
@@ -160,10 +162,10 @@ def test_crash_traceback_shows_the_engines_frames():
     assert engine_traceback(None) is None
 
 
-@pytest.mark.cli
-def test_browser_check_catches_a_broken_plot(pipeline_report, tmp_path):
+def test_browser_check_catches_a_broken_plot(tmp_path):
     """The browser check can fail: a plot that does not decode turns the title into an error."""
-    html = (pipeline_report / "report.html").read_text()
+    html = render_html(_heatmap_doc())
+    assert expected_plots(html) == 1
     broken = re.sub(r'src="data:image/png;base64,[^"]+"', 'src="data:image/png;base64,AAAA"', html, count=1)
     path = tmp_path / "broken.html"
     path.write_text(broken)
@@ -178,6 +180,16 @@ def _token_finding(op, prop, dtype, regime, status="pass", rel=1e-7, ratio=0.05)
             "worst_input": "logits[1, 2]=[0.0, -inf]" if status != "pass" else None,
             "reproducer": {"case_file": "x.json", "command": "rlconform replay x.json"} if status != "pass" else None,
             "traceback": None, "xfail_listed": False, "samples": None}
+
+
+def _heatmap_doc() -> dict:
+    from rlconform.harness.catalog.ops import LOGITS_REGIMES
+
+    findings = [_token_finding(op, "matches_reference", d, r, ratio=10.0 ** (i % 5 - 3))
+                for op in ("entropy", "sum_pi_squared") for r, ds in LOGITS_REGIMES.items() for i, d in enumerate(ds)]
+    return {"schema": "rlconform.report/1", "tool": {"name": "rlconform", "version": "0"},
+            "engine": {"name": "synthetic", "spec": "x.py", "version": None},
+            "run": {"complete": True, "profile": "ci"}, "summary": {"pass": len(findings)}, "findings": findings}
 
 
 def test_softmax_heatmap_and_escaping(tmp_path):
@@ -195,9 +207,46 @@ def test_softmax_heatmap_and_escaping(tmp_path):
            "findings": findings}
     html = render_html(doc)
     assert "<script>alert(1)</script>" not in html
-    assert expected_plots(html) == 2  # heatmap + examples per op (no partition op)
+    assert expected_plots(html) == 1  # the heatmap, the page's only plot
     assert "softmax statistics: error by dtype and logits regime" in html
     path = tmp_path / "report.html"
     path.write_text(html)
     title, console = load_in_browser(str(path))
-    assert console == [] and title == "ok:2", (title, console)
+    assert console == [] and title == "ok:1", (title, console)
+
+
+VERL_REPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reports", "verl-0.9.1")
+
+
+def test_the_committed_verl_page_fits_a_1400px_window_and_leads_with_its_defects(tmp_path):
+    """verl's page at 1400 × 900: nothing wider than the window, the defect table starts on the first screen,
+    every card is collapsed, and a link to a card (``#D1``) opens it."""
+    doc = json.loads(open(os.path.join(VERL_REPORT, "report.json")).read())
+    assert doc["defects"], "the committed verl report has defects to show"
+    path = tmp_path / "report.html"
+    path.write_text(render_html(doc))
+    for anchor, open_cards in (("", "0"), ("#D1", "1")):
+        dom = []
+        title, console = load_in_browser(str(path) + anchor, dom, window=(1400, 900))
+        assert title.startswith("ok:"), title
+        width = int(re.search(r'data-scroll-width="(\d+)"', dom[0]).group(1))
+        top = int(re.search(r'data-defects-top="(\d+)"', dom[0]).group(1))
+        assert width <= 1400, width
+        assert 0 < top < 900 - 100, top  # the table's head and first rows on the first screen
+        assert re.search(rf'data-open-cards="{open_cards}"', dom[0]), anchor
+    html = path.read_text()
+    assert html.count('<details class="finding"') == len(doc["defects"])
+    assert '<details class="finding" open' not in html
+
+
+def test_reached_by_names_the_configuration_or_says_any():
+    from rlconform.harness.report.html_report import reached_by
+
+    assert reached_by({"reach": 3, "trigger": "more than one micro-batch"}) == \
+        "configuration: more than one micro-batch"
+    assert reached_by({"reach": 2, "trigger": "any input"}) == "any configuration"
+    assert reached_by({"reach": 2, "trigger": "bf16 input"}) == "any configuration (bf16 input)"
+    assert reached_by({"reach": 1, "trigger": "a row with no valid token"}) == \
+        "any configuration, on a row with no valid token"
+    assert reached_by({"reach": 0, "trigger": "fp16 input"}) == "only fp16 input"
+    assert reached_by({"signature": {"feature": "TP > 1"}}) == "TP > 1"  # an older report: its trigger

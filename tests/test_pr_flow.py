@@ -147,40 +147,6 @@ def test_report_md_of_the_committed_verl_report_fits_a_github_comment(tmp_path):
     assert "more declared items: see report.html or report.json" in md
 
 
-# --------------------------------------------------------------------------- plots
-def _figures(monkeypatch):
-    from rlconform.harness.report import html_report
-
-    monkeypatch.setattr(html_report, "_png", lambda fig: fig)
-    return html_report
-
-
-def test_agg_loss_plot_has_one_legend_entry_per_dtype_and_verdict(monkeypatch):
-    H = _figures(monkeypatch)
-    samples = [{"imbalance": 3, "abs_err": 1e-7, "ok": True}, {"imbalance": 9, "abs_err": 1e-2, "ok": False}]
-    findings = [{"op": "agg_loss", "property": prop, "dtype": dtype, "regime": f"{mode}@imbalanced_partitions",
-                 "samples": samples} for prop in ("matches_reference", "partition_invariant")
-                for dtype in ("float32", "bfloat16") for mode in ("token-mean", "seq-mean-token-sum", "token-sum")]
-    fig = H.plot_imbalance(findings)[0]["src"]
-    assert all(ax.get_legend() is None for ax in fig.axes)  # no legend per panel
-    labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert sorted(labels) == sorted({"float32 pass", "float32 fail", "bfloat16 pass", "bfloat16 fail"}), labels
-
-
-def test_longest_bar_label_is_inside_the_examples_plot(monkeypatch):
-    H = _figures(monkeypatch)
-    findings = [{"op": op, "status": "pass", "examples": n} for op, n in (("entropy", 123456), ("masked_mean", 7))]
-    fig = H.plot_examples(findings)[0]["src"]
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    renderer = FigureCanvasAgg(fig).get_renderer()
-    fig.draw(renderer)
-    ax = fig.axes[0]
-    right = ax.get_window_extent(renderer).x1
-    label = next(t for t in ax.texts if t.get_text().strip() == "123456")
-    assert label.get_window_extent(renderer).x1 <= right
-
-
 # --------------------------------------------------------------------------- pasteable reproducers
 WRONG_COUNT = '''
 import torch

@@ -158,7 +158,7 @@ def test_report_md_sections_in_order(tmp_path):
     body = md.split("### All failing findings", 1)[1].split("###", 1)[0]
     assert "| status | op | property |" in body  # the heading holds the findings table, never an empty section
     page = (tmp_path / "report.html").read_text()
-    assert page.index("defects (") < page.index("Conventions and guards") < page.index("findings that do not pass")
+    assert page.index("id=\"defects-table\"") < page.index("<h2 id=\"conventions\">") < page.index("findings that do not pass")
 
 
 def test_an_unavailable_op_is_no_defect():

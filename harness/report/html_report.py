@@ -3,27 +3,31 @@
 No network and no external file: the CSS is inline and the plots are PNGs drawn with matplotlib's Agg
 canvas (no pyplot, no global backend switch) and embedded as base64 ``data:`` URIs. The page holds
 
-* the summary counts and the op × property × dtype table (worst status over regimes, as in the
-  terminal summary);
-* plots where a picture says more than the table: error against shard imbalance for the partition
-  ops (``agg_loss``, ``metric_pipeline``; from each finding's bounded ``samples``), error / tolerance
-  by dtype × logits regime for the softmax statistics (``matches_reference``), and examples run per op;
-* above the table, the defects (``doc["defects"]``, :mod:`rlconform.harness.report.triage`) ranked by severity: an index
-  table, then one card each with its members (dtypes and regimes, compactly), the reproducer command,
-  message and input of its smallest member and, for a crash, the engine's frames of the traceback;
+* first, within a 1400 × 900 window: the summary counts, a verdict line and the defect table
+  (``doc["defects"]``, :mod:`rlconform.harness.report.triage`, ranked by severity), each row with what
+  reaches it (:func:`reached_by`: the configuration its trigger names, or any configuration);
+* one card per defect, collapsed (a link to ``#D3`` opens it): its members (dtypes and regimes, compactly),
+  the reproducer command, message and input of its smallest member and, for a crash, the engine's frames
+  of the traceback;
+* the op × property × dtype table (worst status over regimes, as in the terminal summary);
+* one plot, where a picture says more than the table: error / tolerance by dtype × logits regime for the
+  softmax statistics (``matches_reference``), against the threshold 1;
 * the failing findings in one table grouped by defect (numbers only; the reproducer command is one
   pattern, shown once, and a row shows its own only when it differs);
 * every finding (message, worst input and crash traceback of the failing ones) as gzip'd JSON in the
   page, which a few lines of script expand into a filterable table (``DecompressionStream``: offline,
   in every current browser).
 
+Nothing is wider than the window: table cells and code break anywhere rather than overflow.
+
 Long texts appear once: per defect in its card, per finding in the compressed table. verl 0.9.1's page
 (1135 findings, 346 failing, 61 defects) is ~300 KB, under 500 KB; the plots are 80-dpi PNGs
 on a 64-colour palette.
 
 A small script checks that each plot decoded (``naturalWidth > 0``), expands the table and sets
-``document.title`` to ``ok:N`` (``N`` plots) or ``error:...``, and ``data-rows`` on ``<body>`` to the rows
-it expanded; ``tests/test_html_report.py`` reads both in headless Chromium.
+``document.title`` to ``ok:N`` (``N`` plots) or ``error:...``; on ``<body>`` it records ``data-rows`` (the
+rows it expanded), ``data-scroll-width`` (the page's width), ``data-defects-top`` (where the defect table
+starts) and ``data-open-cards``; ``tests/test_html_report.py`` reads them in headless Chromium.
 
 Rendering (matplotlib import and drawing) takes about a second, so ``ReportWriter`` writes the page
 only when a run ends (``write(complete=...)``) and ``rlconform report DIR`` re-renders it.
@@ -99,60 +103,6 @@ def _figure(w: float, h: float):
     return Figure(figsize=(w, h), layout="constrained")
 
 
-def plot_imbalance(findings: list[dict]) -> list[dict]:
-    """One plot per partition op: per property a panel of max abs error against shard imbalance
-    (max shard nnz / max(1, min shard nnz)), points by dtype, failing examples filled."""
-    plots = []
-    for op in PARTITION_OPS:
-        by_prop: dict[str, list[dict]] = {}
-        for f in findings:
-            if f["op"] == op and f.get("samples") and f["property"] in ("matches_reference", "partition_invariant"):
-                by_prop.setdefault(f["property"], []).append(f)
-        props = [p for p in by_prop if any(s.get("imbalance") is not None for f in by_prop[p] for s in f["samples"])]
-        if not props:
-            continue
-        fig = _figure(4.2 * len(props), 3.4)
-        axes = fig.subplots(1, len(props), squeeze=False)[0]
-        n_points = 0
-        labelled: set[str] = set()  # one legend entry per dtype × pass/fail for the whole figure
-        for ax, prop in zip(axes, props):
-            for f in sorted(by_prop[prop], key=lambda f: FLOAT_DTYPES.index(f["dtype"])
-                            if f["dtype"] in FLOAT_DTYPES else 9):
-                color = DTYPE_COLOR.get(f["dtype"], "#5f6368")
-                for ok, marker in ((True, "o"), (False, "X")):
-                    pts = [s for s in f["samples"] if bool(s.get("ok")) is ok and s.get("imbalance") is not None]
-                    if not pts:
-                        continue
-                    xs = [max(1.0, float(s["imbalance"])) for s in pts]
-                    ys = [max(ERR_FLOOR, float(s.get("abs_err") or 0.0)) for s in pts]
-                    n_points += len(pts)
-                    key = f"{f['dtype']} {'pass' if ok else 'fail'}"
-                    ax.scatter(xs, ys, s=26 if ok else 44, marker=marker, alpha=0.75,
-                               facecolors="none" if ok else color, edgecolors=color, linewidths=1.0,
-                               label=key if key not in labelled else "_nolegend_")
-                    labelled.add(key)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_title(prop, fontsize=10)
-            ax.set_xlabel("shard imbalance (max nnz / max(1, min nnz))", fontsize=8)
-            ax.set_ylabel("max abs error (exact: bottom)", fontsize=8)
-            ax.tick_params(labelsize=7)
-            ax.grid(True, which="major", alpha=0.3)
-        handles, labels = [], []
-        for ax in axes:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                handles.append(h)
-                labels.append(lab)
-        if handles:
-            fig.legend(handles, labels, fontsize=7, loc="outside right upper")
-        fig.suptitle(f"{op}: error against shard imbalance (sampled examples; ○ pass, ✕ fail)", fontsize=10)
-        plots.append({"title": f"{op}: error against shard imbalance", "src": _png(fig),
-                      "caption": f"{n_points} sampled examples over {len(props)} properties: one point per example "
-                                 "(its most imbalanced partition); failing examples are kept first, including "
-                                 "those hypothesis tried while shrinking."})
-    return plots
-
-
 def _ratio_of(f: dict) -> float | None:
     """error / tolerance of a finding: ``max_ratio`` (inf for a failure without a numeric bound) or,
     for older reports, max_abs_err / tolerance."""
@@ -211,40 +161,6 @@ def plot_softmax(findings: list[dict]) -> list[dict]:
                         "tolerance bound over all examples of the finding (green: far inside, red: outside)."}]
 
 
-def plot_examples(findings: list[dict]) -> list[dict]:
-    """Examples run per op, stacked by the status of the findings they belong to."""
-    ops: list[str] = []
-    for f in findings:
-        if f["op"] not in ops:
-            ops.append(f["op"])
-    if not ops or not any(f.get("examples") for f in findings):
-        return []
-    fig = _figure(7.0, 0.32 * len(ops) + 1.1)
-    ax = fig.subplots()
-    left = [0.0] * len(ops)
-    for status in reversed(STATUS_ORDER):
-        vals = [float(sum(f.get("examples") or 0 for f in findings if f["op"] == op and f["status"] == status))
-                for op in ops]
-        if not any(vals):
-            continue
-        ax.barh(range(len(ops)), vals, left=left, color=STATUS_COLOR[status], label=status, height=0.7)
-        left = [a + b for a, b in zip(left, vals)]
-    for i, total in enumerate(left):
-        ax.text(total, i, f" {int(total)}", va="center", fontsize=7)
-    # room for the longest bar's label inside the axes (never clipped at the right edge)
-    ax.set_xlim(0, max(max(left) * 1.18, 1.0))
-    ax.set_yticks(range(len(ops)), ops, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("examples run (all properties, dtypes and regimes)", fontsize=8)
-    ax.tick_params(axis="x", labelsize=7)
-    ax.legend(fontsize=7, loc="lower right")
-    return [{"title": "examples run per op", "src": _png(fig),
-             "caption": "hypothesis examples (and replayed corpus cases) per op, coloured by finding status."}]
-
-
-# ------------------------------------------------------------------------------------------------
-# page
-
 #: the script of the page: checks the plots decoded, expands the all-findings table from its gzip'd JSON
 #: (``DecompressionStream``, in every current browser, offline) and reports the outcome in ``document.title``
 SCRIPT = """
@@ -292,7 +208,17 @@ async function expandExplain() {  // the upstream-ready text of each defect card
     if (pre) pre.textContent = texts[key];
   });
 }
+function openLinkedCard() {  // a link to a defect card (#D3) opens it
+  var el = location.hash ? document.getElementById(location.hash.slice(1)) : null;
+  if (el && el.tagName === "DETAILS") el.open = true;
+  document.body.setAttribute("data-open-cards", document.querySelectorAll("details.finding[open]").length);
+}
+window.addEventListener("hashchange", openLinkedCard);
 window.addEventListener("load", function () {
+  openLinkedCard();
+  var table = document.getElementById("defects-table");  // what a browser test reads: the page's width and
+  document.body.setAttribute("data-scroll-width", document.documentElement.scrollWidth);  // the first screen
+  if (table) document.body.setAttribute("data-defects-top", Math.round(table.getBoundingClientRect().top + window.scrollY));
   if (failed()) return;
   expandExplain().catch(function (e) { document.title = "error:explain texts: " + e; });
   var bad = plotsBad();
@@ -314,9 +240,10 @@ TEMPLATE = jinja2.Template("""<!DOCTYPE html>
 <title>rlconform: {{ eng.name }}</title>
 <script>{{ script }}</script>
 <style>
+*, *::before, *::after { box-sizing: border-box; }
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #202124; margin: 0;
        background: #f8f9fa; }
-main { max-width: 1180px; margin: 0 auto; padding: 20px 28px 60px; }
+main { max-width: 1180px; width: 100%; margin: 0 auto; padding: 20px 28px 60px; }
 h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 10px; border-bottom: 1px solid #dadce0;
      padding-bottom: 4px; } h3 { font-size: 14px; margin: 0 0 6px; }
 .meta { color: #5f6368; font-size: 12.5px; } .meta code { font-size: 12px; }
@@ -324,8 +251,12 @@ h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 10
 .count { border-radius: 8px; padding: 8px 14px; color: #fff; font-weight: 600; min-width: 90px; }
 .count span { display: block; font-size: 22px; }
 .count.zero { opacity: .35; }
-table { border-collapse: collapse; background: #fff; font-size: 12.5px; }
-th, td { border: 1px solid #dadce0; padding: 3px 7px; text-align: left; vertical-align: top; }
+table { border-collapse: collapse; background: #fff; font-size: 12.5px; max-width: 100%; }
+th, td { border: 1px solid #dadce0; padding: 3px 7px; text-align: left; vertical-align: top; overflow-wrap: anywhere; }
+#defects-table { width: 100%; }
+#defects-table th, #defects-table td:nth-child(-n+2), #defects-table td:nth-child(4), #defects-table td:nth-child(7),
+.badge { white-space: nowrap; }
+.verdict { font-size: 15px; margin: 10px 0 4px; }
 th { background: #f1f3f4; }
 td.cell { text-align: center; font-weight: 600; white-space: nowrap; }
 tr.grp th { background: #e8eaed; font-weight: 600; }
@@ -333,11 +264,12 @@ tr.grp th { background: #e8eaed; font-weight: 600; }
                               font-size: 11.5px; max-width: 520px; }
 .badge { display: inline-block; border-radius: 4px; padding: 0 6px; color: #fff; font-size: 11.5px; font-weight: 600; }
 .finding { background: #fff; border: 1px solid #dadce0; border-left: 5px solid; border-radius: 6px;
-           padding: 10px 14px; margin: 10px 0; }
+           padding: 8px 14px; margin: 8px 0; }
+.finding > summary h3 { display: inline; }
 .finding .nums { color: #3c4043; font-size: 12.5px; margin: 4px 0; }
 pre { background: #f1f3f4; padding: 8px 10px; border-radius: 4px; overflow-x: auto; font-size: 12px; margin: 6px 0;
       white-space: pre-wrap; word-break: break-word; }
-code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; }
+code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; overflow-wrap: anywhere; }
 .cmd { background: #202124; color: #e8eaed; }
 figure { background: #fff; border: 1px solid #dadce0; border-radius: 6px; margin: 12px 0; padding: 10px; }
 figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
@@ -349,35 +281,38 @@ details summary { cursor: pointer; color: #1a73e8; }
 {% endfor %}</style></head>
 <body data-expected-plots="{{ plots|length }}"><main>
 <h1>rlconform · {{ eng.name }} {{ eng.version or "" }}</h1>
-<div class="meta">engine spec <code>{{ eng.spec }}</code>{% if eng.path %}, path <code>{{ eng.path }}</code>{% endif %}
-{% if eng.revision %}, revision <code>{{ eng.revision }}</code>{% endif %} · rlconform {{ doc.tool.version }} ·
+<div class="meta">engine spec <code>{{ eng.spec }}</code>{% if eng.revision %}, revision <code>{{ eng.revision }}</code>{% endif %}
+· rlconform {{ doc.tool.version }} · profile {{ run.profile }} ·
 {% if run.complete %}complete run{% else %}<b>incomplete run</b> (interrupted or still running){% endif %}
-<br>started {{ run.started }}{% if run.finished %}, finished {{ run.finished }}{% endif %} · profile {{ run.profile }}
+<details><summary>run details</summary>{% if eng.path %}path <code>{{ eng.path }}</code><br>{% endif %}
+started {{ run.started }}{% if run.finished %}, finished {{ run.finished }}{% endif %}
 {% if run.seed is not none %} · seed {{ run.seed }}{% endif %}{% if run.max_examples %} · max {{ run.max_examples }}
 examples per finding{% endif %} · python {{ run.python }} · torch {{ run.torch }}
 {% if run.device %}<br>device <code>{{ run.device.device }}</code> ({{ run.device.name }}{% if run.device.capability %}, compute
 capability {{ run.device.capability }}{% endif %}{% if run.device.cpu_capability %}, CPU kernels
 {{ run.device.cpu_capability }}{% endif %}){% if run.device.cuda %} · CUDA {{ run.device.cuda }}{% endif %}{% endif %}
-{% if run.command %}<br><code>{{ run.command }}</code>{% endif %}</div>
+{% if run.command %}<br><code>{{ run.command }}</code>{% endif %}</details></div>
 
 <div class="counts">{% for s in statuses %}<div class="count{% if not summary.get(s) %} zero{% endif %}"
  style="background: {{ colors[s] }}">{{ s }}<span>{{ summary.get(s, 0) }}</span></div>{% endfor %}</div>
 
-{% if coverage %}<p class="muted">coverage of the engine's numerics: {{ coverage }}</p>{% endif %}
-
-{% if defects %}<h2>defects ({{ defects|length }})</h2>
-<p class="muted">{{ triage_line }}. A defect is a root cause in the engine: the findings that share the engine
-function (for a crash, the deepest engine frame), the kind of failure and its trigger, across properties, dtypes
-and regimes; by severity, then size of the effect. Each shows the engine vs exact numbers and the reproducer of its
-smallest member, its message and input; its members are listed under it in the table of failing findings below.
-{{ cite_note }}</p>
-{% if writes_line %}<p><strong>{{ writes_line }}</strong></p>{% endif %}
-<table><tr><th>defect</th><th>severity</th><th>engine function (file:line)</th><th>failure · trigger</th><th>engine vs exact</th><th>findings</th></tr>
-{% for d in defects %}<tr><td><a href="#{{ d.key }}">{{ d.key }}</a><td><span class="badge v-{{ d.severity }}">{{ d.severity }}</span><td>{{ d.where }}<td>{{ d.signature.kind }} · {{ d.signature.feature }}<td>{{ d.nums }}<td>{{ d.members|length }}
+{% if defects %}<p class="verdict"><b>{{ triage_line }}</b>.</p>
+{% if writes_line %}<details><summary>declared writes into a caller's tensor: not defects while the engine's own
+callers keep them</summary><p>{{ writes_line }}</p></details>{% endif %}
+<table id="defects-table"><tr><th>defect</th><th>severity</th><th>engine function (file:line)</th><th>failure</th><th>reached by</th><th>engine vs exact</th><th>findings</th></tr>
+{% for d in defects %}<tr><td><a href="#{{ d.key }}">{{ d.key }}</a><td><span class="badge v-{{ d.severity }}">{{ d.severity }}</span><td>{{ d.where }}<td>{{ d.signature.kind }}<td>{{ d.reached_by }}<td>{{ d.nums }}<td>{{ d.members|length }}
 {% endfor %}</table>
-{% for d in defects %}<div class="finding" id="{{ d.key }}" style="border-left-color: {{ sev_colors.get(d.severity, "#888") }}">
-<h3>{{ d.key }} <span class="badge v-{{ d.severity }}">{{ d.severity }}</span> {{ d.where }} —
-{{ d.signature.kind }} · {{ d.signature.feature }}</h3>
+<details><summary>how to read the defects</summary><p class="muted">A defect is a root cause in the engine: the
+findings that share the engine function (for a crash, the deepest engine frame), the kind of failure and its
+trigger, across properties, dtypes and regimes; by severity, then reachability, then size of the effect.
+"Reached by" names the configuration that reaches the defect (a trainer option, more than one micro-batch), or
+says any configuration does. Each card shows the engine vs exact numbers and the reproducer of its smallest member,
+its message and input; its members are listed in the table of failing findings below. {{ cite_note }}</p></details>
+{% if coverage %}<p class="muted">coverage of the engine's numerics: {{ coverage }}</p>{% endif %}
+<h2>defect cards</h2>
+{% for d in defects %}<details class="finding" id="{{ d.key }}" style="border-left-color: {{ sev_colors.get(d.severity, "#888") }}">
+<summary><h3>{{ d.key }} <span class="badge v-{{ d.severity }}">{{ d.severity }}</span> {{ d.where }} —
+{{ d.signature.kind }} · {{ d.signature.feature }}</h3></summary>
 <div class="nums">{{ (d.ops or [d.op])|join(", ") }} · {{ (d.properties or [d.property])|join(", ") }}{% if d.nums %}; engine vs exact on the smallest input: <b>{{ d.nums }}</b>{% endif %};
 <a href="#{{ d.key }}-m">{{ d.members|length }} finding{{ "s" if d.members|length > 1 }}</a>:
 {% for dt, regs in d.by_dtype %}<b>{{ dt }}</b>: {{ regs }}{% if not loop.last %}; {% endif %}{% endfor %}</div>
@@ -387,7 +322,7 @@ smallest member, its message and input; its members are listed under it in the t
 {% if d.reproducer.input %}<div>input:</div><pre>{{ d.reproducer.input | truncate(msg_chars, True, " …") }}</pre>{% endif %}
 {% if d.traceback %}<details><summary>traceback (the engine's frames)</summary><pre>{{ d.traceback }}</pre></details>{% endif %}
 {% if explain_blob %}<details><summary>upstream issue text{{ " and standalone script" if d.key in scripted }}</summary><pre id="explain-{{ d.key }}"></pre></details>{% endif %}
-</div>{% endfor %}{% endif %}
+</details>{% endfor %}{% else %}{% if coverage %}<p class="muted">coverage of the engine's numerics: {{ coverage }}</p>{% endif %}{% endif %}
 {{ declared_section }}
 <h2>op × property × dtype</h2>
 <p class="muted">Worst status over the regimes of each cell, with how many regimes have it (hover: the regimes that
@@ -456,7 +391,7 @@ def _grid(findings: list[dict]) -> list[dict]:
 
 def make_plots(doc: dict) -> list[dict]:
     findings = doc.get("findings", [])
-    return plot_imbalance(findings) + plot_softmax(findings) + plot_examples(findings)
+    return plot_softmax(findings)
 
 
 def _regimes_text(regimes: list[str]) -> str:
@@ -580,6 +515,23 @@ def _nums(d: dict) -> str:
     return numbers_cell(d)
 
 
+def reached_by(d: dict) -> str:
+    """What reaches a defect, for its row: the configuration its trigger names (reach 3), any configuration
+    (reach 2, with the input feature when there is one), an edge input under any configuration (reach 1), or
+    only another dtype / an extreme input (reach 0). A defect without ``reach`` (an older report): its trigger."""
+    trigger = (d.get("trigger") or (d.get("signature") or {}).get("feature") or "").strip()
+    reach = d.get("reach")
+    if reach is None:
+        return trigger or "any configuration"
+    if reach >= 3:
+        return f"configuration: {trigger}" if trigger else "a configuration"
+    if reach == 2:
+        return "any configuration" + (f" ({trigger})" if trigger and trigger != "any input" else "")
+    if reach == 1:
+        return f"any configuration, on {trigger}" if trigger else "any configuration, on an edge input"
+    return f"only {trigger}" if trigger else "only another dtype or an extreme input"
+
+
 def _page_parts(doc: dict) -> dict:
     findings = doc.get("findings", [])
     by_id = {f["id"]: f for f in findings}
@@ -591,7 +543,7 @@ def _page_parts(doc: dict) -> dict:
         rep = by_id.get((d.get("reproducer") or {}).get("finding") or "", {})
         tb = engine_traceback(rep.get("traceback")) if rep.get("status") == "crash" else None
         defects.append(dict(d, key=key, by_dtype=_by_dtype(d["members"], by_id), traceback=tb, where=_where(d),
-                            nums=_nums(d)))
+                            nums=_nums(d), reached_by=reached_by(d)))
         for m in d["members"]:
             owner.setdefault(m, (key, d))
     groups: dict[str, dict] = {}
