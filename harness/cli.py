@@ -86,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shrinking steps per failing finding, listed in the --xfails ledger or not (default: 50 "
                         "in the ci profile, no limit in nightly; negative: no limit)")
     c.add_argument("--seed", type=int, default=None, help="random seed (disables derandomization)")
-    c.add_argument("--xfails", default=None, help="ledger of accepted defects (one per line) and known findings (ids)")
+    c.add_argument("--xfails", default=None,
+                   help="ledger of accepted defects (one per line) and known findings (ids): a file, or the name of "
+                        "a ledger rlconform ships (verl-0.9.1, skyrl-0.4.0, megatron-core-0.19.2)")
     c.add_argument("--changed-since", default=None, metavar="REV",
                    help="only the findings whose engine functions, or the engine functions they call, changed "
                         "between REV and HEAD of the --engine-path checkout, and those the ledger lists; the "
@@ -365,6 +367,12 @@ def cmd_check(args) -> int:
         if unknown:
             return _usage_error(f"unknown {flag} {', '.join(unknown)}; choose from {', '.join(known)}")
     if args.xfails:
+        from rlconform.harness.report import stock_ledgers
+
+        try:  # a path, or the name of a ledger rlconform ships (verl-0.9.1)
+            args.xfails = stock_ledgers.resolve(args.xfails)
+        except FileNotFoundError as exc:
+            return _usage_error(str(exc))
         warnings: list[str] = []
         try:
             parse_xfails(args.xfails, warnings=warnings)

@@ -7,19 +7,26 @@ looked up only when no file of that name exists: a path always wins.
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 import os
+import pathlib
 import re
 
 #: what a stock ledger's name looks like: ``<engine>-<version>``
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]*-\d[\w.]*$")
 
 
-def _root():
+def _root() -> pathlib.Path | None:
+    """The folder of ``rlconform.ledgers`` (a namespace package: its search locations, the first folder among
+    them; an editable install lists a path hook there too, which ``importlib.resources`` cannot read)."""
     try:
-        return importlib.resources.files("rlconform.ledgers")
+        spec = importlib.util.find_spec("rlconform.ledgers")
     except ModuleNotFoundError:  # a source tree without the mapping (never in an install)
         return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if os.path.isdir(location):
+            return pathlib.Path(location)
+    return None
 
 
 def names() -> list[str]:
