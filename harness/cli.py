@@ -9,6 +9,7 @@
     rlconform bisect --engine-path CHECKOUT --good REV --bad REV CASE_FILE [--engine SPEC]
     rlconform coverage --engine X [--format table|md|json] [--strict]   (the engine's numerics: bound or not)
     rlconform audit --engine X [--report DIR] [--format md|json]   (fault shapes in the numerics)
+    rlconform init [--engine verl] [--dir .]   (a fork's workflow, empty ledger and binding skeleton)
     rlconform list-ops | list-engines | --version
 
 Exit codes: 0 clean (every selected finding run and recorded, none failing), 1 discrepancies (or crashes,
@@ -164,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     from rlconform.harness.run.matrix import add_parser as add_matrix_parser  # --- version matrix ---
 
     add_matrix_parser(sub)
+
+    from rlconform.harness.run.init_cmd import add_parser as add_init_parser  # --- adoption in a fork ---
+
+    add_init_parser(sub)
 
     cv = sub.add_parser("coverage", help="inventory the engine's numerics: every public function bound to an op, "
                         "justified, or unbound")
@@ -1044,7 +1049,7 @@ def _main(argv: list[str] | None = None) -> int:
         from rlconform.harness.run.bisect import cmd_bisect
 
         return cmd_bisect(args)
-    if args.command == "explain":  # --- ---
+    if args.command == "explain":  # --- explain ---
         from rlconform.harness.report.explain_cmd import cmd_explain
 
         return cmd_explain(args)
@@ -1056,6 +1061,10 @@ def _main(argv: list[str] | None = None) -> int:
         from rlconform.harness.run.audit import cmd_audit
 
         return cmd_audit(args)
+    if args.command == "init":  # --- adoption in a fork ---
+        from rlconform.harness.run.init_cmd import cmd_init
+
+        return cmd_init(args)
     if args.command == "matrix":  # --- version matrix ---
         from rlconform.harness.run.matrix import cmd_matrix
 

@@ -261,6 +261,7 @@ WRITTEN = {
     ".github/workflows/rlconform.yml": "the fork's workflow file the README shows",
     "./rlconform-corpus": "rlconform fuzz",
     "rlconform-corpus/": "rlconform fuzz",
+    "rlconform-xfails.txt": "rlconform init, in the reader's fork (tests/test_init.py)",
     "reports/verl-0.9.1-cuda/": "benchmarks/cuda_check.sh on a GPU machine (docs/cuda.md)",
 }
 TOP = ("harness/", "tests/", "reports/", "reference/", "install/", "properties/", "distributed_tests/", "ci/",
