@@ -64,8 +64,6 @@ PLAN: dict[str, tuple] = {
     "rlconform check --engine verl --op agg_loss": ("skip", "a real-engine check (tests/test_verdict_stability.py runs it)"),
     "ci/rlconform-pr.sh --engine verl --base-ref origin/main --xfails rlconform-xfails.txt":
         ("skip", "a fork's checkout only the reader has; tests/test_ci_recipe.py runs the script on a toy fork"),
-    "pytest -p rlconform.harness.run.pytest_plugin --rlconform-engine verl --rlconform-op agg_loss --pyargs "
-    "rlconform.properties": ("skip", "a real-engine check through pytest; tests/test_plugin_referee.py runs the plugin"),
     "rlconform check --engine verl --device cuda --profile ci --out rlconform-report/verl-cuda":
         ("skip", "needs a GPU (docs/cuda.md)"),
     "rlconform check --engine verl --device cuda:1 --op fused_linear_token_stats": ("skip", "needs a GPU"),
@@ -147,6 +145,23 @@ def scratch(tmp_path_factory):
 
 def test_readme_python_examples_are_extracted(scratch):
     assert (scratch / "my_binding.py").exists() and (scratch / "token_mean.py").exists()
+    assert (scratch / "test_my_numerics.py").exists()
+
+
+def test_the_fork_test_file_of_the_readme_runs(scratch):
+    """The README's fork test file, with a stand-in ``my_fork.numerics`` whose masked mean ignores the mask:
+    its test fails with the finding's message and replay command, in a few lines."""
+    pkg = scratch / "my_fork"
+    pkg.mkdir(exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "numerics.py").write_text("def fast_masked_mean(values, mask):\n    return values.mean()\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_numerics.py"],
+                          cwd=scratch, env=dict(os.environ, PYTHONPATH=str(scratch)), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "does not conform to op 'masked_mean'" in proc.stdout and "rlconform replay" in proc.stdout
+    assert "harness/run/conforms.py" not in proc.stdout  # the failure shows the test's line, not rlconform
+
 
 
 @pytest.mark.cli
