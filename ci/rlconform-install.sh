@@ -10,7 +10,8 @@
 #   ci/rlconform-install.sh [--engine verl|skyrl|megatron|SPEC] [--fork DIR] [--torch-index URL] [--dry-run]
 #
 #   --engine       picks install/<engine>.txt; any other spec (module:attr, file.py) installs none
-#   --fork         the fork's checkout (default: .); skipped when it has no pyproject.toml / setup.py
+#   --fork         the fork's checkout (default: .); `none`, or a folder without pyproject.toml / setup.py,
+#                  installs no fork
 #   --torch-index  default https://download.pytorch.org/whl/cpu
 #   --dry-run      print the commands instead of running them
 # Environment: PYTHON (default python3). Exit code: 0 installed, 2 usage, else pip's.
@@ -52,7 +53,9 @@ case "$engine" in
 esac
 run "$py" -m pip install -c "$constraints" "$repo_root" "${reqs[@]}"
 
-if [ -f "$fork/pyproject.toml" ] || [ -f "$fork/setup.py" ]; then
+if [ "$fork" = none ]; then
+  echo "rlconform-install: no fork installed (--fork none)"
+elif [ -f "$fork/pyproject.toml" ] || [ -f "$fork/setup.py" ]; then
   run "$py" -m pip install --no-deps -e "$fork"
 else
   echo "rlconform-install: $fork has no pyproject.toml or setup.py; the check imports it from --engine-path"

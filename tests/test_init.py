@@ -79,3 +79,25 @@ def test_init_refuses_a_missing_folder(tmp_path):
     from rlconform.harness.cli import main
 
     assert main(["init", "--dir", str(tmp_path / "nope")]) == 2
+
+
+def _workflow_blocks() -> list[tuple[str, str]]:
+    import re
+
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [(p.name, block) for p in docs for block in re.findall(r"^```yaml\n(.*?)^```", p.read_text(), re.S | re.M)
+            if re.search(r"^jobs:", block, re.M)]
+
+
+def test_every_workflow_the_docs_show_validates_against_githubs_schema(tmp_path):
+    """The README's and docs' workflows (the pull-request check, the sharded nightly check) are complete
+    workflows that GitHub's schema accepts, not fragments."""
+    pytest.importorskip("check_jsonschema")
+    blocks = _workflow_blocks()
+    assert len(blocks) >= 3, blocks  # README's, docs/pull-requests.md's two
+    for n, (name, block) in enumerate(blocks):
+        path = tmp_path / f"{n}.yml"
+        path.write_text(block)
+        lint = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
+                               str(path)], capture_output=True, text=True, timeout=300)
+        assert lint.returncode == 0, (name, block, lint.stdout + lint.stderr)
