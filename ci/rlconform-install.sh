@@ -7,9 +7,11 @@
 #   3. the fork itself, editable and without its declared dependencies (they pin a CUDA torch and serving
 #      stacks the numerics modules never import).
 #
-#   ci/rlconform-install.sh [--engine verl|skyrl|megatron|SPEC] [--fork DIR] [--torch-index URL] [--dry-run]
+#   ci/rlconform-install.sh [--engine verl|skyrl|megatron|SPEC] [--requirements ENGINE] [--fork DIR]
+#                           [--torch-index URL] [--dry-run]
 #
 #   --engine       picks install/<engine>.txt; any other spec (module:attr, file.py) installs none
+#   --requirements the stock engine whose install/<engine>.txt a binding file of a fork needs (verl, ...)
 #   --fork         the fork's checkout (default: .); `none`, or a folder without pyproject.toml / setup.py,
 #                  installs no fork
 #   --torch-index  default https://download.pytorch.org/whl/cpu
@@ -19,10 +21,11 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo_root="$(cd "$here/.." && pwd)"
-engine="" fork="." torch_index="https://download.pytorch.org/whl/cpu" dry=0
+engine="" requirements="" fork="." torch_index="https://download.pytorch.org/whl/cpu" dry=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --engine) engine="$2"; shift 2 ;;
+    --requirements) requirements="$2"; shift 2 ;;
     --fork) fork="$2"; shift 2 ;;
     --torch-index) torch_index="$2"; shift 2 ;;
     --dry-run) dry=1; shift ;;
@@ -48,8 +51,10 @@ else
 fi
 
 reqs=()
-case "$engine" in
-  verl|skyrl|megatron) reqs=(-r "$repo_root/install/$engine.txt") ;;
+case "${requirements:-$engine}" in
+  verl|skyrl|megatron) reqs=(-r "$repo_root/install/${requirements:-$engine}.txt") ;;
+  "") ;;
+  *) [ -z "$requirements" ] || { echo "rlconform-install: no install/$requirements.txt" >&2; exit 2; } ;;
 esac
 run "$py" -m pip install -c "$constraints" "$repo_root" "${reqs[@]}"
 

@@ -140,7 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     _referee_arg(r)
 
     lg = sub.add_parser("ledger", help="print an xfails ledger listing the defects of a report, one line each")
-    lg.add_argument("report", help="a report.json (or the folder holding it)")
+    lg.add_argument("report", nargs="?", default=None, help="a report.json (or the folder holding it)")
+    lg.add_argument("--stock", default=None, metavar="NAME",
+                    help="print the ledger rlconform ships for a released engine instead (verl-0.9.1, skyrl-0.4.0, "
+                         "megatron-core-0.19.2): a fork's starting point")
 
     from rlconform.harness.run.fuzz import add_parser as add_fuzz_parser
 
@@ -291,13 +294,15 @@ def _usage_error(message: str) -> int:
 
 
 def cmd_list_ops() -> int:
-    from rlconform.harness.catalog.ops import OPS
+    from rlconform.harness.catalog.ops import OPS, family_of
 
     for op in OPS.values():
         dtypes = sorted({d for d, _ in op.cases()})
         regimes = [r + (f" ({'/'.join(op.regime_profiles(r))} profile only)" if op.regime_profiles(r) else "")
                    for r in op.regimes]
         print(f"{op.name:24s} {op.kind:16s} properties: {', '.join(op.properties)}")
+        if family_of(op.name).doc:  # the canonical call, as the family states it
+            print(f"{'':24s} {'':16s} call: {family_of(op.name).doc}")
         print(f"{'':24s} {'':16s} regimes: {', '.join(regimes)}; dtypes: {', '.join(dtypes)}")
         for name, values in op.parameters.items():
             print(f"{'':24s} {'':16s} parameter {name}: {', '.join(map(str, values))}")
@@ -905,6 +910,22 @@ def cmd_ledger(args) -> int:
     from rlconform.harness.report.ledger_text import ledger_lines
     from rlconform.harness.report.load import ReportError, load_report, report_path
 
+    if args.stock:
+        from rlconform.harness.report import stock_ledgers
+
+        if args.report:
+            return _usage_error("ledger takes a report or --stock NAME, not both")
+        try:
+            path = stock_ledgers.resolve(args.stock)
+        except FileNotFoundError as exc:
+            return _usage_error(str(exc))
+        if path == args.stock:  # not a stock name
+            return _usage_error(f"--stock takes a stock ledger's name ({', '.join(stock_ledgers.names())})")
+        with open(path, encoding="utf-8") as fh:
+            sys.stdout.write(fh.read())
+        return EXIT_CLEAN
+    if not args.report:
+        return _usage_error("ledger needs a report (or --stock NAME)")
     path = report_path(args.report)
     try:
         doc = load_report(path)

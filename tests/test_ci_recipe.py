@@ -229,6 +229,13 @@ def test_install_script_installs_cpu_torch_rlconform_and_the_fork_without_its_de
     assert proc.returncode == 0 and "torch 2.13.0 already installed" in proc.stdout, proc.stdout + proc.stderr
     assert [line for line in proc.stdout.splitlines() if line.startswith("+ ")] == [
         f"+ {sys.executable} -m pip install -c {ROOT}/install/constraints.txt {ROOT}"]
+    binding = subprocess.run(["bash", str(INSTALL), "--engine", "rlconform_binding.py", "--requirements", "verl",
+                              "--fork", "none", "--dry-run"], env=dict(os.environ, PYTHON=sys.executable),
+                             capture_output=True, text=True, timeout=120)
+    assert binding.returncode == 0 and f"-r {ROOT}/install/verl.txt" in binding.stdout, binding.stdout  # a fork's file
+    unknown = subprocess.run(["bash", str(INSTALL), "--requirements", "nope", "--dry-run"],
+                             capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2 and "no install/nope.txt" in unknown.stderr
     none = subprocess.run(["bash", str(INSTALL), "--fork", "none", "--dry-run"], env=dict(os.environ, PYTHON=sys.executable),
                           capture_output=True, text=True, timeout=120)
     assert none.returncode == 0 and "no fork installed" in none.stdout and "--no-deps" not in none.stdout

@@ -248,5 +248,6 @@ def test_reached_by_names_the_configuration_or_says_any():
     assert reached_by({"reach": 2, "trigger": "bf16 input"}) == "any configuration (bf16 input)"
     assert reached_by({"reach": 1, "trigger": "a row with no valid token"}) == \
         "any configuration, on a row with no valid token"
-    assert reached_by({"reach": 0, "trigger": "fp16 input"}) == "only fp16 input"
+    assert reached_by({"reach": 0, "trigger": "fp16 overflow"}) == "fp16 overflow (another dtype or an extreme input only)"
+    assert reached_by({"reach": 0, "trigger": "any input"}) == "another dtype or an extreme input only"
     assert reached_by({"signature": {"feature": "TP > 1"}}) == "TP > 1"  # an older report: its trigger

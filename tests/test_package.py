@@ -79,3 +79,28 @@ def test_the_installed_wheel_runs_outside_a_checkout(installed, tmp_path):
     assert bad.returncode == 2 and "stock ledgers: " in bad.stderr and "verl-0.9.1" in bad.stderr
     plugin = run(str(installed / "python"), "-m", "pytest", "-p", "rlconform.harness.run.pytest_plugin", "--help")
     assert plugin.returncode == 0 and "--rlconform-engine" in plugin.stdout, plugin.stderr
+
+
+@pytest.mark.smoke
+@pytest.mark.cli
+def test_ledger_prints_a_stock_ledger_by_name(capsys):
+    from rlconform.harness.cli import main
+
+    assert main(["ledger", "--stock", "verl-0.9.1"]) == 0
+    assert capsys.readouterr().out == (ROOT / "reports" / "verl-0.9.1" / "xfails.txt").read_text()
+    assert main(["ledger", "--stock", "verl-0.0.1"]) == 2
+    assert "stock ledgers: " in capsys.readouterr().err
+    assert main(["ledger", "--stock", "verl-0.9.1", str(ROOT / "reports" / "verl-0.9.1")]) == 2
+    assert main(["ledger"]) == 2
+
+
+@pytest.mark.smoke
+@pytest.mark.cli
+def test_list_ops_prints_each_ops_call(capsys):
+    from rlconform.harness.catalog.ops import OPS
+    from rlconform.harness.cli import main
+
+    assert main(["list-ops"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" call: ") == len(OPS)
+    assert "call: masked reductions over tokens (values [B, T], mask [B, T] -> 0-d)" in out

@@ -529,7 +529,9 @@ def reached_by(d: dict) -> str:
         return "any configuration" + (f" ({trigger})" if trigger and trigger != "any input" else "")
     if reach == 1:
         return f"any configuration, on {trigger}" if trigger else "any configuration, on an edge input"
-    return f"only {trigger}" if trigger else "only another dtype or an extreme input"
+    if not trigger or trigger == "any input":
+        return "another dtype or an extreme input only"
+    return trigger if trigger.startswith("(only") else f"{trigger} (another dtype or an extreme input only)"
 
 
 def _page_parts(doc: dict) -> dict:

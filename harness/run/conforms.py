@@ -100,7 +100,9 @@ def assert_conforms(fn: Callable, op: str, *, dtypes: Iterable[str] = (), proper
             shown = lines[:MESSAGE_LINES] + ([f"… ({len(lines) - MESSAGE_LINES} more lines)"]
                                              if len(lines) > MESSAGE_LINES else [])
             blocks.append(f"{fid}\n" + "\n".join(f"    {line}" for line in shown)
-                          + f"\n    {replay_command(path, engine or '<module:binding of this function>')}")
+                          + f"\n    {replay_command(path, engine or '<module:binding>')}")
+        if engine is None:
+            blocks.append("(pass engine='module:binding', a binding of this function, for runnable replay commands)")
         raise ConformanceError(f"{getattr(fn, '__qualname__', fn)!s} does not conform to op {op!r}: "
                                f"{len(failures)} of {len(selected)} findings fail\n" + "\n".join(blocks), failures)
     return len(selected)

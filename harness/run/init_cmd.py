@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--force", action="store_true", help="overwrite files that exist")
 
 
-def workflow_text(action: str) -> str:
+def workflow_text(action: str, engine: str) -> str:
     return f"""# rlconform on every pull request: the head checked against its base with the fork's ledger, the
 # diff posted as the pull request's comment, and every numerics function bound or justified.
 # Written by `rlconform init`; see rlconform's README, "Checking a fork in CI".
@@ -50,8 +50,9 @@ jobs:
       - uses: actions/checkout@v4
         with: {{fetch-depth: 0}}
       - uses: {action}
-        with: {{engine: {BINDING}, xfails: {LEDGER}}}
+        with: {{engine: {BINDING}, requirements: {engine}, xfails: {LEDGER}}}
       - name: every numerics function bound or justified
+        if: always()
         run: rlconform coverage --engine {BINDING} --engine-path . --strict --format md
 """
 
@@ -62,8 +63,8 @@ def ledger_text(engine: str) -> str:
 # too (remove it: the defect is fixed). Start it from a check of your main branch:
 #   rlconform check --engine {BINDING} --engine-path . --out rlconform-report
 #   rlconform ledger rlconform-report > {LEDGER}
-# or begin with the released engine's (rlconform ships it; copy its lines here):
-#   --xfails {_stock_ledger_name(engine)}
+# or begin with the released engine's, which rlconform ships:
+#   rlconform ledger --stock {_stock_ledger_name(engine)} >> {LEDGER}
 """
 
 
@@ -98,7 +99,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     if not os.path.isdir(root):
         print(f"rlconform init: {args.dir} is not a folder", file=sys.stderr)
         return 2
-    files = {WORKFLOW: workflow_text(args.action), LEDGER: ledger_text(args.engine), BINDING: binding_text(args.engine)}
+    files = {WORKFLOW: workflow_text(args.action, args.engine), LEDGER: ledger_text(args.engine), BINDING: binding_text(args.engine)}
     existing = [name for name in files if os.path.exists(os.path.join(root, name))]
     if existing and not args.force:
         print(f"rlconform init: {', '.join(existing)} exist(s) in {root}; nothing written (--force overwrites)",
