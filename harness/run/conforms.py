@@ -77,10 +77,10 @@ def assert_conforms(fn: Callable, op: str, *, dtypes: Iterable[str] = (), proper
             try:
                 outcome = run_check_here(binding, case)
             except EngineCrash as exc:
-                smallest.update(case=case, message=f"raises: {exc.engine_traceback.strip().splitlines()[-1]}")
+                smallest.update(case=case, shown=f"raises: {exc.engine_traceback.strip().splitlines()[-1]}")
                 raise _Failed() from None
             if outcome.verdict == "discrepancy":
-                smallest.update(case=case, message=outcome.message)
+                smallest.update(case=case, shown=outcome.message)
                 raise _Failed()
 
         try:
@@ -92,7 +92,7 @@ def assert_conforms(fn: Callable, op: str, *, dtypes: Iterable[str] = (), proper
             os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, f"{fid}.json")
             save_case(smallest["case"], path)
-            failures.append((fid, smallest["message"], path))
+            failures.append((fid, smallest["shown"], path))
     if failures:
         blocks = []
         for fid, message, path in failures:
