@@ -328,6 +328,7 @@ def test_a_decorated_function_is_located_at_its_def_line(tmp_path, monkeypatch):
         sys.modules.pop("engine_mod_x", None)
 
 
+@pytest.mark.engines  # the upstream distribution's name is read from the installed megatron-core
 def test_a_mutation_deeper_down_names_its_frame(tmp_path, monkeypatch):
     """Maintainer's error 2: verl's vocab_parallel_log_probs_from_logits mutates through Megatron-core's
     cross entropy (``vocab_parallel_logits -= logits_max``): the card names that statement's frame, the root
