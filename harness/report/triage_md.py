@@ -229,9 +229,10 @@ def idiom_lines(rows: list[dict]) -> list[str]:
 
 
 def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
-    """The defects section of report.md (empty when there is no defect): the defects table (every
-    severity but ``precision``, which ``--fail-on``'s default does not fail on), then the ``precision``
-    defects in a compact table of their own; rows are numbered across both, in the report's order."""
+    """The defects section of report.md (empty when there is no defect): the counts, the idioms several rows
+    share, the defects table (every severity but ``precision``, which ``--fail-on``'s default does not fail
+    on), then the ``precision`` defects in a compact table of their own (rows numbered across both, in the
+    report's order), then the ranking rule and how file:line is cited; the declared writes come first."""
     defects = doc.get("defects") or []
     if not defects:
         return []
@@ -239,7 +240,9 @@ def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
 
     writes = writes_line(doc)
     lines = ["### Defects (root causes: engine function or crash frame × class of failure)", "", counts_line(doc), "",
-             *([writes, ""] if writes else []), ORDER_NOTE, "", CITE_NOTE, ""]
+             *([writes, ""] if writes else [])]  # a declared write's hazard comes before the rows
+    # how the rows are ranked and cited follows the tables (the rows first, as on the page); its length is reserved
+    notes = ["", ORDER_NOTE, "", CITE_NOTE, ""]
     main = [d for d in defects if d.get("severity") != "precision"]
     fine = [d for d in defects if d.get("severity") == "precision"]
     idioms = idiom_lines(main)
@@ -247,7 +250,7 @@ def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
         lines += ["One idiom, several rows:", "", *idioms, ""]
     if main:
         lines += HEADER
-    used = sum(len(x) + 1 for x in lines)
+    used = sum(len(x) + 1 for x in lines + notes)
     rows = [(d, defect_row) for d in main] + [(d, precision_row) for d in fine]
     for n, (d, render) in enumerate(rows):
         if render is precision_row and (n == 0 or rows[n - 1][1] is not precision_row):
@@ -258,4 +261,4 @@ def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
             break
         used += len(row) + 1
         lines.append(row)
-    return lines + [""]
+    return lines + notes
