@@ -266,6 +266,7 @@ WRITTEN = {
     ".venv/rlconform-engines-install.log": "make engines",
     "rlconform-report": "rlconform check (the default --out; test_check_replay_report_of_the_default_folder)",
     "rlconform-report/verl": "make check-verl (Makefile: --out $(OUT)/verl)",
+    "rlconform-report/verl/": "make check-verl (Makefile: --out $(OUT)/verl)",
     "rlconform-report/verl/report.json": "make check-verl (Makefile: --out $(OUT)/verl)",
     "rlconform-ci/comment.md": "ci/rlconform-pr.sh (tests/test_ci_recipe.py)",
     "rlconform-ci/rlconform.sarif": "ci/rlconform-pr.sh: rlconform diff --sarif (tests/test_ci_recipe.py)",
