@@ -744,6 +744,7 @@ def _main(argv: list[str] | None = None) -> int:
     print(f"rank {_TORCHRUN_CTX.rank}: {result!r}", flush=True)
     import torch.distributed as dist
 
+    dist.barrier()  # no rank tears its group down while a peer still talks to it (an abort at exit otherwise)
     dist.destroy_process_group()
     return 0
 
