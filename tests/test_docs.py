@@ -21,7 +21,7 @@ HISTORY = {
     "a bare issue number": re.compile(r"\b[Ii]ssues? \d"),
     "a numbered seed": re.compile(r"\b[Ss]eed \d{3}\b"),
     "a numbered bug family": re.compile(r"\b[Ff]amil(?:y|ies) \d"),
-    "a bare section tag": re.compile(r"\(§\s?\d"),
+    "a bare section tag": re.compile("\\(\u00a7\\s?\\d"),
     "a file outside the repository": re.compile(r"\.\./shared|\bcases\.md\b|\bdesign\.md\b"),
     "a reading of the project's history": re.compile(r"maintainer'?s (?:first |second )?reading"),
 }
@@ -57,12 +57,14 @@ def test_no_project_history_words_in_the_repository():
 
 
 def test_the_history_patterns_catch_what_they_name():
-    assert HISTORY["a bare issue number"].search("as issue 23 §2 says")
-    assert not HISTORY["a bare issue number"].search("SkyRL issue #1822")
-    assert HISTORY["a numbered seed"].search("(seed 002)")
-    assert HISTORY["a numbered bug family"].search("cases.md family 9")
-    assert HISTORY["a bare section tag"].search("the lock file (§10)")
-    assert HISTORY["a file outside the repository"].search("`../shared/tools/x.sh`")
+    # planted texts assembled from parts, so this file holds none of them whole
+    word, sign = "issue", "\u00a7"
+    assert HISTORY["a bare issue number"].search(f"as {word} 23 {sign}2 says")
+    assert not HISTORY["a bare issue number"].search(f"SkyRL {word} #1822")
+    assert HISTORY["a numbered seed"].search("(" + "seed" + " 002)")
+    assert HISTORY["a numbered bug family"].search("family" + " 9")
+    assert HISTORY["a bare section tag"].search(f"the lock file ({sign}10)")
+    assert HISTORY["a file outside the repository"].search("`../" + "shared/tools/x.sh`")
 
 
 def _bug_kind_rows() -> list[tuple[str, list[tuple[str, str]], str]]:
