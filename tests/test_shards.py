@@ -11,8 +11,12 @@ import pytest
 
 from rlconform.harness.run.selection import shard_of
 
+# -n 0 --no-referee: a mutant is rlconform's own code, checked in the CLI's process; sharding and merging do
+# not depend on where the findings run (the worker and referee paths are tests/test_robustness_*.py's and
+# tests/test_referee_*.py's)
 ARGS = ["--engine", "mutants.naive_entropy", "--op", "entropy", "--property", "matches_reference",
-        "--property", "finite_where_reference_finite", "--max-examples", "5", "-q", "-n", "1"]
+        "--property", "finite_where_reference_finite", "--dtype", "float32", "--dtype", "float64",
+        "--max-examples", "3", "-q", "-n", "0", "--no-referee"]
 
 
 def test_shards_are_a_partition_balanced_by_cost_and_deterministic():
