@@ -224,3 +224,117 @@ def test_no_test_asserts_a_wall_clock_budget():
             for i, line in enumerate(p.read_text().splitlines(), 1)
             if pattern.search(line) and not re.search(r"\b[A-Z_]*(DEADLINE_S|SLACK_S)\b", line)]
     assert not hits, "\n".join(hits)
+
+
+# ------------------------------------------------------------------------------------ every module has a fast test
+PACKAGE_DIRS = {"reference": "rlconform.reference", "harness": "rlconform.harness", "properties": "rlconform.properties",
+                "distributed_tests": "rlconform.distributed_tests"}
+#: modules that cannot have a fast test, and why (``make test`` tests each)
+WITHOUT_FAST_TEST = {
+    **{m: "imports a real engine (verl, SkyRL, Megatron-core), which `make test-fast` does not install"
+       for m in ENGINE_BINDINGS},
+    "rlconform.harness.workers.pool_worker": "the child side of the gloo pool: runs only on ranks (tests/test_pool.py)",
+    "rlconform.distributed_tests.ranks": "runs only on gloo ranks (tests/test_distributed_mutants.py)",
+    "rlconform.distributed_tests.test_distributed": "the distributed property test a check collects on its ranks",
+    "rlconform.distributed_tests.conftest": "pytest's conftest of the distributed property test",
+}
+#: modules that only a check runs (the pytest plugin's engine-worker half, the generic property test it collects):
+#: the smoke check of `make test-fast` (a check of a mutant, in the CLI's process) runs them
+SMOKE_CHECK = ("test_report.py", "test_report_schema_and_reproducer")
+RUN_BY_THE_SMOKE_CHECK = ("rlconform.harness.run.plugin_worker", "rlconform.properties.test_properties")
+
+
+def _package_modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for folder, package in PACKAGE_DIRS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _named_modules(tree: ast.AST, modules, package: str = "") -> set[str]:
+    """The package modules a source names: imports (``from pkg import module`` too; relative ones from
+    ``package``) and dotted strings."""
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            names |= {a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and (n.module or n.level):
+            base = n.module or ""
+            if n.level:
+                parts = package.split(".")[:len(package.split(".")) - (n.level - 1)]
+                base = ".".join(parts + ([n.module] if n.module else []))
+            names |= {base} | {f"{base}.{a.name}" for a in n.names}
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("rlconform."):
+            names.add(n.value)
+    return names & set(modules)
+
+
+def _registry_modules(uses: set[str]) -> set[str]:
+    """Modules a fast test reaches through a registry it enumerates: every mutant (``mutant_names``), every op's
+    family and reference function (the catalog ``OPS`` with the reference engine)."""
+    out = set()
+    if "mutant_names" in uses:
+        from rlconform.harness.bindings.load import mutant_names
+
+        out |= {f"rlconform.harness.mutants.{n}" for n in mutant_names()} | {"rlconform.harness.mutants"}
+    if {"OPS", "load_engine"} <= uses:
+        import rlconform.reference as R
+        from rlconform.harness.catalog.ops import OPS, family_of
+
+        for op in OPS.values():
+            family = family_of(op.name)
+            out |= {family.strategy.__module__}
+            if family.evaluate is not None:
+                out.add(family.evaluate.__module__)
+            fn = getattr(R, getattr(op.reference, "__name__", ""), None)
+            if fn is not None:
+                out.add(fn.__module__)
+    return out
+
+
+def modules_with_a_fast_test() -> tuple[dict[str, pathlib.Path], dict[str, str]]:
+    """(every package module, module -> the fast test module that covers it). A test module with at least one
+    test that ``make test-fast`` runs covers the modules it names or enumerates; a private module (``_name``)
+    is covered through a covered module of its package that imports it."""
+    modules = _package_modules()
+    covered: dict[str, str] = {}
+    for path in _test_modules():
+        found = required_and_present(path).values()
+        if not any("smoke" in present or not (need | present) & {*MARKERS, "slow"} for need, present, _ in found):
+            continue
+        tree = ast.parse(path.read_text())
+        uses = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+            {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        for m in _named_modules(tree, modules) | _registry_modules(uses):
+            covered.setdefault(m, path.name)
+    changed = True
+    while changed:
+        changed = False
+        for m in list(covered):
+            package = m if modules[m].name == "__init__.py" else m.rsplit(".", 1)[0]
+            for private in _named_modules(ast.parse(modules[m].read_text()), modules, package):
+                if private.rsplit(".", 1)[-1].startswith("_") and private not in covered:
+                    covered[private] = covered[m]
+                    changed = True
+    for m in modules:  # a package is covered through its covered modules
+        if m not in covered and modules[m].name == "__init__.py" and any(c.startswith(m + ".") for c in covered):
+            covered[m] = "its modules"
+    return modules, covered
+
+
+def test_every_module_has_a_fast_test():
+    modules, covered = modules_with_a_fast_test()
+    assert len(modules) > 150, f"only {len(modules)} modules found: the check would pass in silence"
+    need, present, _ = required_and_present(TESTS / SMOKE_CHECK[0])[SMOKE_CHECK[1]]
+    assert "smoke" in present and "cli" in need, f"{SMOKE_CHECK}: not the smoke check any more"
+    for m in RUN_BY_THE_SMOKE_CHECK:
+        covered.setdefault(m, "::".join(SMOKE_CHECK))
+    missing = sorted(set(modules) - set(covered) - set(WITHOUT_FAST_TEST))
+    assert not missing, "modules that no test of `make test-fast` names (import it in a fast test):\n" + \
+        "\n".join(missing)
+    stale = sorted(m for m in WITHOUT_FAST_TEST if m not in modules or (m in covered and m not in ENGINE_BINDINGS))
+    assert not stale, f"WITHOUT_FAST_TEST lists modules that are gone or have a fast test now: {stale}"
