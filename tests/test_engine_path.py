@@ -9,8 +9,8 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
+import forked_cli
 import pytest
 
 pytestmark = pytest.mark.engines
@@ -31,10 +31,10 @@ def _check(*extra, out):
     # one logits regime (with its chunked variant): the planted fault writes into the caller's fp32 logits
     # in any regime (the fork's run failed on the first example of each); no shrinking (it sizes the
     # reproducer, never a status)
-    args = [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "verl", "--op", "entropy",
+    args = ["check", "--engine", "verl", "--op", "entropy",
             "--property", "non_destructive", "--dtype", "float32", "--regime", "moderate", "--max-examples", "5",
             "--max-shrinks", "0", "--out", str(out), *extra]
-    return subprocess.run(args, capture_output=True, text=True, timeout=600)
+    return forked_cli.run(args, timeout=600)
 
 
 @pytest.mark.cli

@@ -13,10 +13,9 @@ sum does not survive at fp64 tolerance.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import engine_fork
+import forked_cli
 import pytest
 
 pytestmark = pytest.mark.engines
@@ -69,12 +68,12 @@ def _fork(root) -> str:
 
 
 def _check(out, *extra):
-    args = [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "skyrl", "--op", "metric_pipeline",
+    args = ["check", "--engine", "skyrl", "--op", "metric_pipeline",
             "--dtype", "float32", "--max-examples", str(EXAMPLES), "--max-shrinks", "0", "--out", str(out), "-q",
             *extra]
     for prop in PROPERTIES:
         args += ["--property", prop]
-    return subprocess.run(args, capture_output=True, text=True, timeout=1200)
+    return forked_cli.run(args, timeout=1200)
 
 
 def _statuses(out) -> dict:

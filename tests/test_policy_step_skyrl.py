@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 
+import forked_cli
 import pytest
 
 pytestmark = pytest.mark.engines
@@ -24,9 +23,9 @@ pytestmark = pytest.mark.engines
 def _check(out, prop: str):
     if importlib.util.find_spec("skyrl") is None:
         pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
-    args = [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "skyrl", "--op", "policy_step",
+    args = ["check", "--engine", "skyrl", "--op", "policy_step",
             "--property", prop, "--regime", "token-mean@trainer_batches", "--out", str(out), "-q"]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=1200)
+    done = forked_cli.run(args, timeout=1200)
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
     (finding,) = [f for f in json.loads((out / "report.json").read_text())["findings"] if f["op"] == "policy_step"]
     return finding

@@ -16,10 +16,9 @@ must fail it with a clause on the quantity the mutant moves.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import engine_fork
+import forked_cli
 import pytest
 
 pytestmark = pytest.mark.engines
@@ -52,10 +51,10 @@ def _fork(root, edits) -> str:
 
 
 def _failing_labels(out, *extra) -> list[str]:
-    args = [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "verl", "--op", "policy_step",
+    args = ["check", "--engine", "verl", "--op", "policy_step",
             "--property", "matches_reference", "--regime", "token-mean@trainer_batches",
             "--max-examples", str(EXAMPLES), "--max-shrinks", "0", "--out", str(out), "-q", *extra]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=1200)
+    done = forked_cli.run(args, timeout=1200)
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
     (finding,) = [f for f in json.loads((out / "report.json").read_text())["findings"] if f["op"] == "policy_step"]
     return [c.get("label", "") for c in (finding.get("failure") or {}).get("clauses", [])]

@@ -23,7 +23,7 @@ pytest.importorskip("verl")
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
 
 SELECTION = ["--engine", "verl", "--op", "entropy", "--op", "agg_loss", "--property", "matches_reference",
-             "--profile", "ci", "--max-examples", "6", "-q"]
+             "--profile", "ci", "--max-examples", "4", "-q"]
 #: name -> (environment changes, engine workers); the first writes the ledger the others use
 CONFIGS = {
     "native, 2 threads, -n 2": ({"ATEN_CPU_CAPABILITY": None, "OMP_NUM_THREADS": "2"}, "2"),
