@@ -59,7 +59,9 @@ def test_rlconform_ledger_writes_one_line_per_defect_and_reads_it_back(tmp_path)
     assert body[0].startswith("defect verl.utils.torch_functional.entropy_from_logits | NaN / inf | "
                               "entropy.finite_where_reference_finite  # trigger(s): a −inf logit; any input — ")
     members = sorted([*ids, "entropy.finite_where_reference_finite.float16.neg_inf_padded"])
-    assert body[1:5] == [f"    {m}" for m in members]  # its members: the failing ones and the marginal one of its scope
+    # its members: the failing ones and the marginal one of its scope, each with its worst error over tolerance
+    # where the report has one
+    assert body[1:5] == [f"    {m}" + ("  max_ratio 2" if m.split(".")[2] == "float16" else "") for m in members]
     assert body[5:] == ["entropy.matches_reference.float32.moderate  # marginal: value: engine nan where the reference "
                         "is finite (0.0) at flat index 0"]  # the marginal one above the band's centre only
     path = tmp_path / "xfails.txt"
@@ -340,8 +342,48 @@ def test_a_defect_line_accepts_its_members_only(tmp_path):
     assert parse_ledger(str(bare)).match(_finding(ids[1])) is not None
     bad = tmp_path / "bad.txt"
     bad.write_text(path.read_text() + "    not an id\n")
-    with pytest.raises(XfailsError, match="malformed member finding id"):
+    with pytest.raises(XfailsError, match="malformed member line"):
         parse_ledger(str(bad))
+
+
+@pytest.mark.parametrize("now, red", [(9.0e6, False), (2.0e7, False), (6.0e7, True)])
+def test_a_member_whose_error_grew_tenfold_is_red_under_its_line(tmp_path, now, red):
+    """A member line records the member's worst error over tolerance; failing with more than ten times that, the
+    member is red (``ledger_grown``), and its line still reads as failing (not fixed)."""
+    doc = {"engine": {"name": "verl", "version": "0.9.1"}, "findings": [_finding(FID, max_ratio=5.55e6)]}
+    path = tmp_path / "xfails.txt"
+    path.write_text("\n".join(ledger_lines(doc, "r.json")) + "\n")
+    assert f"    {FID}  max_ratio 5.55e+06" in path.read_text().splitlines()
+    ledger = parse_ledger(str(path))
+    (line,) = ledger.defects.values()
+    assert dict(line.magnitudes) == {FID: 5.55e6}
+    finding = dict(_finding(FID, max_ratio=now), observed="discrepancy")
+    assert status.decide(finding, ledger=ledger) is line
+    if red:
+        assert finding["status"] == "discrepancy" and "grown" in finding["message"]
+        assert finding["ledger_grown"] == {"line": line.line, "recorded": 5.55e6, "max_ratio": now}
+    else:
+        assert finding["status"] == "xfail" and "ledger_grown" not in finding
+    for bad_ratio in ("nan", "-1", "inf", "x"):
+        bad = tmp_path / "bad.txt"
+        bad.write_text(path.read_text().replace("max_ratio 5.55e+06", f"max_ratio {bad_ratio}"))
+        with pytest.raises(XfailsError, match="max_ratio"):
+            parse_ledger(str(bad))
+
+
+def test_a_member_recorded_marginal_is_not_grown_by_a_rounding_sized_failure(tmp_path):
+    """From the margin band's top at least: a member recorded at 0.8× its tolerance that fails at 30× on another
+    CPU is still accepted; at 50× it grew."""
+    marginal = "entropy.finite_where_reference_finite.float16.neg_inf_padded"
+    doc = {"engine": {"name": "verl", "version": "0.9.1"},
+           "findings": [_finding(FID, max_ratio=100.0), _finding(marginal, status="marginal", max_ratio=0.8)]}
+    path = tmp_path / "xfails.txt"
+    path.write_text("\n".join(ledger_lines(doc, "r.json")) + "\n")
+    ledger = parse_ledger(str(path))
+    for now, grown in ((30.0, False), (50.0, True)):
+        finding = dict(_finding(marginal, max_ratio=now), observed="discrepancy")
+        status.decide(finding, ledger=ledger)
+        assert (finding["status"] == "discrepancy") is grown and ("ledger_grown" in finding) is grown
 
 
 def test_a_member_listed_under_another_line_of_its_function_is_accepted_there(tmp_path):

@@ -19,6 +19,8 @@ depends on the CPU, so listing them would make the ledger differ between machine
 
 from __future__ import annotations
 
+import math
+
 from rlconform.harness.core.tolerance import LEDGER_ABOVE
 from rlconform.harness.report.xfails import FAILING, defect_line
 
@@ -27,8 +29,17 @@ KEY_RULE = ("# A defect line accepts the failures of the findings indented under
             "# when it was written, and the marginal ones of its scope) whose engine function (for a crash: the\n"
             "# deepest engine frame) and failure kind are those listed; any other failure of that function is red.\n"
             "# The trigger is not part of the key (it is read from the shrunk input, and ledger-listed findings are\n"
-            "# not shrunk), it is in the reason. A defect line none of whose findings fails is `xpass` (fixed:\n"
-            "# remove the line).")
+            "# not shrunk), it is in the reason. A member failing with an error over tolerance more than ten times\n"
+            "# its max_ratio is red (the defect grew). A defect line none of whose findings fails is `xpass`\n"
+            "# (fixed: remove the line).")
+
+
+def _magnitude(ratio) -> str:
+    """A member line's ``max_ratio`` field (its worst error over tolerance, three significant digits), or
+    nothing when the report has none (a crash)."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio < 0:
+        return ""
+    return f"  max_ratio {ratio:.3g}"
 
 
 def _first_line(text: str | None, limit: int = 140) -> str:
@@ -79,7 +90,8 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
                                             if (f.get("op"), f.get("property")) in scope - scoped}
         scoped |= scope
         out.append(defect_line(key, scope, reason))
-        out += [f"    {fid}" for fid in sorted(ids)]
+        ratios = {f["id"]: f.get("max_ratio") for f in doc["findings"] if f["id"] in ids}
+        out += [f"    {fid}" + _magnitude(ratios.get(fid)) for fid in sorted(ids)]
     for f in sorted(doc["findings"], key=lambda f: f["id"]):
         if (f.get("status") == "marginal" and (f.get("max_ratio") or 0) > LEDGER_ABOVE
                 and (f.get("op"), f.get("property")) not in scoped):

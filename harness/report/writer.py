@@ -25,7 +25,8 @@ Schema ``rlconform.report/1``::
                    "max_rel_err", "tolerance", "message", "worst_input", "reproducer": {"case_file",
                    "command"} | null, "traceback", "xfail_listed",
                    "status" decided by :func:`rlconform.harness.run.status.decide` ("xfail_of": what a listed
-                   failure is, "ledger_defect": the defect line that lists it),
+                   failure is, "ledger_defect": the defect line that lists it, "ledger_grown": {"line",
+                   "recorded", "max_ratio"} when a member's error grew past its line's max_ratio tenfold),
                    "failure": {"clauses": [clause records of rlconform.harness.core.failure], "crash": {"type",
                    "where"}} (failing and marginal findings; ``message`` is their rendering; absent in a report
                    of an older rlconform: read from its message by rlconform.harness.report.legacy_failure),

@@ -43,6 +43,14 @@ finding that is not a member — one that passed when the line was written, e.g.
 another branch of the same function — is red under that line. A line without member lines (written by
 hand, or by an older rlconform) accepts any failure of its key and scope, as before.
 
+**Magnitude.** A member line may carry the member's worst error over tolerance when the line was written
+(``    <id>  max_ratio 5.55e+06``, the report's ``max_ratio``). A member failing now with an error more than
+:data:`GROWTH` times that is red under the line, as a new failure would be: the defect it accepts grew (a
+pull request that makes a known wrong value ten times worse). The factor is an order of magnitude, far
+beyond what another CPU's last bits move, and it applies from the margin band's top at least: a member
+recorded marginal or rounding-sized grows only past 40× its tolerance. A member line without it accepts any
+error.
+
 The file is UTF-8 (a byte-order mark, as some editors write, is accepted); a file that is not UTF-8 is an
 :class:`XfailsError` naming the line, as is a malformed line. A line listed twice is accepted with one
 warning (``warnings``) naming both lines of the first duplicate and counting the others (a million
@@ -69,6 +77,11 @@ _DEFECT = re.compile(r"^defect\s+(?P<where>[^|]+?)\s*\|\s*(?P<kind>[^|]+?)\s*\|\
 _SCOPE = re.compile(r"^([A-Za-z0-9_]+)\.([a-z_]+)$")
 #: the finding statuses a defect line matches (a finding the worker recorded as failing)
 FAILING = ("discrepancy", "crash", "xfail")
+#: a member failing with an error over tolerance more than this many times its recorded one is red (an order of
+#: magnitude: the margin band, what CPUs' last bits move, is far inside it)
+GROWTH = 10.0
+#: ``<finding id>`` or ``<finding id>  max_ratio <number>``: a member line (indented under its defect line)
+_MEMBER = re.compile(r"^(?P<id>\S+)(?:\s+max_ratio\s+(?P<ratio>\S+))?$")
 
 
 class XfailsError(BindingError):
@@ -80,13 +93,31 @@ class DefectLine:
     """One defect line: ``key`` (``where | kind``, :func:`defect_key`), ``scope`` (``(op, property)`` pairs),
     ``reason`` (the comment), ``line`` (its line number in the file), ``members``: the finding ids the line
     was written for (the indented id lines under it; empty for a line written without them, which accepts
-    any failure of its key and scope)."""
+    any failure of its key and scope); ``magnitudes``: ``(finding id, max_ratio)`` of the members whose line
+    records their worst error over tolerance."""
 
     key: str
     scope: tuple[tuple[str, str], ...]
     reason: str
     line: int
     members: frozenset = frozenset()
+    magnitudes: tuple = ()
+
+    def grown(self, finding: dict) -> dict | None:
+        """``{"line", "recorded", "max_ratio"}`` when ``finding``, a member of this line, fails with an error
+        over tolerance more than :data:`GROWTH` times the one its member line records (or than the margin band's
+        top, :data:`~rlconform.harness.core.tolerance.FAIL_ABOVE`, when that is larger); else None."""
+        recorded = dict(self.magnitudes).get(finding.get("id"))
+        ratio = finding.get("max_ratio")
+        if recorded is None or isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+            return None
+        from rlconform.harness.core.tolerance import FAIL_ABOVE
+
+        # from the margin band's top at least: a member recorded marginal or rounding-sized is not "grown" by a
+        # rounding-sized failure, whatever the last bits of another CPU
+        if ratio > GROWTH * max(recorded, FAIL_ABOVE):
+            return {"line": self.line, "recorded": recorded, "max_ratio": float(ratio)}
+        return None
 
     def accepts(self, finding_id) -> bool:
         """Whether this line accepts a failure of ``finding_id``: one of its members (any id when it lists
@@ -305,11 +336,22 @@ def parse_ledger(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
         if not text:
             continue
         if raw[:1] in (" ", "\t") and block is not None:  # a member of the defect line above
-            if not _ID.match(text):
-                raise XfailsError(f"{path}:{n}: malformed member finding id {text!r} under the defect line "
-                                  f"{ledger.defects[block].line} (expected op.property.dtype.regime)")
+            member = _MEMBER.match(text)
+            if member is None or not _ID.match(member["id"]):
+                raise XfailsError(f"{path}:{n}: malformed member line {text!r} under the defect line "
+                                  f"{ledger.defects[block].line} (expected op.property.dtype.regime, optionally "
+                                  f"followed by max_ratio <number>)")
             d = ledger.defects[block]
-            ledger.defects[block] = dataclasses.replace(d, members=d.members | {text})
+            magnitudes = d.magnitudes
+            if member["ratio"] is not None:
+                try:
+                    ratio = float(member["ratio"])
+                except ValueError:
+                    ratio = float("nan")
+                if not ratio >= 0 or ratio == float("inf"):
+                    raise XfailsError(f"{path}:{n}: max_ratio {member['ratio']!r} is not a finite number >= 0")
+                magnitudes += ((member["id"], ratio),)
+            ledger.defects[block] = dataclasses.replace(d, members=d.members | {member["id"]}, magnitudes=magnitudes)
             continue
         block = None
         if text.startswith("defect ") or text == "defect":

@@ -16,7 +16,8 @@ finding's ``status``:
    example lies in the band is ``marginal``;
 4. **the ledger**: a finding id the ledger lists is ``xfail`` when it fails (``xfail_of`` says what it
    is: ``discrepancy``, ``crash``, ``marginal``, ``unavailable``) and ``xpass`` when it passes; a failing
-   finding under a defect line is ``xfail`` with ``ledger_defect``. A ``binding_error`` and an ``error``
+   finding under a defect line is ``xfail`` with ``ledger_defect``, unless its error grew past the
+   magnitude its member line records (``ledger_grown``: it stays red). A ``binding_error`` and an ``error``
    (rlconform's or its binding's fault, never the engine's) are never matched.
 """
 
@@ -82,8 +83,8 @@ def decide(finding: dict, *, listed=frozenset(), verdicts=None, ledger=None):
     worker's observation, the referee's verdicts (``verdicts``: a
     :class:`~rlconform.harness.run.referee_verdicts.VerdictBook`, None without a referee), the margin band,
     the ledger's finding ids (``listed``) and its defect lines (``ledger``: a
-    :class:`~rlconform.harness.report.xfails.Ledger`, or None). Returns the defect line that matched, or
-    None. ``finding`` is changed in place."""
+    :class:`~rlconform.harness.report.xfails.Ledger`, or None). Returns the defect line that matched (also
+    for a member that grew past it and stays red), or None. ``finding`` is changed in place."""
     from rlconform.harness.core.tolerance import verdict
 
     if not isinstance(finding.get("id"), str):
@@ -92,7 +93,7 @@ def decide(finding: dict, *, listed=frozenset(), verdicts=None, ledger=None):
                        xfail_listed=False)
         return None
     status = _observation(finding)
-    for stale in ("xfail_of", "ledger_defect"):
+    for stale in ("xfail_of", "ledger_defect", "ledger_grown"):
         finding.pop(stale, None)
     if verdicts is not None:
         status = verdicts.apply(finding, status)
@@ -121,6 +122,12 @@ def decide(finding: dict, *, listed=frozenset(), verdicts=None, ledger=None):
     line = ledger.match(finding)
     if line is None:
         return None
+    grown = line.grown(finding) if status != "marginal" else None
+    if grown is not None:  # the accepted defect grew: red, as a new failure under the line would be
+        finding["ledger_grown"] = grown
+        finding["message"] = ((finding.get("message") or "") + f" (grown: {grown['max_ratio']:.3g}× its tolerance, "
+                              f"its ledger line {grown['line']} recorded {grown['recorded']:.3g}×)")
+        return line  # the line's defect still fails (the line is not fixed); this finding is red under it
     if status == "marginal":
         finding["message"] = (finding.get("message") or "") + " (marginal: inside the margin band; listed in the ledger)"
     finding["xfail_of"], finding["status"] = status, "xfail"
