@@ -103,10 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the finding ids this file lists, one a line (e.g. another run's selection.txt)")
     c.add_argument("--corpus", default=None, help="corpus of saved counterexamples to replay first "
                                                   "(default: ./rlconform-corpus if it exists)")
-    c.add_argument("-n", "--numprocesses", type=_numprocesses, default="1",
+    c.add_argument("-n", "--numprocesses", type=_numprocesses, default=None,
                    help="worker processes that run the engine (pytest-xdist; a number or auto; default 1); 0 runs "
                         "it in this process, for rlconform's own code only (the reference engine, mutants.*: "
-                        "no engine package, nothing patched at import), about 4 s less per run")
+                        "no engine package, nothing patched at import), about 4 s less per run, and their default")
     c.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S,
                    help="seconds one finding may take before its worker is ended as hung (default %(default)s)")
     c.add_argument("--max-worker-restart", type=_nonnegative_int, default=DEFAULT_MAX_WORKER_RESTART,
@@ -353,14 +353,15 @@ def _engine_metadata(spec: str, engine_path: str | None, sites: bool = False) ->
 def _runs_in_process(spec: str, engine_path: str | None) -> bool:
     """Whether the engine may run in the CLI's own process (``check -n 0``, ``replay --no-referee``):
     rlconform's own code only, never an engine package or a checkout."""
-    return engine_path is None and _is_own_code(spec)
+    from rlconform.harness.bindings.load import is_own_code
+
+    return is_own_code(spec, engine_path)
 
 
 def _is_own_code(spec: str) -> bool:
-    """The reference and the mutants: bindings whose every op is the harness's own code (no engine package)."""
-    from rlconform.harness.bindings.load import BUILTIN
+    from rlconform.harness.bindings.load import is_own_code
 
-    return (spec in BUILTIN and BUILTIN[spec][1] is None) or spec.startswith("mutants.")
+    return is_own_code(spec)
 
 
 def cmd_check(args) -> int:
@@ -398,6 +399,7 @@ def cmd_check(args) -> int:
     except CorpusError as exc:
         return _usage_error(str(exc))
     spec = args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference"
+    _own_code_defaults(args, spec)
     from rlconform.harness.workers.reaper import Reaper
 
     reaper = Reaper()  # from here on, every process the engine starts is a descendant of this one
@@ -406,6 +408,18 @@ def cmd_check(args) -> int:
     finally:
         reaper.end()
         reaper.close()
+
+
+def _own_code_defaults(args, spec: str) -> None:
+    """The defaults a command line left open, now that the engine is known: rlconform's own code (the reference,
+    ``mutants.*``) runs in this process (``-n 0``) and is judged here; an engine runs in one worker and is judged
+    by the referee (:func:`rlconform.harness.run.referee_flag.resolve`)."""
+    from rlconform.harness.run.referee_flag import resolve
+
+    own = _runs_in_process(spec, getattr(args, "engine_path", None))
+    if getattr(args, "numprocesses", "1") is None:
+        args.numprocesses = "0" if own else "1"
+    args.referee = resolve(getattr(args, "referee", None), own)
 
 
 def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
@@ -762,6 +776,7 @@ def cmd_replay(args) -> int:
                 f"named by a case file. To run it on that engine, say so: rlconform replay {args.case_file} "
                 f"--engine {named}" + (f" --engine-path {recorded['path']}" if recorded.get("path") else ""))
         spec = "reference"
+    _own_code_defaults(args, spec)
     from rlconform.harness.workers.pool import in_torchrun
 
     if in_torchrun() and int(os.environ.get("RANK", "0")) != 0:

@@ -31,12 +31,17 @@ def test_init_writes_a_workflow_a_ledger_and_a_binding_that_parse(tmp_path):
 
 
 @pytest.mark.parametrize("value,on", [("", True), ("1", True), (" Off ", False), ("no", False), ("0", False)])
-def test_the_referee_is_on_unless_the_environment_says_off(monkeypatch, value, on):
+def test_the_referee_is_on_for_an_engine_unless_the_environment_says_off(monkeypatch, value, on):
     monkeypatch.setenv("RLCONFORM_REFEREE", value)
     assert referee_flag.default() is on
     parser = argparse.ArgumentParser()
     referee_flag.add_argument(parser)
-    assert parser.parse_args([]).referee is on
+    assert parser.parse_args([]).referee is None  # decided once the engine is known
+    assert referee_flag.resolve(None, own_code=False) is on
+    # rlconform's own code is judged in its process unless the environment asks for the referee
+    assert referee_flag.resolve(None, own_code=True) is (value.strip() not in ("", "Off", "no", "0"))
+    for own in (False, True):  # the command line wins
+        assert referee_flag.resolve(False, own) is False and referee_flag.resolve(True, own) is True
     assert parser.parse_args(["--no-referee"]).referee is False and parser.parse_args(["--referee"]).referee is True
 
 

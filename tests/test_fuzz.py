@@ -43,7 +43,7 @@ FAMILIES = [
 def test_fuzz_saves_counterexample_and_check_replays_it(tmp_path, family, op, prop):
     engine = f"mutants.{family}"
     proc = cli("fuzz", "--engine", engine, "--op", op, "--property", prop, "--dtype", "float32",
-               "--max-examples", "12", "--shrink-seconds", "5", "--stats", "s.json", cwd=tmp_path)
+               "--max-examples", "12", "--shrink-seconds", "2", "--stats", "s.json", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "new counterexample" in proc.stdout
     stats = json.loads((tmp_path / "s.json").read_text())
@@ -85,7 +85,7 @@ def test_fuzz_saves_counterexample_and_check_replays_it(tmp_path, family, op, pr
 
     # a second fuzz run knows it: nothing new saved, still exit 1
     again = cli("fuzz", "--engine", engine, "--op", op, "--property", prop, "--dtype", case.dtype,
-                "--max-examples", "1", "--shrink-seconds", "5", cwd=tmp_path)
+                "--max-examples", "1", "--shrink-seconds", "2", cwd=tmp_path)
     assert again.returncode == 1
     assert "saved earlier, still fails" in again.stdout
     assert sorted(glob.glob(str(tmp_path / "rlconform-corpus" / case.finding_id / "*.json"))) == \

@@ -47,7 +47,7 @@ def test_a_check_runs_under_a_sitecustomize_that_imports_a_hook(tmp_path):
     """)
     out = tmp_path / "o"
     proc = forked_cli.run(["check", "--engine", "reference", "--op", "masked_mean", "--property", "matches_reference",
-                           "--dtype", "float32", "--out", str(out), "-n", "1"], env=env, timeout=900)
+                           "--dtype", "float32", "--out", str(out), "-n", "1", "--referee"], env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     statuses = [f["status"] for f in report["findings"]]
@@ -60,6 +60,6 @@ def test_a_sitecustomize_that_imports_engine_code_is_still_refused(tmp_path):
         import rlconform.harness.mutants
     """)
     proc = forked_cli.run(["check", "--engine", "reference", "--op", "masked_mean", "--property", "matches_reference",
-                           "--dtype", "float32", "--out", str(tmp_path / "o"), "-n", "1"], env=env, timeout=900)
+                           "--dtype", "float32", "--out", str(tmp_path / "o"), "-n", "1", "--referee"], env=env, timeout=900)
     assert proc.returncode == 2
     assert "referee" in proc.stderr and "rlconform.harness.mutants" in proc.stderr

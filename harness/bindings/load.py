@@ -39,6 +39,13 @@ def mutant_names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(M.__path__) if not m.name.startswith("_"))
 
 
+def is_own_code(spec: str | None, engine_path: str | None = None) -> bool:
+    """Whether ``spec`` is rlconform's own code: the reference engine or a mutant (``mutants.*``), every op the
+    harness's own, no engine package, nothing patched at import, and no ``engine_path`` checkout in front."""
+    return engine_path is None and spec is not None and (
+        (spec in BUILTIN and BUILTIN[spec][1] is None) or spec.startswith("mutants."))
+
+
 def available_engines() -> list[str]:
     return list(BUILTIN) + [f"mutants.{n}" for n in mutant_names()] + ["<module>:<attr>", "<file>.py"]
 

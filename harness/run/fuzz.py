@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -595,7 +596,12 @@ def cmd_fuzz(args) -> int:
               "max_examples": args.max_examples}
     per_run: list[dict[str, dict]] = []  # what each child reported, finding id -> target (as a dict)
     ref = None
-    if getattr(args, "referee", False):  # started before any engine import
+    from rlconform.harness.bindings.load import is_own_code
+    from rlconform.harness.run.referee_flag import resolve
+
+    own = is_own_code(args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference", args.engine_path)
+    args.referee = resolve(getattr(args, "referee", None), own)
+    if args.referee:  # started before any engine import
         from rlconform.harness.run.dispatch import referee_judge
         from rlconform.harness.workers import referee as referee_process
         from rlconform.properties import referee as judge
