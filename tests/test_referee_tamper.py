@@ -31,6 +31,7 @@ def test_a_tampering_engine_stays_red(vector, tmp_path):
     doc = json.loads((out / "report.json").read_text())
     statuses = {f["id"]: f["status"] for f in doc["findings"]}
     assert statuses == {"entropy.matches_reference.float32.moderate": "discrepancy"}, statuses
+    assert doc["run"]["judged_by"] == "referee"
     if vector == "tamper_atol":  # `replay` is refereed too: the saved case stays red in a fresh process
         rep = forked_cli.run(["replay",
              str(out / "cases" / "entropy.matches_reference.float32.moderate.json"),

@@ -34,6 +34,7 @@ def test_report_schema_and_reproducer(tmp_path):
     doc = json.loads((out / "report.json").read_text())
     assert doc["schema"] == SCHEMA and doc["run"]["complete"]
     assert doc["engine"]["spec"] == "mutants.mean_of_shard_means"
+    assert doc["run"]["judged_by"] == "engine process"  # rlconform's own code: no referee unless asked
     (finding,) = doc["findings"]
     assert REQUIRED <= set(finding)
     assert finding["status"] == "discrepancy" and finding["max_abs_err"] > 0

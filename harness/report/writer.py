@@ -17,6 +17,8 @@ Schema ``rlconform.report/1``::
              "device": {"device": "cpu" | "cuda:N", "name": the CPU's or GPU's name, "torch", "cuda": the CUDA
                         version (CUDA runs; else null), "capability": "major.minor" | null, "cpu_capability": torch's CPU
                         kernel ISA, "AVX512" | "AVX2" | "DEFAULT" | …},
+             "judged_by": "referee" (a process that never imports the engine) | "engine process" (--no-referee;
+                          rlconform's own reference and mutants by default),
              "not_run": [finding ids selected but never run (a run that ended early), when known],
              "interrupted": true when Ctrl-C / SIGTERM ended it},
      "summary": {"pass": n, "marginal": n, "discrepancy": n, "crash": n, "error": n, "unavailable": n, "xfail": n,

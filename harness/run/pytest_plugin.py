@@ -275,6 +275,9 @@ class State:
                  "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},
                  "command": opt("rlconform_command") or " ".join(sys.argv),
                  "narrowed": bool(self.dtypes or self.regimes),
+                 # who judged: the referee (a process that never imports the engine), or the engine's own process
+                 # (--no-referee; rlconform's own reference and mutants by default)
+                 "judged_by": "referee" if self.use_referee else "engine process",
                  **({"shard": opt("rlconform_shard")} if opt("rlconform_shard") else {})},
             # the coverage table comes with `rlconform check` (built where the engine is imported); a bare
             # pytest run does not build it
