@@ -9,9 +9,8 @@ Hypothesis mixes the literals of "local" modules (outside site-packages, and not
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+import forked_cli
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -40,9 +39,9 @@ LOCATION_FIELDS = ("reproducer", "traceback", "cost_s")
 
 
 def _run(binding, out, cwd):
-    args = [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", str(binding), "--op", "entropy",
+    args = ["check", "--engine", str(binding), "--op", "entropy",
             "--dtype", "float32", "--property", "matches_reference", "--max-examples", "12", "--out", str(out), "-q"]
-    return subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=cwd)
+    return forked_cli.run(args, timeout=900, cwd=cwd)  # the engine's examples are drawn in a fresh worker
 
 
 def _findings(out):
@@ -86,10 +85,10 @@ def test_byte_identical_copy_of_verl_gives_the_same_findings(tmp_path):
     found = {}
     for name, extra in (("installed", []), ("copy", ["--engine-path", str(copy)])):
         # the regime that drew other examples (its implementations' findings too), with the CI profile's examples
-        args = [sys.executable, "-m", "rlconform.harness.cli", "check", "--engine", "verl", "--op", "token_logprobs",
+        args = ["check", "--engine", "verl", "--op", "token_logprobs",
                 "--dtype", "float32", "--property", "matches_reference", "--regime", "neg_inf_padded",
                 "--out", str(tmp_path / name), "-q", *extra]
-        r = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        r = forked_cli.run(args, timeout=900, cwd=tmp_path)
         assert r.returncode in (0, 1), r.stdout[-2000:] + r.stderr[-2000:]
         found[name] = _findings(tmp_path / name)
     assert len(found["installed"]) >= 3 and found["installed"] == found["copy"]

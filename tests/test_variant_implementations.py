@@ -9,9 +9,8 @@ and ``--regime``; verl's ``grpo_vectorized`` / ``rloo_vectorized`` in tests/test
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+import forked_cli
 import numpy as np
 import pytest
 import torch
@@ -209,11 +208,10 @@ def test_case_files_round_trip_and_misplaced_agreement_cases_are_refused(tmp_pat
 def test_check_and_replay_of_the_mutant_on_one_regime(tmp_path):
     """The CLI end to end, narrowed with --regime to a second implementation's regime: the agreement fails,
     its reproducer replays to the same verdict."""
-    run = [sys.executable, "-m", "rlconform.harness.cli"]
-    proc = subprocess.run(run + ["check", "--engine", "mutants.vectorized_raw_singleton", "--op", OP,
-                                 "--regime", "grpo+vectorized@singleton_groups", "--dtype", "float64",
-                                 "--profile", "ci", "--max-examples", "20", "-q", "-n", "0", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    proc = forked_cli.run(["check", "--engine", "mutants.vectorized_raw_singleton", "--op", OP,
+                           "--regime", "grpo+vectorized@singleton_groups", "--dtype", "float64",
+                           "--profile", "ci", "--max-examples", "20", "-q", "-n", "0", "--out", str(tmp_path)],
+                          timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((tmp_path / "report.json").read_text())
     by = {(f["property"], f["regime"]): f["status"] for f in doc["findings"]}
@@ -221,8 +219,7 @@ def test_check_and_replay_of_the_mutant_on_one_regime(tmp_path):
     assert by[(IMPLEMENTATIONS_AGREE, "grpo+vectorized@singleton_groups")] == "discrepancy"
     assert by[("non_destructive", "grpo+vectorized@singleton_groups")] == "pass"
     case = tmp_path / "cases" / f"{OP}.{IMPLEMENTATIONS_AGREE}.float64.grpo+vectorized@singleton_groups.json"
-    replay = subprocess.run(run + ["replay", str(case), "--engine", "mutants.vectorized_raw_singleton"],
-                            capture_output=True, text=True, timeout=600)
+    replay = forked_cli.run(["replay", str(case), "--engine", "mutants.vectorized_raw_singleton"], timeout=600)
     assert replay.returncode == 1 and "DISCREPANCY" in replay.stdout, replay.stdout + replay.stderr
 
 
