@@ -340,7 +340,7 @@ def _engine_metadata(spec: str, engine_path: str | None, sites: bool = False) ->
         if binding.coverage is None and not binding.implementations and not any(
                 OPS[op].variants for op in binding.provided_ops() if op in OPS):
             return engine_meta(binding)
-        if _is_own_code(spec):
+        if _runs_in_process(spec, None):
             import warnings
 
             with warnings.catch_warnings():  # as the child does (bindings.load._probe)
@@ -356,12 +356,6 @@ def _runs_in_process(spec: str, engine_path: str | None) -> bool:
     from rlconform.harness.bindings.load import is_own_code
 
     return is_own_code(spec, engine_path)
-
-
-def _is_own_code(spec: str) -> bool:
-    from rlconform.harness.bindings.load import is_own_code
-
-    return is_own_code(spec)
 
 
 def cmd_check(args) -> int:

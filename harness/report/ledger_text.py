@@ -76,6 +76,7 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
 
     scoped: set = set()  # (op, property) pairs a defect line's scope holds
     marginal = [f for f in doc["findings"] if f.get("status") == "marginal"]
+    ratios = {f["id"]: f.get("max_ratio") for f in doc["findings"]}  # each member line's magnitude
     for key in order:
         members = sorted(groups[key], key=lambda f: (len(f.get("worst_input") or ""), f["id"]))
         triggers = sorted({trigger(f) for f in members})
@@ -90,7 +91,6 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
                                             if (f.get("op"), f.get("property")) in scope - scoped}
         scoped |= scope
         out.append(defect_line(key, scope, reason))
-        ratios = {f["id"]: f.get("max_ratio") for f in doc["findings"] if f["id"] in ids}
         out += [f"    {fid}" + _magnitude(ratios.get(fid)) for fid in sorted(ids)]
     for f in sorted(doc["findings"], key=lambda f: f["id"]):
         if (f.get("status") == "marginal" and (f.get("max_ratio") or 0) > LEDGER_ABOVE

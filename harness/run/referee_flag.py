@@ -26,7 +26,7 @@ HELP = ("judge in a referee process that never imports the engine (the default f
 def default() -> bool:
     """Whether the referee is on when the command line does not say: on unless ``RLCONFORM_REFEREE`` is one
     of :data:`OFF` (case and surrounding spaces ignored)."""
-    return os.environ.get("RLCONFORM_REFEREE", "").strip().lower() not in OFF
+    return resolve(None, own_code=False)
 
 
 def resolve(value: bool | None, own_code: bool) -> bool:
