@@ -154,3 +154,35 @@ def test_reports_of_two_engines_are_refused_unless_told(tmp_path, capsys):
     assert "'verl'" in line and "'skyrl'" in line and "--cross-engine" in line
     assert main(["diff", verl, skyrl, "--cross-engine"]) == 0
     assert "verl → skyrl" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("base_status", ["pass", "discrepancy"])
+def test_a_binding_error_in_head_is_unchecked_and_red(tmp_path, base_status):
+    from rlconform.harness.report.diff import exit_code, render_markdown
+
+    base = load(_write(tmp_path / "base", [_f(A, status=base_status, ratio=20.0)]))
+    head = load(_write(tmp_path / "head", [_f(A, status="binding_error", message="AttributeError: no agg_loss")]))
+    change = compare(base, head)
+    assert [x["id"] for x in change["findings"]["unchecked"]] == [A]
+    assert change["findings"]["fixed"] == []
+    assert exit_code(change) == 1
+    md = render_markdown(base, head, change)
+    assert "1 finding(s) are `binding_error` in the head: the binding does not fit" in md
+    assert "binding error **1**" in md
+
+
+def test_an_op_newly_unavailable_in_head_is_new_and_red_and_counted(tmp_path):
+    from rlconform.harness.report.diff import exit_code, render_markdown, worker_only_counts
+
+    base = load(_write(tmp_path / "base", [_f(A, status="pass", ratio=0.1), _f(B, status="pass", ratio=0.1)]))
+    head = load(_write(tmp_path / "head", [_f(A, status="unavailable", message="unavailable: ImportError: x"),
+                                           _f(B, status="unavailable", message="unavailable: ImportError: x")]))
+    change = compare(base, head)
+    assert sorted(x["id"] for x in change["findings"]["new"]) == sorted([A, B])
+    assert exit_code(change) == 1
+    assert worker_only_counts(head) == {"unavailable": 2}
+    assert "unavailable **2**" in render_markdown(base, head, change)
+    # listed in a ledger it still counts as what the engine's process reported
+    head["findings"][0].update(status="xfail", xfail_of="unavailable")
+    assert worker_only_counts(head) == {"unavailable": 2}
+    assert worker_only_counts(base) == {}

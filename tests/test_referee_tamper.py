@@ -114,13 +114,19 @@ def test_no_field_of_the_workers_record_makes_a_finding_green(mode, tmp_path):
 
 
 @pytest.mark.cli
-def test_a_selected_finding_the_worker_leaves_out_keeps_the_run_red(tmp_path):
+def test_a_selected_finding_the_worker_leaves_out_is_its_crash(tmp_path):
     out = tmp_path / "out"
     proc = forked_cli.run(["check", "--engine", os.path.join(BINDINGS, "tamper_worker_record.py"),
          "--op", "entropy", "--property", "matches_reference", "--dtype", "float32", "--regime", "moderate",
          "--max-examples", "5", "--out", str(out), "-q"],
         env=dict(os.environ, RLCONFORM_TEST_TAMPER="drop"), timeout=600)
-    assert proc.returncode != 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "report.json").read_text())
-    assert "entropy.matches_reference.float32.moderate" in doc["run"]["not_run"]
-    assert all(f["status"] != "pass" for f in doc["findings"]), doc["findings"]
+    # one row, the selected id's, red: the green record under another id is not this test's and is dropped
+    [finding] = doc["findings"]
+    assert finding["id"] == "entropy.matches_reference.float32.moderate", doc["findings"]
+    assert finding["status"] == "crash", finding
+    assert "never reached the referee" in finding["message"] and ".elsewhere" in finding["message"], finding
+    assert doc["run"]["complete"] is True and not doc["run"]["not_run"]
+    # the first screen counts it
+    assert "crash: **1**" in (out / "report.md").read_text()

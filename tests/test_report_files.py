@@ -100,3 +100,41 @@ def test_explain_takes_a_defect_id_and_a_report_folder():
     explain_cmd.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["explain", "D1", "--report", str(VERL)])
     assert args.command == "explain" and args.report == str(VERL)
+
+
+@pytest.mark.cli
+def test_report_subset_writes_the_base_or_says_why_not(tmp_path, capsys):
+    from rlconform.harness.cli import main
+
+    src = tmp_path / "main"
+    shutil.copytree(VERL, src)
+    doc = json.loads((src / "report.json").read_text())
+    doc["engine"]["revision"] = "0123456789abcdef"
+    (src / "report.json").write_text(json.dumps(doc))
+    failing = [f for f in doc["findings"] if f["status"] in ("xfail", "discrepancy", "crash")][:2]
+    ids = [f["id"] for f in failing] + [next(f["id"] for f in doc["findings"] if f["status"] == "pass")]
+    selection = tmp_path / "selection.json"
+    selection.write_text(json.dumps({"ids": ids, "paths": {}}))
+    args = ["report", str(src), "--subset", str(selection), "--expect-revision", "0123456", "--expect-engine", "verl"]
+    assert main([*args, "--to", str(tmp_path / "hit")]) == 0
+    sub = json.loads((tmp_path / "hit" / "report.json").read_text())
+    # each finding as the full report has it, its case file beside it: the base's verdicts, not re-checked
+    assert [(f["id"], f["status"]) for f in sub["findings"]] == [(i, {f["id"]: f["status"] for f in doc["findings"]}[i])
+                                                                   for i in ids]
+    for f in sub["findings"]:
+        if (f.get("reproducer") or {}).get("case_file"):
+            assert (tmp_path / "hit" / f["reproducer"]["case_file"]).is_file()
+    assert sub["run"]["base_from"]["findings"] == 3
+    capsys.readouterr()
+    # another commit: a cache miss (exit 1, the reason), nothing written
+    assert main(["report", str(src), "--subset", str(selection), "--expect-revision", "fedcba9",
+                 "--expect-engine", "verl", "--to", str(tmp_path / "miss")]) == 1
+    assert "cannot stand for the base" in capsys.readouterr().err
+    assert not (tmp_path / "miss" / "report.json").exists()
+    # an incomplete run of main is never the base
+    doc["run"]["complete"] = False
+    (src / "report.json").write_text(json.dumps(doc))
+    assert main([*args, "--to", str(tmp_path / "incomplete")]) == 1
+    assert "incomplete" in capsys.readouterr().err
+    # without the folder to write to: a usage error
+    assert main(args) == 2

@@ -9,7 +9,7 @@ triaged (:func:`rlconform.harness.report.triage.annotate`), then compared by id:
 
 * findings: *new* (failing in HEAD, passing or absent in BASE), *fixed* (failing in BASE, passing in HEAD:
   a status of :data:`PASSING`), *changed* (failing in both, with another severity, status or signature
-  ``kind · feature``), *unchecked* (``error`` in HEAD: the harness could not check it, never "fixed");
+  ``kind · feature``), *unchecked* (``error`` or ``binding_error`` in HEAD: nobody could check it, never "fixed");
   failing findings of BASE absent from HEAD are *not checked* (a filter or an unavailable op), never "fixed";
 * defects: *new*, *fixed* (every member finding passes in HEAD), *changed* (severity or members, or
   members that still fail in HEAD under another signature: listed with the defect(s) they fail in now).
@@ -44,6 +44,11 @@ DEFAULT_FAIL_ON = "robustness"
 MARKDOWN_LIMIT = 60_000
 #: HEAD statuses that make a failing BASE finding "fixed" (the engine does it right now)
 PASSING = ("pass", "marginal", "xpass")
+#: HEAD statuses of a finding nobody could check: rlconform's own code raised, or the binding does not fit
+UNCHECKED = ("error", "binding_error")
+#: statuses only the engine's process can report (the op did not load, the binding does not fit): they can
+#: make a finding red, never green, and the comment counts them
+WORKER_ONLY = ("unavailable", "binding_error")
 
 
 def load(path: str) -> dict:
@@ -109,7 +114,7 @@ def compare(base: dict, head: dict) -> dict:
     head_by_id = {f["id"]: f for f in head["findings"]}
     out = {"findings": {"new": [], "fixed": [], "changed": [], "not_checked": [], "unchecked": []},
            "defects": {"new": [], "fixed": [], "changed": []}, "incomplete": _incomplete(head)}
-    out["findings"]["unchecked"] = sorted((f for f in head["findings"] if f["status"] == "error"),
+    out["findings"]["unchecked"] = sorted((f for f in head["findings"] if f["status"] in UNCHECKED),
                                           key=lambda f: f["id"])
     for fid, f in sorted(hf.items()):
         if fid not in bf:
@@ -187,11 +192,15 @@ def _not_checked_lines(change: dict) -> list[str]:
     """What HEAD did not check: ``error`` findings and an incomplete run (these make the diff red)."""
     lines = []
     unchecked = change["findings"].get("unchecked") or []
-    if unchecked:
-        shown = ", ".join(f"`{f['id']}`" for f in unchecked[:10]) + (f", … {len(unchecked) - 10} more"
-                                                                       if len(unchecked) > 10 else "")
-        lines += [f"- {len(unchecked)} finding(s) are `error` in the head: the harness could not check them "
-                  f"(not the engine's fault; see their messages in the head report), so they are neither passing "
+    for status, why in (("error", "rlconform's own code raised"),
+                        ("binding_error", "the binding does not fit this engine version")):
+        these = [f for f in unchecked if f["status"] == status]
+        if not these:
+            continue
+        shown = ", ".join(f"`{f['id']}`" for f in these[:10]) + (f", … {len(these) - 10} more"
+                                                                   if len(these) > 10 else "")
+        lines += [f"- {len(these)} finding(s) are `{status}` in the head: {why}, so nobody could check them "
+                  f"(not the engine's fault; see their messages in the head report); they are neither passing "
                   f"nor fixed: {shown}"]
     inc = change.get("incomplete")
     if inc:
@@ -202,6 +211,17 @@ def _not_checked_lines(change: dict) -> list[str]:
         lines += [f"- the head run is incomplete (`complete: false`, {why}): {len(nr) or 'some'} selected finding(s) "
                   f"were not run{shown}"]
     return lines
+
+
+def worker_only_counts(doc: dict) -> dict[str, int]:
+    """``{status: count}`` of the findings of ``doc`` whose status only the engine's process could report
+    (:data:`WORKER_ONLY`, also under a ledger's ``xfail``), the statuses with none left out."""
+    counts = {s: 0 for s in WORKER_ONLY}
+    for f in doc["findings"]:
+        status = f.get("xfail_of") if f.get("status") == "xfail" else f.get("status")
+        if status in counts:
+            counts[status] += 1
+    return {s: n for s, n in counts.items() if n}
 
 
 def _first_line(f: dict) -> str:
@@ -289,6 +309,10 @@ def render_markdown(base: dict, head: dict, change: dict, fail_on: str = DEFAULT
     unchecked = _not_checked_lines(change)
     if unchecked:
         lines += ["### ❌ Not checked in the head", "", *unchecked, ""]
+    worker_only = worker_only_counts(head)
+    if worker_only:
+        lines += ["Reported by the engine's process alone (red, never green): " + " · ".join(
+            f"{status.replace('_', ' ')} **{n}**" for status, n in worker_only.items()) + " finding(s) in the head", ""]
     if not any(f[k] for k in ("new", "fixed", "changed")) and not any(d.values()):
         n = len(head.get("defects", []))
         lines += [("Otherwise no" if unchecked else "No") + f" change: {n} known defect(s), as in the base." + (

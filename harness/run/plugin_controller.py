@@ -19,7 +19,7 @@ from rlconform.harness.core.opinfo import FINDING_ID
 from rlconform.harness.report.case_paths import CASES, case_file_name
 from rlconform.harness.run.plugin_state import CONTROLLER_STATE as _CONTROLLER_STATE
 from rlconform.harness.run.plugin_state import state_of as _state
-from rlconform.harness.run.recorder import dead_process_entry
+from rlconform.harness.run.recorder import dead_process_entry, missing_record_entry
 from rlconform.harness.run.status import decide
 from rlconform.harness.workers import interrupts
 
@@ -121,24 +121,34 @@ def pytest_runtest_logreport(report):
         return
     from rlconform.harness.report.writer import ReportWriteError
 
-    for name, value in report.user_properties:
-        if name == "rlconform_finding":
-            if not isinstance(value, dict):
-                continue
-            refereed = state.use_referee and state.referees
-            if refereed:  # the referee's verdicts stand
-                state.drain_referees()
-            line = decide(value, listed=state.xfails, verdicts=state.verdicts if refereed else None,
-                          ledger=state.ledger)
-            if line is not None:
-                state.ledger_matches.setdefault(line.key, []).append(value["id"])
-            _keep_case(state, value)
-            _progress(state, value.get("id", "") if isinstance(value, dict) else "")
-            try:
-                state.writer.add(value)
-            except ReportWriteError as exc:
-                state.error = str(exc)
-                raise _StopRun(state.error) from None
+    m = _FID.search(report.nodeid or "")
+    test_id = m.group(1) if m else None
+    records = [v for name, v in report.user_properties if name == "rlconform_finding"]
+    if test_id is not None and (report.when == "call" or report.when == "setup" and report.failed):
+        # the record of this test's finding, and only it: a record under another id, or none, is this
+        # finding's crash (it never reached the referee), never a missing row
+        others = [v.get("id") if isinstance(v, dict) else type(v).__name__ for v in records
+                  if not (isinstance(v, dict) and v.get("id") == test_id)]
+        records = [v for v in records if isinstance(v, dict) and v.get("id") == test_id][:1]
+        if not records and test_id not in state.writer.findings:
+            records = [missing_record_entry(test_id, others)]
+    for value in records:
+        if not isinstance(value, dict):
+            continue
+        refereed = state.use_referee and state.referees
+        if refereed:  # the referee's verdicts stand
+            state.drain_referees()
+        line = decide(value, listed=state.xfails, verdicts=state.verdicts if refereed else None,
+                      ledger=state.ledger)
+        if line is not None:
+            state.ledger_matches.setdefault(line.key, []).append(value["id"])
+        _keep_case(state, value)
+        _progress(state, value.get("id", ""))
+        try:
+            state.writer.add(value)
+        except ReportWriteError as exc:
+            state.error = str(exc)
+            raise _StopRun(state.error) from None
     interrupts.check()  # an interrupt swallowed anywhere in this process ends the run here
 
 

@@ -366,3 +366,21 @@ def dead_process_entry(fid: str, description: str, fault_text: str, inflight, ou
         "traceback": fault_text.strip() or None, "binding_error": None,
         "max_ratio": None, "samples": None,
     })
+
+
+def missing_record_entry(fid: str, other_ids: list) -> dict:
+    """The finding of a test whose engine process finished it without sending its record (none, or only
+    records under other ids, ``other_ids``): observed ``crash``, since nothing of it reached the referee or
+    the report. The status is decided by :func:`rlconform.harness.run.status.decide`."""
+    op, prop, dtype, regime = fid.split(".")
+    told = (f"; it sent a record under another id instead ({', '.join(repr(str(x)[:120]) for x in other_ids[:3])})"
+            if other_ids else "")
+    return _with_profiles({
+        "id": fid, "op": op, "property": prop, "dtype": dtype, "regime": regime, "observed": "crash",
+        "examples": 0, "examples_to_first_failure": None, "shrink_steps": 0,
+        "max_abs_err": 0.0, "max_rel_err": 0.0, "tolerance": None,
+        "message": f"the engine's process finished this finding's test without its record: it never reached the "
+                   f"referee{told}",
+        "worst_input": None, "reproducer": None, "traceback": None, "binding_error": None,
+        "max_ratio": None, "samples": None,
+    })
