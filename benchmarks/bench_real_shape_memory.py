@@ -231,6 +231,9 @@ def main(argv=None) -> int:
         "extra_max_process_bytes": extra_max, "extra_max_process_over_logits": round(extra_max / logits_bytes, 3),
         "finding_peak_over_logits": round((finding["peak"] - finding["base"]) / logits_bytes, 3),
         "engine_peak_over_logits": round((engine["peak"] - engine["base"]) / logits_bytes, 3),
+        # the referee's own high-water mark (its imports included) over the logits' bytes: target <= 2x
+        "referee_peak_over_logits": (round(finding["referee_peak"] / logits_bytes, 3)
+                                     if finding.get("referee_peak") else None),
         "target_extra_over_logits": TARGET_EXTRA, "within_target": extra <= TARGET_EXTRA * logits_bytes,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch threads default",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -248,7 +251,8 @@ def main(argv=None) -> int:
     print(f"{args.label}: {args.engine} {args.op} {args.property} {args.dtype} {[args.rows, args.vocab]} "
           f"(logits {logits_bytes / gb:.2f} GB): engine alone peak {engine['peak'] / gb:.2f} GB "
           f"({engine['wall_s']} s), finding peak {finding['peak'] / gb:.2f} GB ({finding['wall_s']} s, "
-          f"ok={finding['ok']})" + (f", referee peak {finding['referee_peak'] / gb:.2f} GB" if args.referee else "")
+          f"ok={finding['ok']})" + (f", referee peak {finding['referee_peak'] / gb:.2f} GB = {rec['referee_peak_over_logits']}x the logits"
+             if args.referee else "")
           + f"; all processes + /dev/shm at one moment: engine alone {engine['total_peak'] / gb:.2f} GB, finding "
           f"{finding['total_peak'] / gb:.2f} GB (/dev/shm peak {finding['shm_peak'] / gb:.2f} GB, "
           f"{finding['spill_files_left']} spill file(s) left); extra {extra / gb:.2f} GB = "

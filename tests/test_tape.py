@@ -198,3 +198,29 @@ def test_the_worker_runs_each_engine_call_on_the_runs_device(monkeypatch):
     with T.remote(tape):
         _family(standin)
     assert [getattr(f, "__name__", "") for f in moved] == ["<lambda>"] * 3
+
+
+def test_a_released_input_holds_no_data_in_the_referee_and_still_gets_its_gradient(monkeypatch, tmp_path):
+    """The referee releases a large input once the worker holds it (``tape.release``): its storage is one
+    element, the engine's later write into it is not mirrored (and its spill file is removed), its gradient
+    still lands; outside the referee ``release`` leaves the engine's own input alone."""
+    monkeypatch.setattr(T, "INLINE_MAX_BYTES", 16)  # every tensor here travels as a spill file
+    monkeypatch.setattr(T, "SPILL_DIR", str(tmp_path))
+
+    def bwd_and_write(y, x):
+        y.sum().backward()
+        with torch.no_grad():
+            x.mul_(0)  # the engine writes into its input after the backward (e.g. a backward that reuses it)
+
+    tape, standin = _remote({"fwd": lambda x: (3 * x).sum(-1), "bwd": bwd_and_write})
+    x = torch.arange(12.0).reshape(3, 4).requires_grad_(True)
+    with T.remote(tape):
+        y = call_engine("fwd", standin["fwd"], x)
+        T.release(x)
+        assert x.untyped_storage().nbytes() == 4 and x.shape == (3, 4) and x.stride() == (0, 0)
+        call_engine("bwd", standin["bwd"], y, x)
+    assert x.grad.tolist() == [[3.0] * 4] * 3
+    assert list(tmp_path.iterdir()) == []  # the write's spill file was discarded, not left in shared memory
+    mine = torch.ones(2, 2)
+    T.release(mine)  # no referee: the engine's own input
+    assert mine.untyped_storage().nbytes() == 16

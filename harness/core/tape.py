@@ -49,6 +49,7 @@ _as_subclass = torch.Tensor.as_subclass
 _TB = torch._C.TensorBase
 _detach, _cpu, _contiguous, _reshape, _view = _TB.detach, _TB.cpu, _TB.contiguous, _TB.reshape, _TB.view
 _numpy, _clone, _copy_, _requires_grad_ = _TB.numpy, _TB.clone, _TB.copy_, _TB.requires_grad_
+_set_storage = _TB.set_
 _frombuffer, _empty = torch.frombuffer, torch.empty
 _set_version = torch._C._autograd._unsafe_set_version_counter
 _no_grad = torch.no_grad
@@ -456,8 +457,24 @@ class Remote(Tape):
         self._exchange, self._loads = exchange, loads
         self._light: list = []
         self._grads: dict = {}  # index -> the gradient last applied to an interior node
+        self._hollow: set[int] = set()  # indices whose data the referee released (:meth:`hollow`)
         self.inside = 0  # depth of call_engine calls whose fn runs here
         self.calls = 0
+
+    def hollow(self, t) -> None:
+        """Release the referee's copy of the data of ``t``, an argument the engine's worker already holds its
+        own copy of: ``t`` keeps its shape, dtype, autograd flags and registry index (later calls still name
+        it, a gradient still lands on it) but its data becomes one element broadcast (stride 0), and what the
+        engine later writes into it is not mirrored here. For an evaluation that never reads the input again
+        (a ``[T, V]`` logits leaf whose reference is regenerated from the seed): the referee then holds the
+        logits' bytes only while the call that sends them is made."""
+        idx = self.index_of(t)
+        if idx is None:
+            return
+        with _no_grad():
+            _set_storage(t, _empty(1, dtype=t.dtype).untyped_storage(), 0, tuple(t.shape), (0,) * t.dim())
+        self._hollow.add(idx)
+        self._light[idx] = _light(t)
 
     def register(self, t, data) -> int:
         idx = super().register(t, data)
@@ -552,6 +569,10 @@ class Remote(Tape):
                 self._light[i] = _light(t)
 
     def _take(self, where, entry: Entry, args, kwargs):
+        for e in entry.effects:  # a released input's new data is not wanted here (nor is its spill file)
+            if e.index in self._hollow and e.data is not None:
+                e.data.discard()
+                e.data = None
         with _no_grad():
             interior = {e.index: self.tensors[e.index] for e in entry.effects if e.grad is not None
                         and e.index < len(self.tensors) and self.tensors[e.index].grad_fn is not None}
@@ -757,6 +778,14 @@ def _tee(out, err):
 # -- the mode of this process ---------------------------------------------------------------------------
 
 _MODE: list = []  # [("remote", Remote)] while the referee evaluates
+
+
+def release(t) -> None:
+    """Under :func:`remote` (the referee), :meth:`Remote.hollow` ``t``; elsewhere nothing (there ``t`` is the
+    engine's own input)."""
+    mode = active()
+    if mode is not None and isinstance(mode[1], Remote):
+        mode[1].hollow(t)
 
 
 def active():

@@ -34,6 +34,7 @@ import rlconform.reference as R
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import impl_contract as IC
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core import tape
 from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation, call_engine, shape_problem
 from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.generated import LogitsGen
@@ -76,7 +77,7 @@ REAL_VOCABS = (151936, 128256)
 #: tokens per case (rows of logits); the first is the first, derandomized, example's
 REAL_ROWS = (1024, 4096, 256, 1)
 #: rows of one chunk of the reference/faithful pass over generated logits: ≤ this many bytes of float64
-REAL_CHUNK_BYTES = 32 << 20
+REAL_CHUNK_BYTES = 8 << 20
 #: the label smoothing α drawn for the smoothed ops (PyTorch convention: α spread over all V classes)
 LABEL_SMOOTHING = (0.1, 0.01, 0.5, 0.9)
 
@@ -284,6 +285,7 @@ def _evaluate_generated(op: OpInfo, fn, binding, case) -> Evaluation:
 
     leaf = gen.materialise(case.dtype).requires_grad_(True)
     out = call_engine(f"{case.op} forward", fn, *engine_args(op, leaf, case.inputs))
+    tape.release(leaf)  # the referee's copy: the worker holds the engine's, and the reference regenerates rows
     value = as_numpy(out)
     problem = shape_problem("value", value, (t,), f"logits {[t, vocab]} -> one value per token")
     if problem:
