@@ -172,7 +172,8 @@ def test_a_binding_error_in_head_is_unchecked_and_red(tmp_path, base_status):
 
 
 def test_an_op_newly_unavailable_in_head_is_new_and_red_and_counted(tmp_path):
-    from rlconform.harness.report.diff import exit_code, render_markdown, worker_only_counts
+    from rlconform.harness.report.diff import exit_code, render_markdown
+    from rlconform.harness.report.worker_only import worker_only_counts
 
     base = load(_write(tmp_path / "base", [_f(A, status="pass", ratio=0.1), _f(B, status="pass", ratio=0.1)]))
     head = load(_write(tmp_path / "head", [_f(A, status="unavailable", message="unavailable: ImportError: x"),

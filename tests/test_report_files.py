@@ -138,3 +138,20 @@ def test_report_subset_writes_the_base_or_says_why_not(tmp_path, capsys):
     assert "incomplete" in capsys.readouterr().err
     # without the folder to write to: a usage error
     assert main(args) == 2
+
+
+def test_the_first_screen_counts_what_only_the_engines_process_reported():
+    from rlconform.harness.report.writer import render_markdown
+
+    doc = load_report(str(VERL))
+    n = sum(f["status"] == "unavailable" or f.get("xfail_of") == "unavailable" for f in doc["findings"])
+    assert n > 0
+    head = render_markdown(doc).splitlines()[:8]
+    assert any(f"unavailable **{n}**" in line and "engine's process alone" in line for line in head), head
+    # listed in a ledger, they still count as what they are
+    for f in doc["findings"]:
+        if f["status"] == "unavailable":
+            f.update(status="xfail", xfail_of="unavailable")
+    console = Console(record=True, width=200)
+    print_summary(doc, console)
+    assert f"unavailable {n}" in console.export_text()

@@ -39,6 +39,7 @@ from rlconform.harness.report.load import ReportError, load_report
 from rlconform.harness.report.severity import RANK, at_least
 from rlconform.harness.report.triage import annotate
 from rlconform.harness.report.triage_md import HEADER, defect_row
+from rlconform.harness.report.worker_only import worker_only_line
 
 DEFAULT_FAIL_ON = "robustness"
 MARKDOWN_LIMIT = 60_000
@@ -46,9 +47,6 @@ MARKDOWN_LIMIT = 60_000
 PASSING = ("pass", "marginal", "xpass")
 #: HEAD statuses of a finding nobody could check: rlconform's own code raised, or the binding does not fit
 UNCHECKED = ("error", "binding_error")
-#: statuses only the engine's process can report (the op did not load, the binding does not fit): they can
-#: make a finding red, never green, and the comment counts them
-WORKER_ONLY = ("unavailable", "binding_error")
 
 
 def load(path: str) -> dict:
@@ -213,17 +211,6 @@ def _not_checked_lines(change: dict) -> list[str]:
     return lines
 
 
-def worker_only_counts(doc: dict) -> dict[str, int]:
-    """``{status: count}`` of the findings of ``doc`` whose status only the engine's process could report
-    (:data:`WORKER_ONLY`, also under a ledger's ``xfail``), the statuses with none left out."""
-    counts = {s: 0 for s in WORKER_ONLY}
-    for f in doc["findings"]:
-        status = f.get("xfail_of") if f.get("status") == "xfail" else f.get("status")
-        if status in counts:
-            counts[status] += 1
-    return {s: n for s, n in counts.items() if n}
-
-
 def _first_line(f: dict) -> str:
     msg = (f.get("message") or "").strip().splitlines()
     return msg[0][:240] if msg else f.get("status", "")
@@ -309,10 +296,9 @@ def render_markdown(base: dict, head: dict, change: dict, fail_on: str = DEFAULT
     unchecked = _not_checked_lines(change)
     if unchecked:
         lines += ["### ❌ Not checked in the head", "", *unchecked, ""]
-    worker_only = worker_only_counts(head)
+    worker_only = worker_only_line(head)
     if worker_only:
-        lines += ["Reported by the engine's process alone (red, never green): " + " · ".join(
-            f"{status.replace('_', ' ')} **{n}**" for status, n in worker_only.items()) + " finding(s) in the head", ""]
+        lines += [worker_only + " (in the head)", ""]
     if not any(f[k] for k in ("new", "fixed", "changed")) and not any(d.values()):
         n = len(head.get("defects", []))
         lines += [("Otherwise no" if unchecked else "No") + f" change: {n} known defect(s), as in the base." + (

@@ -380,6 +380,10 @@ def render_markdown(doc: dict) -> str:
         " · ".join(f"{k}: **{v}**" for k, v in s.items() if v),
         "",
     ]
+    from rlconform.harness.report.worker_only import worker_only_line
+
+    if worker_only_line(doc):
+        lines += [worker_only_line(doc), ""]
     dev_line = device_line(doc)
     if dev_line:
         lines += [dev_line, ""]
