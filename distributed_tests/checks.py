@@ -218,7 +218,7 @@ def _evaluate_vp_implementation(binding: Binding, case: Case, name: str) -> Eval
     where = f"{case.op}@{name} on {layout.name} ({layout.world} ranks)"
     ref = ref_grad = f_out = f_grad = None
     crashes = []
-    for rank in impl.ranks:
+    for rank in impl.checked_ranks():
         batch = IC.rank_shape(n, rank)
         xs, gs = x64.reshape(batch + (v,)), g64.reshape(batch)
         ls = labels.reshape(batch) if labels is not None else None

@@ -323,7 +323,7 @@ def judge(payload: bytes, check_here, exchange=None):
     """In the referee: ``(reply, verdict)`` for one request, judged by ``check_here``
     (:func:`rlconform.harness.run.dispatch.run_check_here`, served by :func:`rlconform.harness.run.dispatch.referee_judge`)
     (see the module docstring). ``exchange(bytes) -> bytes`` asks the engine's worker to make one engine
-    call (:class:`~rlconform.harness.core.tape.Remote`). ``reply`` is one of ``("outcome", Outcome)``, ``("crash", message, engine traceback)``,
+    call (:class:`~rlconform.harness.core.tape.Remote`). ``reply`` is one of ``("outcome", Outcome)``, ``("crash", message, engine traceback, type name, module, builtin base)``,
     ``("diverged", message)``, ``("raised", message, traceback)`` (the family's reading of the engine's
     output raised: the engine's contract breach), ``("own_error", where, message, traceback)`` (rlconform's
     yardstick raised: :mod:`rlconform.harness.core.blame`), ``("not_checked", class name, message,
@@ -346,7 +346,8 @@ def judge(payload: bytes, check_here, exchange=None):
                    "tolerance": outcome.tolerance, "clauses": failure.clauses_to_json(outcome.clauses)}
         return ("outcome", outcome), (fid, "outcome", outcome.verdict, outcome.message, numbers)
     except EngineCrash as exc:
-        return ("crash", str(exc), getattr(exc, "engine_traceback", "")), (fid, "crash", None, str(exc))
+        return (("crash", str(exc), getattr(exc, "engine_traceback", ""), *T.exception_fields(exc)),
+                (fid, "crash", None, str(exc)))
     except T.ReplayDiverged as exc:
         return ("diverged", str(exc)), (fid, "diverged", None, str(exc))
     except Exception as exc:  # noqa: BLE001 - the check raised on what the engine returned
@@ -441,7 +442,9 @@ def refereed_check(binding, case):
         return reply[1]
     if kind == "crash":  # the engine's own exception where this process has it (its type, for the triage)
         real = server.raised.get(reply[2])
-        crash = EngineCrash("the referee's evaluation", real if real is not None else RuntimeError(reply[1]))
+        if real is None:  # raised in the referee's own evaluation (e.g. every input rank failed): its type
+            real = T.exception_like(*reply[3:6], reply[1]) if len(reply) >= 6 else RuntimeError(reply[1])
+        crash = EngineCrash("the referee's evaluation", real)
         crash.args = (reply[1],)
         crash.engine_traceback = reply[2]
         raise crash from real

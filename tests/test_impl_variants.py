@@ -110,6 +110,22 @@ def test_chunk_rows_and_rank_shapes():
     assert IC.rank_shape(6, 2) == (6,) and IC.rank_shape(6, 3) == (2, 3) and IC.rank_shape(7, 3) == (1, 7)
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 3, 2048])
+def test_multi_chunk_rows_hold_more_than_one_chunk_in_every_presentation(chunk):
+    """Regression: verl's vocab_parallel_entropy_with_chunking fails its backward whenever a sequence holds
+    more than one chunk, and its cases shrank to one chunk; the rows drawn now hold two or more in both the
+    rank-2 rows and the rank-3 sequences (which verl chunks), so a shrunk example keeps the effect."""
+    for rows in IC.rows_past_one_chunk(chunk):
+        assert rows > chunk and IC.rank_shape(rows, 3)[1] > chunk, (chunk, rows)
+
+
+def test_the_engines_own_rank_is_checked_first():
+    assert Implementation(len, ranks=(2, 3)).checked_ranks() == (2, 3)
+    assert Implementation(len, ranks=(2, 3), called_rank=3).checked_ranks() == (3, 2)
+    with pytest.raises(BindingError, match="called_rank"):
+        Implementation(len, ranks=(2,), called_rank=3)
+
+
 # ---------------------------------------------------------------------------- reference and mutants
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
 @pytest.mark.parametrize("rows,chunk", [(1, 2), (3, 2), (4, 2), (5, 3), (4095, 2048)])
@@ -199,6 +215,8 @@ def test_verl_implementations_are_bound_with_their_contracts():
     # its docstring states shapes only ("Converts chunks to float32 ... during computation" is about
     # the computation): no output dtype is checked
     assert chunked.ranks == (2,) and chunked.out_dtype is None and chunked.chunk_arg == "chunk_size"
+    # megatron/transformer_impl.py hands the vocab-parallel chunked entropy logits [1, nnz, V/tp]
+    assert verl.resolve_implementation("vocab_parallel_entropy", "chunked").checked_ranks() == (3, 2)
     for op, impls in verl.implementations.items():
         for name, impl in impls.items():
             assert "not checked" in impl.doc or impl.out_dtype is not None, (op, name)

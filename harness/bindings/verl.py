@@ -1235,6 +1235,7 @@ IMPLEMENTATIONS = {
         # ... Returns: (batch_size, seq_len)": ranks 2 and 3; no dtype documented: not checked. Chunks along dim 1.
         "chunked": Implementation(_vocab_parallel("vocab_parallel_entropy_with_chunking", "vocab_parallel_entropy",
                                                   chunked=True), ranks=(2, 3), chunk_arg="chunk_size",
+                                  called_rank=3,  # megatron/transformer_impl.py: logits [1, nnz, V/tp]
                                   doc="(batch_size, seq_len, vocab_size // tp_size) or (total_nnz, vocab_size // "
                                   "tp_size); output dtype not stated, not checked"),
     },

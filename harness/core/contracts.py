@@ -286,6 +286,10 @@ class Implementation:
       default of every chunked function bound so far, with row counts one short of, at and one past one
       and two chunks) is passed as that keyword;
     * ``doc``: the docstring's words the contract comes from (shown in the report's notes);
+    * ``called_rank``: the input rank the engine's own callers pass (verl's Megatron engine hands
+      ``vocab_parallel_entropy_with_chunking`` ``[1, nnz, V/tp]``: 3), or ``None`` when not declared. It is
+      checked first (:meth:`checked_ranks`), so a failure on the engine's own path leads a finding and a crash
+      of every rank names that rank's exception first; a rank only the docstring allows follows;
     * ``needs``: the device the implementation needs (``"cuda"``: a Triton or CUDA kernel; ``None``: any).
       On a run whose ``--device`` is not one, its findings are ``unavailable`` with the reason ``needs CUDA``, never skipped in silence; the coverage table counts it bound either way.
     """
@@ -296,6 +300,13 @@ class Implementation:
     chunk_arg: str | None = None
     doc: str = ""
     needs: str | None = None
+    called_rank: int | None = None
+
+    def checked_ranks(self) -> tuple[int, ...]:
+        """:attr:`ranks` in the order they are checked: the engine's own (``called_rank``) first."""
+        if self.called_rank is None:
+            return self.ranks
+        return (self.called_rank,) + tuple(r for r in self.ranks if r != self.called_rank)
 
     def promised(self, output: str | None = None) -> str | None:
         """``"input"``, the dtype name the contract promises for ``output`` (None: the only output), or
@@ -321,6 +332,8 @@ class Implementation:
     def __post_init__(self):
         if not self.ranks or any(r < 1 for r in self.ranks):
             raise BindingError(f"Implementation.ranks must be positive input ranks, got {self.ranks!r}")
+        if self.called_rank is not None and self.called_rank not in self.ranks:
+            raise BindingError(f"Implementation.called_rank {self.called_rank!r} is not one of its ranks {self.ranks!r}")
 
 
 def signature_arity(fn: Callable) -> tuple[int, int] | None:

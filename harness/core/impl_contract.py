@@ -36,6 +36,21 @@ def chunked_rows(draw, chunk_sizes=CHUNK_SIZES) -> tuple[int, int]:
     return chunk, draw(st.sampled_from(rows_around(chunk)))
 
 
+def rows_past_one_chunk(chunk: int) -> list[int]:
+    """Row counts whose rank-3 presentation (:func:`rank_shape`: 2 sequences of ``rows / 2``) holds more than
+    one chunk of ``chunk`` along the sequence: sequences one past one chunk, of two chunks, one past two."""
+    return [2 * s for s in (chunk + 1, 2 * chunk, 2 * chunk + 1)]
+
+
+@st.composite
+def multi_chunk_rows(draw, chunk_sizes=CHUNK_SIZES) -> tuple[int, int]:
+    """Draw ``(chunk_size, rows)`` with more than one chunk on every presentation, the rank-3 one (chunked
+    along the sequence, as verl's vocab-parallel chunking does) included: a multi-chunk effect (one chunk's
+    backward writing into what the next chunk's saved) survives shrinking."""
+    chunk = draw(st.sampled_from(chunk_sizes))
+    return chunk, draw(st.sampled_from(rows_past_one_chunk(chunk)))
+
+
 def rank_shape(n: int, rank: int) -> tuple[int, ...]:
     """The batch shape of ``n`` rows presented as a rank-``rank`` input (its last dim excluded): ``(n,)``
     for rank 2, ``(b, n // b)`` for rank 3 with b the smallest of 2, 3 dividing n (else 1), leading 1s
@@ -78,8 +93,9 @@ def rank_problem(rank: int, shape: tuple, impl, exc: BaseException):
 
 def settle_crashes(crashes: list, impl, problems: list) -> None:
     """After trying every declared rank: ``crashes`` holds (rank, input shape, EngineCrash) of those that
-    raised. If every rank raised, the first crash is raised (a crash finding); otherwise each is a contract
-    problem appended to ``problems`` (the ranks that ran are compared as usual)."""
+    raised, in the order checked (the engine's own rank first: ``Implementation.checked_ranks``). If every
+    rank raised, one crash naming each rank's error in that order is raised (a crash finding); otherwise each
+    is a contract problem appended to ``problems`` (the ranks that ran are compared as usual)."""
     if not crashes:
         return
     if len(crashes) == len(impl.ranks):
@@ -88,9 +104,10 @@ def settle_crashes(crashes: list, impl, problems: list) -> None:
         from rlconform.harness.core.evaluation import EngineCrash
 
         parts = [f"rank-{rank} input {tuple(shape)}: {_last_line(exc)}" for rank, shape, exc in crashes]
-        crash = EngineCrash("every input rank its docstring allows", RuntimeError("; ".join(parts)))
+        cause = RuntimeError("; ".join(parts))
+        crash = EngineCrash("every input rank its docstring allows", cause)
         crash.engine_traceback = "\n".join(getattr(exc, "engine_traceback", "") for _, _, exc in crashes)
-        raise crash
+        raise crash from cause
     problems += [rank_problem(rank, shape, impl, exc) for rank, shape, exc in crashes]
 
 

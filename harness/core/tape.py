@@ -733,6 +733,19 @@ def _raised(exc: BaseException) -> Raised:
                   str(cause), tb)
 
 
+def exception_fields(exc: BaseException) -> tuple[str, str, str]:
+    """``(type name, module, nearest builtin base)`` of the engine's exception behind ``exc`` (an
+    EngineCrash's cause): plain strings that travel where the exception cannot."""
+    r = _raised(exc)
+    return r.type_name, r.module, r.builtin_base
+
+
+def exception_like(type_name: str, module: str, builtin_base: str, message: str) -> BaseException:
+    """An exception of the name and builtin base :func:`exception_fields` gave (a class made here when it is
+    not a builtin), with ``message``."""
+    return _rebuilt(Raised(str(type_name), str(module), str(builtin_base), str(message), ""))
+
+
 def _rebuilt(r: Raised) -> BaseException:
     base = getattr(builtins, r.builtin_base, Exception)
     if not (isinstance(base, type) and issubclass(base, BaseException)):

@@ -147,7 +147,7 @@ def evaluate(binding, case) -> Evaluation:
     n, h_size = inputs["hidden"].shape
     ev = Evaluation()
     if case.property == NON_DESTRUCTIVE:
-        batch = IC.rank_shape(n, impl.ranks[0])
+        batch = IC.rank_shape(n, impl.checked_ranks()[0])
         h = to_tensor(inputs["hidden"].reshape(batch + (h_size,)), case.dtype).requires_grad_(True)
         w = to_tensor(inputs["weight"], case.dtype).requires_grad_(True)
         args = _args(inputs, h, w, batch)
@@ -164,7 +164,7 @@ def evaluate(binding, case) -> Evaluation:
                                                inputs["grad_logprobs"], inputs["grad_entropy"])
     f_lp, f_ent, f_dh, f_dw = _faithful(inputs, case.dtype)
     crashes = []
-    for rank in impl.ranks:
+    for rank in impl.checked_ranks():
         batch = IC.rank_shape(n, rank)
         h = to_tensor(inputs["hidden"].reshape(batch + (h_size,)), case.dtype).requires_grad_(True)
         w = to_tensor(inputs["weight"], case.dtype).requires_grad_(True)

@@ -360,7 +360,7 @@ def _evaluate_implementation(op: OpInfo, binding, case, name: str) -> Evaluation
     ev = Evaluation()
     where = f"{case.op}@{name} forward" + (f" ({impl.chunk_arg}={kwargs[impl.chunk_arg]})" if kwargs else "")
     if case.property == NON_DESTRUCTIVE:
-        shaped = _shaped(flat, IC.rank_shape(n, impl.ranks[0]))
+        shaped = _shaped(flat, IC.rank_shape(n, impl.checked_ranks()[0]))
         leaf = to_tensor(shaped["logits"], case.dtype).clone().requires_grad_(True)
         logits = produce(leaf)
         args = engine_args(op, logits, shaped)
@@ -374,7 +374,7 @@ def _evaluate_implementation(op: OpInfo, binding, case, name: str) -> Evaluation
     ref_grad = None
     f_out, f_grad = faithful(op, to_tensor(flat["logits"], case.dtype), flat, torch.from_numpy(flat["grad_output"]))
     crashes = []
-    for rank in impl.ranks:
+    for rank in impl.checked_ranks():
         batch = IC.rank_shape(n, rank)
         shaped = _shaped(flat, batch)
         leaf = to_tensor(shaped["logits"], case.dtype).clone().requires_grad_(True)

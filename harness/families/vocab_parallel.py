@@ -138,7 +138,7 @@ def inputs(draw, op: OpInfo, dtype: str, regime: str):
         sizes = tuple(v for v in sizes if v >= 2 * layout.tp) or (2 * layout.tp,)
     chunk = None
     if impl in CHUNKED:  # a chunked implementation: [rows, V] with rows around a chunk boundary
-        chunk, rows = draw(IC.chunked_rows(VP_CHUNK_SIZES))
+        chunk, rows = draw(IC.multi_chunk_rows(VP_CHUNK_SIZES))
         if rows > 64:
             sizes = tuple(sorted({-(-v // layout.tp) * layout.tp for v in IC.LARGE_CHUNK_VOCAB}))
         d = draw(S.logits(dtype, logits_regime, with_labels=with_labels, vocab_sizes=sizes, batch_shapes=[(rows,)]))
