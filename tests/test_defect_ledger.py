@@ -420,3 +420,16 @@ def test_a_member_folded_into_a_callees_line_is_accepted_there_though_its_functi
     assert ledger.match(step(tok)).line == 3
     assert ledger.match(step(seq)).line == 1
     assert ledger.match(step(other)) is None
+
+
+def test_a_crash_member_records_no_magnitude():
+    """A crash has no error over tolerance that could grow (the report may hold a 0, or the ratio of the examples
+    before the crash): its member line carries none, a discrepancy's 0 (a NaN row) is kept."""
+    crash = _finding(FID, status="crash", message="RuntimeError: boom", max_ratio=1.71,
+                     crash_frame={"function": "helper", "module": "verl.utils.x", "file": "x.py", "line": 9})
+    listed = _finding(FID.replace("float32", "float64"), status="xfail", xfail_of="crash", message="RuntimeError: boom",
+                      max_ratio=0.0, crash_frame=crash["crash_frame"])
+    nan_row = _finding(FID.replace("float32", "bfloat16"), max_ratio=0.0)
+    lines = ledger_lines({"engine": {"name": "verl", "version": "0.9.1"}, "findings": [crash, listed, nan_row]}, "r")
+    assert f"    {crash['id']}" in lines and f"    {listed['id']}" in lines, lines
+    assert f"    {nan_row['id']}  max_ratio 0" in lines, lines

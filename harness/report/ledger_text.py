@@ -76,7 +76,9 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
 
     scoped: set = set()  # (op, property) pairs a defect line's scope holds
     marginal = [f for f in doc["findings"] if f.get("status") == "marginal"]
-    ratios = {f["id"]: f.get("max_ratio") for f in doc["findings"]}  # each member line's magnitude
+    # each member line's magnitude; a crash has no error over tolerance that could grow
+    ratios = {f["id"]: None if "crash" in (f.get("status"), f.get("xfail_of")) else f.get("max_ratio")
+              for f in doc["findings"]}
     for key in order:
         members = sorted(groups[key], key=lambda f: (len(f.get("worst_input") or ""), f["id"]))
         triggers = sorted({trigger(f) for f in members})

@@ -111,10 +111,11 @@ def crash_text(d: dict) -> str:
     """``raises IndexError: too many indices for tensor of dimension 2``: the exception of a crash row's
     smallest member as its message records it (the row's kind when the message names none)."""
     kind = str(d["signature"]["kind"]).split(":", 1)[1]
-    for m in _RAISED.finditer(d.get("message") or ""):
-        if m["exc"] == kind:
-            return f"raises {kind}" + (f": {m['text'][:160]}" if m["text"] else "")
-    return f"raises {kind}"
+    # the longest text the message quotes for that exception: a crash of every input rank quotes it twice,
+    # "RuntimeError: rank-3 input (…): RuntimeError: one of the variables needed for gradient …"
+    texts = [m["text"] or "" for m in _RAISED.finditer(d.get("message") or "") if m["exc"] == kind]
+    text = max(texts, key=len, default="")
+    return f"raises {kind}" + (f": {text[:160]}" if text else "")
 
 
 def where_cell(d: dict) -> str:
