@@ -115,12 +115,20 @@ check() {
 coverage_note() {
   local spec="$engine" cov rc
   case "$spec" in *.py) spec="$head/$spec" ;; esac
-  cov="$(rlconform coverage --engine "$spec" --engine-path "$head" --changed-since "$since" --format md --strict \
+  cov="$(rlconform coverage --engine "$spec" --engine-path "$head" --changed-since "$since" --format json --strict \
            2>/dev/null)"
   rc=$?
-  if [ "$rc" -eq 1 ]; then
+  if [ "$rc" -eq 1 ]; then  # the unbound functions' names and sites, read from the JSON's fields
     { echo; echo "### Numerics this PR adds or edits that no op checks"; echo
-      echo "Bind them (or justify them in the binding's NOT_BOUND table):"; echo; echo "$cov"; } >> "$out/comment.md"
+      echo "Bind them (or justify them in the binding's NOT_BOUND table); the workflow's \`rlconform coverage --strict\`"
+      echo "step fails until then:"; echo
+      printf '%s' "$cov" | "${PYTHON:-python3}" -c '
+import json, sys
+for item in json.load(sys.stdin).get("items") or ():
+    if item.get("status") == "unbound":
+        name, kind, site = item.get("name"), item.get("kind"), item.get("site") or "?"
+        print(f"- `{name}` ({kind}, {site})")' \
+        || echo "(the coverage report could not be read: see the job's log)"; } >> "$out/comment.md"
   fi
 }
 

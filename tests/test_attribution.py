@@ -24,7 +24,9 @@ def _defect(did, function, members, dtypes, severity="training"):
 def _case():
     own = _defect("agg_loss.wrong-value", "agg_loss", ["agg_loss.m.float32.token-mean@x"], ["float32", "bfloat16"])
     gained = {"id": "agg_loss.m.float32.token-mean@x", "op": "agg_loss", "dtype": "float32", "status": "discrepancy",
-              "message": "value: engine 0.000745 vs reference 0.000105 at flat index 0"}
+              "message": "value: engine 0.000745 vs reference 0.000105 at flat index 0",
+              "reproducer": {"command": "rlconform replay head/cases/agg_loss.m.float32.token-mean@x.json --engine verl "
+                                        "--engine-path ."}}
     callers = [_defect(f"{n}.wrong-value", n, [f"policy_loss.m.float32.{n}"], ["float32"])
                for n in ("compute_policy_loss_vanilla", "compute_policy_loss_gspo")]
     elsewhere = _defect("kl.wrong-value", "kl_penalty", ["kl_estimator.m.float64.k1"], ["float64"])
@@ -60,6 +62,8 @@ def test_the_comment_leads_with_the_changed_function_and_its_numbers():
     assert len(lead) == 2, md
     body = lead[1].split("### Other new defects")[0]
     assert "newly failing `agg_loss.m.float32.token-mean@x`: value: engine 0.000745 vs reference 0.000105" in body
+    # a pasteable replay of the newly failing finding, under its changed defect
+    assert "  - replay: `rlconform replay head/cases/agg_loss.m.float32.token-mean@x.json --engine verl" in body
     assert "reaches 2 caller(s)" in body and "compute_policy_loss_vanilla" in body
     assert "### New defects" not in md
 

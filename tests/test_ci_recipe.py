@@ -285,6 +285,7 @@ def test_a_new_unbound_numerics_function_shows_in_the_comment(tmp_path):
     comment = (tmp_path / "ci" / "comment.md").read_text()
     assert "Numerics this PR adds or edits that no op checks" in comment, proc.stdout + proc.stderr + comment
     note = comment.split("no op checks", 1)[1]
-    assert "masked_token_sum" in note and "unbound" in note, comment
+    assert "- `toypkg.ops.masked_token_sum` (function, " in note, comment
+    assert "# Coverage of" not in note and "Transcribed" not in note  # its names, not the whole coverage page
     assert "toypkg.ops.masked_mean" not in note  # bound, and unchanged: not part of what the PR changed
     assert proc.returncode == 0, proc.stdout + proc.stderr  # shown, not failed on

@@ -235,13 +235,18 @@ def _dtype_words(doc: dict, d: dict) -> str:
 
 def _changed_lines(doc: dict, c: dict, limit: int = 3) -> list[str]:
     """What changed in a defect, in words and numbers: its new failing findings (with their numbers, the
-    engine's dtypes first), a severity that rose, members that no longer fail."""
+    engine's dtypes first, and the first one's replay command), a severity that rose, members that no longer
+    fail."""
     d = c.get("defect") or {}
     out = [f"- **{d.get('severity', c.get('severity'))}** `{c['id']}` changed: {c['before']} → {c['after']}"]
     gained = sorted(c.get("new_members") or (), key=lambda f: (f.get("dtype") not in _engine_dtypes(doc, f.get("op")),
                                                                  f.get("id", "")))
     for f in gained[:limit]:
         out.append(f"  - newly failing `{f['id']}`: {_first_line(f)}")
+    replay = next(((f.get("reproducer") or {}).get("command") for f in gained[:limit]
+                   if (f.get("reproducer") or {}).get("command")), None)
+    if replay:  # the first one's, the engine's dtype first: what a reviewer pastes
+        out.append(f"  - replay: `{replay}`")
     if len(gained) > limit:
         out.append(f"  - … {len(gained) - limit} more newly failing finding(s) (diff.json)")
     if c.get("lost_members"):

@@ -94,7 +94,7 @@ class DefectLine:
     ``reason`` (the comment), ``line`` (its line number in the file), ``members``: the finding ids the line
     was written for (the indented id lines under it; empty for a line written without them, which accepts
     any failure of its key and scope); ``magnitudes``: ``(finding id, max_ratio)`` of the members whose line
-    records their worst error over tolerance."""
+    records their worst error over tolerance; ``member_lines``: ``(finding id, line number)`` of every member."""
 
     key: str
     scope: tuple[tuple[str, str], ...]
@@ -102,9 +102,11 @@ class DefectLine:
     line: int
     members: frozenset = frozenset()
     magnitudes: tuple = ()
+    member_lines: tuple = ()
 
     def grown(self, finding: dict) -> dict | None:
-        """``{"line", "recorded", "max_ratio"}`` when ``finding``, a member of this line, fails with an error
+        """``{"line", "recorded", "max_ratio"}`` (``line``: the member's own line number, else the defect
+        line's) when ``finding``, a member of this line, fails with an error
         over tolerance more than :data:`GROWTH` times the one its member line records (or than the margin band's
         top, :data:`~rlconform.harness.core.tolerance.FAIL_ABOVE`, when that is larger); else None."""
         recorded = dict(self.magnitudes).get(finding.get("id"))
@@ -116,7 +118,8 @@ class DefectLine:
         # from the margin band's top at least: a member recorded marginal or rounding-sized is not "grown" by a
         # rounding-sized failure, whatever the last bits of another CPU
         if ratio > GROWTH * max(recorded, FAIL_ABOVE):
-            return {"line": self.line, "recorded": recorded, "max_ratio": float(ratio)}
+            line = dict(self.member_lines).get(finding.get("id"), self.line)
+            return {"line": line, "recorded": recorded, "max_ratio": float(ratio)}
         return None
 
     def accepts(self, finding_id) -> bool:
@@ -351,7 +354,8 @@ def parse_ledger(path: str, extra_ops: tuple[str, ...] = (), warnings: list[str]
                 if not ratio >= 0 or ratio == float("inf"):
                     raise XfailsError(f"{path}:{n}: max_ratio {member['ratio']!r} is not a finite number >= 0")
                 magnitudes += ((member["id"], ratio),)
-            ledger.defects[block] = dataclasses.replace(d, members=d.members | {member["id"]}, magnitudes=magnitudes)
+            ledger.defects[block] = dataclasses.replace(d, members=d.members | {member["id"]}, magnitudes=magnitudes,
+                                                        member_lines=d.member_lines + ((member["id"], n),))
             continue
         block = None
         if text.startswith("defect ") or text == "defect":
