@@ -419,14 +419,19 @@ def render_markdown(doc: dict) -> str:
         lines += ["### All failing findings", "",
                   "| status | op | property | findings | dtypes | regimes | worst abs err | reproduce (worst) |",
                   "|---|---|---|---|---|---|---|---|"]
-        for k in keys:
+        room = MARKDOWN_LIMIT - sum(len(x) + 1 for x in lines) - tail_chars - 400  # the table fits too
+        for n, k in enumerate(keys):
             fs = groups[k]
             w = worst(fs)
             rep = w.get("reproducer") or {}
-            lines.append(
-                f"| {k[0]} | {k[1]} | {k[2]} | {len(fs)} | {', '.join(sorted({f['dtype'] for f in fs}))} | "
-                f"{', '.join(sorted({f['regime'] for f in fs}))} | {error_text(w)} | "
-                + (f"`{rep['command']}`" if rep.get("command") else "") + " |")
+            row = (f"| {k[0]} | {k[1]} | {k[2]} | {len(fs)} | {', '.join(sorted({f['dtype'] for f in fs}))} | "
+                   f"{', '.join(sorted({f['regime'] for f in fs}))} | {error_text(w)} | "
+                   + (f"`{rep['command']}`" if rep.get("command") else "") + " |")
+            if len(row) + 1 > room - 80:
+                lines.append(f"| … | {len(keys) - n} more rows: see report.json | | | | | | |")
+                break
+            room -= len(row) + 1
+            lines.append(row)
         lines += ["", "<details><summary>one example per row</summary>\n"]
         budget = MARKDOWN_LIMIT - sum(len(x) + 1 for x in lines) - tail_chars - 400
         for n, k in enumerate(keys):
