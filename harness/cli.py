@@ -779,6 +779,11 @@ def cmd_replay(args) -> int:
         result = _replay_child(spec, args.engine_path, case.to_json())
         return EXIT_USAGE if result["kind"] == "usage" else EXIT_CLEAN
     print(f"replaying {case.finding_id} on engine {spec}")
+    from rlconform.harness.report.triage import variant_of
+
+    variant = variant_of({"op": case.op, "regime": case.regime})
+    if variant:
+        print(f"  variant {variant['name']}: {variant['parameters']}")
     print(f"  input: {case.summary()}")
     if in_torchrun():  # each rank is already a process of torchrun's: run in place
         result = _replay_child(spec, args.engine_path, case.to_json())

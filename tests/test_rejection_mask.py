@@ -125,3 +125,15 @@ def test_skyrl_findings():
     assert kept.sum().item() == 2  # Σ = 5.8 (ratio 330 > 5): the reference rejects the row
     clean, metrics = rs.get("x", "seq_sum_k1")(torch.where(m, lp, -1.0), old, m)
     assert clean.sum().item() == 0 and metrics["rs_seq_masked_fraction"] == 0.5  # the reference: 1.0
+
+
+def test_a_deciding_ratio_near_a_bound_is_said_to_be_near_it():
+    """A row showing r = 0.7998 against a bound of 0.8 reads like a rounding tie: the trigger says "near a bound";
+    a deciding ratio 10 % or more from every bound (the declared ones and their inverses) is shown plainly."""
+    from rlconform.harness.families.rejection_mask import _near_bound
+
+    bounds = (0.5, 1.5, 1 / 1.5, 2.0)  # "0.5_1.5" and the inverse ratio's bounds
+    assert _near_bound(np.array([0.7998]), (0.8, 1.5, 1 / 1.5, 1.25)) == ", near a bound: r = 0.7998 vs 0.8"
+    assert _near_bound(np.array([1.75]), bounds) == ""  # 17 % from 1.5, 12 % from 2
+    assert _near_bound(np.array([1.95, 1.75]), bounds) == ""  # one deciding token far from every bound is enough
+    assert _near_bound(np.array([1.95]), bounds) == ", near a bound: r = 1.95 vs 2"

@@ -155,3 +155,23 @@ def test_the_first_screen_counts_what_only_the_engines_process_reported():
     console = Console(record=True, width=200)
     print_summary(doc, console)
     assert f"unavailable {n}" in console.export_text()
+
+
+def test_a_rows_variant_parameters_are_printed_with_it():
+    """The bounds, ε, c or cap of the variant of a row's example are on the row and in explain (the catalog's
+    ``OpInfo.variant_parameters``, whose keys are the op's variants)."""
+    from rlconform.harness.catalog.ops import OPS
+    from rlconform.harness.report.explain import explain_markdown
+    from rlconform.harness.report.triage import annotate, variant_of
+    from rlconform.harness.report.writer import render_markdown
+
+    for op in OPS.values():
+        assert set(op.variant_parameters) <= set(op.variants), op.name
+    assert variant_of({"op": "rollout_rejection_mask", "regime": "token_k1_asym@moderate"}) == {
+        "name": "token_k1_asym", "parameters": "token k1: kept for 0.8 ≤ r ≤ 1.5"}
+    assert variant_of({"op": "entropy", "regime": "moderate"}) is None
+    doc = annotate(load_report(str(VERL)))
+    row = next(x for x in render_markdown(doc).splitlines() if "in `compute_rollout_rejection_mask`" in x)
+    assert "(shown: `token_k1_asym`, token k1: kept for 0.8 ≤ r ≤ 1.5)" in row, row
+    d = next(x for x in doc["defects"] if x["id"].endswith("compute_rollout_rejection_mask.wrong-value"))
+    assert "**Variant** `token_k1_asym`: token k1: kept for 0.8 ≤ r ≤ 1.5" in explain_markdown(doc, d, None, None)

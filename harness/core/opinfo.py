@@ -186,6 +186,11 @@ class OpInfo:
     #: (:func:`rlconform.harness.report.triage.defects`)
     probe_metric_keys: bool = False
 
+    #: variant -> its parameters in words, as the reference defines the variant and the binding passes them to
+    #: the engine (``"token k1: kept for 0.8 ≤ r ≤ 1.5"``, ``"dual-clip c = 3, log-ratio clamp ±20"``): printed
+    #: with a report row whose example is of that variant, in ``replay`` and in ``explain``
+    variant_parameters: dict[str, str] = dataclasses.field(default_factory=dict)
+
     #: profile-only regimes: regime -> the profiles that add it (e.g. ``real_shapes`` -> ``("nightly",)``);
     #: a regime not listed is in every profile. A profile-only regime is a catalog regime like any other
     #: (case files and ledgers may name it), but a run of another profile does not select it.

@@ -78,6 +78,16 @@ EXTREME = {"float32": 100.0, "float64": 100.0, "bfloat16": 20.0, "float16": 20.0
 COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-24, "float16": 2.0**-24}
 _MODERATE = tuple(variant_regime(v, "moderate") for v in VARIANTS)
 
+def _parameters(variant: str) -> str:
+    """The level, TIS cap and log-ratio clamp ``variant`` is checked with (:data:`VARIANTS`), in words."""
+    kw = VARIANTS[variant]
+    clamp = kw.get("log_ratio_clamp")
+    words = [kw["level"].replace("_", " ")] + ([f"TIS cap {kw['cap']:g}"] if kw.get("cap") is not None else []) + (
+        [f"log-ratio clamp {'±' + format(clamp, 'g') if not isinstance(clamp, tuple) else f'max {clamp[1]:g}'}"]
+        if clamp is not None else [])
+    return ", ".join(words)
+
+
 OPS = (
     OpInfo("importance_ratio", "importance_ratio", None, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE, MASK_INVARIANT),
            {**{variant_regime(v, "moderate"): ("float32", "float64") for v in VARIANTS},
@@ -87,7 +97,8 @@ OPS = (
                   "compute_rollout_correction_weights; SkyRL off_policy_correction_utils.compute_tis_ratio",
            family="importance_ratio", variants=tuple(VARIANTS),
            property_regimes={NON_DESTRUCTIVE: _MODERATE, MASK_INVARIANT: _MODERATE,
-                             FINITE: tuple(variant_regime(v, "extreme_log_ratios") for v in VARIANTS)}),
+                             FINITE: tuple(variant_regime(v, "extreme_log_ratios") for v in VARIANTS)},
+           variant_parameters={v: _parameters(v) for v in VARIANTS}),
 )
 
 

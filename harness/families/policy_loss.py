@@ -93,6 +93,27 @@ GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
 EXTREME = {"float32": 100.0, "float64": 100.0, "bfloat16": 20.0, "float16": 20.0}
 
 _MODERATE = [variant_regime(v, "moderate") for v in VARIANTS]
+
+
+def _parameters(variant: str) -> str:
+    """The parameters ``variant`` is checked with (its :data:`VARIANTS` entry; the PPO clip ε of the clipped
+    variants is the reference's default, 0.2 / 0.2, as the engines' defaults), in words."""
+    kw = {k: v for k, v in VARIANTS[variant].items() if k != "variant"}
+    dppo = variant.startswith("dppo_")
+    # clip_ratio_low / _high (the reference's defaults): the PPO clip, DPPO's divergence thresholds, geo_mean's
+    # log-space bounds
+    words = {"vanilla": ["clip ε 0.2 / 0.2"], "ppo_clip": ["clip ε 0.2 / 0.2"], "geo_mean": ["log-space bounds 0.2 / 0.2"]
+             }.get(variant, ["divergence thresholds 0.2 / 0.2"] if dppo else [])
+    for k, v in kw.items():
+        if k == "log_ratio_clamp":
+            words.append(f"log-ratio clamp {'±' + format(v, 'g') if not isinstance(v, tuple) else f'max {v[1]:g}'}")
+        elif k == "clip_ratio_c":
+            words.append("no dual clip" if v is None else f"{'truncation cap' if dppo else 'dual-clip c'} {v:g}")
+        else:
+            words.append(f"{k} {v:g}")
+    return ", ".join(words)
+
+
 OPS = (
     OpInfo("policy_loss", "policy_loss", None,
            (MATCHES_REFERENCE, PARTITION_INVARIANT, NON_DESTRUCTIVE, FINITE, MASK_INVARIANT),
@@ -107,7 +128,8 @@ OPS = (
                NON_DESTRUCTIVE: tuple(_MODERATE),
                MASK_INVARIANT: tuple(_MODERATE),
                FINITE: tuple(variant_regime(v, "extreme_log_ratios") for v in VARIANTS),
-           }),
+           },
+           variant_parameters={v: _parameters(v) for v in VARIANTS if _parameters(v)}),
 )
 
 

@@ -110,6 +110,18 @@ COMPUTE_EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-24, "
 KAPPA = 8.0
 _MODERATE = tuple(variant_regime(v, "moderate") for v in VARIANTS)
 
+
+def _parameters(variant: str) -> str:
+    """The bounds of ``variant`` in words: ``token k1: kept for 0.8 ≤ r ≤ 1.5`` (r = π/π_old of the level's
+    statistic; k2 / k3 bound the divergence from above), ANDed options joined with "; "."""
+    parts = []
+    for level, est, lower, upper in VARIANTS[variant]:
+        stat = f"r{'' if level == 'token' else ' of the row'}" if est == "k1" else est
+        kept = f"{lower:g} ≤ {stat} ≤ {upper:g}" if lower is not None else f"{stat} ≤ {upper:g}"
+        parts.append(f"{level.replace('_', '-')} {est}: kept for {kept}")
+    return "; ".join(parts)
+
+
 OPS = (
     OpInfo(OP, "rejection_mask", None, (MATCHES_REFERENCE, NON_DESTRUCTIVE, FINITE, MASK_INVARIANT),
            {**{variant_regime(v, "moderate"): ("float32", "float64") for v in VARIANTS},
@@ -119,7 +131,8 @@ OPS = (
                   "compute_offpolicy_metrics; SkyRL off_policy_correction_utils.compute_token_mask / "
                   "compute_sequence_mask / compute_outlier_token_mask; ESS: Kong 1992",
            family="rejection_mask", variants=tuple(VARIANTS),
-           property_regimes={NON_DESTRUCTIVE: _MODERATE, MASK_INVARIANT: _MODERATE}),
+           property_regimes={NON_DESTRUCTIVE: _MODERATE, MASK_INVARIANT: _MODERATE},
+           variant_parameters={v: _parameters(v) for v in VARIANTS}),
 )
 
 
@@ -406,7 +419,8 @@ def _mask_trigger(x, m, d) -> str | None:
             stat = _row_stat(d, m, level)
             flips = m & (((stat >= lo) & (stat <= hi)) != ((-stat >= lo) & (-stat <= hi)))
             if flips.any():
-                return "asymmetric k1 bounds (lower ≠ 1/upper) read as bounds of the inverse ratio"
+                return ("asymmetric k1 bounds (lower ≠ 1/upper) read as bounds of the inverse ratio"
+                        + _near_bound(np.exp(stat[flips]), (lower, upper, 1.0 / upper, 1.0 / lower)))
         if level == "seq_sum" and (m & (np.abs(d) > 20)).any():
             return "a log-ratio beyond ±20 in a sequence sum (each token clamped before the sum)"
         if level == "seq_mean":
@@ -418,6 +432,22 @@ def _mask_trigger(x, m, d) -> str | None:
             if near.any():
                 return "a row mean within 1e-8 of a bound (masked_mean's count + 1e-8)"
     return None
+
+
+#: a ratio within this relative distance of a bound reads like a rounding tie: the row says so
+NEAR_BOUND = 0.1
+
+
+def _near_bound(r, bounds) -> str:
+    """``", near a bound: r = 0.7998 vs 0.8"`` when every deciding ratio ``r`` lies within :data:`NEAR_BOUND`
+    (relative) of one of ``bounds`` (the declared ones and their inverses), else nothing."""
+    b = np.asarray(bounds, dtype=np.float64)
+    dist = np.min(np.abs(np.asarray(r, dtype=np.float64)[:, None] - b) / b, axis=1)
+    i = int(np.argmax(dist))
+    if dist[i] >= NEAR_BOUND:
+        return ""
+    nearest = b[int(np.argmin(np.abs(r[i] - b) / b))]
+    return f", near a bound: r = {r[i]:.4g} vs {nearest:.4g}"
 
 
 def _row_stat(d, m, level):

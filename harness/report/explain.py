@@ -283,6 +283,8 @@ def _explain(doc: dict, d: dict, case: dict | None, folder: str | None) -> tuple
              f"**Where:** `{_site(d)}`" + (f" — the deepest frame is {d['upstream']}'s: the fix belongs upstream"
                                            if d.get("upstream") else "") + _evidence(d), "",
              f"**Numbers (smallest input):** {_numbers(d)}", "",
+             *([f"**Variant** `{d['variant'].get('name')}`: {d['variant'].get('parameters')}", ""]
+               if isinstance(d.get("variant"), dict) and d["variant"].get("parameters") else []),
              f"**Smallest input** (`{rep.get('finding')}`; floats as float64 hex):", "",
              "```json", _case_input(case, d), "```", ""]
     if rep.get("command"):

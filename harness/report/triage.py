@@ -793,6 +793,7 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
             "numbers": None if crash else numbers(shown),
             "reproducer": {"finding": shown["id"], "case_file": rep.get("case_file"), "command": rep.get("command"),
                            "input": shown.get("worst_input")},
+            "variant": variant_of(shown),
             "message": (shown.get("message") or "").strip().splitlines()[0][:300] if shown.get("message") else "",
             "change": change_text(shown.get("message") or "") if cls == "changes a tensor" else "",
         })
@@ -801,6 +802,19 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
     out.sort(key=lambda d: (SEVERITIES.index(d["severity"]), -d["reach"], -d["effect"], not d["reachable"],
                             -len(d["members"]), d["id"]))
     return out
+
+
+def variant_of(finding: dict) -> dict | None:
+    """``{"name", "parameters"}``: the variant of a finding and its parameters in words, as the catalog
+    describes them (:attr:`~rlconform.harness.core.opinfo.OpInfo.variant_parameters`); None for a finding of
+    an op without them."""
+    from rlconform.harness.catalog.ops import OPS
+    from rlconform.harness.core.opinfo import split_regime
+
+    op = OPS.get(finding.get("op")) if isinstance(finding.get("op"), str) else None
+    variant = split_regime(str(finding.get("regime") or ""))[0]
+    words = op.variant_parameters.get(variant) if op is not None and variant else None
+    return {"name": variant, "parameters": words} if words else None
 
 
 def impact_knob(defect: dict, knobs: dict) -> dict | None:

@@ -164,8 +164,17 @@ def defect_row(d: dict) -> str:
     what = " · ".join(x for x in (", ".join(d.get("ops") or [d["op"]]),
                                    ", ".join(d.get("properties") or [d["property"]]),
                                    ", ".join(d.get("dtypes") or [])) if x)
-    return (f"| {severity_cell(d)} | {where_cell(d)} | {sig['kind']} · {d.get('trigger') or sig['feature']} | {nums} | "
-            f"{len(d['members'])} ({what}) | {cmd} |")
+    return (f"| {severity_cell(d)} | {where_cell(d)} | {sig['kind']} · {d.get('trigger') or sig['feature']}"
+            f"{variant_text(d)} | {nums} | {len(d['members'])} ({what}) | {cmd} |")
+
+
+def variant_text(d: dict) -> str:
+    """`` (shown: `token_k1_asym`, token k1: kept for 0.8 ≤ r ≤ 1.5)``: the parameters of the variant of the row's
+    example (:func:`rlconform.harness.report.triage.variant_of`), or nothing."""
+    v = d.get("variant")
+    if not isinstance(v, dict) or not v.get("parameters"):
+        return ""
+    return f" (shown: `{v.get('name')}`, {v['parameters']})"
 
 
 HEADER = ["| severity | engine function (file:line) | failure · trigger | engine vs exact | findings (ops · properties · dtypes) | reproduce (smallest) |",
@@ -184,8 +193,8 @@ def precision_row(d: dict) -> str:
     cmd = f"`{rep['command']}`" if rep.get("command") else (rep.get("finding") or "")
     what = " · ".join(x for x in (", ".join(d.get("ops") or [d["op"]]), ", ".join(d.get("dtypes") or [])) if x)
     sig = d["signature"]
-    return (f"| {where_cell(d)} | {sig['kind']} · {d.get('trigger') or sig['feature']} | {numbers_cell(d)} | "
-            f"{len(d['members'])} ({what}) | {cmd} |")
+    return (f"| {where_cell(d)} | {sig['kind']} · {d.get('trigger') or sig['feature']}{variant_text(d)} | "
+            f"{numbers_cell(d)} | {len(d['members'])} ({what}) | {cmd} |")
 
 
 #: the idiom behind a failure and trigger that many rows share: what a maintainer fixes once, everywhere
