@@ -141,7 +141,7 @@ if [ "$all" = 1 ] || [ -z "$since" ]; then
 else
   check head "$head" --changed-since "$since" "$@"; head_rc=$?
   if [ "$head_rc" -eq 0 ] && [ ! -f "$out/head/report.json" ] && [ -f "$out/head/selection.txt" ]; then
-    { echo "## rlconform: nothing to check"; echo
+    { echo "<!-- rlconform -->"; echo "## rlconform: nothing to check"; echo
       echo "No engine function bound to the catalog (nor one it calls) changed since \`$since\`, and no ledger line"
       echo "the PR edits lists one: no verdict can have changed. (\`--all\` checks the whole catalog.)"; } > "$out/comment.md"
     coverage_note
@@ -164,7 +164,7 @@ fi
 for side in head base; do
   rc_var="${side}_rc"
   if [ "${!rc_var:-2}" -ge 2 ] || [ ! -f "$out/$side/report.json" ]; then
-    { echo "## rlconform: the $side could not be checked"; echo
+    { echo "<!-- rlconform -->"; echo "## rlconform: the $side could not be checked"; echo
       echo "\`rlconform check\` exited ${!rc_var:-2} on the $side; see the job's log."; } > "$out/comment.md"
     die "the check of the $side exited ${!rc_var:-2}"
   fi

@@ -93,7 +93,9 @@ def test_head_equal_to_base_passes(tmp_path, checkouts):
     base, _ = checkouts
     proc = run_pr(base, "--base-ref", "HEAD", "--out", str(tmp_path / "ci"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "nothing to check" in (tmp_path / "ci" / "comment.md").read_text()
+    comment = (tmp_path / "ci" / "comment.md").read_text()
+    assert "nothing to check" in comment
+    assert comment.startswith("<!-- rlconform -->\n")  # the marker rlconform-comment.sh finds its own comment by
     full = run_pr(base, "--base-ref", "HEAD", "--out", str(tmp_path / "ci-all"), "--all")
     assert full.returncode == 0, full.stdout + full.stderr
     assert "No change" in (tmp_path / "ci-all" / "comment.md").read_text()
