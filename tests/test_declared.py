@@ -322,3 +322,42 @@ def test_a_mask_layout_is_a_preconditions_and_one_of_the_known_layouts():
         Declared(kind="precondition", mask_layout="left_aligned", **base)
     with pytest.raises(ValueError, match="mask_layout"):
         Declared(kind="convention", mask_layout="right_aligned", **base)
+
+
+def test_an_optimal_token_baseline_example_respects_the_declared_rewards_precondition():
+    """verl declares its rewards zero outside the response mask (the reward manager writes into a zero tensor): the
+    OTB examples hold no reward at a masked position, and mask_invariant writes its garbage only into the inputs
+    no precondition keeps zero (old_log_probs, Σπ²). Without the declaration the rewards get garbage too."""
+    import torch
+    from hypothesis import HealthCheck, given, settings
+
+    from rlconform.harness.catalog.ops import OPS
+    from rlconform.harness.families import optimal_token_baseline as OTB
+
+    @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(OTB.strategy(OPS["optimal_token_baseline"], "float64", "groups"))
+    def drawn(x):
+        assert not np.asarray(x["rewards"])[~np.asarray(x["mask"], bool)].any()
+
+    drawn()
+    reference = load_engine("reference")
+    seen = []
+
+    def engine(rewards, mask, index, old_log_probs, sum_pi_squared):
+        seen.append({"rewards": rewards.clone(), "old_log_probs": old_log_probs.clone(), "mask": mask.clone()})
+        return reference.resolve("optimal_token_baseline")(rewards, mask, index, old_log_probs, sum_pi_squared)
+
+    kept = Declared("rewards_zero_outside_mask", "precondition", ("optimal_token_baseline",), "rewards are zero where "
+                    "masked", "the reward manager writes into a zero tensor", "x.py:1", inputs=("rewards",))
+    mask = np.array([[True, True, False], [True, False, False]])
+    inputs = {"rewards": np.array([[0.0, 1.0, 0.0], [0.5, 0.0, 0.0]]), "mask": mask, "index": np.array([0, 0]),
+              "old_log_probs": np.log(np.full((2, 3), 0.5)), "sum_pi_squared": np.full((2, 3), 0.5),
+              "garbage": float("nan")}
+    for declared, rewards_dirty in (((kept,), False), ((), True)):
+        seen.clear()
+        run_check(Binding("b", ops={"optimal_token_baseline": engine}, declared=declared),
+                  Case("optimal_token_baseline", "mask_invariant", "float64", "groups", dict(inputs)))
+        dirty = seen[-1]  # the alternative run, garbage at masked positions
+        masked = ~dirty["mask"].bool()
+        assert torch.isnan(dirty["old_log_probs"][masked]).all()
+        assert bool(torch.isnan(dirty["rewards"][masked]).all()) is rewards_dirty, declared

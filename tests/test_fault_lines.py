@@ -266,3 +266,15 @@ def test_a_site_in_a_module_this_process_never_imported_is_resolved_with_the_bin
     assert site_callable(site) is None  # importlib cannot import it
     assert site_callable(site, engine_importer(binding)) is reduce_metrics
     assert engine_importer(SimpleNamespace(coverage=None)) is None
+
+
+def test_a_declared_anchor_wins_over_a_spectrum_of_a_few_examples(synthetic):
+    """verl's optimal token baseline: the failing example took the zero-tail branch, the passing one did not, so
+    the spectrum cited that branch; the masked product the binding declares is the leak, and is cited."""
+    fn = synthetic
+    name, first = fn.__code__.co_filename, fn.__code__.co_firstlineno
+    run = lambda xs, flag: fault_lines.trace_lines([fn], lambda: fn(xs, flag))[0]  # noqa: E731
+    failing, passing = [run([1, 2], True)], [run([1], False)]
+    assert fault_lines.localize(fn, failing, passing)["line"] == first + 5  # the spectrum's line, when nothing is declared
+    anchored = fault_lines.localize(fn, failing, passing, anchors=(r"total = 0",))
+    assert anchored["evidence"] == "anchor" and anchored["line"] != first + 5, (anchored, name)

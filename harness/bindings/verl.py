@@ -1335,12 +1335,12 @@ DECLARED = (
         variants=("grpo_passk",), when=_one_sample_group,
         raises="ValueError", match=r"Pass@k requires at least 2 samples per group"),
     Declared(
-        "rewards_zero_outside_mask", "precondition", ("outcome_advantage",),
+        "rewards_zero_outside_mask", "precondition", ("outcome_advantage", "optimal_token_baseline"),
         "token_level_rewards are zero outside the response mask (the outcome estimators sum the whole row: "
-        "scores = token_level_rewards.sum(dim=-1))",
+        "scores = token_level_rewards.sum(dim=-1); the optimal token baseline's returns multiply them by the mask)",
         "the reward manager writes the score on the last valid token of a zero tensor, so no caller passes "
         "anything else at masked positions", "verl/trainer/ppo/core_algos.py:304",
-        inputs=("token_level_rewards",)),
+        inputs=("token_level_rewards", "rewards")),  # outcome_advantage's name, optimal_token_baseline's
     Declared(
         "singleton_group_raw_score", "convention", ("outcome_advantage",),
         "a group of one sample gets group statistics μ := 0, σ := 1, so its advantage is its own score "
@@ -1485,8 +1485,8 @@ FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression)
         "NaN|inf": (r"nextvalues = values\[:, t\] \* response_mask\[:, t\]",
                     r"lastgaelam = lastgaelam_ \* response_mask\[:, t\]")},
     "verl.trainer.ppo.core_algos.compute_optimal_token_baseline_advantage": {
-        "NaN|inf": (r"returns = \(token_level_rewards \* response_mask\)",
-                    r"w_cumulative = \(w_per_timestep \* response_mask\)")},
+        # (the rewards are zero where masked: rewards_zero_outside_mask; old_log_probs and Σπ² are not)
+        "NaN|inf": (r"w_cumulative = \(w_per_timestep \* response_mask\)",)},
     # GMPO's loss is the mean over the micro-batch's rows: with more than one micro-batch, the sum over
     # micro-batches the trainer makes is the number of micro-batches times the loss of the whole batch
     # (and a masked NaN reaches the row's ratio and advantage through · response_mask)

@@ -1,7 +1,9 @@
 """The faulty line of an engine function (a maintainer's A): which line of the function a
 defect's ``file:line`` cites, by evidence, never by a table of line numbers.
 
-Two sources of evidence, in this order:
+Two sources of evidence; a declared anchor (2) that resolves is cited first, since the binding's reading of
+the code is stronger evidence than the spectrum of a few examples (whose discriminating line can be a branch the
+failing example happened to take); the spectrum (1) cites the line where nothing is declared:
 
 1. *Spectrum-based fault localization.* :func:`trace_lines` records the lines of the engine function's
    own code objects (its body and the functions, lambdas and comprehensions nested in it; ``sys.settrace``
@@ -13,9 +15,9 @@ Two sources of evidence, in this order:
    example that stopped earlier — a declared guard raising — is no evidence about the lines below), it
    scores higher than every line that all runs execute, and it is the last such line in the order of the
    source among equals (the branch's statement, not its ``if``) — :func:`spectrum_line`.
-2. *A declared anchor.* When failing and passing examples run the same lines (tensor code without
+2. *A declared anchor.* Where failing and passing examples run the same lines (tensor code without
    branches: a wrong value computed on every path), the spectrum cannot tell one line from another. A
-   binding may then declare, per engine function, a regular expression of its faulty source line
+   binding may declare, per engine function, a regular expression of its faulty source line
    (``Binding.fault_anchors``); :func:`anchor_line` resolves it in the *installed* engine's source of
    that function at run time, so a fork's checkout gets its own line number. A declared pattern that no
    line of the function matches anymore resolves to nothing (the engine changed: the function is cited).
@@ -166,10 +168,10 @@ def line_text(path: str, line: int) -> str:
 
 def localize(fn: Any, failing: list[set] | None = None, passing: list[set] | None = None,
              anchors: Iterable[str] = ()) -> dict:
-    """The cited line of engine function ``fn`` (see the module docstring): the discriminating line of the
-    traced runs (``failing`` / ``passing``: sets of ``(filename, line)`` from :func:`trace_lines`), else the
-    first declared anchor that resolves in ``fn``'s source (or, for an anchor ``(callable, pattern)``, in that
-    callable's), else its ``def`` line (evidence ``function``)."""
+    """The cited line of engine function ``fn`` (see the module docstring): every declared anchor that resolves
+    in ``fn``'s source (or, for an anchor ``(callable, pattern)``, in that callable's), else the discriminating
+    line of the traced runs (``failing`` / ``passing``: sets of ``(filename, line)`` from :func:`trace_lines`),
+    else its ``def`` line (evidence ``function``)."""
     failing, passing = list(failing or []), list(passing or [])
     runs = {"failing": len(failing), "passing": len(passing)}
     span = source_span(fn)
@@ -177,16 +179,18 @@ def localize(fn: Any, failing: list[set] | None = None, passing: list[set] | Non
     if own:  # only the function's own file counts (a nested function lives there too)
         failing = [{x for x in r if x[0] == own} for r in failing]
         passing = [{x for x in r if x[0] == own} for r in passing]
-    found = spectrum_line(failing, passing)
-    if found is not None:
-        (path, line), score = found
-        return {"line": int(line), "evidence": "spectrum", "text": line_text(path, line), "score": round(score, 3),
-                "runs": runs}
     # an anchor is a pattern in ``fn``'s source, or ``(callable, pattern)``: a line of a function ``fn`` hands
     # its work to (verl's vocab_parallel_entropy -> _VocabParallelEntropy.forward, an autograd Function)
     hits = [h for h in (anchor_line(*a) if isinstance(a, tuple) else anchor_line(fn, a) for a in anchors or ())
             if h is not None]
-    if hits:  # every declared line that resolves (two statements that together make the fault), in order
+    if hits:  # every declared line that resolves (two statements that together make the fault), in order: the
+        # binding's reading of the code wins over a spectrum of a few examples, whose discriminating line may be a
+        # branch the failing example happened to take (verl's OTB: the zero-tail branch, not the masked product)
         return {"line": hits[0][0], "lines": [h[0] for h in hits], "evidence": "anchor", "text": hits[0][1],
+                "runs": runs}
+    found = spectrum_line(failing, passing)
+    if found is not None:
+        (path, line), score = found
+        return {"line": int(line), "evidence": "spectrum", "text": line_text(path, line), "score": round(score, 3),
                 "runs": runs}
     return {"line": None, "evidence": "function", "text": "", "runs": runs}

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import rlconform.reference as R
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import strategies as S
+from rlconform.harness.core.declared import preconditions
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.guards import InputGuard
@@ -104,11 +105,13 @@ def inputs(draw, dtype: str):
     if draw(st.booleans()):
         lengths[rng.integers(0, b)] = 0
     mask = np.arange(t)[None, :] < lengths[:, None]
+    # the score on the last valid token of a zero tensor, as reward managers write it (never at a masked
+    # position: engines declare it, e.g. verl's rewards_zero_outside_mask)
     rewards = np.zeros((b, t))
     last = np.maximum(lengths - 1, 0)
-    rewards[np.arange(b), last] = rng.choice([0.0, 1.0, -1.0, 0.5], size=b)
+    rewards[np.arange(b), last] = rng.choice([0.0, 1.0, -1.0, 0.5], size=b) * (lengths > 0)
     if draw(st.booleans()):
-        rewards += rng.standard_normal((b, t)) * 0.1
+        rewards += rng.standard_normal((b, t)) * 0.1 * mask
     lp, spp = token_distributions(rng, (b, t), draw(st.booleans()), dtype)
     return {
         "rewards": S.round_to(rewards, dtype), "mask": mask, "index": index.astype(np.int64),
@@ -156,8 +159,16 @@ def evaluate(binding, case) -> Evaluation:
     if case.property == MASK_INVARIANT:  # garbage needs a masked position: a padding column, not a valid one
         arrs = with_masked_column(arrs, "mask", ("rewards", "old_log_probs", "sum_pi_squared"),
                                   fill={"sum_pi_squared": 1.0})  # a one-hot distribution: log π = 0, Σπ² = 1
+    # an example must be one the engine's callers can pass: an input a declared precondition keeps zero where
+    # masked (verl's rewards: the reward manager writes into a zero tensor) is zero there, and holds no garbage
+    kept = [d for d in preconditions(getattr(binding, "declared", ()), case.op, case.regime) if d.inputs]
+    clean = {k for d in kept for k in d.inputs} & {"rewards", "old_log_probs", "sum_pi_squared"}
+    for k in clean:
+        arrs[k] = np.where(arrs["mask"], arrs[k], 0.0)
     index = np.asarray(case.inputs["index"])
     ev = Evaluation()
+    if kept:
+        ev.declared = kept[0].name
     if case.property == NON_DESTRUCTIVE:
         t = _tensors(arrs, case.dtype)
         guard = InputGuard(**t)
@@ -170,7 +181,8 @@ def evaluate(binding, case) -> Evaluation:
     if case.property == MASK_INVARIANT:
         garbage = float(case.inputs.get("garbage", np.nan))
         dirty = dict(arrs)
-        for k in ("rewards", "old_log_probs", "sum_pi_squared"):
+        keys = [k for k in ("rewards", "old_log_probs", "sum_pi_squared") if k not in clean]
+        for k in keys:
             dirty[k] = np.where(arrs["mask"], arrs[k], garbage)
         ev.alternatives.append((f"masked positions set to {garbage!r}",
                                 _run(fn, dirty, index, case.dtype, refs, f" (masked = {garbage!r})", ev)))
