@@ -261,6 +261,14 @@ def preconditions(declared, op: str, regime: str) -> list[Declared]:
     return [d for d in declared or () if d.kind == "precondition" and d.concerns(op, _variant(regime))]
 
 
+def zero_where_masked(declared, op: str, regime: str) -> tuple[set[str], "Declared | None"]:
+    """(the inputs the engine's callers keep zero at masked positions, the first such precondition) of the
+    declared preconditions that concern ``op`` under ``regime``; ``(set(), None)`` when none does. A family
+    draws no other value and writes no garbage there: an example must be one the callers can pass."""
+    kept = [d for d in preconditions(declared, op, regime) if d.inputs]
+    return {k for d in kept for k in d.inputs}, (kept[0] if kept else None)
+
+
 def mask_layout(declared, op: str, regime: str) -> tuple[str, str]:
     """(layout, the precondition's name) of the declared mask layout that concerns ``op`` under ``regime``, or
     ``("", "")``."""

@@ -52,7 +52,7 @@ from hypothesis import strategies as st
 import rlconform.reference as R
 from rlconform.harness.core import strategies as S
 from rlconform.harness.core.branches import Branch
-from rlconform.harness.core.declared import followed, mask_layout, preconditions
+from rlconform.harness.core.declared import followed, mask_layout, zero_where_masked
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.core.garbage import with_masked_column
@@ -507,13 +507,12 @@ def evaluate(binding, case) -> Evaluation:
     ev.values = _compare(case, outs, refs, fas, mask, case.dtype, "", ev)
     if case.property == MASK_INVARIANT:
         garbage = float(case.inputs.get("garbage", np.nan))
-        kept = [d for d in preconditions(getattr(binding, "declared", ()), case.op, case.regime) if d.inputs]
-        clean = {k for d in kept for k in d.inputs}  # the engine's callers keep these zero where masked
+        clean, kept = zero_where_masked(getattr(binding, "declared", ()), case.op, case.regime)
         dirty_keys = [k for k in _TOKEN_INPUTS[case.op] if k not in clean]
-        if kept:
-            ev.declared = kept[0].name
+        if kept is not None:
+            ev.declared = kept.name
         if not dirty_keys:
-            ev.undefined = (f"declared precondition {kept[0].name}: {kept[0].what}; no other input holds masked "
+            ev.undefined = (f"declared precondition {kept.name}: {kept.what}; no other input holds masked "
                             "positions to write garbage into")
             return ev
         dirty = dict(arrs)

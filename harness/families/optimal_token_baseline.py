@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import rlconform.reference as R
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import strategies as S
-from rlconform.harness.core.declared import preconditions
+from rlconform.harness.core.declared import zero_where_masked
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
 from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.guards import InputGuard
@@ -161,14 +161,14 @@ def evaluate(binding, case) -> Evaluation:
                                   fill={"sum_pi_squared": 1.0})  # a one-hot distribution: log π = 0, Σπ² = 1
     # an example must be one the engine's callers can pass: an input a declared precondition keeps zero where
     # masked (verl's rewards: the reward manager writes into a zero tensor) is zero there, and holds no garbage
-    kept = [d for d in preconditions(getattr(binding, "declared", ()), case.op, case.regime) if d.inputs]
-    clean = {k for d in kept for k in d.inputs} & {"rewards", "old_log_probs", "sum_pi_squared"}
+    clean, kept = zero_where_masked(getattr(binding, "declared", ()), case.op, case.regime)
+    clean &= {"rewards", "old_log_probs", "sum_pi_squared"}
     for k in clean:
         arrs[k] = np.where(arrs["mask"], arrs[k], 0.0)
     index = np.asarray(case.inputs["index"])
     ev = Evaluation()
-    if kept:
-        ev.declared = kept[0].name
+    if kept is not None:
+        ev.declared = kept.name
     if case.property == NON_DESTRUCTIVE:
         t = _tensors(arrs, case.dtype)
         guard = InputGuard(**t)

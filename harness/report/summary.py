@@ -44,8 +44,9 @@ def print_summary(doc: dict, console: Console | None = None) -> None:
     console.print("  ".join(f"{k}: {v}" for k, v in s.items() if v) or "no findings")
     from rlconform.harness.report.worker_only import worker_only_line
 
-    if worker_only_line(doc, bold=""):
-        console.print(worker_only_line(doc, bold=""), highlight=False, soft_wrap=True)
+    worker_only = worker_only_line(doc, bold="")
+    if worker_only:
+        console.print(worker_only, highlight=False, soft_wrap=True)
     if not doc["run"].get("complete"):
         not_run = doc["run"].get("not_run") or []
         why = "interrupted" if doc["run"].get("interrupted") or not not_run else \

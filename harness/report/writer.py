@@ -382,8 +382,9 @@ def render_markdown(doc: dict) -> str:
     ]
     from rlconform.harness.report.worker_only import worker_only_line
 
-    if worker_only_line(doc):
-        lines += [worker_only_line(doc), ""]
+    worker_only = worker_only_line(doc)
+    if worker_only:
+        lines += [worker_only, ""]
     dev_line = device_line(doc)
     if dev_line:
         lines += [dev_line, ""]

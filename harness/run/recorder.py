@@ -347,7 +347,6 @@ def dead_process_entry(fid: str, description: str, fault_text: str, inflight, ou
     :func:`rlconform.harness.run.status.decide`), with
     how the process ended, its Python stack (faulthandler) and, when the example in flight is known, a
     reproducer."""
-    op, prop, dtype, regime = fid.split(".")
     case = inflight.case if inflight is not None and inflight.finding_id == fid else None
     meta = inflight.meta if inflight is not None and inflight.finding_id == fid else {}
     examples = int(meta.get("examples") or 0)
@@ -357,30 +356,29 @@ def dead_process_entry(fid: str, description: str, fault_text: str, inflight, ou
     if case is None and inflight is not None and inflight.problem and inflight.finding_id == fid:
         message += f"; no reproducer: {inflight.problem}"
     reproducer = save_reproducer(out, fid, case, spec, engine_path) if case is not None else None
-    return _with_profiles({
-        "id": fid, "op": op, "property": prop, "dtype": dtype, "regime": regime,
-        "observed": "crash",
-        "examples": examples, "examples_to_first_failure": examples or None, "shrink_steps": int(meta.get("shrink_steps") or 0),
-        "max_abs_err": 0.0, "max_rel_err": 0.0, "tolerance": None, "message": message,
-        "worst_input": case.summary() if case is not None else None, "reproducer": reproducer,
-        "traceback": fault_text.strip() or None, "binding_error": None,
-        "max_ratio": None, "samples": None,
-    })
+    return _crash_entry(fid, message, examples=examples, shrink_steps=int(meta.get("shrink_steps") or 0),
+                        worst_input=case.summary() if case is not None else None, reproducer=reproducer,
+                        stack=fault_text.strip() or None)
 
 
 def missing_record_entry(fid: str, other_ids: list) -> dict:
     """The finding of a test whose engine process finished it without sending its record (none, or only
     records under other ids, ``other_ids``): observed ``crash``, since nothing of it reached the referee or
     the report. The status is decided by :func:`rlconform.harness.run.status.decide`."""
-    op, prop, dtype, regime = fid.split(".")
     told = (f"; it sent a record under another id instead ({', '.join(repr(str(x)[:120]) for x in other_ids[:3])})"
             if other_ids else "")
+    return _crash_entry(fid, "the engine's process finished this finding's test without its record: it never "
+                             f"reached the referee{told}")
+
+
+def _crash_entry(fid: str, message: str, *, examples: int = 0, shrink_steps: int = 0, worst_input=None,
+                 reproducer=None, stack=None) -> dict:
+    """A finding the controller writes itself for ``fid``, observed ``crash`` (no worker record to take it from)."""
+    op, prop, dtype, regime = fid.split(".")
     return _with_profiles({
         "id": fid, "op": op, "property": prop, "dtype": dtype, "regime": regime, "observed": "crash",
-        "examples": 0, "examples_to_first_failure": None, "shrink_steps": 0,
-        "max_abs_err": 0.0, "max_rel_err": 0.0, "tolerance": None,
-        "message": f"the engine's process finished this finding's test without its record: it never reached the "
-                   f"referee{told}",
-        "worst_input": None, "reproducer": None, "traceback": None, "binding_error": None,
+        "examples": examples, "examples_to_first_failure": examples or None, "shrink_steps": shrink_steps,
+        "max_abs_err": 0.0, "max_rel_err": 0.0, "tolerance": None, "message": message,
+        "worst_input": worst_input, "reproducer": reproducer, "traceback": stack, "binding_error": None,
         "max_ratio": None, "samples": None,
     })

@@ -134,4 +134,3 @@ def decide(finding: dict, *, listed=frozenset(), verdicts=None, ledger=None):
     finding["xfail_listed"] = True
     finding["ledger_defect"] = line.key
     return line
-
