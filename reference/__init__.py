@@ -29,7 +29,7 @@ from .label_smoothing import smoothed_token_logprobs, smoothed_token_logprobs_gr
 from .loss_agg import LOSS_AGG_MODES, agg_loss, agg_loss_grad
 from .metrics import INTEGER_STATISTICS, metric_statistics, token_metrics
 from .policy_loss import POLICY_LOSS_VARIANTS, SumCount, policy_loss, policy_loss_grad
-from .policy_step import policy_step
+from .policy_step import policy_step, step_log_probs
 from .reductions import (
     ChanMoments,
     Moments,
@@ -116,6 +116,7 @@ __all__ = [
     "policy_loss",
     "policy_loss_grad",
     "policy_step",
+    "step_log_probs",
     "value_loss",
     "value_loss_grad",
     # rollout-correction rejection masks and diagnostics

@@ -21,7 +21,19 @@ The step (one mini-batch, one optimizer step; verl's ``ppo_loss``, Schulman et a
 * the gradient of that loss with respect to ``E`` and ``W`` (o is a constant);
 * metrics: ``pg_loss``, ``entropy_loss`` (the two terms), ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``
   (token-weighted over the mini-batch, :func:`rlconform.reference.policy_loss`) and ``entropy`` (the old
-  path's entropy aggregated by ``loss_agg_mode``: what verl logs as ``actor/entropy``).
+  path's entropy aggregated by ``loss_agg_mode`` over the batch's response tokens, before any rejection: what
+  verl logs as ``actor/entropy`` when the batch arrives).
+
+Rollout correction (decoupled: three policies, the rollout's ρ, the proximal o and the current ℓ; Yao et al.
+2025, "Your efficient RL framework secretly brings you off-policy RL training"; verl
+``trainer/ppo/rollout_corr_helper.py``), from the rollout log-probs ``log ρ`` the inference engine returned:
+
+* rejection: the rows or tokens :func:`rlconform.reference.rollout_rejection_mask` rejects for (o, log ρ) leave the
+  loss mask before anything is counted: the kept mask replaces ``m`` in the loss, its normaliser (token count,
+  non-empty rows) and the loss metrics;
+* importance weights ``w = min(exp(o − log ρ), cap)`` (:func:`rlconform.reference.importance_ratio`) at the kept
+  tokens multiply each token's clipped loss; ``w`` is a constant: it does not depend on the current
+  parameters and no gradient flows through it.
 """
 
 from __future__ import annotations
@@ -29,11 +41,13 @@ from __future__ import annotations
 import numpy as np
 
 from ._convert import as_float64, as_mask
+from .importance import importance_ratio
 from .loss_agg import agg_loss, agg_loss_grad
 from .policy_loss import policy_loss, policy_loss_grad
+from .rejection import rollout_rejection_mask
 from .softmax_stats import entropy, entropy_grad, token_logprobs, token_logprobs_grad
 
-__all__ = ["policy_step", "step_positions"]
+__all__ = ["policy_step", "step_log_probs", "step_positions"]
 
 
 def step_positions(input_ids, response_length: int):
@@ -50,9 +64,20 @@ def _logits(embed, head, context, temperature):
     return np.einsum("vh,brh->brv", head, embed[context]) / temperature
 
 
+def step_log_probs(embed, head, input_ids, response_length: int, temperature: float):
+    """The exact log-probs float64 ``[B, R]`` of the response tokens under the model ``(embed, head)`` at
+    temperature τ (every position, masked ones included). embed, head: ``[V, H]``; input_ids: integer
+    ``[B, P + R]``. Raises ValueError as :func:`step_positions`."""
+    context, labels = step_positions(input_ids, response_length)
+    E, W = as_float64(embed, "embed"), as_float64(head, "head")
+    return token_logprobs(_logits(E, W, context, temperature), labels)
+
+
 def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, advantages, *, temperature: float,
                 loss_agg_mode: str = "token-mean", entropy_coeff: float = 0.0, clip_ratio_low: float = 0.2,
-                clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0, entropy_agg_mode: str | None = None) -> dict:
+                clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0, entropy_agg_mode: str | None = None,
+                rollout_log_probs=None, rollout_is: str | None = None, rollout_is_cap: float | None = 2.0,
+                rejection=()) -> dict:
     """The exact step (module doc). Returns a dict:
 
     ``log_probs``, ``old_log_probs``, ``entropy``, ``old_entropy``: float64 ``[B, R]`` (every position; the
@@ -64,9 +89,15 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     temperature: τ > 0. loss_agg_mode, clip ratios: as :func:`rlconform.reference.policy_loss` (vanilla PPO
     with dual clip). entropy_agg_mode: how the entropy term (and the ``entropy_loss`` metric) is aggregated
     (None: by ``loss_agg_mode``; an engine's declared convention may aggregate it otherwise, SkyRL: token-mean).
+    rollout_log_probs: ``[B, R]`` the rollout's log-probs (read at unmasked positions only), needed by the
+    rollout correction (module doc): rollout_is: None or an importance level of
+    :func:`rlconform.reference.importance_ratio` (``"token"``: verl ``rollout_is="token"``) with TIS cap
+    ``rollout_is_cap``; rejection: options of :func:`rlconform.reference.rollout_rejection_mask` (ANDed; empty:
+    none). With a correction the result also holds ``kept_mask`` (bool ``[B, R]``) and ``is_weights``
+    (float64 ``[B, R]`` or None).
 
-    Raises ValueError: shapes that do not match, τ ≤ 0, no unmasked token, and what
-    :func:`rlconform.reference.policy_loss` raises.
+    Raises ValueError: shapes that do not match, τ ≤ 0, no unmasked (or no kept) token, a correction without
+    rollout log-probs, and what :func:`rlconform.reference.policy_loss` raises.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
@@ -84,14 +115,25 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     z0 = _logits(E0, W0, context, temperature)
     lp, old = token_logprobs(z, labels), token_logprobs(z0, labels)
     H, H0 = entropy(z), entropy(z0)
+    kept, weights = m, None
+    if rollout_is or rejection:
+        if rollout_log_probs is None:
+            raise ValueError("a rollout correction needs rollout_log_probs")
+        rollout = np.where(m, as_float64(rollout_log_probs, "rollout_log_probs"), 0.0)
+        if rejection:
+            kept = rollout_rejection_mask(old, rollout, m, rejection).astype(bool)
+            if not kept.any():
+                raise ValueError("the rejection keeps no token: the step is undefined")
+        if rollout_is:
+            weights = importance_ratio(old, rollout, kept, level=rollout_is, cap=rollout_is_cap)
     params = dict(variant="vanilla", loss_agg_mode=loss_agg_mode, clip_ratio_low=clip_ratio_low,
-                  clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c)
-    pg_loss, pg_metrics = policy_loss(old, lp, A, m, **params)
+                  clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, rollout_is_weights=weights)
+    pg_loss, pg_metrics = policy_loss(old, lp, A, kept, **params)
     entropy_mode = entropy_agg_mode or loss_agg_mode
-    entropy_loss = agg_loss(H, m, entropy_mode)
+    entropy_loss = agg_loss(H, kept, entropy_mode)
     loss = pg_loss - entropy_coeff * entropy_loss
-    d_lp = policy_loss_grad(old, lp, A, m, **params)
-    d_H = -entropy_coeff * agg_loss_grad(H, m, entropy_mode)
+    d_lp = policy_loss_grad(old, lp, A, kept, **params)
+    d_H = -entropy_coeff * agg_loss_grad(H, kept, entropy_mode)
     d_z = token_logprobs_grad(z, labels, d_lp) + entropy_grad(z, d_H)  # [B, R, V]
     d_z = d_z / temperature
     hidden = E[context]  # [B, R, H]
@@ -101,5 +143,8 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     np.add.at(grad_embed, context.reshape(-1), d_hidden.reshape(-1, E.shape[1]))
     metrics = {"pg_loss": pg_loss, "entropy_loss": entropy_loss, "entropy": agg_loss(H0, m, loss_agg_mode)}
     metrics.update({k: v.mean for k, v in pg_metrics.items()})
-    return {"log_probs": lp, "old_log_probs": old, "entropy": H, "old_entropy": H0, "loss": float(loss),
-            "grad_embed": grad_embed, "grad_head": grad_head, "metrics": metrics}
+    out = {"log_probs": lp, "old_log_probs": old, "entropy": H, "old_entropy": H0, "loss": float(loss),
+           "grad_embed": grad_embed, "grad_head": grad_head, "metrics": metrics}
+    if rollout_is or rejection:
+        out.update(kept_mask=kept, is_weights=weights)
+    return out

@@ -35,29 +35,46 @@ def _autograd_step(inp, entropy_agg_mode=None):
     lp = torch.log_softmax(z, -1).gather(-1, lab[..., None])[..., 0]
     old = torch.log_softmax(z0, -1).gather(-1, lab[..., None])[..., 0]
     m = torch.tensor(inp["response_mask"], dtype=torch.float64)
+    correction = S.correction(inp)
+    rollout = torch.tensor(inp.get("rollout_log_probs", np.zeros(m.shape)), dtype=torch.float64) * m
+    if correction.get("rejection"):  # seq_mean k1: a row kept when its mean log-ratio is within [log .8, log 1.25]
+        row = ((old.detach() - rollout) * m).sum(1) / m.sum(1)
+        m = m * ((row >= np.log(0.8)) & (row <= np.log(1.25))).double()[:, None]
     A = torch.tensor(inp["advantages"], dtype=torch.float64) * m
     r = torch.exp(lp - old)
     c1 = torch.maximum(-A * r, -A * r.clamp(0.8, 1.2))
     pl = torch.where(A < 0, torch.minimum(-A * 3.0, c1), c1)
+    if correction.get("is_level"):  # token TIS: a constant weight of the old and rollout log-probs
+        pl = pl * torch.exp(old.detach() - rollout).clamp(max=correction["is_cap"])
     H = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
 
     def agg(x, mode=inp["mode"]):
         if mode == "token-mean":
             return (x * m).sum() / m.sum()
-        return ((x * m).sum(1) / m.sum(1)).mean()
+        rows = m.sum(1) > 0
+        return ((x * m).sum(1)[rows] / m.sum(1)[rows]).mean()
 
     loss = agg(pl) - inp["entropy_coeff"] * agg(H, entropy_agg_mode or inp["mode"])
     loss.backward()
     return loss.item(), E.grad.numpy(), W.grad.numpy(), old.detach().numpy()
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
-@given(S.inputs("token-mean") | S.inputs("seq-mean-token-mean"))
+def _every_variant():
+    from hypothesis import strategies as st
+
+    return st.one_of(*(S.inputs(v) for v in S.VARIANTS))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(_every_variant())
 def test_the_reference_step_equals_float64_autograd(inp):
+    correction = S.correction(inp)
     ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
                         inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32), inp["input_ids"],
                         inp["response_mask"], inp["advantages"], temperature=float(np.float32(inp["temperature"])),
-                        loss_agg_mode=inp["mode"], entropy_coeff=inp["entropy_coeff"], **S.CLIP)
+                        loss_agg_mode=inp["mode"], entropy_coeff=inp["entropy_coeff"], **S.CLIP,
+                        rollout_log_probs=inp.get("rollout_log_probs"), rollout_is=correction.get("is_level"),
+                        rollout_is_cap=correction.get("is_cap"), rejection=correction.get("rejection", ()))
     loss, g_embed, g_head, old = _autograd_step(inp)
     mask = inp["response_mask"].astype(bool)
     assert ref["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-12)
@@ -81,6 +98,26 @@ def test_an_entropy_term_aggregated_by_a_declared_convention(inp):
     np.testing.assert_allclose(ref["grad_head"], g_head, rtol=1e-9, atol=1e-12)
 
 
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(S.inputs("token-mean-with-rejection") | S.inputs("token-mean-with-tis"))
+def test_drawn_rollout_log_probs_keep_every_decision_away_from_its_bound(inp):
+    """Each row's mean ratio π_old/π_rollout is ≥ 10 % inside or outside the rejection bounds, one row is kept and
+    (with two rows or more) one rejected, and no token's ratio is within 10 % of the TIS cap: a float32 engine's
+    decision is the exact one, and a shown example reads as what it is."""
+    mask = inp["response_mask"].astype(bool)
+    old = R.step_log_probs(inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
+                           inp["input_ids"], mask.shape[1], float(np.float32(inp["temperature"])))
+    delta = np.where(mask, old - inp["rollout_log_probs"], 0.0)
+    row_ratio = np.exp(delta.sum(1) / mask.sum(1))
+    for bound in (0.8, 1.25):
+        assert (np.abs(row_ratio / bound - 1) >= 0.1).all(), (row_ratio, bound)
+    kept = (row_ratio >= 0.8) & (row_ratio <= 1.25)
+    assert kept.any() and (len(kept) == 1 or not kept.all())
+    token_ratio = np.exp(delta[mask])
+    assert (np.abs(token_ratio / S.IS_CAP - 1) >= 0.1).all()
+    assert (inp["rollout_log_probs"][~mask] == 0).all()
+
+
 def test_the_reference_step_raises_on_bad_input():
     inp = _smallest()
     args = (inp["embed"], inp["head"], inp["old_embed"], inp["old_head"], inp["input_ids"])
@@ -88,6 +125,11 @@ def test_the_reference_step_raises_on_bad_input():
         R.policy_step(*args, inp["response_mask"], inp["advantages"], temperature=0.0)
     with pytest.raises(ValueError, match="no unmasked"):
         R.policy_step(*args, np.zeros_like(inp["response_mask"]), inp["advantages"], temperature=1.0)
+    with pytest.raises(ValueError, match="rollout_log_probs"):
+        R.policy_step(*args, inp["response_mask"], inp["advantages"], temperature=1.0, rollout_is="token")
+    with pytest.raises(ValueError, match="keeps no token"):  # every row's ratio e^5 is far outside [0.8, 1.25]
+        R.policy_step(*args, inp["response_mask"], inp["advantages"], temperature=1.0, rejection=S.REJECTION,
+                      rollout_log_probs=np.full(inp["response_mask"].shape, -50.0))
     with pytest.raises(ValueError, match=r"\[V, H\]"):
         R.policy_step(inp["embed"], inp["head"][:, :1], inp["old_embed"], inp["old_head"], inp["input_ids"],
                       inp["response_mask"], inp["advantages"], temperature=1.0)
@@ -96,11 +138,11 @@ def test_the_reference_step_raises_on_bad_input():
 class _Case:
     def __init__(self, inputs, prop, op=S.STEP_OP):
         self.inputs, self.property, self.dtype, self.op = inputs, prop, "float32", op
-        self.regime = f"{inputs['mode']}@{S.DATA}"
+        self.regime = f"{inputs.get('variant', inputs['mode'])}@{S.DATA}"
 
 
-@settings(max_examples=10, deadline=None, derandomize=True)
-@given(S.inputs("token-mean") | S.inputs("seq-mean-token-mean"))
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(_every_variant())
 def test_the_float32_reference_engine_passes_every_property(inp):
     for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference),
                         (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):

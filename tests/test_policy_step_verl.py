@@ -11,6 +11,11 @@ Two wiring mutants of the step, each a one-line edit a pull request could make:
 The installed verl 0.9.1 passes ``policy_step.matches_reference`` (its old log-probs and parameter gradient; its
 ``pg_clipfrac`` / ``ppo_kl`` metrics, a mean of per-micro-batch means, fail ``policy_step_metrics``). Each fork
 must fail it with a clause on the quantity the mutant moves.
+
+Pinned: with rollout rejection (``rollout_rs``) and ``loss_agg_mode=seq-mean-token-mean``, verl 0.9.1's step divides
+the loss by ``ppo_mini_batch_size`` (``_update_actor`` hands it to ``agg_loss`` as ``global_batch_size``), which
+counts the rows the rejection removed: the gradient is the exact one times kept rows / rows. Its token-mean
+normaliser is counted after the rejection (``forward_backward_batch`` sums the rewritten loss mask) and is right.
 """
 
 from __future__ import annotations
@@ -86,5 +91,31 @@ def test_a_change_to_verls_worker_or_engine_code_selects_the_step():
                      "verl/trainer/ppo/ray_trainer.py:RayPPOTrainer._compute_old_log_prob",
                      "verl/workers/engine_workers.py:TrainingWorker.train_mini_batch",
                      "verl/workers/engine/fsdp/transformer_impl.py:FSDPEngine.forward_backward_batch",
-                     "verl/workers/engine/fsdp/transformer_impl.py:FSDPEngineWithLMHead.prepare_model_outputs"):
+                     "verl/workers/engine/fsdp/transformer_impl.py:FSDPEngineWithLMHead.prepare_model_outputs",
+                     "verl/trainer/ppo/rollout_corr_helper.py:compute_rollout_correction_and_add_to_batch"):
         assert expected in named, sorted(named)
+
+
+def test_verls_seq_mean_normaliser_counts_the_rejected_rows():
+    import numpy as np
+    from hypothesis import find
+
+    import rlconform.reference as R
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    _verl_dir()
+    step = load_engine("verl").resolve("policy_step")
+    for variant in ("seq-mean-token-mean-with-rejection", "token-mean-with-rejection"):
+        inp = find(S.inputs(variant), lambda i: len(i["input_ids"]) == 4)
+        rc = S.correction(inp)
+        ref = R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
+                            inp["input_ids"], inp["response_mask"], inp["advantages"],
+                            temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
+                            entropy_coeff=inp["entropy_coeff"], **S.CLIP, rollout_log_probs=inp["rollout_log_probs"],
+                            rejection=rc["rejection"])
+        kept_rows = int(ref["kept_mask"].any(1).sum())
+        assert 0 < kept_rows < 4
+        grad = S.run_step(step, inp, 4)["grads"]["head.weight"].double().numpy()
+        scale = kept_rows / 4 if variant.startswith("seq-mean") else 1.0
+        np.testing.assert_allclose(grad, ref["grad_head"] * scale, rtol=1e-4, atol=1e-6)

@@ -41,6 +41,10 @@ TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
 
 #: the catalog's loss_agg_modes and SkyRL's loss reductions that compute them
 REDUCTIONS = {"token-mean": "token_mean", "seq-mean-token-mean": "sequence_mean"}
+#: the catalog's step variants this binding does not drive, and why
+UNCHECKED = {v: "SkyRL's off-policy correction (algorithm.off_policy_correction: tis_ratio_type, sequence_mask_metric) "
+                "is not driven by this step binding"
+             for v in ("token-mean-with-tis", "token-mean-with-rejection", "seq-mean-token-mean-with-rejection")}
 #: the step's metrics as SkyRL logs them (``policy/`` is added by ``train_critic_and_policy``)
 METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio"}
 
@@ -138,7 +142,8 @@ def policy_step():
         return {"old_log_probs": old, "grads": captured[0],
                 "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
 
-    return PolicyStep(run=run, modes=tuple(REDUCTIONS), transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS))
+    return PolicyStep(run=run, modes=tuple(REDUCTIONS), transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS),
+                      unchecked=UNCHECKED)
 
 
 def _wrapper_class(forward):

@@ -10,6 +10,9 @@ runs; the modules do not import on this CPU machine: ``peft``, ``uvicorn``, ray)
    (forward only) → ``FSDPEngineWithLMHead.forward_step`` / ``prepare_model_inputs`` /
    ``prepare_model_outputs`` (temperature, remove-padding, log-probs, entropy) on the proximal model;
    ``fit``'s ``actor/entropy`` (``core_algos.agg_loss`` of the old path's entropy) and the union into the batch;
+   with a rollout correction (the batch holds ``rollout_log_probs``), ``fit``'s decoupled mode:
+   ``rollout_corr_helper.compute_rollout_correction_and_add_to_batch`` (rejection rewrites ``response_mask``;
+   token TIS adds ``rollout_is_weights``, which ``ppo_loss`` hands the policy loss);
 3. ``RayPPOTrainer._update_actor`` (``left_right_2_no_padding``: the loss mask; the mini-batch's sizes) →
    ``ActorRolloutRefWorker.update_actor`` → ``TrainingWorker.train_mini_batch`` / ``train_batch`` /
    ``_postprocess_output`` → ``BaseEngine.train_batch`` → ``FSDPEngine.forward_backward_batch`` (the token
@@ -22,8 +25,9 @@ Stand-ins (:data:`TRANSCRIBED`, shown on every finding): the device (``get_devic
 the gradients; ``optimizer_step`` records them and returns their norm: the gradient compared is the one before
 clipping and the update), the LR scheduler, the FLOPs counter (MFU 0), a DP group of one rank (DP size 1), no
 autocast (float32 parameters: CUDA autocast does nothing on CPU). Knobs left at verl's defaults and not drawn:
-``use_remove_padding`` True, ``use_dynamic_bsz`` False, the vanilla policy loss, no KL loss, no rollout
-correction, one PPO epoch, one mini-batch. The Megatron engine's step (``MegatronEngineWithLMHead``) is not
+``use_remove_padding`` True, ``use_dynamic_bsz`` False, the vanilla policy loss, no KL loss, rollout correction
+other than token TIS and ``seq_mean_k1`` rejection (bypass mode, sequence TIS, batch-normalised weights, the
+other rejection options), one PPO epoch, one mini-batch. The Megatron engine's step (``MegatronEngineWithLMHead``) is not
 driven: unchecked.
 """
 
@@ -38,8 +42,12 @@ FSDP_IMPL = "verl.workers.engine.fsdp.transformer_impl"
 BASE_ENGINE = "verl.workers.engine.base"
 
 TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gradient (before clipping); no LR "
-               "scheduler; MFU 0; DP 1; float32. Not drawn: dynamic batch size, KL loss, rollout correction, other "
-               "losses, several mini-batches; Megatron's step not driven")
+               "scheduler; MFU 0; DP 1; float32. Not drawn: dynamic batch size, KL loss, rollout correction other "
+               "than token TIS and seq_mean_k1 rejection, other losses, several mini-batches; Megatron's step not "
+               "driven")
+#: the catalog's step variants this binding drives (every one the catalog has)
+MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
+         "seq-mean-token-mean-with-rejection")
 
 #: the step's metrics as verl logs them (after ``reduce_metrics``), by the catalog's names
 METRIC_KEYS = {"pg_loss": "actor/pg_loss", "entropy_loss": "actor/entropy_loss", "pg_clipfrac": "actor/pg_clipfrac",
@@ -117,6 +125,21 @@ def _actor_config(kn: dict, rows: int, actor_fields: dict, loss_fields: dict):
     return ActorConfig(**accepted_keywords(ActorConfig, dict(fields, policy_loss=loss)))
 
 
+def rollout_correction_config(kn: dict) -> dict | None:
+    """verl's ``algorithm.rollout_correction`` for the step's knobs (None: no correction): ``rollout_is`` /
+    ``rollout_is_threshold``, and each rejection option ``(level, estimator, lower, upper)`` as verl spells it
+    (``rollout_rs="seq_mean_k1"``, ``rollout_rs_threshold="0.8_1.25"``; options joined by ",")."""
+    options = tuple(kn.get("rollout_rejection") or ())
+    if not kn.get("rollout_is") and not options:
+        return None
+    names = [f"{level}_{est}" for level, est, _, _ in options]
+    thresholds = [f"{lower:g}_{upper:g}" if lower is not None else f"{upper:g}" for _, _, lower, upper in options]
+    level = {"token": "token", "sequence_product": "sequence"}.get(kn.get("rollout_is"))
+    return {"rollout_is": level, "rollout_is_threshold": kn.get("rollout_is_cap") or 2.0,
+            "rollout_is_batch_normalize": False, "rollout_rs": ",".join(names) or None,
+            "rollout_rs_threshold": ",".join(thresholds) or None, "bypass_mode": False}
+
+
 def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
     """The :class:`~rlconform.harness.catalog.binding.PolicyStep` of verl (module doc). ``one_rank_group(needed)``:
     the binding's context manager that provides a default process group of one rank; ``actor_fields`` /
@@ -129,6 +152,7 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
     from omegaconf import OmegaConf
     from verl import DataProto
     from verl.trainer.ppo.core_algos import agg_loss
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
     from verl.utils.metric import reduce_metrics
     from verl.workers.utils.losses import ppo_loss
 
@@ -162,7 +186,7 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         worker.flops_counter = types.SimpleNamespace(estimate_flops=lambda *a, **k: (0.0, 1.0))
         return worker
 
-    @calls(ppo_loss, compute_old_log_prob, update_actor, *rollout_worker.values(), *worker_methods.values(),
+    @calls(ppo_loss, compute_old_log_prob, update_actor, compute_rollout_correction_and_add_to_batch, *rollout_worker.values(), *worker_methods.values(),
            *(getattr(engine_class, q.split(".")[1]) for q in _ENGINE_METHODS))
     def run(batch, params, old_params, kn):
         rows = int(batch["input_ids"].shape[0])
@@ -190,6 +214,9 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
             old_log_probs = old_log_prob.batch["old_log_probs"].clone()
             old_log_prob.batch.pop("entropys")
             data = data.union(old_log_prob)
+            correction = rollout_correction_config(kn)
+            if correction is not None:  # fit, decoupled mode: after the old log-probs, before the update
+                data, _ = compute_rollout_correction_and_add_to_batch(data, correction)
             actor_output = update_actor(trainer, data)
         metrics = reduce_metrics(dict(actor_output.meta_info["metrics"]))
         metrics["actor/entropy"] = entropy.detach().item()
@@ -199,4 +226,4 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         return {"old_log_probs": old_log_probs, "grads": actor.engine.captured[0],
                 "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
 
-    return PolicyStep(run=run, modes=("token-mean", "seq-mean-token-mean"), transcribed=TRANSCRIBED)
+    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED)

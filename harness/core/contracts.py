@@ -45,6 +45,8 @@ class VariantNotProvided(Exception):
 
 
 #: the metrics a policy step logs, by the catalog's names (:func:`rlconform.reference.policy_step`)
+#: a step variant with a rollout correction is ``<loss_agg_mode>-with-<correction>``
+STEP_CORRECTION_SEP = "-with-"
 STEP_METRICS = ("pg_loss", "entropy_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy")
 
 
@@ -58,18 +60,25 @@ class PolicyStep:
     * ``batch``: the trainer's padded batch after rollout, CPU tensors: ``prompts`` ``[B, P]`` (left padded),
       ``responses`` ``[B, R]`` (right padded), ``input_ids`` ``[B, P + R]``, ``attention_mask`` ``[B, P + R]``
       (int64), ``position_ids`` ``[B, P + R]``, ``response_mask`` ``[B, R]`` (int64; 0 at padding and at interior
-      observation tokens), ``advantages`` ``[B, R]`` float32;
+      observation tokens), ``advantages`` ``[B, R]`` float32; with a rollout correction also
+      ``rollout_log_probs`` ``[B, R]`` float32 (the inference engine's log-probs; 0 at padding);
     * ``params`` / ``old_params``: the current and the proximal policy's parameters (``{name: float32 tensor}``)
       of :class:`rlconform.harness.core.tiny_lm.TinyLM`, which the binding builds (``TinyLM(params)``) and hands
       to the engine as its model; the engine computes the old log-probs with the proximal model on its own
       forward-only path and the update with the current one;
     * ``knobs``: ``temperature`` (float), ``loss_agg_mode``, ``entropy_coeff``, ``micro_batch_size`` (rows per
-      micro-batch; it divides B), ``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c``; the whole batch
-      is one mini-batch (one optimizer step).
+      micro-batch; it divides B), ``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c``; the rollout
+      correction the trainer applies between the old log-probs and the update: ``rollout_is`` (None or
+      ``"token"``: truncated importance weights min(π_old/π_rollout, ``rollout_is_cap``)) and
+      ``rollout_rejection`` (``(level, estimator, lower, upper)`` options of
+      :func:`rlconform.reference.rollout_rejection_mask`, ANDed; empty: none); the whole batch is one
+      mini-batch (one optimizer step).
 
     It returns ``{"old_log_probs": [B, R] tensor, "grads": {parameter name: tensor} (the gradient the optimizer
     step would read, accumulated over the micro-batches), "metrics": {name: float}}`` with the metrics under
-    the catalog's names (:data:`STEP_METRICS`). ``modes``: the loss_agg_modes the engine's step supports.
+    the catalog's names (:data:`STEP_METRICS`). ``modes``: the catalog variants of the step the binding drives
+    (a loss_agg_mode, alone or ``<mode>-with-<correction>``); ``unchecked``: variant -> why the binding does
+    not drive it (listed on the report).
     ``metrics``: the catalog's metrics the engine logs (each must be there and right; the others it does not
     log are listed on the finding as unchecked).
     ``transcribed``: the stand-ins (device, FSDP, collectives, optimizer) the binding puts around the engine's
@@ -80,6 +89,7 @@ class PolicyStep:
     modes: Sequence[str] = ("token-mean", "seq-mean-token-mean")
     transcribed: str | None = None
     metrics: Sequence[str] = STEP_METRICS
+    unchecked: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -90,7 +100,7 @@ class PolicyStep:
         """Each variant is the loss_agg_mode the step hands the engine's aggregation (read as
         :attr:`LossVariants.agg_modes` is: a step failing the way its aggregation fails joins the
         aggregation's defect only when the aggregation fails in that mode)."""
-        return {mode: mode for mode in self.modes}
+        return {mode: mode.split(STEP_CORRECTION_SEP)[0] for mode in self.modes}
 
     @property
     def calls_agg_mode(self) -> str | None:

@@ -11,16 +11,22 @@ metrics with the exact float64 step (:func:`rlconform.reference.policy_step`).
 Inputs, as a trainer's batch after rollout: prompts and responses of uneven length (left / right padding),
 rows cut at the maximum response length, interior observation tokens masked out of the loss (multi-turn),
 advantages per token, a temperature ≠ 1 (drawn), proximal (old) parameters that differ from the current ones
-(or equal them: on-policy), the entropy bonus on or off. Variants: ``loss_agg_mode``. Partitions: the
-mini-batch cut into micro-batches of every size that divides it. Checked on CPU in float32 only (the
-parameters and the logits are float32; CUDA autocast does nothing on CPU).
+(or equal them: on-policy), the entropy bonus on or off, and with a rollout correction the rollout's log-probs
+(the only drawn log-probs: rows whose mean log-ratio to the proximal policy sits far inside or far outside the
+rejection bounds, tokens on both sides of the TIS cap, never within 10 % of a bound or the cap). Variants
+(:data:`VARIANTS`): ``loss_agg_mode``, alone or with a rollout correction (token-level TIS; rejection of rows by
+their mean ratio). Partitions: the mini-batch cut into micro-batches of every size that divides it. Checked on
+CPU in float32 only (the parameters and the logits are float32; CUDA autocast does nothing on CPU).
 
 Two ops of one step: ``policy_step`` compares the old log-probs and the parameter gradient, ``policy_step_metrics``
 the logged metrics (a binding maps both to the same :class:`~rlconform.harness.core.contracts.PolicyStep`), so that
 a wrong metric never hides a wrong gradient behind the same finding.
 Properties: ``matches_reference`` (against the exact step); ``partition_invariant``
-(the same step under every other micro-batch size); ``mask_invariant`` (garbage in the advantages at masked
-positions and other token ids at padded positions leave the step unchanged).
+(the same step under every other micro-batch size); ``mask_invariant`` (garbage in the advantages and the
+rollout log-probs at masked positions and other token ids at padded positions leave the step unchanged). An
+importance weight that moves with the current policy, or carries its gradient, fails ``matches_reference`` of
+the TIS variant (the reference's weight is a constant of the old and rollout log-probs); a normaliser counted
+before the rejection fails it in the rejection variants.
 """
 
 from __future__ import annotations
@@ -47,9 +53,27 @@ from rlconform.harness.core.profiles import profile_regimes
 from rlconform.harness.core.tiny_lm import TinyLM
 from rlconform.harness.families import OpFamily
 
-MODES = ("token-mean", "seq-mean-token-mean")
+#: verl's rejection option of the step's rejection variants: a row is kept when 0.8 ≤ exp(mean log(π_old/π_rollout))
+#: ≤ 1.25 over its tokens (``rollout_rs="seq_mean_k1"``, ``rollout_rs_threshold="0.8_1.25"``)
+REJECTION = (("seq_mean", "k1", 0.8, 1.25),)
+#: the TIS cap of the TIS variant (verl ``rollout_is_threshold`` default)
+IS_CAP = 2.0
+#: catalog variant -> (loss_agg_mode, rollout correction: ``is_level`` / ``is_cap``, ``rejection`` options)
+VARIANTS = {
+    "token-mean": ("token-mean", {}),
+    "seq-mean-token-mean": ("seq-mean-token-mean", {}),
+    "token-mean-with-tis": ("token-mean", {"is_level": "token", "is_cap": IS_CAP}),
+    "token-mean-with-rejection": ("token-mean", {"rejection": REJECTION}),
+    "seq-mean-token-mean-with-rejection": ("seq-mean-token-mean", {"rejection": REJECTION}),
+}
+MODES = tuple(VARIANTS)
 DATA = "trainer_batches"
 REGIMES = {variant_regime(mode, DATA): ("float32",) for mode in MODES}
+#: per-row mean log-ratio log(π_old/π_rollout) of the rollout log-probs: kept (0, 0.1) or rejected (±0.5) by
+#: :data:`REJECTION`, each ≥ 10 % inside or outside its bound; per-token spread ±0.3 around it, so that token
+#: ratios fall on both sides of the TIS cap (log 2 ≈ 0.69), never within 0.1 of it
+ROW_LOG_RATIOS = (0.0, 0.1, -0.5, 0.5)
+TOKEN_SPREAD = 0.3
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
 TEMPERATURES = (0.7, 1.0, 1.3, 0.6)
 CLIP = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}
@@ -65,16 +89,54 @@ STEP_OP, METRICS_OP = "policy_step", "policy_step_metrics"
 _SOURCE = ("one PPO step of a tiny embedding + LM-head model: old log-probs at the proximal parameters, the clipped "
            "loss and entropy bonus over the mini-batch, {what} (verl workers/utils/losses.py ppo_loss; Schulman et "
            "al. 2017, arXiv:1707.06347)")
+
+
+def _parameters(variant: str) -> str:
+    """The variant's knobs in words, as a row, replay and explain print them."""
+    mode, rc = VARIANTS[variant]
+    words = [f"loss_agg_mode {mode}", "clip ε 0.2, dual-clip c 3"]
+    if rc.get("is_level"):
+        words.append(f"{rc['is_level']} TIS: weight min(π_old/π_rollout, {rc['is_cap']:g}), no gradient")
+    for level, est, lower, upper in rc.get("rejection", ()):
+        words.append(f"rejection {level.replace('_', '-')} {est}: a row kept for {lower:g} ≤ r ≤ {upper:g} "
+                     "(r = π_old/π_rollout)")
+    return "; ".join(words)
+
+
 OPS = tuple(
     OpInfo(name, "policy_step", None, (MATCHES_REFERENCE, PARTITION_INVARIANT, MASK_INVARIANT), REGIMES,
            reference_function("policy_step"), source=_SOURCE.format(what=what), family="policy_step",
-           variants=MODES, profile_regimes=profile_regimes(REGIMES))
+           variants=MODES, profile_regimes=profile_regimes(REGIMES),
+           variant_parameters={v: _parameters(v) for v in VARIANTS})
     for name, what in ((STEP_OP, "the old log-probs and the gradient with respect to the parameters"),
                        (METRICS_OP, "the metrics the step logs (pg_loss, entropy_loss, pg_clipfrac, ppo_kl, ...)")))
 
 
+def _rollout_log_probs(draw, inp: dict) -> np.ndarray:
+    """The rollout's log-probs float32 ``[B, R]`` (module doc): the exact proximal log-probs minus a per-row log-ratio
+    of :data:`ROW_LOG_RATIOS` (one row kept, one rejected when there are two) plus a zero-sum per-token spread;
+    0 at masked positions, as a trainer pads them."""
+    mask = np.asarray(inp["response_mask"], bool)
+    rows = len(mask)
+    old = R.step_log_probs(inp["old_embed"], inp["old_head"], inp["input_ids"], mask.shape[1],
+                           float(np.float32(inp["temperature"])))
+    shifts = [draw(st.sampled_from(ROW_LOG_RATIOS)) for _ in range(rows)]
+    kept_row = draw(st.integers(0, rows - 1))
+    shifts[kept_row] = draw(st.sampled_from(ROW_LOG_RATIOS[:2]))
+    if rows > 1:
+        shifts[(kept_row + 1) % rows] = draw(st.sampled_from(ROW_LOG_RATIOS[2:]))
+    delta = np.zeros(mask.shape)
+    for i in range(rows):
+        at = np.flatnonzero(mask[i])
+        spread = np.zeros(len(at))
+        half = len(at) // 2
+        spread[:half], spread[half:2 * half] = TOKEN_SPREAD, -TOKEN_SPREAD  # sums to 0 over the row
+        delta[i, at] = shifts[i] + np.asarray(draw(st.permutations(list(spread))))
+    return np.where(mask, old - delta, 0.0).astype(np.float32)
+
+
 @st.composite
-def inputs(draw, mode: str):
+def inputs(draw, variant: str):
     """A trainer's batch (module doc) as NumPy arrays, the model's parameters and the step's knobs."""
     rows = draw(st.sampled_from((2, 4, 3, 6)))
     prompt_width = draw(st.integers(1, 3))
@@ -105,38 +167,56 @@ def inputs(draw, mode: str):
     noise = draw(st.sampled_from(OFF_POLICY))
     divisors = [d for d in range(1, rows + 1) if rows % d == 0]
     micro = draw(st.sampled_from(divisors))
-    return {
+    mode, correction = VARIANTS[variant]
+    inp = {
         "input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask,
         "advantages": (adv * response_mask).astype(np.float32),
         "embed": embed, "head": head,
         "old_embed": embed + noise * rng.normal(size=embed.shape),
         "old_head": head + noise * rng.normal(size=head.shape),
         "temperature": draw(st.sampled_from(TEMPERATURES)), "entropy_coeff": draw(st.sampled_from((0.0, 0.01))),
-        "mode": mode, "micro_batch_sizes": [micro] + [d for d in divisors if d != micro],
+        "mode": mode, "variant": variant, "micro_batch_sizes": [micro] + [d for d in divisors if d != micro],
         "garbage": draw(st.sampled_from(GARBAGE)), "seed": seed,
     }
+    if correction:
+        inp["rollout_log_probs"] = _rollout_log_probs(draw, inp)
+    return inp
 
 
 def strategy(op: OpInfo, dtype: str, regime: str):
-    mode, _ = split_regime(regime)
-    return inputs(mode)
+    variant, _ = split_regime(regime)
+    return inputs(variant)
 
 
-def trainer_batch(inp: dict, advantages: np.ndarray | None = None, input_ids: np.ndarray | None = None) -> dict:
+def correction(inp: dict) -> dict:
+    """The rollout correction of the case's variant (:data:`VARIANTS`; a case saved before the corrections: none)."""
+    return VARIANTS.get(inp.get("variant", inp["mode"]), (None, {}))[1]
+
+
+def trainer_batch(inp: dict, advantages: np.ndarray | None = None, input_ids: np.ndarray | None = None,
+                  rollout_log_probs: np.ndarray | None = None) -> dict:
     """The trainer's padded batch (:class:`~rlconform.harness.core.contracts.PolicyStep`) as CPU tensors."""
     ids = torch.from_numpy(np.asarray(inp["input_ids"] if input_ids is None else input_ids, np.int64))
     attention = torch.from_numpy(np.asarray(inp["attention_mask"], np.int64))
     response_mask = torch.from_numpy(np.asarray(inp["response_mask"], np.int64))
     width = response_mask.shape[1]
     adv = inp["advantages"] if advantages is None else advantages
-    return {"prompts": ids[:, :-width].clone(), "responses": ids[:, -width:].clone(), "input_ids": ids,
-            "attention_mask": attention, "position_ids": (attention.cumsum(1) - 1).clamp(min=0),
-            "response_mask": response_mask, "advantages": torch.from_numpy(np.asarray(adv, np.float32))}
+    batch = {"prompts": ids[:, :-width].clone(), "responses": ids[:, -width:].clone(), "input_ids": ids,
+             "attention_mask": attention, "position_ids": (attention.cumsum(1) - 1).clamp(min=0),
+             "response_mask": response_mask, "advantages": torch.from_numpy(np.asarray(adv, np.float32))}
+    rollout = inp.get("rollout_log_probs") if rollout_log_probs is None else rollout_log_probs
+    if rollout is not None:
+        batch["rollout_log_probs"] = torch.from_numpy(np.asarray(rollout, np.float32))
+    return batch
 
 
 def knobs(inp: dict, micro_batch_size: int) -> dict:
+    """The step's knobs (:class:`~rlconform.harness.core.contracts.PolicyStep`) for ``inp``'s variant."""
+    rc = correction(inp)
     return {"temperature": float(inp["temperature"]), "loss_agg_mode": inp["mode"],
-            "entropy_coeff": float(inp["entropy_coeff"]), "micro_batch_size": int(micro_batch_size), **CLIP}
+            "entropy_coeff": float(inp["entropy_coeff"]), "micro_batch_size": int(micro_batch_size), **CLIP,
+            "rollout_is": rc.get("is_level"), "rollout_is_cap": rc.get("is_cap"),
+            "rollout_rejection": tuple(rc.get("rejection", ()))}
 
 
 def params(inp: dict, old: bool = False) -> dict:
@@ -179,29 +259,51 @@ def _agg(x, m, mode, nnz, rows, multiply=False):
     return (kept.sum(1) / m.sum(1).clamp(min=1)).sum() / rows
 
 
+def _rejected(old_lp, batch, mask, options) -> torch.Tensor:
+    """The kept mask of the rejection ``options`` for the proximal log-probs against the rollout's (a decision of
+    the exact statistic: the drawn rollout log-probs keep every row far from a bound)."""
+    kept = R.rollout_rejection_mask(old_lp.double().numpy(), batch["rollout_log_probs"].double().numpy(),
+                                    mask.numpy(), options)
+    return torch.from_numpy(kept > 0)
+
+
 def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_temperature: bool = True,
               micro_normaliser: bool = False, zero_masked_advantages: bool = True,
-              metric_micro_means: bool = False) -> dict:
+              metric_micro_means: bool = False, weight_from_current: bool = False,
+              count_before_rejection: bool = False) -> dict:
     """A plain float32 step of :class:`~rlconform.harness.core.tiny_lm.TinyLM`: old log-probs with ``old_params``
     (no gradient), then the micro-batch loop (rows
     ``[a, a + micro_batch_size)``) with the mini-batch's normaliser, one backward per micro-batch, gradients
-    accumulated; metrics token-weighted over the mini-batch. The keyword flaws are the mutants' (the reference
-    binding passes none): the current logits divided ``temperature_times`` times, the old path without
-    temperature, each micro-batch normalised by its own count, masked advantages kept (NaN · 0), the token
-    fractions logged as the mean of per-micro-batch means."""
+    accumulated; metrics token-weighted over the mini-batch. With a rollout correction in ``kn`` the rejected
+    tokens leave the mask before anything is counted and the TIS weight min(exp(old − rollout), cap), a constant,
+    multiplies each token's loss. The keyword flaws are the mutants' (the reference binding passes none): the
+    current logits divided ``temperature_times`` times, the old path without temperature, each micro-batch
+    normalised by its own count, masked advantages kept (NaN · 0), the token fractions logged as the mean of
+    per-micro-batch means, the TIS weight from the current log-probs (it moves with the policy and carries a
+    gradient), the normaliser counted before the rejection."""
     model, old_model = TinyLM(params), TinyLM(old_params)
     T, mode, c_ent = kn["temperature"], kn["loss_agg_mode"], kn["entropy_coeff"]
     h_mode = kn.get("entropy_agg_mode") or mode
     lo, hi, cc = kn["clip_ratio_low"], kn["clip_ratio_high"], kn["clip_ratio_c"]
-    m_all = batch["response_mask"].bool()
+    m_batch = batch["response_mask"].bool()
     with torch.no_grad():
         old_lp, old_H = _log_probs(old_model, batch, T if old_temperature else 1.0)
-    rows, nnz = m_all.shape[0], m_all.sum()
+    m_all = counted = m_batch
+    if kn.get("rollout_rejection"):
+        m_all = _rejected(old_lp, batch, m_batch, kn["rollout_rejection"])
+        counted = m_batch if count_before_rejection else m_all
+    weights = None
+    if kn.get("rollout_is"):
+        if kn["rollout_is"] != "token":
+            raise ValueError(f"the float32 step has token-level TIS only, not {kn['rollout_is']!r}")
+        rollout = torch.where(m_all, batch["rollout_log_probs"], 0.0)
+        weights = torch.where(m_all, torch.clamp(torch.exp(old_lp - rollout), max=kn["rollout_is_cap"]), 0.0)
+    rows, nnz = int((counted.sum(1) > 0).sum()), counted.sum()
     model.zero_grad(set_to_none=True)
     step = int(kn["micro_batch_size"])
     totals = {"pg_loss": 0.0, "entropy_loss": 0.0, "clipped": 0.0, "clipped_lower": 0.0, "neg_log_ratio": 0.0}
     micro_means: list[tuple[float, float, float]] = []
-    for a in range(0, rows, step):
+    for a in range(0, m_batch.shape[0], step):
         micro = {k: v[a:a + step] for k, v in batch.items()}
         m = m_all[a:a + step]
         adv = micro["advantages"]
@@ -213,7 +315,13 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
         l1, l2 = -adv * ratio, -adv * torch.clamp(ratio, 1 - lo, 1 + hi)
         c1 = torch.maximum(l1, l2)
         pg = torch.where(adv < 0, torch.minimum(-adv * cc, c1), c1)
-        n, r = (m.sum(), m.shape[0]) if micro_normaliser else (nnz, rows)
+        if weights is not None:
+            w = weights[a:a + step]
+            if weight_from_current:
+                rollout = torch.where(m, micro["rollout_log_probs"], 0.0)
+                w = torch.where(m, torch.clamp(torch.exp(lp - rollout), max=kn["rollout_is_cap"]), 0.0)
+            pg = pg * w
+        n, r = (m.sum(), int((m.sum(1) > 0).sum())) if micro_normaliser else (nnz, rows)
         pg_part = _agg(pg, m, mode, n, r, multiply=not zero_masked_advantages)
         h_part = _agg(H, m, h_mode, n, r)
         (pg_part - c_ent * h_part).backward()
@@ -230,7 +338,8 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     count = float(nnz)
     metrics = {"pg_loss": totals["pg_loss"], "entropy_loss": totals["entropy_loss"],
                "pg_clipfrac": totals["clipped"] / count, "pg_clipfrac_lower": totals["clipped_lower"] / count,
-               "ppo_kl": totals["neg_log_ratio"] / count, "entropy": float(_agg(old_H, m_all, mode, nnz, rows))}
+               "ppo_kl": totals["neg_log_ratio"] / count,
+               "entropy": float(_agg(old_H, m_batch, mode, m_batch.sum(), m_batch.shape[0]))}
     if metric_micro_means:
         for i, name in enumerate(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")):
             metrics[name] = sum(v[i] for v in micro_means) / len(micro_means)
@@ -300,24 +409,32 @@ def _layout(inp: dict, micro: int) -> dict:
     return {"parts": "micro-batches", "nnz": [int(mask[a:a + micro].sum()) for a in range(0, len(mask), micro)]}
 
 
-def _label(inp: dict, micro: int) -> str:
-    return (f"{inp['mode']}, T {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, "
-            f"{micro}-row micro-batches, nnz {_layout(inp, micro)['nnz']}")
+def _label(inp: dict, micro: int, rejected_rows=()) -> str:
+    rejected = (f", row{'s' if len(rejected_rows) > 1 else ''} {', '.join(str(int(i)) for i in rejected_rows)} "
+                "rejected" if len(rejected_rows) else "")
+    return (f"{inp.get('variant', inp['mode'])}, T {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, "
+            f"{micro}-row micro-batches, nnz {_layout(inp, micro)['nnz']}{rejected}")
 
 
 def evaluate(binding, case) -> Evaluation:
     step = binding.resolve(case.op)
     inp = case.inputs
-    if inp["mode"] not in step.modes:
-        raise VariantNotProvided(case.op, inp["mode"], binding.name)
+    variant = inp.get("variant", inp["mode"])
+    if variant not in step.modes:
+        raise VariantNotProvided(case.op, variant, binding.name)
+    rc = correction(inp)
     declared = getattr(binding, "declared", ())
     conventions = followed(declared, case.op, case.regime)  # SkyRL's token-mean entropy bonus
     ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
                         inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
                         inp["input_ids"], inp["response_mask"], inp["advantages"],
                         temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
-                        entropy_coeff=float(inp["entropy_coeff"]), **CLIP, **conventions)
+                        entropy_coeff=float(inp["entropy_coeff"]), **CLIP, **conventions,
+                        rollout_log_probs=inp.get("rollout_log_probs"), rollout_is=rc.get("is_level"),
+                        rollout_is_cap=rc.get("is_cap"), rejection=tuple(rc.get("rejection", ())))
     fa = faithful(inp, conventions.get("entropy_agg_mode"))
+    mask = np.asarray(inp["response_mask"], bool)
+    rejected = np.flatnonzero(mask.any(1) & ~ref["kept_mask"].any(1)) if "kept_mask" in ref else ()
     micro_sizes = inp["micro_batch_sizes"]
     ev = Evaluation()
     if conventions:
@@ -326,22 +443,27 @@ def evaluate(binding, case) -> Evaluation:
     base = micro_sizes[0]
     out = run_step(step, inp, base)
     logged = tuple(step.metrics)
-    ev.values, ev.gradients = _outputs(out, ref, fa, inp, _label(inp, base), _layout(inp, base), ev, logged, case.op)
-    ev.base_label = _label(inp, base)
+    ev.values, ev.gradients = _outputs(out, ref, fa, inp, _label(inp, base, rejected), _layout(inp, base), ev,
+                                       logged, case.op)
+    ev.base_label = _label(inp, base, rejected)
     if case.property == PARTITION_INVARIANT:
         for micro in micro_sizes[1:]:
             out = run_step(step, inp, micro)
-            v, g = _outputs(out, ref, fa, inp, _label(inp, micro), _layout(inp, micro), ev, logged, case.op)
-            ev.alternatives.append((_label(inp, micro), v + g))
+            label = _label(inp, micro, rejected)
+            v, g = _outputs(out, ref, fa, inp, label, _layout(inp, micro), ev, logged, case.op)
+            ev.alternatives.append((label, v + g))
     elif case.property == MASK_INVARIANT:
         garbage = float(inp["garbage"])
-        mask = np.asarray(inp["response_mask"], bool)
         attention = np.asarray(inp["attention_mask"], bool)
         vocab = inp["embed"].shape[0]
         ids = np.where(attention, inp["input_ids"], (np.asarray(inp["input_ids"]) + 1) % vocab)
         dirty = np.where(mask, inp["advantages"], np.float32(garbage)).astype(np.float32)
+        changes = {"advantages": dirty, "input_ids": ids}
         what = f"masked advantages = {garbage!r}, padding ids changed"
-        out = run_step(step, inp, base, advantages=dirty, input_ids=ids)
+        if inp.get("rollout_log_probs") is not None:
+            changes["rollout_log_probs"] = np.where(mask, inp["rollout_log_probs"], np.float32(garbage))
+            what = f"masked advantages and rollout log-probs = {garbage!r}, padding ids changed"
+        out = run_step(step, inp, base, **changes)
         v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base), ev, logged, case.op)
         ev.alternatives.append((what, v + g))
     return ev
