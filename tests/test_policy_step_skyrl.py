@@ -7,6 +7,12 @@ SkyRL 0.4.0's ``PolicyWorkerBase._forward_backward_micro`` adds the entropy bonu
 mini-batch is cut into micro-batches whenever rows hold different numbers of tokens: with rows of 2 and 1 tokens
 cut into micro-batches of one row, the bonus weights each token of the short row twice as much as a token of the
 long one. The old log-probs and the policy-loss gradient agree with the exact step.
+
+Also pinned: with off-policy correction's row mask (``sequence_mask_metric="geometric"``) the rejection happens
+inside the policy loss of each micro-batch (``apply_off_policy_correction`` rewrites ``loss_mask`` there), after
+``_normalize_advantages`` has divided the advantages by the token count of the unmasked mini-batch: under
+``token_mean`` the gradient is the exact one times kept tokens / tokens (the normaliser is counted before the
+rejection). Token TIS with no rejection agrees with the exact step.
 """
 
 from __future__ import annotations
@@ -39,3 +45,30 @@ def test_skyrls_entropy_bonus_gradient_depends_on_the_micro_batch_split(tmp_path
     assert clauses and all(c["quantity"] == "gradient" for c in clauses), clauses
     # the shrunk example needs the entropy bonus and uneven rows
     assert "entropy_coeff 0.01" in clauses[0]["label"], clauses[0]["label"]
+
+
+def test_skyrls_token_mean_normaliser_counts_the_rejected_rows_tokens():
+    if importlib.util.find_spec("skyrl") is None:
+        pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
+    import numpy as np
+    from hypothesis import find
+
+    import rlconform.reference as R
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    step = load_engine("skyrl").resolve("policy_step")
+    for variant in ("token-mean-with-rejection", "token-mean-with-tis"):
+        inp = find(S.inputs(variant), lambda i: len(i["input_ids"]) == 4)
+        inp = dict(inp, entropy_coeff=0.0)  # the entropy bonus has its own (pinned) micro-batch weighting
+        rc = S.correction(inp)
+        ref = R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
+                            inp["input_ids"], inp["response_mask"], inp["advantages"],
+                            temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
+                            **S.CLIP, rollout_log_probs=inp["rollout_log_probs"], rollout_is=rc.get("is_level"),
+                            rollout_is_cap=rc.get("is_cap"), rejection=rc.get("rejection", ()))
+        mask = inp["response_mask"].astype(bool)
+        kept = ref["kept_mask"].sum() / mask.sum()
+        assert (0 < kept < 1) if rc.get("rejection") else kept == 1
+        grad = S.run_step(step, inp, 4)["grads"]["head.weight"].double().numpy()
+        np.testing.assert_allclose(grad, ref["grad_head"] * kept, rtol=1e-4, atol=1e-6)

@@ -26,6 +26,12 @@ reference's vanilla PPO with ``clip_ratio_c``. Logged and checked: ``policy_loss
 ``loss_metrics/clip_ratio`` (``pg_clipfrac``); SkyRL logs no ``ppo_kl`` / ``pg_clipfrac_lower`` and no entropy of
 the old path; its ``policy_entropy`` is the current path's token mean whatever the loss reduction (not the
 catalog's ``entropy_loss``): unchecked here (the ``metric_pipeline`` op checks it).
+
+Rollout correction (``algorithm.off_policy_correction``, applied inside the policy loss of each micro-batch by
+``apply_off_policy_correction``): token TIS is ``tis_ratio_type="token"`` with ``token_tis_ratio_clip_high`` = the
+cap; a row rejected by its mean ratio is ``sequence_mask_metric="geometric"`` with ``geo_mask_low`` /
+``geo_mask_high`` = the bounds (the geometric mean of the token ratios is exp of their mean log-ratio). The
+batch's ``rollout_log_probs`` are SkyRL's ``rollout_logprobs``.
 """
 
 from __future__ import annotations
@@ -41,17 +47,32 @@ TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
 
 #: the catalog's loss_agg_modes and SkyRL's loss reductions that compute them
 REDUCTIONS = {"token-mean": "token_mean", "seq-mean-token-mean": "sequence_mean"}
-#: the catalog's step variants this binding does not drive, and why
-UNCHECKED = {v: "SkyRL's off-policy correction (algorithm.off_policy_correction: tis_ratio_type, sequence_mask_metric) "
-                "is not driven by this step binding"
-             for v in ("token-mean-with-tis", "token-mean-with-rejection", "seq-mean-token-mean-with-rejection")}
+#: the catalog's step variants this binding drives: a loss reduction, alone or with a rollout correction
+MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
+         "seq-mean-token-mean-with-rejection")
 #: the step's metrics as SkyRL logs them (``policy/`` is added by ``train_critic_and_policy``)
 METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio"}
 
 TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); optim_step records the gradient "
                "(before clipping); dispatch in-process; DP 1; float32; no micro-batch packing (flash-attn); dual_clip "
-               "loss. Not drawn: KL loss, off-policy correction, token-based micro-batches, several mini-batches; "
+               "loss. Not drawn: KL loss, off-policy correction other than token TIS and the geometric row mask, "
+               "token-based micro-batches, several mini-batches; "
                "policy_entropy left to metric_pipeline; Megatron's step not driven")
+
+
+def off_policy_correction(kn: dict) -> dict:
+    """SkyRL's ``OffPolicyCorrectionConfig`` fields for the step's rollout-correction knobs (empty: none). Raises
+    ValueError for a correction SkyRL has no option for (a rejection other than a row's mean k1 ratio)."""
+    fields = {}
+    if kn.get("rollout_is"):
+        if kn["rollout_is"] != "token":
+            raise ValueError(f"importance level {kn['rollout_is']!r}: the step binding drives token TIS only")
+        fields.update(tis_ratio_type="token", token_tis_ratio_clip_high=float(kn["rollout_is_cap"]))
+    for level, estimator, lower, upper in kn.get("rollout_rejection") or ():
+        if (level, estimator) != ("seq_mean", "k1") or "sequence_mask_metric" in fields:
+            raise ValueError(f"rejection {level} {estimator}: SkyRL's step masks a row by one geometric-mean bound pair")
+        fields.update(sequence_mask_metric="geometric", geo_mask_low=float(lower), geo_mask_high=float(upper))
+    return fields
 
 
 def policy_step():
@@ -84,6 +105,9 @@ def policy_step():
                       loss_reduction=REDUCTIONS[kn["loss_agg_mode"]], temperature=kn["temperature"],
                       use_entropy_loss=bool(kn["entropy_coeff"]), entropy_loss_coef=kn["entropy_coeff"],
                       use_kl_loss=False, advantage_batch_normalize=False)
+        correction = off_policy_correction(kn)
+        if correction:
+            fields["off_policy_correction"] = config.OffPolicyCorrectionConfig(**correction)
         return config.AlgorithmConfig(**accepted_keywords(config.AlgorithmConfig, fields))
 
     def worker(params, alg, micro):
@@ -109,7 +133,8 @@ def policy_step():
         data = batch_cls({
             "sequences": batch["input_ids"].clone(), "attention_mask": batch["attention_mask"].clone(),
             "loss_mask": batch["response_mask"].clone(), "response_mask": batch["response_mask"].clone(),
-            "advantages": batch["advantages"].clone(), "base_action_log_probs": None, "rollout_logprobs": None,
+            "advantages": batch["advantages"].clone(), "base_action_log_probs": None,
+            "rollout_logprobs": batch["rollout_log_probs"].clone() if "rollout_log_probs" in batch else None,
         })
         data.metadata = {"response_length": width, "policy_mini_batch_boundaries": [(0, rows)]}
         with skyrl_cuda_device_on_cpu():
@@ -142,8 +167,7 @@ def policy_step():
         return {"old_log_probs": old, "grads": captured[0],
                 "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
 
-    return PolicyStep(run=run, modes=tuple(REDUCTIONS), transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS),
-                      unchecked=UNCHECKED)
+    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS))
 
 
 def _wrapper_class(forward):
