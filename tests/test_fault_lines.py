@@ -239,7 +239,8 @@ def test_every_declared_fault_anchor_names_a_line_of_the_installed_engine(engine
     for key, rules in anchors.items():
         module, qualname = _split(key)
         for kinds, patterns in rules.items():
-            re.compile(kinds)
+            for regex in (kinds if isinstance(kinds, tuple) else (kinds,)):  # (kinds, triggers) or kinds
+                re.compile(regex)
             for p in patterns:
                 where, pattern = (p[0], p[1]) if isinstance(p, tuple) else (qualname, p)
                 lines = _function_lines(module, where)
@@ -278,3 +279,19 @@ def test_a_declared_anchor_wins_over_a_spectrum_of_a_few_examples(synthetic):
     assert fault_lines.localize(fn, failing, passing)["line"] == first + 5  # the spectrum's line, when nothing is declared
     anchored = fault_lines.localize(fn, failing, passing, anchors=(r"total = 0",))
     assert anchored["evidence"] == "anchor" and anchored["line"] != first + 5, (anchored, name)
+
+
+def test_an_anchor_keyed_by_a_trigger_cites_its_line_only_under_that_trigger():
+    """One function, two wrong values (SkyRL's ``_forward_backward_micro``: the normaliser counted before the
+    off-policy row mask, and the entropy bonus weighted per micro-batch): the rule keyed (kinds, triggers) names
+    the line of the first only."""
+    from types import SimpleNamespace
+
+    from rlconform.harness.catalog.engine_site import fault_anchors
+
+    binding = SimpleNamespace(fault_anchors={"m.f": {("wrong value", "^a row with no valid token"): ("rejected",),
+                                                     "NaN": ("nan",)}})
+    site = {"module": "m", "function": "f"}
+    assert fault_anchors(binding, site, "wrong value", "a row with no valid token") == ("rejected",)
+    assert fault_anchors(binding, site, "wrong value", "more than one micro-batch") == ()
+    assert fault_anchors(binding, site, "NaN", "a masked position holding NaN") == ("nan",)

@@ -186,3 +186,17 @@ def test_the_tiny_model_is_its_parameters():
         TinyLM({"embed.weight": embed, "head.weight": head[:, :2]})
     with pytest.raises(KeyError):
         TinyLM({"embed.weight": embed})
+
+
+def test_a_wrong_value_with_a_rejected_row_is_read_as_that_row():
+    """The rejected row leaves the loss mask empty: a wrong value of such a run has the aggregation's edge trigger,
+    whatever the micro-batch split; a run with every row kept keeps the micro-batch reading."""
+    inp = find(S.inputs("token-mean-with-rejection"), lambda i: len(i["input_ids"]) == 4)
+    assert len(S.rejected_rows(inp)) >= 1
+    assert S.trigger(_Case(inp, MATCHES_REFERENCE), "", "wrong value") == "a row with no valid token"
+    assert S.trigger(_Case(inp, MASK_INVARIANT), "", "NaN") is None
+    metrics = S.trigger(_Case(inp, MATCHES_REFERENCE, S.METRICS_OP), "", "wrong value")
+    assert metrics == ("more than one micro-batch" if inp["micro_batch_sizes"][0] < 4 else None)
+    plain = find(S.inputs("token-mean"), lambda i: len(i["input_ids"]) == 4 and i["micro_batch_sizes"][0] < 4)
+    assert len(S.rejected_rows(plain)) == 0
+    assert S.trigger(_Case(plain, MATCHES_REFERENCE), "", "wrong value") == "more than one micro-batch"

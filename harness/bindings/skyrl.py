@@ -1033,6 +1033,12 @@ OUTPUT_SITES = {
 _PPO = "skyrl.backends.skyrl_train.utils.ppo_utils"
 _OPC = "skyrl.backends.skyrl_train.utils.off_policy_correction_utils"
 FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression) -> patterns of the faulty line}
+    # the trainer pre-scales the advantages by the token count of the mini-batch's loss mask
+    # (_normalize_advantages -> apply_loss_reduction_to_advantages_minibatch); the policy loss called here then
+    # applies the off-policy correction's row mask (apply_off_policy_correction rewrites loss_mask): the rejected
+    # rows' tokens stay in the normaliser, and the loss shrinks by kept / counted tokens
+    "skyrl.backends.skyrl_train.workers.worker.PolicyWorkerBase._forward_backward_micro": {
+        ("wrong value", "^a row with no valid token"): (r"policy_loss, loss_metrics = current_loss_fn\(",)},
     # the KL term is added to a loss the trainer sums after pre-scaling the *advantages* by the loss reduction
     # (apply_loss_reduction_to_advantages_minibatch): ppo_kl_coef·|Δ| is not scaled, so it weighs nnz times more
     f"{_PPO}.compute_policy_loss_kl_cov": {

@@ -184,7 +184,8 @@ class Binding:
     rollout rejection zeroes rejected rows' response mask); the trigger is then replaced whatever the variant.
     Either way the words rank as a configuration (:func:`rlconform.harness.report.triage.reach` level 3).
     ``fault_anchors``: engine function (``module.qualname``) -> {kinds of failure (a regular expression over
-    ``wrong value``, ``partition dependence``, ``NaN``…) -> regular expressions of its faulty source line}, for a failure whose failing and passing examples execute the same lines (tensor code without a
+    ``wrong value``, ``partition dependence``, ``NaN``…, or a pair (kinds, a regular expression over the
+    finding's trigger)) -> regular expressions of its faulty source line}, for a failure whose failing and passing examples execute the same lines (tensor code without a
     branch: the spectrum of :mod:`rlconform.harness.core.fault_lines` cannot tell its lines apart); each is
     resolved in the installed engine's source of that function when a finding is located
     (:func:`rlconform.harness.core.fault_lines.anchor_line`), never a line number, so a fork's checkout
@@ -216,7 +217,7 @@ class Binding:
     needs: Mapping[str, str] = dataclasses.field(default_factory=dict)
     output_sites: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
     variant_triggers: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
-    fault_anchors: Mapping[str, Mapping[str, tuple]] = dataclasses.field(default_factory=dict)
+    fault_anchors: Mapping[str, Mapping[str | tuple[str, str], tuple]] = dataclasses.field(default_factory=dict)
     impact_knobs: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 

@@ -621,22 +621,25 @@ def site_callable(s: dict | None, import_module=None):
     return obj if inspect.isfunction(obj) else None
 
 
-def fault_anchors(binding, s: dict | None, kind: str = "") -> tuple:
+def fault_anchors(binding, s: dict | None, kind: str = "", trigger: str = "") -> tuple:
     """The binding's declared anchors (regular expressions of the faulty line) of the engine function at
     site ``s`` for a failure of ``kind`` (``Binding.fault_anchors``: ``module.qualname`` -> ``{kinds: patterns}``,
     ``kinds`` a regular expression over the kind of failure — ``wrong value``, ``partition dependence``,
     ``NaN``, ``inexact value`` (:func:`rlconform.harness.report.triage.kind`) — so a function's NaN at a
     masked position is not cited at the line of its wrong value). A pattern given as ``(qualname, pattern)``
     is looked for in that function of the same module (returned as ``(callable, pattern)``): the site's
-    function hands the work to it (an autograd Function's ``forward``)."""
+    function hands the work to it (an autograd Function's ``forward``). A rule keyed ``(kinds, triggers)``
+    applies only when the finding's ``trigger`` matches ``triggers`` too (one function, two wrong values: SkyRL's
+    ``_forward_backward_micro`` under a rejected row and under a micro-batch split)."""
     import re
 
     if not s:
         return ()
     rules = (getattr(binding, "fault_anchors", None) or {}).get(f"{s.get('module')}.{s.get('function')}") or {}
     out = []
-    for kinds, pats in rules.items():
-        if not re.search(kinds, kind or ""):
+    for key, pats in rules.items():
+        kinds, triggers = key if isinstance(key, tuple) else (key, None)
+        if not re.search(kinds, kind or "") or (triggers is not None and not re.search(triggers, trigger or "")):
             continue
         for p in pats:
             if isinstance(p, tuple):  # (qualname in the same module, pattern): a function it hands its work to
@@ -650,7 +653,7 @@ def fault_anchors(binding, s: dict | None, kind: str = "") -> tuple:
 
 
 def fault(binding, s: dict | None, failing: list | None = None, passing: list | None = None,
-          kind: str = "") -> dict | None:
+          kind: str = "", trigger: str = "") -> dict | None:
     """The cited line of the engine function at site ``s`` (:func:`rlconform.harness.core.fault_lines.localize`:
     the discriminating line of the traced runs, else a declared anchor, else the function), as
     ``{"line", "evidence", "text", …}`` with ``line`` None when the function itself is cited; None when the
@@ -660,4 +663,4 @@ def fault(binding, s: dict | None, failing: list | None = None, passing: list | 
     fn = site_callable(s, engine_importer(binding))
     if fn is None:
         return None
-    return localize(fn, failing, passing, fault_anchors(binding, s, kind))
+    return localize(fn, failing, passing, fault_anchors(binding, s, kind, trigger))

@@ -434,7 +434,7 @@ def evaluate(binding, case) -> Evaluation:
                         rollout_is_cap=rc.get("is_cap"), rejection=tuple(rc.get("rejection", ())))
     fa = faithful(inp, conventions.get("entropy_agg_mode"))
     mask = np.asarray(inp["response_mask"], bool)
-    rejected = np.flatnonzero(mask.any(1) & ~ref["kept_mask"].any(1)) if "kept_mask" in ref else ()
+    rejected = rejected_rows(inp)
     micro_sizes = inp["micro_batch_sizes"]
     ev = Evaluation()
     if conventions:
@@ -469,13 +469,31 @@ def evaluate(binding, case) -> Evaluation:
     return ev
 
 
+def rejected_rows(inp: dict) -> np.ndarray:
+    """The rows of ``inp`` its variant's rejection removes from the loss mask (exactly: the proximal log-probs of the
+    float64 step against the rollout's); empty without a rejection."""
+    options = tuple(correction(inp).get("rejection", ()))
+    if not options or inp.get("rollout_log_probs") is None:
+        return np.zeros(0, np.int64)
+    mask = np.asarray(inp["response_mask"], bool)
+    old = R.step_log_probs(np.asarray(inp["old_embed"], np.float32), np.asarray(inp["old_head"], np.float32),
+                           inp["input_ids"], mask.shape[1], float(np.float32(inp["temperature"])))
+    kept = R.rollout_rejection_mask(old, np.where(mask, inp["rollout_log_probs"], 0.0), mask, options) > 0
+    return np.flatnonzero(mask.any(1) & ~kept.any(1))
+
+
 def trigger(case, message, kind) -> str | None:
-    """A failure of a run cut into more than one micro-batch is "more than one micro-batch" (the words of the
-    generic partition trigger), so that its wrong value joins the partition dependence of the same place; a
-    mask_invariant failure, or a run of one micro-batch, is read by the generic trigger."""
+    """A wrong gradient or old log-prob of a run whose rejection removed a row is "a row with no valid token" (the
+    rejected row leaves the loss mask empty: the words of the aggregation's edge trigger, so that a normaliser
+    counting it joins the aggregation's defect; a wrong metric of such a run keeps the micro-batch reading: a
+    rejected row empties a micro-batch, whose mean a mean of micro-batch means counts); a failure of a run cut into more than one micro-batch is "more than one micro-batch" (the
+    words of the generic partition trigger), so that its wrong value joins the partition dependence of the same
+    place; a mask_invariant failure, or a run of one micro-batch, is read by the generic trigger."""
     inp = case.inputs
     if case.property == MASK_INVARIANT:
         return None
+    if case.op == STEP_OP and case.property == MATCHES_REFERENCE and len(rejected_rows(inp)):
+        return "a row with no valid token"
     sizes = inp.get("micro_batch_sizes") or []
     rows = len(inp.get("input_ids", ()))
     return "more than one micro-batch" if sizes and int(sizes[0]) < rows else None

@@ -116,7 +116,7 @@ def fields(binding, finding: dict, exc: BaseException | None, case) -> dict:
     elif site is not None and case is not None and finding["property"] != "non_destructive":
         # a crash cites its frame's line, a changed tensor its writer (a backward, a ``via`` statement);
         # anything else its faulty line
-        found = locate(binding, case, site, k)
+        found = locate(binding, case, site, k, trig)
         if found is not None:
             site = dict(site, fault=found)
     return {"engine_function": site, "crash_frame": frame, "trigger": trig}
@@ -170,12 +170,13 @@ def passing_cases(case, n: int = PASSING_EXAMPLES, seed: int = 0) -> list:
     return out[:n]
 
 
-def locate(binding, case, site: dict, kind: str = "") -> dict | None:
-    """The faulty line of the engine function at ``site`` for the failing ``case`` (its shrunk input):
+def locate(binding, case, site: dict, kind: str = "", trigger: str = "") -> dict | None:
+    """The faulty line of the engine function at ``site`` for the failing ``case`` (its shrunk input) whose failure
+    is of ``kind`` under ``trigger`` (a declared anchor may name either):
     traced on ``case`` and, when ``fn`` has a branch (:func:`~rlconform.harness.core.fault_lines.has_branches`),
     on the passing ones of :func:`passing_cases` (a count, never a time budget: the cited line must not
     depend on the machine's speed); once per engine
-    function × kind of failure in a process (:data:`_LOCATED`),
+    function × kind of failure × trigger in a process (:data:`_LOCATED`),
     localized by :func:`rlconform.harness.catalog.engine_site.fault`. Distributed ops (their engine runs on
     gloo ranks, out of this process's trace) get the declared anchor only. None: the site names no
     function of this process."""
@@ -186,7 +187,7 @@ def locate(binding, case, site: dict, kind: str = "") -> dict | None:
     fn = site_callable(site, engine_importer(binding))
     if fn is None:
         return None
-    key = (site.get("module"), site.get("function"), kind)
+    key = (site.get("module"), site.get("function"), kind, trigger)
     if key in _LOCATED:
         return dict(_LOCATED[key])
     failing, passing = [], []
@@ -205,7 +206,7 @@ def locate(binding, case, site: dict, kind: str = "") -> dict | None:
                         passing.append(lines)
         except Exception:  # noqa: BLE001 - what could not be traced is not evidence
             failing, passing = [], []
-    found = fault(binding, site, failing, passing, kind)
+    found = fault(binding, site, failing, passing, kind, trigger)
     if found is not None:
         _LOCATED[key] = dict(found)
     return found
