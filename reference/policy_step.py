@@ -34,6 +34,12 @@ Rollout correction (decoupled: three policies, the rollout's ρ, the proximal o 
 * importance weights ``w = min(exp(o − log ρ), cap)`` (:func:`rlconform.reference.importance_ratio`) at the kept
   tokens multiply each token's clipped loss; ``w`` is a constant: it does not depend on the current
   parameters and no gradient flows through it.
+
+KL loss (verl ``use_kl_loss``, SkyRL ``use_kl_loss``): r = log-probs of a frozen reference model (``ref_embed``,
+``ref_head``) at the same temperature τ (the KL is between the two tempered policies: zero when the parameters
+are the reference's); the loss adds ``kl_loss_coef · agg_loss(kl_estimator(ℓ, r), m)`` (:func:`rlconform.reference.
+kl_estimator`, aggregated by ``loss_agg_mode`` unless a declared ``kl_agg_mode`` says otherwise) and logs it as
+``kl_loss``.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import numpy as np
 
 from ._convert import as_float64, as_mask
 from .importance import importance_ratio
+from .kl import kl_estimator, kl_estimator_grad
 from .loss_agg import agg_loss, agg_loss_grad
 from .policy_loss import policy_loss, policy_loss_grad
 from .rejection import rollout_rejection_mask
@@ -77,7 +84,8 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
                 loss_agg_mode: str = "token-mean", entropy_coeff: float = 0.0, clip_ratio_low: float = 0.2,
                 clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0, entropy_agg_mode: str | None = None,
                 rollout_log_probs=None, rollout_is: str | None = None, rollout_is_cap: float | None = 2.0,
-                rejection=()) -> dict:
+                rejection=(), ref_embed=None, ref_head=None, kl_loss_coef: float = 0.0,
+                kl_loss_type: str = "low_var_kl", kl_agg_mode: str | None = None) -> dict:
     """The exact step (module doc). Returns a dict:
 
     ``log_probs``, ``old_log_probs``, ``entropy``, ``old_entropy``: float64 ``[B, R]`` (every position; the
@@ -94,10 +102,14 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     :func:`rlconform.reference.importance_ratio` (``"token"``: verl ``rollout_is="token"``) with TIS cap
     ``rollout_is_cap``; rejection: options of :func:`rlconform.reference.rollout_rejection_mask` (ANDed; empty:
     none). With a correction the result also holds ``kept_mask`` (bool ``[B, R]``) and ``is_weights``
-    (float64 ``[B, R]`` or None).
+    (float64 ``[B, R]`` or None). ref_embed, ref_head: ``[V, H]`` the reference model, needed when
+    kl_loss_coef ≠ 0; kl_loss_type: a mode of :func:`rlconform.reference.kl_estimator`; kl_agg_mode: how the
+    KL term is aggregated (None: by ``loss_agg_mode``; SkyRL declares ``seq-mean-token-mean``). With a KL loss
+    the result also holds ``ref_log_probs`` (float64 ``[B, R]``) and the metric ``kl_loss``.
 
     Raises ValueError: shapes that do not match, τ ≤ 0, no unmasked (or no kept) token, a correction without
-    rollout log-probs, and what :func:`rlconform.reference.policy_loss` raises.
+    rollout log-probs, a KL loss without a reference model, and what :func:`rlconform.reference.policy_loss` and
+    :func:`rlconform.reference.kl_estimator` raise.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
@@ -133,6 +145,20 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     entropy_loss = agg_loss(H, kept, entropy_mode)
     loss = pg_loss - entropy_coeff * entropy_loss
     d_lp = policy_loss_grad(old, lp, A, kept, **params)
+    ref = kl_loss = None
+    if kl_loss_coef:
+        if ref_embed is None or ref_head is None:
+            raise ValueError("a KL loss needs the reference model (ref_embed, ref_head)")
+        R0, W0r = as_float64(ref_embed, "ref_embed"), as_float64(ref_head, "ref_head")
+        if R0.shape != E.shape or W0r.shape != E.shape:
+            raise ValueError(f"ref_embed / ref_head must be [V, H] = {E.shape}: {R0.shape}, {W0r.shape}")
+        ref = token_logprobs(_logits(R0, W0r, context, temperature), labels)
+        kl_mode = kl_agg_mode or loss_agg_mode
+        kld = kl_estimator(lp, ref, kl_loss_type, mask=kept)
+        kl_loss = agg_loss(kld, kept, kl_mode)
+        loss = loss + kl_loss_coef * kl_loss
+        d_lp = d_lp + kl_estimator_grad(lp, ref, kl_loss_type, kl_loss_coef * agg_loss_grad(kld, kept, kl_mode),
+                                        mask=kept)
     d_H = -entropy_coeff * agg_loss_grad(H, kept, entropy_mode)
     d_z = token_logprobs_grad(z, labels, d_lp) + entropy_grad(z, d_H)  # [B, R, V]
     d_z = d_z / temperature
@@ -147,4 +173,7 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
            "grad_embed": grad_embed, "grad_head": grad_head, "metrics": metrics}
     if rollout_is or rejection:
         out.update(kept_mask=kept, is_weights=weights)
+    if ref is not None:
+        out["ref_log_probs"] = ref
+        metrics["kl_loss"] = kl_loss
     return out

@@ -35,7 +35,7 @@ def _autograd_step(inp, entropy_agg_mode=None):
     lp = torch.log_softmax(z, -1).gather(-1, lab[..., None])[..., 0]
     old = torch.log_softmax(z0, -1).gather(-1, lab[..., None])[..., 0]
     m = torch.tensor(inp["response_mask"], dtype=torch.float64)
-    correction = S.correction(inp)
+    correction = S.variant_knobs(inp)
     rollout = torch.tensor(inp.get("rollout_log_probs", np.zeros(m.shape)), dtype=torch.float64) * m
     if correction.get("rejection"):  # seq_mean k1: a row kept when its mean log-ratio is within [log .8, log 1.25]
         row = ((old.detach() - rollout) * m).sum(1) / m.sum(1)
@@ -46,6 +46,12 @@ def _autograd_step(inp, entropy_agg_mode=None):
     pl = torch.where(A < 0, torch.minimum(-A * 3.0, c1), c1)
     if correction.get("is_level"):  # token TIS: a constant weight of the old and rollout log-probs
         pl = pl * torch.exp(old.detach() - rollout).clamp(max=correction["is_cap"])
+    kl = None
+    if correction.get("kl_loss_coef"):  # k3 to the reference model at the same temperature
+        R0 = torch.tensor(inp["ref_embed"].astype(np.float32).astype(np.float64))
+        W0r = torch.tensor(inp["ref_head"].astype(np.float32).astype(np.float64))
+        ref = torch.log_softmax(R0[ctx] @ W0r.T / T, -1).gather(-1, lab[..., None])[..., 0]
+        kl = (torch.exp(ref - lp) - (ref - lp) - 1).clamp(-10, 10)
     H = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
 
     def agg(x, mode=inp["mode"]):
@@ -55,6 +61,8 @@ def _autograd_step(inp, entropy_agg_mode=None):
         return ((x * m).sum(1)[rows] / m.sum(1)[rows]).mean()
 
     loss = agg(pl) - inp["entropy_coeff"] * agg(H, entropy_agg_mode or inp["mode"])
+    if kl is not None:
+        loss = loss + correction["kl_loss_coef"] * agg(kl)
     loss.backward()
     return loss.item(), E.grad.numpy(), W.grad.numpy(), old.detach().numpy()
 
@@ -68,13 +76,16 @@ def _every_variant():
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(_every_variant())
 def test_the_reference_step_equals_float64_autograd(inp):
-    correction = S.correction(inp)
+    correction = S.variant_knobs(inp)
     ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
                         inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32), inp["input_ids"],
                         inp["response_mask"], inp["advantages"], temperature=float(np.float32(inp["temperature"])),
                         loss_agg_mode=inp["mode"], entropy_coeff=inp["entropy_coeff"], **S.CLIP,
                         rollout_log_probs=inp.get("rollout_log_probs"), rollout_is=correction.get("is_level"),
-                        rollout_is_cap=correction.get("is_cap"), rejection=correction.get("rejection", ()))
+                        rollout_is_cap=correction.get("is_cap"), rejection=correction.get("rejection", ()),
+                        **{k: inp[k].astype(np.float32) for k in ("ref_embed", "ref_head") if k in inp},
+                        kl_loss_coef=correction.get("kl_loss_coef", 0.0),
+                        kl_loss_type=correction.get("kl_loss_type", "k3"))
     loss, g_embed, g_head, old = _autograd_step(inp)
     mask = inp["response_mask"].astype(bool)
     assert ref["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-12)
@@ -188,15 +199,23 @@ def test_the_tiny_model_is_its_parameters():
         TinyLM({"embed.weight": embed})
 
 
-def test_a_wrong_value_with_a_rejected_row_is_read_as_that_row():
-    """The rejected row leaves the loss mask empty: a wrong value of such a run has the aggregation's edge trigger,
-    whatever the micro-batch split; a run with every row kept keeps the micro-batch reading."""
-    inp = find(S.inputs("token-mean-with-rejection"), lambda i: len(i["input_ids"]) == 4)
-    assert len(S.rejected_rows(inp)) >= 1
-    assert S.trigger(_Case(inp, MATCHES_REFERENCE), "", "wrong value") == "a row with no valid token"
-    assert S.trigger(_Case(inp, MASK_INVARIANT), "", "NaN") is None
-    metrics = S.trigger(_Case(inp, MATCHES_REFERENCE, S.METRICS_OP), "", "wrong value")
-    assert metrics == ("more than one micro-batch" if inp["micro_batch_sizes"][0] < 4 else None)
-    plain = find(S.inputs("token-mean"), lambda i: len(i["input_ids"]) == 4 and i["micro_batch_sizes"][0] < 4)
-    assert len(S.rejected_rows(plain)) == 0
-    assert S.trigger(_Case(plain, MATCHES_REFERENCE), "", "wrong value") == "more than one micro-batch"
+def test_the_trigger_names_the_feature_a_failure_kept():
+    """A split into micro-batches, then a rejected row, then a temperature ≠ 1: what survived shrinking (the whole
+    mini-batch and the temperature 1 are drawn first)."""
+    def first(variant, **want):
+        return find(S.inputs(variant), lambda i: len(i["input_ids"]) == 4 and all(
+            (i["micro_batch_sizes"][0] < 4 if k == "split" else float(i["temperature"]) != 1.0) == v
+            for k, v in want.items()))
+
+    rejected = first("token-mean-with-rejection", split=False)
+    assert len(S.rejected_rows(rejected)) >= 1
+    for op in (S.STEP_OP, S.METRICS_OP):
+        assert S.trigger(_Case(rejected, MATCHES_REFERENCE, op), "", "wrong value") == "a row with no valid token"
+    assert S.trigger(_Case(rejected, MASK_INVARIANT), "", "NaN") is None
+    split = first("token-mean-with-rejection", split=True)
+    assert S.trigger(_Case(split, MATCHES_REFERENCE), "", "wrong value") == "more than one micro-batch"
+    tempered = first("token-mean-with-kl", split=False, tempered=True)
+    assert len(S.rejected_rows(tempered)) == 0
+    assert S.trigger(_Case(tempered, MATCHES_REFERENCE), "", "wrong value") == "a sampling temperature ≠ 1"
+    assert S.trigger(_Case(tempered, PARTITION_INVARIANT), "", "wrong value") is None
+    assert S.trigger(_Case(first("token-mean", split=False, tempered=False), MATCHES_REFERENCE), "", "x") is None

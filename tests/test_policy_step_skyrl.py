@@ -12,7 +12,8 @@ Also pinned: with off-policy correction's row mask (``sequence_mask_metric="geom
 inside the policy loss of each micro-batch (``apply_off_policy_correction`` rewrites ``loss_mask`` there), after
 ``_normalize_advantages`` has divided the advantages by the token count of the unmasked mini-batch: under
 ``token_mean`` the gradient is the exact one times kept tokens / tokens (the normaliser is counted before the
-rejection). Token TIS with no rejection agrees with the exact step.
+rejection). Token TIS with no rejection agrees with the exact step. And its KL loss compares the policy at the
+sampling temperature with a reference model at temperature 1 (``RefWorkerBase._forward_micro_batch``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def test_skyrls_token_mean_normaliser_counts_the_rejected_rows_tokens():
     for variant in ("token-mean-with-rejection", "token-mean-with-tis"):
         inp = find(S.inputs(variant), lambda i: len(i["input_ids"]) == 4)
         inp = dict(inp, entropy_coeff=0.0)  # the entropy bonus has its own (pinned) micro-batch weighting
-        rc = S.correction(inp)
+        rc = S.variant_knobs(inp)
         ref = R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
                             inp["input_ids"], inp["response_mask"], inp["advantages"],
                             temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
@@ -72,3 +73,23 @@ def test_skyrls_token_mean_normaliser_counts_the_rejected_rows_tokens():
         assert (0 < kept < 1) if rc.get("rejection") else kept == 1
         grad = S.run_step(step, inp, 4)["grads"]["head.weight"].double().numpy()
         np.testing.assert_allclose(grad, ref["grad_head"] * kept, rtol=1e-4, atol=1e-6)
+
+
+def test_skyrls_kl_loss_compares_a_tempered_policy_with_an_untempered_reference():
+    """``RefWorkerBase._forward_micro_batch`` computes the reference log-probs at temperature 1 (unless sample-support
+    replay is on), the policy's at ``algorithm.temperature``: with the reference model equal to the policy, the KL
+    loss is 0 only at temperature 1."""
+    if importlib.util.find_spec("skyrl") is None:
+        pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
+    from hypothesis import find
+
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    step = load_engine("skyrl").resolve("policy_step")
+    inp = find(S.inputs("token-mean-with-kl"), lambda i: True)
+    same = dict(inp, ref_embed=inp["embed"], ref_head=inp["head"])
+    kl = {T: S.run_step(step, dict(same, temperature=T), len(inp["input_ids"]))["metrics"]["kl_loss"]
+          for T in (1.0, 0.7)}
+    assert abs(kl[1.0]) < 1e-6, kl
+    assert kl[0.7] > 1e-3, kl

@@ -108,7 +108,7 @@ def test_verls_seq_mean_normaliser_counts_the_rejected_rows():
     step = load_engine("verl").resolve("policy_step")
     for variant in ("seq-mean-token-mean-with-rejection", "token-mean-with-rejection"):
         inp = find(S.inputs(variant), lambda i: len(i["input_ids"]) == 4)
-        rc = S.correction(inp)
+        rc = S.variant_knobs(inp)
         ref = R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
                             inp["input_ids"], inp["response_mask"], inp["advantages"],
                             temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
@@ -119,3 +119,28 @@ def test_verls_seq_mean_normaliser_counts_the_rejected_rows():
         grad = S.run_step(step, inp, 4)["grads"]["head.weight"].double().numpy()
         scale = kept_rows / 4 if variant.startswith("seq-mean") else 1.0
         np.testing.assert_allclose(grad, ref["grad_head"] * scale, rtol=1e-4, atol=1e-6)
+
+
+def test_verls_kl_loss_tempers_the_reference_path_too():
+    """verl's reference log-probs go through the same engine path as the old ones, with the batch's temperature:
+    with the reference model equal to the policy the KL loss is 0 at any temperature, and the step's gradient with
+    a KL loss is the exact one."""
+    import numpy as np
+    from hypothesis import find
+
+    import rlconform.reference as R
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    _verl_dir()
+    step = load_engine("verl").resolve("policy_step")
+    inp = dict(find(S.inputs("token-mean-with-kl"), lambda i: True), temperature=0.7)
+    rows = len(inp["input_ids"])
+    same = dict(inp, ref_embed=inp["embed"], ref_head=inp["head"])
+    assert abs(S.run_step(step, same, rows)["metrics"]["kl_loss"]) < 1e-6
+    ref = R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
+                        inp["input_ids"], inp["response_mask"], inp["advantages"], temperature=0.7, **S.CLIP,
+                        ref_embed=inp["ref_embed"].astype(np.float32), ref_head=inp["ref_head"].astype(np.float32),
+                        **S.KL)
+    grad = S.run_step(step, inp, rows)["grads"]["head.weight"].double().numpy()
+    np.testing.assert_allclose(grad, ref["grad_head"], rtol=1e-4, atol=1e-6)

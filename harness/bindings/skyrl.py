@@ -923,6 +923,14 @@ DECLARED = (
         "workers' (worker.py)", "skyrl/backends/skyrl_train/workers/worker.py:1217",
         reference=(("entropy_agg_mode", "token-mean"),)),
     Declared(
+        "kl_loss_sequence_mean", "convention", ("policy_step", "policy_step_metrics"),
+        "the KL loss is masked_mean(kl, loss_mask, dim=-1).mean(): each row's token mean, averaged over the rows, "
+        "whatever loss_reduction the policy loss uses (the reference follows: kl_agg_mode='seq-mean-token-mean'); "
+        "it is added per micro-batch, weighted by the micro-batch's share of rows",
+        "'The KL and entropy loss terms are not pre-scaled, so we just average them across microbatches and DP "
+        "workers' (worker.py)", "skyrl/backends/skyrl_train/workers/worker.py:1232",
+        reference=(("kl_agg_mode", "seq-mean-token-mean"),)),
+    Declared(
         "masked_var_le_one_token", "guard", ("masked_var",),
         "the unbiased masked_var raises ValueError on 0 or 1 valid tokens ('At least one element in the mask "
         "has to be 1.' / 'The sum of the mask is one, which can cause a division by zero.')",
@@ -1023,7 +1031,12 @@ OUTPUT_SITES = {
     "metric_pipeline": ((r"^lost: ", _REDUCE, ""), (_FOLDED, _ALL_REDUCE, "DP rank"), (_FOLDED, _REDUCE, "micro-batch")),
     "dp_metric_all_reduce": ((_FOLDED, _ALL_REDUCE, ""),),
     # the step's clip ratio is one mean per micro-batch, folded by reduce_metrics (a mean of micro-batch means)
-    "policy_step_metrics": ((r"^metric pg_clipfrac\b", _REDUCE, "micro-batch"),),
+    "policy_step_metrics": ((r"^metric pg_clipfrac\b", _REDUCE, "micro-batch"),
+                            (r"^metric kl_loss\b", f"{WORKER}:RefWorkerBase._forward_micro_batch",
+                             "sampling temperature")),
+    # a wrong gradient at a temperature ≠ 1 of the KL variant: the reference log-probs of the KL loss are computed
+    # at temperature 1 by the ref worker, the policy's at the sampling temperature
+    "policy_step": ((r"^gradient of", f"{WORKER}:RefWorkerBase._forward_micro_batch", "sampling temperature"),),
 }
 
 
@@ -1033,6 +1046,10 @@ OUTPUT_SITES = {
 _PPO = "skyrl.backends.skyrl_train.utils.ppo_utils"
 _OPC = "skyrl.backends.skyrl_train.utils.off_policy_correction_utils"
 FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression) -> patterns of the faulty line}
+    # the reference model's log-probs at temperature 1 (sample-support replay aside), the policy's at
+    # cfg.algorithm.temperature: the KL loss compares two differently tempered policies
+    f"{WORKER}.RefWorkerBase._forward_micro_batch": {
+        "wrong value": (r"temperature=self\.cfg\.algorithm\.temperature if sample_support_replay else 1\.0",)},
     # the trainer pre-scales the advantages by the token count of the mini-batch's loss mask
     # (_normalize_advantages -> apply_loss_reduction_to_advantages_minibatch); the policy loss called here then
     # applies the off-policy correction's row mask (apply_off_policy_correction rewrites loss_mask): the rejected

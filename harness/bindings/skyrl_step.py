@@ -32,6 +32,12 @@ Rollout correction (``algorithm.off_policy_correction``, applied inside the poli
 cap; a row rejected by its mean ratio is ``sequence_mask_metric="geometric"`` with ``geo_mask_low`` /
 ``geo_mask_high`` = the bounds (the geometric mean of the token ratios is exp of their mean log-ratio). The
 batch's ``rollout_log_probs`` are SkyRL's ``rollout_logprobs``.
+
+KL loss (``use_kl_loss``, ``kl_estimator_type="k3"``: verl's ``low_var_kl``): the reference log-probs
+(``base_action_log_probs``) come from SkyRL's own ``RefWorkerBase.forward`` → ``_forward_micro_batch`` →
+``HFModelWrapper.forward`` on the reference model, as ``fwd_logprobs_values_reward`` gets them; the KL term is
+``masked_mean(kl, loss_mask, dim=-1).mean()`` per micro-batch, weighted by its share of rows (a sequence mean,
+declared: ``kl_loss_sequence_mean``), logged as ``policy_kl``.
 """
 
 from __future__ import annotations
@@ -49,13 +55,15 @@ TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
 REDUCTIONS = {"token-mean": "token_mean", "seq-mean-token-mean": "sequence_mean"}
 #: the catalog's step variants this binding drives: a loss reduction, alone or with a rollout correction
 MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
-         "seq-mean-token-mean-with-rejection")
+         "seq-mean-token-mean-with-rejection", "token-mean-with-kl")
+#: the catalog's KL estimators by SkyRL's names
+KL_ESTIMATORS = {"low_var_kl": "k3", "k3": "k3", "k1": "k1", "k2": "k2", "abs": "abs"}
 #: the step's metrics as SkyRL logs them (``policy/`` is added by ``train_critic_and_policy``)
-METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio"}
+METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio", "kl_loss": "policy_kl"}
 
 TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); optim_step records the gradient "
                "(before clipping); dispatch in-process; DP 1; float32; no micro-batch packing (flash-attn); dual_clip "
-               "loss. Not drawn: KL loss, off-policy correction other than token TIS and the geometric row mask, "
+               "loss. Not drawn: KL estimators other than k3, off-policy correction other than token TIS and the geometric row mask, "
                "token-based micro-batches, several mini-batches; "
                "policy_entropy left to metric_pipeline; Megatron's step not driven")
 
@@ -89,6 +97,7 @@ def policy_step():
 
     worker_mod = import_skyrl(WORKER)
     policy_worker = worker_mod.PolicyWorkerBase
+    ref_worker_cls = worker_mod.RefWorkerBase
     wrapper_forward = engine_function(WRAPPER, "HFModelWrapper.forward", import_skyrl)
     # what HFModelWrapper.__init__ sets (use_torch_compile off): the function model_wrapper.py imports
     entropy_fn = import_skyrl(TORCH_UTILS).chunked_entropy_from_logits
@@ -104,7 +113,9 @@ def policy_step():
                       eps_clip_high=kn["clip_ratio_high"], clip_ratio_c=kn["clip_ratio_c"],
                       loss_reduction=REDUCTIONS[kn["loss_agg_mode"]], temperature=kn["temperature"],
                       use_entropy_loss=bool(kn["entropy_coeff"]), entropy_loss_coef=kn["entropy_coeff"],
-                      use_kl_loss=False, advantage_batch_normalize=False)
+                      use_kl_loss=bool(kn.get("kl_loss_coef")), kl_loss_coef=float(kn.get("kl_loss_coef") or 0.0),
+                      kl_estimator_type=KL_ESTIMATORS.get(kn.get("kl_loss_type") or "k3", "k3"),
+                      advantage_batch_normalize=False)
         correction = off_policy_correction(kn)
         if correction:
             fields["off_policy_correction"] = config.OffPolicyCorrectionConfig(**correction)
@@ -126,7 +137,8 @@ def policy_step():
         return w
 
     @calls(policy_worker._forward_backward_micro, policy_worker.forward_backward, policy_worker.forward,
-           policy_worker._forward_micro_batch, wrapper_forward, execute_training_step, normalize_advantages)
+           policy_worker._forward_micro_batch, wrapper_forward, execute_training_step, normalize_advantages,
+           ref_worker_cls.forward, ref_worker_cls._forward_micro_batch)
     def run(batch, params, old_params, kn):
         rows, width = batch["responses"].shape
         alg = algorithm(kn)
@@ -142,6 +154,14 @@ def policy_step():
             out = policy_worker.forward(old_worker, data.select(["sequences", "attention_mask"], ["response_length"]))
             old = to_tensor(out.loss_fn_outputs, key="logprobs")[:rows]
             data["action_log_probs"] = old.to(torch.float32)
+            if kn.get("kl_loss_coef"):  # the reference model's log-probs, from SkyRL's ref worker
+                ref_worker = object.__new__(ref_worker_cls)
+                ref_worker.model = wrapper_cls(TinyLM(kn["ref_params"]), entropy_fn)
+                ref_worker.cfg = types.SimpleNamespace(algorithm=alg, max_tokens_per_microbatch=0,
+                                                       micro_forward_batch_size_per_gpu=kn["micro_batch_size"])
+                out = ref_worker_cls.forward(ref_worker, data.select(["sequences", "attention_mask"],
+                                                                     ["response_length"]))
+                data["base_action_log_probs"] = to_tensor(out.loss_fn_outputs, key="logprobs")[:rows].to(torch.float32)
             actor = worker(params, alg, kn["micro_batch_size"])
             captured = []
 

@@ -12,7 +12,9 @@ runs; the modules do not import on this CPU machine: ``peft``, ``uvicorn``, ray)
    ``fit``'s ``actor/entropy`` (``core_algos.agg_loss`` of the old path's entropy) and the union into the batch;
    with a rollout correction (the batch holds ``rollout_log_probs``), ``fit``'s decoupled mode:
    ``rollout_corr_helper.compute_rollout_correction_and_add_to_batch`` (rejection rewrites ``response_mask``;
-   token TIS adds ``rollout_is_weights``, which ``ppo_loss`` hands the policy loss);
+   token TIS adds ``rollout_is_weights``, which ``ppo_loss`` hands the policy loss); with a KL loss,
+   ``RayPPOTrainer._compute_ref_log_prob`` → ``ActorRolloutRefWorker.compute_ref_log_prob`` → the same engine path
+   (forward only, the batch's temperature) on the reference model, and the union of ``ref_log_prob``;
 3. ``RayPPOTrainer._update_actor`` (``left_right_2_no_padding``: the loss mask; the mini-batch's sizes) →
    ``ActorRolloutRefWorker.update_actor`` → ``TrainingWorker.train_mini_batch`` / ``train_batch`` /
    ``_postprocess_output`` → ``BaseEngine.train_batch`` → ``FSDPEngine.forward_backward_batch`` (the token
@@ -25,7 +27,8 @@ Stand-ins (:data:`TRANSCRIBED`, shown on every finding): the device (``get_devic
 the gradients; ``optimizer_step`` records them and returns their norm: the gradient compared is the one before
 clipping and the update), the LR scheduler, the FLOPs counter (MFU 0), a DP group of one rank (DP size 1), no
 autocast (float32 parameters: CUDA autocast does nothing on CPU). Knobs left at verl's defaults and not drawn:
-``use_remove_padding`` True, ``use_dynamic_bsz`` False, the vanilla policy loss, no KL loss, rollout correction
+``use_remove_padding`` True, ``use_dynamic_bsz`` False, the vanilla policy loss, KL losses other than
+``low_var_kl``, rollout correction
 other than token TIS and ``seq_mean_k1`` rejection (bypass mode, sequence TIS, batch-normalised weights, the
 other rejection options), one PPO epoch, one mini-batch. The Megatron engine's step (``MegatronEngineWithLMHead``) is not
 driven: unchecked.
@@ -42,16 +45,18 @@ FSDP_IMPL = "verl.workers.engine.fsdp.transformer_impl"
 BASE_ENGINE = "verl.workers.engine.base"
 
 TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gradient (before clipping); no LR "
-               "scheduler; MFU 0; DP 1; float32. Not drawn: dynamic batch size, KL loss, rollout correction other "
+               "scheduler; MFU 0; DP 1; float32. Not drawn: dynamic batch size, KL losses other than low_var_kl, rollout "
+               "correction other "
                "than token TIS and seq_mean_k1 rejection, other losses, several mini-batches; Megatron's step not "
                "driven")
 #: the catalog's step variants this binding drives (every one the catalog has)
 MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
-         "seq-mean-token-mean-with-rejection")
+         "seq-mean-token-mean-with-rejection", "token-mean-with-kl")
 
 #: the step's metrics as verl logs them (after ``reduce_metrics``), by the catalog's names
 METRIC_KEYS = {"pg_loss": "actor/pg_loss", "entropy_loss": "actor/entropy_loss", "pg_clipfrac": "actor/pg_clipfrac",
-               "pg_clipfrac_lower": "actor/pg_clipfrac_lower", "ppo_kl": "actor/ppo_kl", "entropy": "actor/entropy"}
+               "pg_clipfrac_lower": "actor/pg_clipfrac_lower", "ppo_kl": "actor/ppo_kl", "entropy": "actor/entropy",
+               "kl_loss": "actor/kl_loss"}
 
 _ENGINE_METHODS = ("FSDPEngine.forward_backward_batch", "FSDPEngine._get_packed_pad_size",
                    "FSDPEngine._gather_and_unpad_packed", "FSDPEngineWithLMHead.prepare_model_inputs",
@@ -68,6 +73,12 @@ def _on_cpu(fn):
     out = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     out.__qualname__, out.__module__ = fn.__qualname__, fn.__module__
     return out
+
+
+def _world():
+    import torch.distributed
+
+    return torch.distributed.group.WORLD
 
 
 def _engine_class():
@@ -93,7 +104,9 @@ def _engine_class():
 
     methods.update(
         optimizer_zero_grad=optimizer_zero_grad, optimizer_step=optimizer_step, lr_scheduler_step=lambda self: None,
-        get_data_parallel_group=lambda self: None, get_data_parallel_size=lambda self: 1,
+        # the default process group of one rank (the binding's one_rank_group), as a one-GPU FSDP run has: not
+        # None, which sends _postprocess_output's metrics down a path no real run takes
+        get_data_parallel_group=lambda self: _world(), get_data_parallel_size=lambda self: 1,
         get_data_parallel_rank=lambda self: 0, is_mp_src_rank_with_outputs=lambda self: True,
         train_mode=lambda self, **kw: contextlib.nullcontext(), eval_mode=lambda self, **kw: contextlib.nullcontext())
     return type("FSDPEngineWithLMHeadOnCPU", (), methods)
@@ -119,7 +132,9 @@ def _actor_config(kn: dict, rows: int, actor_fields: dict, loss_fields: dict):
     fields.update(entropy_coeff=kn["entropy_coeff"], loss_agg_mode=kn["loss_agg_mode"],
                   clip_ratio_low=kn["clip_ratio_low"], clip_ratio_high=kn["clip_ratio_high"],
                   clip_ratio_c=kn["clip_ratio_c"], ppo_mini_batch_size=rows,
-                  ppo_micro_batch_size_per_gpu=kn["micro_batch_size"], use_dynamic_bsz=False)
+                  ppo_micro_batch_size_per_gpu=kn["micro_batch_size"], use_dynamic_bsz=False,
+                  use_kl_loss=bool(kn.get("kl_loss_coef")), kl_loss_coef=float(kn.get("kl_loss_coef") or 0.0),
+                  kl_loss_type=kn.get("kl_loss_type") or "low_var_kl")
     loss = PolicyLossConfig(**accepted_keywords(PolicyLossConfig, {k: v for k, v in loss_fields.items()
                                                                    if k != "loss_mode"}))
     return ActorConfig(**accepted_keywords(ActorConfig, dict(fields, policy_loss=loss)))
@@ -164,9 +179,10 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
 
     compute_old_log_prob = engine_function(TRAINER, "RayPPOTrainer._compute_old_log_prob")
     update_actor = engine_function(TRAINER, "RayPPOTrainer._update_actor")
+    compute_ref_log_prob = engine_function(TRAINER, "RayPPOTrainer._compute_ref_log_prob")
     worker_methods = {q.split(".")[1]: engine_function(ENGINE_WORKERS, q) for q in _WORKER_METHODS}
     rollout_worker = {q: engine_function(ENGINE_WORKERS, f"ActorRolloutRefWorker.{q}")
-                      for q in ("compute_log_prob", "update_actor")}
+                      for q in ("compute_log_prob", "update_actor", "compute_ref_log_prob")}
     engine_class = _engine_class()
     worker_class = type("TrainingWorkerOnCPU", (), worker_methods)
 
@@ -186,7 +202,7 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         worker.flops_counter = types.SimpleNamespace(estimate_flops=lambda *a, **k: (0.0, 1.0))
         return worker
 
-    @calls(ppo_loss, compute_old_log_prob, update_actor, compute_rollout_correction_and_add_to_batch, *rollout_worker.values(), *worker_methods.values(),
+    @calls(ppo_loss, compute_old_log_prob, update_actor, compute_rollout_correction_and_add_to_batch, compute_ref_log_prob, *rollout_worker.values(), *worker_methods.values(),
            *(getattr(engine_class, q.split(".")[1]) for q in _ENGINE_METHODS))
     def run(batch, params, old_params, kn):
         rows = int(batch["input_ids"].shape[0])
@@ -197,7 +213,13 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
             compute_log_prob=functools.partial(rollout_worker["compute_log_prob"],
                                                types.SimpleNamespace(actor=old_actor)),
             update_actor=functools.partial(rollout_worker["update_actor"], types.SimpleNamespace(actor=actor)))
-        trainer = types.SimpleNamespace(actor_rollout_wg=wg, distillation_config=None, config=OmegaConf.create({
+        ref_wg = None
+        if kn.get("kl_loss_coef"):  # a separate reference worker (ref_in_actor: LoRA only)
+            ref = training_worker(kn["ref_params"], kn, loss_fn)
+            ref_wg = types.SimpleNamespace(compute_ref_log_prob=functools.partial(
+                rollout_worker["compute_ref_log_prob"], types.SimpleNamespace(ref=ref)))
+        trainer = types.SimpleNamespace(actor_rollout_wg=wg, ref_policy_wg=ref_wg, ref_in_actor=False,
+                                        distillation_config=None, config=OmegaConf.create({
             "actor_rollout_ref": {
                 "actor": {"calculate_entropy": False, "entropy_coeff": kn["entropy_coeff"], "ppo_mini_batch_size": rows,
                           "ppo_epochs": 1, "data_loader_seed": 42, "shuffle": False,
@@ -214,6 +236,8 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
             old_log_probs = old_log_prob.batch["old_log_probs"].clone()
             old_log_prob.batch.pop("entropys")
             data = data.union(old_log_prob)
+            if ref_wg is not None:  # fit: use_reference_policy, after the old log-probs
+                data = data.union(compute_ref_log_prob(trainer, data))
             correction = rollout_correction_config(kn)
             if correction is not None:  # fit, decoupled mode: after the old log-probs, before the update
                 data, _ = compute_rollout_correction_and_add_to_batch(data, correction)

@@ -47,7 +47,7 @@ class VariantNotProvided(Exception):
 #: the metrics a policy step logs, by the catalog's names (:func:`rlconform.reference.policy_step`)
 #: a step variant with a rollout correction is ``<loss_agg_mode>-with-<correction>``
 STEP_CORRECTION_SEP = "-with-"
-STEP_METRICS = ("pg_loss", "entropy_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy")
+STEP_METRICS = ("pg_loss", "entropy_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl_loss")
 
 
 @dataclasses.dataclass(frozen=True)

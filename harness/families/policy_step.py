@@ -15,8 +15,8 @@ advantages per token, a temperature ≠ 1 (drawn), proximal (old) parameters tha
 (the only drawn log-probs: rows whose mean log-ratio to the proximal policy sits far inside or far outside the
 rejection bounds, tokens on both sides of the TIS cap, never within 10 % of a bound or the cap). Variants
 (:data:`VARIANTS`): ``loss_agg_mode``, alone or with a rollout correction (token-level TIS; rejection of rows by
-their mean ratio). Partitions: the mini-batch cut into micro-batches of every size that divides it. Checked on
-CPU in float32 only (the parameters and the logits are float32; CUDA autocast does nothing on CPU).
+their mean ratio), or with a KL loss against a frozen reference model. Partitions: the mini-batch cut into
+micro-batches of every size that divides it. Checked on CPU in float32 only (the parameters and the logits are float32; CUDA autocast does nothing on CPU).
 
 Two ops of one step: ``policy_step`` compares the old log-probs and the parameter gradient, ``policy_step_metrics``
 the logged metrics (a binding maps both to the same :class:`~rlconform.harness.core.contracts.PolicyStep`), so that
@@ -58,13 +58,20 @@ from rlconform.harness.families import OpFamily
 REJECTION = (("seq_mean", "k1", 0.8, 1.25),)
 #: the TIS cap of the TIS variant (verl ``rollout_is_threshold`` default)
 IS_CAP = 2.0
-#: catalog variant -> (loss_agg_mode, rollout correction: ``is_level`` / ``is_cap``, ``rejection`` options)
+#: the KL loss of the KL variant: verl's default estimator, a coefficient large enough to move the gradient
+KL = {"kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl"}
+#: the reference model of the KL variant: the current parameters plus this much noise (|log π/π_ref| stays far
+#: below the k3 clamp's 2.61)
+REF_NOISE = (0.1, 0.2)
+#: catalog variant -> (loss_agg_mode, its other knobs: rollout correction ``is_level`` / ``is_cap`` and
+#: ``rejection`` options; a KL loss ``kl_loss_coef`` / ``kl_loss_type``)
 VARIANTS = {
     "token-mean": ("token-mean", {}),
     "seq-mean-token-mean": ("seq-mean-token-mean", {}),
     "token-mean-with-tis": ("token-mean", {"is_level": "token", "is_cap": IS_CAP}),
     "token-mean-with-rejection": ("token-mean", {"rejection": REJECTION}),
     "seq-mean-token-mean-with-rejection": ("seq-mean-token-mean", {"rejection": REJECTION}),
+    "token-mean-with-kl": ("token-mean", dict(KL)),
 }
 MODES = tuple(VARIANTS)
 DATA = "trainer_batches"
@@ -75,7 +82,9 @@ REGIMES = {variant_regime(mode, DATA): ("float32",) for mode in MODES}
 ROW_LOG_RATIOS = (0.0, 0.1, -0.5, 0.5)
 TOKEN_SPREAD = 0.3
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
-TEMPERATURES = (0.7, 1.0, 1.3, 0.6)
+#: the sampling temperatures drawn; 1 first, so that a failure that needs a temperature ≠ 1 shrinks to one and
+#: one that does not shrinks to 1
+TEMPERATURES = (1.0, 0.7, 1.3, 0.6)
 CLIP = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}
 #: metrics a step logs only when the entropy bonus is on
 OPTIONAL_METRICS = ("entropy_loss",)
@@ -100,6 +109,8 @@ def _parameters(variant: str) -> str:
     for level, est, lower, upper in rc.get("rejection", ()):
         words.append(f"rejection {level.replace('_', '-')} {est}: a row kept for {lower:g} ≤ r ≤ {upper:g} "
                      "(r = π_old/π_rollout)")
+    if rc.get("kl_loss_coef"):
+        words.append(f"KL loss {rc['kl_loss_type']} × {rc['kl_loss_coef']:g} against a frozen reference model")
     return "; ".join(words)
 
 
@@ -166,7 +177,7 @@ def inputs(draw, variant: str):
     head = rng.normal(size=(vocab, hidden))
     noise = draw(st.sampled_from(OFF_POLICY))
     divisors = [d for d in range(1, rows + 1) if rows % d == 0]
-    micro = draw(st.sampled_from(divisors))
+    micro = draw(st.sampled_from(divisors[::-1]))  # the whole mini-batch first: a split shrinks away unless needed
     mode, correction = VARIANTS[variant]
     inp = {
         "input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask,
@@ -178,8 +189,12 @@ def inputs(draw, variant: str):
         "mode": mode, "variant": variant, "micro_batch_sizes": [micro] + [d for d in divisors if d != micro],
         "garbage": draw(st.sampled_from(GARBAGE)), "seed": seed,
     }
-    if correction:
+    if "is_level" in correction or "rejection" in correction:
         inp["rollout_log_probs"] = _rollout_log_probs(draw, inp)
+    if correction.get("kl_loss_coef"):
+        scale = draw(st.sampled_from(REF_NOISE))
+        inp["ref_embed"] = embed + scale * rng.normal(size=embed.shape)
+        inp["ref_head"] = head + scale * rng.normal(size=head.shape)
     return inp
 
 
@@ -188,8 +203,9 @@ def strategy(op: OpInfo, dtype: str, regime: str):
     return inputs(variant)
 
 
-def correction(inp: dict) -> dict:
-    """The rollout correction of the case's variant (:data:`VARIANTS`; a case saved before the corrections: none)."""
+def variant_knobs(inp: dict) -> dict:
+    """The knobs of the case's variant beyond its loss_agg_mode (:data:`VARIANTS`; a case saved before the
+    variants had any: none)."""
     return VARIANTS.get(inp.get("variant", inp["mode"]), (None, {}))[1]
 
 
@@ -212,16 +228,20 @@ def trainer_batch(inp: dict, advantages: np.ndarray | None = None, input_ids: np
 
 def knobs(inp: dict, micro_batch_size: int) -> dict:
     """The step's knobs (:class:`~rlconform.harness.core.contracts.PolicyStep`) for ``inp``'s variant."""
-    rc = correction(inp)
-    return {"temperature": float(inp["temperature"]), "loss_agg_mode": inp["mode"],
-            "entropy_coeff": float(inp["entropy_coeff"]), "micro_batch_size": int(micro_batch_size), **CLIP,
-            "rollout_is": rc.get("is_level"), "rollout_is_cap": rc.get("is_cap"),
-            "rollout_rejection": tuple(rc.get("rejection", ()))}
+    rc = variant_knobs(inp)
+    out = {"temperature": float(inp["temperature"]), "loss_agg_mode": inp["mode"],
+           "entropy_coeff": float(inp["entropy_coeff"]), "micro_batch_size": int(micro_batch_size), **CLIP,
+           "rollout_is": rc.get("is_level"), "rollout_is_cap": rc.get("is_cap"),
+           "rollout_rejection": tuple(rc.get("rejection", ())), "kl_loss_coef": float(rc.get("kl_loss_coef", 0.0))}
+    if out["kl_loss_coef"]:
+        out.update(kl_loss_type=rc["kl_loss_type"], ref_params=params(inp, "ref_"))
+    return out
 
 
-def params(inp: dict, old: bool = False) -> dict:
-    """The model's float32 parameters (:data:`~rlconform.harness.core.tiny_lm.PARAMETERS`) as fresh tensors."""
-    prefix = "old_" if old else ""
+def params(inp: dict, old: bool | str = False) -> dict:
+    """The model's float32 parameters (:data:`~rlconform.harness.core.tiny_lm.PARAMETERS`) as fresh tensors: the
+    current ones, the proximal ones (``old=True``) or the reference model's (``old="ref_"``)."""
+    prefix = old if isinstance(old, str) else "old_" if old else ""
     return {"embed.weight": torch.tensor(np.asarray(inp[prefix + "embed"], np.float32)),
             "head.weight": torch.tensor(np.asarray(inp[prefix + "head"], np.float32))}
 
@@ -232,10 +252,11 @@ def run_step(step, inp: dict, micro_batch_size: int, **batch_changes) -> dict:
                        params(inp, old=True), knobs(inp, micro_batch_size))
 
 
-def faithful(inp: dict, entropy_agg_mode: str | None = None) -> dict:
+def faithful(inp: dict, conventions: dict | None = None) -> dict:
     """The step in float32 torch on the whole mini-batch at once (no micro-batches): the dtype-faithful values
-    whose distance from the float64 step sets the tolerance."""
-    kn = dict(knobs(inp, len(inp["input_ids"])), entropy_agg_mode=entropy_agg_mode)
+    whose distance from the float64 step sets the tolerance; ``conventions``: the declared aggregation modes
+    (``entropy_agg_mode``, ``kl_agg_mode``) the reference follows."""
+    kn = dict(knobs(inp, len(inp["input_ids"])), **(conventions or {}))
     return fp32_step(trainer_batch(inp), params(inp), params(inp, old=True), kn)
 
 
@@ -270,7 +291,7 @@ def _rejected(old_lp, batch, mask, options) -> torch.Tensor:
 def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_temperature: bool = True,
               micro_normaliser: bool = False, zero_masked_advantages: bool = True,
               metric_micro_means: bool = False, weight_from_current: bool = False,
-              count_before_rejection: bool = False) -> dict:
+              count_before_rejection: bool = False, ref_temperature: bool = True) -> dict:
     """A plain float32 step of :class:`~rlconform.harness.core.tiny_lm.TinyLM`: old log-probs with ``old_params``
     (no gradient), then the micro-batch loop (rows
     ``[a, a + micro_batch_size)``) with the mini-batch's normaliser, one backward per micro-batch, gradients
@@ -280,7 +301,9 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     current logits divided ``temperature_times`` times, the old path without temperature, each micro-batch
     normalised by its own count, masked advantages kept (NaN · 0), the token fractions logged as the mean of
     per-micro-batch means, the TIS weight from the current log-probs (it moves with the policy and carries a
-    gradient), the normaliser counted before the rejection."""
+    gradient), the normaliser counted before the rejection, the reference model's log-probs without temperature.
+    With ``kl_loss_coef`` the k3 (``low_var_kl``) KL to the reference model ``kn["ref_params"]`` at the same
+    temperature is added, aggregated by ``kl_agg_mode`` (default: the loss's mode)."""
     model, old_model = TinyLM(params), TinyLM(old_params)
     T, mode, c_ent = kn["temperature"], kn["loss_agg_mode"], kn["entropy_coeff"]
     h_mode = kn.get("entropy_agg_mode") or mode
@@ -299,9 +322,17 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
         rollout = torch.where(m_all, batch["rollout_log_probs"], 0.0)
         weights = torch.where(m_all, torch.clamp(torch.exp(old_lp - rollout), max=kn["rollout_is_cap"]), 0.0)
     rows, nnz = int((counted.sum(1) > 0).sum()), counted.sum()
+    ref_lp, kl_coef = None, float(kn.get("kl_loss_coef") or 0.0)
+    if kl_coef:
+        if kn.get("kl_loss_type") not in ("low_var_kl", "k3"):
+            raise ValueError(f"the float32 step has the k3 (low_var_kl) KL only, not {kn.get('kl_loss_type')!r}")
+        with torch.no_grad():
+            ref_lp, _ = _log_probs(TinyLM(kn["ref_params"]), batch, T if ref_temperature else 1.0)
+    kl_mode = kn.get("kl_agg_mode") or mode
     model.zero_grad(set_to_none=True)
     step = int(kn["micro_batch_size"])
-    totals = {"pg_loss": 0.0, "entropy_loss": 0.0, "clipped": 0.0, "clipped_lower": 0.0, "neg_log_ratio": 0.0}
+    totals = {"pg_loss": 0.0, "entropy_loss": 0.0, "clipped": 0.0, "clipped_lower": 0.0, "neg_log_ratio": 0.0,
+              "kl_loss": 0.0}
     micro_means: list[tuple[float, float, float]] = []
     for a in range(0, m_batch.shape[0], step):
         micro = {k: v[a:a + step] for k, v in batch.items()}
@@ -324,7 +355,13 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
         n, r = (m.sum(), int((m.sum(1) > 0).sum())) if micro_normaliser else (nnz, rows)
         pg_part = _agg(pg, m, mode, n, r, multiply=not zero_masked_advantages)
         h_part = _agg(H, m, h_mode, n, r)
-        (pg_part - c_ent * h_part).backward()
+        loss = pg_part - c_ent * h_part
+        if ref_lp is not None:
+            d = ref_lp[a:a + step] - lp  # k3: e^d − d − 1, clamped as verl and SkyRL clamp it
+            kl_part = _agg((torch.exp(d.clamp(-20, 20)) - d - 1).clamp(-10, 10), m, kl_mode, n, r)
+            loss = loss + kl_coef * kl_part
+            totals["kl_loss"] += float(kl_part.detach())
+        loss.backward()
         with torch.no_grad():
             totals["pg_loss"] += float(pg_part)
             totals["entropy_loss"] += float(h_part)
@@ -340,6 +377,8 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
                "pg_clipfrac": totals["clipped"] / count, "pg_clipfrac_lower": totals["clipped_lower"] / count,
                "ppo_kl": totals["neg_log_ratio"] / count,
                "entropy": float(_agg(old_H, m_batch, mode, m_batch.sum(), m_batch.shape[0]))}
+    if ref_lp is not None:
+        metrics["kl_loss"] = totals["kl_loss"]
     if metric_micro_means:
         for i, name in enumerate(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")):
             metrics[name] = sum(v[i] for v in micro_means) / len(micro_means)
@@ -390,6 +429,8 @@ def _metrics(out: dict, ref: dict, fa: dict, inp: dict, label: str, layout: dict
     for name in logged:
         if name not in metrics and name in OPTIONAL_METRICS and not inp["entropy_coeff"]:
             continue  # no entropy bonus: a trainer need not compute (or log) the entropy term
+        if name == "kl_loss" and not variant_knobs(inp).get("kl_loss_coef"):
+            continue  # no KL loss: nothing to log
         if name not in metrics:
             ev.problems.append(problem_clause("lost metric", f"metric {name} missing from the step's metrics "
                                                              f"{sorted(metrics)} ({label})"))
@@ -422,7 +463,7 @@ def evaluate(binding, case) -> Evaluation:
     variant = inp.get("variant", inp["mode"])
     if variant not in step.modes:
         raise VariantNotProvided(case.op, variant, binding.name)
-    rc = correction(inp)
+    rc = variant_knobs(inp)
     declared = getattr(binding, "declared", ())
     conventions = followed(declared, case.op, case.regime)  # SkyRL's token-mean entropy bonus
     ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
@@ -430,9 +471,11 @@ def evaluate(binding, case) -> Evaluation:
                         inp["input_ids"], inp["response_mask"], inp["advantages"],
                         temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
                         entropy_coeff=float(inp["entropy_coeff"]), **CLIP, **conventions,
+                        **{k: inp[k].astype(np.float32) for k in ("ref_embed", "ref_head") if k in inp},
+                        kl_loss_coef=float(rc.get("kl_loss_coef", 0.0)), kl_loss_type=rc.get("kl_loss_type", "k3"),
                         rollout_log_probs=inp.get("rollout_log_probs"), rollout_is=rc.get("is_level"),
                         rollout_is_cap=rc.get("is_cap"), rejection=tuple(rc.get("rejection", ())))
-    fa = faithful(inp, conventions.get("entropy_agg_mode"))
+    fa = faithful(inp, conventions)
     mask = np.asarray(inp["response_mask"], bool)
     rejected = rejected_rows(inp)
     micro_sizes = inp["micro_batch_sizes"]
@@ -472,7 +515,7 @@ def evaluate(binding, case) -> Evaluation:
 def rejected_rows(inp: dict) -> np.ndarray:
     """The rows of ``inp`` its variant's rejection removes from the loss mask (exactly: the proximal log-probs of the
     float64 step against the rollout's); empty without a rejection."""
-    options = tuple(correction(inp).get("rejection", ()))
+    options = tuple(variant_knobs(inp).get("rejection", ()))
     if not options or inp.get("rollout_log_probs") is None:
         return np.zeros(0, np.int64)
     mask = np.asarray(inp["response_mask"], bool)
@@ -483,20 +526,30 @@ def rejected_rows(inp: dict) -> np.ndarray:
 
 
 def trigger(case, message, kind) -> str | None:
-    """A wrong gradient or old log-prob of a run whose rejection removed a row is "a row with no valid token" (the
-    rejected row leaves the loss mask empty: the words of the aggregation's edge trigger, so that a normaliser
-    counting it joins the aggregation's defect; a wrong metric of such a run keeps the micro-batch reading: a
-    rejected row empties a micro-batch, whose mean a mean of micro-batch means counts); a failure of a run cut into more than one micro-batch is "more than one micro-batch" (the
-    words of the generic partition trigger), so that its wrong value joins the partition dependence of the same
-    place; a mask_invariant failure, or a run of one micro-batch, is read by the generic trigger."""
+    """The feature of the shrunk input a ``matches_reference`` failure of the step needs, in the generic triggers'
+    words. The strategy draws the whole mini-batch and the temperature 1 first, so a split or a temperature ≠ 1
+    survives shrinking only when the failure needs it; a rejection variant always rejects a row.
+
+    * a run cut into more than one micro-batch: "more than one micro-batch" (the generic partition trigger), so
+      that its wrong value joins the partition dependence of the same place (a mean of micro-batch means);
+    * one micro-batch with a row the rejection removed: "a row with no valid token" (the rejected row leaves the
+      loss mask empty: the aggregation's edge trigger, so that a normaliser counting it joins the aggregation's
+      defect);
+    * one micro-batch at a temperature ≠ 1: "a sampling temperature ≠ 1";
+    * a mask_invariant or partition_invariant failure, or anything else: the generic trigger."""
     inp = case.inputs
     if case.property == MASK_INVARIANT:
         return None
-    if case.op == STEP_OP and case.property == MATCHES_REFERENCE and len(rejected_rows(inp)):
-        return "a row with no valid token"
     sizes = inp.get("micro_batch_sizes") or []
-    rows = len(inp.get("input_ids", ()))
-    return "more than one micro-batch" if sizes and int(sizes[0]) < rows else None
+    if sizes and int(sizes[0]) < len(inp.get("input_ids", ())):
+        return "more than one micro-batch"
+    if case.property != MATCHES_REFERENCE:
+        return None
+    if len(rejected_rows(inp)):
+        return "a row with no valid token"
+    if float(inp.get("temperature", 1.0)) != 1.0:
+        return "a sampling temperature ≠ 1"
+    return None
 
 
 FAMILY = OpFamily("policy_step", OPS, strategy, evaluate, order=95, trigger=trigger,
