@@ -85,7 +85,8 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
                 clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0, entropy_agg_mode: str | None = None,
                 rollout_log_probs=None, rollout_is: str | None = None, rollout_is_cap: float | None = 2.0,
                 rejection=(), ref_embed=None, ref_head=None, kl_loss_coef: float = 0.0,
-                kl_loss_type: str = "low_var_kl", kl_agg_mode: str | None = None) -> dict:
+                kl_loss_type: str = "low_var_kl", kl_agg_mode: str | None = None,
+                rejection_normaliser: str = "kept") -> dict:
     """The exact step (module doc). Returns a dict:
 
     ``log_probs``, ``old_log_probs``, ``entropy``, ``old_entropy``: float64 ``[B, R]`` (every position; the
@@ -106,6 +107,9 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     kl_loss_coef ≠ 0; kl_loss_type: a mode of :func:`rlconform.reference.kl_estimator`; kl_agg_mode: how the
     KL term is aggregated (None: by ``loss_agg_mode``; SkyRL declares ``seq-mean-token-mean``). With a KL loss
     the result also holds ``ref_log_probs`` (float64 ``[B, R]``) and the metric ``kl_loss``.
+    rejection_normaliser: ``"kept"`` (the normalisers count the kept tokens and rows: the module doc) or
+    ``"batch"`` (a declared convention, SkyRL's: the rejection multiplies every per-token term by the kept mask,
+    and the normalisers count the batch's tokens and rows before the rejection).
 
     Raises ValueError: shapes that do not match, τ ≤ 0, no unmasked (or no kept) token, a correction without
     rollout log-probs, a KL loss without a reference model, and what :func:`rlconform.reference.policy_loss` and
@@ -138,13 +142,22 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
                 raise ValueError("the rejection keeps no token: the step is undefined")
         if rollout_is:
             weights = importance_ratio(old, rollout, kept, level=rollout_is, cap=rollout_is_cap)
+    if rejection_normaliser not in ("kept", "batch"):
+        raise ValueError(f"rejection_normaliser must be 'kept' or 'batch', got {rejection_normaliser!r}")
+    # the mask the normalisers count; a rejected token's terms are 0 either way (its advantage 0 and its ratio 1 in
+    # the policy loss, its entropy and KL zeroed)
+    counted = m if rejection_normaliser == "batch" else kept
+    A_kept, lp_kept = np.where(kept, A, 0.0), np.where(kept, lp, old)
+    if weights is not None:
+        weights = np.where(kept, weights, 0.0)
     params = dict(variant="vanilla", loss_agg_mode=loss_agg_mode, clip_ratio_low=clip_ratio_low,
                   clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, rollout_is_weights=weights)
-    pg_loss, pg_metrics = policy_loss(old, lp, A, kept, **params)
+    pg_loss, pg_metrics = policy_loss(old, lp_kept, A_kept, counted, **params)
     entropy_mode = entropy_agg_mode or loss_agg_mode
-    entropy_loss = agg_loss(H, kept, entropy_mode)
+    H_kept = np.where(kept, H, 0.0)
+    entropy_loss = agg_loss(H_kept, counted, entropy_mode)
     loss = pg_loss - entropy_coeff * entropy_loss
-    d_lp = policy_loss_grad(old, lp, A, kept, **params)
+    d_lp = np.where(kept, policy_loss_grad(old, lp_kept, A_kept, counted, **params), 0.0)
     ref = kl_loss = None
     if kl_loss_coef:
         if ref_embed is None or ref_head is None:
@@ -155,11 +168,11 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
         ref = token_logprobs(_logits(R0, W0r, context, temperature), labels)
         kl_mode = kl_agg_mode or loss_agg_mode
         kld = kl_estimator(lp, ref, kl_loss_type, mask=kept)
-        kl_loss = agg_loss(kld, kept, kl_mode)
+        kl_loss = agg_loss(kld, counted, kl_mode)
         loss = loss + kl_loss_coef * kl_loss
-        d_lp = d_lp + kl_estimator_grad(lp, ref, kl_loss_type, kl_loss_coef * agg_loss_grad(kld, kept, kl_mode),
+        d_lp = d_lp + kl_estimator_grad(lp, ref, kl_loss_type, kl_loss_coef * agg_loss_grad(kld, counted, kl_mode),
                                         mask=kept)
-    d_H = -entropy_coeff * agg_loss_grad(H, kept, entropy_mode)
+    d_H = -entropy_coeff * np.where(kept, agg_loss_grad(H_kept, counted, entropy_mode), 0.0)
     d_z = token_logprobs_grad(z, labels, d_lp) + entropy_grad(z, d_H)  # [B, R, V]
     d_z = d_z / temperature
     hidden = E[context]  # [B, R, H]

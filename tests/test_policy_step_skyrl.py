@@ -11,8 +11,9 @@ long one. The old log-probs and the policy-loss gradient agree with the exact st
 Also pinned: with off-policy correction's row mask (``sequence_mask_metric="geometric"``) the rejection happens
 inside the policy loss of each micro-batch (``apply_off_policy_correction`` rewrites ``loss_mask`` there), after
 ``_normalize_advantages`` has divided the advantages by the token count of the unmasked mini-batch: under
-``token_mean`` the gradient is the exact one times kept tokens / tokens (the normaliser is counted before the
-rejection). Token TIS with no rejection agrees with the exact step. And its KL loss compares the policy at the
+``token_mean`` the gradient is the kept-token one times kept tokens / tokens. SkyRL documents this (a masked token
+contributes zero gradient, the others are unaffected): the binding declares it (``off_policy_mask_keeps_normaliser``)
+and the reference follows it. Token TIS with no rejection agrees with the exact step. And its KL loss compares the policy at the
 sampling temperature with a reference model at temperature 1 (``RefWorkerBase._forward_micro_batch``).
 """
 
@@ -48,7 +49,7 @@ def test_skyrls_entropy_bonus_gradient_depends_on_the_micro_batch_split(tmp_path
     assert "entropy_coeff 0.01" in clauses[0]["label"], clauses[0]["label"]
 
 
-def test_skyrls_token_mean_normaliser_counts_the_rejected_rows_tokens():
+def test_skyrls_token_mean_normaliser_counts_the_masked_rows_tokens_as_declared():
     if importlib.util.find_spec("skyrl") is None:
         pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
     import numpy as np
@@ -73,6 +74,13 @@ def test_skyrls_token_mean_normaliser_counts_the_rejected_rows_tokens():
         assert (0 < kept < 1) if rc.get("rejection") else kept == 1
         grad = S.run_step(step, inp, 4)["grads"]["head.weight"].double().numpy()
         np.testing.assert_allclose(grad, ref["grad_head"] * kept, rtol=1e-4, atol=1e-6)
+        declared = R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
+                                 inp["input_ids"], inp["response_mask"], inp["advantages"],
+                                 temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
+                                 **S.CLIP, rollout_log_probs=inp["rollout_log_probs"], rollout_is=rc.get("is_level"),
+                                 rollout_is_cap=rc.get("is_cap"), rejection=rc.get("rejection", ()),
+                                 rejection_normaliser="batch")
+        np.testing.assert_allclose(grad, declared["grad_head"], rtol=1e-4, atol=1e-6)
 
 
 def test_skyrls_kl_loss_compares_a_tempered_policy_with_an_untempered_reference():

@@ -917,8 +917,9 @@ DECLARED = (
     Declared(
         "entropy_bonus_token_mean", "convention", ("policy_step", "policy_step_metrics"),
         "the entropy bonus is masked_mean(entropy, loss_mask), a token mean, whatever loss_reduction the policy loss "
-        "uses (the reference follows: entropy_agg_mode='token-mean'); it is added per micro-batch, weighted by the "
-        "micro-batch's share of rows",
+        "uses (the reference follows: entropy_agg_mode='token-mean'); SkyRL adds it per micro-batch, weighted by the "
+        "micro-batch's share of rows, which the reference does not follow (the split then moves the bonus: a row "
+        "of its own)",
         "'The KL and entropy loss terms are not pre-scaled, so we just average them across microbatches and DP "
         "workers' (worker.py)", "skyrl/backends/skyrl_train/workers/worker.py:1217",
         reference=(("entropy_agg_mode", "token-mean"),)),
@@ -930,6 +931,15 @@ DECLARED = (
         "'The KL and entropy loss terms are not pre-scaled, so we just average them across microbatches and DP "
         "workers' (worker.py)", "skyrl/backends/skyrl_train/workers/worker.py:1232",
         reference=(("kl_agg_mode", "seq-mean-token-mean"),)),
+    Declared(
+        "off_policy_mask_keeps_normaliser", "convention", ("policy_step", "policy_step_metrics"),
+        "the off-policy correction's masks (sequence_mask_metric, outlier and token masks) multiply the per-token "
+        "policy loss inside the loss, after the trainer has pre-scaled the advantages by the mini-batch's token "
+        "count: the normaliser counts the masked tokens and rows (the reference follows: "
+        "rejection_normaliser='batch', every per-token term zero at a masked token)",
+        "SkyRL's off-policy correction docs: L = −E[M · min(…)], masked tokens 'contribute zero gradient while all "
+        "other tokens in the sequence remain unaffected'", "skyrl/train/trainer.py:1527",
+        reference=(("rejection_normaliser", "batch"),)),
     Declared(
         "masked_var_le_one_token", "guard", ("masked_var",),
         "the unbiased masked_var raises ValueError on 0 or 1 valid tokens ('At least one element in the mask "
@@ -1031,7 +1041,10 @@ OUTPUT_SITES = {
     "metric_pipeline": ((r"^lost: ", _REDUCE, ""), (_FOLDED, _ALL_REDUCE, "DP rank"), (_FOLDED, _REDUCE, "micro-batch")),
     "dp_metric_all_reduce": ((_FOLDED, _ALL_REDUCE, ""),),
     # the step's clip ratio is one mean per micro-batch, folded by reduce_metrics (a mean of micro-batch means)
-    "policy_step_metrics": ((r"^metric pg_clipfrac\b", _REDUCE, "micro-batch"),
+    # the clip ratio is taken over the mask from before the off-policy correction's (ppo_policy_loss computes it
+    # first, then applies the correction): a masked row's clipped tokens still count
+    "policy_step_metrics": ((r"^metric pg_clipfrac\b", f"{PPO_UTILS}:ppo_policy_loss", "off-policy correction masks"),
+                            (r"^metric pg_clipfrac\b", _REDUCE, "micro-batch"),
                             (r"^metric kl_loss\b", f"{WORKER}:RefWorkerBase._forward_micro_batch",
                              "sampling temperature")),
     # a wrong gradient at a temperature ≠ 1 of the KL variant: the reference log-probs of the KL loss are computed
@@ -1050,12 +1063,14 @@ FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression)
     # cfg.algorithm.temperature: the KL loss compares two differently tempered policies
     f"{WORKER}.RefWorkerBase._forward_micro_batch": {
         "wrong value": (r"temperature=self\.cfg\.algorithm\.temperature if sample_support_replay else 1\.0",)},
-    # the trainer pre-scales the advantages by the token count of the mini-batch's loss mask
-    # (_normalize_advantages -> apply_loss_reduction_to_advantages_minibatch); the policy loss called here then
-    # applies the off-policy correction's row mask (apply_off_policy_correction rewrites loss_mask): the rejected
-    # rows' tokens stay in the normaliser, and the loss shrinks by kept / counted tokens
+    # the off-policy correction's mask is applied inside the policy loss (apply_off_policy_correction rewrites its
+    # own loss_mask), while the entropy bonus and the KL term here read the mask from before it: a masked row still
+    # gets their gradient (the documented design: a masked token contributes zero gradient)
     "skyrl.backends.skyrl_train.workers.worker.PolicyWorkerBase._forward_backward_micro": {
-        ("wrong value", "^a row with no valid token"): (r"policy_loss, loss_metrics = current_loss_fn\(",)},
+        ("wrong value", "off-policy correction masks"): (r"entropy = masked_mean\(entropy_BS, loss_mask\)",)},
+    f"{_PPO}.ppo_policy_loss": {
+        ("wrong value", "off-policy correction masks"): (
+            r"clip_ratio = masked_mean\(\(-surr2 > -surr1\)\.float\(\), loss_mask\)",)},
     # the KL term is added to a loss the trainer sums after pre-scaling the *advantages* by the loss reduction
     # (apply_loss_reduction_to_advantages_minibatch): ppo_kl_coef·|Δ| is not scaled, so it weighs nnz times more
     f"{_PPO}.compute_policy_loss_kl_cov": {
@@ -1103,8 +1118,17 @@ FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression)
 }
 
 
+#: the step's triggers in SkyRL's configuration words (Binding.variant_triggers)
+STEP_TRIGGERS = {
+    "a row removed by rollout rejection": "a row the off-policy correction masks (sequence_mask_metric, outlier or "
+                                          "token masks; all off by default)",
+    "a sampling temperature ≠ 1": "use_kl_loss=True (the default) with a sampling temperature ≠ 1 and "
+                                  "enable_sample_support_replay off",
+}
+
 binding = Binding(
     name="skyrl",
+    variant_triggers={op: STEP_TRIGGERS for op in ("policy_step", "policy_step_metrics")},
     fault_anchors=FAULT_ANCHORS,
     output_sites=OUTPUT_SITES,
     version=_version(),

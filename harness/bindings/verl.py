@@ -1418,8 +1418,11 @@ OUTPUT_SITES = {"policy_step_metrics": (
 #: and the losses are then aggregated with global_batch_size = ppo_mini_batch_size, every sequence
 _REJECTED_ROW = ("a row with no valid token, as sequence-level rollout rejection (rollout_rs) leaves every rejected "
                  "sequence: the trainer still counts it in global_batch_size = ppo_mini_batch_size")
-VARIANT_TRIGGERS = {op: {"a row with no valid token": _REJECTED_ROW}
-                    for op in ("agg_loss", "policy_loss", "value_loss", "policy_step", "policy_step_metrics")}
+VARIANT_TRIGGERS = {op: {"a row with no valid token": _REJECTED_ROW} for op in ("agg_loss", "policy_loss", "value_loss")}
+# the step's own words for the same input (a row its rollout rejection removed), so that the step's normaliser
+# counting that row joins agg_loss's defect
+VARIANT_TRIGGERS.update({op: {"a row removed by rollout rejection": _REJECTED_ROW}
+                         for op in ("policy_step", "policy_step_metrics")})
 #: the configuration a variant sets, where it is the trigger of a failure seen on any input (Binding.variant_triggers)
 VARIANT_TRIGGERS["outcome_advantage"] = {
     # compute_grpo_vectorized_outcome_advantage(…, norm_adv_by_std_in_grpo: bool = True, config=None) reads only

@@ -56,6 +56,8 @@ from rlconform.harness.families import OpFamily
 #: verl's rejection option of the step's rejection variants: a row is kept when 0.8 ≤ exp(mean log(π_old/π_rollout))
 #: ≤ 1.25 over its tokens (``rollout_rs="seq_mean_k1"``, ``rollout_rs_threshold="0.8_1.25"``)
 REJECTION = (("seq_mean", "k1", 0.8, 1.25),)
+#: the trigger of a failure that needs a row the rejection removes (:func:`trigger`)
+REJECTED_ROW = "a row removed by rollout rejection"
 #: the TIS cap of the TIS variant (verl ``rollout_is_threshold`` default)
 IS_CAP = 2.0
 #: the KL loss of the KL variant: verl's default estimator, a coefficient large enough to move the gradient
@@ -314,7 +316,7 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     m_all = counted = m_batch
     if kn.get("rollout_rejection"):
         m_all = _rejected(old_lp, batch, m_batch, kn["rollout_rejection"])
-        counted = m_batch if count_before_rejection else m_all
+        counted = m_batch if count_before_rejection or kn.get("rejection_normaliser") == "batch" else m_all
     weights = None
     if kn.get("rollout_is"):
         if kn["rollout_is"] != "token":
@@ -532,9 +534,9 @@ def trigger(case, message, kind) -> str | None:
 
     * a run cut into more than one micro-batch: "more than one micro-batch" (the generic partition trigger), so
       that its wrong value joins the partition dependence of the same place (a mean of micro-batch means);
-    * one micro-batch with a row the rejection removed: "a row with no valid token" (the rejected row leaves the
-      loss mask empty: the aggregation's edge trigger, so that a normaliser counting it joins the aggregation's
-      defect);
+    * one micro-batch with a row the rejection removed: "a row removed by rollout rejection" (a binding may word it
+      as its aggregation's edge trigger, verl's "a row with no valid token, as sequence-level rollout rejection
+      …", so that a normaliser counting the row joins the aggregation's defect);
     * one micro-batch at a temperature ≠ 1: "a sampling temperature ≠ 1";
     * a mask_invariant or partition_invariant failure, or anything else: the generic trigger."""
     inp = case.inputs
@@ -546,7 +548,7 @@ def trigger(case, message, kind) -> str | None:
     if case.property != MATCHES_REFERENCE:
         return None
     if len(rejected_rows(inp)):
-        return "a row with no valid token"
+        return REJECTED_ROW
     if float(inp.get("temperature", 1.0)) != 1.0:
         return "a sampling temperature ≠ 1"
     return None
