@@ -219,3 +219,23 @@ def test_the_trigger_names_the_feature_a_failure_kept():
     assert S.trigger(_Case(tempered, MATCHES_REFERENCE), "", "wrong value") == "a sampling temperature ≠ 1"
     assert S.trigger(_Case(tempered, PARTITION_INVARIANT), "", "wrong value") is None
     assert S.trigger(_Case(first("token-mean", split=False, tempered=False), MATCHES_REFERENCE), "", "x") is None
+
+
+def test_partition_invariance_includes_dynamic_micro_batches_for_a_binding_that_drives_them():
+    from rlconform.harness.catalog.binding import PolicyStep
+
+    inp = find(S.inputs("token-mean"), lambda i: len(i["input_ids"]) == 4)
+    assert inp["token_budgets"] and min(inp["token_budgets"]) >= inp["attention_mask"].sum(1).max()
+    ev = S.evaluate(reference_binding, _Case(inp, PARTITION_INVARIANT))
+    labels = [label for label, _ in ev.alternatives]
+    assert sum("dynamic micro-batches of ≤" in label for label in labels) == len(inp["token_budgets"]), labels
+
+    class RowsOnly:  # a binding without token budgets is never handed one
+        name = "rows-only"
+
+        @staticmethod
+        def resolve(op):
+            return PolicyStep(run=S.fp32_step, modes=S.MODES)
+
+    labels = [label for label, _ in S.evaluate(RowsOnly, _Case(inp, PARTITION_INVARIANT)).alternatives]
+    assert not any("dynamic" in label for label in labels), labels

@@ -144,3 +144,26 @@ def test_verls_kl_loss_tempers_the_reference_path_too():
                         **S.KL)
     grad = S.run_step(step, inp, rows)["grads"]["head.weight"].double().numpy()
     np.testing.assert_allclose(grad, ref["grad_head"], rtol=1e-4, atol=1e-6)
+
+
+def test_verls_dynamic_batch_size_gives_the_exact_gradient():
+    """``use_dynamic_bsz`` (micro-batches by token budget, rows rearranged by ``rearrange_micro_batches``) gives the
+    same parameter gradient as the exact step: the normaliser is the mini-batch's whatever the packing."""
+    import numpy as np
+    from hypothesis import find
+
+    import rlconform.reference as R
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    _verl_dir()
+    step = load_engine("verl").resolve("policy_step")
+    inp = dict(find(S.inputs("token-mean"), lambda i: len(i["input_ids"]) == 4), temperature=0.7)
+    ref = R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
+                        inp["input_ids"], inp["response_mask"], inp["advantages"], temperature=0.7, **S.CLIP)
+    for budget in inp["token_budgets"]:
+        out = S.run_step(step, inp, 4, token_budget=budget)
+        np.testing.assert_allclose(out["grads"]["head.weight"].double().numpy(), ref["grad_head"], rtol=1e-4,
+                                   atol=1e-6)
+        np.testing.assert_allclose(out["old_log_probs"].double().numpy()[inp["response_mask"].astype(bool)],
+                                   ref["old_log_probs"][inp["response_mask"].astype(bool)], rtol=1e-4, atol=1e-6)

@@ -64,7 +64,7 @@ METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio
 TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); optim_step records the gradient "
                "(before clipping); dispatch in-process; DP 1; float32; no micro-batch packing (flash-attn); dual_clip "
                "loss. Not drawn: KL estimators other than k3, off-policy correction other than token TIS and the geometric row mask, "
-               "token-based micro-batches, several mini-batches; "
+               "several mini-batches; "
                "policy_entropy left to metric_pipeline; Megatron's step not driven")
 
 
@@ -121,11 +121,11 @@ def policy_step():
             fields["off_policy_correction"] = config.OffPolicyCorrectionConfig(**correction)
         return config.AlgorithmConfig(**accepted_keywords(config.AlgorithmConfig, fields))
 
-    def worker(params, alg, micro):
+    def worker(params, alg, micro, max_tokens=None):
         w = object.__new__(policy_worker)
         w.model = wrapper_cls(TinyLM(params), entropy_fn)
         w.cfg = types.SimpleNamespace(algorithm=alg, micro_train_batch_size_per_gpu=micro,
-                                      micro_forward_batch_size_per_gpu=micro, max_tokens_per_microbatch=0)
+                                      micro_forward_batch_size_per_gpu=micro, max_tokens_per_microbatch=max_tokens or 0)
         w.policy_loss_fn = worker_mod.PolicyLossRegistry.get(alg.policy_loss_type)
         w.mesh_rank = types.SimpleNamespace(dp_size=1)
         w.optimizer = None
@@ -150,19 +150,19 @@ def policy_step():
         })
         data.metadata = {"response_length": width, "policy_mini_batch_boundaries": [(0, rows)]}
         with skyrl_cuda_device_on_cpu():
-            old_worker = worker(old_params, alg, kn["micro_batch_size"])
+            old_worker = worker(old_params, alg, kn["micro_batch_size"], kn.get("max_token_len"))
             out = policy_worker.forward(old_worker, data.select(["sequences", "attention_mask"], ["response_length"]))
             old = to_tensor(out.loss_fn_outputs, key="logprobs")[:rows]
             data["action_log_probs"] = old.to(torch.float32)
             if kn.get("kl_loss_coef"):  # the reference model's log-probs, from SkyRL's ref worker
                 ref_worker = object.__new__(ref_worker_cls)
                 ref_worker.model = wrapper_cls(TinyLM(kn["ref_params"]), entropy_fn)
-                ref_worker.cfg = types.SimpleNamespace(algorithm=alg, max_tokens_per_microbatch=0,
+                ref_worker.cfg = types.SimpleNamespace(algorithm=alg, max_tokens_per_microbatch=kn.get("max_token_len") or 0,
                                                        micro_forward_batch_size_per_gpu=kn["micro_batch_size"])
                 out = ref_worker_cls.forward(ref_worker, data.select(["sequences", "attention_mask"],
                                                                      ["response_length"]))
                 data["base_action_log_probs"] = to_tensor(out.loss_fn_outputs, key="logprobs")[:rows].to(torch.float32)
-            actor = worker(params, alg, kn["micro_batch_size"])
+            actor = worker(params, alg, kn["micro_batch_size"], kn.get("max_token_len"))
             captured = []
 
             def optim_step(model):
@@ -187,7 +187,7 @@ def policy_step():
         return {"old_log_probs": old, "grads": captured[0],
                 "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
 
-    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS))
+    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS), token_budgets=True)
 
 
 def _wrapper_class(forward):

@@ -23,11 +23,11 @@ runs; the modules do not import on this CPU machine: ``peft``, ``uvicorn``, ray)
 4. ``reduce_metrics`` of the actor's metrics, as ``fit`` logs them.
 
 Stand-ins (:data:`TRANSCRIBED`, shown on every finding): the device (``get_device_id`` / ``get_device_name`` →
-"cpu"), FSDP (a plain module; gradient-sync deferral off), the engine's optimizer (``optimizer_zero_grad`` clears
+"cpu", also in ``seqlen_balancing`` while a step runs), FSDP (a plain module; gradient-sync deferral off), the engine's optimizer (``optimizer_zero_grad`` clears
 the gradients; ``optimizer_step`` records them and returns their norm: the gradient compared is the one before
 clipping and the update), the LR scheduler, the FLOPs counter (MFU 0), a DP group of one rank (DP size 1), no
 autocast (float32 parameters: CUDA autocast does nothing on CPU). Knobs left at verl's defaults and not drawn:
-``use_remove_padding`` True, ``use_dynamic_bsz`` False, the vanilla policy loss, KL losses other than
+``use_remove_padding`` True, the vanilla policy loss, KL losses other than
 ``low_var_kl``, rollout correction
 other than token TIS and ``seq_mean_k1`` rejection (bypass mode, sequence TIS, batch-normalised weights, the
 other rejection options), one PPO epoch, one mini-batch. The Megatron engine's step (``MegatronEngineWithLMHead``) is not
@@ -45,7 +45,7 @@ FSDP_IMPL = "verl.workers.engine.fsdp.transformer_impl"
 BASE_ENGINE = "verl.workers.engine.base"
 
 TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gradient (before clipping); no LR "
-               "scheduler; MFU 0; DP 1; float32. Not drawn: dynamic batch size, KL losses other than low_var_kl, rollout "
+               "scheduler; MFU 0; DP 1; float32. Not drawn: KL losses other than low_var_kl, rollout "
                "correction other "
                "than token TIS and seq_mean_k1 rejection, other losses, several mini-batches; Megatron's step not "
                "driven")
@@ -73,6 +73,18 @@ def _on_cpu(fn):
     out = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     out.__qualname__, out.__module__ = fn.__qualname__, fn.__module__
     return out
+
+
+@contextlib.contextmanager
+def _balancing_on_cpu():
+    """verl's sequence balancing (dynamic batch size: ``seqlen_balancing.rearrange_micro_batches``) with its device
+    lookup answering "cpu" while the step runs (the device plumbing, restored after)."""
+    from unittest import mock
+
+    import verl.utils.seqlen_balancing as balancing
+
+    with mock.patch.object(balancing, "get_device_name", lambda: "cpu"):
+        yield
 
 
 def _world():
@@ -112,11 +124,14 @@ def _engine_class():
     return type("FSDPEngineWithLMHeadOnCPU", (), methods)
 
 
-def _engine_config(micro_batch_size: int):
+def _engine_config(micro_batch_size: int, max_token_len: int | None = None):
+    """The engine config: micro-batches of ``micro_batch_size`` rows, or by token count (``use_dynamic_bsz``) with
+    ``max_token_len`` tokens per micro-batch on both the update and the log-prob paths."""
+    budget = max_token_len or 16384
     return types.SimpleNamespace(
         entropy_checkpointing=False, entropy_from_logits_with_chunking=False, entropy_from_logits_chunk_size=2048,
-        use_no_sync_for_gradient_accumulation=False, use_dynamic_bsz=False, max_token_len_per_gpu=16384,
-        infer_max_token_len_per_gpu=16384, micro_batch_size_per_gpu=micro_batch_size,
+        use_no_sync_for_gradient_accumulation=False, use_dynamic_bsz=max_token_len is not None,
+        max_token_len_per_gpu=budget, infer_max_token_len_per_gpu=budget, micro_batch_size_per_gpu=micro_batch_size,
         infer_micro_batch_size_per_gpu=micro_batch_size, use_fused_kernels=False, forward_only=False)
 
 
@@ -132,7 +147,8 @@ def _actor_config(kn: dict, rows: int, actor_fields: dict, loss_fields: dict):
     fields.update(entropy_coeff=kn["entropy_coeff"], loss_agg_mode=kn["loss_agg_mode"],
                   clip_ratio_low=kn["clip_ratio_low"], clip_ratio_high=kn["clip_ratio_high"],
                   clip_ratio_c=kn["clip_ratio_c"], ppo_mini_batch_size=rows,
-                  ppo_micro_batch_size_per_gpu=kn["micro_batch_size"], use_dynamic_bsz=False,
+                  ppo_micro_batch_size_per_gpu=kn["micro_batch_size"], use_dynamic_bsz=kn.get("max_token_len") is not None,
+                  ppo_max_token_len_per_gpu=kn.get("max_token_len") or 16384,
                   use_kl_loss=bool(kn.get("kl_loss_coef")), kl_loss_coef=float(kn.get("kl_loss_coef") or 0.0),
                   kl_loss_type=kn.get("kl_loss_type") or "low_var_kl")
     loss = PolicyLossConfig(**accepted_keywords(PolicyLossConfig, {k: v for k, v in loss_fields.items()
@@ -189,7 +205,7 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
     def training_worker(params, kn, loss_fn):
         engine = engine_class()
         engine.module, engine.captured = TinyLM(params), []
-        engine.engine_config = _engine_config(kn["micro_batch_size"])
+        engine.engine_config = _engine_config(kn["micro_batch_size"], kn.get("max_token_len"))
         engine.ulysses_sequence_parallel_size, engine.use_ulysses_sp = 1, False
         engine.pad_to_length, engine.pad_to_length_bucket = False, 1
         engine.scaler, engine._autocast_dtype = None, torch.float32
@@ -228,7 +244,7 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         data = DataProto.from_dict(tensors={k: v.clone() for k, v in batch.items()},
                                    meta_info={"temperature": kn["temperature"],  # fit, after generation
                                               "global_token_num": batch["attention_mask"].sum(-1).tolist()})
-        with one_rank_group(True):
+        with one_rank_group(True), _balancing_on_cpu():
             # fit: old log-probs, actor/entropy of the old path, the union into the batch
             old_log_prob, _ = compute_old_log_prob(trainer, data)
             entropy = agg_loss(loss_mat=old_log_prob.batch["entropys"], loss_mask=data.batch["response_mask"],
@@ -250,4 +266,4 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         return {"old_log_probs": old_log_probs, "grads": actor.engine.captured[0],
                 "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
 
-    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED)
+    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, token_budgets=True)

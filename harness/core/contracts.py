@@ -72,7 +72,9 @@ class PolicyStep:
       ``"token"``: truncated importance weights min(π_old/π_rollout, ``rollout_is_cap``)) and
       ``rollout_rejection`` (``(level, estimator, lower, upper)`` options of
       :func:`rlconform.reference.rollout_rejection_mask`, ANDed; empty: none); the whole batch is one
-      mini-batch (one optimizer step).
+      mini-batch (one optimizer step); ``max_token_len``: None, or micro-batches by token count (dynamic batch
+      size: at most that many prompt + response tokens each) instead of ``micro_batch_size`` rows, for a binding
+      whose ``token_budgets`` is True (the others are never handed one).
 
     It returns ``{"old_log_probs": [B, R] tensor, "grads": {parameter name: tensor} (the gradient the optimizer
     step would read, accumulated over the micro-batches), "metrics": {name: float}}`` with the metrics under
@@ -90,6 +92,7 @@ class PolicyStep:
     transcribed: str | None = None
     metrics: Sequence[str] = STEP_METRICS
     unchecked: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    token_budgets: bool = False
 
     @property
     def variants(self) -> tuple[str, ...]:

@@ -16,7 +16,8 @@ advantages per token, a temperature ≠ 1 (drawn), proximal (old) parameters tha
 rejection bounds, tokens on both sides of the TIS cap, never within 10 % of a bound or the cap). Variants
 (:data:`VARIANTS`): ``loss_agg_mode``, alone or with a rollout correction (token-level TIS; rejection of rows by
 their mean ratio), or with a KL loss against a frozen reference model. Partitions: the mini-batch cut into
-micro-batches of every size that divides it. Checked on CPU in float32 only (the parameters and the logits are float32; CUDA autocast does nothing on CPU).
+micro-batches of every size that divides it, and (for a binding that drives it) into micro-batches by a token budget
+(dynamic batch size). Checked on CPU in float32 only (the parameters and the logits are float32; CUDA autocast does nothing on CPU).
 
 Two ops of one step: ``policy_step`` compares the old log-probs and the parameter gradient, ``policy_step_metrics``
 the logged metrics (a binding maps both to the same :class:`~rlconform.harness.core.contracts.PolicyStep`), so that
@@ -181,6 +182,7 @@ def inputs(draw, variant: str):
     divisors = [d for d in range(1, rows + 1) if rows % d == 0]
     micro = draw(st.sampled_from(divisors[::-1]))  # the whole mini-batch first: a split shrinks away unless needed
     mode, correction = VARIANTS[variant]
+    lengths = attention.sum(1)
     inp = {
         "input_ids": input_ids, "attention_mask": attention, "response_mask": response_mask,
         "advantages": (adv * response_mask).astype(np.float32),
@@ -189,6 +191,8 @@ def inputs(draw, variant: str):
         "old_head": head + noise * rng.normal(size=head.shape),
         "temperature": draw(st.sampled_from(TEMPERATURES)), "entropy_coeff": draw(st.sampled_from((0.0, 0.01))),
         "mode": mode, "variant": variant, "micro_batch_sizes": [micro] + [d for d in divisors if d != micro],
+        # dynamic batch size: micro-batches of at most this many tokens (prompt + response; ≥ the longest row)
+        "token_budgets": sorted({int(lengths.max()), max(int(lengths.max()), int(lengths.sum()) // 2)}),
         "garbage": draw(st.sampled_from(GARBAGE)), "seed": seed,
     }
     if "is_level" in correction or "rejection" in correction:
@@ -228,11 +232,12 @@ def trainer_batch(inp: dict, advantages: np.ndarray | None = None, input_ids: np
     return batch
 
 
-def knobs(inp: dict, micro_batch_size: int) -> dict:
+def knobs(inp: dict, micro_batch_size: int, token_budget: int | None = None) -> dict:
     """The step's knobs (:class:`~rlconform.harness.core.contracts.PolicyStep`) for ``inp``'s variant."""
     rc = variant_knobs(inp)
     out = {"temperature": float(inp["temperature"]), "loss_agg_mode": inp["mode"],
            "entropy_coeff": float(inp["entropy_coeff"]), "micro_batch_size": int(micro_batch_size), **CLIP,
+           "max_token_len": None if token_budget is None else int(token_budget),
            "rollout_is": rc.get("is_level"), "rollout_is_cap": rc.get("is_cap"),
            "rollout_rejection": tuple(rc.get("rejection", ())), "kl_loss_coef": float(rc.get("kl_loss_coef", 0.0))}
     if out["kl_loss_coef"]:
@@ -248,10 +253,11 @@ def params(inp: dict, old: bool | str = False) -> dict:
             "head.weight": torch.tensor(np.asarray(inp[prefix + "head"], np.float32))}
 
 
-def run_step(step, inp: dict, micro_batch_size: int, **batch_changes) -> dict:
-    """One call of the engine's step with fresh parameters (its gradient starts from nothing)."""
+def run_step(step, inp: dict, micro_batch_size: int, token_budget: int | None = None, **batch_changes) -> dict:
+    """One call of the engine's step with fresh parameters (its gradient starts from nothing); ``token_budget``:
+    micro-batches by token count (dynamic batch size) instead of ``micro_batch_size`` rows."""
     return call_engine("policy_step.run", step.run, trainer_batch(inp, **batch_changes), params(inp),
-                       params(inp, old=True), knobs(inp, micro_batch_size))
+                       params(inp, old=True), knobs(inp, micro_batch_size, token_budget))
 
 
 def faithful(inp: dict, conventions: dict | None = None) -> dict:
@@ -333,23 +339,33 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     kl_mode = kn.get("kl_agg_mode") or mode
     model.zero_grad(set_to_none=True)
     step = int(kn["micro_batch_size"])
+    if kn.get("max_token_len"):  # dynamic batch size: rows packed in order into micro-batches of ≤ the budget
+        bounds, start, used = [], 0, 0
+        for i, n in enumerate(batch["attention_mask"].sum(1).tolist()):
+            if used + n > kn["max_token_len"] and i > start:
+                bounds.append((start, i))
+                start, used = i, 0
+            used += n
+        bounds.append((start, m_batch.shape[0]))
+    else:
+        bounds = [(a, min(a + step, m_batch.shape[0])) for a in range(0, m_batch.shape[0], step)]
     totals = {"pg_loss": 0.0, "entropy_loss": 0.0, "clipped": 0.0, "clipped_lower": 0.0, "neg_log_ratio": 0.0,
               "kl_loss": 0.0}
     micro_means: list[tuple[float, float, float]] = []
-    for a in range(0, m_batch.shape[0], step):
-        micro = {k: v[a:a + step] for k, v in batch.items()}
-        m = m_all[a:a + step]
+    for a, b in bounds:
+        micro = {k: v[a:b] for k, v in batch.items()}
+        m = m_all[a:b]
         adv = micro["advantages"]
         if zero_masked_advantages:
             adv = torch.where(m, adv, 0.0)
         lp, H = _log_probs(model, micro, T, temperature_times)
-        log_ratio = lp - old_lp[a:a + step]
+        log_ratio = lp - old_lp[a:b]
         ratio = torch.exp(log_ratio)
         l1, l2 = -adv * ratio, -adv * torch.clamp(ratio, 1 - lo, 1 + hi)
         c1 = torch.maximum(l1, l2)
         pg = torch.where(adv < 0, torch.minimum(-adv * cc, c1), c1)
         if weights is not None:
-            w = weights[a:a + step]
+            w = weights[a:b]
             if weight_from_current:
                 rollout = torch.where(m, micro["rollout_log_probs"], 0.0)
                 w = torch.where(m, torch.clamp(torch.exp(lp - rollout), max=kn["rollout_is_cap"]), 0.0)
@@ -359,7 +375,7 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
         h_part = _agg(H, m, h_mode, n, r)
         loss = pg_part - c_ent * h_part
         if ref_lp is not None:
-            d = ref_lp[a:a + step] - lp  # k3: e^d − d − 1, clamped as verl and SkyRL clamp it
+            d = ref_lp[a:b] - lp  # k3: e^d − d − 1, clamped as verl and SkyRL clamp it
             kl_part = _agg((torch.exp(d.clamp(-20, 20)) - d - 1).clamp(-10, 10), m, kl_mode, n, r)
             loss = loss + kl_coef * kl_part
             totals["kl_loss"] += float(kl_part.detach())
@@ -496,6 +512,13 @@ def evaluate(binding, case) -> Evaluation:
             out = run_step(step, inp, micro)
             label = _label(inp, micro, rejected)
             v, g = _outputs(out, ref, fa, inp, label, _layout(inp, micro), ev, logged, case.op)
+            ev.alternatives.append((label, v + g))
+        for budget in (inp.get("token_budgets") or ()) if step.token_budgets else ():
+            out = run_step(step, inp, len(inp["input_ids"]), token_budget=budget)
+            label = _label(inp, len(inp["input_ids"]), rejected).replace(
+                f"{len(inp['input_ids'])}-row micro-batches", f"dynamic micro-batches of ≤ {budget} tokens")
+            layout = {"parts": "micro-batches", "max_token_len": int(budget)}
+            v, g = _outputs(out, ref, fa, inp, label, layout, ev, logged, case.op)
             ev.alternatives.append((label, v + g))
     elif case.property == MASK_INVARIANT:
         garbage = float(inp["garbage"])
