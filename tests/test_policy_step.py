@@ -239,3 +239,23 @@ def test_partition_invariance_includes_dynamic_micro_batches_for_a_binding_that_
 
     labels = [label for label, _ in S.evaluate(RowsOnly, _Case(inp, PARTITION_INVARIANT)).alternatives]
     assert not any("dynamic" in label for label in labels), labels
+
+
+def test_a_kl_step_that_does_not_log_its_kl_loss_is_a_problem():
+    from rlconform.harness.catalog.binding import PolicyStep
+
+    def silent(batch, params, old_params, knobs):
+        out = S.fp32_step(batch, params, old_params, knobs)
+        del out["metrics"]["kl_loss"]
+        return out
+
+    class Silent:
+        name = "silent"
+
+        @staticmethod
+        def resolve(op):
+            return PolicyStep(run=silent, modes=S.MODES)
+
+    inp = find(S.inputs("token-mean-with-kl"), lambda i: True)
+    metrics = S.evaluate(Silent, _Case(inp, MATCHES_REFERENCE, S.METRICS_OP))
+    assert [p.what for p in metrics.problems] == ["lost metric"], metrics.problems

@@ -16,8 +16,9 @@ advantages per token, a temperature ≠ 1 (drawn), proximal (old) parameters tha
 rejection bounds, tokens on both sides of the TIS cap, never within 10 % of a bound or the cap). Variants
 (:data:`VARIANTS`): ``loss_agg_mode``, alone or with a rollout correction (token-level TIS; rejection of rows by
 their mean ratio), or with a KL loss against a frozen reference model. Partitions: the mini-batch cut into
-micro-batches of every size that divides it, and (for a binding that drives it) into micro-batches by a token budget
-(dynamic batch size). Checked on CPU in float32 only (the parameters and the logits are float32; CUDA autocast does nothing on CPU).
+micro-batches of every size that divides it, and (for a binding that drives it) into micro-batches by a token
+budget (dynamic batch size). Checked on CPU in float32 only (the parameters and the logits are float32; CUDA
+autocast does nothing on CPU).
 
 Two ops of one step: ``policy_step`` compares the old log-probs and the parameter gradient, ``policy_step_metrics``
 the logged metrics (a binding maps both to the same :class:`~rlconform.harness.core.contracts.PolicyStep`), so that
