@@ -33,7 +33,11 @@ Rollout correction (decoupled: three policies, the rollout's ρ, the proximal o 
   non-empty rows) and the loss metrics;
 * importance weights ``w = min(exp(o − log ρ), cap)`` (:func:`rlconform.reference.importance_ratio`) at the kept
   tokens multiply each token's clipped loss; ``w`` is a constant: it does not depend on the current
-  parameters and no gradient flows through it.
+  parameters and no gradient flows through it;
+* the weights' diagnostics, over the kept tokens: ``rollout_is_fraction_high`` (the fraction whose raw ratio
+  exp(o − log ρ) exceeds the cap: counted before the truncation, which would leave none above it),
+  ``rollout_is_mean``, ``rollout_is_min``, ``rollout_is_max`` (of the applied, truncated weights; a declared
+  convention may take them of the raw ratios, ``is_metric_weights="raw"``).
 
 KL loss (verl ``use_kl_loss``, SkyRL ``use_kl_loss``): r = log-probs of a frozen reference model (``ref_embed``,
 ``ref_head``) at the same temperature τ (the KL is between the two tempered policies: zero when the parameters
@@ -43,6 +47,8 @@ kl_estimator`, aggregated by ``loss_agg_mode`` unless a declared ``kl_agg_mode``
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -71,6 +77,16 @@ def _logits(embed, head, context, temperature):
     return np.einsum("vh,brh->brv", head, embed[context]) / temperature
 
 
+def _is_metrics(old, rollout, kept, level: str, cap, of: str) -> dict:
+    """The importance weights' diagnostics over the kept tokens (module doc)."""
+    raw = importance_ratio(old, rollout, kept, level=level)
+    shown = raw if of == "raw" else importance_ratio(old, rollout, kept, level=level, cap=cap)
+    n = int(kept.sum())
+    return {"rollout_is_mean": math.fsum(shown[kept]) / n, "rollout_is_min": float(shown[kept].min()),
+            "rollout_is_max": float(shown[kept].max()),
+            "rollout_is_fraction_high": float((raw[kept] > cap).sum() / n) if cap is not None else 0.0}
+
+
 def step_log_probs(embed, head, input_ids, response_length: int, temperature: float):
     """The exact log-probs float64 ``[B, R]`` of the response tokens under the model ``(embed, head)`` at
     temperature τ (every position, masked ones included). embed, head: ``[V, H]``; input_ids: integer
@@ -86,7 +102,7 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
                 rollout_log_probs=None, rollout_is: str | None = None, rollout_is_cap: float | None = 2.0,
                 rejection=(), ref_embed=None, ref_head=None, kl_loss_coef: float = 0.0,
                 kl_loss_type: str = "low_var_kl", kl_agg_mode: str | None = None,
-                rejection_normaliser: str = "kept") -> dict:
+                rejection_normaliser: str = "kept", is_metric_weights: str = "applied") -> dict:
     """The exact step (module doc). Returns a dict:
 
     ``log_probs``, ``old_log_probs``, ``entropy``, ``old_entropy``: float64 ``[B, R]`` (every position; the
@@ -109,7 +125,9 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     the result also holds ``ref_log_probs`` (float64 ``[B, R]``) and the metric ``kl_loss``.
     rejection_normaliser: ``"kept"`` (the normalisers count the kept tokens and rows: the module doc) or
     ``"batch"`` (a declared convention, SkyRL's: the rejection multiplies every per-token term by the kept mask,
-    and the normalisers count the batch's tokens and rows before the rejection).
+    and the normalisers count the batch's tokens and rows before the rejection). is_metric_weights: ``"applied"``
+    (the truncated weights, verl's ``rollout_is_mean``) or ``"raw"`` (the ratios before truncation, SkyRL's
+    ``is_ratio_mean``): what the ``rollout_is_mean`` / ``_min`` / ``_max`` metrics summarise.
 
     Raises ValueError: shapes that do not match, τ ≤ 0, no unmasked (or no kept) token, a correction without
     rollout log-probs, a KL loss without a reference model, and what :func:`rlconform.reference.policy_loss` and
@@ -142,6 +160,8 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
                 raise ValueError("the rejection keeps no token: the step is undefined")
         if rollout_is:
             weights = importance_ratio(old, rollout, kept, level=rollout_is, cap=rollout_is_cap)
+    if is_metric_weights not in ("applied", "raw"):
+        raise ValueError(f"is_metric_weights must be 'applied' or 'raw', got {is_metric_weights!r}")
     if rejection_normaliser not in ("kept", "batch"):
         raise ValueError(f"rejection_normaliser must be 'kept' or 'batch', got {rejection_normaliser!r}")
     # the mask the normalisers count; a rejected token's terms are 0 either way (its advantage 0 and its ratio 1 in
@@ -186,6 +206,8 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
            "grad_embed": grad_embed, "grad_head": grad_head, "metrics": metrics}
     if rollout_is or rejection:
         out.update(kept_mask=kept, is_weights=weights)
+    if rollout_is:
+        metrics.update(_is_metrics(old, rollout, kept, rollout_is, rollout_is_cap, is_metric_weights))
     if ref is not None:
         out["ref_log_probs"] = ref
         metrics["kl_loss"] = kl_loss

@@ -259,3 +259,34 @@ def test_a_kl_step_that_does_not_log_its_kl_loss_is_a_problem():
     inp = find(S.inputs("token-mean-with-kl"), lambda i: True)
     metrics = S.evaluate(Silent, _Case(inp, MATCHES_REFERENCE, S.METRICS_OP))
     assert [p.what for p in metrics.problems] == ["lost metric"], metrics.problems
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(S.inputs("token-mean-with-tis"))
+def test_the_importance_weights_diagnostics_are_those_of_the_kept_tokens(inp):
+    """``rollout_is_fraction_high`` counts raw ratios above the cap (before the truncation, which leaves none above
+    it); the mean / min / max summarise the applied weights, or the raw ratios under a declared convention; the
+    float32 step logs the same numbers."""
+    mask = inp["response_mask"].astype(bool)
+    old = R.step_log_probs(inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
+                           inp["input_ids"], mask.shape[1], float(np.float32(inp["temperature"])))
+    raw = np.exp(old - inp["rollout_log_probs"])[mask]
+    applied = np.minimum(raw, S.IS_CAP)
+    for of, shown in (("applied", applied), ("raw", raw)):
+        ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
+                            inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
+                            inp["input_ids"], inp["response_mask"], inp["advantages"],
+                            temperature=float(np.float32(inp["temperature"])), **S.CLIP,
+                            rollout_log_probs=inp["rollout_log_probs"], rollout_is="token", rollout_is_cap=S.IS_CAP,
+                            is_metric_weights=of)["metrics"]
+        expected = {"rollout_is_mean": shown.mean(), "rollout_is_min": shown.min(), "rollout_is_max": shown.max(),
+                    "rollout_is_fraction_high": (raw > S.IS_CAP).mean()}
+        for name, value in expected.items():
+            assert ref[name] == pytest.approx(value, rel=1e-6), (of, name)
+        fp32 = S.faithful(inp, {"is_metric_weights": of})["metrics"]
+        for name, value in expected.items():
+            assert fp32[name] == pytest.approx(value, rel=1e-5, abs=1e-7), (of, name)
+    with pytest.raises(ValueError, match="is_metric_weights"):
+        R.policy_step(inp["embed"], inp["head"], inp["old_embed"], inp["old_head"], inp["input_ids"],
+                      inp["response_mask"], inp["advantages"], temperature=1.0,
+                      rollout_log_probs=inp["rollout_log_probs"], rollout_is="token", is_metric_weights="capped")

@@ -101,3 +101,29 @@ def test_skyrls_kl_loss_compares_a_tempered_policy_with_an_untempered_reference(
           for T in (1.0, 0.7)}
     assert abs(kl[1.0]) < 1e-6, kl
     assert kl[0.7] > 1e-3, kl
+
+
+def test_skyrls_is_ratio_min_is_taken_over_the_masked_zeros():
+    """``compute_off_policy_correction`` logs ``is_ratio_min = (is_ratio * loss_mask).min()``: every padding or
+    observation token contributes a 0, so the logged minimum of the importance ratio is 0 on any trainer batch;
+    its ``is_ratio_max`` and the clip fraction (over one micro-batch) are the exact ones."""
+    if importlib.util.find_spec("skyrl") is None:
+        pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
+    import numpy as np
+    from hypothesis import find
+
+    import rlconform.reference as R
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    step = load_engine("skyrl").resolve("policy_step")
+    inp = find(S.inputs("token-mean-with-tis"), lambda i: not i["response_mask"].all())
+    ref = R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
+                        inp["input_ids"], inp["response_mask"], inp["advantages"],
+                        temperature=float(np.float32(inp["temperature"])), **S.CLIP,
+                        rollout_log_probs=inp["rollout_log_probs"], rollout_is="token", rollout_is_cap=S.IS_CAP,
+                        is_metric_weights="raw")["metrics"]
+    got = S.run_step(step, inp, len(inp["input_ids"]))["metrics"]
+    assert got["rollout_is_min"] == 0.0 < ref["rollout_is_min"]
+    for name in ("rollout_is_max", "rollout_is_fraction_high", "rollout_is_mean"):
+        assert got[name] == pytest.approx(ref[name], rel=1e-5, abs=1e-7), name

@@ -167,3 +167,27 @@ def test_verls_dynamic_batch_size_gives_the_exact_gradient():
                                    atol=1e-6)
         np.testing.assert_allclose(out["old_log_probs"].double().numpy()[inp["response_mask"].astype(bool)],
                                    ref["old_log_probs"][inp["response_mask"].astype(bool)], rtol=1e-4, atol=1e-6)
+
+
+def test_verls_importance_weight_diagnostics_are_exact_under_any_split():
+    """fit logs ``rollout_corr/rollout_is_*`` from ``compute_rollout_correction_and_add_to_batch``, once over the
+    whole batch: the mean / min / max of the capped weights and the fraction of raw ratios above the cap are the
+    exact ones whatever the micro-batch size."""
+    import numpy as np
+    from hypothesis import find
+
+    import rlconform.reference as R
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    _verl_dir()
+    step = load_engine("verl").resolve("policy_step")
+    inp = find(S.inputs("token-mean-with-tis"), lambda i: len(i["input_ids"]) == 4)
+    ref = R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
+                        inp["input_ids"], inp["response_mask"], inp["advantages"],
+                        temperature=float(np.float32(inp["temperature"])), **S.CLIP,
+                        rollout_log_probs=inp["rollout_log_probs"], rollout_is="token", rollout_is_cap=S.IS_CAP)
+    for micro in (4, 1):
+        got = S.run_step(step, inp, micro)["metrics"]
+        for name in ("rollout_is_mean", "rollout_is_min", "rollout_is_max", "rollout_is_fraction_high"):
+            assert got[name] == pytest.approx(ref["metrics"][name], rel=1e-5, abs=1e-7), (micro, name)

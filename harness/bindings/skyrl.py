@@ -62,6 +62,7 @@ from ._compat import accepted_keywords, import_skyrl, skyrl_cuda_device_on_cpu
 WORKER_UTILS = "skyrl.backends.skyrl_train.workers.worker_utils"
 TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
 PPO_UTILS = "skyrl.backends.skyrl_train.utils.ppo_utils"
+_OPC = "skyrl.backends.skyrl_train.utils.off_policy_correction_utils"
 STRATEGY = "skyrl.backends.skyrl_train.distributed.strategy"
 
 ENTROPY_KEY = "policy_entropy"
@@ -932,6 +933,14 @@ DECLARED = (
         "workers' (worker.py)", "skyrl/backends/skyrl_train/workers/worker.py:1232",
         reference=(("kl_agg_mode", "seq-mean-token-mean"),)),
     Declared(
+        "is_ratio_metrics_of_raw_ratios", "convention", ("policy_step_metrics",),
+        "the off-policy correction logs is_ratio_mean / _min / _max of the raw ratio exp(old − rollout log-probs), "
+        "before the TIS cap (the reference follows: is_metric_weights='raw'; verl logs the capped weights)",
+        "they are named after the ratio, and computed before compute_tis_ratio caps it "
+        "(off_policy_correction_utils.py: is_ratio = safe_exp_delta(old_log_probs - rollout_logprobs, …))",
+        "skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py:309",
+        reference=(("is_metric_weights", "raw"),)),
+    Declared(
         "off_policy_mask_keeps_normaliser", "convention", ("policy_step", "policy_step_metrics"),
         "the off-policy correction's masks (sequence_mask_metric, outlier and token masks) multiply the per-token "
         "policy loss inside the loss, after the trainer has pre-scaled the advantages by the mini-batch's token "
@@ -1045,6 +1054,11 @@ OUTPUT_SITES = {
     # first, then applies the correction): a masked row's clipped tokens still count
     "policy_step_metrics": ((r"^metric pg_clipfrac\b", f"{PPO_UTILS}:ppo_policy_loss", "off-policy correction masks"),
                             (r"^metric pg_clipfrac\b", _REDUCE, "micro-batch"),
+                            # the off-policy correction's diagnostics: the min of is_ratio · loss_mask sees the masked
+                            # zeros; the means are folded as a mean of micro-batch means
+                            (r"^metric rollout_is_min\b", f"{_OPC}:compute_off_policy_correction", "^any input$",
+                             r'metrics\["is_ratio_min"\] = \(is_ratio \* loss_mask\)\.min\(\)'),
+                            (r"^metric rollout_is_(mean|fraction_high)\b", _REDUCE, "micro-batch"),
                             (r"^metric kl_loss\b", f"{WORKER}:RefWorkerBase._forward_micro_batch",
                              "sampling temperature")),
     # a wrong gradient at a temperature ≠ 1 of the KL variant: the reference log-probs of the KL loss are computed
@@ -1057,7 +1071,6 @@ OUTPUT_SITES = {
 #: (Binding.fault_anchors): regular expressions resolved in the installed SkyRL's source at run time, never line
 #: numbers (rlconform.harness.core.fault_lines); ``(qualname, pattern)`` looks in a function of the same module
 _PPO = "skyrl.backends.skyrl_train.utils.ppo_utils"
-_OPC = "skyrl.backends.skyrl_train.utils.off_policy_correction_utils"
 FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression) -> patterns of the faulty line}
     # the reference model's log-probs at temperature 1 (sample-support replay aside), the policy's at
     # cfg.algorithm.temperature: the KL loss compares two differently tempered policies

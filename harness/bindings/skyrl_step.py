@@ -59,7 +59,11 @@ MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean
 #: the catalog's KL estimators by SkyRL's names
 KL_ESTIMATORS = {"low_var_kl": "k3", "k3": "k3", "k1": "k1", "k2": "k2", "abs": "abs"}
 #: the step's metrics as SkyRL logs them (``policy/`` is added by ``train_critic_and_policy``)
-METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio", "kl_loss": "policy_kl"}
+METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio", "kl_loss": "policy_kl",
+               # the off-policy correction's metrics, which the policy loss returns beside its own
+               "rollout_is_mean": "loss_metrics/is_ratio_mean", "rollout_is_min": "loss_metrics/is_ratio_min",
+               "rollout_is_max": "loss_metrics/is_ratio_max",
+               "rollout_is_fraction_high": "loss_metrics/tis_token_clip_high_ratio"}
 
 TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); optim_step records the gradient "
                "(before clipping); dispatch in-process; DP 1; float32; no micro-batch packing (flash-attn); dual_clip "

@@ -56,7 +56,11 @@ MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean
 #: the step's metrics as verl logs them (after ``reduce_metrics``), by the catalog's names
 METRIC_KEYS = {"pg_loss": "actor/pg_loss", "entropy_loss": "actor/entropy_loss", "pg_clipfrac": "actor/pg_clipfrac",
                "pg_clipfrac_lower": "actor/pg_clipfrac_lower", "ppo_kl": "actor/ppo_kl", "entropy": "actor/entropy",
-               "kl_loss": "actor/kl_loss"}
+               "kl_loss": "actor/kl_loss",
+               # fit logs the rollout correction's metrics beside the actor's
+               "rollout_is_mean": "rollout_corr/rollout_is_mean", "rollout_is_min": "rollout_corr/rollout_is_min",
+               "rollout_is_max": "rollout_corr/rollout_is_max",
+               "rollout_is_fraction_high": "rollout_corr/rollout_is_ratio_fraction_high"}
 
 _ENGINE_METHODS = ("FSDPEngine.forward_backward_batch", "FSDPEngine._get_packed_pad_size",
                    "FSDPEngine._gather_and_unpad_packed", "FSDPEngineWithLMHead.prepare_model_inputs",
@@ -254,12 +258,13 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
             data = data.union(old_log_prob)
             if ref_wg is not None:  # fit: use_reference_policy, after the old log-probs
                 data = data.union(compute_ref_log_prob(trainer, data))
-            correction = rollout_correction_config(kn)
+            correction, correction_metrics = rollout_correction_config(kn), {}
             if correction is not None:  # fit, decoupled mode: after the old log-probs, before the update
-                data, _ = compute_rollout_correction_and_add_to_batch(data, correction)
+                data, correction_metrics = compute_rollout_correction_and_add_to_batch(data, correction)
             actor_output = update_actor(trainer, data)
         metrics = reduce_metrics(dict(actor_output.meta_info["metrics"]))
         metrics["actor/entropy"] = entropy.detach().item()
+        metrics.update(correction_metrics)  # fit: metrics.update(is_metrics)
         if len(actor.engine.captured) != 1:
             raise RuntimeError(f"the step made {len(actor.engine.captured)} optimizer steps, expected 1 "
                                "(one mini-batch)")

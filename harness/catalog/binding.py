@@ -166,12 +166,14 @@ class Binding:
     calls it with (e.g. verl's ``masked_var`` on fp32 advantages, ``entropy`` on the model's
     bf16 logits). A defect only in dtypes outside this set is graded ``precision``; an op not listed
     counts every dtype as used.
-    ``output_sites``: op -> rules ``(output, "module:qualname", trigger)`` naming the engine function that
+    ``output_sites``: op -> rules ``(output, "module:qualname", trigger[, line])`` naming the engine function that
     computes each output of an op whose one entry point dispatches to several (verl's
     ``compute_rollout_correction_and_rejection_mask``: the kept mask in ``compute_rollout_rejection_mask``, the
     ``rollout_corr/`` metrics in ``compute_offpolicy_metrics`` / ``compute_is_metrics``): ``output`` a regular
     expression over a failing value clause's label (``kept mask``, ``metric is_ess``), ``trigger`` one over the
-    finding's trigger (``""``: any). A failing finding is located at the first rule, in order, that one of its
+    finding's trigger (``""``: any), ``line`` (optional) a regular expression of the line in that function that
+    computes the output, cited instead of its fault anchors (SkyRL's ``compute_off_policy_correction`` computes a
+    mask and its metrics). A failing finding is located at the first rule, in order, that one of its
     failing outputs and its trigger match (:func:`rlconform.harness.catalog.engine_site.output_site`);
     resolved only then (the name is imported in the process that ran the engine).
     ``variant_triggers``: op -> {regime variant (``drgrpo+vectorized``) -> the trigger in a maintainer's words

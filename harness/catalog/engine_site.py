@@ -320,7 +320,7 @@ def output_site(binding, op: str, message: str, trigger: str = "") -> dict | Non
 
     rules = (getattr(binding, "output_sites", None) or {}).get(op) or ()
     labels = output_labels(message)
-    for output, name, trig in rules:
+    for output, name, trig, *anchor in rules:
         if any(re.search(output, lab) for lab in labels) and (not trig or re.search(trig, trigger or "")):
             try:
                 fn = _resolve_name(name)
@@ -329,6 +329,8 @@ def output_site(binding, op: str, message: str, trigger: str = "") -> dict | Non
             s = site(fn)
             if s is not None:
                 s["calls"] = callees(fn)
+                if anchor:  # the line that computes this output, where the function computes several
+                    s["output_anchor"] = anchor[0]
                 return s
     return None
 
@@ -635,6 +637,8 @@ def fault_anchors(binding, s: dict | None, kind: str = "", trigger: str = "") ->
 
     if not s:
         return ()
+    if s.get("output_anchor"):  # the output site's own line (Binding.output_sites)
+        return (s["output_anchor"],)
     rules = (getattr(binding, "fault_anchors", None) or {}).get(f"{s.get('module')}.{s.get('function')}") or {}
     out = []
     for key, pats in rules.items():

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 from rlconform.harness.core.opinfo import implemented_variant, split_variant
 
 __all__ = ["AggLoss", "BatchInfo", "BindingError", "Implementation", "LossVariants", "MetricPipeline",
-           "OpUnavailable", "PolicyStep", "STEP_METRICS", "VariantNotProvided", "Variants", "signature_arity"]
+           "OpUnavailable", "PolicyStep", "STEP_IS_METRICS", "STEP_METRICS", "VariantNotProvided", "Variants", "signature_arity"]
 
 
 class BindingError(Exception):
@@ -47,7 +47,10 @@ class VariantNotProvided(Exception):
 #: the metrics a policy step logs, by the catalog's names (:func:`rlconform.reference.policy_step`)
 #: a step variant with a rollout correction is ``<loss_agg_mode>-with-<correction>``
 STEP_CORRECTION_SEP = "-with-"
-STEP_METRICS = ("pg_loss", "entropy_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl_loss")
+STEP_METRICS = ("pg_loss", "entropy_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl_loss",
+                "rollout_is_mean", "rollout_is_min", "rollout_is_max", "rollout_is_fraction_high")
+#: the step metrics logged only with an importance-weight correction (the weights' diagnostics)
+STEP_IS_METRICS = STEP_METRICS[-4:]
 
 
 @dataclasses.dataclass(frozen=True)

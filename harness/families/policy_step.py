@@ -38,7 +38,7 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness.core.contracts import STEP_METRICS, VariantNotProvided
+from rlconform.harness.core.contracts import STEP_IS_METRICS, STEP_METRICS, VariantNotProvided
 from rlconform.harness.core.declared import followed
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine
 from rlconform.harness.core.failure import problem as problem_clause
@@ -300,7 +300,8 @@ def _rejected(old_lp, batch, mask, options) -> torch.Tensor:
 def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_temperature: bool = True,
               micro_normaliser: bool = False, zero_masked_advantages: bool = True,
               metric_micro_means: bool = False, weight_from_current: bool = False,
-              count_before_rejection: bool = False, ref_temperature: bool = True) -> dict:
+              count_before_rejection: bool = False, ref_temperature: bool = True,
+              fraction_after_truncation: bool = False) -> dict:
     """A plain float32 step of :class:`~rlconform.harness.core.tiny_lm.TinyLM`: old log-probs with ``old_params``
     (no gradient), then the micro-batch loop (rows
     ``[a, a + micro_batch_size)``) with the mini-batch's normaliser, one backward per micro-batch, gradients
@@ -310,7 +311,8 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     current logits divided ``temperature_times`` times, the old path without temperature, each micro-batch
     normalised by its own count, masked advantages kept (NaN · 0), the token fractions logged as the mean of
     per-micro-batch means, the TIS weight from the current log-probs (it moves with the policy and carries a
-    gradient), the normaliser counted before the rejection, the reference model's log-probs without temperature.
+    gradient), the normaliser counted before the rejection, the reference model's log-probs without temperature,
+    the fraction of weights above the cap counted after the truncation (so none is above it).
     With ``kl_loss_coef`` the k3 (``low_var_kl``) KL to the reference model ``kn["ref_params"]`` at the same
     temperature is added, aggregated by ``kl_agg_mode`` (default: the loss's mode)."""
     model, old_model = TinyLM(params), TinyLM(old_params)
@@ -324,12 +326,17 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     if kn.get("rollout_rejection"):
         m_all = _rejected(old_lp, batch, m_batch, kn["rollout_rejection"])
         counted = m_batch if count_before_rejection or kn.get("rejection_normaliser") == "batch" else m_all
-    weights = None
+    weights, is_metrics = None, {}
     if kn.get("rollout_is"):
         if kn["rollout_is"] != "token":
             raise ValueError(f"the float32 step has token-level TIS only, not {kn['rollout_is']!r}")
         rollout = torch.where(m_all, batch["rollout_log_probs"], 0.0)
-        weights = torch.where(m_all, torch.clamp(torch.exp(old_lp - rollout), max=kn["rollout_is_cap"]), 0.0)
+        raw = torch.where(m_all, torch.exp(old_lp - rollout), 0.0)
+        weights = torch.where(m_all, torch.clamp(raw, max=kn["rollout_is_cap"]), 0.0)
+        shown = (raw if kn.get("is_metric_weights") == "raw" else weights)[m_all]
+        above = (weights if fraction_after_truncation else raw)[m_all] > kn["rollout_is_cap"]
+        is_metrics = {"rollout_is_mean": float(shown.mean()), "rollout_is_min": float(shown.min()),
+                      "rollout_is_max": float(shown.max()), "rollout_is_fraction_high": float(above.float().mean())}
     rows, nnz = int((counted.sum(1) > 0).sum()), counted.sum()
     ref_lp, kl_coef = None, float(kn.get("kl_loss_coef") or 0.0)
     if kl_coef:
@@ -398,6 +405,7 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
                "entropy": float(_agg(old_H, m_batch, mode, m_batch.sum(), m_batch.shape[0]))}
     if ref_lp is not None:
         metrics["kl_loss"] = totals["kl_loss"]
+    metrics.update(is_metrics)
     if metric_micro_means:
         for i, name in enumerate(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")):
             metrics[name] = sum(v[i] for v in micro_means) / len(micro_means)
@@ -450,6 +458,8 @@ def _metrics(out: dict, ref: dict, fa: dict, inp: dict, label: str, layout: dict
             continue  # no entropy bonus: a trainer need not compute (or log) the entropy term
         if name == "kl_loss" and not variant_knobs(inp).get("kl_loss_coef"):
             continue  # no KL loss: nothing to log
+        if name in STEP_IS_METRICS and not variant_knobs(inp).get("is_level"):
+            continue  # no importance weights: no diagnostics of them
         if name not in metrics:
             ev.problems.append(problem_clause("lost metric", f"metric {name} missing from the step's metrics "
                                                              f"{sorted(metrics)} ({label})"))

@@ -187,7 +187,7 @@ def locate(binding, case, site: dict, kind: str = "", trigger: str = "") -> dict
     fn = site_callable(site, engine_importer(binding))
     if fn is None:
         return None
-    key = (site.get("module"), site.get("function"), kind, trigger)
+    key = (site.get("module"), site.get("function"), kind, trigger, site.get("output_anchor"))
     if key in _LOCATED:
         return dict(_LOCATED[key])
     failing, passing = [], []
