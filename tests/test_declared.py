@@ -361,3 +361,26 @@ def test_an_optimal_token_baseline_example_respects_the_declared_rewards_precond
         masked = ~dirty["mask"].bool()
         assert torch.isnan(dirty["old_log_probs"][masked]).all()
         assert bool(torch.isnan(dirty["rewards"][masked]).all()) is rewards_dirty, declared
+
+
+def test_megatrons_inplace_cross_entropy_reads_one_way_in_every_binding_that_reaches_it():
+    """One upstream line, one reading: verl's binding (through vocab_parallel_log_probs_from_logits) and
+    Megatron-core's own declare the same convention, with the same writer, phase, source and evidence; only the
+    ops and why their callers are safe differ. A Megatron-core finding whose backward could not run because its
+    forward wrote the logits (the TP = 1 wording, without "after the backward") is that write."""
+    from rlconform.harness.bindings.megatron import DECLARED as MEGATRON
+
+    (own,) = [d for d in MEGATRON if d.name == "megatron_cross_entropy_inplace"]
+    verl = _verl_write("megatron_cross_entropy_inplace")
+    same = ("kind", "what", "source", "writes", "phase", "writer", "evidence", "hazard")
+    assert {k: getattr(own, k) for k in same} == {k: getattr(verl, k) for k in same}
+    assert set(verl.ops) <= set(own.ops) and own.reason != verl.reason
+    row = dict(own.row(), holds=True)
+    site = {"function": "_VocabParallelCrossEntropy.forward", "module": "megatron.core.tensor_parallel.cross_entropy",
+            "via": {"function": "VocabParallelCrossEntropy.calculate_predicted_logits",
+                    "module": "megatron.core.tensor_parallel.cross_entropy"}}
+    tp1 = ("input 'logits' mutated during forward: 1 element(s) changed, e.g. [0] 0.1257 -> 1.0; _version 0 -> 3\n"
+           "a producer that saved the logits for backward could not backprop: one of the variables needed for "
+           "gradient computation has been modified by an inplace operation")
+    assert covering_write([row], _nd("token_logprobs", tp1, site, "moderate"))["name"] == own.name
+    assert covering_write([row], _nd("token_logprobs", tp1.splitlines()[1], site, "moderate")) is None

@@ -43,11 +43,37 @@ import shutil
 import tempfile
 import threading
 
-from rlconform.harness.catalog.binding import Binding, Coverage, Implementation, Lazy
+from rlconform.harness.catalog.binding import Binding, Coverage, Declared, Implementation, Lazy
 
 from ._compat import accepted_keywords, import_megatron
 
 TP = "megatron.core.tensor_parallel"
+
+
+
+def cross_entropy_writes_logits(ops: tuple[str, ...], reason: str) -> Declared:
+    """Megatron-core's in-place cross entropy as a declared convention of a binding that reaches it (this one's, and
+    verl's through ``vocab_parallel_log_probs_from_logits``): one upstream line, read one way in every report.
+    ``reason`` says why the binding's callers are not hurt by it."""
+    return Declared(
+        "megatron_cross_entropy_inplace", "convention", ops,
+        "Megatron-core's VocabParallelCrossEntropy.calculate_predicted_logits subtracts the row max from the "
+        "logits in place and exponentiates them in place (vocab_parallel_logits -= logits_max; "
+        "torch.exp(…, out=…)), and the backward turns the saved softmax (the same storage) into the gradient: a "
+        "float32 logits tensor (other dtypes are copied by .float()) holds exp(logits − max) after the forward",
+        reason, "megatron/core/tensor_parallel/cross_entropy.py:42",
+        writes=("logits",), phase="forward", writer="VocabParallelCrossEntropy.calculate_predicted_logits",
+        evidence=(r"vocab_parallel_logits\s*-=\s*logits_max", r"torch\.exp\(\s*vocab_parallel_logits\s*,\s*out="),
+        hazard="a caller that reads the logits after the cross entropy (or saved them for its own backward) sees "
+               "exp(logits − max), then the gradient")
+
+
+#: Megatron-core's deliberate behaviour: checked as declared, listed in "Conventions and guards"
+DECLARED = (cross_entropy_writes_logits(
+    ("token_logprobs", "vocab_parallel_token_logprobs", "smoothed_token_logprobs",
+     "vocab_parallel_smoothed_token_logprobs"),
+    "upstream, on purpose: 'In-place subtraction reduces memory pressure.' (cross_entropy.py); the model's own "
+    "loss (compute_language_model_loss) hands it logits nothing reads afterwards"),)
 
 _GROUP_LOCK = threading.RLock()
 _GROUPS: dict[int, object] = {}
@@ -232,6 +258,7 @@ FAULT_ANCHORS = {
 binding = Binding(
     name="megatron",
     fault_anchors=FAULT_ANCHORS,
+    declared=DECLARED,
     version=_version(),
     # Megatron trains in bf16 or fp16 (``--bf16`` / ``--fp16``; fp32 with neither): the output
     # layer's logits reach ``vocab_parallel_cross_entropy`` in that dtype. Never float64.

@@ -101,6 +101,7 @@ from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Declar
 from rlconform.harness.catalog.engine_site import calls
 
 from ._compat import accepted_keywords
+from .megatron import cross_entropy_writes_logits
 
 TF = "verl.utils.torch_functional"
 CORE = "verl.trainer.ppo.core_algos"
@@ -1383,18 +1384,10 @@ DECLARED = (
                   r"vocab_parallel_log_probs_from_logits\(\s*logits_bak\b"),
         hazard="a caller that reads the logits after the entropy's backward (or saved them for its own backward) "
                "sees them changed: clone them first, and compute Σπ² before the entropy"),
-    Declared(
-        "megatron_cross_entropy_inplace", "convention", ("vocab_parallel_token_logprobs",),
-        "Megatron-core's VocabParallelCrossEntropy.calculate_predicted_logits subtracts the row max from the "
-        "logits in place and exponentiates them in place (vocab_parallel_logits -= logits_max; "
-        "torch.exp(…, out=…)), reached through vocab_parallel_log_probs_from_logits: a float32 logits tensor "
-        "(other dtypes are copied by .float()) holds exp(logits − max) afterwards",
+    cross_entropy_writes_logits(
+        ("vocab_parallel_token_logprobs",),
         "upstream, on purpose: 'In-place subtraction reduces memory pressure.'; verl passes it its own clone "
-        "(logits_bak) and reads nothing of it afterwards",
-        "megatron/core/tensor_parallel/cross_entropy.py:42",
-        writes=("logits",), phase="forward", writer="VocabParallelCrossEntropy.calculate_predicted_logits",
-        evidence=(r"vocab_parallel_logits\s*-=\s*logits_max", r"torch\.exp\(\s*vocab_parallel_logits\s*,\s*out="),
-        hazard="a caller that reads the logits after vocab_parallel_log_probs_from_logits sees exp(logits − max)"),
+        "(logits_bak) and reads nothing of it afterwards"),
 )
 
 RC = "verl.trainer.ppo.rollout_corr_helper"

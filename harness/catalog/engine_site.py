@@ -400,10 +400,10 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
     if prop == "non_destructive" and s is not None:
         cls = autograd_function(fn)
         low = (message or "").lower()
-        if cls is not None:
-            phase = "backward" if "backward" in low else "forward"
-            s = method_site(cls, phase, s["module"]) or s
-        elif "mutated during forward" in low:  # written in place deeper down: name that frame ("via")
+        forward = "mutated during forward" in low
+        if cls is not None:  # the first write leads: a forward's, else the backward's
+            s = method_site(cls, "forward" if forward or "backward" not in low else "backward", s["module"]) or s
+        if forward:  # written in place deeper down: name that frame ("via")
             try:
                 via = mutation_frame(fn)
             except Exception:  # noqa: BLE001 - a frame that cannot be found is not named

@@ -202,8 +202,8 @@ def _function_span(lines: list[str], line: int) -> tuple[int, int]:
 _MUTATED = re.compile(r"input '(?P<name>[A-Za-z_0-9]+)' mutated during (?:[A-Za-z_0-9]+ )?(?P<phase>forward|backward)")
 #: a value read from the same tensor after another op's forward and backward (vocab_parallel's after_entropy order)
 _READ_AFTER = re.compile(r"read after [A-Za-z_0-9]+ forward\+backward on the same (?P<name>[A-Za-z_0-9]+) differs")
-_SAVED = re.compile(r"after (?:the|[A-Za-z_0-9]+) backward, a producer that saved the (?P<name>[A-Za-z_0-9]+) for "
-                    r"backward could not backprop")
+_SAVED = re.compile(r"(?:after (?:the|[A-Za-z_0-9]+) backward, )?a producer that saved the (?P<name>[A-Za-z_0-9]+) "
+                    r"for backward could not backprop")
 
 
 def covering_write(rows, finding: dict) -> dict | None:
