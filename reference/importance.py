@@ -20,7 +20,9 @@ log_ratio_clamp (as the engines, for stability): the log-ratio that enters ``exp
 ``token``, the row's mean or sum for the sequence levels — is clamped first (verl and SkyRL use ±20
 for IS weights; GSPO clamps the combined log-ratio at max 10, see :func:`policy_loss`). cap
 (truncated importance sampling, TIS; Yao et al. 2025, "Your efficient RL framework secretly brings
-you off-policy RL training"): ``min(ratio, cap)``.
+you off-policy RL training"): ``min(ratio, cap)``. band (IcePop, verl ``rollout_is_threshold="lower_upper"``): a
+token whose ratio lies outside ``[lower, upper]`` gets weight 0 (and no gradient); a batch with every ratio
+outside has every weight 0.
 
 Extreme log-ratios: without clamp or cap the exact ratio is returned: finite in float64 for
 log-ratios up to 709.78 (e^100 ≈ 2.69e43 is finite here, but exceeds the fp32 range, where the
@@ -42,7 +44,7 @@ __all__ = ["IMPORTANCE_LEVELS", "importance_ratio", "importance_ratio_grad"]
 IMPORTANCE_LEVELS = ("token", "sequence_geometric", "sequence_product")
 
 
-def _check(level, cap):
+def _check(level, cap, band=None):
     if level not in IMPORTANCE_LEVELS:
         hint = (" ('sequence' is ambiguous: the engines' 'sequence' IS weight is 'sequence_product', "
                 "GSPO's sequence ratio is 'sequence_geometric')") if level == "sequence" else ""
@@ -50,11 +52,17 @@ def _check(level, cap):
                          f"{', '.join(IMPORTANCE_LEVELS)}{hint}")
     if cap is not None and not (float(cap) > 0 and not math.isnan(float(cap))):
         raise ValueError(f"cap must be > 0 (or None), got {cap!r}")
+    if band is not None:
+        if cap is not None:
+            raise ValueError("give a TIS cap or an IcePop band, not both")
+        lower, upper = (float(x) for x in band)
+        if not 0 < lower < upper:
+            raise ValueError(f"band must be (lower, upper) with 0 < lower < upper, got {band!r}")
 
 
-def _ratio(log_prob, old_log_prob, response_mask, level, cap, log_ratio_clamp):
+def _ratio(log_prob, old_log_prob, response_mask, level, cap, log_ratio_clamp, band=None):
     """(m, ratio [B,T] with 0 at masked, pass [B,T]: 1.0 where d ratio / d (its log-ratio) = ratio, counts)."""
-    _check(level, cap)
+    _check(level, cap, band)
     lo, hi = parse_clamp(log_ratio_clamp)
     m, a = masked_inputs(response_mask, log_prob=log_prob, old_log_prob=old_log_prob)
     s, e = log_ratio(a["log_prob"], a["old_log_prob"])  # Δ = s + e exactly
@@ -72,29 +80,34 @@ def _ratio(log_prob, old_log_prob, response_mask, level, cap, log_ratio_clamp):
     if cap is not None:
         passes = passes * (r <= float(cap))
         r = np.minimum(r, float(cap))
+    if band is not None:
+        inside = (r >= float(band[0])) & (r <= float(band[1]))
+        passes, r = passes * inside, np.where(inside, r, 0.0)
     return m, np.where(m, r, 0.0), np.where(m, passes, 0.0), counts
 
 
 def importance_ratio(log_prob, old_log_prob, response_mask, *, level: str = "token", cap=None,
-                     log_ratio_clamp=None) -> np.ndarray:
+                     log_ratio_clamp=None, band=None) -> np.ndarray:
     """Importance ratio at every valid token: float64 ``[B, T]``, 0 at masked positions.
 
     log_prob, old_log_prob: ``[B, T]`` log π_θ and log π_old of the sampled tokens (any real dtype,
     NumPy or torch); response_mask: ``[B, T]`` bool/0-1. level: one of :data:`IMPORTANCE_LEVELS`
     (module doc). cap: None, or the TIS cap c > 0 (ratio → min(ratio, c)). log_ratio_clamp: None,
     a number c (clamp to [−c, c]) or a pair (lo, hi) with None for an open side, applied to the
-    log-ratio that enters exp. The sequence levels broadcast one value over the row's valid tokens.
+    log-ratio that enters exp. band: None, or the IcePop band (lower, upper): a ratio outside it becomes 0
+    (module doc). The sequence levels broadcast one value over the row's valid tokens.
     Accuracy: token ≤ ~2 ulps relative (Δ is kept exact as a double-double); sequence levels: the
     row sum is exactly rounded (fsum), so ≤ ~2 + |log-ratio| ulps relative (exp's condition number).
-    Raises ValueError: unknown level (also for the ambiguous ``"sequence"``), cap ≤ 0, bad clamp,
+    Raises ValueError: unknown level (also for the ambiguous ``"sequence"``), cap ≤ 0, a cap and a band, a
+    band not 0 < lower < upper, bad clamp,
     shapes not [B, T] or differing, NaN/±inf at a valid token.
     """
-    _, r, _, _ = _ratio(log_prob, old_log_prob, response_mask, level, cap, log_ratio_clamp)
+    _, r, _, _ = _ratio(log_prob, old_log_prob, response_mask, level, cap, log_ratio_clamp, band)
     return r
 
 
 def importance_ratio_grad(log_prob, old_log_prob, response_mask, *, level: str = "token", cap=None,
-                          log_ratio_clamp=None, grad_output=None) -> np.ndarray:
+                          log_ratio_clamp=None, band=None, grad_output=None) -> np.ndarray:
     """Vector–Jacobian product ``Σ_{i,t'} grad_output[i,t'] · ∂ratio[i,t'] / ∂log_prob[i,t]``: ``[B, T]``.
 
     grad_output: ``[B, T]`` (broadcastable; default ones; its masked entries are ignored).
@@ -105,7 +118,7 @@ def importance_ratio_grad(log_prob, old_log_prob, response_mask, *, level: str =
     is the negative (engines treat π_old as a constant).
     Raises ValueError as :func:`importance_ratio`.
     """
-    m, r, passes, counts = _ratio(log_prob, old_log_prob, response_mask, level, cap, log_ratio_clamp)
+    m, r, passes, counts = _ratio(log_prob, old_log_prob, response_mask, level, cap, log_ratio_clamp, band)
     go = np.ones(m.shape) if grad_output is None else as_float64(grad_output, "grad_output")
     try:
         go = np.broadcast_to(go, m.shape)

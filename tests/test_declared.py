@@ -363,6 +363,8 @@ def test_an_optimal_token_baseline_example_respects_the_declared_rewards_precond
         assert bool(torch.isnan(dirty["rewards"][masked]).all()) is rewards_dirty, declared
 
 
+@pytest.mark.engines
+@verl_only
 def test_megatrons_inplace_cross_entropy_reads_one_way_in_every_binding_that_reaches_it():
     """One upstream line, one reading: verl's binding (through vocab_parallel_log_probs_from_logits) and
     Megatron-core's own declare the same convention, with the same writer, phase, source and evidence; only the

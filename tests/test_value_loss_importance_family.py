@@ -246,3 +246,50 @@ def test_verl_is_metrics_divide_by_zero_when_every_weight_is_zero():
     with pytest.raises(ZeroDivisionError):
         rc.compute_rollout_correction_and_rejection_mask(old, rollout, mask, rollout_is="token",
                                                          rollout_is_threshold="0.5_5.0")
+
+
+def test_importance_ratio_icepop_band_zeroes_weight_and_gradient_outside_it():
+    """IcePop (verl ``rollout_is_threshold="0.5_2.0"``): a ratio outside [0.5, 2] weighs 0 and passes no
+    gradient; inside, the plain ratio. A TIS cap and a band together, or a band not 0 < lower < upper, raise."""
+    import rlconform.reference as R
+
+    lp, old, m = np.array([[-0.1, -2.0, -1.0, -0.5]]), np.array([[-1.0, -1.0, -1.5, -0.5]]), np.ones((1, 4), bool)
+    w = R.importance_ratio(lp, old, m, band=(0.5, 2.0))
+    np.testing.assert_allclose(w, [[0.0, 0.0, math.exp(0.5), 1.0]], rtol=1e-15)
+    g = R.importance_ratio_grad(lp, old, m, band=(0.5, 2.0))
+    np.testing.assert_allclose(g, [[0.0, 0.0, math.exp(0.5), 1.0]], rtol=1e-15)
+    for bad in (dict(band=(0.5, 2.0), cap=2.0), dict(band=(2.0, 0.5)), dict(band=(0.0, 1.0))):
+        with pytest.raises(ValueError):
+            R.importance_ratio(lp, old, m, **bad)
+
+
+def test_importance_ratio_icepop_draws_stay_off_the_band_edges_and_reach_every_branch():
+    from hypothesis import given, settings
+
+    from rlconform.harness.core.branches import branch_counts
+
+    seen = set()
+
+    @settings(max_examples=60, deadline=None, derandomize=True)
+    @given(IR.inputs("float32", "token_icepop", "moderate"))
+    def draws(x):
+        d = (x["log_prob"] - x["old_log_prob"])[x["mask"]]
+        assert (np.abs(np.abs(d) - math.log(2.0)) >= IR.BAND_MARGIN * 0.99).all()
+        seen.update(n for n, c in branch_counts(IR.BRANCHES["token_icepop"], x).items() if c)
+
+    draws()
+    assert {"ratio inside the band [0.5, 2]", "ratio above 2 (weight 0)", "ratio below 0.5 (weight 0)"} <= seen
+
+
+def test_a_crash_with_every_weight_zero_names_icepop_or_the_underflow():
+    """verl's ZeroDivisionError row: its trigger is what zeroes every weight, not the dtype or the log-ratio's
+    size."""
+    icepop = SimpleNamespace(inputs={"log_prob": np.array([[-0.1, -5.0]]), "old_log_prob": np.array([[-3.0, -1.0]]),
+                                     "mask": np.array([[True, True]]), "variant": "token_icepop"}, dtype="float32")
+    assert "outside the IcePop band [0.5, 2]" in IR.trigger(icepop, "", "crash:ZeroDivisionError")
+    under = SimpleNamespace(inputs={"log_prob": np.array([[-30.0]]), "old_log_prob": np.array([[-0.5]]),
+                                    "mask": np.array([[True]]), "variant": "token_tis"}, dtype="float16")
+    assert IR.trigger(under, "", "crash:ZeroDivisionError").startswith("every weight underflows to 0 in float16")
+    inside = SimpleNamespace(inputs=dict(icepop.inputs, log_prob=np.array([[-2.9, -5.0]])), dtype="float32")
+    assert IR.trigger(inside, "", "crash:ZeroDivisionError") is None  # one weight is not 0: not this cause
+    assert IR.trigger(icepop, "", "wrong value") is None

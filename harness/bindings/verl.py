@@ -788,17 +788,17 @@ def _value_loss():
 
 
 #: catalog variant of ``importance_ratio`` -> (verl ``rollout_is``, ``rollout_is_threshold``)
-ROLLOUT_IS = {"token_tis": ("token", 2.0), "sequence_tis": ("sequence", 5.0)}
+ROLLOUT_IS = {"token_tis": ("token", 2.0), "sequence_tis": ("sequence", 5.0), "token_icepop": ("token", "0.5_2.0")}
 
 
 def _importance_ratio():
     """verl's rollout-correction IS weights: ``rollout_corr_helper.compute_rollout_correction_and_rejection_mask``
     (the entry point the trainer and ``apply_bypass_mode`` call) with ``old_log_prob`` = the catalog's
     log_prob, ``rollout_log_prob`` = its old_log_prob, ``rollout_is`` token / sequence and a TIS threshold
-    (2.0 / 5.0), no batch normalisation, no rejection sampling; the weights are
+    (2.0 / 5.0) or the IcePop band ``"0.5_2.0"``, no batch normalisation, no rejection sampling; the weights are
     ``proto.batch["rollout_is_weights"]`` (detached by design, ``rollout_is_weights.detach()`` in
     ``compute_rollout_correction_weights``: the op is bound ``detached``, a gradient to log_prob fails).
-    IcePop thresholds, batch normalisation and every rejection-sampling option
+    Batch normalisation and every rejection-sampling option
     (``SUPPORTED_ROLLOUT_RS_OPTIONS``, read at run time) are listed unchecked."""
     from verl.trainer.ppo import rollout_corr_helper as rc
 
@@ -816,7 +816,6 @@ def _importance_ratio():
         return importance_ratio
 
     unchecked = {
-        "icepop": "rollout_is_threshold='lower_upper' zeroes weights outside [lower, upper] (IcePop): no reference",
         "batch_normalize": "rollout_is_batch_normalize=True rescales the weights to mean 1 over the batch: "
                            "no reference",
     }

@@ -21,6 +21,9 @@ variant                     reference kwargs                  engines
 ``sequence_tis``            sequence_product, clamp ±20,      verl rollout_is="sequence" (threshold 5.0);
                             cap 5.0                           SkyRL tis_ratio_type="sequence" (clip_high 5.0)
 ``sequence_geometric``      sequence_geometric, log s ≤ 10    GSPO's sequence ratio (inline in the gspo losses)
+``token_icepop``            token, clamp ±20, band [0.5, 2]   verl rollout_is="token" with
+                                                              rollout_is_threshold="0.5_2.0" (IcePop: a
+                                                              ratio outside the band weighs 0)
 ==========================  ================================  =============================================
 
 Sources: Schulman et al. 2017 (PPO ratio); Zheng et al. 2025, arXiv:2507.18071 eq. 7 (GSPO); Yao et al.
@@ -71,7 +74,11 @@ VARIANTS = {
     "sequence_product": dict(level="sequence_product", log_ratio_clamp=20),
     "sequence_tis": dict(level="sequence_product", log_ratio_clamp=20, cap=5.0),
     "sequence_geometric": dict(level="sequence_geometric", log_ratio_clamp=(None, 10)),
+    "token_icepop": dict(level="token", log_ratio_clamp=20, band=(0.5, 2.0)),
 }
+#: a drawn token log-ratio this close to an IcePop band edge (log 0.5, log 2) is moved this far past it: the band
+#: is a step, and a decision within a float32 rounding of an edge would read as a defect that is not one
+BAND_MARGIN = 1e-3
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
 EXTREME = {"float32": 100.0, "float64": 100.0, "bfloat16": 20.0, "float16": 20.0}
 #: relative rounding of the compute dtype (fp32 for every input dtype but fp64)
@@ -83,6 +90,7 @@ def _parameters(variant: str) -> str:
     kw = VARIANTS[variant]
     clamp = kw.get("log_ratio_clamp")
     words = [kw["level"].replace("_", " ")] + ([f"TIS cap {kw['cap']:g}"] if kw.get("cap") is not None else []) + (
+        [f"IcePop band [{kw['band'][0]:g}, {kw['band'][1]:g}] (weight 0 outside)"] if kw.get("band") else []) + (
         [f"log-ratio clamp {'±' + format(clamp, 'g') if not isinstance(clamp, tuple) else f'max {clamp[1]:g}'}"]
         if clamp is not None else [])
     return ", ".join(words)
@@ -107,6 +115,8 @@ _LOG2, _LOG5 = np.log(2.0), np.log(5.0)  # the TIS caps of token_tis, sequence_t
 #: token log-ratio intervals the moderate regime places tokens in: inside, above the token TIS
 #: cap 2, beyond the ±20 clamp (exp(25) = 7.2e10: no overflow in fp32)
 TOKEN_REGIONS = ((-0.9, 0.9), (_LOG2 + 0.05, 3.0), (20.5, 25.0), (-25.0, -20.5))
+#: the same for the IcePop band [0.5, 2]: also below its lower edge
+ICEPOP_REGIONS = TOKEN_REGIONS + ((-3.0, -_LOG2 - 0.05),)
 #: row log-ratio intervals (the row's sum for the products, its mean for the geometric mean)
 ROW_REGIONS = {
     "sequence_product": ((-1.0, 1.0), (_LOG5 + 0.05, 4.0), (20.5, 25.0), (-25.0, -20.5)),
@@ -143,6 +153,10 @@ BRANCHES = {
                   _br("ratio above the cap 2 (truncated)", lambda x: (_tok(x) > _LOG2) & (_tok(x) <= 20)),
                   _br("log-ratio beyond +20 (clamped and truncated)", lambda x: _tok(x) > 20),
                   _br("log-ratio beyond −20 (clamped)", lambda x: _tok(x) < -20)),
+    "token_icepop": (_br("ratio inside the band [0.5, 2]", lambda x: np.abs(_tok(x)) < _LOG2),
+                     _br("ratio above 2 (weight 0)", lambda x: (_tok(x) > _LOG2) & (_tok(x) <= 20)),
+                     _br("ratio below 0.5 (weight 0)", lambda x: (_tok(x) < -_LOG2) & (_tok(x) >= -20)),
+                     _br("log-ratio beyond ±20 (clamped, weight 0)", lambda x: np.abs(_tok(x)) > 20)),
     "sequence_product": _SEQ,
     "sequence_tis": _SEQ + (_br("row ratio below the cap 5", lambda x: x["mask"].any(-1) & (_row(x, False) < _LOG5)),
                             _br("row ratio above the cap 5 (truncated)", lambda x: (_row(x, False) > _LOG5)
@@ -178,11 +192,17 @@ def inputs(draw, dtype: str, variant: str, data: str):
     elif draw(st.booleans()):
         level = VARIANTS[variant]["level"]
         if level == "token":
-            delta, _ = place_in_regions(rng, delta, TOKEN_REGIONS, where=mask)
+            regions = ICEPOP_REGIONS if VARIANTS[variant].get("band") else TOKEN_REGIONS
+            delta, _ = place_in_regions(rng, delta, regions, where=mask)
         else:
             delta, _ = place_rows_in_regions(rng, delta, mask, ROW_REGIONS[level],
                                              reduce="mean" if level == "sequence_geometric" else "sum")
         old = np.minimum(old, -delta - rng.uniform(0.05, 0.5, (b, t)))  # keep log_prob = old + Δ ≤ 0
+    if VARIANTS[variant].get("band"):  # away from the band's edges (BAND_MARGIN)
+        for edge in np.log(VARIANTS[variant]["band"]):
+            near = np.abs(delta - edge) < BAND_MARGIN
+            delta = np.where(near, edge + np.where(delta >= edge, 2, -2) * BAND_MARGIN, delta)
+        old = np.minimum(old, -delta - 0.05)  # keep log_prob = old + Δ ≤ 0
     lp = old + delta
     lp = np.where(lp > 0, old - np.abs(delta), lp)
     return {"log_prob": S.round_to(lp, dtype), "old_log_prob": S.round_to(old, dtype), "mask": mask,
@@ -306,5 +326,31 @@ def evaluate(binding, case) -> Evaluation:
     return ev
 
 
-FAMILY = OpFamily("importance_ratio", OPS, strategy, evaluate, order=57,
+def trigger(case, message: str, kind: str):
+    """Every valid token's weight 0 — IcePop with every ratio outside its band, or weights that underflow in the
+    dtype — is what brings out a crash of a statistic divided by the weights' mean (verl's effective sample
+    size); None otherwise (the generic reading decides)."""
+    if not kind.startswith("crash:"):
+        return None
+    x = case.inputs
+    m = np.asarray(x["mask"], bool)
+    kw = VARIANTS.get(x.get("variant"), {})
+    if not kw or not m.any():
+        return None
+    w = S.round_to(R.importance_ratio(np.asarray(x["log_prob"], np.float64), np.asarray(x["old_log_prob"], np.float64),
+                                      m, **kw), case.dtype)[m]
+    if (w != 0).any():
+        return None
+    if kw.get("band") and not (R.importance_ratio(x["log_prob"], x["old_log_prob"], m,
+                                                  **{k: v for k, v in kw.items() if k != "band"})[m] == 0).all():
+        lo, hi = kw["band"]
+        return f"every valid token's ratio outside the IcePop band [{lo:g}, {hi:g}]: every weight 0"
+    return f"every weight underflows to 0 in {case.dtype} (every log-ratio ≲ −{-np.log(_TINY[case.dtype]):.3g})"
+
+
+#: the smallest positive (subnormal) value of each dtype: a ratio below it rounds to 0
+_TINY = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149, "float64": 2.0**-1074}
+
+
+FAMILY = OpFamily("importance_ratio", OPS, strategy, evaluate, order=57, trigger=trigger,
                   doc="importance ratios: token / sequence (product, GSPO geometric mean), truncated (TIS)")
