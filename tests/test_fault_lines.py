@@ -246,6 +246,11 @@ def test_every_declared_fault_anchor_names_a_line_of_the_installed_engine(engine
                 lines = _function_lines(module, where)
                 if lines is None or not any(re.search(pattern, line) for line in lines):
                     missing.append(f"{module}.{where} [{kinds}]: {pattern}")
+    for op, rules in (load_engine(engine).output_sites or {}).items():  # an output site's own line
+        for _, name, _, *line in rules:
+            module, qualname = name.split(":")
+            if line and not any(re.search(line[0], x) for x in _function_lines(module, qualname) or ()):
+                missing.append(f"{name} [output site of {op}]: {line[0]}")
     assert not missing, "anchors that match no line of the installed engine:\n" + "\n".join(missing)
 
 
@@ -295,3 +300,30 @@ def test_an_anchor_keyed_by_a_trigger_cites_its_line_only_under_that_trigger():
     assert fault_anchors(binding, site, "wrong value", "a row with no valid token") == ("rejected",)
     assert fault_anchors(binding, site, "wrong value", "more than one micro-batch") == ()
     assert fault_anchors(binding, site, "NaN", "a masked position holding NaN") == ("nan",)
+
+
+def test_an_output_sites_own_line_is_the_only_anchor_of_its_site():
+    """A function that computes several outputs (SkyRL's compute_off_policy_correction: a sequence mask, then its
+    metrics) is cited at the line of the output that failed when its output_sites rule names one, not at the
+    fault anchors of its other failures."""
+    from rlconform.harness.catalog.engine_site import fault_anchors, output_site
+
+    def compute(x):
+        return x
+
+    binding = types.SimpleNamespace(
+        output_sites={"op": ((r"^metric a$", f"{__name__}:_two_outputs", "", r"a = x \* 0"),
+                             (r"^metric b$", f"{__name__}:_two_outputs", ""))},
+        fault_anchors={f"{__name__}._two_outputs": {"wrong value": (r"b = x \+ 1",)}})
+    failing = "metric {}: engine 0.0 vs reference 1.0 at flat index 0: abs err 1, rel err 1, tolerance 1e-06"
+    a = output_site(binding, "op", failing.format("a"))
+    b = output_site(binding, "op", failing.format("b"))
+    assert a["function"] == b["function"] == "_two_outputs"
+    assert fault_anchors(binding, a, "wrong value") == (r"a = x \* 0",)
+    assert fault_anchors(binding, b, "wrong value") == (r"b = x \+ 1",)
+
+
+def _two_outputs(x):
+    a = x * 0
+    b = x + 1
+    return a, b

@@ -285,3 +285,18 @@ def test_every_extreme_regime_is_a_catalog_regime_and_the_logits_strategy_agrees
     drawn = {data_regime(r) for op in OPS.values() for r in (op.regimes or {})}
     assert set(EXTREME_REGIMES) <= drawn
     assert {r for r in LOGITS_REGIMES if realistic(r)} == set(REALISTIC_LOGITS)
+
+
+def test_a_side_label_keeps_whole_clauses_and_a_mask_invariant_base_reads_unmasked():
+    """A numbers cell's side label is cut at a clause (never mid-word, "…" after it); the base run of a
+    mask_invariant clause is the example as drawn, whatever its own label holds."""
+    from rlconform.harness.report.triage import LABEL_WIDTH, _sides
+
+    comp, left, right = _sides(
+        "metric pg_loss, masked advantages and rollout log-probs = nan, padding ids changed = nan = ",
+        " vs metric pg_loss, token-mean-with-tis, T 1.0, entropy_coeff 0.0, 2-row micro-batches, nnz [3] = ",
+        "mask_invariant")
+    assert (comp, left, right) == ("metric pg_loss", "masked advantages and rollout log-probs = nan …", "unmasked")
+    assert len(left) <= LABEL_WIDTH + 2
+    _, a, b = _sides("value, " + "word " * 20 + "= ", " vs value = ", "partition_invariant")
+    assert a.endswith(" …") and "wor …" not in a and b == "unpartitioned"

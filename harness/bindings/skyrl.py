@@ -1038,8 +1038,15 @@ DECLARED = (
 #: min / max that sees a row with no valid token is the emitter's (the sequence lengths' min / max are the
 #: binding's idiom, not a SkyRL function: their fold's)
 _REDUCE, _ALL_REDUCE = f"{WORKER_UTILS}:reduce_metrics", f"{WORKER_UTILS}:all_reduce_metrics"
+#: a NaN the step's garbage puts at a masked position (an advantage, a rollout log-prob) reaches the policy loss and
+#: its gradient through reduce_loss's masked sum, NaN · 0 = NaN
+_MASKED_NAN_LOSS = (r"^(gradient of|metric pg_loss\b)", f"{PPO_UTILS}:reduce_loss", "a masked position holding",
+                    r"return \(loss \* loss_mask\)\.sum\(\)")
 _FOLDED = r"^(?!.*masked = )"  # not a masked-garbage clause: a NaN written there is the emitting code's
 OUTPUT_SITES = {
+    # the scaled advantages keep a masked NaN; reduce_loss's masked sum (NaN · 0) hands it to the loss
+    "agg_loss": ((r"\b(value|gradient)$", f"{PPO_UTILS}:reduce_loss", "a masked position holding",
+                  r"return \(loss \* loss_mask\)\.sum\(\)"),),
     "metric_statistics": (
         (r"^lost: ", _REDUCE, ""),
         (r"^policy/minibatch_rollout_logprobs_abs_diff_(min|max) \((min|max)\)",
@@ -1052,7 +1059,8 @@ OUTPUT_SITES = {
     # the step's clip ratio is one mean per micro-batch, folded by reduce_metrics (a mean of micro-batch means)
     # the clip ratio is taken over the mask from before the off-policy correction's (ppo_policy_loss computes it
     # first, then applies the correction): a masked row's clipped tokens still count
-    "policy_step_metrics": ((r"^metric pg_clipfrac\b", f"{PPO_UTILS}:ppo_policy_loss", "off-policy correction masks"),
+    "policy_step_metrics": (_MASKED_NAN_LOSS,
+                            (r"^metric pg_clipfrac\b", f"{PPO_UTILS}:ppo_policy_loss", "off-policy correction masks"),
                             (r"^metric pg_clipfrac\b", _REDUCE, "micro-batch"),
                             # the off-policy correction's diagnostics: the min of is_ratio · loss_mask sees the masked
                             # zeros; the means are folded as a mean of micro-batch means
@@ -1063,7 +1071,8 @@ OUTPUT_SITES = {
                              "sampling temperature")),
     # a wrong gradient at a temperature ≠ 1 of the KL variant: the reference log-probs of the KL loss are computed
     # at temperature 1 by the ref worker, the policy's at the sampling temperature
-    "policy_step": ((r"^gradient of", f"{WORKER}:RefWorkerBase._forward_micro_batch", "sampling temperature"),),
+    "policy_step": (_MASKED_NAN_LOSS,
+                    (r"^gradient of", f"{WORKER}:RefWorkerBase._forward_micro_batch", "sampling temperature"),),
 }
 
 
