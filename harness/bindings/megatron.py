@@ -46,6 +46,7 @@ import threading
 from rlconform.harness.catalog.binding import Binding, Coverage, Declared, Implementation, Lazy
 
 from ._compat import accepted_keywords, import_megatron
+from .megatron_remedies import REMEDIES
 
 TP = "megatron.core.tensor_parallel"
 
@@ -258,6 +259,7 @@ FAULT_ANCHORS = {
 binding = Binding(
     name="megatron",
     fault_anchors=FAULT_ANCHORS,
+    remedies=REMEDIES,
     declared=DECLARED,
     version=_version(),
     # Megatron trains in bf16 or fp16 (``--bf16`` / ``--fp16``; fp32 with neither): the output

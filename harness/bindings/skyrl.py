@@ -58,6 +58,7 @@ from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Declar
 from rlconform.harness.catalog.engine_site import calls
 
 from ._compat import accepted_keywords, import_skyrl, skyrl_cuda_device_on_cpu
+from .skyrl_remedies import REMEDIES
 
 WORKER_UTILS = "skyrl.backends.skyrl_train.workers.worker_utils"
 TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
@@ -1065,7 +1066,7 @@ OUTPUT_SITES = {
                             # the off-policy correction's diagnostics: the min of is_ratio · loss_mask sees the masked
                             # zeros; the means are folded as a mean of micro-batch means
                             (r"^metric rollout_is_min\b", f"{_OPC}:compute_off_policy_correction", "^any input$",
-                             r'metrics\["is_ratio_min"\] = \(is_ratio \* loss_mask\)\.min\(\)'),
+                             r'metrics\["is_ratio_min"\] = \(is_ratio \* loss_mask\)\.min\(\)', "is_ratio_min"),
                             (r"^metric rollout_is_(mean|fraction_high)\b", _REDUCE, "micro-batch"),
                             (r"^metric kl_loss\b", f"{WORKER}:RefWorkerBase._forward_micro_batch",
                              "sampling temperature")),
@@ -1152,6 +1153,7 @@ binding = Binding(
     name="skyrl",
     variant_triggers={op: STEP_TRIGGERS for op in ("policy_step", "policy_step_metrics")},
     fault_anchors=FAULT_ANCHORS,
+    remedies=REMEDIES,
     output_sites=OUTPUT_SITES,
     version=_version(),
     engine_dtypes=ENGINE_DTYPES,

@@ -102,6 +102,7 @@ from rlconform.harness.catalog.engine_site import calls
 
 from ._compat import accepted_keywords
 from .megatron import cross_entropy_writes_logits
+from .verl_remedies import REMEDIES
 
 TF = "verl.utils.torch_functional"
 CORE = "verl.trainer.ppo.core_algos"
@@ -1529,6 +1530,7 @@ binding = Binding(
     declared=DECLARED,
     output_sites=OUTPUT_SITES,
     fault_anchors=FAULT_ANCHORS,
+    remedies=REMEDIES,
     version=_version(),
     ops={
         "entropy": Lazy(f"{TF}:entropy_from_logits"),

@@ -166,14 +166,16 @@ class Binding:
     calls it with (e.g. verl's ``masked_var`` on fp32 advantages, ``entropy`` on the model's
     bf16 logits). A defect only in dtypes outside this set is graded ``precision``; an op not listed
     counts every dtype as used.
-    ``output_sites``: op -> rules ``(output, "module:qualname", trigger[, line])`` naming the engine function that
+    ``output_sites``: op -> rules ``(output, "module:qualname", trigger[, line[, row]])`` naming the engine function that
     computes each output of an op whose one entry point dispatches to several (verl's
     ``compute_rollout_correction_and_rejection_mask``: the kept mask in ``compute_rollout_rejection_mask``, the
     ``rollout_corr/`` metrics in ``compute_offpolicy_metrics`` / ``compute_is_metrics``): ``output`` a regular
     expression over a failing value clause's label (``kept mask``, ``metric is_ess``), ``trigger`` one over the
     finding's trigger (``""``: any), ``line`` (optional) a regular expression of the line in that function that
     computes the output, cited instead of its fault anchors (SkyRL's ``compute_off_policy_correction`` computes a
-    mask and its metrics). A failing finding is located at the first rule, in order, that one of its
+    mask and its metrics), ``row`` (optional) a name that makes that output's failure a defect row of its own
+    (``function[row]``) instead of one with the function's other failures of the same class. A failing finding is
+    located at the first rule, in order, that one of its
     failing outputs and its trigger match (:func:`rlconform.harness.catalog.engine_site.output_site`);
     resolved only then (the name is imported in the process that ran the engine).
     ``variant_triggers``: op -> {regime variant (``drgrpo+vectorized``) -> the trigger in a maintainer's words
@@ -198,6 +200,10 @@ class Binding:
     value of the op reaches training (verl's entropy enters the loss only with
     ``actor_rollout_ref.actor.entropy_coeff`` ≠ 0; at the default 0 it is the logged ``actor/entropy``), its
     default, and the severity at the default (``otherwise``). A ``training`` row of such an op says so.
+    ``remedies``: ``"module.qualname"`` -> ``{kinds or (kinds, trigger): (cause, fix[, impact])}``, keyed as
+    ``fault_anchors``: one sentence of why a defect located there happens (the operation on its cited line),
+    one of how to fix it, and (a training defect) one of what it does to training
+    (:mod:`rlconform.harness.report.remedies`).
     ``needs``: op -> the device its default implementation needs (``"cuda"``: a Triton / CUDA kernel); an
     alternative implementation declares it on its :class:`Implementation` (``needs``). On a run whose
     ``--device`` is not one, the op's findings are ``unavailable: needs CUDA`` (:meth:`device_gap`).
@@ -221,13 +227,31 @@ class Binding:
     variant_triggers: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     fault_anchors: Mapping[str, Mapping[str | tuple[str, str], tuple]] = dataclasses.field(default_factory=dict)
     impact_knobs: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    remedies: Mapping[str, Mapping[str | tuple[str, str], tuple]] = dataclasses.field(default_factory=dict)
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def remedy_table(self) -> dict:
+        """``remedies`` as JSON rows for ``report.json``'s ``engine.remedies``: ``{"module.qualname": [{"kinds",
+        "trigger", "cause", "fix", "impact"}]}`` (``trigger`` None for a rule keyed by kinds alone)."""
+        out: dict[str, list[dict]] = {}
+        for where, rules in self.remedies.items():
+            for key, (cause, fix, *impact) in rules.items():
+                kinds, trig = key if isinstance(key, tuple) else (key, None)
+                out.setdefault(where, []).append({"kinds": kinds, "trigger": trig, "cause": cause, "fix": fix,
+                                                  "impact": impact[0] if impact else ""})
+        return out
 
     def __post_init__(self):
         both = set(self.forward_only) & set(self.detached)
         if both:
             raise BindingError(f"binding {self.name!r}: {sorted(both)} cannot be both forward_only (gradient not "
                                "checked) and detached (gradient must be absent or zero)")
+        for where, rules in self.remedies.items():
+            for key, text in rules.items():
+                if not (isinstance(text, tuple) and 2 <= len(text) <= 3 and all(isinstance(t, str) for t in text)
+                        and text[0] and text[1]):
+                    raise BindingError(f"binding {self.name!r}: remedy of {where} [{key}] must be (cause, fix[, "
+                                       f"impact]) sentences, got {text!r}")
         odd = set(self.detached) - set(DETACHABLE)
         if odd:
             raise BindingError(f"binding {self.name!r}: detached {sorted(odd)}: only {list(DETACHABLE)} check the "

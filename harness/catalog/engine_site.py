@@ -320,7 +320,7 @@ def output_site(binding, op: str, message: str, trigger: str = "") -> dict | Non
 
     rules = (getattr(binding, "output_sites", None) or {}).get(op) or ()
     labels = output_labels(message)
-    for output, name, trig, *anchor in rules:
+    for output, name, trig, *own in rules:
         if any(re.search(output, lab) for lab in labels) and (not trig or re.search(trig, trigger or "")):
             try:
                 fn = _resolve_name(name)
@@ -329,8 +329,10 @@ def output_site(binding, op: str, message: str, trigger: str = "") -> dict | Non
             s = site(fn)
             if s is not None:
                 s["calls"] = callees(fn)
-                if anchor:  # the line that computes this output, where the function computes several
-                    s["output_anchor"] = anchor[0]
+                if own:  # the line that computes this output, where the function computes several
+                    s["output_anchor"] = own[0]
+                if len(own) > 1:  # an output whose failure is a root cause of its own (a row of its own)
+                    s["output_row"] = own[1]
                 return s
     return None
 

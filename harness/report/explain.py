@@ -1,7 +1,8 @@
 """``rlconform explain DEFECT_ID --report DIR``: a defect as a maintainer pastes it upstream.
 
 Reads a report folder (``report.json`` and its ``cases/``) and writes, as Markdown: the cause in one paragraph
-(from the defect's failure kind, trigger, engine function and the property that failed), the engine function
+(from the defect's failure kind, trigger, engine function and the property that failed), why it happens, how to
+fix it and its impact on training (the binding's remedy, ``defects[].remedy``), the engine function
 and ``file:line``, the smallest input (the case file of the defect's smallest reproducer), engine vs exact
 numbers, the ``rlconform replay`` command, and a standalone script.
 
@@ -227,6 +228,16 @@ def cause(d: dict) -> str:
             f"{dtypes}) share this cause.")
 
 
+def _remedy(d: dict) -> list[str]:
+    """The binding's (or the idiom's) cause, fix and impact sentences (:mod:`rlconform.harness.report.remedies`),
+    as lines; none for a report that records none."""
+    r = d.get("remedy") or {}
+    if not r.get("cause"):
+        return []
+    return [f"**Why:** {r['cause']}.", "", f"**Fix:** {r['fix']}.", "",
+            *([f"**Impact on training:** {r['impact']}.", ""] if r.get("impact") else [])]
+
+
 def _fmt(x) -> str:
     return f"{x:.9g}" if isinstance(x, float) else str(x)
 
@@ -279,7 +290,7 @@ def _explain(doc: dict, d: dict, case: dict | None, folder: str | None) -> tuple
     rep = d.get("reproducer") or {}
     lines = [f"### {eng.get('name', 'engine')} {eng.get('version') or ''}: `{(d.get('engine_function') or {}).get('function') or d.get('op')}`"
              f" — {(d.get('signature') or {}).get('kind')} · {d.get('trigger')}", "",
-             cause(d), "",
+             cause(d), "", *_remedy(d),
              f"**Where:** `{_site(d)}`" + (f" — the deepest frame is {d['upstream']}'s: the fix belongs upstream"
                                            if d.get("upstream") else "") + _evidence(d), "",
              f"**Numbers (smallest input):** {_numbers(d)}", "",

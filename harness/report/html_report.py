@@ -316,6 +316,7 @@ its message and input; its members are listed in the table of failing findings b
 <div class="nums">{{ (d.ops or [d.op])|join(", ") }} · {{ (d.properties or [d.property])|join(", ") }}{% if d.nums %}; engine vs exact on the smallest input: <b>{{ d.nums }}</b>{% endif %};
 <a href="#{{ d.key }}-m">{{ d.members|length }} finding{{ "s" if d.members|length > 1 }}</a>:
 {% for dt, regs in d.by_dtype %}<b>{{ dt }}</b>: {{ regs }}{% if not loop.last %}; {% endif %}{% endfor %}</div>
+{% if d.remedy and d.remedy.cause %}<div class="why"><b>cause</b>: {{ d.remedy.cause }}. <b>fix</b>: {{ d.remedy.fix }}.{% if d.remedy.impact %} <b>impact</b>: {{ d.remedy.impact }}.{% endif %}</div>{% endif %}
 {% if d.reproducer.command %}<div>reproduce (its smallest member, <a href="#{{ d.reproducer.finding }}">{{ d.reproducer.finding.split(".")[2:]|join(".") }}</a>):</div>
 <pre class="cmd"><code>{{ d.reproducer.command }}</code></pre>{% endif %}
 {% if d.message %}<pre>{{ d.message | truncate(msg_chars, True, " …") }}</pre>{% endif %}

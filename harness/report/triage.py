@@ -340,6 +340,8 @@ def root_key(finding: dict) -> tuple[str, str]:
         return f"op {finding.get('op')}", c
     if c.startswith("rounding"):
         return str(s.get("module")), c
+    if s.get("output_row"):  # one output of a function that computes several, wrong on a line of its own
+        return f"{s.get('module')}.{s.get('function')}[{s['output_row']}]", c
     return f"{s.get('module')}.{s.get('function')}", c
 
 
@@ -897,6 +899,7 @@ def annotate(doc: dict) -> dict:
     ``engine_function`` / ``trigger`` / ``engine_dtypes``) is triaged with the fallbacks of the module
     docstring."""
     from rlconform.harness.core.declared import covering_write
+    from rlconform.harness.report.remedies import remedy
 
     dtypes = (doc.get("engine") or {}).get("engine_dtypes") or {}
     declared = (doc.get("engine") or {}).get("declared") or []
@@ -913,7 +916,9 @@ def annotate(doc: dict) -> dict:
             f["severity"], f["severity_reason"] = sev, reason
     doc["defects"] = defects(doc.get("findings", []), dtypes, config_triggers(doc))
     knobs = (doc.get("engine") or {}).get("impact_knobs") or {}
+    table = (doc.get("engine") or {}).get("remedies") or {}
     for d in doc["defects"]:
+        d["remedy"] = remedy(d, table)
         depends = impact_knob(d, knobs)
         if depends:
             d["depends_on"] = depends

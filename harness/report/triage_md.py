@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from rlconform.harness.report.remedies import IDIOMS
 from rlconform.harness.report.severity import SEVERITIES
 
 #: characters the defect table may take in report.md (the findings table and examples follow)
@@ -197,22 +198,6 @@ def precision_row(d: dict) -> str:
             f"{numbers_cell(d)} | {len(d['members'])} ({what}) | {cmd} |")
 
 
-#: the idiom behind a failure and trigger that many rows share: what a maintainer fixes once, everywhere
-IDIOMS = {
-    ("NaN / inf", "a masked position holding NaN"):
-        "a mask applied by multiplication or a sum over every position keeps NaN · 0 = NaN: select the unmasked "
-        "positions (torch.where, masked_fill) before reducing; where only the gradient is NaN, zero the masked "
-        "inputs themselves before the product (the backward of torch.where multiplies its 0 by the NaN factor)",
-    ("partition dependence", None):
-        "a normaliser per part (a mean per micro-batch or DP rank, then summed or averaged over the parts): emit "
-        "sums and counts, divide once over the mini-batch",
-    ("NaN / inf", "a −inf logit"):
-        "Σ softmax · logits at a −inf logit is 0 · (−inf) = NaN: take 0 where the probability is 0 "
-        "(torch.where(p > 0, p · z, 0)) or mask the −inf positions before the product",
-    ("wrong value", "bf16 input"):
-        "the reduction over the vocabulary runs in bf16 (or cancels in float32 at a large offset): reduce the "
-        "max-shifted logits in float32",
-}
 #: rows sharing a failure and trigger from which the table gets a one-line summary above it
 IDIOM_ROWS = 3
 
@@ -230,11 +215,44 @@ def idiom_lines(rows: list[dict]) -> list[str]:
         idiom = IDIOMS.get((kind, trig))
         if len(members) < IDIOM_ROWS or idiom is None:
             continue
+        idiom = ": ".join(idiom)
         names = sorted({(m.get("engine_function") or m.get("crash_frame") or {}).get("function") or m.get("op")
                         for m in members})
         what = f"{kind} · {trig}" if trig else kind
         out.append(f"- **{len(members)} rows are {what}** ({', '.join(f'`{n}`' for n in names[:8])}"
                    f"{', …' if len(names) > 8 else ''}): {idiom}.")
+    return out
+
+
+#: characters the cause-and-fix list may take in report.md
+REMEDY_BUDGET = 16_000
+
+
+def remedy_lines(defects: list[dict], budget: int = REMEDY_BUDGET) -> list[str]:
+    """Why each row happens and how to fix it, one line per row in the table's order (numbered as the rows are
+    on the page, precision rows after the others): its cited line, the cause, the fix and (a training row) the
+    impact (:mod:`rlconform.harness.report.remedies`); a row its binding explains nowhere says so."""
+    if not defects:
+        return []
+    order = [d for d in defects if d.get("severity") != "precision"] + \
+        [d for d in defects if d.get("severity") == "precision"]
+    out, used = ["", "Why and how to fix, row by row:", ""], 40
+    for n, d in enumerate(order, 1):
+        r = d.get("remedy") or {}
+        site = d.get("crash_frame") or d.get("engine_function") or {}
+        line = (site.get("fault") or {}).get("line") or site.get("line")
+        where = (f"`{site.get('function')}` ({str(site.get('file') or '').rsplit('/', 1)[-1]}:{line})"
+                 if site.get("function") else f"op `{d.get('op')}`")
+        if r.get("cause"):
+            text = f"{n}. {where} · {d['signature']['kind']}: {r['cause']}. **Fix:** {r['fix']}." + (
+                f" **Impact:** {r['impact']}." if r.get("impact") else "")
+        else:
+            text = f"{n}. {where} · {d['signature']['kind']}: no cause recorded by the binding."
+        if used + len(text) > budget:
+            out.append(f"{n}–{len(order)}. … see report.json (defects[].remedy)")
+            break
+        used += len(text) + 1
+        out.append(text)
     return out
 
 
@@ -262,6 +280,8 @@ def render_defects(doc: dict, budget: int = DEFECTS_BUDGET) -> list[str]:
         lines += HEADER
     used = sum(len(x) + 1 for x in lines + notes)
     rows = [(d, defect_row) for d in main] + [(d, precision_row) for d in fine]
+    # why and how to fix each row follows the tables, within a budget of its own
+    notes = [*remedy_lines(defects, REMEDY_BUDGET), *notes]
     for n, (d, render) in enumerate(rows):
         if render is precision_row and (n == 0 or rows[n - 1][1] is not precision_row):
             lines += ["", PRECISION_TITLE, "", *PRECISION_HEADER]

@@ -149,10 +149,14 @@ class _EngineInfo:
         self.declared_rows = meta.get("declared") or []  # conventions, preconditions, guards (data)
         self.variant_triggers = meta.get("variant_triggers") or {}  # configurations as triggers (for reachability)
         self.impact_knobs = meta.get("impact_knobs") or {}  # op -> the config key its training impact depends on
+        self._remedies = meta.get("remedies") or {}  # function -> the cause and fix of its defects (data)
         self.coverage = meta.get("coverage")  # the coverage table, built in the probe's child process
 
     def provided_ops(self) -> list[str]:
         return list(self._ops)
+
+    def remedy_table(self) -> dict:
+        return self._remedies
 
 
 class State:
@@ -269,7 +273,8 @@ class State:
                     "declared": getattr(b, "declared_rows", None)
                     or [d.row() for d in getattr(b, "declared", ())],
                     "variant_triggers": {op: dict(v) for op, v in (getattr(b, "variant_triggers", None) or {}).items()},
-                    "impact_knobs": {op: dict(v) for op, v in (getattr(b, "impact_knobs", None) or {}).items()}},
+                    "impact_knobs": {op: dict(v) for op, v in (getattr(b, "impact_knobs", None) or {}).items()},
+                    "remedies": getattr(b, "remedy_table", dict)()},
             run={"profile": opt("rlconform_profile"), "seed": self.seed,
                  "max_examples": self.settings.max_examples,
                  "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},

@@ -1,0 +1,73 @@
+"""Why a defect happens and how to fix it: one sentence of cause and one of fix per defect row (and one of
+impact for a ``training`` row), from the binding's remedies, else from the idiom the row shares with others.
+
+A binding declares its remedies (``Binding.remedies``) keyed as its fault anchors are: ``"module.qualname"`` (or
+``"module.qualname[row]"`` for an output that is a row of its own, ``Binding.output_sites``) ->
+``{kinds: (cause, fix[, impact])}``, ``kinds`` a regular expression over the defect's class (``wrong value``,
+``partition dependence``, ``NaN / inf``, ``crash:ZeroDivisionError``, ``changes a tensor``) or a pair
+``(kinds, trigger)`` that also matches the defect's trigger. The cause names the operation on the cited line
+(the report prints the line beside it); the fix says what to change; the impact what a wrong value does to
+training. ``Binding.remedy_table`` writes them into ``report.json`` (``engine.remedies``) where the engine's
+binding is loaded; :func:`remedy` reads them back for a defect row, in the process that writes the report.
+
+Rows no binding explains get the idiom's sentences (:data:`IDIOMS`: a failure and trigger that several engines'
+functions share, such as NaN · 0 at a masked position), the cause prefixed with the row's cited line; a row
+neither explains says so (``source: "none"``).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["IDIOMS", "remedy"]
+
+#: the idiom behind a failure and trigger that many rows share: (cause, fix); key ``(kind, trigger)`` or
+#: ``(kind, None)`` for any trigger
+IDIOMS = {
+    ("NaN / inf", "a masked position holding NaN"): (
+        "a mask applied by multiplication or a sum over every position keeps NaN · 0 = NaN",
+        "select the unmasked positions (torch.where, masked_fill) before reducing; where only the gradient is NaN, "
+        "zero the masked inputs themselves before the product (the backward of torch.where multiplies its 0 by "
+        "the NaN factor)"),
+    ("partition dependence", None): (
+        "a normaliser per part (a mean per micro-batch or DP rank, then summed or averaged over the parts)",
+        "emit sums and counts, divide once over the mini-batch"),
+    ("NaN / inf", "a −inf logit"): (
+        "Σ softmax · logits at a −inf logit is 0 · (−inf) = NaN",
+        "take 0 where the probability is 0 (torch.where(p > 0, p · z, 0)) or mask the −inf positions before the "
+        "product"),
+    ("wrong value", "bf16 input"): (
+        "the reduction over the vocabulary runs in bf16 (or cancels in float32 at a large offset)",
+        "reduce the max-shifted logits in float32"),
+}
+
+
+def _places(d: dict) -> list[str]:
+    """Where a defect's remedy is looked up: its crash frame, its engine function, the frame it writes through."""
+    out = []
+    for s in (d.get("crash_frame"), d.get("engine_function"), (d.get("engine_function") or {}).get("via")):
+        if s and s.get("module") and s.get("function"):
+            if s.get("output_row"):  # an output of its own row: ``module.qualname[row]``
+                out.append(f"{s['module']}.{s['function']}[{s['output_row']}]")
+            out.append(f"{s['module']}.{s['function']}")
+    return out
+
+
+def remedy(d: dict, table: dict | None) -> dict:
+    """``{"cause", "fix", "impact", "source"}`` of defect row ``d`` (``triage.defects``) from ``table``
+    (``engine.remedies``, ``Binding.remedy_table``): the first rule of its crash frame, engine function or writing frame whose
+    kinds (and trigger) match; else the idiom of its class and trigger (``source: "idiom"``); else empty
+    sentences, ``source: "none"``."""
+    kind, trig = d["signature"]["kind"], d.get("trigger") or d["signature"].get("feature") or ""
+    for place in _places(d):
+        for r in (table or {}).get(place) or ():
+            if re.search(r["kinds"], kind) and (r.get("trigger") is None or re.search(r["trigger"], trig)):
+                return {"cause": r["cause"], "fix": r["fix"], "impact": r.get("impact") or "", "source": "binding"}
+    idiom = IDIOMS.get((kind, trig)) or IDIOMS.get((kind, None))
+    if idiom:  # the idiom, on the row's own line
+        site = d.get("engine_function") or {}
+        fault = site.get("fault") or {}
+        on = (f"`{fault['text'].strip()}` in `{site.get('function')}`" if fault.get("text")
+              else f"`{site.get('function')}`" if site.get("function") else f"op `{d.get('op')}`")
+        return {"cause": f"{on}: {idiom[0]}", "fix": idiom[1], "impact": "", "source": "idiom"}
+    return {"cause": "", "fix": "", "impact": "", "source": "none"}
