@@ -73,7 +73,7 @@ def _case(variant, lp, old, mask, prop="matches_reference", dtype="float64"):
 
 
 def test_reference_engine_passes_and_the_inverted_bounds_mutant_fails():
-    case = _case("token_k1_asym", [[math.log(0.7), math.log(1.4), -1.0]], [[0.0, 0.0, -1.0]], [[1, 1, 1]])
+    case = _case("token_k1_asym", [[math.log(0.55), math.log(1.8), -1.0]], [[0.0, 0.0, -1.0]], [[1, 1, 1]])
     assert G.matches_reference(RS.evaluate(reference_binding, case)).ok
     out = G.matches_reference(RS.evaluate(rs_ratio_bounds_inverted.binding, case))
     assert not out.ok and "kept mask" in out.message
@@ -100,8 +100,9 @@ def test_verl_findings():
 
     rs = verl.binding.resolve("rollout_rejection_mask")
     t = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
-    kept, _ = rs.get("x", "token_k1_asym")(t([[math.log(0.7), math.log(1.4)]]), t([[0.0, 0.0]]), torch.ones(1, 2, dtype=torch.bool))
-    assert kept.tolist() == [[1.0, 0.0]]  # the reference: [[0, 1]]
+    kept, _ = rs.get("x", "token_k1_asym")(t([[math.log(0.55), math.log(1.8)]]), t([[0.0, 0.0]]),
+                                           torch.ones(1, 2, dtype=torch.bool))
+    assert kept.tolist() == [[0.0, 1.0]]  # the reference: [[1, 0]] (bounds [0.5, 1.5] read on 1 / r)
     kept, _ = rs.get("x", "seq_sum_k1")(t([[-0.5, -30.0]]), t([[-25.5, -9.5]]), torch.ones(1, 2, dtype=torch.bool))
     assert kept.tolist() == [[1.0, 1.0]]  # Σ = 4.5: the reference rejects the row
     _, metrics = rs.get("x", "token_k1")(t([[-26.0, -26.0], [-1.0, -1.0]]), t([[-1.0, -1.0], [-1.0, -1.0]]),
@@ -137,3 +138,17 @@ def test_a_deciding_ratio_near_a_bound_is_said_to_be_near_it():
     assert _near_bound(np.array([1.75]), bounds) == ""  # 17 % from 1.5, 12 % from 2
     assert _near_bound(np.array([1.95, 1.75]), bounds) == ""  # one deciding token far from every bound is enough
     assert _near_bound(np.array([1.95]), bounds) == ", near a bound: r = 1.95 vs 2"
+
+
+def test_an_unplaced_token_example_keeps_every_ratio_clear_of_the_bounds():
+    """The example shrinking prefers (no token placed on a bound) holds no token ratio within 10 % of a token k1
+    bound or its inverse, so the asymmetric-bounds row shows a flip a maintainer reads as one (r = 1.75 kept
+    against [0.5, 1.5]), not a rounding tie."""
+    from rlconform.harness.families.rejection_mask import NEAR_BOUND, _clear_of_bounds
+
+    bounds = np.array([0.5, 1.5, 2.0, 1 / 1.5])
+    delta = np.log(np.concatenate([bounds * 0.97, bounds * 1.04, [1.75, 0.58, 1.0]]))
+    out = np.exp(_clear_of_bounds(delta, "token_k1_asym"))
+    assert (np.min(np.abs(out[:, None] / bounds - 1), axis=1) >= NEAR_BOUND).all(), out
+    np.testing.assert_allclose(out[-3:], [1.75, 0.58, 1.0])  # already clear: unchanged
+    assert (_clear_of_bounds(delta, "seq_mean_k3") == delta).all()  # no token k1 bound: nothing moves

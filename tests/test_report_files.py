@@ -168,10 +168,10 @@ def test_a_rows_variant_parameters_are_printed_with_it():
     for op in OPS.values():
         assert set(op.variant_parameters) <= set(op.variants), op.name
     assert variant_of({"op": "rollout_rejection_mask", "regime": "token_k1_asym@moderate"}) == {
-        "name": "token_k1_asym", "parameters": "token k1: kept for 0.8 ≤ r ≤ 1.5"}
+        "name": "token_k1_asym", "parameters": "token k1: kept for 0.5 ≤ r ≤ 1.5"}
     assert variant_of({"op": "entropy", "regime": "moderate"}) is None
     doc = annotate(load_report(str(VERL)))
     row = next(x for x in render_markdown(doc).splitlines() if "in `compute_rollout_rejection_mask`" in x)
-    assert "(shown: `token_k1_asym`, token k1: kept for 0.8 ≤ r ≤ 1.5)" in row, row
+    assert "(shown: `token_k1_asym`, token k1: kept for 0.5 ≤ r ≤ 1.5)" in row, row
     d = next(x for x in doc["defects"] if x["id"].endswith("compute_rollout_rejection_mask.wrong-value"))
-    assert "**Variant** `token_k1_asym`: token k1: kept for 0.8 ≤ r ≤ 1.5" in explain_markdown(doc, d, None, None)
+    assert "**Variant** `token_k1_asym`: token k1: kept for 0.5 ≤ r ≤ 1.5" in explain_markdown(doc, d, None, None)

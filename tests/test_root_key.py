@@ -405,7 +405,10 @@ def test_the_rejection_family_names_each_cause():
                            "variant": variant})
 
     kept = "kept mask: engine 1.0 vs reference 0.0 at flat index 0: abs err 1, tolerance 1e-09"
-    assert trigger(case([[-0.2234]], [[True]], "token_k1_asym"), kept, "wrong value").startswith("asymmetric k1")
+    far = trigger(case([[0.5596]], [[True]], "token_k1_asym"), kept, "wrong value")  # r = 1.75, kept on 1 / r
+    assert far.startswith("asymmetric k1") and "near a bound" not in far
+    near = trigger(case([[0.4187]], [[True]], "token_k1_asym"), kept, "wrong value")  # r = 1.52
+    assert near.endswith("near a bound: r = 1.52 vs 1.5"), near
     tie = case([[-0.22314355131466446]], [[True]], "seq_mean_k1")
     assert "masked_mean" in trigger(tie, kept, "wrong value")
     row = "metric chi2_seq: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, rel err 0.5, tolerance 1e-05"

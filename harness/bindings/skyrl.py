@@ -707,7 +707,7 @@ def _importance_ratio():
 SKYRL_RS = {
     "token_k1": ({"token_mask_is_threshold_low": 0.5, "token_mask_is_threshold_high": 2.0},
                  {"token_mask_ratio": "rs_masked_fraction"}),
-    "token_k1_asym": ({"token_mask_is_threshold_low": 0.8, "token_mask_is_threshold_high": 1.5},
+    "token_k1_asym": ({"token_mask_is_threshold_low": 0.5, "token_mask_is_threshold_high": 1.5},
                       {"token_mask_ratio": "rs_masked_fraction"}),
     "seq_sum_k1": ({"sequence_mask_metric": "product", "product_mask_low": 0.2, "product_mask_high": 5.0},
                    {"product_sequence_mask_masked_ratio": "rs_seq_masked_fraction"}),

@@ -827,7 +827,7 @@ def _importance_ratio():
 
 #: catalog variant of ``rollout_rejection_mask`` -> (verl ``rollout_rs``, ``rollout_rs_threshold``)
 ROLLOUT_RS = {
-    "token_k1": ("token_k1", "2.0"), "token_k1_asym": ("token_k1", "0.8_1.5"), "seq_sum_k1": ("seq_sum_k1", "0.2_5.0"),
+    "token_k1": ("token_k1", "2.0"), "token_k1_asym": ("token_k1", "0.5_1.5"), "seq_sum_k1": ("seq_sum_k1", "0.2_5.0"),
     "seq_mean_k1": ("seq_mean_k1", "0.8_1.25"), "token_k2": ("token_k2", "0.5"), "token_k3": ("token_k3", "0.5"),
     "seq_sum_k2": ("seq_sum_k2", "2.0"), "seq_sum_k3": ("seq_sum_k3", "2.0"), "seq_mean_k2": ("seq_mean_k2", "0.1"),
     "seq_mean_k3": ("seq_mean_k3", "0.1"), "seq_max_k2": ("seq_max_k2", "0.5"), "seq_max_k3": ("seq_max_k3", "0.5"),

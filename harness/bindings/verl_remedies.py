@@ -91,8 +91,8 @@ REMEDIES = {
             "are compared as bounds of the ratio itself: asymmetric bounds (lower ≠ 1/upper) keep and reject the "
             "wrong tokens",
             "compare log_ratio (not its negative) with log(lower) and log(upper), or invert and swap the bounds",
-            "with rollout_rs=token_k1 and asymmetric thresholds (e.g. \"0.8_1.5\"), tokens whose ratio lies in "
-            "(1.25, 1.5] are rejected and tokens in [0.667, 0.8) kept: the correction removes the wrong tokens")},
+            "with rollout_rs=token_k1 and asymmetric thresholds (e.g. \"0.5_1.5\"), tokens whose ratio lies in "
+            "(1.5, 2] are kept and tokens in [0.5, 0.667) rejected: the correction removes the wrong tokens")},
     f"{RC}.compute_offpolicy_metrics": {
         "wrong value": (
             "`torch.exp(-mean_log_prob_training).mean()` (and the rollout perplexity and χ² beside it) averages "

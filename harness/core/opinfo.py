@@ -187,7 +187,7 @@ class OpInfo:
     probe_metric_keys: bool = False
 
     #: variant -> its parameters in words, as the reference defines the variant and the binding passes them to
-    #: the engine (``"token k1: kept for 0.8 ≤ r ≤ 1.5"``, ``"dual-clip c = 3, log-ratio clamp ±20"``): printed
+    #: the engine (``"token k1: kept for 0.5 ≤ r ≤ 1.5"``, ``"dual-clip c = 3, log-ratio clamp ±20"``): printed
     #: with a report row whose example is of that variant, in ``replay`` and in ``explain``
     variant_parameters: dict[str, str] = dataclasses.field(default_factory=dict)
 

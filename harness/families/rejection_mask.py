@@ -17,7 +17,7 @@ variant             reference options (level, k, lo, hi)   engines
 ==================  =====================================  =================================================
 ``token_k1``        token k1 [0.5, 2]                      verl rollout_rs="token_k1" ("2.0"); SkyRL
                                                            compute_token_mask (0.5, 2.0)
-``token_k1_asym``   token k1 [0.8, 1.5]                    verl "token_k1" ("0.8_1.5"); SkyRL (0.8, 1.5)
+``token_k1_asym``   token k1 [0.5, 1.5]                    verl "token_k1" ("0.5_1.5"); SkyRL (0.5, 1.5)
 ``seq_sum_k1``      seq_sum k1 [0.2, 5] (sequence ratio)   verl "seq_sum_k1" ("0.2_5.0"); SkyRL product
 ``seq_mean_k1``     seq_mean k1 [0.8, 1.25] (geometric)    verl "seq_mean_k1" ("0.8_1.25"); SkyRL geometric
 ``seq_all_k1``      seq_all k1 [0.5, 2] (outlier rows)     SkyRL compute_outlier_token_mask (0.5, 2.0)
@@ -83,7 +83,7 @@ OP = "rollout_rejection_mask"
 #: catalog variant -> the reference's options (level, estimator, lower, upper), ANDed
 VARIANTS = {
     "token_k1": (("token", "k1", 0.5, 2.0),),
-    "token_k1_asym": (("token", "k1", 0.8, 1.5),),
+    "token_k1_asym": (("token", "k1", 0.5, 1.5),),
     "seq_sum_k1": (("seq_sum", "k1", 0.2, 5.0),),
     "seq_mean_k1": (("seq_mean", "k1", 0.8, 1.25),),
     "seq_all_k1": (("seq_all", "k1", 0.5, 2.0),),
@@ -112,7 +112,7 @@ _MODERATE = tuple(variant_regime(v, "moderate") for v in VARIANTS)
 
 
 def _parameters(variant: str) -> str:
-    """The bounds of ``variant`` in words: ``token k1: kept for 0.8 ≤ r ≤ 1.5`` (r = π/π_old of the level's
+    """The bounds of ``variant`` in words: ``token k1: kept for 0.5 ≤ r ≤ 1.5`` (r = π/π_old of the level's
     statistic; k2 / k3 bound the divergence from above), ANDed options joined with "; "."""
     parts = []
     for level, est, lower, upper in VARIANTS[variant]:
@@ -277,6 +277,8 @@ def inputs(draw, dtype: str, variant: str, data: str):
         delta = rng.uniform(-1.0, 1.0, (b, t)) * draw(st.sampled_from([1e-3, 0.1, 1.0]))
         if draw(st.integers(0, 3)) > 0:
             delta = _place(rng, delta, mask, variant, dtype)
+        else:  # the example shrinking prefers: every token ratio clear of the token bounds (NEAR_BOUND)
+            delta = _clear_of_bounds(delta, variant)
     old = np.where(delta > 0, np.minimum(old, -delta - rng.uniform(0.05, 0.5, (b, t))), old)
     lp = old + delta
     return {"log_prob": S.round_to(lp, dtype), "old_log_prob": S.round_to(old, dtype), "mask": mask,
@@ -448,6 +450,21 @@ def _near_bound(r, bounds) -> str:
         return ""
     nearest = b[int(np.argmin(np.abs(r[i] - b) / b))]
     return f", near a bound: r = {r[i]:.4g} vs {nearest:.4g}"
+
+
+def _clear_of_bounds(delta, variant: str):
+    """``delta`` with every token log-ratio whose ratio lies within :data:`NEAR_BOUND` (relative) of a token k1
+    bound of ``variant`` or of its inverse moved just past that band: an example that needs no token on a bound
+    (the asymmetric-bounds flip: r = 1.75 kept against [0.5, 1.5]) reads as what it is, not as a rounding tie."""
+    out = np.array(delta, dtype=np.float64)
+    for level, est, lower, upper in VARIANTS.get(variant, ()):
+        if level != "token" or est != "k1":
+            continue
+        for b in {lower, upper, 1.0 / lower, 1.0 / upper}:
+            lo, hi = math.log(b * (1 - NEAR_BOUND)), math.log(b * (1 + NEAR_BOUND))
+            inside = (out > lo) & (out < hi)
+            out = np.where(inside, np.where(out >= math.log(b), hi + 1e-3, lo - 1e-3), out)
+    return out
 
 
 def _row_stat(d, m, level):

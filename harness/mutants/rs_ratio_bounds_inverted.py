@@ -2,7 +2,7 @@
 lower ≤ π_train/π_rollout ≤ upper keeps lower ≤ π_rollout/π_train ≤ upper, i.e. r ∈ [1/upper, 1/lower]
 (verl 0.9.1 ``compute_rollout_rejection_mask``: ``token_k1 = -log_ratio_safe`` compared with
 ``log(lower)`` / ``log(upper)``). With reciprocal bounds (a single threshold) both readings agree: only an
-asymmetric ``lower_upper`` pair (token_k1_asym: [0.8, 1.5]) catches it."""
+asymmetric ``lower_upper`` pair (token_k1_asym: [0.5, 1.5]) catches it."""
 
 from rlconform.harness.mutants._base import mutant
 from rlconform.harness.mutants._rejection import faulty

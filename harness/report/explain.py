@@ -394,7 +394,7 @@ def _template(f: dict, case: dict, engine: str = "verl") -> tuple[str, dict] | s
         if not (f.get("message") or "").startswith("kept mask"):
             return "rollout_rejection_mask: the script checks the kept mask, and this finding's kept mask is right"
         return "kind_wrong_value.py.j2", {"family_template": "fam_rejection_mask.py.j2", "partition_words": "",
-                                          "rs_option": "token_k1", "rs_threshold": "0.8_1.5"}
+                                          "rs_option": "token_k1", "rs_threshold": "0.5_1.5"}
     elif op in ("gae", "cp_masked_mean") and prop == "mask_invariant" and kind == "NaN":
         garbage = inputs.get("garbage")
         value = garbage.get("float") if isinstance(garbage, dict) else garbage

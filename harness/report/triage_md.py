@@ -170,7 +170,7 @@ def defect_row(d: dict) -> str:
 
 
 def variant_text(d: dict) -> str:
-    """`` (shown: `token_k1_asym`, token k1: kept for 0.8 ≤ r ≤ 1.5)``: the parameters of the variant of the row's
+    """`` (shown: `token_k1_asym`, token k1: kept for 0.5 ≤ r ≤ 1.5)``: the parameters of the variant of the row's
     example (:func:`rlconform.harness.report.triage.variant_of`), or nothing."""
     v = d.get("variant")
     if not isinstance(v, dict) or not v.get("parameters"):
