@@ -201,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--to", default=None, help="with --subset: the folder to write the subset report in")
     rp.add_argument("--expect-revision", default=None, help="with --subset: the base commit the report must be of")
     rp.add_argument("--expect-engine", default=None, help="with --subset: the engine spec the report must be of")
+    rp.add_argument("--config", default=None, metavar="TRAINER_YAML",
+                    help="print the defect rows that this trainer configuration reaches (the engine's own YAML: a "
+                         "nested config, dotted keys or a list of key=value overrides; unset keys take the engine's "
+                         "defaults), severities as it sets them, then the rows it does not reach and why; exit 1 "
+                         "when a reached row is at least --fail-on")
 
     sub.add_parser("list-ops", help="list the op catalog")
     sub.add_parser("list-engines", help="list the built-in engines and mutants")
@@ -1014,6 +1019,29 @@ def report_exit_code(doc: dict, fail_on: str) -> int:
     return EXIT_CLEAN
 
 
+def _report_config(args) -> int:
+    """``report DIR --config FILE``: the rows that configuration reaches (:mod:`rlconform.harness.report.config_reach`)."""
+    from rlconform.harness.report.config_reach import ConfigError, load_config, render
+    from rlconform.harness.report.load import load_report
+    from rlconform.harness.report.severity import at_least, normalise
+
+    out = os.path.dirname(args.out) or "." if args.out.endswith(".json") else args.out
+    try:
+        fail_on = normalise(args.fail_on)
+        doc = load_report(out)
+        user = load_config(args.config)
+    except (ValueError, OSError) as exc:  # ReportError, JsonFileError, ConfigError
+        return _usage_error(str(exc) if isinstance(exc, (ConfigError, ValueError)) else f"cannot read: {exc}")
+    if not (doc.get("engine") or {}).get("configs"):
+        print(f"rlconform: {out}'s report records no configurations (its binding declares none, or the report "
+              "predates them): every row is listed as one that cannot be told", file=sys.stderr)
+    from rlconform.harness.report.triage import annotate
+
+    text, reached = render(annotate(doc), user, args.config)
+    print(text)
+    return EXIT_DISCREPANCY if any(at_least(e["severity"], fail_on) for e in reached) else EXIT_CLEAN
+
+
 def cmd_report(args) -> int:
     from rlconform.harness.report.writer import rerender
 
@@ -1021,6 +1049,8 @@ def cmd_report(args) -> int:
         return _report_merge(args)
     if args.subset is not None:
         return _report_subset(args)
+    if args.config is not None:
+        return _report_config(args)
 
     out = os.path.dirname(args.out) or "." if args.out.endswith(".json") else args.out
     from rlconform.harness.report.load import load_report

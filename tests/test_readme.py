@@ -83,6 +83,9 @@ PLAN: dict[str, tuple] = {
     "rlconform replay rlconform-report/cases/<finding id>.json --engine verl":
         ("run", "a failing finding of the report above, on the engine that produced it (verl: a real engine)"),
     "rlconform report rlconform-report": ("run", []),
+    "rlconform report rlconform-report --config my_trainer.yaml":
+        ("skip", "a trainer config only the reader has; tests/test_config_reach.py reads the committed verl report "
+                 "against one"),
     "rlconform fuzz --engine my_binding.py --minutes 10": ("run", ["--max-examples", "4", "--dtype", "float32"]),
     "rlconform list-ops | list-engines | --version": ("run", "each of the three"),
     "rlconform coverage --engine verl [--strict]":

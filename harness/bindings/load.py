@@ -230,7 +230,8 @@ def engine_meta(binding: Binding, *, variants: bool = False, sites: bool = False
             "declared": [d.row() for d in getattr(binding, "declared", ())],
             "variant_triggers": {op: dict(v) for op, v in (getattr(binding, "variant_triggers", None) or {}).items()},
             "impact_knobs": {op: dict(v) for op, v in (getattr(binding, "impact_knobs", None) or {}).items()},
-            "remedies": getattr(binding, "remedy_table", dict)()}
+            "remedies": getattr(binding, "remedy_table", dict)(),
+            "configs": getattr(binding, "config_table", dict)()}
     if variants:
         meta["variants"], meta["variant_record"] = variant_info(binding)
         from rlconform.harness.catalog.coverage import coverage_record

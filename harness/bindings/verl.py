@@ -100,6 +100,7 @@ import math
 from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Declared, Implementation, Lazy, MetricPipeline
 from rlconform.harness.catalog.engine_site import calls
 
+from . import verl_configs
 from ._compat import accepted_keywords
 from .megatron import cross_entropy_writes_logits
 from .verl_remedies import REMEDIES
@@ -1531,6 +1532,8 @@ binding = Binding(
     output_sites=OUTPUT_SITES,
     fault_anchors=FAULT_ANCHORS,
     remedies=REMEDIES,
+    configs={"defaults": verl_configs.defaults, "follows": verl_configs.FOLLOWS, "ops": verl_configs.ops(ROLLOUT_RS),
+             "triggers": verl_configs.TRIGGERS},
     version=_version(),
     ops={
         "entropy": Lazy(f"{TF}:entropy_from_logits"),

@@ -204,6 +204,10 @@ class Binding:
     ``fault_anchors``: one sentence of why a defect located there happens (the operation on its cited line),
     one of how to fix it, and (a training defect) one of what it does to training
     (:mod:`rlconform.harness.report.remedies`).
+    ``configs``: which engine configuration reaches each op and variant (:mod:`rlconform.harness.report.config_reach`):
+    ``{"defaults": {key: value} or a callable returning them (read from the installed engine), "follows":
+    {key: key whose value it defaults to}, "ops": {op: {variant: alternatives}}, "triggers": ((regex,
+    conditions), …)}``, a condition ``(key, op, value)``.
     ``needs``: op -> the device its default implementation needs (``"cuda"``: a Triton / CUDA kernel); an
     alternative implementation declares it on its :class:`Implementation` (``needs``). On a run whose
     ``--device`` is not one, the op's findings are ``unavailable: needs CUDA`` (:meth:`device_gap`).
@@ -228,7 +232,26 @@ class Binding:
     fault_anchors: Mapping[str, Mapping[str | tuple[str, str], tuple]] = dataclasses.field(default_factory=dict)
     impact_knobs: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     remedies: Mapping[str, Mapping[str | tuple[str, str], tuple]] = dataclasses.field(default_factory=dict)
+    configs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     _cache: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def config_table(self) -> dict:
+        """``configs`` as JSON for ``report.json``'s ``engine.configs`` (defaults read now; empty without
+        configs)."""
+        if not self.configs:
+            return {}
+        defaults = self.configs.get("defaults") or {}
+        if callable(defaults):
+            defaults = defaults()
+
+        def rows(alts):
+            return [[list(c) for c in alt] for alt in alts]
+
+        return {"defaults": dict(defaults), "follows": dict(self.configs.get("follows") or {}),
+                "ops": {op: {v: rows(alts) for v, alts in by.items()} for op, by in
+                        (self.configs.get("ops") or {}).items()},
+                "triggers": [[pattern, [list(c) for c in conds]] for pattern, conds in
+                             self.configs.get("triggers") or ()]}
 
     def remedy_table(self) -> dict:
         """``remedies`` as JSON rows for ``report.json``'s ``engine.remedies``: ``{"module.qualname": [{"kinds",

@@ -899,6 +899,7 @@ def annotate(doc: dict) -> dict:
     ``engine_function`` / ``trigger`` / ``engine_dtypes``) is triaged with the fallbacks of the module
     docstring."""
     from rlconform.harness.core.declared import covering_write
+    from rlconform.harness.report.config_reach import alternatives
     from rlconform.harness.report.remedies import remedy
 
     dtypes = (doc.get("engine") or {}).get("engine_dtypes") or {}
@@ -917,8 +918,12 @@ def annotate(doc: dict) -> dict:
     doc["defects"] = defects(doc.get("findings", []), dtypes, config_triggers(doc))
     knobs = (doc.get("engine") or {}).get("impact_knobs") or {}
     table = (doc.get("engine") or {}).get("remedies") or {}
+    configs = (doc.get("engine") or {}).get("configs") or None
+    by_id = {f["id"]: f for f in doc.get("findings", [])}
     for d in doc["defects"]:
         d["remedy"] = remedy(d, table)
+        alts = alternatives(d, by_id, configs)
+        d["reached_by"] = None if alts is None else [[list(c) for c in alt] for alt in alts]
         depends = impact_knob(d, knobs)
         if depends:
             d["depends_on"] = depends

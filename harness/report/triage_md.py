@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from rlconform.harness.report.config_reach import describe
 from rlconform.harness.report.remedies import IDIOMS
 from rlconform.harness.report.severity import SEVERITIES
 
@@ -230,8 +231,9 @@ REMEDY_BUDGET = 16_000
 
 def remedy_lines(defects: list[dict], budget: int = REMEDY_BUDGET) -> list[str]:
     """Why each row happens and how to fix it, one line per row in the table's order (numbered as the rows are
-    on the page, precision rows after the others): its cited line, the cause, the fix and (a training row) the
-    impact (:mod:`rlconform.harness.report.remedies`); a row its binding explains nowhere says so."""
+    on the page, precision rows after the others): its cited line, the cause, the fix, (a training row) the
+    impact (:mod:`rlconform.harness.report.remedies`) and the configurations that reach it
+    (:mod:`rlconform.harness.report.config_reach`); a row its binding explains nowhere says so."""
     if not defects:
         return []
     order = [d for d in defects if d.get("severity") != "precision"] + \
@@ -248,6 +250,8 @@ def remedy_lines(defects: list[dict], budget: int = REMEDY_BUDGET) -> list[str]:
                 f" **Impact:** {r['impact']}." if r.get("impact") else "")
         else:
             text = f"{n}. {where} · {d['signature']['kind']}: no cause recorded by the binding."
+        if d.get("reached_by") is not None:
+            text += f" **Reached by:** {describe(d['reached_by'])}."
         if used + len(text) > budget:
             out.append(f"{n}–{len(order)}. … see report.json (defects[].remedy)")
             break

@@ -150,6 +150,7 @@ class _EngineInfo:
         self.variant_triggers = meta.get("variant_triggers") or {}  # configurations as triggers (for reachability)
         self.impact_knobs = meta.get("impact_knobs") or {}  # op -> the config key its training impact depends on
         self._remedies = meta.get("remedies") or {}  # function -> the cause and fix of its defects (data)
+        self._configs = meta.get("configs") or {}  # which configuration reaches each op (data)
         self.coverage = meta.get("coverage")  # the coverage table, built in the probe's child process
 
     def provided_ops(self) -> list[str]:
@@ -157,6 +158,9 @@ class _EngineInfo:
 
     def remedy_table(self) -> dict:
         return self._remedies
+
+    def config_table(self) -> dict:
+        return self._configs
 
 
 class State:
@@ -274,7 +278,8 @@ class State:
                     or [d.row() for d in getattr(b, "declared", ())],
                     "variant_triggers": {op: dict(v) for op, v in (getattr(b, "variant_triggers", None) or {}).items()},
                     "impact_knobs": {op: dict(v) for op, v in (getattr(b, "impact_knobs", None) or {}).items()},
-                    "remedies": getattr(b, "remedy_table", dict)()},
+                    "remedies": getattr(b, "remedy_table", dict)(),
+                    "configs": getattr(b, "config_table", dict)()},
             run={"profile": opt("rlconform_profile"), "seed": self.seed,
                  "max_examples": self.settings.max_examples,
                  "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},

@@ -1,0 +1,132 @@
+"""Which verl 0.9.1 configuration reaches each op and variant (``Binding.configs``,
+:mod:`rlconform.harness.report.config_reach`): the ``ppo_trainer.yaml`` keys and values under which the trainer
+runs it. An op not listed runs under any configuration. Conditions are ``(key, op, value)`` with op ``==``,
+``!=``, ``in`` (value a tuple) or ``~`` (a regular expression over the value as text, then its words)."""
+
+from __future__ import annotations
+
+A = "actor_rollout_ref.actor"
+ALGO = "algorithm"
+RC = "algorithm.rollout_correction"
+MEGATRON = ((f"{A}.strategy", "==", "megatron"),)
+
+#: the keys the conditions read, and where a value is missing from the installed verl's config: its default
+#: there (``_generated_ppo_trainer.yaml``; read at run time by :func:`defaults`, these are the fallbacks)
+DEFAULTS = {
+    f"{A}.strategy": "fsdp", f"{A}.loss_agg_mode": "token-mean", f"{A}.policy_loss.loss_mode": "vanilla",
+    f"{A}.entropy_coeff": 0, f"{A}.calculate_sum_pi_squared": False, f"{A}.use_kl_loss": False,
+    f"{A}.kl_loss_type": "low_var_kl", f"{A}.entropy_from_logits_with_chunking": False,
+    "actor_rollout_ref.model.use_fused_kernels": False, "critic.loss_agg_mode": "token-mean",
+    f"{ALGO}.adv_estimator": "gae", f"{ALGO}.norm_adv_by_std_in_grpo": True, f"{ALGO}.use_kl_in_reward": False,
+    f"{ALGO}.kl_penalty": "kl", f"{RC}.rollout_is": None, f"{RC}.rollout_is_threshold": 2.0,
+    f"{RC}.rollout_rs": None, f"{RC}.rollout_rs_threshold": None,
+}
+#: a default that follows another key unless set (``critic.loss_agg_mode: ${oc.select:…actor.loss_agg_mode,…}``)
+FOLLOWS = {"critic.loss_agg_mode": f"{A}.loss_agg_mode"}
+
+
+def _estimator(name: str, **extra) -> tuple:
+    return ((f"{ALGO}.adv_estimator", "==", name), *((f"{ALGO}.{k}", "==", v) for k, v in extra.items()))
+
+
+def _kl(estimator: str) -> tuple:
+    """A KL estimator reaches the step two ways: the KL loss or the KL penalty in the reward."""
+    return (((f"{A}.use_kl_loss", "==", True), (f"{A}.kl_loss_type", "==", estimator)),
+            ((f"{ALGO}.use_kl_in_reward", "==", True), (f"{ALGO}.kl_penalty", "==", estimator)))
+
+
+def _step(variant: str) -> tuple:
+    mode, _, correction = variant.partition("-with-")
+    extra = {"tis": ((f"{RC}.rollout_is", "==", "token"),),
+             "rejection": ((f"{RC}.rollout_rs", "==", "seq_mean_k1"),),
+             "kl": ((f"{A}.use_kl_loss", "==", True),)}.get(correction, ())
+    return ((f"{A}.loss_agg_mode", "==", mode), *extra)
+
+
+def ops(rollout_rs: dict) -> dict:
+    """op -> {catalog variant ("" for the op's own, "*" for any) -> alternatives (tuples of conditions, any one
+    of which reaches it)}; ``rollout_rs``: the binding's variant -> (rollout_rs, rollout_rs_threshold)."""
+    agg = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+    losses = ("vanilla", "geo_mean", "gspo", "clip_cov", "kl_cov", "gpg", "cispo", "dppo_kl", "dppo_tv", "dro",
+              "sapo")
+    estimators = {"grpo": _estimator("grpo"), "drgrpo": _estimator("grpo", norm_adv_by_std_in_grpo=False),
+                  "grpo+vectorized": _estimator("grpo_vectorized"),
+                  "drgrpo+vectorized": _estimator("grpo_vectorized", norm_adv_by_std_in_grpo=False),
+                  "rloo": _estimator("rloo"), "rloo+vectorized": _estimator("rloo_vectorized"),
+                  **{e: _estimator(e) for e in ("gdpo", "gpg", "grpo_passk", "opo", "reinforce_plus_plus",
+                                                "reinforce_plus_plus_baseline", "remax")}}
+    steps = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
+             "seq-mean-token-mean-with-rejection", "token-mean-with-kl")
+    kl = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+    rejection = {}
+    for variant, (option, threshold) in rollout_rs.items():
+        conds = [(f"{RC}.rollout_rs", "==", option)]
+        if variant.endswith("_asym"):  # an asymmetric lower_upper pair
+            conds.append((f"{RC}.rollout_rs_threshold", "~", r"^[0-9.eE+-]+_[0-9.eE+-]+$",
+                          "a lower_upper pair (lower ≠ 1/upper)"))
+        rejection[variant] = (tuple(conds),)
+    return {
+        "agg_loss": {m: (((f"{A}.loss_agg_mode", "==", m),),) for m in agg},
+        "value_loss": {m: (((f"{ALGO}.adv_estimator", "==", "gae"), ("critic.loss_agg_mode", "==", m)),)
+                       for m in agg},
+        "gae": {"": (_estimator("gae"),)},
+        "policy_loss": {m: (((f"{A}.policy_loss.loss_mode", "==", m),),) for m in losses},
+        "outcome_advantage": {k: (v,) for k, v in estimators.items()},
+        "optimal_token_baseline": {"": (_estimator("optimal_token_baseline"),
+                                        _estimator("tir_optimal_token_baseline"))},
+        "importance_ratio": {"token_tis": (((f"{RC}.rollout_is", "==", "token"),),),
+                             "sequence_tis": (((f"{RC}.rollout_is", "==", "sequence"),),),
+                             "token_icepop": (((f"{RC}.rollout_is", "==", "token"),
+                                               (f"{RC}.rollout_is_threshold", "~", r"_",
+                                                "a lower_upper band (IcePop)")),)},
+        "rollout_rejection_mask": rejection,
+        "kl_estimator": {k: _kl(k) for k in kl},
+        "entropy": {"chunked": (((f"{A}.entropy_from_logits_with_chunking", "==", True),),)},
+        "vocab_parallel_entropy": {"": (MEGATRON,),
+                                   "chunked": ((*MEGATRON, (f"{A}.entropy_from_logits_with_chunking", "==", True)),)},
+        "vocab_parallel_token_logprobs": {"*": (MEGATRON,)},
+        "vocab_parallel_sum_pi_squared": {"*": ((*MEGATRON, (f"{A}.calculate_sum_pi_squared", "==", True)),)},
+        "sum_pi_squared": {"*": (((f"{A}.calculate_sum_pi_squared", "==", True),),)},
+        "fused_linear_token_stats": {"*": ((("actor_rollout_ref.model.use_fused_kernels", "==", True),),)},
+        "policy_step": {v: (_step(v),) for v in steps},
+        "policy_step_metrics": {v: (_step(v),) for v in steps},
+    }
+
+
+#: a row's trigger that is itself a configuration: its conditions join every alternative of its members
+TRIGGERS = (
+    (r"rollout rejection \(rollout_rs\)", ((f"{RC}.rollout_rs", "!=", None),)),
+)
+
+
+def defaults() -> dict:
+    """The installed verl's defaults of :data:`DEFAULTS`' keys, read from its ``_generated_ppo_trainer.yaml``
+    (unresolved: a value that follows another key is recorded in :data:`FOLLOWS`); a key the file lacks, or a
+    file that cannot be read, keeps the fallback."""
+    out = dict(DEFAULTS)
+    try:
+        import importlib.resources
+
+        import yaml
+
+        text = (importlib.resources.files("verl") / "trainer" / "config" / "_generated_ppo_trainer.yaml").read_text()
+        doc = yaml.safe_load(text)
+    except Exception:  # noqa: BLE001 - no readable config: the fallbacks
+        return out
+    for key in DEFAULTS:
+        node = doc
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and not (isinstance(node, str) and node.startswith("${")) or (
+                node is None and _present(doc, key)):
+            out[key] = node
+    return out
+
+
+def _present(doc: dict, key: str) -> bool:
+    node = doc
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True

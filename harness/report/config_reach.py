@@ -1,0 +1,253 @@
+"""Does my configuration reach it? The configuration keys and values under which a trainer runs each defect row,
+and a report read against one trainer configuration (``rlconform report DIR --config my_trainer.yaml``).
+
+A binding declares, as data (``Binding.configs``, written into ``report.json`` as ``engine.configs``):
+
+* ``defaults``: the engine's default of every key its conditions read (``follows``: a key whose default is another
+  key's value, verl's ``critic.loss_agg_mode``);
+* ``ops``: op -> catalog variant (``""`` the op's own, ``"*"`` any) -> alternatives, each a list of conditions
+  ``[key, op, value]`` (op ``==``, ``!=``, ``in``, ``~`` a regular expression over the value as text, which a
+  fourth field may put in words), any one of which reaches the variant; an op or variant not listed runs under any configuration;
+* ``triggers``: ``[regular expression over a row's trigger, conditions]``: a trigger that is itself a
+  configuration (verl: rollout rejection) adds its conditions to every alternative.
+
+A row's alternatives are those of its members (``reached_by``: a list of condition lists; ``[[]]``: any
+configuration; None: the binding declares nothing). A configuration is a YAML file in the engine's own format:
+a nested mapping (a trainer's config, Hydra's ``.hydra/config.yaml``), dotted keys, or a list of Hydra overrides
+``key=value`` (``.hydra/overrides.yaml``); a key it does not set takes the engine's default.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["ConfigError", "alternatives", "describe", "load_config", "reaches", "render"]
+
+OPS = ("==", "!=", "in", "~")
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be read as the engine's config (a usage error)."""
+
+
+def _conds(alts) -> list[list[tuple]]:
+    return [[tuple(c) for c in alt] for alt in alts]
+
+
+def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[tuple]] | None:
+    """The alternatives that reach ``defect`` (module doc): the union over its members (``findings``: id ->
+    finding) of their op's and variant's alternatives, each with the conditions of the row's trigger; ``[[]]``
+    when some member runs under any configuration; None without a ``table``."""
+    if not table:
+        return None
+    from rlconform.harness.core.opinfo import split_regime
+
+    extra: list[tuple] = []
+    for pattern, conds in table.get("triggers") or ():
+        if re.search(pattern, defect.get("trigger") or ""):
+            extra += [tuple(c) for c in conds]
+    out: list[list[tuple]] = []
+    for fid in defect.get("members") or ():
+        f = findings.get(fid) or {}
+        by_variant = (table.get("ops") or {}).get(f.get("op"))
+        variant = split_regime(str(f.get("regime") or ""))[0] or ""
+        alts = [[]]
+        if by_variant:
+            for key in (variant, variant.split("+", 1)[0], "*", ""):
+                if key in by_variant:
+                    alts = _conds(by_variant[key])
+                    break
+        for alt in alts:
+            full = sorted(set(alt) | set(extra), key=lambda c: (c[0], c[1], repr(c[2])))
+            pinned = {c[0] for c in full if c[1] == "==" and c[2] is not None}
+            full = [c for c in full if not (c[1] == "!=" and c[2] is None and c[0] in pinned)]  # implied
+            if full not in out:
+                out.append(full)
+    if any(not alt for alt in out):
+        return [[]]
+    return out
+
+
+def _text(c: tuple) -> str:
+    key, op, value = c[:3]
+    if len(c) > 3 and c[3]:  # the binding's words for a pattern (``rollout_rs_threshold: an asymmetric pair``)
+        return f"{key}: {c[3]}"
+    shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    if op == "in":
+        return f"{key} ∈ {{{', '.join(map(str, value))}}}"
+    return {"==": f"{key}={shown}", "!=": f"{key}≠{shown}", "~": f"{key} ~ /{value}/"}[op]
+
+
+def describe(alts: list[list[tuple]] | None, limit: int = 3) -> str:
+    """The alternatives in words: ``any configuration``; ``key=value and key2≠null``; several joined by ``; or``
+    (alternatives that differ in one key's value merged as ``key ∈ {…}``), at most ``limit`` then ``…``;
+    ``not declared`` for None."""
+    if alts is None:
+        return "not declared by the binding"
+    if alts == [[]] or not alts:
+        return "any configuration"
+    merged: list[list[tuple]] = []
+    for alt in alts:
+        for m in merged:
+            diff = [i for i, (a, b) in enumerate(zip(m, alt)) if a != b]
+            if len(m) == len(alt) and len(diff) == 1 and m[diff[0]][0] == alt[diff[0]][0] and \
+                    m[diff[0]][1] in ("==", "in") and alt[diff[0]][1] == "==":
+                key, _, v = m[diff[0]]
+                values = tuple(v) if m[diff[0]][1] == "in" else (v,)
+                m[diff[0]] = (key, "in", values + (alt[diff[0]][2],))
+                break
+        else:
+            merged.append(list(alt))
+    words = [" and ".join(f"`{_text(c)}`" for c in alt) for alt in merged]
+    return "; or ".join(words[:limit]) + ("; or …" if len(words) > limit else "")
+
+
+def load_config(path: str) -> dict[str, Any]:
+    """A trainer configuration as ``{dotted key: value}`` (module doc). Raises ConfigError for a file that cannot
+    be read or is neither a mapping nor a list of ``key=value`` overrides."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not YAML: {exc}") from None
+    out: dict[str, Any] = {}
+    if isinstance(doc, list):
+        for item in doc:
+            key, sep, raw = str(item).lstrip("+~").partition("=")
+            if not sep or not key:
+                raise ConfigError(f"{path}: {item!r} is not a key=value override")
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        return out
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys (or a list of key=value overrides), got "
+                          f"{type(doc).__name__}")
+
+    def flat(node, prefix=""):
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict) and v:
+                flat(v, key + ".")
+            else:
+                out[key] = v
+
+    flat(doc)
+    return out
+
+
+def _value(key: str, user: dict, table: dict, seen=()):
+    if key in user:
+        return user[key], True
+    follows = (table.get("follows") or {}).get(key)
+    if follows and follows not in seen and follows in user:
+        return _value(follows, user, table, (*seen, key))
+    return (table.get("defaults") or {}).get(key), False
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return str(a) == str(b)
+
+
+def holds(c: tuple, user: dict, table: dict) -> bool:
+    """Whether condition ``c`` holds in the configuration ``user`` (the engine's defaults where it is silent)."""
+    key, op, expected = c[:3]
+    value, _ = _value(key, user, table)
+    if op == "==":
+        return _same(value, expected)
+    if op == "!=":
+        return not _same(value, expected)
+    if op == "in":
+        return any(_same(value, e) for e in expected)
+    if op == "~":
+        return value is not None and re.search(expected, str(value)) is not None
+    raise ValueError(f"unknown condition op {op!r}; one of {', '.join(OPS)}")
+
+
+def reaches(alts: list[list[tuple]] | None, user: dict, table: dict) -> tuple[bool | None, str]:
+    """(whether the configuration reaches a row with these alternatives — None when the binding declares
+    nothing —, why: the alternative it meets, or the condition of the nearest alternative it misses with the
+    configuration's value)."""
+    if alts is None:
+        return None, "the binding declares no configurations"
+    if alts == [[]]:
+        return True, "any configuration"
+    best = None
+    for alt in alts:
+        missed = [c for c in alt if not holds(c, user, table)]
+        if not missed:
+            return True, " and ".join(f"`{_text(c)}`" for c in alt)
+        if best is None or len(missed) < len(best):
+            best = missed
+    key = best[0][0]
+    value, set_ = _value(key, user, table)
+    shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return False, f"needs `{_text(best[0])}`; this configuration has {key}={shown}" + ("" if set_ else " (default)")
+
+
+def regraded(d: dict, user: dict, table: dict) -> str:
+    """The row's severity under this configuration: a training row whose impact depends on a knob
+    (``depends_on``) that the configuration leaves at its default takes the severity it has there."""
+    dep = d.get("depends_on") or {}
+    if d.get("severity") != "training" or not dep.get("knob"):
+        return d.get("severity") or ""
+    value, _ = _value(dep["knob"], user, table)
+    import yaml
+
+    default = yaml.safe_load(str(dep.get("default")))
+    if value is None or not _same(value, default):
+        return "training"
+    return (dep.get("otherwise") or "").split(",")[0].strip() or d["severity"]
+
+
+def render(doc: dict, user: dict, path: str) -> tuple[str, list[dict]]:
+    """(Markdown of the report's defect rows read against configuration ``user`` from ``path``: those it reaches
+    first, ranked as in the report with severities regraded, then those it does not and why; the reached rows
+    with their regraded ``severity``)."""
+    table = (doc.get("engine") or {}).get("configs")
+    eng = doc.get("engine") or {}
+    rows = doc.get("defects") or []
+    reached, missed, unknown = [], [], []
+    for n, d in enumerate(rows, 1):
+        ok, why = reaches(_conds(d["reached_by"]) if d.get("reached_by") is not None else None, user, table or {})
+        entry = dict(d, row=n, why=why, severity=regraded(d, user, table or {}), report_severity=d.get("severity"))
+        (reached if ok else unknown if ok is None else missed).append(entry)
+    from rlconform.harness.report.severity import SEVERITIES
+
+    reached.sort(key=lambda e: (SEVERITIES.index(e["severity"]) if e["severity"] in SEVERITIES else 9, e["row"]))
+    lines = [f"## rlconform: {eng.get('name', 'engine')} {eng.get('version') or ''} against `{path}`", "",
+             f"{len(reached)} of {len(rows)} defect rows are reached by this configuration"
+             + (f"; {len(unknown)} cannot be told (the binding declares no configurations)" if unknown else "")
+             + ". Keys it does not set take the engine's defaults.", ""]
+    if reached:
+        lines += ["### Reached", "", "| # | severity here | engine function | failure · trigger | reached by |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {e['row']} | **{e['severity']}**{_regraded_note(e)} | {_where(e)} | "
+                  f"{e['signature']['kind']} · {e.get('trigger')} | {e['why']} |" for e in reached]
+        lines.append("")
+    if missed:
+        lines += ["### Not reached", "", "| # | engine function | failure | why not |", "|---|---|---|---|"]
+        lines += [f"| {e['row']} | {_where(e)} | {e['signature']['kind']} | {e['why']} |" for e in missed]
+        lines.append("")
+    if unknown:
+        lines += ["### Cannot be told", "", *[f"- row {e['row']}: {_where(e)} · {e['signature']['kind']}"
+                                             for e in unknown], ""]
+    return "\n".join(lines), reached
+
+
+def _regraded_note(e: dict) -> str:
+    if e["severity"] == e.get("report_severity"):
+        return ""
+    return f" (report: {e.get('report_severity')}; `{e['depends_on']['knob']}` at its default)"
+
+
+def _where(d: dict) -> str:
+    s = d.get("crash_frame") or d.get("engine_function") or {}
+    return f"`{s.get('function')}`" if s.get("function") else f"op `{d.get('op')}`"
