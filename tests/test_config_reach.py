@@ -149,7 +149,7 @@ def test_verls_configurations_name_catalog_ops_and_variants_and_keys_with_defaul
     keys = set()
     for op, by_variant in table["ops"].items():
         assert op in OPS, op
-        known = set(OPS[op].variants or ()) | {"", "*"}
+        known = set(OPS[op].variants or ()) | set(OPS[op].implementations or ()) | {"", "*"}
         unknown = {v for v in by_variant if v.split("+")[0] not in known}  # "grpo+vectorized": grpo's second
         assert not unknown, (op, unknown)
         keys |= {c[0] for alts in by_variant.values() for alt in alts for c in alt}
