@@ -157,3 +157,28 @@ def test_verls_configurations_name_catalog_ops_and_variants_and_keys_with_defaul
     assert keys <= set(table["defaults"]), keys - set(table["defaults"])
     assert table["defaults"]["algorithm.adv_estimator"] == "gae"
     json.dumps(table)  # report.json carries it
+
+
+def test_skyrls_configurations_name_catalog_ops_and_keys_with_defaults_and_corrections_hold_under_any_reduction():
+    """SkyRL's configuration table: catalog ops and variants, every key with a default, and a step variant with a
+    correction or a KL loss reached under any loss_reduction (it was drawn on one; that is not what it checks)."""
+    from rlconform.harness.bindings import skyrl_configs
+    from rlconform.harness.catalog.binding import Binding
+    from rlconform.harness.catalog.ops import OPS
+
+    table = Binding(name="skyrl", ops={}, configs={
+        "defaults": skyrl_configs.DEFAULTS, "triggers": skyrl_configs.TRIGGERS,
+        "ops": skyrl_configs.ops({"regular": [("ppo_clip", {})], "kl_cov": [("kl_cov", {})]},
+                                 {"token-mean": "token_mean", "seq-mean-token-mean": "sequence_mean"},
+                                 {"grpo": ("grpo", "drgrpo")})}).config_table()
+    keys = set()
+    for op, by_variant in table["ops"].items():
+        assert op in OPS, op
+        known = set(OPS[op].variants or ()) | set(OPS[op].implementations or ()) | {"", "*"}
+        assert set(by_variant) <= known, (op, set(by_variant) - known)
+        keys |= {c[0] for alts in by_variant.values() for alt in alts for c in alt}
+    assert keys <= set(table["defaults"]), keys - set(table["defaults"])
+    kl = table["ops"]["policy_step"]["token-mean-with-kl"]
+    assert kl == [[["trainer.algorithm.use_kl_loss", "==", True]]]
+    assert len(table["ops"]["policy_step"]["token-mean-with-rejection"]) == 3  # any of the three masks
+    assert ["trainer.algorithm.grpo_norm_by_std", "==", False] in table["ops"]["outcome_advantage"]["drgrpo"][0]

@@ -57,6 +57,7 @@ from collections import defaultdict
 from rlconform.harness.catalog.binding import AggLoss, Binding, Coverage, Declared, Implementation, Lazy, MetricPipeline
 from rlconform.harness.catalog.engine_site import calls
 
+from . import skyrl_configs
 from ._compat import accepted_keywords, import_skyrl, skyrl_cuda_device_on_cpu
 from .skyrl_remedies import REMEDIES
 
@@ -1154,6 +1155,9 @@ binding = Binding(
     variant_triggers={op: STEP_TRIGGERS for op in ("policy_step", "policy_step_metrics")},
     fault_anchors=FAULT_ANCHORS,
     remedies=REMEDIES,
+    configs={"defaults": skyrl_configs.defaults, "ops": skyrl_configs.ops(POLICY_LOSS_NAMES, SKYRL_MODES,
+                                                                          SKYRL_ESTIMATORS),
+             "triggers": skyrl_configs.TRIGGERS},
     output_sites=OUTPUT_SITES,
     version=_version(),
     engine_dtypes=ENGINE_DTYPES,

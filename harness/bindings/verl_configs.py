@@ -40,7 +40,9 @@ def _step(variant: str) -> tuple:
     extra = {"tis": ((f"{RC}.rollout_is", "==", "token"),),
              "rejection": ((f"{RC}.rollout_rs", "==", "seq_mean_k1"),),
              "kl": ((f"{A}.use_kl_loss", "==", True),)}.get(correction, ())
-    return ((f"{A}.loss_agg_mode", "==", mode), *extra)
+    # a correction or KL variant was drawn on one loss_agg_mode, which is not what it checks: its row holds under
+    # any mode (a filter must not hide a defect from a configuration that reaches it)
+    return (*(() if correction else ((f"{A}.loss_agg_mode", "==", mode),)), *extra)
 
 
 def ops(rollout_rs: dict) -> dict:

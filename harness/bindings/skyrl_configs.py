@@ -1,0 +1,96 @@
+"""Which SkyRL 0.4.0 configuration reaches each op and variant (``Binding.configs``,
+:mod:`rlconform.harness.report.config_reach`): the ``trainer.*`` keys of SkyRL's config (``skyrl.train.config``)
+and the values under which the trainer runs it. An op not listed runs under any configuration."""
+
+from __future__ import annotations
+
+ALGO = "trainer.algorithm"
+OPC = f"{ALGO}.off_policy_correction"
+
+#: the keys the conditions read and their defaults where the installed SkyRL's AlgorithmConfig cannot be read
+DEFAULTS = {
+    f"{ALGO}.advantage_estimator": "grpo", f"{ALGO}.policy_loss_type": "regular",
+    f"{ALGO}.loss_reduction": "token_mean", f"{ALGO}.use_kl_loss": True, f"{ALGO}.kl_estimator_type": "k3",
+    f"{ALGO}.use_kl_in_reward": False, f"{ALGO}.use_entropy_loss": False, f"{ALGO}.grpo_norm_by_std": True,
+    f"{OPC}.tis_ratio_type": None, f"{OPC}.sequence_mask_metric": None,
+    f"{OPC}.token_mask_is_threshold_low": None, f"{OPC}.outlier_token_is_threshold_low": None,
+}
+
+
+def _reduction(mode: str) -> tuple:
+    return ((f"{ALGO}.loss_reduction", "==", mode),)
+
+
+def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
+    """op -> {catalog variant -> alternatives} from the binding's own tables: ``policy_losses`` (SkyRL's
+    policy_loss_type -> [(catalog variant, overrides)]), ``modes`` (catalog loss_agg_mode -> loss_reduction),
+    ``estimators`` (advantage_estimator -> catalog variants)."""
+    losses = {variant: (((f"{ALGO}.policy_loss_type", "==", name),),)
+              for name, pairs in policy_losses.items() for variant, _ in pairs}
+    advantage = {}
+    for name, variants in estimators.items():
+        for variant in variants:
+            conds = [(f"{ALGO}.advantage_estimator", "==", name)]
+            if variant == "drgrpo":
+                conds.append((f"{ALGO}.grpo_norm_by_std", "==", False))
+            advantage[variant] = (tuple(conds),)
+    kl = {e: (((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.kl_estimator_type", "==", e)),
+              ((f"{ALGO}.use_kl_in_reward", "==", True), (f"{ALGO}.kl_estimator_type", "==", e)))
+          for e in ("k1", "k2", "k3", "abs")}
+    steps = {}
+    for variant in ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
+                    "seq-mean-token-mean-with-rejection", "token-mean-with-kl"):
+        mode, _, correction = variant.partition("-with-")
+        # a rejected row: any of the correction's masks drops it the same way inside the policy loss
+        extras = {"tis": (((f"{OPC}.tis_ratio_type", "==", "token"),),),
+                  "rejection": tuple(((k, "!=", None),) for k in (f"{OPC}.sequence_mask_metric",
+                                                                  f"{OPC}.token_mask_is_threshold_low",
+                                                                  f"{OPC}.outlier_token_is_threshold_low")),
+                  "kl": (((f"{ALGO}.use_kl_loss", "==", True),),)}.get(correction, ((),))
+        # a correction or KL variant was drawn on one loss reduction, which is not what it checks: its row holds
+        # under any reduction (a filter must not hide a defect from a configuration that reaches it)
+        base = () if correction else _reduction(modes[mode])
+        steps[variant] = tuple((*base, *extra) for extra in extras)
+    return {
+        "agg_loss": {m: (_reduction(r),) for m, r in modes.items()},
+        "value_loss": {"*": (((f"{ALGO}.advantage_estimator", "==", "gae"),),)},
+        "gae": {"": (((f"{ALGO}.advantage_estimator", "==", "gae"),),)},
+        "policy_loss": losses,
+        "outcome_advantage": advantage,
+        "importance_ratio": {"token_tis": (((f"{OPC}.tis_ratio_type", "==", "token"),),),
+                             "sequence_tis": (((f"{OPC}.tis_ratio_type", "==", "sequence"),),)},
+        "rollout_rejection_mask": {
+            "token_k1": (((f"{OPC}.token_mask_is_threshold_low", "!=", None),),),
+            "token_k1_asym": (((f"{OPC}.token_mask_is_threshold_low", "!=", None),),),
+            "seq_sum_k1": (((f"{OPC}.sequence_mask_metric", "==", "product"),),),
+            "seq_mean_k1": (((f"{OPC}.sequence_mask_metric", "==", "geometric"),),),
+            "seq_all_k1": (((f"{OPC}.outlier_token_is_threshold_low", "!=", None),),)},
+        "kl_estimator": kl,
+        "policy_step": steps,
+        "policy_step_metrics": steps,
+    }
+
+
+#: a row's trigger that is itself a configuration: its conditions join every alternative of its members
+TRIGGERS = (
+    (r"^use_kl_loss=True", ((f"{ALGO}.use_kl_loss", "==", True),)),
+)
+
+
+def defaults() -> dict:
+    """The installed SkyRL's defaults of :data:`DEFAULTS`' keys, read from its ``AlgorithmConfig``; a key it lacks,
+    or a SkyRL that cannot be imported, keeps the fallback."""
+    out = dict(DEFAULTS)
+    try:
+        from ._compat import import_skyrl
+
+        algorithm = import_skyrl("skyrl.train.config").AlgorithmConfig()
+    except Exception:  # noqa: BLE001 - no SkyRL here: the fallbacks
+        return out
+    for key in DEFAULTS:
+        node = algorithm
+        for part in key.split(".")[2:]:
+            node = getattr(node, part, KeyError)
+        if node is not KeyError:
+            out[key] = node
+    return out
