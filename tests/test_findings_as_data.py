@@ -300,3 +300,18 @@ def test_a_family_names_the_missing_gradient_in_its_record(tmp_path):
     [f] = [f for f in json.loads((out / "report.json").read_text())["findings"] if f["status"] == "discrepancy"]
     assert [(c["kind"], c.get("what")) for c in f["failure"]["clauses"]] == [("problem", "missing gradient")]
     assert f["severity"] == "training"
+
+
+def test_a_structural_error_of_the_policy_step_is_a_wrong_value_not_rounding():
+    """The step's float32 computation of a tiny model rounds to ~1e-6 relative: a gradient 1e-3 off (an entropy
+    bonus that counts the padding) is a wrong value of the step, while the same error of another op stays within
+    the catalog's 1 % rounding threshold."""
+    grad = failure.value("gradient of head.weight, token-mean, T 1.0", "gradient", engine=1.001e-2, exact=1.0e-2,
+                         index=0, abs_err=1e-5, rel_err=1e-3, ulp_err=1.7e4, tolerance=1e-8, ratio=1e3)
+    step = dict(_finding([grad], prop="matches_reference"), op="policy_step",
+                id="policy_step.matches_reference.float32.token-mean@trainer_batches", regime="token-mean@trainer_batches",
+                worst_input="", max_ratio=1e3, max_rel_err=1e-3)
+    assert kind(step) == "wrong value" and classify(step)[0] != "precision"
+    other = dict(step, op="policy_loss", id="policy_loss.matches_reference.float32.vanilla@moderate",
+                 regime="vanilla@moderate")
+    assert kind(other) == "inexact value" and classify(other)[0] == "precision"

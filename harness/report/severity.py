@@ -103,6 +103,15 @@ def nonfinite_where_finite(finding: dict) -> str | None:
     return None
 
 
+def _op_wrong_rel(op) -> float:
+    """The op's threshold of a wrong value (:attr:`~rlconform.harness.core.opinfo.OpInfo.wrong_rel`), else
+    ``WRONG_REL``."""
+    from rlconform.harness.catalog.ops import OPS
+
+    info = OPS.get(op) if isinstance(op, str) else None
+    return info.wrong_rel if info is not None and info.wrong_rel is not None else WRONG_REL
+
+
 def _wrong_value(finding: dict) -> str | None:
     """Why the finding's values are wrong beyond rounding (the tolerance table's thresholds), else None."""
     ratio = finding.get("max_ratio")
@@ -110,11 +119,12 @@ def _wrong_value(finding: dict) -> str | None:
     if near:
         return None
     worst, why = 0.0, None
+    wrong_rel = _op_wrong_rel(finding.get("op"))
     for e, r, t in value_clauses(finding):
         err = abs(e - r)
         if t > 0 and abs(r) > t and err > t:
             rel = err / abs(r)
-            if rel >= WRONG_REL and rel > worst:
+            if rel >= wrong_rel and rel > worst:
                 worst, why = rel, f"rel err {rel:.3g} at reference {r:.6g} (tolerance {t:.3g})"
         elif abs(r) <= t < err and err >= WRONG_REL and err > worst:
             # an exact value at (or below) the absolute floor: no relative error exists, so the absolute one
@@ -127,7 +137,7 @@ def _wrong_value(finding: dict) -> str | None:
         scale = max((abs(v) for v in (x, y, r) if math.isfinite(v)), default=0.0) if agreement else abs(r)
         if d > 0 and scale > d and diff > d:
             dep = diff / scale
-            if dep > WRONG_PARTITION and dep > worst:
+            if dep > min(WRONG_PARTITION, wrong_rel) and dep > worst:
                 worst, why = dep, (f"the implementations differ by {dep:.3g} of the value {max(abs(x), abs(y)):.6g} "
                                    f"(allowed difference {d:.3g})" if agreement else
                                    f"partition dependence {dep:.3g} of the value {r:.6g} (allowed difference {d:.3g})")
