@@ -48,6 +48,7 @@ from rlconform.harness.catalog.ops import (
 )
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation, call_engine
+from rlconform.harness.core.failure import mutation as mutation_clause
 from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.generated import LogitsGen
 from rlconform.harness.core.layout import Layout, parse_regime, row_chunks, zigzag_index
@@ -143,7 +144,10 @@ def _messages(ev: Evaluation, layout: Layout, results: list) -> None:
             ev.problems.append(f"{_rank_name(layout, rank)} returned nothing")
             continue
         for m in res["messages"]:
-            ev.mutations.append(f"{_rank_name(layout, rank)}: {m}")
+            if isinstance(m, dict):  # a change of a tensor, as the keywords of failure.mutation
+                ev.mutations.append(mutation_clause(**dict(m, sentence=f"{_rank_name(layout, rank)}: {m['sentence']}")))
+            else:
+                ev.mutations.append(f"{_rank_name(layout, rank)}: {m}")
 
 
 # --------------------------------------------------------------------------------- vocab parallel

@@ -196,7 +196,7 @@ def _vp_compute(mode: str, op: str, fn, entropy, group, data: dict, dtype: str, 
         _backward(out, g)
         return _value_result(out, leaf, dtype)
 
-    messages: list[str] = []
+    messages: list = []  # a change of the logits as a record (Mutation.record's fields), anything else a sentence
     leaf = x.clone().requires_grad_(True)
     logits = produce(leaf)  # a producer that saved its output (the logits) for its own backward
     labels = {"labels": extra[0]} if extra else {}
@@ -207,39 +207,43 @@ def _vp_compute(mode: str, op: str, fn, entropy, group, data: dict, dtype: str, 
         except RuntimeError as exc:
             if not _is_inplace_error(exc):
                 raise
-            messages.append(f"after {what}, a producer that saved the logits for backward could not backprop: "
-                            f"{str(exc).splitlines()[0]}")
+            messages.append({"tensor": "logits", "phase": "backward", "evidence": "saved",
+                             "by_op": what.removesuffix(" backward") if what != "the backward" else "",
+                             "sentence": f"after {what}, a producer that saved the logits for backward could not "
+                                        f"backprop: {str(exc).splitlines()[0]}"})
 
     if mode == "guard":
         guard = InputGuard(logits=logits, **labels)
         out = fn(logits, *extra, group)
-        messages += [m.describe() for m in guard.check("forward")]
+        messages += [m.record() for m in guard.check("forward")]
         if not (isinstance(out, torch.Tensor) and out.requires_grad) and not forward_only:
             messages.append("the output has no autograd graph (requires_grad=False): the backward could not run, "
                             "so its effect on the inputs is unchecked (and no gradient reaches the logits)")
         backprop(out, "the backward")
-        messages += [m.describe() for m in guard.check("backward")]
+        messages += [m.record() for m in guard.check("backward")]
         return {"messages": messages}
 
     if mode == "order":  # verl PR #6153: Σπ² before and after a vocab-parallel entropy forward + backward
         guard = InputGuard(logits=logits)
         before = fn(logits, group).detach().clone()
-        messages += [m.describe() for m in guard.check("sum_pi_squared forward")]
+        messages += [m.record() for m in guard.check("sum_pi_squared forward")]
         guard = InputGuard(logits=logits)
         ent = entropy(logits, group)
-        messages += [m.describe() for m in guard.check("vocab_parallel_entropy forward")]
+        messages += [m.record() for m in guard.check("vocab_parallel_entropy forward")]
         guard = InputGuard(logits=logits)
         backprop(ent, "vocab_parallel_entropy backward")
-        messages += [m.describe() for m in guard.check("vocab_parallel_entropy backward")]
+        messages += [m.record() for m in guard.check("vocab_parallel_entropy backward")]
         after = fn(logits, group).detach()
         b0, b1 = _bits(before), _bits(after)
         if b0.shape != b1.shape or not np.array_equal(b0, b1):
             diff = np.flatnonzero(b0.reshape(-1) != b1.reshape(-1)) if b0.shape == b1.shape else np.arange(1)
             i = int(diff[0])
             bv, av = to_numpy(before).reshape(-1), to_numpy(after).reshape(-1)
-            messages.append(f"Σπ² read after vocab_parallel_entropy forward+backward on the same logits differs "
-                            f"from Σπ² read before it in {diff.size} of {b0.size} element(s): [{i}] "
-                            f"{bv[i]!r} before, {av[i]!r} after")
+            messages.append({"tensor": "logits", "phase": "backward", "evidence": "read after",
+                             "by_op": "vocab_parallel_entropy",
+                             "sentence": f"Σπ² read after vocab_parallel_entropy forward+backward on the same logits "
+                                     f"differs from Σπ² read before it in {diff.size} of {b0.size} element(s): "
+                                     f"[{i}] {bv[i]!r} before, {av[i]!r} after"})
         return {"messages": messages, "before": to_numpy(before), "after": to_numpy(after)}
     raise ValueError(f"unknown mode {mode!r}")
 
@@ -319,7 +323,7 @@ def token_reduction_rank(ctx, payload: dict) -> list:
             guard = InputGuard(values=values, mask=mask)
             with torch_state.guard():
                 fn(values, mask, group, *args)
-            results.append({"messages": [m.describe() for m in guard.check("forward")]})
+            results.append({"messages": [m.record() for m in guard.check("forward")]})
         else:
             with torch_state.guard():
                 out = fn(values, mask, group, *args)

@@ -140,6 +140,13 @@ SAVED = ("rank 0 (tp 0): after the backward, a producer that saved the logits fo
          "FloatTensor [3, 64]], which is output 0 of SavesOutputIdentity, is at version 2; expected version 0")
 
 
+def _cw(rows, finding):
+    """covering_write over the finding's failure clauses (an older finding's read from its message)."""
+    from rlconform.harness.report import failure_fields
+
+    return covering_write(rows, finding, failure_fields.clauses(finding))
+
+
 def _nd(op, message, site, regime="tp2_moderate", dtype="float32"):
     return {"id": f"{op}.non_destructive.{dtype}.{regime}", "op": op, "property": "non_destructive", "dtype": dtype,
             "regime": regime, "status": "discrepancy", "message": message, "max_ratio": None, "max_rel_err": 0.0,
@@ -219,25 +226,25 @@ def test_a_declared_write_covers_only_what_it_declares():
     meg = _verl_write("megatron_cross_entropy_inplace").row()
     assert bwd["holds"] and meg["holds"], (bwd["evidence"], meg["evidence"])
     rows = [bwd, meg]
-    assert covering_write(rows, _nd("vocab_parallel_entropy", SAVED, BACKWARD))["name"] == bwd["name"]
+    assert _cw(rows, _nd("vocab_parallel_entropy", SAVED, BACKWARD))["name"] == bwd["name"]
     after = SAVED.replace("after the backward", "after vocab_parallel_entropy backward") + \
         "\nrank 0 (tp 0): input 'logits' mutated during vocab_parallel_entropy backward: 3 element(s) changed"
-    assert covering_write(rows, _nd("vocab_parallel_sum_pi_squared", after, BACKWARD, "tp2_after_entropy"))
+    assert _cw(rows, _nd("vocab_parallel_sum_pi_squared", after, BACKWARD, "tp2_after_entropy"))
     fwd = "rank 0 (tp 0): input 'logits' mutated during forward: 4 element(s) changed, e.g. [0] 1.0 -> 0.5\n" + SAVED
-    assert covering_write(rows, _nd("vocab_parallel_entropy", fwd, BACKWARD)) is None  # the forward must not write
+    assert _cw(rows, _nd("vocab_parallel_entropy", fwd, BACKWARD)) is None  # the forward must not write
     other = SAVED + "\nrank 0 (tp 0): input 'grad_output' mutated during backward: 1 element(s) changed"
-    assert covering_write(rows, _nd("vocab_parallel_entropy", other, BACKWARD)) is None  # another tensor
+    assert _cw(rows, _nd("vocab_parallel_entropy", other, BACKWARD)) is None  # another tensor
     unknown = SAVED + "\nrank 0 (tp 0): the saved softmax was modified in place"
-    assert covering_write(rows, _nd("vocab_parallel_entropy", unknown, BACKWARD)) is None  # a change not read
+    assert _cw(rows, _nd("vocab_parallel_entropy", unknown, BACKWARD)) is None  # a change not read
     elsewhere = dict(BACKWARD, function="vocab_parallel_entropy", line=142)
-    assert covering_write(rows, _nd("vocab_parallel_entropy", SAVED, elsewhere)) is None  # another writer
-    assert covering_write(rows, _nd("entropy", SAVED, BACKWARD)) is None  # an op it does not concern
+    assert _cw(rows, _nd("vocab_parallel_entropy", SAVED, elsewhere)) is None  # another writer
+    assert _cw(rows, _nd("entropy", SAVED, BACKWARD)) is None  # an op it does not concern
     via = {"function": "vocab_parallel_log_probs_from_logits", "module": "verl.utils.megatron.tensor_parallel",
            "via": {"function": "VocabParallelCrossEntropy.calculate_predicted_logits",
                    "module": "megatron.core.tensor_parallel.cross_entropy"}}
-    assert covering_write(rows, _nd("vocab_parallel_token_logprobs", fwd, via))["name"] == meg["name"]
-    assert covering_write(rows, _nd("vocab_parallel_token_logprobs", SAVED, via)) is None  # not the forward write
-    assert covering_write([dict(meg, holds=False)], _nd("vocab_parallel_token_logprobs", fwd, via)) is None
+    assert _cw(rows, _nd("vocab_parallel_token_logprobs", fwd, via))["name"] == meg["name"]
+    assert _cw(rows, _nd("vocab_parallel_token_logprobs", SAVED, via)) is None  # not the forward write
+    assert _cw([dict(meg, holds=False)], _nd("vocab_parallel_token_logprobs", fwd, via)) is None
 
 
 @pytest.mark.engines
@@ -384,5 +391,24 @@ def test_megatrons_inplace_cross_entropy_reads_one_way_in_every_binding_that_rea
     tp1 = ("input 'logits' mutated during forward: 1 element(s) changed, e.g. [0] 0.1257 -> 1.0; _version 0 -> 3\n"
            "a producer that saved the logits for backward could not backprop: one of the variables needed for "
            "gradient computation has been modified by an inplace operation")
-    assert covering_write([row], _nd("token_logprobs", tp1, site, "moderate"))["name"] == own.name
-    assert covering_write([row], _nd("token_logprobs", tp1.splitlines()[1], site, "moderate")) is None
+    assert _cw([row], _nd("token_logprobs", tp1, site, "moderate"))["name"] == own.name
+    assert _cw([row], _nd("token_logprobs", tp1.splitlines()[1], site, "moderate")) is None
+
+
+@pytest.mark.engines
+@verl_only
+def test_a_declared_write_is_read_from_the_mutation_fields_not_the_sentence():
+    """A finding whose mutation clauses carry their fields is covered by what they say (tensor, phase), whatever
+    their sentence; a sentence-only clause (no tensor) is not."""
+    from rlconform.harness.core import failure
+
+    meg = dict(_verl_write("megatron_cross_entropy_inplace").row(), holds=True)
+    via = {"function": "vocab_parallel_log_probs_from_logits", "module": "verl.utils.megatron.tensor_parallel",
+           "via": {"function": "VocabParallelCrossEntropy.calculate_predicted_logits",
+                   "module": "megatron.core.tensor_parallel.cross_entropy"}}
+    reworded = [failure.mutation("logits", "forward", "rank 0: the logits now hold exp(logits − max)"),
+                failure.mutation("logits", "backward", "rank 0: the producer's backward failed", evidence="saved")]
+    f = dict(_nd("vocab_parallel_token_logprobs", "", via), failure={"clauses": failure.clauses_to_json(reworded)})
+    assert _cw([meg], f)["name"] == meg["name"]
+    bare = dict(f, failure={"clauses": failure.clauses_to_json([failure.text("mutation", "something changed")])})
+    assert _cw([meg], bare) is None

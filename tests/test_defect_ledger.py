@@ -228,13 +228,15 @@ def test_the_ledger_writes_the_report_tables_folded_rows_and_matches_every_membe
     bwd = {"function": "_E.backward", "module": "verl.utils.megatron.tensor_parallel", "file": "t.py", "line": 2}
     sps = dict(bwd, function="vocab_parallel_sum_pi_squared")
     nan = "loss: engine nan where the reference is finite (0.5) at flat index 0"
-    after = "rank 0: after vocab_parallel_entropy backward, ... is at version 2; expected version 0 instead."
+    after = ("rank 0 (tp 0): after vocab_parallel_entropy backward, a producer that saved the logits for backward "
+             "could not backprop: ... is at version 2; expected version 0 instead.")
     fs = [_finding("agg_loss.mask_invariant.float32.token-mean@moderate", message=nan, engine_function=agg,
                    trigger="a masked position holding NaN"),
           _finding("policy_loss.mask_invariant.float32.gspo@moderate", message=nan, engine_function=gspo,
                    trigger="a masked position holding NaN"),
-          _finding("vocab_parallel_entropy.non_destructive.float32.tp2_moderate", message="after the backward, "
-                   "... is at version 2; expected version 0 instead.", engine_function=bwd),
+          _finding("vocab_parallel_entropy.non_destructive.float32.tp2_moderate", message="after the backward, a "
+                   "producer that saved the logits for backward could not backprop: ... is at version 2; expected "
+                   "version 0 instead.", engine_function=bwd),
           _finding("vocab_parallel_sum_pi_squared.non_destructive.float32.tp2_after_entropy", message=after,
                    engine_function=sps)]
     doc = annotate({"engine": {"name": "verl", "version": "0.9.1"}, "findings": fs})

@@ -154,10 +154,10 @@ MESSAGE_READERS = {
     "harness/report/diff.py": "quotes the message of a changed finding",
     "harness/cli.py": "prints a replay's message",
     "harness/run/status.py": "appends the ledger's word to the message",
-    "harness/core/declared.py": "matches a declared guard's error text (the engine's exception text, not ours)",
     # not yet on the record's fields (their wording is read): the crash texts of in-place errors and the
     # backward op named in them, the layout labels of an empty shard, the families' trigger hooks
-    "harness/report/triage.py": "layout labels (an empty shard), the backward op of an in-place error, changed tensors",
+    "harness/report/triage.py": "an older report's empty-shard labels, the message's own trigger words, an emitted "
+                                "key's sentence, an in-place crash's version check",
     "harness/report/triage_md.py": "the exception types a crash message names, the lost metric's sentence",
     "harness/report/xfails.py": "the in-place error and backward op of a crash",
     "harness/report/explain.py": "the first line as the numbers of a row without a clause, the kept-mask label",

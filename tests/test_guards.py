@@ -63,3 +63,26 @@ def test_large_tensors_are_digested_not_copied(monkeypatch):
     x[63, 99] = 1e30
     (m,) = guard.check("forward")
     assert m.changed_blocks == 1 and m.sample
+
+
+def test_a_change_becomes_a_mutation_clause_with_its_fields():
+    """A guard's change reaches the failure record as fields — the tensor, the pass (and another op's), the
+    version change and one changed element — so a reader never parses the sentence."""
+    import torch
+
+    from rlconform.harness.core.failure import Clause
+    from rlconform.harness.core.guards import InputGuard
+
+    x = torch.tensor([1.0, 2.0, 3.0])
+    guard = InputGuard(logits=x)
+    x.mul_(2.0)
+    (own,) = guard.check("forward")
+    c = own.clause()
+    assert (c.kind, c.label, c.phase, c.by_op, c.evidence) == ("mutation", "logits", "forward", "", "changed")
+    assert (c.versions, c.changed, c.index, c.other, c.engine) == ([0, 1], 3, 0, 1.0, 2.0)
+    assert Clause.from_json(c.to_json()) == c  # report.json carries it
+    guard = InputGuard(logits=x)
+    x.add_(1.0)
+    (other,) = guard.check("vocab_parallel_entropy backward")
+    assert (other.clause().phase, other.clause().by_op) == ("backward", "vocab_parallel_entropy")
+    assert other.record()["sentence"].startswith("input 'logits' mutated during vocab_parallel_entropy backward")

@@ -196,41 +196,29 @@ def _function_span(lines: list[str], line: int) -> tuple[int, int]:
     return 0, len(lines)
 
 
-#: a non_destructive message's change of one tensor: ``input 'logits' mutated during forward`` (``during <op>
-#: backward``) / ``after the backward, a producer that saved the logits for backward could not backprop`` (also
-#: ``after <op> backward``) / ``Σπ² read after <op> forward+backward on the same logits differs``
-_MUTATED = re.compile(r"input '(?P<name>[A-Za-z_0-9]+)' mutated during (?:[A-Za-z_0-9]+ )?(?P<phase>forward|backward)")
-#: a value read from the same tensor after another op's forward and backward (vocab_parallel's after_entropy order)
-_READ_AFTER = re.compile(r"read after [A-Za-z_0-9]+ forward\+backward on the same (?P<name>[A-Za-z_0-9]+) differs")
-_SAVED = re.compile(r"(?:after (?:the|[A-Za-z_0-9]+) backward, )?a producer that saved the (?P<name>[A-Za-z_0-9]+) "
-                    r"for backward could not backprop")
-
-
-def covering_write(rows, finding: dict) -> dict | None:
+def covering_write(rows, finding: dict, clauses) -> dict | None:
     """The declared write (a row of ``report.json``'s ``engine.declared``, :meth:`Declared.row`) that covers a
-    ``non_destructive`` ``finding``, or None: it concerns the op and variant, it holds in the installed engine
-    (``holds``, :meth:`Declared.verify`), the finding is located at its ``writer`` (the engine function or
-    the frame it writes through, ``via``), and every change the message shows is to a tensor it ``writes``
-    in its ``phase`` (a forward write is also seen after the backward; a backward write must leave the
-    forward alone). Anything else — another tensor, a forward change of a backward write, a crash — is not
-    covered."""
+    ``non_destructive`` ``finding`` whose failure clauses are ``clauses`` (``mutation`` clauses, fields ``label``
+    = the tensor, ``phase``; :mod:`rlconform.harness.core.failure`), or None: it concerns the op and
+    variant, it holds in the installed engine (``holds``, :meth:`Declared.verify`), the finding is located at its
+    ``writer`` (the engine function or the frame it writes through, ``via``), and every change is to a tensor it
+    ``writes`` in its ``phase`` (a forward write is also seen after the backward; a backward write must leave
+    the forward alone). Anything else — another tensor, a forward change of a backward write, a clause that names
+    no tensor, a crash — is not covered."""
     if finding.get("property") != "non_destructive" or finding.get("status") not in ("discrepancy", "xfail"):
         return None  # xfail: a ledger that lists the write (its findings stay declared, not defects)
     site = finding.get("engine_function") or {}
     at = {site.get("function"), (site.get("via") or {}).get("function")} - {None}
-    msg = finding.get("message") or ""
     regime = finding.get("regime") or ""
+    changes = [(c.label, c.phase) if c.kind == "mutation" else ("", "") for c in clauses or ()]
+    if not changes or any(not (name and phase) for name, phase in changes):
+        return None  # a clause that is no change of a named tensor (a missing graph, a value): not covered
     for d in rows or ():
         if not d.get("writes") or not d.get("holds") or finding.get("op") not in d.get("ops", ()):
             continue
         if d.get("variants") and _variant(regime) not in d["variants"]:
             continue
         if d.get("writer") not in at:
-            continue
-        changes = [(m["name"], m["phase"]) for m in _MUTATED.finditer(msg)]
-        changes += [(m["name"], "backward") for m in (*_SAVED.finditer(msg), *_READ_AFTER.finditer(msg))]
-        lines = [ln for ln in msg.splitlines() if ln.strip()]
-        if not changes or len(lines) > len(changes):  # a line the reading does not explain: not covered
             continue
         allowed = {"forward": ("forward", "backward"), "backward": ("backward",)}[d["phase"]]
         if all(name in d["writes"] and phase in allowed for name, phase in changes):

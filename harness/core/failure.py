@@ -19,7 +19,13 @@ clause kind     fields it carries (beside ``label``, ``quantity``, ``dtype``, ``
 ``contract``    an input rank the implementation's docstring allows raised: ``rank``, ``error_type``
 ``problem``     something expected was absent or malformed (``text``, the family's sentence; ``what``, one of
                 :data:`PROBLEMS`, when the family names it)
-``mutation``    an input or a tensor saved for backward changed (``text``)
+``mutation``    an input or a tensor saved for backward changed: ``label`` the tensor, ``phase`` the pass it
+                was seen changed after (``forward`` / ``backward``), ``by_op`` another op whose pass
+                changed it (verl's entropy backward before Σπ²; ``""``: the op checked), ``evidence``
+                (:data:`EVIDENCE`: its bits changed, a producer that saved it could not backprop, a value
+                read from it afterwards differs), ``versions`` (its ``_version`` before and after),
+                ``changed`` (elements changed) and one of them at ``index``: ``other`` before, ``engine``
+                after; ``text``
 ``metric``      a metric key lost, printed or retyped on its way to the final dict (``text``)
 ==============  ==================================================================================
 
@@ -42,6 +48,11 @@ QUANTITIES = ("value", "gradient", "metric", "")
 #: what a ``problem`` clause says is absent: a gradient the contract requires (no autograd graph, or backward
 #: reached no input), an output (missing, or of the wrong shape or type), a metric on its way to the final dict
 PROBLEMS = ("missing gradient", "missing output", "lost metric")
+#: how a ``mutation`` clause knows the tensor changed: its bits or version counter, a producer that saved it for
+#: backward could not backprop, a value another op read from it afterwards differs
+EVIDENCE = ("changed", "saved", "read after")
+#: the passes a ``mutation`` is seen after
+PHASES = ("forward", "backward")
 
 
 @dataclasses.dataclass
@@ -68,12 +79,19 @@ class Clause:
     error_type: str | None = None
     text: str = ""
     what: str = ""
+    phase: str = ""
+    by_op: str = ""
+    evidence: str = ""
+    versions: list | None = None
+    changed: int | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"unknown clause kind {self.kind!r}; one of {', '.join(KINDS)}")
         if self.what and self.what not in PROBLEMS:
             raise ValueError(f"unknown problem {self.what!r}; one of {', '.join(PROBLEMS)}")
+        if self.phase and self.phase not in PHASES or self.evidence and self.evidence not in EVIDENCE:
+            raise ValueError(f"unknown mutation phase {self.phase!r} or evidence {self.evidence!r}")
 
     def __str__(self) -> str:
         return render_clause(self)
@@ -134,6 +152,18 @@ def value(label: str, quantity: str, *, engine: float, exact: float, index: int,
 def text(kind: str, message: str, label: str = "") -> Clause:
     """A ``problem`` / ``mutation`` / ``metric`` clause: the family's own sentence."""
     return Clause(kind, label, text=str(message))
+
+
+def mutation(tensor: str, phase: str, sentence: str, *, by_op: str = "", evidence: str = "changed",
+             versions=None, changed: int | None = None, index: int | None = None, before: float | None = None,
+             after: float | None = None) -> Clause:
+    """A ``mutation`` clause: ``tensor`` seen changed after the ``phase`` pass (of ``by_op``, another op, when
+    given), known by ``evidence`` (:data:`EVIDENCE`), with the family's sentence; ``versions`` ``[before,
+    after]`` of its version counter, ``changed`` elements, one of them at flat ``index`` (``before`` ->
+    ``after``) when known."""
+    return Clause("mutation", tensor, text=str(sentence), phase=phase, by_op=by_op, evidence=evidence,
+                  versions=[int(v) for v in versions] if versions else None, changed=changed, index=index,
+                  other=None if before is None else float(before), engine=None if after is None else float(after))
 
 
 def problem(what: str, message: str) -> Clause:

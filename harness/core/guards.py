@@ -51,6 +51,26 @@ class Mutation:
     changed_blocks: int = 0
     block_elements: int = 0
 
+    def clause(self, prefix: str = ""):
+        """This change as a ``mutation`` failure clause (:func:`rlconform.harness.core.failure.mutation`): the
+        stage ``"forward"`` / ``"backward"``, or ``"<op> forward"`` for a pass of another op; ``prefix`` goes
+        before its sentence (a rank's name)."""
+        from rlconform.harness.core.failure import mutation
+
+        return mutation(**self.record(prefix))
+
+    def record(self, prefix: str = "") -> dict:
+        """:meth:`clause`'s fields as a plain dict (what a rank sends back), the keywords of
+        :func:`rlconform.harness.core.failure.mutation`."""
+        by_op, _, phase = self.stage.rpartition(" ")
+        out = {"tensor": self.name, "phase": phase, "sentence": prefix + self.describe(), "by_op": by_op,
+               "versions": [self.version_before, self.version_after] if self.version_after != self.version_before
+               else None}
+        if self.bits_changed and not self.changed_blocks and self.sample:
+            i, before, after = self.sample[0]
+            out.update(changed=int(self.changed_elements), index=int(i), before=float(before), after=float(after))
+        return out
+
     def describe(self) -> str:
         parts = []
         if self.bits_changed and self.changed_blocks:

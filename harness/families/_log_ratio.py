@@ -40,10 +40,10 @@ def guarded_call(op: str, fn, lp64, old64, mask, dtype: str, ev: Evaluation, dif
     m = torch.from_numpy(mask.copy())
     guard = InputGuard(log_prob=lp, old_log_prob=old, mask=m)
     out = call_engine(op, fn, lp, old, m)
-    ev.mutations += [x.describe() for x in guard.check("forward")]
+    ev.mutations += [x.clause() for x in guard.check("forward")]
     if differentiable and isinstance(out, torch.Tensor) and out.requires_grad:
         call_engine(f"{op} backward", out.backward, m.to(out.dtype))
-        ev.mutations += [x.describe() for x in guard.check("backward")]
+        ev.mutations += [x.clause() for x in guard.check("backward")]
     return ev
 
 

@@ -40,10 +40,10 @@ def guarded_call(op: str, fn: Callable, arrays: dict[str, np.ndarray], grad_key:
     m = torch.from_numpy(mask.copy())
     guard = InputGuard(response_mask=m, **t)
     loss, _ = call_engine(op, call, fn, t, m)
-    ev.mutations += [x.describe() for x in guard.check("forward")]
+    ev.mutations += [x.clause() for x in guard.check("forward")]
     if isinstance(loss, torch.Tensor) and loss.requires_grad:
         call_engine(f"{op} backward", loss.backward)
-        ev.mutations += [x.describe() for x in guard.check("backward")]
+        ev.mutations += [x.clause() for x in guard.check("backward")]
     return ev
 
 

@@ -494,7 +494,7 @@ def evaluate(binding, case) -> Evaluation:
                         arrs["lam"])
         else:
             call_engine("masked_whiten", fn, tensors["values"], mask_t, bool(arrs["shift_mean"]))
-        ev.mutations += [m.describe() for m in guard.check("forward")]
+        ev.mutations += [m.clause() for m in guard.check("forward")]
         return ev
     declared = getattr(binding, "declared", ())
     refs = _reference(case, estimator, arrs, declared)  # a declared convention (verl's singleton) is followed

@@ -235,7 +235,7 @@ def evaluate(binding, case) -> Evaluation:
         loss, mask = to_tensor(loss64, case.dtype), torch.from_numpy(mask_np)
         guard = InputGuard(loss_mat=loss, mask=mask)
         run_agg_loss(agg, loss, mask, mode, partitions[0], lsf)
-        ev.mutations += [m.describe() for m in guard.check("forward")]
+        ev.mutations += [m.clause() for m in guard.check("forward")]
         return ev
     ref = np.float64(R.agg_loss(loss64, mask_np, mode, loss_scale_factor=lsf))
     if np.isnan(ref):

@@ -153,10 +153,10 @@ def evaluate(binding, case) -> Evaluation:
         args = _args(inputs, h, w, batch)
         guard = InputGuard(hidden=h, weight=w, labels=args[2])
         out = call_engine(f"{NAME} forward", impl.fn, *args)
-        ev.mutations += [m.describe() for m in guard.check("forward")]
+        ev.mutations += [m.clause() for m in guard.check("forward")]
         g = [torch.from_numpy(inputs[k].reshape(batch)) for k in ("grad_logprobs", "grad_entropy")]
         if _backward(out, (h, w), *g, ev, binding):
-            ev.mutations += [m.describe() for m in guard.check("backward")]
+            ev.mutations += [m.clause() for m in guard.check("backward")]
         return ev
     temp = float(inputs["temperature"])
     ref = R.fused_linear_token_stats(inputs["hidden"], inputs["weight"], inputs["labels"], temp)

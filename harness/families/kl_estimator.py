@@ -170,10 +170,10 @@ def evaluate(binding, case) -> Evaluation:
         m = torch.from_numpy(mask.copy())
         guard = InputGuard(logprob=lp, ref_logprob=ref, mask=m)
         out = call_engine("kl_estimator", fn, lp, ref, m)
-        ev.mutations += [x.describe() for x in guard.check("forward")]
+        ev.mutations += [x.clause() for x in guard.check("forward")]
         if isinstance(out, torch.Tensor) and out.requires_grad:
             call_engine("kl_estimator backward", out.backward, m.to(out.dtype))
-            ev.mutations += [x.describe() for x in guard.check("backward")]
+            ev.mutations += [x.clause() for x in guard.check("backward")]
         return ev
     if not mask.any():
         ev.undefined = "no valid token: nothing is defined"

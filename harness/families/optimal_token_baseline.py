@@ -173,7 +173,7 @@ def evaluate(binding, case) -> Evaluation:
         t = _tensors(arrs, case.dtype)
         guard = InputGuard(**t)
         call_engine(case.op, fn, *_args(t, index))
-        ev.mutations += [m.describe() for m in guard.check("forward")]
+        ev.mutations += [m.clause() for m in guard.check("forward")]
         return ev
     refs = R.optimal_token_baseline(arrs["rewards"], arrs["mask"], index, arrs["old_log_probs"],
                                     arrs["sum_pi_squared"])

@@ -158,7 +158,7 @@ def evaluate(binding, case) -> Evaluation:
         except EngineCrash:
             if not undefined:
                 raise
-        ev.mutations += [m.describe() for m in guard.check("forward")]
+        ev.mutations += [m.clause() for m in guard.check("forward")]
         ev.undefined = None  # the inputs must survive even where the value is undefined
         return ev
     try:

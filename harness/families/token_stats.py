@@ -36,6 +36,7 @@ from rlconform.harness.core import impl_contract as IC
 from rlconform.harness.core import strategies as S
 from rlconform.harness.core import tape
 from rlconform.harness.core.evaluation import Compared, EngineCrash, Evaluation, call_engine, shape_problem
+from rlconform.harness.core.failure import mutation as mutation_clause
 from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.generated import LogitsGen
 from rlconform.harness.core.guards import InputGuard, produce
@@ -245,7 +246,9 @@ def backward(op: OpInfo, binding, out, leaf_or_none, grad_out: torch.Tensor, ev:
     except EngineCrash as crash:
         exc = crash.__cause__
         if saved_producer and isinstance(exc, RuntimeError) and ("inplace" in str(exc) or "modified" in str(exc)):
-            ev.mutations.append(f"a producer that saved the logits for backward could not backprop: {exc}")
+            ev.mutations.append(mutation_clause(
+                "logits", "backward", f"a producer that saved the logits for backward could not backprop: {exc}",
+                evidence="saved"))
             return False
         raise
     if leaf_or_none is not None and leaf_or_none.grad is None:
@@ -278,9 +281,9 @@ def _evaluate_generated(op: OpInfo, fn, binding, case) -> Evaluation:
         args = engine_args(op, logits, case.inputs)
         guard = InputGuard(logits=logits, **({"labels": args[1]} if len(args) > 1 else {}))
         out = call_engine(f"{case.op} forward", fn, *args)
-        ev.mutations += [m.describe() for m in guard.check("forward")]
+        ev.mutations += [m.clause() for m in guard.check("forward")]
         if backward(op, binding, out, leaf, torch.from_numpy(grad_out64), ev, saved_producer=True):
-            ev.mutations += [m.describe() for m in guard.check("backward")]
+            ev.mutations += [m.clause() for m in guard.check("backward")]
         return ev
 
     leaf = gen.materialise(case.dtype).requires_grad_(True)
@@ -366,9 +369,9 @@ def _evaluate_implementation(op: OpInfo, binding, case, name: str) -> Evaluation
         args = engine_args(op, logits, shaped)
         guard = InputGuard(logits=logits, **({"labels": args[1]} if len(args) > 1 else {}))
         out = call_engine(where, impl.fn, *args, **kwargs)
-        ev.mutations += [m.describe() for m in guard.check("forward")]
+        ev.mutations += [m.clause() for m in guard.check("forward")]
         if backward(op, binding, out, leaf, torch.from_numpy(shaped["grad_output"]), ev, saved_producer=True):
-            ev.mutations += [m.describe() for m in guard.check("backward")]
+            ev.mutations += [m.clause() for m in guard.check("backward")]
         return ev
     ref = _reference(op, flat, flat["logits"], None)
     ref_grad = None
@@ -432,9 +435,9 @@ def evaluate(binding, case) -> Evaluation:
         args = engine_args(op, logits, case.inputs)
         guard = InputGuard(logits=logits, **({"labels": args[1]} if len(args) > 1 else {}))
         out = call_engine(f"{case.op} forward", fn, *args)
-        ev.mutations += [m.describe() for m in guard.check("forward")]
+        ev.mutations += [m.clause() for m in guard.check("forward")]
         if backward(op, binding, out, leaf, grad_out, ev, saved_producer=True):
-            ev.mutations += [m.describe() for m in guard.check("backward")]
+            ev.mutations += [m.clause() for m in guard.check("backward")]
         return ev
 
     ref = _reference(op, case.inputs, logits64, None)

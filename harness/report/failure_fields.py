@@ -29,11 +29,18 @@ def record(finding: dict) -> dict:
 
 
 def clauses(finding: dict) -> list[Clause]:
-    """The finding's failure clauses (empty for a finding that did not fail on a judged example)."""
+    """The finding's failure clauses (empty for a finding that did not fail on a judged example). A ``mutation``
+    clause written before mutations carried their fields (tensor, phase) gets them from its sentence."""
     try:
-        return clauses_from_json(record(finding)["clauses"])
+        out = clauses_from_json(record(finding)["clauses"])
     except ValueError:
         return []
+    if any(c.kind == "mutation" and not c.phase for c in out):
+        from rlconform.harness.report import legacy_failure
+
+        out = [legacy_failure.mutation_of(c.text) if c.kind == "mutation" and not c.phase and c.text else c
+               for c in out]
+    return out
 
 
 def of_kind(finding: dict, *kinds: str) -> list[Clause]:

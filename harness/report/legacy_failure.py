@@ -69,8 +69,60 @@ def clauses_from_message(message: str, prop: str | None = None) -> list[Clause]:
                               text=line))
             continue
         kind = "mutation" if prop == "non_destructive" or _MUTATION.search(line) and prop is None else "problem"
-        out.append(Clause(kind, text=line, what=what_of(line) if kind == "problem" else ""))
+        if kind == "mutation":
+            out.append(mutation_of(line))
+            continue
+        out.append(Clause(kind, text=line, what=what_of(line)))
     return out
+
+
+#: an older report's sentences of a changed tensor (what :class:`~rlconform.harness.core.guards.Mutation` and the
+#: families wrote before the mutation clause carried its fields): ``input 'logits' mutated during forward`` (or
+#: ``during <op> backward``); ``[after <op> backward, ]a producer that saved the logits for backward could not
+#: backprop``; ``Σπ² read after <op> forward+backward on the same logits differs``
+_MUTATED = re.compile(r"input '(?P<name>[A-Za-z_0-9]+)' mutated during (?:(?P<op>[A-Za-z_0-9]+) )?"
+                      r"(?P<phase>forward|backward)")
+_SAVED = re.compile(r"(?:after (?:the|(?P<op>[A-Za-z_0-9]+)) backward, )?a producer that saved the "
+                    r"(?P<name>[A-Za-z_0-9]+) for backward could not backprop")
+_READ_AFTER = re.compile(r"read after (?P<op>[A-Za-z_0-9]+) forward\+backward on the same (?P<name>[A-Za-z_0-9]+) "
+                         r"differs")
+
+
+_VERSION = re.compile(r"_version (?P<a>\d+) -> (?P<b>\d+)|is at version (?P<b2>\d+); expected version (?P<a2>\d+)")
+_CHANGED = re.compile(r"(?P<n>\d+) element\(s\) changed, e\.g\. \[(?P<i>\d+)\] (?P<x>[-+0-9.e]+|nan|-?inf) -> "
+                      r"(?P<y>[-+0-9.e]+|nan|-?inf)")
+
+
+def _change(line: str) -> dict:
+    out = {}
+    v = _VERSION.search(line)
+    if v:
+        out["versions"] = [int(v["a"] or v["a2"]), int(v["b"] or v["b2"])]
+    c = _CHANGED.search(line)
+    if c:
+        try:
+            out.update(changed=int(c["n"]), index=int(c["i"]), other=float(c["x"]), engine=float(c["y"]))
+        except ValueError:  # a value the sentence does not print as a number: the count alone
+            out["changed"] = int(c["n"])
+    return out
+
+
+def mutation_of(line: str) -> Clause:
+    """A ``mutation`` clause of an older report's sentence, its fields read from the wording (``label`` the
+    tensor, ``phase``, ``by_op``, ``evidence``, the version change and a changed element); a sentence in none of
+    the wordings keeps its text alone."""
+    m = _MUTATED.search(line)
+    if m:
+        return Clause("mutation", m["name"], text=line, phase=m["phase"], by_op=m["op"] or "", evidence="changed",
+                      **_change(line))
+    m = _SAVED.search(line)
+    if m:
+        return Clause("mutation", m["name"], text=line, phase="backward", by_op=m["op"] or "", evidence="saved",
+                      **_change(line))
+    m = _READ_AFTER.search(line)
+    if m:
+        return Clause("mutation", m["name"], text=line, phase="backward", by_op=m["op"], evidence="read after")
+    return Clause("mutation", text=line)
 
 
 #: how an older clause's sentence says what is absent (:data:`rlconform.harness.core.failure.PROBLEMS`)

@@ -419,7 +419,6 @@ def _join_partition(keys: dict, findings: dict) -> dict:
     return {fid: joined(fid, place, cls) for fid, (place, cls) in keys.items()}
 
 
-_AFTER_OP = re.compile(r"after (?P<op>[a-z0-9_]+) backward")
 
 
 def _fold_after_op(keys: dict, findings: dict) -> dict:
@@ -433,9 +432,13 @@ def _fold_after_op(keys: dict, findings: dict) -> dict:
             backward.setdefault(findings[fid].get("op"), (place, cls))
     out = dict(keys)
     for fid, (place, cls) in keys.items():
-        m = _AFTER_OP.search(findings[fid].get("message") or "")
-        if cls == "changes a tensor" and m and m["op"] != findings[fid].get("op") and m["op"] in backward:
-            out[fid] = backward[m["op"]]
+        if cls != "changes a tensor":
+            continue
+        # a producer's backward that failed after another op's backward ran on the same tensor
+        after = [c.by_op for c in F.clauses(findings[fid]) if c.kind == "mutation" and c.evidence == "saved"
+                 and c.by_op and c.by_op != findings[fid].get("op")]
+        if after and after[0] in backward:
+            out[fid] = backward[after[0]]
     return out
 
 
@@ -725,21 +728,19 @@ def config_triggers(doc: dict) -> set:
     return {w for v in ((doc.get("engine") or {}).get("variant_triggers") or {}).values() for w in (v or {}).values()}
 
 
-_VERSION = re.compile(r"_version (?P<a>\d+) -> (?P<b>\d+)|is at version (?P<b2>\d+); expected version (?P<a2>\d+)")
-_CHANGED = re.compile(r"(?P<n>\d+) element\(s\) changed, e\.g\. \[\d+\] (?P<x>[-+0-9.e]+|nan|-?inf) -> (?P<y>[-+0-9.e]+|nan|-?inf)")
 
 
-def change_text(msg: str) -> str:
-    """What a changed-tensor message records: ``version 0 → 3``, how many elements changed and one of them
-    (``""``: neither)."""
-    parts = []
-    v = _VERSION.search(msg)
-    if v:
-        parts.append(f"version {v['a'] or v['a2']} → {v['b'] or v['b2']}")
-    c = _CHANGED.search(msg)
-    if c:
-        parts.append(f"{c['n']} element(s) changed, e.g. {c['x']} → {c['y']}")
-    return "; ".join(parts)
+def change_text(finding: dict) -> str:
+    """What a changed-tensor finding's first ``mutation`` clause records: ``version 0 → 3``, how many elements
+    changed and one of them (``""``: neither)."""
+    for c in F.clauses(finding):
+        if c.kind != "mutation" or not (c.versions or c.changed):
+            continue
+        parts = [f"version {c.versions[0]} → {c.versions[1]}"] if c.versions else []
+        if c.changed:
+            parts.append(f"{c.changed} element(s) changed, e.g. {c.other!r} → {c.engine!r}")
+        return "; ".join(parts)
+    return ""
 
 
 def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=()) -> list[dict]:
@@ -808,7 +809,7 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
                            "input": shown.get("worst_input")},
             "variant": variant_of(shown),
             "message": (shown.get("message") or "").strip().splitlines()[0][:300] if shown.get("message") else "",
-            "change": change_text(shown.get("message") or "") if cls == "changes a tensor" else "",
+            "change": change_text(shown) if cls == "changes a tensor" else "",
         })
     # severity in SEVERITIES order (training before destructive: --fail-on's RANK ties them, the table does not),
     # then reachability, then the size of the effect where reached, then the number of findings
@@ -862,9 +863,9 @@ def _phase(trig: str, members: list[dict]) -> str:
     """A changed-tensor defect's trigger with the pass it happens in, when every ``non_destructive`` member
     shows the change in the backward only ("mutated during backward", "after the backward, a producer …
     could not backprop"): ``any input`` reads ``a backward pass``, another trigger gets ``, in the backward``."""
-    msgs = [(m.get("message") or "").lower() for m in members]
-    if not msgs or any("during forward" in t for t in msgs) or \
-            not all("backward" in t for t in msgs):
+    phases = [[c.phase for c in F.clauses(m) if c.kind == "mutation"] for m in members]
+    if not phases or any("forward" in p for p in phases) or not all(p and all(x == "backward" for x in p)
+                                                                   for p in phases):
         return trig
     return "a backward pass" if trig == "any input" else f"{trig}, in the backward"
 
@@ -906,7 +907,7 @@ def annotate(doc: dict) -> dict:
     declared = (doc.get("engine") or {}).get("declared") or []
     for f in doc.get("findings", []):
         sev, reason = classify(f, dtypes)
-        write = covering_write(declared, f) if sev is not None else None
+        write = covering_write(declared, f, F.clauses(f)) if sev is not None else None
         f.pop("declared_write", None)
         if write is not None:  # the engine's declared write, checked as declared: listed there, no defect
             sev, f["declared_write"] = None, write["name"]

@@ -101,9 +101,7 @@ def numbers_cell(d: dict) -> str:
         return crash_text(d)
     if d["signature"]["kind"] == "missing output" and d.get("message"):  # what was lost, as the message says
         return d["message"].splitlines()[0][:160]
-    from rlconform.harness.report.triage import change_text
-
-    return d.get("change") or change_text(d.get("message") or "")
+    return d.get("change") or ""
 
 
 _RAISED = re.compile(r"\b(?P<exc>[A-Z]\w*(?:Error|Exception|Interrupt))(?:: (?P<text>[^\n(]*[^\n( ]))?")

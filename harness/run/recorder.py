@@ -317,9 +317,15 @@ def _failure_fields(rec, status: str) -> dict:
     return out
 
 
+def _first_line(exc: BaseException | None) -> str:
+    text = str(exc) if exc is not None else ""
+    return (text.strip().splitlines() or [""])[0][:500]
+
+
 def crash_of(exc: BaseException | None) -> dict | None:
-    """``{"type": the engine's exception type, "where": the engine call that raised}`` of a crash (inside
-    hypothesis's exception groups, an EngineCrash's cause), or None when there is no engine exception."""
+    """``{"type": the engine's exception type, "where": the engine call that raised, "text": the first line of
+    the engine's own exception text}`` of a crash (inside hypothesis's exception groups, an EngineCrash's cause),
+    or None when there is no engine exception."""
     pending = [exc]
     while pending:
         e = pending.pop(0)
@@ -328,12 +334,13 @@ def crash_of(exc: BaseException | None) -> dict | None:
         if type(e).__name__ == "EngineCrash":
             cause = e.__cause__
             return {"type": type(cause).__name__ if cause is not None else "Exception",
-                    "where": str(getattr(e, "where", "") or "")}
+                    "where": str(getattr(e, "where", "") or ""), "text": _first_line(cause)}
         if isinstance(e, BaseExceptionGroup):
             pending.extend(e.exceptions)
         elif type(e).__name__ in _CRASH_TYPES or any(c.__name__ in _CRASH_TYPES for c in type(e).__mro__):
             cause = e.__cause__
-            return {"type": type(cause).__name__ if cause is not None else type(e).__name__, "where": ""}
+            return {"type": type(cause).__name__ if cause is not None else type(e).__name__, "where": "",
+                    "text": _first_line(cause if cause is not None else e)}
     return None
 
 
