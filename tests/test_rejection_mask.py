@@ -152,3 +152,16 @@ def test_an_unplaced_token_example_keeps_every_ratio_clear_of_the_bounds():
     assert (np.min(np.abs(out[:, None] / bounds - 1), axis=1) >= NEAR_BOUND).all(), out
     np.testing.assert_allclose(out[-3:], [1.75, 0.58, 1.0])  # already clear: unchanged
     assert (_clear_of_bounds(delta, "seq_mean_k3") == delta).all()  # no token k1 bound: nothing moves
+
+
+def test_a_flip_of_a_ratio_on_a_bound_is_named_as_rounding_not_as_inverted_bounds():
+    """SkyRL's float64 token mask keeps r = 1.5 · (1 + 1e-9) (its exp runs in float32): the flip is the ratio's
+    last bits on the bound, not bounds read on 1 / r."""
+    from rlconform.harness.families.rejection_mask import _mask_trigger
+
+    x = {"variant": "token_k1_asym"}
+    m = np.array([[True]])
+    tie = _mask_trigger(x, m, np.array([[math.log(1.5) + 1e-9]]))
+    assert tie.startswith("a ratio on a bound (r = 1.5") and "rounding" in tie
+    flip = _mask_trigger(x, m, np.array([[math.log(1.75)]]))
+    assert flip.startswith("asymmetric k1 bounds")

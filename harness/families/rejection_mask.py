@@ -421,8 +421,12 @@ def _mask_trigger(x, m, d) -> str | None:
             stat = _row_stat(d, m, level)
             flips = m & (((stat >= lo) & (stat <= hi)) != ((-stat >= lo) & (-stat <= hi)))
             if flips.any():
+                r = np.exp(stat[flips])
+                tie = _at_bound(r, (lower, upper))
+                if tie:  # the flip is the last bits of a ratio on a bound, not the inverse reading
+                    return tie
                 return ("asymmetric k1 bounds (lower ≠ 1/upper) read as bounds of the inverse ratio"
-                        + _near_bound(np.exp(stat[flips]), (lower, upper, 1.0 / upper, 1.0 / lower)))
+                        + _near_bound(r, (lower, upper, 1.0 / upper, 1.0 / lower)))
         if level == "seq_sum" and (m & (np.abs(d) > 20)).any():
             return "a log-ratio beyond ±20 in a sequence sum (each token clamped before the sum)"
         if level == "seq_mean":
@@ -438,6 +442,21 @@ def _mask_trigger(x, m, d) -> str | None:
 
 #: a ratio within this relative distance of a bound reads like a rounding tie: the row says so
 NEAR_BOUND = 0.1
+
+
+#: a ratio this close (relative) to a bound is decided by its last bits: float32 against float64 rounding
+AT_BOUND = 1e-6
+
+
+def _at_bound(r, bounds) -> str | None:
+    """``"a ratio on a bound (r = 1.5 vs 1.5): decided by its rounding"`` when every deciding ratio ``r`` lies
+    within :data:`AT_BOUND` (relative) of one of ``bounds``, else None."""
+    b = np.asarray(bounds, dtype=np.float64)
+    dist = np.min(np.abs(np.asarray(r, dtype=np.float64)[:, None] - b) / b, axis=1)
+    if not (dist < AT_BOUND).all():
+        return None
+    nearest = b[int(np.argmin(np.abs(r[0] - b) / b))]
+    return f"a ratio on a bound (r = {r[0]:.9g} vs {nearest:.4g}): decided by its rounding"
 
 
 def _near_bound(r, bounds) -> str:
