@@ -166,6 +166,7 @@ def test_skyrls_configurations_name_catalog_ops_and_keys_with_defaults_and_corre
     from rlconform.harness.catalog.binding import Binding
     from rlconform.harness.catalog.ops import OPS
 
+    OPC = skyrl_configs.OPC
     table = Binding(name="skyrl", ops={}, configs={
         "defaults": skyrl_configs.DEFAULTS, "triggers": skyrl_configs.TRIGGERS,
         "ops": skyrl_configs.ops({"regular": [("ppo_clip", {})], "kl_cov": [("kl_cov", {})]},
@@ -180,5 +181,7 @@ def test_skyrls_configurations_name_catalog_ops_and_keys_with_defaults_and_corre
     assert keys <= set(table["defaults"]), keys - set(table["defaults"])
     kl = table["ops"]["policy_step"]["token-mean-with-kl"]
     assert kl == [[["trainer.algorithm.use_kl_loss", "==", True]]]
-    assert len(table["ops"]["policy_step"]["token-mean-with-rejection"]) == 3  # any of the three masks
+    rejection = table["ops"]["policy_step"]["token-mean-with-rejection"]  # any mask, each as SkyRL enables it
+    assert len(rejection) == 4 and [[f"{OPC}.token_mask_is_threshold_low", "!=", None],
+                                    [f"{OPC}.token_mask_is_threshold_high", "!=", None]] in rejection
     assert ["trainer.algorithm.grpo_norm_by_std", "==", False] in table["ops"]["outcome_advantage"]["drgrpo"][0]

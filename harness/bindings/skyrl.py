@@ -1127,8 +1127,12 @@ FAULT_ANCHORS = {  # engine function -> {kinds of failure (a regular expression)
     f"{_OPC}.compute_off_policy_correction": {
         "masked-value|NaN|inf": (("compute_sequence_mask", r"geo_sequence_mask = ~seq_over_high & ~seq_under_low"),
                                  ("compute_sequence_mask", r"seq_in_bounds = ~seq_over_high & ~seq_under_low")),
-        "wrong value": (("compute_sequence_mask", r"num_sequences = float\(geo_mean_ratio\.shape\[0\]\)"),
-                        ("compute_sequence_mask", r"num_sequences = float\(seq_tis_ratio\.shape\[0\]\)"))},
+        ("wrong value", "^(?!a ratio on a bound)"): (
+            ("compute_sequence_mask", r"num_sequences = float\(geo_mean_ratio\.shape\[0\]\)"),
+            ("compute_sequence_mask", r"num_sequences = float\(seq_tis_ratio\.shape\[0\]\)")),
+        # a token ratio on a threshold: decided by safe_exp_delta's float32 exp of a float64 log-ratio
+        ("wrong value", "^a ratio on a bound"): (
+            ("compute_token_mask", r"token_is_ratio = safe_exp_delta\(token_is_log_ratio"),)},
     # micro-batch metrics: a mean of micro-batch means (exact only for equal token counts); a non-number printed
     # and dropped; the min of abs_diff · loss_mask sees the masked zeros
     f"{WORKER_UTILS}.reduce_metrics": {
@@ -1157,7 +1161,7 @@ binding = Binding(
     remedies=REMEDIES,
     configs={"defaults": skyrl_configs.defaults, "ops": skyrl_configs.ops(POLICY_LOSS_NAMES, SKYRL_MODES,
                                                                           SKYRL_ESTIMATORS),
-             "triggers": skyrl_configs.TRIGGERS},
+             "triggers": skyrl_configs.TRIGGERS, "sites": skyrl_configs.SITES},
     output_sites=OUTPUT_SITES,
     version=_version(),
     engine_dtypes=ENGINE_DTYPES,

@@ -13,7 +13,34 @@ DEFAULTS = {
     f"{ALGO}.loss_reduction": "token_mean", f"{ALGO}.use_kl_loss": True, f"{ALGO}.kl_estimator_type": "k3",
     f"{ALGO}.use_kl_in_reward": False, f"{ALGO}.use_entropy_loss": False, f"{ALGO}.grpo_norm_by_std": True,
     f"{OPC}.tis_ratio_type": None, f"{OPC}.sequence_mask_metric": None,
-    f"{OPC}.token_mask_is_threshold_low": None, f"{OPC}.outlier_token_is_threshold_low": None,
+    f"{OPC}.token_mask_is_threshold_low": None, f"{OPC}.token_mask_is_threshold_high": None,
+    f"{OPC}.outlier_token_is_threshold_low": None, f"{OPC}.outlier_token_is_threshold_high": None,
+    f"{ALGO}.temperature": None, "generator.sampling_params.temperature": 1.0, "trainer.strategy": "fsdp",
+}
+#: the masks of the off-policy correction, each as SkyRL enables it: a sequence mask by its metric, the token mask
+#: with both thresholds, the outlier mask with either
+MASKS = (((f"{OPC}.sequence_mask_metric", "!=", None),),
+         ((f"{OPC}.token_mask_is_threshold_low", "!=", None), (f"{OPC}.token_mask_is_threshold_high", "!=", None)),
+         ((f"{OPC}.outlier_token_is_threshold_low", "!=", None),),
+         ((f"{OPC}.outlier_token_is_threshold_high", "!=", None),))
+#: any correction at all (compute_off_policy_correction then runs and logs its is_ratio_* metrics)
+CORRECTIONS = (((f"{OPC}.tis_ratio_type", "!=", None),), *MASKS)
+#: the sampling temperature the policy's log-probs use (algorithm.temperature is copied from it)
+TEMPERED = ("generator.sampling_params.temperature", "!=", 1.0)
+#: engine functions that run only under some configuration, whichever op found their row: row class -> alternatives
+SITES = {
+    "skyrl.backends.skyrl_train.workers.worker.RefWorkerBase._forward_micro_batch": {
+        "": tuple((kl, TEMPERED, ("trainer.strategy", "!=", "megatron"))
+                  for kl in ((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.use_kl_in_reward", "==", True)))},
+    "skyrl.backends.skyrl_train.workers.worker.PolicyWorkerBase._forward_backward_micro": {
+        "partition": (((f"{ALGO}.use_entropy_loss", "==", True),),),
+        "wrong value": tuple((*m, on) for m in MASKS for on in ((f"{ALGO}.use_entropy_loss", "==", True),
+                                                             (f"{ALGO}.use_kl_loss", "==", True)))},
+    "skyrl.backends.skyrl_train.utils.off_policy_correction_utils.compute_off_policy_correction[is_ratio_min]": {
+        "": CORRECTIONS},
+    "skyrl.backends.skyrl_train.utils.ppo_utils.ppo_policy_loss": {"wrong value": MASKS},
+    # every built-in policy loss but importance_sampling ends in it
+    "skyrl.backends.skyrl_train.utils.ppo_utils.reduce_loss": {"": ((),)},
 }
 
 
@@ -43,9 +70,7 @@ def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
         mode, _, correction = variant.partition("-with-")
         # a rejected row: any of the correction's masks drops it the same way inside the policy loss
         extras = {"tis": (((f"{OPC}.tis_ratio_type", "==", "token"),),),
-                  "rejection": tuple(((k, "!=", None),) for k in (f"{OPC}.sequence_mask_metric",
-                                                                  f"{OPC}.token_mask_is_threshold_low",
-                                                                  f"{OPC}.outlier_token_is_threshold_low")),
+                  "rejection": MASKS,
                   "kl": (((f"{ALGO}.use_kl_loss", "==", True),),)}.get(correction, ((),))
         # a correction or KL variant was drawn on one loss reduction, which is not what it checks: its row holds
         # under any reduction (a filter must not hide a defect from a configuration that reaches it)
@@ -60,11 +85,10 @@ def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
         "importance_ratio": {"token_tis": (((f"{OPC}.tis_ratio_type", "==", "token"),),),
                              "sequence_tis": (((f"{OPC}.tis_ratio_type", "==", "sequence"),),)},
         "rollout_rejection_mask": {
-            "token_k1": (((f"{OPC}.token_mask_is_threshold_low", "!=", None),),),
-            "token_k1_asym": (((f"{OPC}.token_mask_is_threshold_low", "!=", None),),),
+            "token_k1": (MASKS[1],), "token_k1_asym": (MASKS[1],),
             "seq_sum_k1": (((f"{OPC}.sequence_mask_metric", "==", "product"),),),
             "seq_mean_k1": (((f"{OPC}.sequence_mask_metric", "==", "geometric"),),),
-            "seq_all_k1": (((f"{OPC}.outlier_token_is_threshold_low", "!=", None),),)},
+            "seq_all_k1": MASKS[2:]},
         "kl_estimator": kl,
         "policy_step": steps,
         "policy_step_metrics": steps,

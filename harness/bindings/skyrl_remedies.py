@@ -15,8 +15,9 @@ REMEDIES = {
             "model's log-probs at temperature 1 while the policy's use algorithm.temperature, so the KL loss "
             "compares two differently tempered policies",
             "pass self.cfg.algorithm.temperature unconditionally, as SkyRL's Megatron reference worker does",
-            "with use_kl_loss=True (the default) and a sampling temperature ≠ 1, the KL loss is nonzero even when "
-            "the policy equals the reference, and it pulls the policy toward a re-tempered reference")},
+            "on the FSDP backend with a sampling temperature ≠ 1 and use_kl_loss (the default) or use_kl_in_reward, "
+            "the KL is nonzero even when the policy equals the reference, and it pulls the tempered policy toward "
+            "the reference at temperature 1")},
     f"{WORKER}.PolicyWorkerBase._forward_backward_micro": {
         "wrong value": (
             "`entropy = masked_mean(entropy_BS, loss_mask)` (and the KL term) read loss_mask from before the "
@@ -24,16 +25,16 @@ REMEDIES = {
             "still gets the entropy bonus's and the KL's gradient",
             "apply the correction's mask to loss_mask before the policy loss (or have the policy loss return it) "
             "and use that mask for the entropy and KL terms",
-            "with an off-policy correction mask (sequence_mask_metric, outlier or token masks) and "
-            "entropy_loss_coef ≠ 0 or use_kl_loss, rejected rows still push the policy's entropy and KL"),
+            "with an off-policy correction mask (sequence_mask_metric, outlier or token masks) and use_entropy_loss "
+            "or use_kl_loss, rejected rows still push the policy's entropy and KL"),
         "partition dependence": (
             "`entropy_loss_term = entropy * self.cfg.algorithm.entropy_loss_coef` is a token mean over one "
             "micro-batch, weighted by the micro-batch's share of rows (len(microbatch) / len(data)): a token's "
             "weight depends on how many tokens its micro-batch holds",
             "weight each micro-batch's entropy by its share of the mini-batch's tokens (or sum entropy · mask and "
             "divide by the mini-batch's token count once)",
-            "with entropy_loss_coef ≠ 0 the entropy bonus's gradient changes with micro_train_batch_size_per_gpu "
-            "whenever rows differ in length")},
+            "with use_entropy_loss=true the entropy bonus's gradient changes with micro_train_batch_size_per_gpu "
+            "whenever rows differ in length (with it off, only the logged policy_entropy does)")},
     f"{PPO}.compute_policy_loss_kl_cov": {
         "wrong value": (
             "`pg_losses_kl = -advantages * ratio + ppo_kl_coef * abs_kl` adds the KL penalty unscaled to "
@@ -57,8 +58,9 @@ REMEDIES = {
         "wrong value": (
             "`metrics[\"is_ratio_min\"] = (is_ratio * loss_mask).min()` takes the minimum over every position, the "
             "masked ones' zeros included, so the logged minimum is 0 on any batch with padding or an observation "
-            "token",
-            "take the minimum over the valid tokens only (is_ratio[loss_mask.bool()].min())")},
+            "token (is_ratio_std beside it reads the same zeros)",
+            "take the minimum over the valid tokens with torch.where(loss_mask.bool(), is_ratio, inf).min() (safe "
+            "on a micro-batch with no valid token), and the std over the valid tokens too")},
     f"{OPC}.compute_off_policy_correction": {
         "masked-value|NaN|inf": (
             "compute_sequence_mask sums the row's log-ratios times the mask, so a NaN at a masked position makes "
@@ -70,7 +72,7 @@ REMEDIES = {
         r"wrong value \(only": (
             "compute_token_mask decides on `safe_exp_delta(...)`, which exponentiates the log-ratio in float32 "
             "whatever its dtype: a float64 ratio within float32's rounding of a threshold falls on the wrong side",
-            "exponentiate in the log-probs' own dtype"),
+            "promote, never demote: exponentiate in float32 or the log-probs' dtype, whichever is wider"),
         "wrong value": (
             "`num_sequences = float(geo_mean_ratio.shape[0])` counts every row in the masked-sequence fractions, "
             "rows with no valid token included",
@@ -108,7 +110,7 @@ REMEDIES = {
         "wrong value": (
             "`abs_diff * loss_mask` zeroes the masked positions, and `masked_abs_diff.min()` then takes one of "
             "those zeros as the minimum log-prob difference",
-            "take the minimum over the valid tokens only (abs_diff[loss_mask.bool()].min())")},
+            "take torch.where(loss_mask.bool(), abs_diff, inf).min() (safe on a micro-batch with no valid token)")},
     f"{WORKER_UTILS}.all_reduce_metrics": {
         "partition dependence": (
             "`strategy.all_reduce(mean_metrics, op=\"mean\")` averages the DP ranks' means equally, a rank with "
@@ -116,9 +118,17 @@ REMEDIES = {
             "all-reduce each metric's sum and token count and divide once")},
     f"{PPO}.importance_sampling_loss": {
         "NaN|inf": (
-            "`mean_ratio = (prob_ratio * loss_mask).sum() / loss_mask.sum()` is 0 / 0 on a micro-batch with no "
-            "valid token",
-            "divide by loss_mask.sum().clamp(min=1), as masked_mean does")},
+            "importance_sampling_loss's `mean_ratio = (prob_ratio * loss_mask).sum() / loss_mask.sum()` is 0 / 0 on "
+            "a micro-batch with no valid token; its `(elementwise_loss * loss_mask).sum()` keeps a masked NaN, and "
+            "its exp of the log-ratio has no clamp",
+            "divide by loss_mask.sum().clamp(min=1), select the valid positions with torch.where before the sum, and "
+            "clamp the log-ratio to ±20 before exp")},
+    f"{PPO}.reduce_loss": {
+        "NaN|inf": (
+            "`(loss * loss_mask).sum()` keeps a masked position's NaN (NaN · 0 = NaN): a NaN advantage or rollout "
+            "log-prob at padding reaches the loss, and through the product the gradient",
+            "zero the masked advantages and log-ratios before the policy loss: a torch.where in reduce_loss alone "
+            "makes the loss finite but leaves the gradient at the masked position NaN")},
     f"{PPO}.masked_var": {
         "NaN|inf": (
             "`centered_values**2` squares every position in the values' dtype, masked ones included: an fp16 "
@@ -129,19 +139,21 @@ REMEDIES = {
             "SkyRL's masked_var keeps bf16 or fp16 values in their dtype through the mean, the centred squares and "
             "their mean: a small variance loses all of its 8 or 11 bits",
             "upcast the values to float32 before the mean")},
-    f"{PPO}.compute_grpo_outcome_advantage": {
+    PPO: {
         "rounding": (
-            "`torch.tensor(id2score[idx])` rebuilds each group's scores as a tensor of torch's default float32, so "
-            "float64 advantages carry float32 rounding",
-            "stack the scores in their own dtype (torch.stack(id2score[idx]))")},
-    f"{TORCH_UTILS}.logprobs_from_logits": {
+            "several ppo_utils functions mix float32 constants into float64 inputs — a group of one sample's "
+            "`id2std = torch.tensor(1.0)` (float32) before the + epsilon, masked_var's Bessel factor "
+            "mask_sum / (mask_sum − 1) in the mask's float32 or bool dtype — so float64 results carry float32 "
+            "rounding",
+            "build those constants and the Bessel factor in the values' dtype")},
+    TORCH_UTILS: {
         "rounding": (
-            "bf16 logits go row by row through `F.log_softmax` in bf16 (the logsumexp path serves float32 and "
-            "float64 only), so each log-prob keeps bf16's 8 bits",
-            "upcast each row to float32 before log_softmax")},
-    f"{OPC}.compute_tis_ratio": {
+            "logprobs_from_logits's float32 path takes `logits_labels - logsumexp_values`: at large logits (1e4) "
+            "the two terms of the logits' size cancel to a log-prob with few correct digits",
+            "take the log-probs from log_softmax (or subtract the row max before both terms)")},
+    OPC: {
         "rounding": (
             "`safe_exp_delta` casts the TIS log-ratio to float32 before exp (`delta.to(torch.float32)`), so "
             "float64 importance weights carry float32 rounding",
-            "exponentiate in the log-ratio's own dtype")},
+            "promote rather than cast: exponentiate in float32 or the log-ratio's dtype, whichever is wider")},
 }

@@ -9,6 +9,7 @@ A = "actor_rollout_ref.actor"
 ALGO = "algorithm"
 RC = "algorithm.rollout_correction"
 MEGATRON = ((f"{A}.strategy", "==", "megatron"),)
+HELPER = "verl.trainer.ppo.rollout_corr_helper"
 
 #: the keys the conditions read, and where a value is missing from the installed verl's config: its default
 #: there (``_generated_ppo_trainer.yaml``; read at run time by :func:`defaults`, these are the fallbacks)
@@ -19,8 +20,13 @@ DEFAULTS = {
     "actor_rollout_ref.model.use_fused_kernels": False, "critic.loss_agg_mode": "token-mean",
     f"{ALGO}.adv_estimator": "gae", f"{ALGO}.norm_adv_by_std_in_grpo": True, f"{ALGO}.use_kl_in_reward": False,
     f"{ALGO}.kl_penalty": "kl", f"{RC}.rollout_is": None, f"{RC}.rollout_is_threshold": 2.0,
-    f"{RC}.rollout_rs": None, f"{RC}.rollout_rs_threshold": None,
+    f"{RC}.rollout_rs": None, f"{RC}.rollout_rs_threshold": None, f"{RC}.rollout_is_batch_normalize": False,
+    f"{A}.calculate_entropy": False,
 }
+#: a key a configuration sets through another: ``model_engine=megatron`` (Hydra's defaults override,
+#: ppo_megatron_trainer.yaml) selects the Megatron engine
+DERIVED = {f"{A}.strategy": ("model_engine", {"megatron": "megatron", "fsdp": "fsdp", "dp": "fsdp"})}
+FSDP = (f"{A}.strategy", "!=", "megatron")
 #: a default that follows another key unless set (``critic.loss_agg_mode: ${oc.select:…actor.loss_agg_mode,…}``)
 FOLLOWS = {"critic.loss_agg_mode": f"{A}.loss_agg_mode"}
 
@@ -93,6 +99,39 @@ def ops(rollout_rs: dict) -> dict:
         "policy_step": {v: (_step(v),) for v in steps},
         "policy_step_metrics": {v: (_step(v),) for v in steps},
     }
+
+
+#: engine functions that run only under some configuration, whichever op found their row: row class -> alternatives
+_ENTROPY_ON = (((f"{A}.entropy_coeff", "!=", 0),), ((f"{A}.calculate_entropy", "==", True),))
+_PLAIN_ENTROPY = (FSDP, ("actor_rollout_ref.model.use_fused_kernels", "==", False),
+                  (f"{A}.entropy_from_logits_with_chunking", "==", False))
+SITES = {
+    f"{HELPER}.compute_is_metrics": {
+        # the ESS division: every applied weight 0, which a truncation cap never gives (weights ≥ e^-20 > 0)
+        "crash": (((f"{RC}.rollout_is", "in", ("token", "sequence")),
+                   (f"{RC}.rollout_is_threshold", "~", r"_", "a lower_upper band (IcePop)")),),
+        "": (((f"{RC}.rollout_is", "in", ("token", "sequence")),),)},
+    # called for every batch that carries rollout log-probs (rollout.calculate_log_probs, default true)
+    f"{HELPER}.compute_offpolicy_metrics": {"": ((),)},
+    # k1 estimators of every level share token_k1 = −log r
+    f"{HELPER}.compute_rollout_rejection_mask": {
+        "wrong value": (((f"{RC}.rollout_rs", "~", r"k1"), (f"{RC}.rollout_rs_threshold", "asym", None)),)},
+    "verl.utils.torch_functional.distributed_masked_mean": {"": (((f"{RC}.rollout_is_batch_normalize", "==", True),),)},
+    "verl.utils.megatron.tensor_parallel.vocab_parallel_entropy_with_chunking": {
+        "": tuple((*MEGATRON, (f"{A}.entropy_from_logits_with_chunking", "==", True), *on) for on in _ENTROPY_ON)},
+    "verl.utils.torch_functional.entropy_from_logits": {"": (_PLAIN_ENTROPY,)},
+    "verl.utils.torch_functional.entropy_from_logits_with_chunking": {
+        "": ((FSDP, (f"{A}.entropy_from_logits_with_chunking", "==", True)),)},
+    "verl.utils.torch_functional.calculate_sum_pi_squared_from_logits": {
+        "": ((FSDP, (f"{A}.calculate_sum_pi_squared", "==", True)),)},
+    # every actor update runs it
+    "verl.workers.utils.losses.ppo_loss": {"": ((),)},
+    # the seq-mean modes (and SAPO's row mean) divide by global_batch_size; the trigger adds the rejection
+    "verl.trainer.ppo.core_algos.agg_loss": {
+        "wrong value": (((f"{A}.loss_agg_mode", "in", ("seq-mean-token-mean", "seq-mean-token-sum",
+                                                      "seq-mean-token-sum-norm")),),
+                        ((f"{A}.policy_loss.loss_mode", "==", "sapo"),))},
+}
 
 
 #: a row's trigger that is itself a configuration: its conditions join every alternative of its members

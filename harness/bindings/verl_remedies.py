@@ -13,60 +13,65 @@ REMEDIES = {
         "partition dependence": (
             "`pg_loss = torch.mean(pg_losses)` averages GMPO's per-sequence losses over the micro-batch's rows, and "
             "the trainer adds the micro-batches' losses up, so the loss is the mini-batch's times the number of "
-            "micro-batches",
-            "divide the sum of the per-sequence losses by the mini-batch's row count (global_batch_size, as "
-            "agg_loss's seq-mean modes do) instead of taking the micro-batch's mean",
-            "with loss_mode=geo_mean the gradient is scaled by ppo_mini_batch_size / ppo_micro_batch_size: the "
-            "effective learning rate changes with the micro-batch size")},
+            "micro-batches each rank runs",
+            "divide the sum of the per-sequence losses by global_batch_size and multiply by dp_size, as agg_loss's "
+            "seq-mean line does, instead of taking the micro-batch's mean",
+            "with loss_mode=geo_mean the gradient is scaled by the micro-batches per rank (ppo_mini_batch_size · "
+            "rollout.n / (DP · ppo_micro_batch_size_per_gpu), and with use_dynamic_bsz by the packing): the "
+            "effective learning rate changes with the batch layout")},
     f"{CA}.agg_loss": {
         "wrong value": (
             "`masked_sum(seq_losses, seq_mask) / global_batch_size` divides the seq-mean modes by "
-            "ppo_mini_batch_size, which still counts the rows that sequence-level rollout rejection (rollout_rs) "
-            "left without a valid token",
-            "normalise by the number of rows with a valid token (seq_mask.sum(), all-reduced over DP), as agg_loss "
-            "itself does when no global_batch_size is passed",
+            "global_batch_size (ppo_mini_batch_size · rollout.n), which still counts the rows that sequence-level "
+            "rollout rejection (rollout_rs) left without a valid token",
+            "normalise by the mini-batch's rows that hold a valid token, counted over the whole mini-batch and "
+            "all-reduced over DP as forward_backward_batch does for batch_num_tokens (not agg_loss's own "
+            "per-micro-batch count, which would be a per-part normaliser)",
             "with loss_agg_mode=seq-mean-* and rollout_rs, the gradient shrinks by kept rows / rows: the effective "
             "learning rate falls as the rejection rate rises")},
     f"{CA}.compute_grpo_vectorized_outcome_advantage": {
         ("wrong value", "norm_adv_by_std_in_grpo"): (
             "`if norm_adv_by_std_in_grpo:` reads the function's own keyword (default True) and never "
             "config.norm_adv_by_std_in_grpo, which is how the trainer passes Dr. GRPO's setting",
-            "read norm_adv_by_std_in_grpo from config when a config is given, as compute_grpo_outcome_advantage "
+            "read config.norm_adv_by_std_in_grpo when a config is given, as compute_grpo_passk_outcome_advantage "
             "does",
             "with algorithm.adv_estimator=grpo_vectorized and norm_adv_by_std_in_grpo=False the advantages are "
             "still divided by the group's σ: Dr. GRPO's unbiased objective silently becomes GRPO's"),
         ("wrong value", "equal scores"): (
-            "group_mean_std takes σ as sqrt((Σx² − (Σx)²/n) / (n − 1)) in float32: for a group of equal scores the "
-            "cancellation leaves a σ of rounding size instead of 0, and (r − μ) / (σ + ε) turns μ's rounding into "
-            "an advantage",
-            "compute σ from the centred scores (two passes: μ, then Σ(x − μ)²) in the scores' dtype"),
+            "group_mean_std casts the scores to float32 (groupwise.py: scores.to(dtype=torch.float32)): float64 "
+            "scores of one value get a μ and σ of float32 rounding size, and (r − μ) / (σ + ε) turns that rounding "
+            "into an advantage of 0.01 where the exact one is 0",
+            "compute the group statistics in the scores' own dtype")},
+    CA: {
         "rounding": (
-            "group_mean_std casts the scores to float32 whatever their dtype, so float64 advantages carry float32 "
-            "rounding",
-            "compute the group statistics in the scores' dtype")},
+            "several core_algos estimators and losses run float64 inputs through float32 steps (group_mean_std's "
+            "cast of the scores among them), so their float64 results carry float32 rounding",
+            "keep the inputs' dtype through the group statistics and the other float32 casts")},
+    TF: {
+        "rounding": (
+            "torch_functional's entropy, log-prob, Σπ² and masked variance helpers subtract or reduce float32 "
+            "numbers of the logits' size (logsumexp − Σ p · logits and the like), losing a small result's digits",
+            "reduce the max-shifted logits (−Σ p · log p, log_softmax) and upcast before the reductions")},
+    TP: {
+        "rounding": (
+            "the vocab-parallel entropy and log-probs combine per-shard float32 sums of unshifted logits and add "
+            "logits_max back, losing a small result's digits",
+            "reduce the max-shifted logits on each shard")},
     f"{TF}.entropy_from_logits": {
         ("wrong value", "bf16"): (
             "`entropy = logsumexp(logits) − Σ softmax · logits` reduces the bf16 logits over the vocabulary in "
             "bf16, and the two terms, each of the logits' size, cancel to an entropy with few correct digits",
             "upcast the logits to float32 and compute −Σ p · log p from the max-shifted logits",
             "the entropy bonus's gradient (and the logged actor/entropy) is wrong by up to several times its "
-            "value on peaked bf16 logits"),
-        "rounding": (
-            "`logsumexp(logits) − Σ softmax · logits` subtracts two float32 numbers of the logits' size: a small "
-            "entropy loses its digits to the cancellation",
-            "compute −Σ p · (logits − logsumexp) on the max-shifted logits, which never cancels")},
+            "value on peaked bf16 logits")},
     f"{TP}.vocab_parallel_entropy": {
         ("wrong value", "bf16"): (
             "_VocabParallelEntropy.forward multiplies the softmax with the unshifted bf16 logits "
             "(`mul_reduce(softmax_logits, vocab_parallel_logits)`) and adds logits_max back: the entropy is a small "
             "difference of bf16 numbers of the logits' size",
             "reduce softmax · (logits − logits_max) in float32 and leave logits_max out",
-            "under Megatron with TP, the entropy bonus's gradient and the logged entropy are wrong by up to its own "
-            "size on bf16 logits"),
-        "rounding": (
-            "_VocabParallelEntropy.forward's Σ softmax · logits uses the unshifted logits and adds logits_max back: "
-            "float32 loses a small entropy's digits to that cancellation",
-            "multiply the softmax with the max-shifted logits")},
+            "under Megatron (at any TP size, TP = 1 included), the entropy bonus's gradient and the logged entropy "
+            "are wrong by up to its own size on bf16 logits")},
     f"{TF}.calculate_sum_pi_squared_from_logits": {
         ("wrong value", "bf16"): (
             "`exp(logsumexp(2·logits) − 2·logsumexp(logits))` evaluates both log-sum-exps of bf16 logits in bf16: "
@@ -87,12 +92,14 @@ REMEDIES = {
             "shrank) gets no gradient instead of its score's")},
     f"{RC}.compute_rollout_rejection_mask": {
         "wrong value": (
-            "`token_k1 = -log_ratio_safe` is the log of the inverse ratio π_rollout/π_old, while the thresholds "
-            "are compared as bounds of the ratio itself: asymmetric bounds (lower ≠ 1/upper) keep and reject the "
-            "wrong tokens",
-            "compare log_ratio (not its negative) with log(lower) and log(upper), or invert and swap the bounds",
-            "with rollout_rs=token_k1 and asymmetric thresholds (e.g. \"0.5_1.5\"), tokens whose ratio lies in "
-            "(1.5, 2] are kept and tokens in [0.5, 0.667) rejected: the correction removes the wrong tokens")},
+            "`token_k1 = -log_ratio_safe` (the statistic of every k1 level) is −log r, and the lower_upper "
+            "thresholds the config documents as ratio thresholds are compared with exp(−log r) = 1/r: asymmetric "
+            "bounds (lower ≠ 1/upper) select the inverted interval",
+            "compare log r with log(lower) and log(upper), or document that k1 thresholds bound 1/r (and invert "
+            "and swap them when parsing)",
+            "with a k1 rollout_rs and asymmetric thresholds (e.g. \"0.5_1.5\"), the ratios kept are [1/upper, "
+            "1/lower] = [0.667, 2], not [0.5, 1.5]: tokens with r in (1.5, 2] are kept and those in [0.5, 0.667) "
+            "rejected, against the documented ratio thresholds")},
     f"{RC}.compute_offpolicy_metrics": {
         "wrong value": (
             "`torch.exp(-mean_log_prob_training).mean()` (and the rollout perplexity and χ² beside it) averages "
@@ -102,8 +109,9 @@ REMEDIES = {
     f"{RC}.compute_is_metrics": {
         "crash:ZeroDivisionError": (
             "the effective sample size `1.0 / masked_mean(is_weights_normalized.square(), …).item()` divides by a "
-            "Python float that is 0 when every applied weight is 0 (IcePop rejecting every token, or weights that "
-            "underflow), and Python raises instead of returning inf",
+            "Python float that is 0 when every applied weight is 0 — IcePop rejecting every valid token (or, in fp16 "
+            "only, weights below its range; a TIS cap alone keeps weights ≥ e^-20) — and Python raises instead of "
+            "returning inf",
             "return an effective sample size of 0 when the weights' mean is 0, before the division"),
         "wrong value": (
             "`weights_for_ess / (mean_for_ess + 1e-8)`: when the weights' mean is within a few orders of 1e-8 "
@@ -118,9 +126,15 @@ REMEDIES = {
             "or make the backward write into a fresh tensor")},
     f"{METRIC}.Metric.append": {
         "crash:ValueError": (
-            "`if not isinstance(value, NumericType): raise ValueError` accepts int, float and scalar tensors only, "
-            "so a NumPy scalar (np.float32) a metric computation returns raises",
+            "`if not isinstance(value, NumericType): raise ValueError` accepts int, float, torch.Tensor and "
+            "np.ndarray, and a NumPy scalar (np.float32, which is none of them) that a custom metric computation "
+            "returns raises",
             "accept numbers.Real (NumPy scalars included) and store float(value)")},
+    "verl.workers.utils.losses.ppo_loss": {
+        "NaN|inf": (
+            "ppo_loss hands the advantages to the policy loss with their masked positions as they are: −A · ratio "
+            "is NaN there, and masked_sum's torch.where gives a finite loss but a NaN gradient through the product",
+            "zero the advantages (and the log-ratios) at masked positions before policy_loss_fn")},
     f"{CA}.compute_policy_loss_clip_cov": {
         "NaN|inf": (
             "Clip-Cov's `ratio = torch.exp(negative_approx_kl)` exponentiates the unclamped log-ratio: past 88.7 "
@@ -131,7 +145,7 @@ REMEDIES = {
             "KL-Cov's `ratio = torch.exp(negative_approx_kl)` has no clamp either: a log-ratio past 88.7 makes the "
             "float32 ratio inf and the loss NaN",
             "clamp negative_approx_kl to ±20 before exp, as compute_policy_loss_vanilla does")},
-    "verl.utils.experimental.torch_functional.FusedLinearForPPO.forward": {
+    "verl.utils.experimental.torch_functional": {
         "rounding": (
             "the fused linear forward computes the entropy as logsumexp(logits) − Σ probs · logits in float32: for "
             "a small entropy the two terms of the logits' size cancel",

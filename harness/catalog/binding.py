@@ -207,7 +207,8 @@ class Binding:
     ``configs``: which engine configuration reaches each op and variant (:mod:`rlconform.harness.report.config_reach`):
     ``{"defaults": {key: value} or a callable returning them (read from the installed engine), "follows":
     {key: key whose value it defaults to}, "ops": {op: {variant: alternatives}}, "triggers": ((regex,
-    conditions), …)}``, a condition ``(key, op, value)``.
+    conditions), …), "sites": {"module.qualname": {kinds: alternatives}}, "derived": {key: (other key, {its
+    value: this key's value})}}``, a condition ``(key, op, value)``.
     ``needs``: op -> the device its default implementation needs (``"cuda"``: a Triton / CUDA kernel); an
     alternative implementation declares it on its :class:`Implementation` (``needs``). On a run whose
     ``--device`` is not one, the op's findings are ``unavailable: needs CUDA`` (:meth:`device_gap`).
@@ -251,7 +252,11 @@ class Binding:
                 "ops": {op: {v: rows(alts) for v, alts in by.items()} for op, by in
                         (self.configs.get("ops") or {}).items()},
                 "triggers": [[pattern, [list(c) for c in conds]] for pattern, conds in
-                             self.configs.get("triggers") or ()]}
+                             self.configs.get("triggers") or ()],
+                "sites": {where: {kinds: rows(alts) for kinds, alts in by.items()} for where, by in
+                          (self.configs.get("sites") or {}).items()},
+                "derived": {k: [other, dict(mapping)] for k, (other, mapping) in
+                            (self.configs.get("derived") or {}).items()}}
 
     def remedy_table(self) -> dict:
         """``remedies`` as JSON rows for ``report.json``'s ``engine.remedies``: ``{"module.qualname": [{"kinds",

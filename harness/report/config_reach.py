@@ -6,10 +6,17 @@ A binding declares, as data (``Binding.configs``, written into ``report.json`` a
 * ``defaults``: the engine's default of every key its conditions read (``follows``: a key whose default is another
   key's value, verl's ``critic.loss_agg_mode``);
 * ``ops``: op -> catalog variant (``""`` the op's own, ``"*"`` any) -> alternatives, each a list of conditions
-  ``[key, op, value]`` (op ``==``, ``!=``, ``in``, ``~`` a regular expression over the value as text, which a
-  fourth field may put in words), any one of which reaches the variant; an op or variant not listed runs under any configuration;
+  ``[key, op, value]`` (op ``==``, ``!=``, ``in``, ``~`` a regular expression over the value as text, ``asym`` a
+  ``lower_upper`` pair whose bounds are not reciprocal; a fourth field may put it in words), any one of which
+  reaches the variant; an op or variant not listed runs under any configuration;
 * ``triggers``: ``[regular expression over a row's trigger, conditions]``: a trigger that is itself a
-  configuration (verl: rollout rejection) adds its conditions to every alternative.
+  configuration (verl: rollout rejection) adds its conditions to every alternative;
+* ``sites``: ``"module.qualname"`` (``[row]`` for an output that is a row of its own) -> ``{regular expression
+  over the row's class: alternatives}``: where the
+  engine function itself runs only under some configuration (verl's ``compute_is_metrics`` only with
+  ``rollout_is``), its row's alternatives are these, whatever op found it;
+* ``derived``: key -> ``[other key, {its value: this key's value}]``: a key a configuration sets through another
+  (verl's ``model_engine=megatron`` selects ``actor_rollout_ref.actor.strategy=megatron``).
 
 A row's alternatives are those of its members (``reached_by``: a list of condition lists; ``[[]]``: any
 configuration; None: the binding declares nothing). A configuration is a YAML file in the engine's own format:
@@ -24,7 +31,7 @@ from typing import Any
 
 __all__ = ["ConfigError", "alternatives", "describe", "load_config", "reaches", "render"]
 
-OPS = ("==", "!=", "in", "~")
+OPS = ("==", "!=", "in", "~", "asym")
 
 
 class ConfigError(ValueError):
@@ -47,6 +54,15 @@ def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[
     for pattern, conds in table.get("triggers") or ():
         if re.search(pattern, defect.get("trigger") or ""):
             extra += [tuple(c) for c in conds]
+    cls = (defect.get("signature") or {}).get("kind") or ""
+    for s in () if cls.startswith("rounding") else (defect.get("crash_frame"), defect.get("engine_function")):
+        place = f"{(s or {}).get('module')}.{(s or {}).get('function')}"
+        row = (s or {}).get("output_row")
+        by_kind = (table.get("sites") or {}).get(f"{place}[{row}]" if row else place) or \
+            (table.get("sites") or {}).get(place) or {}
+        for pattern, alts in by_kind.items():
+            if re.search(pattern, cls):
+                return _merge_extra(_conds(alts), extra)
     out: list[list[tuple]] = []
     for fid in defect.get("members") or ():
         f = findings.get(fid) or {}
@@ -69,6 +85,11 @@ def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[
     return out
 
 
+def _merge_extra(alts: list[list[tuple]], extra: list[tuple]) -> list[list[tuple]]:
+    out = [sorted(set(alt) | set(extra), key=lambda c: (c[0], c[1], repr(c[2]))) for alt in alts]
+    return [[]] if out == [[]] else out
+
+
 def _text(c: tuple) -> str:
     key, op, value = c[:3]
     if len(c) > 3 and c[3]:  # the binding's words for a pattern (``rollout_rs_threshold: an asymmetric pair``)
@@ -76,6 +97,8 @@ def _text(c: tuple) -> str:
     shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
     if op == "in":
         return f"{key} ∈ {{{', '.join(map(str, value))}}}"
+    if op == "asym":
+        return f"{key}: a lower_upper pair with lower ≠ 1/upper"
     return {"==": f"{key}={shown}", "!=": f"{key}≠{shown}", "~": f"{key} ~ /{value}/"}[op]
 
 
@@ -142,6 +165,9 @@ def load_config(path: str) -> dict[str, Any]:
 def _value(key: str, user: dict, table: dict, seen=()):
     if key in user:
         return user[key], True
+    other, mapping = (table.get("derived") or {}).get(key) or (None, {})
+    if other in user and str(user[other]) in mapping:  # set through another key (model_engine=megatron)
+        return mapping[str(user[other])], True
     follows = (table.get("follows") or {}).get(key)
     if follows and follows not in seen and follows in user:
         return _value(follows, user, table, (*seen, key))
@@ -168,6 +194,12 @@ def holds(c: tuple, user: dict, table: dict) -> bool:
         return any(_same(value, e) for e in expected)
     if op == "~":
         return value is not None and re.search(expected, str(value)) is not None
+    if op == "asym":  # a "lower_upper" pair whose bounds are not reciprocal (lower · upper ≠ 1)
+        lo, sep, hi = str(value).partition("_")
+        try:
+            return bool(sep) and abs(float(lo) * float(hi) - 1.0) > 1e-9
+        except ValueError:
+            return False
     raise ValueError(f"unknown condition op {op!r}; one of {', '.join(OPS)}")
 
 
@@ -177,7 +209,7 @@ def reaches(alts: list[list[tuple]] | None, user: dict, table: dict) -> tuple[bo
     configuration's value)."""
     if alts is None:
         return None, "the binding declares no configurations"
-    if alts == [[]]:
+    if alts == [[]] or not alts:
         return True, "any configuration"
     best = None
     for alt in alts:
@@ -189,7 +221,26 @@ def reaches(alts: list[list[tuple]] | None, user: dict, table: dict) -> tuple[bo
     key = best[0][0]
     value, set_ = _value(key, user, table)
     shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-    return False, f"needs `{_text(best[0])}`; this configuration has {key}={shown}" + ("" if set_ else " (default)")
+    needs = f"`{_text(best[0])}`" if len(alts) == 1 else f"one of: {describe(alts)}"
+    return False, f"needs {needs}; this configuration has {key}={shown}" + ("" if set_ else " (default)")
+
+
+def unknown_keys(user: dict, table: dict) -> list[str]:
+    """Warnings for the configuration's keys that look like a misspelt key the binding reads (``polcy_loss``
+    for ``policy_loss``): a misspelling would silently leave the engine's default in force."""
+    import difflib
+
+    known = set(table.get("defaults") or {}) | set(table.get("derived") or {}) | \
+        {v[0] for v in (table.get("derived") or {}).values()}
+    out = []
+    for key in user:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.85)
+        if close:
+            out.append(f"`{key}` is not a key rlconform reads; did you mean `{close[0]}`? (the engine's default "
+                       "is assumed for it)")
+    return out
 
 
 def regraded(d: dict, user: dict, table: dict) -> str:
@@ -225,7 +276,8 @@ def render(doc: dict, user: dict, path: str) -> tuple[str, list[dict]]:
     lines = [f"## rlconform: {eng.get('name', 'engine')} {eng.get('version') or ''} against `{path}`", "",
              f"{len(reached)} of {len(rows)} defect rows are reached by this configuration"
              + (f"; {len(unknown)} cannot be told (the binding declares no configurations)" if unknown else "")
-             + ". Keys it does not set take the engine's defaults.", ""]
+             + ". Keys it does not set take the engine's defaults.", "",
+             *[f"- warning: {w}" for w in unknown_keys(user, table or {})], ""]
     if reached:
         lines += ["### Reached", "", "| # | severity here | engine function | failure · trigger | reached by |",
                   "|---|---|---|---|---|"]

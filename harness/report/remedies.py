@@ -2,7 +2,8 @@
 impact for a ``training`` row), from the binding's remedies, else from the idiom the row shares with others.
 
 A binding declares its remedies (``Binding.remedies``) keyed as its fault anchors are: ``"module.qualname"`` (or
-``"module.qualname[row]"`` for an output that is a row of its own, ``Binding.output_sites``) ->
+``"module.qualname[row]"`` for an output that is a row of its own, ``Binding.output_sites``; ``"module"`` for the
+one rounding row of an engine module) ->
 ``{kinds: (cause, fix[, impact])}``, ``kinds`` a regular expression over the defect's class (``wrong value``,
 ``partition dependence``, ``NaN / inf``, ``crash:ZeroDivisionError``, ``changes a tensor``) or a pair
 ``(kinds, trigger)`` that also matches the defect's trigger. The cause names the operation on the cited line
@@ -45,6 +46,10 @@ IDIOMS = {
 def _places(d: dict) -> list[str]:
     """Where a defect's remedy is looked up: its crash frame, its engine function, the frame it writes through."""
     out = []
+    if str((d.get("signature") or {}).get("kind") or "").startswith("rounding"):  # one row per engine module
+        module = (d.get("engine_function") or {}).get("module")
+        if module:
+            out.append(str(module))
     for s in (d.get("crash_frame"), d.get("engine_function"), (d.get("engine_function") or {}).get("via")):
         if s and s.get("module") and s.get("function"):
             if s.get("output_row"):  # an output of its own row: ``module.qualname[row]``
