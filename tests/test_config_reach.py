@@ -185,3 +185,30 @@ def test_skyrls_configurations_name_catalog_ops_and_keys_with_defaults_and_corre
     assert len(rejection) == 4 and [[f"{OPC}.token_mask_is_threshold_low", "!=", None],
                                     [f"{OPC}.token_mask_is_threshold_high", "!=", None]] in rejection
     assert ["trainer.algorithm.grpo_norm_by_std", "==", False] in table["ops"]["outcome_advantage"]["drgrpo"][0]
+
+
+def test_a_function_that_runs_under_some_configuration_is_reached_only_there_whatever_op_found_it():
+    """verl's compute_is_metrics runs only with rollout_is: its row's reach is the site's, not that of the
+    rejection-mask findings that located it; a rounding row (one per module) keeps its members'."""
+    table = dict(TABLE, sites={"m.compute_is_metrics": {"crash": [[["rollout_is", "in", ["token", "sequence"]],
+                                                                     ["threshold", "~", "_", "a band"]]],
+                                                         "": [[["rollout_is", "!=", None]]]}},
+                 defaults=dict(TABLE["defaults"], rollout_is=None, threshold=2.0),
+                 derived={"strategy": ["model_engine", {"megatron": "megatron"}]})
+    site = {"module": "m", "function": "compute_is_metrics"}
+    row = _row(["rollout_rejection_mask.token_k1_asym"], engine_function=site)
+    assert alternatives(row, FINDINGS, table) == [[("rollout_is", "!=", None)]]
+    crash = dict(row, signature={"kind": "crash:ZeroDivisionError"})
+    assert describe(alternatives(crash, FINDINGS, table)) == "`rollout_is ∈ {token, sequence}` and `threshold: a band`"
+    rounding = dict(row, signature={"kind": "rounding"})
+    assert alternatives(rounding, FINDINGS, table)[0][0][0] == "algorithm.rollout_correction.rollout_rs"
+    assert holds(("strategy", "==", "megatron"), {"model_engine": "megatron"}, table)  # set through another key
+    assert holds(("t", "asym", None), {"t": "0.5_1.5"}, table) and not holds(("t", "asym", None), {"t": "0.5_2.0"},
+                                                                              table)
+
+
+def test_a_misspelt_key_is_warned_about():
+    from rlconform.harness.report.config_reach import unknown_keys
+
+    warned = unknown_keys({f"{A}.polcy_loss.loss_mode": "geo_mean", "trainer.total_epochs": 3}, TABLE)
+    assert len(warned) == 1 and f"did you mean `{A}.policy_loss.loss_mode`" in warned[0]

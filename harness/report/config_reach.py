@@ -38,8 +38,13 @@ class ConfigError(ValueError):
     """A configuration file that cannot be read as the engine's config (a usage error)."""
 
 
+def _cond(c) -> tuple:
+    """A condition as a hashable tuple (an ``in`` value read back from JSON is a list)."""
+    return tuple(tuple(x) if isinstance(x, list) else x for x in c)
+
+
 def _conds(alts) -> list[list[tuple]]:
-    return [[tuple(c) for c in alt] for alt in alts]
+    return [[_cond(c) for c in alt] for alt in alts]
 
 
 def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[tuple]] | None:
@@ -53,7 +58,7 @@ def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[
     extra: list[tuple] = []
     for pattern, conds in table.get("triggers") or ():
         if re.search(pattern, defect.get("trigger") or ""):
-            extra += [tuple(c) for c in conds]
+            extra += [_cond(c) for c in conds]
     cls = (defect.get("signature") or {}).get("kind") or ""
     for s in () if cls.startswith("rounding") else (defect.get("crash_frame"), defect.get("engine_function")):
         place = f"{(s or {}).get('module')}.{(s or {}).get('function')}"
