@@ -212,3 +212,27 @@ def test_a_misspelt_key_is_warned_about():
 
     warned = unknown_keys({f"{A}.polcy_loss.loss_mode": "geo_mean", "trainer.total_epochs": 3}, TABLE)
     assert len(warned) == 1 and f"did you mean `{A}.policy_loss.loss_mode`" in warned[0]
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("engine", ["verl", "skyrl"])
+def test_an_installed_engines_configuration_table_is_plain_json(engine):
+    """The table goes into report.json and through the check's engine metadata: its defaults, read from the
+    installed engine, are plain values (a config object there once broke SkyRL's check)."""
+    import importlib.util
+
+    if importlib.util.find_spec(engine) is None:
+        pytest.skip(f"{engine} not installed")
+    from rlconform.harness.bindings.load import load_engine
+
+    table = load_engine(engine).config_table()
+    assert json.loads(json.dumps(table)) == json.loads(json.dumps(table, default=str))
+    assert table["defaults"] and all(isinstance(v, (str, int, float, bool, type(None)))
+                                     for v in table["defaults"].values())
+
+
+def test_a_default_that_is_no_plain_value_is_a_binding_error():
+    from rlconform.harness.catalog.binding import Binding, BindingError
+
+    with pytest.raises(BindingError, match="not plain values"):
+        Binding(name="x", ops={}, configs={"defaults": lambda: {"k": object()}, "ops": {}}).config_table()

@@ -112,6 +112,8 @@ def defaults() -> dict:
     except Exception:  # noqa: BLE001 - no SkyRL here: the fallbacks
         return out
     for key in DEFAULTS:
+        if not key.startswith(f"{ALGO}."):  # a key outside AlgorithmConfig keeps its fallback
+            continue
         node = algorithm
         for part in key.split(".")[2:]:
             node = getattr(node, part, KeyError)

@@ -244,6 +244,9 @@ class Binding:
         defaults = self.configs.get("defaults") or {}
         if callable(defaults):
             defaults = defaults()
+        odd = {k: type(v).__name__ for k, v in defaults.items() if not isinstance(v, (str, int, float, bool, type(None)))}
+        if odd:  # a default must be a plain value: report.json carries it
+            raise BindingError(f"binding {self.name!r}: configuration defaults that are not plain values: {odd}")
 
         def rows(alts):
             return [[list(c) for c in alt] for alt in alts]
