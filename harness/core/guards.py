@@ -51,19 +51,18 @@ class Mutation:
     changed_blocks: int = 0
     block_elements: int = 0
 
-    def clause(self, prefix: str = ""):
+    def clause(self):
         """This change as a ``mutation`` failure clause (:func:`rlconform.harness.core.failure.mutation`): the
-        stage ``"forward"`` / ``"backward"``, or ``"<op> forward"`` for a pass of another op; ``prefix`` goes
-        before its sentence (a rank's name)."""
+        stage ``"forward"`` / ``"backward"``, or ``"<op> forward"`` for a pass of another op."""
         from rlconform.harness.core.failure import mutation
 
-        return mutation(**self.record(prefix))
+        return mutation(**self.record())
 
-    def record(self, prefix: str = "") -> dict:
+    def record(self) -> dict:
         """:meth:`clause`'s fields as a plain dict (what a rank sends back), the keywords of
         :func:`rlconform.harness.core.failure.mutation`."""
         by_op, _, phase = self.stage.rpartition(" ")
-        out = {"tensor": self.name, "phase": phase, "sentence": prefix + self.describe(), "by_op": by_op,
+        out = {"tensor": self.name, "phase": phase, "sentence": self.describe(), "by_op": by_op,
                "versions": [self.version_before, self.version_after] if self.version_after != self.version_before
                else None}
         if self.bits_changed and not self.changed_blocks and self.sample:

@@ -67,7 +67,8 @@ def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[
             (table.get("sites") or {}).get(place) or {}
         for pattern, alts in by_kind.items():
             if re.search(pattern, cls):
-                return _merge_extra(_conds(alts), extra)
+                out = [_joined(alt, extra) for alt in _conds(alts)]
+                return [[]] if any(not alt for alt in out) else out
     out: list[list[tuple]] = []
     for fid in defect.get("members") or ():
         f = findings.get(fid) or {}
@@ -80,9 +81,7 @@ def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[
                     alts = _conds(by_variant[key])
                     break
         for alt in alts:
-            full = sorted(set(alt) | set(extra), key=lambda c: (c[0], c[1], repr(c[2])))
-            pinned = {c[0] for c in full if c[1] == "==" and c[2] is not None}
-            full = [c for c in full if not (c[1] == "!=" and c[2] is None and c[0] in pinned)]  # implied
+            full = _joined(alt, extra)
             if full not in out:
                 out.append(full)
     if any(not alt for alt in out):
@@ -90,9 +89,12 @@ def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[
     return out
 
 
-def _merge_extra(alts: list[list[tuple]], extra: list[tuple]) -> list[list[tuple]]:
-    out = [sorted(set(alt) | set(extra), key=lambda c: (c[0], c[1], repr(c[2]))) for alt in alts]
-    return [[]] if out == [[]] else out
+def _joined(alt: list[tuple], extra: list[tuple]) -> list[tuple]:
+    """An alternative with the trigger's conditions, in a stable order, a ``key≠null`` that a ``key=value`` of the
+    same key implies left out."""
+    full = sorted(set(alt) | set(extra), key=lambda c: (c[0], c[1], repr(c[2])))
+    pinned = {c[0] for c in full if c[1] == "==" and c[2] is not None}
+    return [c for c in full if not (c[1] == "!=" and c[2] is None and c[0] in pinned)]
 
 
 def _text(c: tuple) -> str:
