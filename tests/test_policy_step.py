@@ -290,3 +290,26 @@ def test_the_importance_weights_diagnostics_are_those_of_the_kept_tokens(inp):
         R.policy_step(inp["embed"], inp["head"], inp["old_embed"], inp["old_head"], inp["input_ids"],
                       inp["response_mask"], inp["advantages"], temperature=1.0,
                       rollout_log_probs=inp["rollout_log_probs"], rollout_is="token", is_metric_weights="capped")
+
+
+def test_a_tis_step_that_does_not_log_an_importance_weight_diagnostic_is_a_problem():
+    """A step that drops rollout_is_fraction_high (or any weight diagnostic its binding says it logs) is a lost
+    metric, not a pass: silence is not conformance."""
+    from rlconform.harness.catalog.binding import PolicyStep
+
+    def silent(batch, params, old_params, knobs):
+        out = S.fp32_step(batch, params, old_params, knobs)
+        del out["metrics"]["rollout_is_fraction_high"]
+        return out
+
+    class Silent:
+        name = "silent"
+
+        @staticmethod
+        def resolve(op):
+            return PolicyStep(run=silent, modes=S.MODES)
+
+    inp = find(S.inputs("token-mean-with-tis"), lambda i: True)
+    metrics = S.evaluate(Silent, _Case(inp, MATCHES_REFERENCE, S.METRICS_OP))
+    assert [p.what for p in metrics.problems] == ["lost metric"], metrics.problems
+    assert "rollout_is_fraction_high" in metrics.problems[0].text
