@@ -303,7 +303,9 @@ def metric_integrity(ev: Evaluation) -> Outcome:
     or an integral float64), a float64 value is not narrowed to float32 / float16."""
     outcome = _start(ev)
     flow = ev.metrics
-    lost = lambda text: outcome.fail(failure.Clause("metric", text=text, what="lost metric"))  # noqa: E731
+    def lost(text: str, key: str = "", printed: str = "") -> None:
+        outcome.fail(failure.Clause("metric", text=text, what="lost metric", key=key, printed=printed))
+
     if flow is None or not flow.emitted:
         outcome.fail(failure.problem("missing output", "nothing to compare: the pipeline emitted no metric key"))
         return outcome
@@ -313,7 +315,7 @@ def metric_integrity(ev: Evaluation) -> Outcome:
         if target not in flow.final:
             line = _printed_line(flow.printed, key) if flow.printed else None
             how = f"was printed instead of logged ({line!r})" if line else "never reached the final dict"
-            lost(f"emitted key {key!r} {how} as {target!r} (final keys: {sorted(flow.final)})")
+            lost(f"emitted key {key!r} {how} as {target!r} (final keys: {sorted(flow.final)})", key, line or "")
             continue
         value = flow.final[target]
         if not _is_number(value):

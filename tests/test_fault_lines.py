@@ -316,8 +316,10 @@ def test_an_output_sites_own_line_is_the_only_anchor_of_its_site():
                              (r"^metric b$", f"{__name__}:_two_outputs", ""))},
         fault_anchors={f"{__name__}._two_outputs": {"wrong value": (r"b = x \+ 1",)}})
     failing = "metric {}: engine 0.0 vs reference 1.0 at flat index 0: abs err 1, rel err 1, tolerance 1e-06"
-    a = output_site(binding, "op", failing.format("a"))
-    b = output_site(binding, "op", failing.format("b"))
+    from rlconform.harness.report.legacy_failure import clauses_from_message
+
+    a = output_site(binding, "op", clauses_from_message(failing.format("a")))
+    b = output_site(binding, "op", clauses_from_message(failing.format("b")))
     assert a["function"] == b["function"] == "_two_outputs"
     assert fault_anchors(binding, a, "wrong value") == (r"a = x \* 0",)
     assert fault_anchors(binding, b, "wrong value") == (r"b = x \+ 1",)

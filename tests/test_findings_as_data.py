@@ -144,7 +144,8 @@ def test_a_checked_finding_carries_its_record_and_its_message_is_the_rendering(t
 #: reader of older reports, and the readers not yet moved to the record's fields)
 MESSAGE_READERS = {
     # the reader of older reports
-    "harness/report/failure_fields.py": "hands an older finding's message to legacy_failure",
+    "harness/report/failure_fields.py": "hands an older finding's message to legacy_failure; quotes a finding's first "
+                                        "line for display",
     # renderers: they print or quote the message, they decide nothing from it
     "harness/report/writer.py": "quotes the message in report.md",
     "harness/report/summary.py": "prints the message's first line",
@@ -154,15 +155,7 @@ MESSAGE_READERS = {
     "harness/report/diff.py": "quotes the message of a changed finding",
     "harness/cli.py": "prints a replay's message",
     "harness/run/status.py": "appends the ledger's word to the message",
-    # not yet on the record's fields (their wording is read): the crash texts of in-place errors and the
-    # backward op named in them, the layout labels of an empty shard, the families' trigger hooks
-    "harness/report/triage.py": "an older report's empty-shard labels, the message's own trigger words, an emitted "
-                                "key's sentence, an in-place crash's version check",
-    "harness/report/triage_md.py": "the exception types a crash message names, the lost metric's sentence",
-    "harness/report/xfails.py": "the in-place error and backward op of a crash",
-    "harness/report/explain.py": "the first line as the numbers of a row without a clause, the kept-mask label",
-    "harness/run/fuzz.py": "whose error a fuzz target's message says it is",
-    "harness/run/root_cause.py": "hands the message to the families' trigger hooks",
+    "harness/run/fuzz.py": "carries a counterexample's message to the line it prints",
 }
 
 
@@ -315,3 +308,50 @@ def test_a_structural_error_of_the_policy_step_is_a_wrong_value_not_rounding():
     other = dict(step, op="policy_loss", id="policy_loss.matches_reference.float32.vanilla@moderate",
                  regime="vanilla@moderate")
     assert kind(other) == "inexact value" and classify(other)[0] == "precision"
+
+
+@pytest.mark.parametrize("label, other, layout, masked", [
+    ("dp2: DP rank 0, tokens per DP rank [1, 0]", None, {"parts": "DP ranks", "nnz": [1, 0]}, None),
+    ("unsharded (DP = 1)", "cp2: tokens per CP rank [0, 3]", {"parts": "CP ranks", "nnz": [0, 3]}, None),
+    ("micro-batches (nnz) [2, 1]: value", None, {"parts": "micro-batches", "nnz": [2, 1]}, None),
+    ("x (sum), shards (rows) [[[0, 2]], [[2, 3]]]", None, {"parts": "shards", "rows": [[[0, 2]], [[2, 3]]]}, None),
+    ("masked = nan: loss", None, None, math.nan),
+    ("policy/token_sum_loss (sum), masked = -inf", "policy/token_sum_loss (sum), shards (nnz) [[[0]]]",
+     {"parts": "shards", "nnz": [[[0]]]}, -math.inf),
+    ("loss", "loss", None, None),
+])
+def test_a_clause_reads_its_runs_layout_and_masked_value_from_its_label_once(label, other, layout, masked):
+    """The families name a run in its label; the clause holds that as fields, so no reader parses a label."""
+    c = failure.Clause("difference", label, "value", engine=1.0, other=2.0, other_label=other, exact=1.0, index=0,
+                       tolerance=0.1, ratio=10.0)
+    assert c.layout == layout
+    assert _same(c.masked, masked)
+    back = failure.clauses_from_json(json.loads(json.dumps(failure.clauses_to_json([c]))))[0]
+    assert back.layout == layout and _same(back.masked, masked)
+    given = failure.Clause("value", label, "value", engine=1.0, exact=2.0, layout={"parts": "shards", "nnz": [4]})
+    assert given.layout == {"parts": "shards", "nnz": [4]}  # a family's own layout is kept
+
+
+def test_triage_reads_a_crash_from_its_record_not_its_message():
+    """A crash's exception text, whether it is autograd's version check, and the trigger its engine text shows
+    come from the crash record (``failure.crash``); the message may say anything."""
+    from rlconform.harness.report.triage import trigger
+
+    crash = {"status": "crash", "op": "metric_statistics", "property": "matches_reference", "dtype": "float32",
+             "regime": "numpy_values", "message": "modified by an inplace operation <class 'numpy.float32'>",
+             "failure": {"clauses": [], "crash": {"type": "ValueError", "where": "Metric.append",
+                                                  "text": "Unsupported value type: <class 'numpy.int64'>"}}}
+    assert failure_fields.raised(crash, "ValueError") == "Unsupported value type: <class 'numpy.int64'>"
+    assert not failure_fields.version_check_crash(crash)
+    assert trigger(crash) == "numpy scalar values"
+    plain = dict(crash, failure={"clauses": [], "crash": {"type": "ZeroDivisionError", "where": "",
+                                                          "text": "float division by zero"}})
+    assert failure_fields.raised(plain, "ZeroDivisionError") == "float division by zero"
+    assert trigger(dict(plain, trigger="every weight 0")) == "every weight 0"
+    inplace = dict(crash, message="", failure={"clauses": [], "crash": {
+        "type": "RuntimeError", "where": "", "text": "one of the variables needed for gradient computation has been "
+                                                    "modified by an inplace operation: [torch.FloatTensor [2]]"}})
+    assert failure_fields.version_check_crash(inplace)
+    # an older report's crash (no record): its message is what it has
+    old = {"status": "crash", "message": "engine raised in f: ZeroDivisionError: float division by zero"}
+    assert failure_fields.raised(old, "ZeroDivisionError") == "float division by zero"

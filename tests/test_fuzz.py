@@ -204,3 +204,17 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_found(tmp_path):
     assert saved and all(os.path.exists(tmp_path / p) for p in saved)
     for p in saved:
         load_case(tmp_path / p)  # complete, readable case files
+
+
+@pytest.mark.cli
+def test_fuzz_records_whose_error_a_binding_error_is(tmp_path):
+    """A binding that cannot load its op is the user's error (exit 2), recorded as the target's ``error_of``
+    field, not read back from its message."""
+    (tmp_path / "bad_lazy.py").write_text(
+        "from rlconform.harness.catalog.binding import Binding, Lazy\n"
+        "binding = Binding(name='bad_lazy', ops={'entropy': Lazy('no_colon_here')})\n")
+    proc = cli("fuzz", "--engine", str(tmp_path / "bad_lazy.py"), "--op", "entropy", "--max-examples", "2",
+               "--corpus", "c", "--db", "d", "-q", "--stats", "s.json", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    targets = json.loads((tmp_path / "s.json").read_text())["targets"]
+    assert targets and all((t["status"], t["error_of"]) == ("error", "binding") for t in targets)

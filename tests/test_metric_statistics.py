@@ -150,6 +150,10 @@ def test_integrity_fails(final, emitted, integral, needle):
     printed = "Metrics for key n are not all numbers: [tensor(1)]" if needle.startswith("printed") else ""
     out = flow(final, emitted, integral, printed)
     assert not out.ok and needle in out.message, out.message
+    (lost,) = out.clauses  # the record says which emitted key was lost and what the engine printed instead
+    assert (lost.kind, lost.what) == ("metric", "lost metric")
+    assert lost.key == ("n" if needle in ("never reached the final dict", "printed instead of logged") else "")
+    assert lost.printed == printed
 
 
 def test_integrity_keeps_float32_emitted_as_float32():

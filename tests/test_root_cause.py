@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from rlconform.harness.catalog.engine_site import calls, crash_frame, engine_callables, finding_site, site
-from rlconform.harness.core import triggers
+from rlconform.harness.core import failure, triggers
 from rlconform.harness.core.engine_frames import deepest_frame, frame_text
+from rlconform.harness.report.legacy_failure import clauses_from_message as record
 from rlconform.harness.report.severity import SEVERITIES, classify, fails
 from rlconform.harness.report.triage import annotate, defects
 
@@ -93,7 +94,8 @@ def test_verl_sites_name_the_engine_function():
     assert m["function"] == "Metric.aggregate_dp"
     # a mutation after the backward of a thin wrapper of an autograd.Function: that Function's backward
     v, _ = finding_site(b, "vocab_parallel_entropy", "non_destructive", "tp2_moderate",
-                        "rank 0 (tp 0): after the backward, input 'logits' mutated")
+                        [failure.mutation("logits", "backward", "rank 0 (tp 0): after the backward, input 'logits' "
+                                                                "mutated")])
     assert v["function"] == "_VocabParallelEntropy.backward"
     assert v["file"] == "verl/utils/megatron/tensor_parallel.py"
     e, _ = finding_site(b, "outcome_advantage", "matches_reference", "grpo@singleton_groups")
@@ -104,10 +106,13 @@ def test_verl_sites_name_the_engine_function():
     assert finding_site(b, "dp_metric_all_reduce", "partition_invariant", "dp2_imbalanced", metric=True)[0][
         "function"] == "Metric.aggregate_dp"
     after, _ = finding_site(b, "vocab_parallel_sum_pi_squared", "non_destructive", "tp2_after_entropy",
-                            "rank 0 (tp 0): after vocab_parallel_entropy backward, a producer that saved the logits")
+                            [failure.mutation("logits", "backward", "rank 0 (tp 0): after vocab_parallel_entropy "
+                                              "backward, a producer that saved the logits for backward could not "
+                                              "backprop", by_op="vocab_parallel_entropy", evidence="saved")])
     assert after == v
     lp, _ = finding_site(b, "vocab_parallel_token_logprobs", "non_destructive", "tp2_moderate",
-                         "rank 0 (tp 0): input 'logits' mutated during forward: 42 element(s) changed")
+                         [failure.mutation("logits", "forward", "rank 0 (tp 0): input 'logits' mutated during "
+                                           "forward: 42 element(s) changed")])
     assert lp["function"] == "vocab_parallel_log_probs_from_logits"
     assert lp["via"]["function"] == "VocabParallelCrossEntropy.calculate_predicted_logits"
     assert lp["via"]["file"] == "megatron/core/tensor_parallel/cross_entropy.py"
@@ -266,6 +271,12 @@ class _Case:
         self.op, self.property, self.dtype, self.regime, self.inputs = op, prop, dtype, regime, inputs
 
 
+def _parted(label: str) -> list:
+    """A failing difference clause of a run whose label names its partition."""
+    return [failure.Clause("difference", label, "value", engine=1.0, other=2.0, other_label="x", exact=1.0,
+                           index=0, tolerance=0.1, ratio=10.0)]
+
+
 def test_triggers_in_a_maintainers_words():
     T = triggers.trigger
     m = np.array([[True, True], [False, False]])
@@ -276,10 +287,12 @@ def test_triggers_in_a_maintainers_words():
         "a −inf logit"
     assert T("agg_loss", "mask_invariant", "float32", "r", {"garbage": float("nan"), "mask": m}) == \
         "a masked position holding NaN"
-    assert T("policy_loss", "partition_invariant", "float32", "r", {}, "micro-batches (nnz) [0, 1]: x") == \
+    assert T("policy_loss", "partition_invariant", "float32", "r", {}, _parted("micro-batches (nnz) [0, 1]: x")) == \
         "a micro-batch with no valid token"
-    assert T("policy_loss", "partition_invariant", "float32", "r", {}, "micro-batches (nnz) [1, 1]: x") == \
+    assert T("policy_loss", "partition_invariant", "float32", "r", {}, _parted("micro-batches (nnz) [1, 1]: x")) == \
         "more than one micro-batch"
+    assert T("policy_loss", "partition_invariant", "float32", "r", {}, _parted("shards (rows) [[[0, 1]], [[1, 2]]]: x")) \
+        == "a different partition"  # row ranges are not token counts
     assert T("outcome_advantage", "matches_reference", "float32", "grpo@r", {"index": np.array([0, 0, 1])}) == \
         "a group of one sample"
     assert T("vocab_parallel_entropy", "matches_reference", "float32", "tp2_moderate",
@@ -307,7 +320,8 @@ def test_triggers_say_what_the_shrunk_input_shows():
         "a log-ratio past exp's float32 range (|log π − log π_old| > 88.7: exp overflows)"
     assert T("policy_loss", "matches_reference", "float32", "kl_cov@extreme_log_ratios", lp, kind="wrong value") == \
         "an extreme log-ratio (|log π − log π_old| > 20)"
-    assert triggers.message_trigger("masked = nan: kept mask = 1.0 vs kept mask = 0.0 at flat index 0") == \
+    assert triggers.said_trigger(record("masked = nan: kept mask = 1.0 vs kept mask = 0.0 at flat index 0 "
+                                        "(reference 1.0, allowed difference 2e-09, 5e+08×)")) == \
         "a masked position holding NaN"
 
 
@@ -318,13 +332,13 @@ def test_family_trigger_hook_reads_its_own_inputs():
     mask = np.ones((4, 2), bool)
     equal = _Case("outcome_advantage", "matches_reference", "float32", "grpo@near_constant",
                   {"token_level_rewards": rewards, "response_mask": mask, "index": np.array([0, 0, 1, 1])})
-    assert trigger_of(equal, "", "wrong value") == "a group with equal scores"
+    assert trigger_of(equal, [], "wrong value") == "a group with equal scores"
     single = _Case("outcome_advantage", "matches_reference", "float32", "grpo@singleton_groups",
                    {"token_level_rewards": rewards, "response_mask": mask, "index": np.array([0, 0, 1, 2])})
-    assert trigger_of(single, "", "NaN") == "a group of one sample"
+    assert trigger_of(single, [], "NaN") == "a group of one sample"
     # a family without a hook: the generic reading
     assert trigger_of(_Case("masked_mean", "matches_reference", "float32", "r", {"mask": np.zeros((1, 2), bool)}),
-                      "", "NaN") == "no valid token in the batch"
+                      [], "NaN") == "no valid token in the batch"
 
 
 @pytest.mark.cli
@@ -486,15 +500,15 @@ def test_skyrl_metric_sites_name_the_reducer_that_folds_them():
            "flat index 0: abs err 1, rel err 1, 128 ulp, tolerance 0.0256")
     dp = ("dp2: DP rank 0, tokens per DP rank [1, 0]: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, "
           "rel err 0.5, 64 ulp, tolerance 0.0256")
-    assert output_labels(part)[0].startswith("policy/minibatch_rollout_logprobs_abs_diff_mean (mean)")
-    assert output_labels(lost) == ["lost: minibatch_rollout_logprobs_abs_diff_max"]
+    assert output_labels(record(part))[0].startswith("policy/minibatch_rollout_logprobs_abs_diff_mean (mean)")
+    assert output_labels(record(lost)) == ["lost: minibatch_rollout_logprobs_abs_diff_max"]
     # every key dropped (numpy values): the min / max among them are lost by the fold, not computed wrong by the
     # emitter (the row once led with the emitter's line and a binding-named key)
     dropped = "\n".join(f"policy/{k} ({s}) missing from the final dict [] (shards (nnz) [[[0]]])" for k, s in (
         ("token_sum_loss", "sum"), ("minibatch_rollout_logprobs_abs_diff_min", "min"), ("response_length_min", "len_min")))
 
     def fn(op, msg, trig):
-        return (output_site(binding, op, msg, trig) or {}).get("function")
+        return (output_site(binding, op, record(msg), trig) or {}).get("function")
 
     assert fn("metric_statistics", part, "a micro-batch with no valid token") == "reduce_metrics"
     assert fn("metric_statistics", lost, "a micro-batch with no valid token") == "reduce_metrics"
@@ -516,8 +530,9 @@ def test_verl_policy_losses_record_the_mode_they_call_agg_loss_in():
     assert calls_variant(binding, "policy_loss", "gspo@moderate") == "token-mean"
     assert calls_variant(binding, "policy_loss", "sapo@moderate") == "seq-mean-token-mean"
     assert calls_variant(binding, "value_loss", "token-mean@moderate") is None
-    s, _ = finding_site(binding, "policy_loss", "mask_invariant", "gspo@moderate", "masked = nan: loss = nan vs x",
-                        trigger="a masked position holding NaN")
+    s, _ = finding_site(binding, "policy_loss", "mask_invariant", "gspo@moderate",
+                        record("masked = nan: loss = nan vs loss = 1.0 at flat index 0 (reference 1.0, allowed "
+                               "difference 1e-05, inf×)"), trigger="a masked position holding NaN")
     assert s["function"] == "compute_policy_loss_gspo" and s["calls_variant"] == "token-mean"
 
 

@@ -12,6 +12,8 @@ import pathlib
 
 import pytest
 
+from rlconform.harness.core import failure
+from rlconform.harness.report.legacy_failure import clauses_from_message
 from rlconform.harness.report.severity import RANK, SEVERITIES
 from rlconform.harness.report.triage import annotate, defect_id
 
@@ -383,6 +385,7 @@ def test_one_entry_point_is_located_at_the_function_of_its_failing_output(tmp_pa
                 "metric chi2_seq: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, tolerance 1e-05")
         metric = "metric chi2_seq: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, tolerance 1e-05"
         passing = "metric chi2_seq: engine 0.5 vs reference 0.5 at flat index 0: abs err 0, tolerance 1e-05"
+        kept, metric, passing = (clauses_from_message(m) for m in (kept, metric, passing))
         assert output_site(b, "op", kept)["function"] == "mask_fn"
         assert output_site(b, "op", kept, "within ε of a bound")["function"] == "metrics_fn"
         assert output_site(b, "op", metric)["function"] == "metrics_fn"
@@ -405,17 +408,18 @@ def test_the_rejection_family_names_each_cause():
                            "variant": variant})
 
     kept = "kept mask: engine 1.0 vs reference 0.0 at flat index 0: abs err 1, tolerance 1e-09"
-    far = trigger(case([[0.5596]], [[True]], "token_k1_asym"), kept, "wrong value")  # r = 1.75, kept on 1 / r
+    K = clauses_from_message(kept)
+    far = trigger(case([[0.5596]], [[True]], "token_k1_asym"), K, "wrong value")  # r = 1.75, kept on 1 / r
     assert far.startswith("asymmetric k1") and "near a bound" not in far
-    near = trigger(case([[0.4187]], [[True]], "token_k1_asym"), kept, "wrong value")  # r = 1.52
+    near = trigger(case([[0.4187]], [[True]], "token_k1_asym"), K, "wrong value")  # r = 1.52
     assert near.endswith("near a bound: r = 1.52 vs 1.5"), near
     tie = case([[-0.22314355131466446]], [[True]], "seq_mean_k1")
-    assert "masked_mean" in trigger(tie, kept, "wrong value")
+    assert "masked_mean" in trigger(tie, K, "wrong value")
     row = "metric chi2_seq: engine 0.5 vs reference 1.0 at flat index 0: abs err 0.5, rel err 0.5, tolerance 1e-05"
-    assert trigger(case([[0.1, 0.2], [0.0, 0.0]], [[True, True], [False, False]], "token_k1"), row,
+    assert trigger(case([[0.1, 0.2], [0.0, 0.0]], [[True, True], [False, False]], "token_k1"), clauses_from_message(row),
                    "wrong value").startswith("a row with no valid token")
     ess = "metric is_ess: engine 34.2 vs reference 1.0 at flat index 0: abs err 33.2, rel err 33.2, tolerance 1e-05"
-    assert "ESS" in trigger(case([[-25.0, -24.0]], [[True, True]], "token_k3"), ess, "wrong value")
+    assert "ESS" in trigger(case([[-25.0, -24.0]], [[True, True]], "token_k3"), clauses_from_message(ess), "wrong value")
     f = {"status": "discrepancy", "op": "rollout_rejection_mask", "property": "matches_reference",
          "dtype": "float32", "message": row, "max_ratio": 1e4}
     assert classify(f)[0] == "logging" and classify(dict(f, message=kept + "\n" + row))[0] == "training"
@@ -616,17 +620,22 @@ def test_a_probe_defects_headline_shows_the_engine_key_its_message_names(monkeyp
     assert "missing from the final dict" in row(annotate(json.loads(json.dumps(doc))))["message"]
 
 
-@pytest.mark.parametrize("message, words", [
-    ("emitted key 'k' was printed instead of logged ('Metrics for key k are not all numbers: [np.float32(0.0)]')",
-     "numpy scalar values"),
-    ("emitted key 'k' was printed instead of logged ('Metrics for key k are not all numbers: [tensor(0.)]')",
-     "tensor values"),
-    ("Unsupported value type: <class 'numpy.float32'>", "numpy scalar values"),
+@pytest.mark.parametrize("clauses, crash_text, words", [
+    ([failure.Clause("metric", text="emitted key 'k' was printed instead of logged", what="lost metric", key="k",
+                     printed="Metrics for key k are not all numbers: [np.float32(0.0)]")], "", "numpy scalar values"),
+    ([failure.Clause("metric", text="emitted key 'k' was printed instead of logged", what="lost metric", key="k",
+                     printed="Metrics for key k are not all numbers: [tensor(0.)]")], "", "tensor values"),
+    ([], "Unsupported value type: <class 'numpy.float32'>", "numpy scalar values"),
+    # the engine's text decides, not rlconform's sentence: a sentence naming a NumPy type is not the trigger
+    ([failure.Clause("metric", text="final 'k' is a numpy.float32 <class 'numpy.float32'>", what="lost metric")],
+     "", None),
 ])
-def test_a_fold_that_drops_non_numbers_names_the_value_type(message, words):
-    from rlconform.harness.core.triggers import message_trigger
+def test_a_fold_that_drops_non_numbers_names_the_value_type(clauses, crash_text, words):
+    """What the engine printed instead of logging (a lost metric's ``printed``) or raised (its crash text) names
+    the value type."""
+    from rlconform.harness.core.triggers import said_trigger
 
-    assert message_trigger(message) == words
+    assert said_trigger(clauses, crash_text) == words
 
 
 def test_a_crash_row_names_the_engine_frame_that_called_the_crashing_one(tmp_path, monkeypatch):

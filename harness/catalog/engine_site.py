@@ -291,35 +291,28 @@ def _resolve_name(name: str):
     return obj
 
 
-_PART_LABEL = __import__("re").compile(r"^(?P<label>[^\n]*?) = [-+0-9.einaf]+ vs ", __import__("re").M)
-_LOST = __import__("re").compile(r"^(?P<label>[^\n]*?) missing from the final dict|emitted key '(?P<key>[^']+)' was "
-                                 r"printed instead of logged", __import__("re").M)
-
-
-def output_labels(message: str) -> list[str]:
-    """The outputs a failure message names as failing: the labels of its failing value clauses
-    (:func:`~rlconform.harness.core.triggers.failing_labels`), of its partition clauses (``LABEL = X vs …``)
-    and of a metric lost on its way (``LABEL missing from the final dict``, ``emitted key 'K' was printed
-    instead of logged``) as ``lost: LABEL`` (a key dropped by the fold is not a value its emitter computed
-    wrong: an ``output_sites`` rule tells the two apart by the prefix), in order."""
-    out = list(failing_labels(message))
-    for m in _PART_LABEL.finditer(message or ""):
-        out.append(m["label"].strip())
-    for m in _LOST.finditer(message or ""):
-        lost = (m["label"] or m["key"] or "").strip()
-        if lost:
-            out.append(f"lost: {lost}")
+def output_labels(clauses) -> list[str]:
+    """The outputs a failure record names as failing: the labels of its failing ``value`` clauses
+    (:func:`~rlconform.harness.core.triggers.failing_labels`), of its ``difference`` clauses, and the ``key`` of
+    a metric lost on its way (a family's ``LABEL missing from the final dict``, an emitted key printed instead of
+    logged) as ``lost: KEY`` (a key dropped by the fold is not a value its emitter computed wrong: an
+    ``output_sites`` rule tells the two apart by the prefix), in order."""
+    clauses = list(clauses or ())
+    out = list(failing_labels(clauses))
+    out += [c.label.strip() for c in clauses if c.kind == "difference"]
+    out += [f"lost: {c.key.strip()}" for c in clauses if c.what == "lost metric" and c.key.strip()
+            and (c.kind == "problem" or c.printed)]
     return [x for x in out if x]
 
 
-def output_site(binding, op: str, message: str, trigger: str = "") -> dict | None:
-    """The site of the engine function that computes the first failing output of ``message`` (the binding's
+def output_site(binding, op: str, clauses, trigger: str = "") -> dict | None:
+    """The site of the engine function that computes the first failing output of ``clauses`` (the binding's
     ``output_sites`` rules for ``op``, in order: the first whose output pattern matches a failing clause's label
     and whose trigger pattern matches ``trigger``), or None (no rule applies, or its name cannot be resolved)."""
     import re
 
     rules = (getattr(binding, "output_sites", None) or {}).get(op) or ()
-    labels = output_labels(message)
+    labels = output_labels(clauses)
     for output, name, trig, *own in rules:
         if any(re.search(output, lab) for lab in labels) and (not trig or re.search(trig, trigger or "")):
             try:
@@ -354,7 +347,7 @@ def calls_variant(binding, op: str, regime: str) -> str | None:
     return (getattr(impl, "agg_modes", None) or {}).get(variant, default)
 
 
-def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
+def finding_site(binding, op: str, prop: str, regime: str, clauses=(),
                  metric: bool = False, trigger: str = "") -> tuple[dict | None, list[str]]:
     """``(engine_function site, engine top packages)`` of a finding. A ``non_destructive`` failure in the
     backward of a thin wrapper around a ``torch.autograd.Function`` is located at that Function's
@@ -388,12 +381,15 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
         mode = calls_variant(binding, op, regime)
         if mode:
             s["calls_variant"] = mode
-    by_output = output_site(binding, op, message, trigger) if prop != "non_destructive" else None
+    clauses = list(clauses or ())
+    mutations = [c for c in clauses if c.kind == "mutation"]
+    by_output = output_site(binding, op, clauses, trigger) if prop != "non_destructive" else None
     if by_output is not None:  # one entry point dispatching to several functions: the one that failed
         return by_output, packages
-    after = _AFTER_OP.search(message or "") if prop == "non_destructive" else None
-    if after and after["op"] != op:  # the tensor was written by another op's backward run before this op
-        other = op_object(binding, after["op"], "")
+    after = next((c.by_op for c in mutations if c.evidence == "saved" and c.by_op), "") \
+        if prop == "non_destructive" else ""
+    if after and after != op:  # the tensor was written by another op's backward run before this op
+        other = op_object(binding, after, "")
         other_fns = engine_callables(other) if other is not None else []
         cls = autograd_function(other_fns[0]) if other_fns else None
         moved = method_site(cls, "backward", "") if cls is not None else None
@@ -401,10 +397,10 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
             return moved, packages
     if prop == "non_destructive" and s is not None:
         cls = autograd_function(fn)
-        low = (message or "").lower()
-        forward = "mutated during forward" in low
+        forward = any(c.phase == "forward" and not c.by_op for c in mutations)
+        backward = any(c.phase == "backward" for c in mutations)
         if cls is not None:  # the first write leads: a forward's, else the backward's
-            s = method_site(cls, "forward" if forward or "backward" not in low else "backward", s["module"]) or s
+            s = method_site(cls, "forward" if forward or not backward else "backward", s["module"]) or s
         if forward:  # written in place deeper down: name that frame ("via")
             try:
                 via = mutation_frame(fn)
@@ -414,9 +410,6 @@ def finding_site(binding, op: str, prop: str, regime: str, message: str = "",
                 s["via"] = {k: via[k] for k in ("function", "module", "file", "line")}
     return s, packages
 
-
-#: a non_destructive message about a tensor another op's backward wrote ("after vocab_parallel_entropy backward")
-_AFTER_OP = __import__("re").compile(r"after (?P<op>[a-z0-9_]+) backward")
 
 
 def op_sites(binding) -> dict[str, dict[str, list[dict]]]:

@@ -18,7 +18,7 @@ clause kind     fields it carries (beside ``label``, ``quantity``, ``dtype``, ``
                 allowed difference, ``ratio``
 ``contract``    an input rank the implementation's docstring allows raised: ``rank``, ``error_type``
 ``problem``     something expected was absent or malformed (``text``, the family's sentence; ``what``, one of
-                :data:`PROBLEMS`, when the family names it)
+                :data:`PROBLEMS`, when the family names it; ``key``, the output of a lost metric)
 ``mutation``    an input or a tensor saved for backward changed: ``label`` the tensor, ``phase`` the pass it
                 was seen changed after (``forward`` / ``backward``), ``by_op`` another op whose pass
                 changed it (verl's entropy backward before Σπ²; ``""``: the op checked), ``evidence``
@@ -26,19 +26,29 @@ clause kind     fields it carries (beside ``label``, ``quantity``, ``dtype``, ``
                 read from it afterwards differs), ``versions`` (its ``_version`` before and after),
                 ``changed`` (elements changed) and one of them at ``index``: ``other`` before, ``engine``
                 after; ``text``
-``metric``      a metric key lost, printed or retyped on its way to the final dict (``text``)
+``metric``      a metric key lost, printed or retyped on its way to the final dict (``text``): ``key`` the
+                emitted key that never reached it (``""``: a key that reached it retyped), ``printed`` the line the engine
+                printed instead of logging it (``""``: none)
 ==============  ==================================================================================
 
 ``quantity`` says what the compared number is: ``value`` (an output of the op), ``gradient`` (a gradient
 w.r.t. an input), ``metric`` (a logged metric), or ``""`` where the clause is about no single number.
 ``layout`` (or ``None``) gives the partition of the run the clause describes: ``{"parts": "micro-batches" |
-"shards" | "DP ranks", "nnz": [tokens per part]}``.
+"shards" | "DP ranks" | "CP ranks", "nnz": [tokens per part]}`` (``"rows": [...]`` instead of ``nnz`` where the
+parts are counted in rows). ``masked`` (or ``None``) is the value written at the masked positions of the run
+the clause describes (``mask_invariant``'s garbage: NaN, ±inf, 1e30).
+
+A family names its runs in its labels (``dp2: DP rank 0, tokens per DP rank [1, 0]``, ``masked = nan: loss``,
+``micro-batches (nnz) [1, 2]: value``); a clause made without ``layout`` / ``masked`` gets them from that
+grammar once, here (:func:`label_fields`), so no reader parses a label or a message for them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 from typing import Any
 
 #: the kinds of :class:`Clause` (module table)
@@ -84,6 +94,9 @@ class Clause:
     evidence: str = ""
     versions: list | None = None
     changed: int | None = None
+    masked: float | None = None
+    key: str = ""
+    printed: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -92,6 +105,10 @@ class Clause:
             raise ValueError(f"unknown problem {self.what!r}; one of {', '.join(PROBLEMS)}")
         if self.phase and self.phase not in PHASES or self.evidence and self.evidence not in EVIDENCE:
             raise ValueError(f"unknown mutation phase {self.phase!r} or evidence {self.evidence!r}")
+        if self.kind in ("value", "nonfinite", "difference") and (self.layout is None or self.masked is None):
+            layout, masked = label_fields(self.label, self.other_label or "")
+            self.layout = self.layout if self.layout is not None else layout
+            self.masked = self.masked if self.masked is not None else masked
 
     def __str__(self) -> str:
         return render_clause(self)
@@ -127,7 +144,51 @@ class Clause:
         return cls(**kw)
 
 
-_FLOATS = ("engine", "exact", "abs_err", "rel_err", "ulp_err", "tolerance", "ratio", "other")
+_FLOATS = ("engine", "exact", "abs_err", "rel_err", "ulp_err", "tolerance", "ratio", "other", "masked")
+
+#: a family's label of a partitioned run: the parts and their counts (``tokens per DP rank [1, 0]``,
+#: ``micro-batches (nnz) [0, 1]``, ``shards (rows) [[[0, 2]]]``)
+_PARTS = re.compile(r"(?P<what>micro-batches|tokens per DP rank|tokens per CP rank|shards|DP ranks|CP ranks)"
+                    r"(?P<between>[^\[\n]*)(?P<list>\[[\[\]0-9, ]*\])")
+_PART_NAMES = {"micro-batches": "micro-batches", "tokens per DP rank": "DP ranks", "DP ranks": "DP ranks",
+               "tokens per CP rank": "CP ranks", "CP ranks": "CP ranks", "shards": "shards"}
+#: a family's label of a run with garbage at the masked positions (``masked = nan: loss``)
+_MASKED = re.compile(r"^(?:[^\n]*?(?::|,) )?masked = (?P<g>nan|[-+]?inf|[-+0-9.e]+)(?:[: ]|$)")
+
+
+def counts(layout: dict | None) -> list[int]:
+    """The token counts of a ``layout``'s parts, flattened (``[]``: none; row ranges are not token counts)."""
+    out, pending = [], [(layout or {}).get("nnz") or []]
+    while pending:
+        x = pending.pop()
+        if isinstance(x, list):
+            pending += x
+        elif isinstance(x, int):
+            out.append(x)
+    return out
+
+
+def label_fields(*labels: str) -> tuple[dict | None, float | None]:
+    """(``layout``, ``masked``) of the first of ``labels`` that names them in the families' grammar (module
+    docstring), each None when none does. Counts in rows (``(rows)``) give ``{"parts", "rows"}``."""
+    layout = masked = None
+    for label in labels:
+        m = _PARTS.search(label or "") if layout is None else None
+        if m:
+            try:
+                counts = json.loads(m["list"])
+            except ValueError:
+                counts = None
+            if isinstance(counts, list):
+                rows = "(rows)" in m["between"]
+                layout = {"parts": _PART_NAMES[m["what"]], ("rows" if rows else "nnz"): counts}
+        g = _MASKED.search(label or "") if masked is None else None
+        if g:
+            try:
+                masked = float(g["g"])
+            except ValueError:
+                pass
+    return layout, masked
 
 
 def _number(v, name: str) -> float | None:
@@ -166,9 +227,10 @@ def mutation(tensor: str, phase: str, sentence: str, *, by_op: str = "", evidenc
                   other=None if before is None else float(before), engine=None if after is None else float(after))
 
 
-def problem(what: str, message: str) -> Clause:
-    """A ``problem`` clause that names what is absent (one of :data:`PROBLEMS`) beside the family's sentence."""
-    return Clause("problem", text=str(message), what=what)
+def problem(what: str, message: str, key: str = "") -> Clause:
+    """A ``problem`` clause that names what is absent (one of :data:`PROBLEMS`) beside the family's sentence;
+    ``key``: the output a ``lost metric`` names (``pg_loss (mean)``)."""
+    return Clause("problem", text=str(message), what=what, key=key)
 
 
 def as_clause(item, kind: str = "problem") -> Clause:

@@ -6,28 +6,28 @@ logit", "more than one micro-batch", "TP > 1", "bf16 input").
 ``response_mask`` ``[b, T]`` bool, ``index`` ``[b]`` group ids, ``logits`` ``[..., V]``, ``garbage`` (the
 value ``mask_invariant`` writes at masked positions), ``partitions`` (mini-batch → DP rank → micro-batch
 row ranges)) and the regime (``tp2_…``, ``cp2_…``, ``dp2_…``). A family may read its own inputs first:
-:class:`rlconform.harness.families.OpFamily` ``trigger(case, message, kind) -> str | None`` (None: the
-generic reading decides). The first rule that applies wins:
+:class:`rlconform.harness.families.OpFamily` ``trigger(case, clauses, kind) -> str | None`` (None: the
+generic reading decides; ``clauses`` the failure record, :class:`rlconform.harness.core.failure.Clause`). Nothing
+here reads rlconform's message: the record's fields, and the engine's own text (its exception, a line it
+printed), decide. The first rule that applies wins:
 
 ==============================  =================================================================
 trigger                         when
 ==============================  =================================================================
-a rank-N input                  the message says a documented input rank raised (``contract: a
-                                rank-N input``)
-numpy scalar values             the message says the engine rejected a NumPy scalar type
-                                (``Unsupported value type: <class 'numpy.float32'>``; ``not all
-                                numbers: [np.float32(0.0)]``)
-tensor values                   the message says the engine dropped tensor-valued metrics (``not all
-                                numbers: [tensor(0.)]``)
-a <shard> with no valid token   any property: the message's shard counts (``tokens per DP rank
-                                [1, 0]``, ``micro-batches (nnz) [0, 1]``) hold a 0
-a masked position holding X     the message's ``masked = X:`` clause (every family), or property
+a rank-N input                  a ``contract`` clause: a documented input rank raised (its ``rank``)
+numpy scalar values             the engine rejected a NumPy scalar type (its exception: ``Unsupported
+                                value type: <class 'numpy.float32'>``) or printed one instead of
+                                logging it (``not all numbers: [np.float32(0.0)]``)
+tensor values                   the engine printed tensor-valued metrics instead of logging them
+                                (``not all numbers: [tensor(0.)]``)
+a masked position holding X     a numeric clause's ``masked`` (every family), or property
                                 ``mask_invariant`` (X: the garbage it wrote: NaN, +inf, …)
+a <shard> with no valid token   any property: a token count of 0 in a numeric clause's ``layout``
+                                (``tokens per DP rank [1, 0]``, ``micro-batches (nnz) [0, 1]``)
 more than one chunk             a crash or a changed tensor of a case whose ``chunk_size`` is below its
                                 token count
-a <shard> with no valid token   property ``partition_invariant``, a shard count of 0 in the message
-                                (``micro-batches (nnz) [0, 1]``; shard: micro-batch, DP rank, CP rank)
-more than one <shard>           property ``partition_invariant`` otherwise (a TP / CP layout: ``TP > 1``)
+more than one <shard>           property ``partition_invariant`` with a ``layout`` (else more than
+                                one micro-batch in ``partitions``, else the TP / CP layout: ``TP > 1``)
 bf16 input / fp16 input         kind ``inexact value`` (rounding-sized: the dtype is the trigger)
 a −inf logit / a NaN input      a −inf in ``logits``, a NaN in any floating input
 fp16 overflow                   float16 and kind ``inf``, or regime ``*fp16_extreme``
@@ -57,9 +57,8 @@ import re
 
 import numpy as np
 
-_RANK = re.compile(r"contract: a rank-(?P<rank>\d+) input")
-_SHARDS = re.compile(r"(?P<what>micro-batches|tokens per DP rank|tokens per CP rank|shards|DP ranks|CP ranks)"
-                     r"[^\[\n]*(?P<list>\[[\[\]0-9, ]*\])")
+from rlconform.harness.core import failure
+
 _LAYOUT = re.compile(r"(?:^|[_@])(?P<axis>tp|cp|dp)(?P<n>\d+)")
 MASK_NAMES = ("mask", "response_mask", "loss_mask", "attention_mask")
 #: |log π − log π_old| beyond which exp() of the ratio leaves any dtype's comfortable range
@@ -91,20 +90,23 @@ def _garbage_words(g) -> str:
     return f"{x:g}"
 
 
-def _shard_word(what: str) -> str:
-    if "CP" in what:
-        return "CP rank"
-    if "DP" in what:
-        return "DP rank"
-    return "micro-batch"
+def _shard_layout(clauses) -> dict | None:
+    """The first token-counted ``layout`` of the numeric clauses (row ranges are not token counts)."""
+    for c in clauses or ():
+        lay = c.layout if c.kind in ("value", "nonfinite", "difference") else None
+        if isinstance(lay, dict) and isinstance(lay.get("nnz"), list):
+            return lay
+    return None
 
 
-def _partition_trigger(message: str, inputs: dict, regime: str = "") -> str:
-    m = _SHARDS.search(message or "")
-    if m:
-        counts = [int(x) for x in re.findall(r"\d+", m["list"])]
-        word = _shard_word(m["what"])
-        if 0 in counts:
+_SHARD_WORDS = {"CP ranks": "CP rank", "DP ranks": "DP rank"}
+
+
+def _partition_trigger(clauses, inputs: dict, regime: str = "") -> str:
+    lay = _shard_layout(clauses)
+    if lay:
+        word = _SHARD_WORDS.get(lay.get("parts"), "micro-batch")
+        if 0 in failure.counts(lay):
             return f"a {word} with no valid token"
         return f"more than one {word}"
     if _micro_batches(inputs) > 1:
@@ -189,56 +191,49 @@ def layout_trigger(regime: str) -> str | None:
     return None
 
 
-_CLAUSE = re.compile(
-    r"^(?P<label>[^\n]*?): engine (?P<e>[-+0-9.e]+|nan|-?inf) vs reference (?P<r>[-+0-9.e]+|nan|-?inf) at flat "
-    r"index \d+:[^\n]*?tolerance (?P<t>[-+0-9.e]+)", re.M)
-
-
-def failing_labels(message: str) -> list[str]:
-    """The labels of ``message``'s value clauses (``LABEL: engine E vs reference R at flat index i: …
-    tolerance T``) beyond their tolerance, in order (a ``masked = G: `` prefix dropped)."""
+def failing_labels(clauses) -> list[str]:
+    """The labels of the ``value`` clauses beyond their tolerance, in order (a ``masked = G: `` prefix of a
+    clause with garbage at the masked positions dropped)."""
     out = []
-    for m in _CLAUSE.finditer(message or ""):
-        try:
-            e, r, t = float(m["e"]), float(m["r"]), float(m["t"])
-        except ValueError:
+    for c in clauses or ():
+        if c.kind != "value" or None in (c.engine, c.exact, c.tolerance) or abs(c.engine - c.exact) <= c.tolerance:
             continue
-        if not abs(e - r) <= t:
-            label = m["label"].strip()
-            out.append(label.split(": ")[-1] if label.startswith("masked = ") else label)
+        label = c.label.strip()
+        out.append(label.split(": ")[-1] if c.masked is not None and label.startswith("masked = ") else label)
     return out
 
 
+#: the engine's words for a NumPy scalar it refused (an exception: ``Unsupported value type: <class
+#: 'numpy.float32'>``) or printed instead of logging (SkyRL's reduce_metrics: "Metrics for key K are not all
+#: numbers: [np.float32(0.0)]" / "[tensor(0.)]"): text the engine wrote, not rlconform's
 _NUMPY_TYPE = re.compile(r"<class 'numpy\.[a-z0-9_]+'>")
-#: a fold that keeps Python numbers only, printing the rest (SkyRL's reduce_metrics: "Metrics for key K are not all
-#: numbers: [np.float32(0.0)]" / "[tensor(0.)]")
 _NOT_NUMBERS = re.compile(r"not all numbers: \[(?:(?P<np>np\.[a-z0-9_]+\()|(?P<t>tensor\())")
 
 
-_MASKED_GARBAGE = re.compile(r"^(?:[^\n]*?(?::|,) )?masked = (?P<g>nan|[-+]?inf|[-+0-9.e]+)[: ]", re.M)
-
-
-def message_trigger(message: str) -> str | None:
-    """The trigger the failure message alone shows (the first rows of the module table), else None:
-    ``a rank-N input``, ``numpy scalar values``, ``tensor values``, ``a masked position holding X`` (a ``mask_invariant``
-    clause ``masked = X: …``: the garbage is what the check changed, whatever else the input holds),
-    ``a <shard> with no valid token`` (a shard count of 0 in the message; counts of rows, ``(rows)``, are
-    not tokens)."""
-    m = _RANK.search(message or "")
-    if m:
-        return f"a rank-{m['rank']} input"
-    if _NUMPY_TYPE.search(message or ""):
+def said_trigger(clauses, crash_text: str = "") -> str | None:
+    """The trigger the failure record alone shows (the first rows of the module table), else None, read from
+    the clauses' fields (:mod:`rlconform.harness.core.failure`) and the engine's own text (its exception,
+    ``crash_text``; a line it printed, a ``metric`` clause's ``printed``): ``a rank-N input`` (a ``contract``
+    clause's ``rank``), ``numpy scalar values``, ``tensor values``, ``a masked position holding X`` (a numeric
+    clause's ``masked``: the garbage is what the check changed, whatever else the input holds), ``a <shard>
+    with no valid token`` (a token count of 0 in a numeric clause's ``layout``)."""
+    clauses = list(clauses or ())
+    for c in clauses:
+        if c.kind == "contract" and c.rank is not None:
+            return f"a rank-{c.rank} input"
+    engine_text = [crash_text or ""] + [c.printed for c in clauses if c.kind == "metric" and c.printed]
+    if any(_NUMPY_TYPE.search(t) for t in engine_text):
         return "numpy scalar values"
-    m = _NOT_NUMBERS.search(message or "")
-    if m:
-        return "numpy scalar values" if m["np"] else "tensor values"
-    m = _MASKED_GARBAGE.search(message or "")
-    if m:
-        return f"a masked position holding {_garbage_words(m['g'])}"
-    m = _SHARDS.search(message or "")
-    if m and "(rows)" not in message[m.start():m.start("list")]:
-        if 0 in [int(x) for x in re.findall(r"\d+", m["list"])]:
-            return f"a {_shard_word(m['what'])} with no valid token"
+    for t in engine_text:
+        m = _NOT_NUMBERS.search(t)
+        if m:
+            return "numpy scalar values" if m["np"] else "tensor values"
+    for c in clauses:
+        if c.kind in ("value", "nonfinite", "difference") and c.masked is not None:
+            return f"a masked position holding {_garbage_words(c.masked)}"
+    lay = _shard_layout(clauses)
+    if lay and 0 in failure.counts(lay):
+        return f"a {_SHARD_WORDS.get(lay.get('parts'), 'micro-batch')} with no valid token"
     return None
 
 
@@ -261,16 +256,18 @@ def chunk_trigger(inputs: dict) -> str | None:
     return f"more than one chunk (chunk_size {c} < {tokens} tokens)" if tokens > c else None
 
 
-def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, message: str = "", kind: str = "") -> str:
-    """The generic trigger (module docstring table) of a failing finding's shrunk input."""
+def trigger(op: str, prop: str, dtype: str, regime: str, inputs: dict, clauses=(), kind: str = "",
+            crash_text: str = "") -> str:
+    """The generic trigger (module docstring table) of a failing finding's shrunk input; ``clauses`` its
+    failure record (:class:`rlconform.harness.core.failure.Clause`), ``crash_text`` the engine's exception text."""
     inputs = inputs if isinstance(inputs, dict) else {}
-    said = message_trigger(message)
+    said = said_trigger(clauses, crash_text)
     if said:
         return said
     if prop == "mask_invariant":
         return f"a masked position holding {_garbage_words(inputs.get('garbage'))}"
     if prop == "partition_invariant":
-        return _partition_trigger(message, inputs, regime)
+        return _partition_trigger(clauses, inputs, regime)
     if kind == "inexact value":
         return {"bfloat16": "bf16 input", "float16": "fp16 input"}.get(dtype, "any input")
     chunks = chunk_trigger(inputs)

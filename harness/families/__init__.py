@@ -40,7 +40,7 @@ class OpFamily:
     doc: str = ""
     #: position in the catalog (reports list ops in catalog order)
     order: int = 100
-    #: ``trigger(case, message, kind) -> str | None``: the feature of a failing case's shrunk input in a
+    #: ``trigger(case, clauses, kind) -> str | None``: the feature of a failing case's shrunk input in a
     #: maintainer's words, read from this family's own inputs (None: the generic reading of
     #: :func:`rlconform.harness.core.triggers.trigger` decides)
     trigger: Callable[..., Any] | None = None

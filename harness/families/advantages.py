@@ -525,7 +525,7 @@ def evaluate(binding, case) -> Evaluation:
     return ev
 
 
-def trigger(case, message: str = "", kind: str = "") -> str | None:
+def trigger(case, clauses=(), kind: str = "") -> str | None:
     """The trigger of a failing outcome-advantage case (:mod:`rlconform.harness.core.triggers`): ``a group of
     one sample``, ``a group with equal scores`` (σ = 0: the GRPO normalisation's 0/0 + ε), else None (the
     generic reading: a row with no valid token, …). GAE and whitening: always None."""

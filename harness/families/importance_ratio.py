@@ -326,7 +326,7 @@ def evaluate(binding, case) -> Evaluation:
     return ev
 
 
-def trigger(case, message: str, kind: str):
+def trigger(case, clauses, kind: str):
     """Every valid token's weight 0 — IcePop with every ratio outside its band, or weights that underflow in the
     dtype — is what brings out a crash of a statistic divided by the weights' mean (verl's effective sample
     size); None otherwise (the generic reading decides)."""

@@ -129,7 +129,8 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
     out = []
     for stat, key in mp.stats.items():
         if key not in final:
-            ev.problems.append(problem_clause("lost metric", f"{key} ({stat}) missing from the final dict {sorted(final)} ({label})"))
+            ev.problems.append(problem_clause("lost metric", f"{key} ({stat}) missing from the final dict {sorted(final)} ({label})",
+                                              key=f"{key} ({stat})"))
             continue
         got = as_numpy(final[key])
         if got.size != 1:

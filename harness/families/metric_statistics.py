@@ -183,7 +183,8 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
         if isinstance(r, float) and math.isnan(r):
             continue  # no unmasked token: mean / min / max undefined
         if key not in final:
-            ev.problems.append(problem_clause("lost metric", f"{key} ({stat}) missing from the final dict {sorted(final)} ({label})"))
+            ev.problems.append(problem_clause("lost metric", f"{key} ({stat}) missing from the final dict {sorted(final)} ({label})",
+                                              key=f"{key} ({stat})"))
             continue
         try:
             got = np.asarray(as_numpy(final[key]), dtype=np.float64)

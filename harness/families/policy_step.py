@@ -565,7 +565,7 @@ def rejected_rows(inp: dict) -> np.ndarray:
     return np.flatnonzero(mask.any(1) & ~kept.any(1))
 
 
-def trigger(case, message, kind) -> str | None:
+def trigger(case, clauses, kind) -> str | None:
     """The feature of the shrunk input a ``matches_reference`` failure of the step needs, in the generic triggers'
     words. The strategy draws the whole mini-batch and the temperature 1 first, so a split or a temperature ≠ 1
     survives shrinking only when the failure needs it; a rejection variant always rejects a row.

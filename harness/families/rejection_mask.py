@@ -494,7 +494,7 @@ def _row_stat(d, m, level):
     return np.broadcast_to(s / n if level == "seq_mean" else s, d.shape)
 
 
-def trigger(case, message: str, kind: str):
+def trigger(case, clauses, kind: str):
     """The shrunk input's feature a maintainer reads, for the output that fails first (the kept mask, then
     the per-row metrics, then the IS metrics): asymmetric k1 bounds, a clamped token in a sequence sum, a row
     mean at masked_mean's ε from a bound; a row with no valid token (per-row metrics averaged over every
@@ -502,7 +502,7 @@ def trigger(case, message: str, kind: str):
     x = case.inputs
     m = np.asarray(x["mask"], bool)
     d = np.where(m, np.asarray(x["log_prob"], np.float64) - np.asarray(x["old_log_prob"], np.float64), 0.0)
-    failing = failing_labels(message)
+    failing = failing_labels(clauses)
     if "kept mask" in failing:
         found = _mask_trigger(x, m, d)
         if found:
@@ -513,7 +513,7 @@ def trigger(case, message: str, kind: str):
         w = np.minimum(np.exp(np.clip(d[m], -20.0, 20.0)), IS_CAP)
         if w.size and w.mean() < 1e3 * COUNT_EPS:
             return "IS weights within 1000× of ESS's + 1e-8 (every |log-ratio| ≳ 11)"
-    if "metric" in message and (~m.any(-1)).any():
+    if any(c.quantity == "metric" or c.kind == "metric" for c in clauses) and (~m.any(-1)).any():
         return "a row with no valid token (e.g. a multi-turn row of observation tokens only)"
     if (np.abs(d) > 20).any():
         return "a log-ratio beyond the engines' ±20 clamp"

@@ -37,6 +37,8 @@ import math
 import os
 import re
 
+from rlconform.harness.report import failure_fields as F
+
 __all__ = ["ExplainError", "find_defect", "read_case", "explain_markdown", "standalone_script", "script_support",
            "scripted_member", "script_member_id",
            "explain_command", "explain_blob", "markdown_lines"]
@@ -245,7 +247,9 @@ def _fmt(x) -> str:
 def _numbers(d: dict) -> str:
     n = d.get("numbers")
     if not n:
-        return d.get("message", "").splitlines()[0] if d.get("message") else "(the report records no numbers)"
+        from rlconform.harness.report.triage_md import numbers_cell
+
+        return numbers_cell(d) or "(the report records no numbers)"
     if n.get("sides"):  # two runs of the engine compared: each labelled
         (la, a), (lb, b) = n["sides"]
         comp = f"{n['component']}: " if n.get("component") else ""
@@ -391,7 +395,7 @@ def _template(f: dict, case: dict, engine: str = "verl") -> tuple[str, dict] | s
             "family_template": "fam_outcome_advantage.py.j2", "partition_words": "", "estimator": est,
             "registry_name": name + ("_vectorized" if impl else ""), "norm": norm}
     elif op == "rollout_rejection_mask" and prop == "matches_reference" and variant == "token_k1_asym":
-        if not (f.get("message") or "").startswith("kept mask"):
+        if not any(c.label.startswith("kept mask") for c in F.numeric(f)[:1]):
             return "rollout_rejection_mask: the script checks the kept mask, and this finding's kept mask is right"
         return "kind_wrong_value.py.j2", {"family_template": "fam_rejection_mask.py.j2", "partition_words": "",
                                           "rs_option": "token_k1", "rs_threshold": "0.5_1.5"}
@@ -449,7 +453,7 @@ def _members(doc: dict, d: dict) -> list[dict]:
     ids = ([first] if first else []) + [m for m in d.get("members") or [] if m != first]
     out = [by_id[i] for i in ids if i in by_id]
     if not out and first:  # a report without its findings: the defect's own reproducer
-        out = [{"id": first, "reproducer": d.get("reproducer"), "message": d.get("message"), "status": "discrepancy",
+        out = [{"id": first, "reproducer": d.get("reproducer"), "status": "discrepancy",
                 "property": d.get("property"), "op": d.get("op")}]
     return out
 

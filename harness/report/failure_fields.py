@@ -8,6 +8,7 @@ from its message (:mod:`rlconform.harness.report.legacy_failure`), marked ``"fro
 from __future__ import annotations
 
 import math
+import re
 
 from rlconform.harness.core.failure import Clause, clauses_from_json
 
@@ -30,15 +31,17 @@ def record(finding: dict) -> dict:
 
 def clauses(finding: dict) -> list[Clause]:
     """The finding's failure clauses (empty for a finding that did not fail on a judged example). A ``mutation``
-    clause written before mutations carried their fields (tensor, phase) gets them from its sentence."""
+    clause written before mutations carried their fields (tensor, phase), or a lost metric's before it carried
+    its ``key``, gets them from its sentence."""
     try:
         out = clauses_from_json(record(finding)["clauses"])
     except ValueError:
         return []
-    if any(c.kind == "mutation" and not c.phase for c in out):
+    if any(c.kind == "mutation" and not c.phase or c.kind in ("metric", "problem") and not c.key for c in out):
         from rlconform.harness.report import legacy_failure
 
-        out = [legacy_failure.mutation_of(c.text) if c.kind == "mutation" and not c.phase and c.text else c
+        out = [legacy_failure.mutation_of(c.text) if c.kind == "mutation" and not c.phase and c.text else
+               (legacy_failure.lost_metric_of(c.text) or c) if c.kind in ("metric", "problem") and not c.key else c
                for c in out]
     return out
 
@@ -57,6 +60,48 @@ def difference_clauses(finding: dict) -> list[tuple[float, float, float, float]]
     """(this run's value, the base run's value, exact, allowed difference) of every ``difference`` clause."""
     return [(c.engine, c.other, c.exact, c.tolerance) for c in of_kind(finding, "difference")
             if None not in (c.engine, c.other, c.exact, c.tolerance)]
+
+
+def quote(finding: dict) -> str:
+    """The first line of the finding's message, for display only (a defect row's quoted message): nothing is
+    decided from it."""
+    return ((finding.get("message") or "").strip().splitlines() or [""])[0]
+
+
+def crash_text(finding: dict) -> str:
+    """The first line of the engine's own exception text of a crash (``""``: none recorded; an older report's
+    crash: its message, which quoted it)."""
+    crash = record(finding).get("crash")
+    text = crash.get("text") if isinstance(crash, dict) else None
+    if isinstance(text, str):
+        return text
+    from rlconform.harness.report import legacy_failure
+
+    return legacy_failure.crash_text_of(finding.get("message") or "") if isinstance(crash, dict) else ""
+
+
+def version_check_crash(finding: dict) -> bool:
+    """Whether a crash is autograd's saved-tensor version check ("one of the variables needed for gradient
+    computation has been modified by an inplace operation"), as the engine's exception text says."""
+    return "modified by an inplace operation" in crash_text(finding)
+
+
+#: ``SomeError: its text`` as an exception's text quotes it (the engine's own, or each input rank's)
+_RAISED = re.compile(r"\b(?P<exc>[A-Z]\w*(?:Error|Exception|Interrupt))(?:: (?P<text>[^\n(]*[^\n( ]))?")
+
+
+def raised(finding: dict, exc_type: str) -> str:
+    """The engine's text for an exception of ``exc_type`` (``too many indices for tensor of dimension 2``) in
+    the finding's crash record or ``contract`` clauses, the longest where it is quoted more than once (a crash
+    of every input rank quotes each rank's: "RuntimeError: rank-3 input (…): RuntimeError: one of the variables
+    needed for gradient …"); ``""`` when none is recorded."""
+    crash = record(finding).get("crash")
+    # the record's text as the exception prints (an older report's message already quotes it so)
+    own = (f"{crash_type(finding)}: {crash['text']}" if isinstance(crash.get("text"), str) else crash_text(finding)) \
+        if isinstance(crash, dict) else ""
+    sources = [own] + [c.text for c in of_kind(finding, "contract")]
+    texts = [m["text"] or "" for t in sources for m in _RAISED.finditer(t or "") if m["exc"] == exc_type]
+    return max(texts, key=len, default="")
 
 
 def crash_type(finding: dict) -> str:

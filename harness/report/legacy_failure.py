@@ -25,6 +25,10 @@ RANK_CONTRACT = re.compile(r"contract: a rank-(?P<rank>\d+) input [^\n]*?\(its d
 CRASH_TYPE = re.compile(r"(?:engine raised in [^:]*: )?(?P<t>[A-Z][A-Za-z0-9_.]*(?:Error|Exception|Warning))\b")
 _METRIC_LABEL = re.compile(r"\bmetric [A-Za-z0-9_/]+(?: =|: engine)")
 _MICRO = re.compile(r"micro-batches \(nnz\) \[(?P<n>[^\]]*)\]")
+#: a lost metric's sentences (:func:`rlconform.properties.generic.metric_integrity`; the metric families)
+_LOST_KEY = re.compile(r"""^emitted key '(?P<key>[^']+)' (?:was printed instead of logged \((?P<q>['"])(?P<printed>.*?)(?P=q)\)|"""
+                       r"never reached the final dict)")
+_LOST_OUTPUT = re.compile(r"^(?P<label>[^\n]*?) missing from the final dict")
 _MUTATION = re.compile(r"\bmutated\b|modified by an inplace operation|saved for backward", re.I)
 
 
@@ -68,12 +72,28 @@ def clauses_from_message(message: str, prop: str | None = None) -> list[Clause]:
             out.append(Clause("contract", rank=int(m["rank"]), error_type=m["t"].rstrip(":").rsplit(".", 1)[-1],
                               text=line))
             continue
+        lost = lost_metric_of(line)
+        if lost is not None:
+            out.append(lost)
+            continue
         kind = "mutation" if prop == "non_destructive" or _MUTATION.search(line) and prop is None else "problem"
         if kind == "mutation":
             out.append(mutation_of(line))
             continue
         out.append(Clause(kind, text=line, what=what_of(line)))
     return out
+
+
+def lost_metric_of(line: str) -> Clause | None:
+    """The clause of an older report's lost-metric sentence, its ``key`` (and the engine's ``printed`` line)
+    read from the wording, or None for another sentence."""
+    m = _LOST_KEY.search(line or "")
+    if m:
+        return Clause("metric", text=line, what="lost metric", key=m["key"], printed=m["printed"] or "")
+    m = _LOST_OUTPUT.search(line or "")
+    if m:
+        return Clause("problem", text=line, what="lost metric", key=m["label"].strip())
+    return None
 
 
 #: an older report's sentences of a changed tensor (what :class:`~rlconform.harness.core.guards.Mutation` and the
@@ -135,6 +155,12 @@ def what_of(text: str) -> str:
     """What an older problem sentence says is absent, or ``""``."""
     low = (text or "").lower()
     return next((what for what, words in _PROBLEM_WORDS if any(w in low for w in words)), "")
+
+
+def crash_text_of(message: str) -> str:
+    """The engine's exception text of a crash finding written before crash records kept it: its message, which
+    quoted it."""
+    return (message or "").strip()
 
 
 def crash_from_message(message: str) -> dict | None:

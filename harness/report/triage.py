@@ -11,7 +11,10 @@ Operates on the ``report.json`` document (a dict), whatever produced its finding
 * to the document: ``defects: [{"id", "severity", "effect", "engine_function", "crash_frame", "trigger",
   "triggers", "functions", "op", "ops", "property", "properties", "signature": {"kind", "feature"},
   "members", "dtypes", "regimes", "reachable", "numbers": {"engine", "exact", "clause", "component", "sides"} | null, "reproducer":
-  {"finding", "case_file", "command", "input"}, "message", "reach", "reach_text"}]`` (``signature.kind`` the
+  {"finding", "case_file", "command", "input"}, "message", "raised", "lost", "reach", "reach_text"}]``
+  (``message``: the shown member's first line, for display; ``raised``: a crash row's exception text as the
+  engine's crash record gives it, :func:`~rlconform.harness.report.failure_fields.raised`; ``lost``: a missing
+  output row's problem sentence) (``signature.kind`` the
   class) ranked by severity (:data:`~rlconform.harness.report.severity.SEVERITIES` order: ``training`` before
   ``destructive``), then by reachability (``reach``, :func:`reach`: every step of a configuration — a
   configuration the binding names, more than one micro-batch — then any input, then an edge input, each in
@@ -67,10 +70,10 @@ The kind of failure:
 ==================  ============================================================================
 kind                from
 ==================  ============================================================================
-crash:<Type>        status ``crash`` (the exception type in the message), or an input rank the
-                    implementation's docstring allows that raised (``contract: a rank-N input … raised``)
+crash:<Type>        status ``crash`` (the crash record's exception type), or an input rank the
+                    implementation's docstring allows that raised (a ``contract`` clause)
 unavailable         status ``unavailable``
-missing gradient    "no autograd graph" / "no gradient" in the message
+missing gradient    a ``problem`` clause of a missing gradient (no autograd graph, no gradient)
 missing output      a wrong shape, nothing to compare, a lost metric
 mutation            ``non_destructive``: an input changed during forward or backward
 in-place on saved   ``non_destructive``: a tensor saved for backward was modified in place
@@ -85,7 +88,7 @@ inexact value       any other failure (rounding-sized), and a wrong value that r
 ==================  ============================================================================
 
 Input features of a report without triggers (first that applies; from the regime, the worst input and
-the message): ``masked garbage`` (``mask_invariant``), ``-inf logits``, ``fp16 overflow``, ``large logit
+the clauses' layouts): ``masked garbage`` (``mask_invariant``), ``-inf logits``, ``fp16 overflow``, ``large logit
 offset``, ``imbalanced shards``, ``all masked``, otherwise ``any input``; only the kinds NaN, inf, wrong
 value and partition dependence are split by it. The defect's reproducer is its member with the smallest
 shrunk input (length of ``worst_input``, then id).
@@ -116,7 +119,9 @@ VALUE_KINDS = ("NaN", "inf", "wrong value", "partition dependence", "masked-valu
 #: kinds whose trigger (a partition, a masked value) is necessary: a wrong value of the same place under
 #: the same trigger is their effect and joins them
 DEPENDENCE_KINDS = ("partition dependence", "masked-value dependence")
-_EMPTY_SHARD = re.compile(r"tokens per DP rank \[[^\]]*\b0\b|shards \(nnz\) [^:]*\[0\]|\(nnz\)[^:]*\b0 tokens")
+def _empty_shard(finding: dict) -> bool:
+    """Whether a numeric clause's ``layout`` counts a part with no token."""
+    return any(0 in failure.counts(c.layout) for c in F.numeric(finding))
 
 
 def kind(finding: dict) -> str:
@@ -187,7 +192,6 @@ def feature(finding: dict, kind_: str | None = None) -> str:
     """The input feature of a report without triggers (see the module docstring)."""
     regime = finding.get("regime") or ""
     inp = finding.get("worst_input") or ""
-    msg = finding.get("message") or ""
     k = kind_ or kind(finding)
     if k not in VALUE_KINDS:
         return "any input"
@@ -201,7 +205,7 @@ def feature(finding: dict, kind_: str | None = None) -> str:
         return "fp16 overflow"
     if "near_uniform_offset" in regime or "bf16_coarse" in regime:
         return "large logit offset"
-    if "imbalanced" in regime or _EMPTY_SHARD.search(msg):
+    if "imbalanced" in regime or _empty_shard(finding):
         return "imbalanced shards"
     if regime.endswith("all_off"):
         return "all masked"
@@ -218,13 +222,14 @@ def where(finding: dict, kind_: str | None = None) -> dict | None:
 
 
 def trigger(finding: dict, kind_: str | None = None) -> str:
-    """What the failure message itself shows (:func:`rlconform.harness.core.triggers.message_trigger`: a
+    """What the failure record itself shows (:func:`rlconform.harness.core.triggers.said_trigger`: a
     NumPy scalar type, a shard without a valid token), else the finding's recorded ``trigger``, else (an
     older report) its input :func:`feature`. A layout trigger (``TP > 1``) of a finding whose unpartitioned
     value is wrong too (:func:`wrong_unpartitioned`) reads ``any input``."""
-    from rlconform.harness.core.triggers import message_trigger
+    from rlconform.harness.core.triggers import said_trigger
 
-    said = message_trigger(finding.get("message") or "") or finding.get("trigger") or feature(finding, kind_)
+    said = said_trigger(F.clauses(finding), F.crash_text(finding)) or finding.get("trigger") or \
+        feature(finding, kind_)
     if _LAYOUT_TRIGGER.match(said) and finding.get("property") == "partition_invariant" and \
             wrong_unpartitioned(finding):
         return "any input"
@@ -442,9 +447,6 @@ def _fold_after_op(keys: dict, findings: dict) -> dict:
     return out
 
 
-_VERSION_CHECK = re.compile(r"modified by an inplace operation")
-
-
 def _fold_inplace_crash(keys: dict, findings: dict) -> dict:
     """A crash that is autograd's version check ("one of the variables needed for gradient computation has
     been modified by an inplace operation") at a function whose own ``changes a tensor`` defect the report
@@ -454,7 +456,7 @@ def _fold_inplace_crash(keys: dict, findings: dict) -> dict:
     changed = {place for place, cls in keys.values() if cls == "changes a tensor"}
     out = dict(keys)
     for fid, (place, cls) in keys.items():
-        if cls.startswith("crash:") and place in changed and _VERSION_CHECK.search(findings[fid].get("message") or ""):
+        if cls.startswith("crash:") and place in changed and F.version_check_crash(findings[fid]):
             out[fid] = (place, "changes a tensor")
     return out
 
@@ -808,7 +810,9 @@ def defects(findings: list[dict], engine_dtypes: dict | None = None, configs=())
             "reproducer": {"finding": shown["id"], "case_file": rep.get("case_file"), "command": rep.get("command"),
                            "input": shown.get("worst_input")},
             "variant": variant_of(shown),
-            "message": (shown.get("message") or "").strip().splitlines()[0][:300] if shown.get("message") else "",
+            "message": F.quote(shown)[:300],
+            "raised": F.raised(shown, cls.split(":", 1)[1])[:160] if crash else "",
+            "lost": next(iter(F.texts(shown, "problem", "metric")), "")[:160] if cls == "missing output" else "",
             "change": change_text(shown) if cls == "changes a tensor" else "",
         })
     # severity in SEVERITIES order (training before destructive: --fail-on's RANK ties them, the table does not),
@@ -853,10 +857,11 @@ def _probe_keys(finding: dict) -> bool:
 
 
 def _names_emitted_key(finding: dict) -> bool:
-    """Whether the finding's message names a key the engine's own code emitted (``emitted key 'K' was printed
-    instead of logged``): a probe's finding that shows the engine's key, not one the binding made up (SkyRL's
-    reduce_metrics dropping ``minibatch_rollout_logprobs_abs_diff_max``, not ``policy/token_sum_loss (sum)``)."""
-    return "emitted key '" in (finding.get("message") or "")
+    """Whether the finding's record names a key the engine's own code emitted and lost (a ``metric`` clause's
+    ``key``: printed instead of logged, or never reaching the final dict): a probe's finding that shows the
+    engine's key, not one the binding made up (SkyRL's reduce_metrics dropping
+    ``minibatch_rollout_logprobs_abs_diff_max``, not ``policy/token_sum_loss (sum)``)."""
+    return any(c.kind == "metric" and c.key for c in F.clauses(finding))
 
 
 def _phase(trig: str, members: list[dict]) -> str:

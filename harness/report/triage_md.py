@@ -10,8 +10,6 @@ reproducer command of its smallest member.
 
 from __future__ import annotations
 
-import re
-
 from rlconform.harness.report.config_reach import describe
 from rlconform.harness.report.remedies import IDIOMS
 from rlconform.harness.report.severity import SEVERITIES
@@ -97,24 +95,19 @@ def numbers_cell(d: dict) -> str:
         elif isinstance(e, (int, float)) and isinstance(r, (int, float)):
             text += f" (abs err {abs(e - r):.3g})"
         return text
-    if str(d["signature"]["kind"]).startswith("crash:"):  # what it raises, as the message quotes it
+    if str(d["signature"]["kind"]).startswith("crash:"):  # what it raises, as the engine's text says
         return crash_text(d)
-    if d["signature"]["kind"] == "missing output" and d.get("message"):  # what was lost, as the message says
-        return d["message"].splitlines()[0][:160]
+    if d["signature"]["kind"] == "missing output" and d.get("lost"):  # what was lost, as the clause says
+        return d["lost"]
     return d.get("change") or ""
-
-
-_RAISED = re.compile(r"\b(?P<exc>[A-Z]\w*(?:Error|Exception|Interrupt))(?:: (?P<text>[^\n(]*[^\n( ]))?")
 
 
 def crash_text(d: dict) -> str:
     """``raises IndexError: too many indices for tensor of dimension 2``: the exception of a crash row's
-    smallest member as its message records it (the row's kind when the message names none)."""
+    smallest member as its crash record (or contract clause) gives the engine's text (``raised``; the row's kind
+    alone when none is recorded)."""
     kind = str(d["signature"]["kind"]).split(":", 1)[1]
-    # the longest text the message quotes for that exception: a crash of every input rank quotes it twice,
-    # "RuntimeError: rank-3 input (…): RuntimeError: one of the variables needed for gradient …"
-    texts = [m["text"] or "" for m in _RAISED.finditer(d.get("message") or "") if m["exc"] == kind]
-    text = max(texts, key=len, default="")
+    text = d.get("raised") or ""
     return f"raises {kind}" + (f": {text[:160]}" if text else "")
 
 

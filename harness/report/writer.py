@@ -50,7 +50,9 @@ Schema ``rlconform.report/1``::
      "defects": [{"id", "severity", "effect", "engine_function", "crash_frame", "upstream", "trigger", "op",
                   "ops", "property", "properties", "signature": {"kind", "feature"}, "members", "dtypes",
                   "regimes", "numbers": {"engine", "exact", "clause", "component", "sides", "quantity"} | null, "reproducer": {"finding",
-                  "case_file", "command", "input"}, "message", "reach", "reach_text"}]  (ranked by
+                  "case_file", "command", "input"}, "message" (the shown member's first line, quoted), "raised"
+                  (a crash row: the engine's text for its exception), "lost" (a missing-output row: what its
+                  clause says was lost), "reach", "reach_text"}]  (ranked by
                   severity in SEVERITIES order — training before destructive —, then ``reach`` — 3
                   every step of a configuration, 2 any input, 1 an edge input, 0 contrived: another dtype or an
                   extreme regime —, then ``effect`` — the most reachable worst member's relative error,

@@ -212,14 +212,14 @@ class Ledger:
         """The line a finding's key folds into, as the report's table folds it
         (:func:`rlconform.harness.report.triage.folded_keys`), read from the finding alone: a callee its
         engine function calls (``calls``: directly or down the call chain) listed with the same class; the ``changes a tensor`` line of the
-        op whose backward the message says wrote the tensor ("after <op> backward", a ``.backward`` place
+        op whose backward its ``mutation`` clause says wrote the tensor (``by_op``), a ``.backward`` place
         whose scope holds ``<op>.non_destructive``); a wrong value's place (a rounding-sized failure's
         function) listed as a partition dependence, or — under a specific trigger — as a wrong value; a
         masked-value dependence listed as a partition dependence (its kind in ledgers written before it had
         its own); an
         autograd version-check crash listed as its place's ``changes a tensor``. The trigger is not required
         to agree (see the module docstring)."""
-        import re
+        from rlconform.harness.report import failure_fields as F
 
         place, cls = defect_key(finding).split(" | ", 1)
         site = finding.get("engine_function") or {}
@@ -236,15 +236,16 @@ class Ledger:
 
             if not _GENERIC_TRIGGER.match(trigger(finding)):  # that function's wrong value, small (its trigger)
                 tries.append(f"{site.get('module')}.{site.get('function')} | wrong value")
-        if cls.startswith("crash:") and re.search(r"modified by an inplace operation", finding.get("message") or ""):
+        if cls.startswith("crash:") and F.version_check_crash(finding):
             tries.append(f"{place} | changes a tensor")  # autograd's version check: the write's effect
         for key in tries:
             if key in self.defects:
                 return self.defects[key]
-        after = re.search(r"after (?P<op>[a-z0-9_]+) backward", finding.get("message") or "")
+        after = next((c.by_op for c in F.clauses(finding) if c.kind == "mutation" and c.evidence == "saved"
+                      and c.by_op), "")
         if cls == "changes a tensor" and after:
             for d in sorted(self.defects.values(), key=lambda d: d.line):
-                if d.key.endswith(".backward | changes a tensor") and (after["op"], "non_destructive") in d.scope:
+                if d.key.endswith(".backward | changes a tensor") and (after, "non_destructive") in d.scope:
                     return d
         return None
 

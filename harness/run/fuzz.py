@@ -75,6 +75,7 @@ class Target:
     seconds: float = 0.0
     best_ratio: float = 0.0       # worst error / tolerance seen (inf: a failure without a numeric bound)
     message: str = ""
+    error_of: str = ""            # whose error an ``error`` is: "binding", "referee" (could not judge), "harness"
     saved: str | None = None      # corpus file of the counterexample
     new: bool = False             # the counterexample was not in the corpus before this run
     shrunk: bool = True           # False when shrinking was cut short (budget or Ctrl-C)
@@ -228,11 +229,11 @@ class Fuzzer:
                     self.binding.resolve(t.op)
                     seen[t.op] = None
                 except OpUnavailable as exc:
-                    seen[t.op] = ("unavailable", str(exc))
+                    seen[t.op] = ("unavailable", str(exc), "")
                 except BindingError as exc:
-                    seen[t.op] = ("error", f"binding error: {exc}")
+                    seen[t.op] = ("error", f"binding error: {exc}", "binding")
             if seen[t.op] is not None:
-                t.status, t.message = seen[t.op]
+                t.status, t.message, t.error_of = seen[t.op]
                 continue
             gap = self.binding.device_gap(t.op, t.regime) if hasattr(self.binding, "device_gap") else None  # a CUDA-only kernel on a CPU run
             if gap is not None:
@@ -343,12 +344,12 @@ class Fuzzer:
             raise
         except Exception as exc:  # noqa: BLE001 - the property failed (shrunk), or the harness broke
             if state["fail"] is None:
-                t.status = "error"
+                t.status, t.error_of = "error", "harness"
                 t.message = f"{type(exc).__name__}: {exc}"[:2000]
         finally:
             t.seconds += time.monotonic() - start
         if state.get("referee_error") is not None and state["fail"] is None:
-            t.status, t.message = "error", str(state["referee_error"])[:2000]
+            t.status, t.message, t.error_of = "error", str(state["referee_error"])[:2000], "referee"
         if state["fail"] is not None:
             self._save(t, state)
 
@@ -680,7 +681,8 @@ def _supervise(args, params: dict, seconds: float, t0: float, per_run: list, ref
         for fid, (status, message) in book.failing.items():
             if status == "error":  # rlconform's referee could not judge: a harness error (below), not a crash
                 if (merged.get(fid) or {}).get("status") not in ("found", "known", "crash"):
-                    merged[fid] = dict(merged.get(fid) or {"id": fid}, status="error", message=message)
+                    merged[fid] = dict(merged.get(fid) or {"id": fid}, status="error", message=message,
+                                       error_of="referee")
                 continue
             if (merged.get(fid) or {}).get("status") not in ("found", "known", "crash"):
                 merged[fid] = dict(merged.get(fid) or {"id": fid}, status="found" if status == "discrepancy" else "crash",
@@ -697,13 +699,9 @@ def _supervise(args, params: dict, seconds: float, t0: float, per_run: list, ref
                "rounds": sum(r.get("rounds", 0) for r in runs), "targets": list(merged.values())}
         with open(args.stats, "w") as fh:
             json.dump(doc, fh, indent=1)
-    if any(t.get("status") == "error" and (t.get("message") or "").startswith("binding error")
-           for t in merged.values()):
+    if any(t.get("status") == "error" and t.get("error_of") == "binding" for t in merged.values()):
         return EXIT_USAGE
-    from rlconform.properties.referee import REFEREE_ERROR
-
-    unjudged = [t["id"] for t in merged.values() if t.get("status") == "error"
-                and (t.get("message") or "").startswith(REFEREE_ERROR)]
+    unjudged = [t["id"] for t in merged.values() if t.get("status") == "error" and t.get("error_of") == "referee"]
     if unjudged:  # rlconform's own failure, never the engine's: exit 2, as `check` does
         print(f"rlconform: error: the referee could not judge {len(unjudged)} finding(s) (rlconform's own error, "
               f"not the engine's): {', '.join(unjudged[:5])}", file=sys.stderr)

@@ -46,23 +46,24 @@ def family_of(op: str):
     return None
 
 
-def trigger_of(case, message: str, kind: str) -> str:
-    """The family's trigger of ``case``: what the message alone shows first (``a masked position holding
-    NaN`` for a ``masked = nan:`` clause, as the report's triage reads it), then its hook, then the generic
-    reading."""
-    said = triggers.message_trigger(message)
+def trigger_of(case, clauses, kind: str, crash_text: str = "") -> str:
+    """The family's trigger of ``case`` whose failure record is ``clauses``
+    (:class:`rlconform.harness.core.failure.Clause`; ``crash_text`` the engine's exception text): what the
+    record alone shows first (``a masked position holding NaN`` for a clause of a run with NaN at the masked
+    positions, as the report's triage reads it), then its family's hook, then the generic reading."""
+    said = triggers.said_trigger(clauses, crash_text)
     if said:
         return said
     fam = family_of(case.op)
     hook = getattr(fam, "trigger", None)
     if hook is not None:
         try:
-            found = hook(case, message, kind)
+            found = hook(case, list(clauses or ()), kind)
         except Exception:  # noqa: BLE001 - a hook that cannot read the input leaves the generic reading
             found = None
         if found:
             return found
-    return triggers.trigger(case.op, case.property, case.dtype, case.regime, case.inputs, message, kind)
+    return triggers.trigger(case.op, case.property, case.dtype, case.regime, case.inputs, clauses, kind, crash_text)
 
 
 def declared_trigger(binding, op: str, regime: str, trig: str) -> str:
@@ -97,22 +98,23 @@ def fields(binding, finding: dict, exc: BaseException | None, case) -> dict:
     """``{"engine_function", "crash_frame", "trigger"}`` of a failing finding; ``{}`` for any other."""
     if finding.get("status") not in FAILING:
         return {}
+    from rlconform.harness.report import failure_fields as F
     from rlconform.harness.report.severity import contract_crash_type, is_metric
     from rlconform.harness.report.triage import kind
 
-    msg = finding.get("message") or ""
+    clauses, crash_text = F.clauses(finding), F.crash_text(finding)
     k = kind(finding)
-    trig = trigger_of(case, msg, k) if case is not None else "any input"
+    trig = trigger_of(case, clauses, k, crash_text) if case is not None else "any input"
     trig = declared_trigger(binding, finding["op"], finding.get("regime") or "", trig)
     # a wrong logged metric is its fold's (a mean of micro-batch means); a NaN one is its emitter's (a fold of
     # finite values is finite: SkyRL's importance_sampling_loss logs the mean of an empty selection), and so is
     # one off by rounding on an unpartitioned input (the dtype its emitter computes in: a bf16 ratio_mean)
     folded = k not in ("NaN", "inf") and not (k == "inexact value" and finding["property"] != "partition_invariant")
-    site, packages = finding_site(binding, finding["op"], finding["property"], finding["regime"], msg,
+    site, packages = finding_site(binding, finding["op"], finding["property"], finding["regime"], clauses,
                                   metric=is_metric(finding) and folded, trigger=trig)
     frame = None
     if k.startswith("crash:") or contract_crash_type(finding):
-        frame = crash_frame(engine_tracebacks(exc) + [finding.get("traceback") or "", msg], packages)
+        frame = crash_frame(engine_tracebacks(exc) + [finding.get("traceback") or "", crash_text], packages)
     elif site is not None and case is not None and finding["property"] != "non_destructive":
         # a crash cites its frame's line, a changed tensor its writer (a backward, a ``via`` statement);
         # anything else its faulty line
