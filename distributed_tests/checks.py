@@ -141,13 +141,15 @@ def _messages(ev: Evaluation, layout: Layout, results: list) -> None:
     """Per-rank guard messages become mutations; a rank that returned nothing is a problem."""
     for rank, res in enumerate(results):
         if res is None:
-            ev.problems.append(f"{_rank_name(layout, rank)} returned nothing")
+            ev.problems.append(problem_clause("missing output", f"{_rank_name(layout, rank)} returned nothing"))
             continue
         for m in res["messages"]:
-            if isinstance(m, dict):  # a change of a tensor, as the keywords of failure.mutation
+            if isinstance(m, dict) and m.get("problem"):  # something the rank could not do (a backward)
+                ev.problems.append(problem_clause(m["problem"], f"{_rank_name(layout, rank)}: {m['sentence']}"))
+            elif isinstance(m, dict):  # a change of a tensor, as the keywords of failure.mutation
                 ev.mutations.append(mutation_clause(**dict(m, sentence=f"{_rank_name(layout, rank)}: {m['sentence']}")))
             else:
-                ev.mutations.append(f"{_rank_name(layout, rank)}: {m}")
+                raise TypeError(f"a rank's message must be a record (a dict), not {type(m).__name__}: {m!r}"[:300])
 
 
 # --------------------------------------------------------------------------------- vocab parallel
@@ -180,7 +182,7 @@ def _vp_assemble(results: list, layout: Layout, expect_grad: bool, ev: Evaluatio
         for r in missing:
             why = "no autograd graph (requires_grad=False)" if not results[r].get("graph", True) else \
                 "no gradient reached its vocab shard"
-            ev.problems.append(f"gradient: {_rank_name(layout, r)}: {why}")
+            ev.problems.append(problem_clause("missing gradient", f"gradient: {_rank_name(layout, r)}: {why}"))
     if not missing:
         rows = [np.concatenate([results[layout.rank(t, c)]["grad"] for t in range(layout.tp)], axis=-1)
                 for c in range(layout.cp)]
@@ -248,8 +250,8 @@ def _evaluate_vp_implementation(binding: Binding, case: Case, name: str) -> Eval
             ev.problems.append(problem)
         for t, val in enumerate(values):
             if val.size != ref.size:
-                ev.problems.append(f"value (rank {rank}) on TP rank {t}: the engine returned {val.size} values, "
-                                   f"expected {ref.size}")
+                ev.problems.append(problem_clause("missing output", f"value (rank {rank}) on TP rank {t}: the engine "
+                                                                    f"returned {val.size} values, expected {ref.size}"))
                 continue
             ev.values.append(Compared(f"value (rank {rank}) on TP rank {t} of {layout.name}", val.reshape(-1), ref,
                                       K.to_numpy(f_out.to(K._torch_dtype(odt))), odt, "token_stat"))
@@ -338,7 +340,8 @@ def evaluate_vocab_parallel(binding: Binding, case: Case) -> Evaluation:
     ref = np.asarray(ref, dtype=np.float64)
     for t, v in enumerate(values):
         if v.size != ref.size:
-            ev.problems.append(f"value on TP rank {t}: the engine returned {v.size} values, expected {ref.size}")
+            ev.problems.append(problem_clause("missing output", f"value on TP rank {t}: the engine returned {v.size} "
+                                                                f"values, expected {ref.size}"))
     if ev.problems:
         return ev
     shown = range(layout.tp) if prop == MATCHES_REFERENCE else range(1)
@@ -555,8 +558,9 @@ def evaluate_dp_whiten(binding: Binding, case: Case) -> Evaluation:
             res = results[layout.rank(0, 0, d)][i]
             got = np.asarray(res["out"], dtype=np.float64)
             if got.shape != values64[a:b].shape:
-                ev.problems.append(f"{label}: DP rank {d} returned shape {got.shape} for its rows {a}:{b}, "
-                                   f"expected {values64[a:b].shape}")
+                ev.problems.append(problem_clause("missing output", f"{label}: DP rank {d} returned shape {got.shape} "
+                                                                    f"for its rows {a}:{b}, expected "
+                                                                    f"{values64[a:b].shape}"))
                 return []
             parts.append(got)
         name = f"{label} (rows per DP rank {', '.join(f'{a}:{b}' for a, b in split)}; tokens {nnz(split)})"

@@ -196,7 +196,7 @@ def _vp_compute(mode: str, op: str, fn, entropy, group, data: dict, dtype: str, 
         _backward(out, g)
         return _value_result(out, leaf, dtype)
 
-    messages: list = []  # a change of the logits as a record (Mutation.record's fields), anything else a sentence
+    messages: list = []  # records: a change of the logits (Mutation.record's fields) or a problem ({"problem", "sentence"})
     leaf = x.clone().requires_grad_(True)
     logits = produce(leaf)  # a producer that saved its output (the logits) for its own backward
     labels = {"labels": extra[0]} if extra else {}
@@ -217,8 +217,9 @@ def _vp_compute(mode: str, op: str, fn, entropy, group, data: dict, dtype: str, 
         out = fn(logits, *extra, group)
         messages += [m.record() for m in guard.check("forward")]
         if not (isinstance(out, torch.Tensor) and out.requires_grad) and not forward_only:
-            messages.append("the output has no autograd graph (requires_grad=False): the backward could not run, "
-                            "so its effect on the inputs is unchecked (and no gradient reaches the logits)")
+            messages.append({"problem": "missing gradient", "sentence": "the output has no autograd graph "
+                             "(requires_grad=False): the backward could not run, so its effect on the inputs is "
+                             "unchecked (and no gradient reaches the logits)"})
         backprop(out, "the backward")
         messages += [m.record() for m in guard.check("backward")]
         return {"messages": messages}

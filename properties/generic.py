@@ -164,7 +164,8 @@ def _aligned_outputs(ev: Evaluation, outcome: Outcome):
     recorded as a failure of ``outcome`` and skipped."""
     for alt_label, outputs in ev.alternatives:
         if len(outputs) != len(ev.outputs):
-            outcome.fail(f"{alt_label}: {len(outputs)} outputs vs {len(ev.outputs)} with {ev.base_label}")
+            outcome.fail(failure.problem("missing output", f"{alt_label}: {len(outputs)} outputs vs {len(ev.outputs)} "
+                                                           f"with {ev.base_label}"))
             continue
         for k, (b, a) in enumerate(zip(ev.outputs, outputs)):
             if not a.quantity:
@@ -172,7 +173,8 @@ def _aligned_outputs(ev: Evaluation, outcome: Outcome):
             x = np.asarray(a.engine, dtype=np.float64).reshape(-1)
             y = np.asarray(b.engine, dtype=np.float64).reshape(-1)
             if x.shape != y.shape:
-                outcome.fail(f"{a.label}: shape {x.shape} vs {y.shape} with {ev.base_label}")
+                outcome.fail(failure.problem("missing output", f"{a.label}: shape {x.shape} vs {y.shape} with "
+                                                               f"{ev.base_label}"))
                 continue
             sel = np.ones(x.shape, bool)
             if b.only_where is not None:

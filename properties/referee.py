@@ -346,8 +346,12 @@ def judge(payload: bytes, check_here, exchange=None):
                    "tolerance": outcome.tolerance, "clauses": failure.clauses_to_json(outcome.clauses)}
         return ("outcome", outcome), (fid, "outcome", outcome.verdict, outcome.message, numbers)
     except EngineCrash as exc:
-        return (("crash", str(exc), getattr(exc, "engine_traceback", ""), *T.exception_fields(exc)),
-                (fid, "crash", None, str(exc)))
+        fields = T.exception_fields(exc)
+        cause = exc.__cause__
+        crash = {"type": fields[0], "where": str(getattr(exc, "where", "") or ""),
+                 "text": (str(cause if cause is not None else exc).strip().splitlines() or [""])[0][:500]}
+        return (("crash", str(exc), getattr(exc, "engine_traceback", ""), *fields),
+                (fid, "crash", None, str(exc), {"crash": crash}))
     except T.ReplayDiverged as exc:
         return ("diverged", str(exc)), (fid, "diverged", None, str(exc))
     except Exception as exc:  # noqa: BLE001 - the check raised on what the engine returned
@@ -359,7 +363,9 @@ def judge(payload: bytes, check_here, exchange=None):
         if where is not None:  # rlconform's yardstick raised on the engine's data: rlconform's error
             own = str(OwnCodeRaised(where, msg))
             return ("own_error", where, msg, traceback.format_exc()[-4000:]), (fid, "own_error", None, own)
-        return ("raised", msg, traceback.format_exc()[-4000:]), (fid, "raised", None, msg)
+        crash = {"type": type(exc).__name__, "where": "reading the engine's output",
+                 "text": (str(exc).strip().splitlines() or [""])[0][:500]}
+        return ("raised", msg, traceback.format_exc()[-4000:]), (fid, "raised", None, msg, {"crash": crash})
 
 
 # -- the worker's side -----------------------------------------------------------------------------------

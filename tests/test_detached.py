@@ -28,7 +28,9 @@ def with_ratio(fn):
 
 
 def test_an_attached_weight_fails():
-    (msg,) = problems(attached)
+    (problem,) = problems(attached)
+    assert problem.what == "unexpected gradient"  # what severity reads: a gradient where the binding declares none
+    msg = problem.text
     assert "declared detached" in msg and "2 non-zero gradient(s)" in msg and "1.25" in msg  # r = 0.5/0.4
 
 

@@ -355,3 +355,46 @@ def test_triage_reads_a_crash_from_its_record_not_its_message():
     # an older report's crash (no record): its message is what it has
     old = {"status": "crash", "message": "engine raised in f: ZeroDivisionError: float division by zero"}
     assert failure_fields.raised(old, "ZeroDivisionError") == "float division by zero"
+
+
+def _sentence_args(path: pathlib.Path) -> list[int]:
+    """Lines where a string (a literal or an f-string) is handed over as a failure: ``….problems.append(s)``,
+    ``….mutations.append(s)``, ``….fail(s)``."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
+            continue
+        f = node.func
+        target = f.attr == "fail" or f.attr == "append" and isinstance(f.value, ast.Attribute) and \
+            f.value.attr in ("problems", "mutations")
+        if target and isinstance(node.args[0], (ast.JoinedStr, ast.Constant)):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_every_failure_is_handed_over_as_a_record():
+    """A family, a property or a rank names what failed as a clause (a ``problem`` with its ``what``, a
+    ``mutation`` with its fields), never as a bare sentence: severity and triage read ``what`` and never match a
+    sentence's words."""
+    found = {}
+    for folder in ("harness", "properties", "distributed_tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            lines = _sentence_args(path)
+            if lines:
+                found[path.relative_to(ROOT).as_posix()] = lines
+    assert not found, f"hand these failures over as failure.problem(what, sentence) clauses: {found}"
+
+
+def test_a_current_record_is_read_as_it_is_and_an_older_one_from_its_sentences():
+    """A problem sentence that says "no gradient" is not a missing gradient unless its record says so; a record
+    written before ``what`` existed (no ``version``) is read from its sentence, as before."""
+    text = "gradient: the weight is declared detached (no gradient path) but backward gives 3 non-zero gradient(s)"
+    base = {"status": "discrepancy", "op": "importance_ratio", "property": "matches_reference", "message": text}
+    current = dict(base, failure={"clauses": [failure.problem("unexpected gradient", text).to_json()],
+                                  "version": failure.RECORD_VERSION})
+    assert failure_fields.problems(current) == {"unexpected gradient"}
+    assert kind(current) == "wrong value" and classify(current)[0] == "training"
+    older = dict(base, failure={"clauses": [{"kind": "problem", "text": text}]})
+    assert failure_fields.problems(older) == {"missing gradient"}
+    unnamed = dict(base, failure={"clauses": [{"kind": "problem", "text": text}], "version": failure.RECORD_VERSION})
+    assert failure_fields.problems(unnamed) == set()

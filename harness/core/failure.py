@@ -34,8 +34,8 @@ clause kind     fields it carries (beside ``label``, ``quantity``, ``dtype``, ``
 ``quantity`` says what the compared number is: ``value`` (an output of the op), ``gradient`` (a gradient
 w.r.t. an input), ``metric`` (a logged metric), or ``""`` where the clause is about no single number.
 ``layout`` (or ``None``) gives the partition of the run the clause describes: ``{"parts": "micro-batches" |
-"shards" | "DP ranks" | "CP ranks", "nnz": [tokens per part]}`` (``"rows": [...]`` instead of ``nnz`` where the
-parts are counted in rows). ``masked`` (or ``None``) is the value written at the masked positions of the run
+"shards" | "DP ranks" | "CP ranks", "nnz": [tokens per part]}`` (``"rows": [...]``, the parts' row ranges,
+instead of ``nnz`` where a family counts rows). ``masked`` (or ``None``) is the value written at the masked positions of the run
 the clause describes (``mask_invariant``'s garbage: NaN, ±inf, 1e30).
 
 A family names its runs in its labels (``dp2: DP rank 0, tokens per DP rank [1, 0]``, ``masked = nan: loss``,
@@ -55,9 +55,15 @@ from typing import Any
 KINDS = ("value", "nonfinite", "difference", "contract", "problem", "mutation", "metric")
 #: what a compared number is
 QUANTITIES = ("value", "gradient", "metric", "")
-#: what a ``problem`` clause says is absent: a gradient the contract requires (no autograd graph, or backward
-#: reached no input), an output (missing, or of the wrong shape or type), a metric on its way to the final dict
-PROBLEMS = ("missing gradient", "missing output", "lost metric")
+#: what a ``problem`` clause says is wrong without a number to compare: a gradient the contract requires is absent
+#: (no autograd graph, or backward reached no input), an output is absent (missing, of the wrong shape or type, or
+#: nothing to compare), a metric was lost on its way to the final dict, a gradient flows where the binding declares
+#: none (a weight declared detached)
+PROBLEMS = ("missing gradient", "missing output", "lost metric", "unexpected gradient")
+#: the version of the failure record this rlconform writes (``failure.version`` in report.json): a record of an
+#: earlier version (none) may hold clauses without the fields added since (a mutation's phase, a lost metric's
+#: key, a problem's ``what``), which :mod:`rlconform.harness.report.failure_fields` reads from their sentences
+RECORD_VERSION = 2
 #: how a ``mutation`` clause knows the tensor changed: its bits or version counter, a producer that saved it for
 #: backward could not backprop, a value another op read from it afterwards differs
 EVIDENCE = ("changed", "saved", "read after")
@@ -170,18 +176,18 @@ def counts(layout: dict | None) -> list[int]:
 
 def label_fields(*labels: str) -> tuple[dict | None, float | None]:
     """(``layout``, ``masked``) of the first of ``labels`` that names them in the families' grammar (module
-    docstring), each None when none does. Counts in rows (``(rows)``) give ``{"parts", "rows"}``."""
+    docstring), each None when none does. Row ranges (``(rows)``) give ``{"parts", "rows"}``."""
     layout = masked = None
     for label in labels:
         m = _PARTS.search(label or "") if layout is None else None
         if m:
             try:
-                counts = json.loads(m["list"])
+                parts = json.loads(m["list"])
             except ValueError:
-                counts = None
-            if isinstance(counts, list):
+                parts = None
+            if isinstance(parts, list):
                 rows = "(rows)" in m["between"]
-                layout = {"parts": _PART_NAMES[m["what"]], ("rows" if rows else "nnz"): counts}
+                layout = {"parts": _PART_NAMES[m["what"]], ("rows" if rows else "nnz"): parts}
         g = _MASKED.search(label or "") if masked is None else None
         if g:
             try:

@@ -63,15 +63,18 @@ def rank_shape(n: int, rank: int) -> tuple[int, ...]:
     return (1,) * (rank - 3) + (b, n // b)
 
 
-def dtype_problem(label: str, got_dtype: str, input_dtype: str, impl, output: str | None = None) -> str | None:
-    """A problem message when the output dtype breaks the implementation's dtype contract, else None (also
-    when the docstring states no output dtype: an unstated contract is not checked)."""
+def dtype_problem(label: str, got_dtype: str, input_dtype: str, impl, output: str | None = None):
+    """A ``missing output`` problem clause (an output of the wrong type) when the output dtype breaks the
+    implementation's dtype contract, else None (also when the docstring states no output dtype: an unstated
+    contract is not checked)."""
+    from rlconform.harness.core.failure import problem
+
     expected = impl.expected_dtype(input_dtype, output)
     if expected is None or got_dtype == expected:
         return None
     promise = "the input's dtype" if impl.promised(output) == "input" else expected
-    return (f"contract: {label} is {got_dtype} for a {input_dtype} input; the implementation's docstring documents "
-            f"{promise} ({expected})" + (f" [{impl.doc}]" if impl.doc else ""))
+    return problem("missing output", f"contract: {label} is {got_dtype} for a {input_dtype} input; the "
+                   f"implementation's docstring documents {promise} ({expected})" + (f" [{impl.doc}]" if impl.doc else ""))
 
 
 def rank_problem(rank: int, shape: tuple, impl, exc: BaseException):

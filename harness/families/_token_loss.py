@@ -89,7 +89,8 @@ def drive_micro_batches(op: str, call: Callable[[dict, torch.Tensor], Any], arra
         loss, metrics = call_engine(op, call, t, torch.from_numpy(mask[a:b].copy()))
         odt = out_dtype(loss, dtype)
         if as_numpy(loss).size != 1:
-            ev.problems.append(shape_problem("loss", as_numpy(loss), (), "expected a scalar") or "loss: not a scalar")
+            ev.problems.append(shape_problem("loss", as_numpy(loss), (), "expected a scalar") or
+                               problem_clause("missing output", "loss: not a scalar"))
             return None
         total.append(float(as_numpy(loss).reshape(())))
         parts.append((dict(metrics or {}), int(mask[a:b].sum())))
@@ -105,7 +106,8 @@ def drive_micro_batches(op: str, call: Callable[[dict, torch.Tensor], Any], arra
         elif grad is not None:
             grad[a:b] = as_numpy(t[grad_key].grad)
     if combine_metrics is None:
-        ev.problems.append("metrics: the binding declares no combine_metrics (how micro-batch metrics are folded)")
+        ev.problems.append(problem_clause("missing output", "metrics: the binding declares no combine_metrics (how "
+                                                            "micro-batch metrics are folded)"))
         metrics = {}
     else:
         metrics = dict(call_engine(f"{op} combine_metrics", combine_metrics, parts))

@@ -54,6 +54,7 @@ from rlconform.harness.core import strategies as S
 from rlconform.harness.core.branches import Branch
 from rlconform.harness.core.declared import followed, mask_layout, zero_where_masked
 from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, shape_problem
+from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.faithful import compute_dtype
 from rlconform.harness.core.garbage import with_masked_column
 from rlconform.harness.core.guards import InputGuard
@@ -453,8 +454,8 @@ _LABELS = {"outcome_advantage": ("advantages", "returns"), "gae": ("advantages",
 def _compare(case, outs, refs, fas, mask, dtype, suffix, ev) -> list[Compared]:
     compared = []
     if len(outs) != len(refs):
-        ev.problems.append(f"the engine returned {len(outs)} output(s), expected {len(refs)} "
-                           f"({', '.join(_LABELS[case.op])})")
+        ev.problems.append(problem_clause("missing output", f"the engine returned {len(outs)} output(s), expected "
+                                                            f"{len(refs)} ({', '.join(_LABELS[case.op])})"))
         return compared
     for label, got, ref, fa in zip(_LABELS[case.op], outs, refs, fas):
         problem = shape_problem(label + suffix, as_numpy(got), np.shape(ref))

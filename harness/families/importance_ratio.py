@@ -272,9 +272,9 @@ def _detached_problem(out, lp, m, label, ev) -> list:
     hit = m.numpy() & (g != 0)
     if hit.any():
         pos = tuple(int(i) for i in np.argwhere(hit)[0])
-        ev.problems.append(f"{label}gradient: the weight is declared detached (no gradient path to log_prob: a "
+        ev.problems.append(problem_clause("unexpected gradient", f"{label}gradient: the weight is declared detached (no gradient path to log_prob: a "
                            f"constant for the policy gradient) but backward gives {int(hit.sum())} non-zero "
-                           f"gradient(s) at valid tokens, e.g. {float(g[pos])!r} at {pos}")
+                           f"gradient(s) at valid tokens, e.g. {float(g[pos])!r} at {pos}"))
     return []
 
 

@@ -134,7 +134,7 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
             continue
         got = as_numpy(final[key])
         if got.size != 1:
-            ev.problems.append(f"{key} ({stat}) is not a scalar: shape {got.shape} ({label})")
+            ev.problems.append(problem_clause("missing output", f"{key} ({stat}) is not a scalar: shape {got.shape} ({label})"))
             continue
         out.append(Compared(f"{key} ({stat}), {label}", got.reshape(()), np.float64(ref[stat]),
                             as_numpy(fa[stat]), dtype, "pipeline", quantity="metric"))
@@ -154,7 +154,8 @@ def evaluate(binding, case) -> Evaluation:
     partitions = case.inputs["partitions"]
     ev = Evaluation()
     if not mp.stats:
-        ev.problems.append("the binding's MetricPipeline maps no statistic (stats is empty): nothing is checked")
+        ev.problems.append(problem_clause("missing output", "the binding's MetricPipeline maps no statistic (stats is "
+                                                            "empty): nothing is checked"))
     if case.property == METRIC_INTEGRITY:
         emitted, final = run_metric_pipeline(mp, values, mask, partitions[0])
         mapping = mp.emitted_to_final

@@ -189,10 +189,10 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
         try:
             got = np.asarray(as_numpy(final[key]), dtype=np.float64)
         except (TypeError, ValueError):
-            ev.problems.append(f"{key} ({stat}) is not a number: {final[key]!r} ({label})")
+            ev.problems.append(problem_clause("missing output", f"{key} ({stat}) is not a number: {final[key]!r} ({label})"))
             continue
         if got.size != 1:
-            ev.problems.append(f"{key} ({stat}) is not a scalar: shape {got.shape} ({label})")
+            ev.problems.append(problem_clause("missing output", f"{key} ({stat}) is not a scalar: shape {got.shape} ({label})"))
             continue
         exact = stat in COUNT_STATISTICS
         out.append(Compared(f"{key} ({stat}), {label}", got.reshape(()), np.float64(r),
@@ -208,8 +208,8 @@ def evaluate(binding, case) -> Evaluation:
     ev = Evaluation()
     missing = [s for s in STATISTICS if s not in mp.stats]
     if missing:
-        ev.problems.append(f"the binding's MetricPipeline maps no final key for statistic(s) {missing}: "
-                           "every statistic the reducer handles is checked")
+        ev.problems.append(problem_clause("missing output", f"the binding's MetricPipeline maps no final key for "
+                                          f"statistic(s) {missing}: every statistic the reducer handles is checked"))
     if case.regime == LARGE:
         values, mask = large_tensors(case.inputs, case.dtype)
         lengths = np.asarray(case.inputs["lengths"])

@@ -45,6 +45,7 @@ from rlconform.harness.core import strategies as S
 from rlconform.harness.core.branches import Branch, place_in_regions, place_rows_in_regions
 from rlconform.harness.core.contracts import BatchInfo, LossVariants
 from rlconform.harness.core.evaluation import Compared, Evaluation
+from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.opinfo import (
     FINITE,
     MASK_INVARIANT,
@@ -457,7 +458,8 @@ def _compared(label, out, ref, dtype, mask, ev, faithful) -> list[Compared]:
             continue
         if key not in metrics:
             if key in REQUIRED_METRICS:
-                ev.problems.append(f"metric {key!r} missing: the engine logged {sorted(metrics)}")
+                ev.problems.append(problem_clause("lost metric", f"metric {key!r} missing: the engine logged "
+                                                                  f"{sorted(metrics)}", key=f"metric {key}"))
             continue
         f_want = f_metrics[key].mean if key in f_metrics else want
         res.append(Compared(f"{label}metric {key}", np.float64(float(metrics[key])), np.float64(want),

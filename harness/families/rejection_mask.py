@@ -358,7 +358,8 @@ def _compared(label, got, keep, ok, metrics_ref, metrics_fa, keys, ev, required=
     for key in keys:
         if key not in metrics:
             if key in required:
-                ev.problems.append(f"{label}metric {key!r} missing: the engine logged {sorted(metrics)}")
+                ev.problems.append(problem_clause("lost metric", f"{label}metric {key!r} missing: the engine logged "
+                                                                  f"{sorted(metrics)}", key=f"metric {key}"))
             res.append(Compared(f"{label}metric {key}", np.float64(np.nan), np.float64(metrics_ref[key]),
                                 np.float64(metrics_fa[key]), "float32", "pipeline", only_where=np.zeros(1, bool),
                                 quantity="metric"))
@@ -382,8 +383,9 @@ def evaluate(binding, case) -> Evaluation:
         return ev
     kept = got[0]
     if not np.isin(kept[~ok], (0.0, 1.0)).all():
-        ev.problems.append(f"kept mask: at a boundary token the engine returned {kept[~ok][~np.isin(kept[~ok], (0.0, 1.0))][0]!r}, "
-                           "neither 0 nor 1")
+        odd = kept[~ok][~np.isin(kept[~ok], (0.0, 1.0))][0]
+        ev.problems.append(problem_clause("missing output", f"kept mask: at a boundary token the engine returned "
+                                                            f"{odd!r}, neither 0 nor 1"))
     effective = np.where(ok, keep, kept)  # at the boundary the engine's decision stands
     from rlconform.harness.core.declared import followed
 

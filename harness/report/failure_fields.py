@@ -1,8 +1,11 @@
 """A finding's failure record, read as fields: what severity, triage and diffs ask of a failing finding.
 
-A finding of ``report.json`` carries ``failure``: ``{"clauses": [...], "crash": {"type", "where"}}``
-(:mod:`rlconform.harness.core.failure`). A finding of an older report has none; its clauses are read back
-from its message (:mod:`rlconform.harness.report.legacy_failure`), marked ``"from_message": true``.
+A finding of ``report.json`` carries ``failure``: ``{"clauses": [...], "crash": {"type", "where", "text"},
+"version"}`` (:mod:`rlconform.harness.core.failure`). A finding of an older report has none; its clauses are read
+back from its message (:mod:`rlconform.harness.report.legacy_failure`), marked ``"from_message": true``. A record
+of an earlier ``version`` than :data:`~rlconform.harness.core.failure.RECORD_VERSION` gets the fields added since
+(a mutation's phase, a lost metric's key, a problem's ``what``) from its clauses' sentences; a current record is
+read as it is.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 
-from rlconform.harness.core.failure import Clause, clauses_from_json
+from rlconform.harness.core.failure import RECORD_VERSION, Clause, clauses_from_json
 
 
 def record(finding: dict) -> dict:
@@ -33,10 +36,13 @@ def clauses(finding: dict) -> list[Clause]:
     """The finding's failure clauses (empty for a finding that did not fail on a judged example). A ``mutation``
     clause written before mutations carried their fields (tensor, phase), or a lost metric's before it carried
     its ``key``, gets them from its sentence."""
+    rec = record(finding)
     try:
-        out = clauses_from_json(record(finding)["clauses"])
+        out = clauses_from_json(rec["clauses"])
     except ValueError:
         return []
+    if rec.get("from_message") or _version(rec) >= RECORD_VERSION:  # read from its message, or written with them
+        return out
     if any(c.kind == "mutation" and not c.phase or c.kind in ("metric", "problem") and not c.key for c in out):
         from rlconform.harness.report import legacy_failure
 
@@ -44,6 +50,11 @@ def clauses(finding: dict) -> list[Clause]:
                (legacy_failure.lost_metric_of(c.text) or c) if c.kind in ("metric", "problem") and not c.key else c
                for c in out]
     return out
+
+
+def _version(rec: dict) -> int:
+    v = rec.get("version")
+    return v if isinstance(v, int) and not isinstance(v, bool) else 1
 
 
 def of_kind(finding: dict, *kinds: str) -> list[Clause]:
@@ -149,14 +160,21 @@ def problems(finding: dict) -> set[str]:
     from rlconform.harness.report.legacy_failure import what_of
 
     out = set()
+    older = _version(record(finding)) < RECORD_VERSION and not record(finding).get("from_message")
     for c in clauses(finding):
         if c.what:
             out.add(c.what)
-        elif c.kind in ("problem", "metric"):
+        elif older and c.kind in ("problem", "metric"):
             found = what_of(c.text)
             if found:
                 out.add(found)
     return out
+
+
+def changed_input(finding: dict) -> bool:
+    """Whether a ``mutation`` clause saw an input's bits or version change (``evidence`` ``changed``), rather than
+    only a producer's backward or a later read failing on a tensor written in place."""
+    return any(c.evidence == "changed" for c in of_kind(finding, "mutation"))
 
 
 def parts_of(c: Clause) -> int:

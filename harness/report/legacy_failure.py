@@ -142,7 +142,7 @@ def mutation_of(line: str) -> Clause:
     m = _READ_AFTER.search(line)
     if m:
         return Clause("mutation", m["name"], text=line, phase="backward", by_op=m["op"], evidence="read after")
-    return Clause("mutation", text=line)
+    return Clause("mutation", text=line, evidence="changed" if "mutated" in line.lower() else "")
 
 
 #: how an older clause's sentence says what is absent (:data:`rlconform.harness.core.failure.PROBLEMS`)

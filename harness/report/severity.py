@@ -322,7 +322,6 @@ def is_metric(finding: dict) -> bool:
 def _impact(finding: dict) -> tuple[str | None, str]:
     """Severity by impact before the dtype gate."""
     status = outcome(finding)
-    low = "\n".join(F.texts(finding, "mutation")).lower()
     prop = finding.get("property")
     if status == "unavailable":
         return "robustness", "the op could not be loaded"
@@ -333,7 +332,7 @@ def _impact(finding: dict) -> tuple[str | None, str]:
         return "robustness", (f"the engine raised {contract_crash_type(finding)} on a rank-{contract.rank} input "
                               "its docstring allows")
     if prop == "non_destructive":
-        return "destructive", ("an input changed" if "mutated" in low
+        return "destructive", ("an input changed" if F.changed_input(finding)
                                else "a tensor saved for backward was modified in place")
     nf = nonfinite_where_finite(finding)
     if nf:
@@ -343,6 +342,8 @@ def _impact(finding: dict) -> tuple[str | None, str]:
     absent = F.problems(finding)
     if "missing gradient" in absent:
         return "training", "a gradient the contract requires is missing"
+    if "unexpected gradient" in absent:
+        return "training", "a gradient flows through a weight the engine declares detached"
     if "missing output" in absent:
         return target, "an output is missing or has the wrong shape"
     if prop == "metric_integrity" or "lost metric" in absent:

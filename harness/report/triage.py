@@ -73,7 +73,8 @@ kind                from
 crash:<Type>        status ``crash`` (the crash record's exception type), or an input rank the
                     implementation's docstring allows that raised (a ``contract`` clause)
 unavailable         status ``unavailable``
-missing gradient    a ``problem`` clause of a missing gradient (no autograd graph, no gradient)
+missing gradient    a ``problem`` clause of a missing gradient (no autograd graph, no gradient); a gradient where
+                    the binding declares none (``unexpected gradient``) is a wrong value
 missing output      a wrong shape, nothing to compare, a lost metric
 mutation            ``non_destructive``: an input changed during forward or backward
 in-place on saved   ``non_destructive``: a tensor saved for backward was modified in place
@@ -129,7 +130,6 @@ def kind(finding: dict) -> str:
     from rlconform.harness.report.severity import crash_type, nonfinite_where_finite
 
     status, prop = outcome(finding), finding.get("property")
-    low = "\n".join(F.texts(finding, "mutation")).lower()
     if status == "crash":
         return f"crash:{crash_type(finding)}"
     contract = contract_crash_type(finding)
@@ -140,11 +140,13 @@ def kind(finding: dict) -> str:
     absent = F.problems(finding)
     if "missing gradient" in absent:
         return "missing gradient"
+    if "unexpected gradient" in absent:  # a gradient where the contract says none: the gradient is wrong
+        return "wrong value"
     if "missing output" in absent or "lost metric" in absent or prop == "metric_integrity":
         # a metric lost on its way, whatever property saw it
         return "missing output"
     if prop == "non_destructive":
-        return "mutation" if "mutated" in low else "in-place on saved"
+        return "mutation" if F.changed_input(finding) else "in-place on saved"
     nf = nonfinite_where_finite(finding)
     if nf:
         return "NaN" if nf == "nan" else "inf"

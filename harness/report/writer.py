@@ -30,7 +30,7 @@ Schema ``rlconform.report/1``::
                    failure is, "ledger_defect": the defect line that lists it, "ledger_grown": {"line",
                    "recorded", "max_ratio"} when a member's error grew past its line's max_ratio tenfold),
                    "failure": {"clauses": [clause records of rlconform.harness.core.failure], "crash": {"type",
-                   "where"}} (failing and marginal findings; ``message`` is their rendering; absent in a report
+                   "where", "text"}, "version"} (failing and marginal findings; ``message`` is their rendering; absent in a report
                    of an older rlconform: read from its message by rlconform.harness.report.legacy_failure),
                    "max_ratio": worst error / tolerance (null: unbounded, a failure without a numeric bound),
                    "samples": [{"imbalance", "abs_err", "rel_err", "ratio", "ok"}] | null,

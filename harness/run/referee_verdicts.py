@@ -74,6 +74,7 @@ class VerdictBook:
                 self.failing[fid] = ("error", str(message))
             elif kind != "outcome":
                 self.failing[fid] = ("crash", f"the referee: {message}")
+                self.failing_numbers[fid] = dict(numbers)
 
     def apply(self, finding: dict, status: str) -> str:
         """The status of ``finding`` (a report entry, whose numbers are changed in place) once the referee's
@@ -98,8 +99,8 @@ class VerdictBook:
                     finding["failure"] = {"clauses": clauses}
                 except (TypeError, ValueError):
                     finding.pop("failure", None)
-            else:
-                finding.pop("failure", None)
+            else:  # a crash: the engine's exception as the referee saw it
+                finding["failure"] = _crash_record(numbers.get("crash"), "the referee", message)
             finding["message"] = (f"{message} (the referee's verdict; the engine's worker reported {status})")[:4000]
             for field in ("max_abs_err", "max_rel_err", "tolerance"):
                 if field in numbers and _number(numbers[field]) is not None:
@@ -108,10 +109,9 @@ class VerdictBook:
         elif status in GREEN:
             examples = finding.get("examples")
             if seen == 0 or isinstance(examples, bool) or not isinstance(examples, int) or not 0 < examples <= seen:
-                finding.pop("failure", None)
-                finding["message"] = (f"the engine's worker reported {examples!r} example(s) of this finding as "
-                                      f"{status}, its referee judged {seen}: the checks did not all reach the "
-                                      f"referee")
+                said = (f"the engine's worker reported {examples!r} example(s) of this finding as {status}, its "
+                        f"referee judged {seen}: the checks did not all reach the referee")
+                finding["message"], finding["failure"] = said, _crash_record(None, "the referee", said)
                 status = "crash"
         if fid in self.worst and "ratio" in self.worst[fid]:
             ref = self.worst[fid]["ratio"]
@@ -119,3 +119,14 @@ class VerdictBook:
             worst = ref if mine is None else max(mine, ref)
             finding["max_ratio"] = worst if worst != float("inf") else None
         return status
+
+
+def _crash_record(crash, where: str, message: str) -> dict:
+    """The failure record of a crash the controller decides: the engine's exception as the referee sent it
+    (``{"type", "where", "text"}``), else an unknown exception at ``where`` with the first line of ``message``."""
+    from rlconform.harness.core.failure import RECORD_VERSION
+
+    ok = isinstance(crash, dict) and all(isinstance(crash.get(k), str) for k in ("type", "where", "text"))
+    rec = dict(crash) if ok else {"type": "exception", "where": where,
+                                  "text": ((message or "").strip().splitlines() or [""])[0][:500]}
+    return {"clauses": [], "crash": rec, "version": RECORD_VERSION}

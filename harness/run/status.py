@@ -74,6 +74,10 @@ def _observation(finding: dict) -> str:
         return under if under in _UNDERLYING else ("pass" if seen == "xpass" else "discrepancy")
     if seen not in OBSERVED:
         finding["message"] = f"the engine's worker reported an unknown outcome {str(seen)[:80]!r}"
+        from rlconform.harness.core.failure import RECORD_VERSION
+
+        finding["failure"] = {"clauses": [], "crash": {"type": "exception", "where": "the engine's worker",
+                                                       "text": finding["message"]}, "version": RECORD_VERSION}
         return "crash"
     return seen
 
