@@ -290,7 +290,7 @@ def _run(binding, fn, lp64, old64, mask, dtype, label, refs, fa, ev) -> list[Com
         return []
     odt = out_dtype(out, dtype)
     res = [Compared(f"{label}ratio", as_numpy(out), refs[0], S.round_to(fa[0], odt), odt, "pipeline",
-                    only_where=mask)]
+                    only_where=mask, quantity="value")]
     if "importance_ratio" in binding.forward_only:
         return res
     if "importance_ratio" in getattr(binding, "detached", ()):
@@ -304,7 +304,7 @@ def _run(binding, fn, lp64, old64, mask, dtype, label, refs, fa, ev) -> list[Com
         ev.problems.append(problem_clause("missing gradient", f"{label}gradient: backward ran but no gradient reached log_prob"))
         return res
     res.append(Compared(f"{label}gradient w.r.t. log_prob", as_numpy(lp.grad), refs[1], S.round_to(fa[1], odt),
-                        odt, "pipeline", only_where=mask))
+                        odt, "pipeline", only_where=mask, quantity="gradient"))
     return res
 
 
@@ -318,8 +318,8 @@ def evaluate(binding, case) -> Evaluation:
     refs = reference(variant, lp64, old64, mask)
     fa = yardstick(variant, lp64, old64, mask, case.dtype)
     split = _run(binding, fn, lp64, old64, mask, case.dtype, "", refs, fa, ev)
-    ev.values = [c for c in split if "gradient" not in c.label]
-    ev.gradients = [c for c in split if "gradient" in c.label]
+    ev.values = [c for c in split if c.quantity != "gradient"]
+    ev.gradients = [c for c in split if c.quantity == "gradient"]
     if case.property == MASK_INVARIANT:
         prefix, label, lp_g, old_g = L.with_garbage(case, mask, lp64, old64)
         ev.alternatives.append((label, _run(binding, fn, lp_g, old_g, mask, case.dtype, prefix, refs, fa, ev)))

@@ -143,7 +143,7 @@ def _run(fn, lp64, ref64, mask, dtype, label, refs, ev) -> list[Compared]:
     odt = out_dtype(out, dtype)
     mode_ref = refs
     res = [Compared(f"{label}value", as_numpy(out), mode_ref[0], S.round_to(mode_ref[0], odt), odt, "pipeline",
-                    only_where=mask)]
+                    only_where=mask, quantity="value")]
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         ev.problems.append(problem_clause("missing gradient", f"{label}gradient: the estimate has no autograd graph: no gradient reaches logprob"))
         return res
@@ -152,7 +152,7 @@ def _run(fn, lp64, ref64, mask, dtype, label, refs, ev) -> list[Compared]:
         ev.problems.append(problem_clause("missing gradient", f"{label}gradient: backward ran but no gradient reached logprob"))
         return res
     res.append(Compared(f"{label}gradient w.r.t. logprob", as_numpy(lp.grad), mode_ref[1],
-                        S.round_to(mode_ref[1], odt), odt, "pipeline", only_where=mask))
+                        S.round_to(mode_ref[1], odt), odt, "pipeline", only_where=mask, quantity="gradient"))
     return res
 
 
@@ -180,8 +180,8 @@ def evaluate(binding, case) -> Evaluation:
         return ev
     refs = (R.kl_estimator(lp64, ref64, mode, mask=mask), R.kl_estimator_grad(lp64, ref64, mode, mask=mask))
     split = _run(fn, lp64, ref64, mask, case.dtype, "", refs, ev)
-    ev.values = [c for c in split if "gradient" not in c.label]
-    ev.gradients = [c for c in split if "gradient" in c.label]
+    ev.values = [c for c in split if c.quantity != "gradient"]
+    ev.gradients = [c for c in split if c.quantity == "gradient"]
     if case.property == MASK_INVARIANT:
         garbage = float(case.inputs.get("garbage", np.nan))
         alt = _run(fn, np.where(mask, lp64, garbage), np.where(mask, ref64, garbage), mask, case.dtype,
