@@ -97,7 +97,7 @@ def test_an_output_dtype_the_docstring_does_not_state_is_not_checked():
     assert "not checked" in unstated.dtype_note()
     stated = Implementation(len, out_dtype="input", doc="in the logits' dtype")
     problem = IC.dtype_problem("out", "float32", "float64", stated)
-    assert problem.what == "missing output"  # an output of the wrong type
+    assert problem.what == "wrong dtype"  # its numbers, compared beside it, decide the severity
     assert "the input's dtype (float64)" in problem.text and "in the logits' dtype" in problem.text
     several = Implementation(len, out_dtype={"logprobs": "float32"})
     assert IC.dtype_problem("lp", "float64", "float64", several, "logprobs")

@@ -9,6 +9,7 @@ import json
 import math
 import sys
 import textwrap
+import types
 
 import forked_cli
 import numpy as np
@@ -154,9 +155,14 @@ def test_deepest_engine_frame_of_a_crash(fake_engine):
     assert frame_text(exc) == " (engine frame fakeeng/algos.py:6 in _inner_divide)"
     assert f["caller"] == {"function": "masked_mean", "module": "fakeeng.algos", "file": "fakeeng/algos.py",
                            "line": 10}  # the engine frame that called it
-    # the compact form in a message (a gloo rank's contract crash) reads back the same frame (one frame: no caller)
-    compact = deepest_frame(["contract: … raised ZeroDivisionError: x" + frame_text(exc)], ["fakeeng"])
-    assert compact == {k: v for k, v in f.items() if k != "caller"}
+    # a contract clause carries the frame as a field; the compact form in its sentence is for the reader only
+    from rlconform.harness.core.impl_contract import rank_problem
+    from rlconform.harness.run.root_cause import _contract_frame
+
+    clause = rank_problem(2, (2, 3), types.SimpleNamespace(ranks=(2, 3)), exc)
+    assert clause.frame == f and _contract_frame([clause], ["fakeeng"]) == f
+    assert _contract_frame([clause], ["otherengine"]) is None
+    assert deepest_frame(["contract: … raised ZeroDivisionError: x" + frame_text(exc)], ["fakeeng"]) is None
 
 
 def _finding(fid, *, status="discrepancy", message="", site_=None, frame=None, trig="any input", ratio=20.0, **kw):

@@ -3,8 +3,9 @@ code, ``{"function", "module", "file", "line"}`` with ``file`` relative to the d
 engine's top package (``verl/utils/torch_functional.py``), so a fork's checkout gives its own lines.
 
 Frames are read from formatted tracebacks (``File "…", line N, in f``), so a gloo rank's traceback
-carried in a message counts as much as the process's own, and from the compact form
-:func:`frame_text` writes into a message (``engine frame verl/x.py:12 in f``). Without a list of engine
+carried in a message counts as much as the process's own; the compact form :func:`frame_text` writes into a
+sentence (``engine frame verl/x.py:12 in f``) is for the reader, and a ``contract`` clause carries its frame as
+a field. Without a list of engine
 packages, a frame is the engine's when its file lies outside rlconform, torch, NumPy, hypothesis,
 pytest and the standard library.
 """
@@ -17,7 +18,6 @@ import sysconfig
 from typing import Iterable
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\n]+)')
-_COMPACT = re.compile(r"engine frame (?P<file>[^\s:]+\.py):(?P<line>\d+) in (?P<func>[A-Za-z0-9_.<>]+)")
 #: top-level names whose frames are never the engine's
 NOT_ENGINE = ("rlconform", "torch", "numpy", "hypothesis", "_pytest", "pytest", "pluggy", "_hypothesis_globals")
 _RLCONFORM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,11 +25,8 @@ _STDLIB = os.path.abspath(sysconfig.get_paths().get("stdlib", "/nonexistent"))
 
 
 def frames(text: str) -> list[tuple[str, int, str]]:
-    """``(file, line, function)`` of every frame of a formatted traceback and every compact
-    ``engine frame F:N in f`` of ``text``, in order of appearance."""
-    found = [(m.start(), m["file"], int(m["line"]), m["func"].strip()) for m in _FRAME.finditer(text or "")]
-    found += [(m.start(), m["file"], int(m["line"]), m["func"]) for m in _COMPACT.finditer(text or "")]
-    return [f[1:] for f in sorted(found)]
+    """``(file, line, function)`` of every frame of a formatted traceback ``text``, in order."""
+    return [(m["file"], int(m["line"]), m["func"].strip()) for m in _FRAME.finditer(text or "")]
 
 
 def package_relative(path: str) -> tuple[str, str]:

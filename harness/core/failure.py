@@ -16,7 +16,8 @@ clause kind     fields it carries (beside ``label``, ``quantity``, ``dtype``, ``
 ``difference``  two runs of the same data: ``engine`` (this run, ``label``) vs ``other`` (the base run,
                 ``other_label``) at flat ``index``, ``exact`` the reference there, ``tolerance`` the
                 allowed difference, ``ratio``
-``contract``    an input rank the implementation's docstring allows raised: ``rank``, ``error_type``
+``contract``    an input rank the implementation's docstring allows raised: ``rank``, ``error_type``, ``frame``
+                (the deepest engine frame of its exception: ``{"function", "module", "file", "line"}``, or None)
 ``problem``     something expected was absent or malformed (``text``, the family's sentence; ``what``, one of
                 :data:`PROBLEMS`, when the family names it; ``key``, the output of a lost metric)
 ``mutation``    an input or a tensor saved for backward changed: ``label`` the tensor, ``phase`` the pass it
@@ -58,8 +59,9 @@ QUANTITIES = ("value", "gradient", "metric", "")
 #: what a ``problem`` clause says is wrong without a number to compare: a gradient the contract requires is absent
 #: (no autograd graph, or backward reached no input), an output is absent (missing, of the wrong shape or type, or
 #: nothing to compare), a metric was lost on its way to the final dict, a gradient flows where the binding declares
-#: none (a weight declared detached)
-PROBLEMS = ("missing gradient", "missing output", "lost metric", "unexpected gradient")
+#: none (a weight declared detached), an output's dtype is not the one the implementation documents (its numbers,
+#: compared beside it, decide how much that matters)
+PROBLEMS = ("missing gradient", "missing output", "lost metric", "unexpected gradient", "wrong dtype")
 #: the version of the failure record this rlconform writes (``failure.version`` in report.json): a record of an
 #: earlier version (none) may hold clauses without the fields added since (a mutation's phase, a lost metric's
 #: key, a problem's ``what``), which :mod:`rlconform.harness.report.failure_fields` reads from their sentences
@@ -103,6 +105,7 @@ class Clause:
     masked: float | None = None
     key: str = ""
     printed: str = ""
+    frame: dict | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:

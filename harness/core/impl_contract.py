@@ -64,7 +64,7 @@ def rank_shape(n: int, rank: int) -> tuple[int, ...]:
 
 
 def dtype_problem(label: str, got_dtype: str, input_dtype: str, impl, output: str | None = None):
-    """A ``missing output`` problem clause (an output of the wrong type) when the output dtype breaks the
+    """A ``wrong dtype`` problem clause when the output dtype breaks the
     implementation's dtype contract, else None (also when the docstring states no output dtype: an unstated
     contract is not checked)."""
     from rlconform.harness.core.failure import problem
@@ -73,7 +73,7 @@ def dtype_problem(label: str, got_dtype: str, input_dtype: str, impl, output: st
     if expected is None or got_dtype == expected:
         return None
     promise = "the input's dtype" if impl.promised(output) == "input" else expected
-    return problem("missing output", f"contract: {label} is {got_dtype} for a {input_dtype} input; the "
+    return problem("wrong dtype", f"contract: {label} is {got_dtype} for a {input_dtype} input; the "
                    f"implementation's docstring documents {promise} ({expected})" + (f" [{impl.doc}]" if impl.doc else ""))
 
 
@@ -89,7 +89,14 @@ def rank_problem(rank: int, shape: tuple, impl, exc: BaseException):
     # the pool's RankFailure, which holds every rank's), else the cause's type
     error_type = head if head.isidentifier() and head[:1].isupper() else (
         type(cause).__name__ if cause is not None else type(exc).__name__)
-    return failure.Clause("contract", rank=int(rank), error_type=error_type, text=(
+    import traceback
+
+    from rlconform.harness.core.engine_frames import deepest_frame
+
+    tb = getattr(exc, "engine_traceback", "") or "".join(traceback.format_exception(exc))
+    found = deepest_frame([tb])
+    frame = {k: found[k] for k in ("function", "module", "file", "line", "caller") if k in found} if found else None
+    return failure.Clause("contract", rank=int(rank), error_type=error_type, frame=frame, text=(
         f"contract: a rank-{rank} input {tuple(shape)} (its docstring allows ranks "
         f"{', '.join(map(str, impl.ranks))}) raised {last}{frame_text(exc)}"))
 

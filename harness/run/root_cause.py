@@ -114,7 +114,8 @@ def fields(binding, finding: dict, exc: BaseException | None, case) -> dict:
                                   metric=is_metric(finding) and folded, trigger=trig)
     frame = None
     if k.startswith("crash:") or contract_crash_type(finding):
-        frame = crash_frame(engine_tracebacks(exc) + [finding.get("traceback") or "", crash_text], packages)
+        frame = _contract_frame(clauses, packages) or \
+            crash_frame(engine_tracebacks(exc) + [finding.get("traceback") or "", crash_text], packages)
     elif site is not None and case is not None and finding["property"] != "non_destructive":
         # a crash cites its frame's line, a changed tensor its writer (a backward, a ``via`` statement);
         # anything else its faulty line
@@ -122,6 +123,20 @@ def fields(binding, finding: dict, exc: BaseException | None, case) -> dict:
         if found is not None:
             site = dict(site, fault=found)
     return {"engine_function": site, "crash_frame": frame, "trigger": trig}
+
+
+def _contract_frame(clauses, packages) -> dict | None:
+    """The engine frame a ``contract`` clause recorded for the input rank that raised (the first inside the
+    engine's ``packages``), or None."""
+    from rlconform.harness.core.engine_frames import is_engine_file, qualname
+
+    for c in clauses:
+        f = c.frame if c.kind == "contract" else None
+        if isinstance(f, dict) and isinstance(f.get("file"), str) and is_engine_file(f["file"], packages):
+            out = dict(f)  # a name the process that made the clause could not qualify is qualified here
+            out["function"] = qualname(str(f.get("module") or ""), str(f.get("function") or ""), int(f.get("line") or 0))
+            return out
+    return None
 
 
 #: passing examples of a failing finding drawn to contrast its shrunk input with (:func:`locate`)
