@@ -44,6 +44,7 @@ from rlconform.harness.catalog.ops import OPS
 from rlconform.harness.core.blame import OwnCodeRaised, own_code_raised
 from rlconform.harness.core.evaluation import EngineCrash
 from rlconform.harness.core.profiles import capped_settings, example_cap
+from rlconform.harness.core.unbound import unbound
 from rlconform.harness.workers import interrupts
 from rlconform.harness.workers.pool import PoolStartupError, RankFailure
 from rlconform.properties.binding_errors import adapter_error
@@ -141,10 +142,12 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
     except OpUnavailable as exc:
         # the cause first ("op 'x' unavailable: ModuleNotFoundError: …"), then the traceback's tail
         rec.unavailable_detail = f"{exc}\n{exc.detail[-3000:]}"
+        rec.unbound = unbound(exc.op, "unavailable", rec.unavailable_detail)
         pytest.skip(str(exc))
     except BindingError as exc:
         rec.unavailable_detail = f"binding error: {exc}"
         rec.binding_error = str(exc)
+        rec.unbound = unbound(op, "binding_error", str(exc))
         pytest.skip(str(exc))
 
     provided = binding.provided_implementations(op) if hasattr(binding, "provided_implementations") else ()
@@ -152,6 +155,7 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
     gap = binding.device_gap(op, regime) if hasattr(binding, "device_gap") else None
     if gap is not None:  # a CUDA-only kernel on a CPU run: unavailable with its reason, never skipped
         rec.unavailable_detail = f"op {op + '@' + impl if impl else op!r} unavailable: {gap}"
+        rec.unbound = dict(unbound(op + "@" + impl if impl else op, "unavailable", ""), missing="a CUDA device")
         rec.needs = "cuda"
         pytest.skip(rec.unavailable_detail)
     if impl is not None:
@@ -162,6 +166,7 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
             binding.resolve_implementation(op, impl)
         except OpUnavailable as exc:
             rec.unavailable_detail = f"{exc}\n{exc.detail[-3000:]}"
+            rec.unbound = unbound(f"{op}@{impl}", "unavailable", rec.unavailable_detail)
             pytest.skip(str(exc))
 
     budget = getattr(state, "shrink_budget", None)

@@ -150,7 +150,7 @@ MESSAGE_READERS = {
     "harness/report/writer.py": "quotes the message in report.md",
     "harness/report/summary.py": "prints the message's first line",
     "harness/report/html_report.py": "renders the message",
-    "harness/report/matrix_md.py": "quotes an unavailable op's message",
+    "harness/report/matrix_md.py": "quotes an unbound op's message; reads an older report's unbound op from it",
     "harness/report/ledger_text.py": "quotes the message's first line in a ledger line's comment",
     "harness/report/diff.py": "quotes the message of a changed finding",
     "harness/cli.py": "prints a replay's message",

@@ -139,3 +139,30 @@ def test_a_defect_whose_findings_fail_elsewhere_in_the_fixed_release_says_so():
     assert (old["fixed_in"], old["moved_to"]) == ("2", ["fake.core.masked_mean_v2 | changes a tensor"])
     assert "2 (its findings still fail there, as `fake.core.masked_mean_v2 \\| changes a tensor`)" in \
         matrix_markdown(doc)
+
+
+@pytest.mark.cli
+def test_a_check_records_what_an_unbound_op_lacks_and_the_matrix_reads_that_field(tmp_path):
+    """The finding of an op that did not bind carries ``unbound`` (op, status, the name the release lacks), read
+    from Python's own import error where the op was resolved; the matrix groups by that field, whatever the
+    message says."""
+    import json
+
+    import forked_cli
+
+    from rlconform.harness.report.matrix_md import unbound_ops
+
+    (tmp_path / "lacking.py").write_text(
+        "from rlconform.harness.catalog.binding import Binding, Lazy\n"
+        "binding = Binding(name='lacking', ops={'entropy': Lazy('no_such_module_here:entropy')})\n")
+    out = tmp_path / "out"
+    proc = forked_cli.run(("check", "--engine", str(tmp_path / "lacking.py"), "--op", "entropy", "--dtype",
+                           "float32", "--max-examples", "2", "--out", str(out), "-q"), timeout=600)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((out / "report.json").read_text())
+    lost = [f for f in doc["findings"] if f["status"] == "unavailable"]
+    assert lost and all(f["unbound"] == {"op": "entropy", "status": "unavailable", "missing": "no_such_module_here"}
+                        for f in lost)
+    for f in doc["findings"]:
+        f["message"] = "reworded"
+    assert unbound_ops(doc)["entropy"]["missing"] == "no_such_module_here"

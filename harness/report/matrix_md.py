@@ -29,37 +29,11 @@ from __future__ import annotations
 
 import re
 
+from rlconform.harness.core.unbound import missing_name
+
 #: statuses of a finding whose op ran (it bound and was called)
 RAN = ("pass", "discrepancy", "crash", "xfail", "xpass", "marginal")
-#: messages -> the name the release lacks (first match wins)
-_MISSING = (
-    (re.compile(r"cannot import name '([^']+)' from '([^']+)'"), lambda m: f"{m.group(2)}.{m.group(1)}"),
-    (re.compile(r"No module named '([^']+)'"), lambda m: m.group(1)),
-    (re.compile(r"module '([^']+)' has no attribute '([^']+)'"), lambda m: f"{m.group(1)}.{m.group(2)}"),
-    (re.compile(r"'?([A-Za-z_][\w.]*)'? (?:object )?has no attribute '([^']+)'"), lambda m: f"{m.group(1)}.{m.group(2)}"),
-    (re.compile(r"(\w[\w.]*)\(\) got an unexpected keyword argument '([^']+)'"),
-     lambda m: f"keyword {m.group(2)} of {m.group(1)}"),
-    (re.compile(r"(\w[\w.]*)\(\) missing \d+ required (?:positional |keyword-only )?arguments?: '([^']+)'"),
-     lambda m: f"required argument {m.group(2)} of {m.group(1)}"),
-    (re.compile(r"missing name: ([^;)\s]+)"), lambda m: m.group(1)),
-    (re.compile(r"\(missing: ([^)]+)\)"), lambda m: m.group(1)),
-    (re.compile(r"needs (CUDA)"), lambda m: "a CUDA device"),
-)
-
-
 _UNAVAILABLE_OP = re.compile(r"op '([^']+)' unavailable")
-
-
-def missing_name(message: str | None) -> str | None:
-    """The module / function / keyword a release lacks, read from an ``unavailable`` / ``binding_error``
-    message (``cannot import name 'Metric' from 'verl.utils.metric'`` -> ``verl.utils.metric.Metric``;
-    ``f() got an unexpected keyword argument 'dp_size'`` -> ``keyword dp_size of f``); None when no pattern
-    matches."""
-    for pattern, name in _MISSING:
-        m = pattern.search(message or "")
-        if m:
-            return name(m)
-    return None
 
 
 def _first_line(text: str | None, limit: int = 160) -> str:
@@ -78,17 +52,22 @@ def unbound_ops(doc: dict) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for f in doc.get("findings") or ():
         status, message = f.get("status"), f.get("message") or ""
-        if status == "error" and "OpUnavailable" in message:
-            status = "unavailable"
-        elif status not in ("unavailable", "binding_error"):
-            continue
         if f.get("needs") == "cuda":
             continue  # a CUDA-only kernel on a CPU run: a device gap, not a release gap
-        named = _UNAVAILABLE_OP.match(message)
-        entry = out.setdefault(named.group(1) if named else f["op"], {"status": status, "missing": missing_name(message),
-                                         "message": _first_line(message), "findings": 0, "causes": []})
+        field = f.get("unbound")
+        if isinstance(field, dict) and status in ("unavailable", "binding_error", "error"):
+            op, status, missing = str(field.get("op") or f["op"]), str(field.get("status") or status), field.get("missing")
+        else:  # a report written before findings recorded what did not bind: its message says
+            if status == "error" and "OpUnavailable" in message:
+                status = "unavailable"
+            elif status not in ("unavailable", "binding_error"):
+                continue
+            named = _UNAVAILABLE_OP.match(message)
+            op, missing = (named.group(1) if named else f["op"]), missing_name(message)
+        entry = out.setdefault(op, {"status": status, "missing": missing, "message": _first_line(message),
+                                    "findings": 0, "causes": []})
         entry["findings"] += 1
-        cause = missing_name(message) or _first_line(message, 80)
+        cause = missing or _first_line(message, 80)
         if cause not in entry["causes"]:
             entry["causes"].append(cause)
         if status == "binding_error":

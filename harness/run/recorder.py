@@ -127,6 +127,7 @@ class FindingRecorder:
         self.crash: dict | None = None  # the engine's exception: {"type", "where"}
         self.note = ""  # shown with a passing finding (e.g. torch state an import changed, restored)
         self.unavailable_detail = None
+        self.unbound = None  # {"op", "status", "missing"} of an op that did not bind (core.unbound)
         self.needs = None  # the device an unavailable op needs ("cuda" on a CPU run), else None
         self.binding_error = None
         self.adapter_error = None  # the binding's adapter raised (status binding_error)
@@ -302,6 +303,7 @@ def _finding_entry(rec, params, status, tb, reproducer, failing, case) -> dict:
         **({"declared": dict(rec.declared)} if rec.declared else {}),
         **({"needs": rec.needs} if getattr(rec, "needs", None) else {}),
         **({"transcribed": rec.transcribed} if rec.transcribed else {}),
+        **({"unbound": rec.unbound} if getattr(rec, "unbound", None) else {}),
     }
 
 
