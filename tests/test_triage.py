@@ -171,7 +171,15 @@ def test_ulp_level_at_the_inputs_scale_is_precision():
 
     inp = ("logits[2, 3]=[256.0, 229.0, 251.0, 252.0, 266.0, 250.0], grad_output[2]=[0.8196, -1000.0], "
            "labels[2]=[2, 2], chunk_size=1")
-    assert input_scale(inp) == 266.0  # ids, chunk sizes and the upstream gradient are no scale
+    assert input_scale({"worst_input": inp}) == 266.0  # ids, chunk sizes and the upstream gradient are no scale
+    import numpy as np
+
+    from rlconform.harness.core.input_scale import leading_scale
+
+    inputs = {"logits": np.array([[256.0, 229.0, 251.0], [252.0, 266.0, 250.0]]), "grad_output": np.array([0.8, -1e3]),
+              "labels": np.array([2, 2]), "chunk_size": 1}
+    assert leading_scale(inputs) == 266.0  # what a check records as the finding's input_scale
+    assert input_scale({"worst_input": "logits[1]=[1.0]", "input_scale": 266.0}) == 266.0  # the field, not the text
     tiny = ("value (rank 2): engine 0.0 vs reference 1.4386015621091178e-05 at flat index 1: abs err 1.44e-05, "
             "rel err 1, 1.58e+07 ulp, tolerance 2.31e-06")
     f = _f("entropy.matches_reference.bfloat16.chunked@bf16_coarse", message=tiny, ratio=14.3, inp=inp)

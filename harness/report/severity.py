@@ -193,19 +193,27 @@ def extreme_input(finding: dict) -> str | None:
     return f"a wrong value only on an extreme input ({what}), no input a trainer produces" if what else None
 
 
-#: names of inputs whose values are no scale of the computation (ids, masks, the upstream gradient)
-_NOT_SCALE = ("grad_output", "labels", "index", "mask", "response_mask", "loss_mask", "attention_mask", "garbage")
 _INPUT_VALUES = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)\[[^\]]*\]=\[(?P<vals>[^\]]*)\]")
 #: an error within this many float32 ulps of the input's magnitude is rounding of a float32 computation
 ULP_LEVEL = 4.0
 
 
-def input_scale(worst_input: str) -> float:
-    """The largest finite magnitude among the shown values of a finding's floating inputs (``worst_input``,
-    the first values of each tensor: a lower bound), leaving out ids, masks and ``grad_output``; 0 when none."""
+def input_scale(finding: dict) -> float:
+    """The scale of a finding's failing input: its ``input_scale`` field
+    (:func:`rlconform.harness.core.input_scale.leading_scale`); a finding written before it had one reads the same
+    number off its ``worst_input`` summary (the first values of each tensor)."""
+    scale = finding.get("input_scale")
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale):
+        return float(scale)
+    return _summary_scale(finding.get("worst_input") or "")
+
+
+def _summary_scale(worst_input: str) -> float:
+    from rlconform.harness.core.input_scale import NOT_SCALE
+
     best = 0.0
     for m in _INPUT_VALUES.finditer(worst_input or ""):
-        if m["name"] in _NOT_SCALE:
+        if m["name"] in NOT_SCALE:
             continue
         for tok in m["vals"].split(","):
             try:
@@ -227,7 +235,7 @@ def ulp_level(finding: dict) -> str | None:
     instead of 0.69) is far beyond float32's resolution and stays a wrong value."""
     if nonfinite_where_finite(finding) or partition_clauses(finding):
         return None
-    scale = input_scale(finding.get("worst_input") or "")
+    scale = input_scale(finding)
     wide = finding.get("dtype") == "float64"  # computed in float64 (a float32 engine path is module rounding)
     bound = ULP_LEVEL * (2.0 ** -52 if wide else 2.0 ** -23) * scale
     errs = [abs(e - r) for e, r, t in value_clauses(finding) if math.isfinite(e) and math.isfinite(r) and abs(e - r) > t]

@@ -24,7 +24,7 @@ Schema ``rlconform.report/1``::
      "summary": {"pass": n, "marginal": n, "discrepancy": n, "crash": n, "error": n, "unavailable": n, "xfail": n,
                  "xpass": n},
      "findings": [{"id", "op", "property", "dtype", "regime", "status", "examples", "max_abs_err",
-                   "max_rel_err", "tolerance", "message", "worst_input", "reproducer": {"case_file",
+                   "max_rel_err", "tolerance", "message", "worst_input", "input_scale", "reproducer": {"case_file",
                    "command"} | null, "traceback", "xfail_listed",
                    "status" decided by :func:`rlconform.harness.run.status.decide` ("xfail_of": what a listed
                    failure is, "ledger_defect": the defect line that lists it, "ledger_grown": {"line",

@@ -23,6 +23,7 @@ import math
 import os
 import traceback
 
+from rlconform.harness.core.input_scale import leading_scale
 from rlconform.harness.report.case_paths import relative
 from rlconform.properties.corpus import write_atomic
 from rlconform.properties.runner import EngineAbort, replay_command  # noqa: F401 (EngineAbort: re-exported)
@@ -295,6 +296,7 @@ def _finding_entry(rec, params, status, tb, reproducer, failing, case) -> dict:
         "max_abs_err": rec.max_abs_err, "max_rel_err": rec.max_rel_err,
         "tolerance": rec.tolerance, "message": rec.unavailable_detail or rec.message or rec.note,
         "worst_input": case.summary() if failing and case else None,
+        "input_scale": leading_scale(case.inputs) if failing and case else None,
         "reproducer": reproducer, "traceback": tb,
         "binding_error": rec.binding_error,
         "max_ratio": rec.max_ratio if math.isfinite(rec.max_ratio) else None,
