@@ -141,6 +141,16 @@ def test_a_defect_whose_findings_fail_elsewhere_in_the_fixed_release_says_so():
         matrix_markdown(doc)
 
 
+def test_the_unbound_field_names_what_the_release_lacks():
+    from rlconform.harness.core.unbound import unbound
+
+    assert unbound("entropy@fused", "unavailable", "ImportError: cannot import name 'fused' from 'verl.utils'") == \
+        {"op": "entropy@fused", "status": "unavailable", "missing": "verl.utils.fused"}
+    assert unbound("agg_loss", "binding_error", "agg_loss() got an unexpected keyword argument 'dp_size'")[
+        "missing"] == "keyword dp_size of agg_loss"
+    assert unbound("x", "unavailable", "something else")["missing"] is None
+
+
 @pytest.mark.cli
 def test_a_check_records_what_an_unbound_op_lacks_and_the_matrix_reads_that_field(tmp_path):
     """The finding of an op that did not bind carries ``unbound`` (op, status, the name the release lacks), read
