@@ -242,6 +242,13 @@ def problem(what: str, message: str, key: str = "") -> Clause:
     return Clause("problem", text=str(message), what=what, key=key)
 
 
+def crash_record(exc_type: str, where: str, text: str) -> dict:
+    """The ``failure`` record of a crash without clauses: the exception's type, where it was raised, the first line
+    of its text; current :data:`RECORD_VERSION`."""
+    first = ((text or "").strip().splitlines() or [""])[0][:500]
+    return {"clauses": [], "crash": {"type": exc_type, "where": where, "text": first}, "version": RECORD_VERSION}
+
+
 def as_clause(item, kind: str = "problem") -> Clause:
     """``item`` as a clause: a :class:`Clause` as it is, a string as a ``kind`` clause holding it."""
     return item if isinstance(item, Clause) else text(kind, str(item))

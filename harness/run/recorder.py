@@ -385,13 +385,11 @@ def missing_record_entry(fid: str, other_ids: list) -> dict:
 def _crash_entry(fid: str, message: str, *, examples: int = 0, shrink_steps: int = 0, worst_input=None,
                  reproducer=None, stack=None) -> dict:
     """A finding the controller writes itself for ``fid``, observed ``crash`` (no worker record to take it from)."""
-    from rlconform.harness.core.failure import RECORD_VERSION
+    from rlconform.harness.core.failure import crash_record
 
     op, prop, dtype, regime = fid.split(".")
     return _with_profiles({
-        "failure": {"clauses": [], "crash": {"type": "exception", "where": "the engine's process",
-                                             "text": (message.strip().splitlines() or [""])[0][:500]},
-                    "version": RECORD_VERSION},
+        "failure": crash_record("exception", "the engine's process", message),
         "id": fid, "op": op, "property": prop, "dtype": dtype, "regime": regime, "observed": "crash",
         "examples": examples, "examples_to_first_failure": examples or None, "shrink_steps": shrink_steps,
         "max_abs_err": 0.0, "max_rel_err": 0.0, "tolerance": None, "message": message,

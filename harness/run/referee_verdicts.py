@@ -124,9 +124,8 @@ class VerdictBook:
 def _crash_record(crash, where: str, message: str) -> dict:
     """The failure record of a crash the controller decides: the engine's exception as the referee sent it
     (``{"type", "where", "text"}``), else an unknown exception at ``where`` with the first line of ``message``."""
-    from rlconform.harness.core.failure import RECORD_VERSION
+    from rlconform.harness.core.failure import crash_record
 
-    ok = isinstance(crash, dict) and all(isinstance(crash.get(k), str) for k in ("type", "where", "text"))
-    rec = dict(crash) if ok else {"type": "exception", "where": where,
-                                  "text": ((message or "").strip().splitlines() or [""])[0][:500]}
-    return {"clauses": [], "crash": rec, "version": RECORD_VERSION}
+    if isinstance(crash, dict) and all(isinstance(crash.get(k), str) for k in ("type", "where", "text")):
+        return crash_record(crash["type"], crash["where"], crash["text"])
+    return crash_record("exception", where, message)

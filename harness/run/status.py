@@ -74,10 +74,9 @@ def _observation(finding: dict) -> str:
         return under if under in _UNDERLYING else ("pass" if seen == "xpass" else "discrepancy")
     if seen not in OBSERVED:
         finding["message"] = f"the engine's worker reported an unknown outcome {str(seen)[:80]!r}"
-        from rlconform.harness.core.failure import RECORD_VERSION
+        from rlconform.harness.core.failure import crash_record
 
-        finding["failure"] = {"clauses": [], "crash": {"type": "exception", "where": "the engine's worker",
-                                                       "text": finding["message"]}, "version": RECORD_VERSION}
+        finding["failure"] = crash_record("exception", "the engine's worker", finding["message"])
         return "crash"
     return seen
 
