@@ -276,3 +276,60 @@ def test_rollout_rejection_mask_offers_only_the_options_the_release_accepts(vb, 
     monkeypatch.delattr(rc, "SUPPORTED_ROLLOUT_RS_OPTIONS")
     with pytest.raises(ImportError, match="SUPPORTED_ROLLOUT_RS_OPTIONS"):
         vb._rollout_rejection_mask()
+
+
+@pytest.fixture
+def chained_metrics(vb, monkeypatch, tmp_path):
+    """A verl between releases (early 2026): ``Metric`` has ``chain`` (every rank's micro-batch values in one list)
+    and no ``aggregate_dp``, and ``TrainingWorker.train_mini_batch`` calls ``Metric.chain`` on the gathered
+    lists. Put in place on the installed 0.9.1: its worker source with the one call changed, ``aggregate_dp``
+    removed from ``Metric``."""
+    from verl.utils.metric import Metric
+
+    from rlconform.harness.bindings import source
+
+    installed = source.module_file(vb.ENGINE_WORKERS)
+    text = installed.read_text()
+    assert text.count("Metric.aggregate_dp(val)") == 1, "verl's worker changed: re-read this fixture"
+    edited = tmp_path / "engine_workers.py"
+    edited.write_text(text.replace("Metric.aggregate_dp(val)", "Metric.chain(val)"))
+    real = source.module_file
+    monkeypatch.setattr(source, "module_file",
+                        lambda module: edited if module == vb.ENGINE_WORKERS else real(module))
+    monkeypatch.setattr(source, "_CACHE", {})
+
+    def chain(cls, metric_lists):
+        chained = cls(aggregation=metric_lists[0].aggregation)
+        for m in metric_lists:
+            chained.extend(m)
+        return chained
+
+    monkeypatch.delattr(Metric, "aggregate_dp")
+    monkeypatch.setattr(Metric, "chain", classmethod(chain), raising=False)
+    return Metric
+
+
+def test_the_dp_fold_is_the_method_the_worker_calls(vb):
+    from verl.utils.metric import Metric
+
+    assert vb._dp_fold(Metric) == Metric.aggregate_dp  # verl 0.9.1
+
+    class WithoutIt:
+        pass
+
+    with pytest.raises(AttributeError, match="calls Metric.aggregate_dp, which verl.utils.metric.Metric lacks"):
+        vb._dp_fold(WithoutIt)
+
+
+def test_metric_pipeline_of_a_commit_whose_metric_chains_the_ranks(vb, chained_metrics):
+    """The metric pipeline binds (it was ``unavailable``: the binding tested ``Metric.aggregate_dp``, a method this
+    verl lacks and its worker does not call) and runs the worker's own fold: every rank's micro-batch means in one
+    list, then their mean."""
+    assert vb._dp_fold(chained_metrics) == chained_metrics.chain
+    pipe = vb.binding.ops["metric_pipeline"].load()
+    values = torch.tensor([[1.0, 3.0]])
+    mask = torch.tensor([[True, True]])
+    rank0 = pipe.reduce_micro([pipe.emit(values, mask), pipe.emit(values * 2, mask)])
+    rank1 = pipe.reduce_micro([pipe.emit(values * 10, mask), pipe.emit(values * 20, mask)])
+    final = pipe.finalize(pipe.reduce_mini([pipe.reduce_dp([rank0, rank1])]))
+    assert final == {vb.PG_KEY: pytest.approx(16.5)}  # mean of [2, 4, 20, 40]

@@ -270,6 +270,30 @@ def _gathers_token_counts() -> bool:
     return 'mini_batch_td["input_ids"]' in text and '"input_ids" in mini_batch_td' not in text
 
 
+#: the ``Metric`` classmethods verl's ``TrainingWorker.train_mini_batch`` has folded each gathered list of the DP
+#: ranks' metrics with: ``aggregate_dp`` (0.8 on: per micro-batch index over ranks, then over micro-batches) and
+#: ``chain`` (commits of early 2026 between releases: one list of every rank's micro-batch values)
+DP_FOLDS = ("aggregate_dp", "chain")
+
+
+def _dp_fold(metric_class):
+    """The method of ``metric_class`` (verl's ``Metric``) that the installed ``TrainingWorker.train_mini_batch``
+    calls on the DP ranks' gathered metrics: the one :data:`DP_FOLDS` name its code calls, read from the engine's
+    source (a fork between releases has ``Metric`` without a sibling method). Raises ``AttributeError`` naming
+    the method when ``Metric`` lacks the one the worker calls, or when the worker calls none of them."""
+    from .source import _code_names, engine_function
+
+    names = _code_names(engine_function(ENGINE_WORKERS, "TrainingWorker.train_mini_batch").__code__)
+    for name in DP_FOLDS:
+        if name in names:
+            if not hasattr(metric_class, name):
+                raise AttributeError(f"TrainingWorker.train_mini_batch calls Metric.{name}, which "
+                                     f"verl.utils.metric.Metric lacks")
+            return getattr(metric_class, name)
+    raise AttributeError("TrainingWorker.train_mini_batch calls none of " +
+                         ", ".join(f"Metric.{n}" for n in DP_FOLDS) + " on the DP ranks' metrics")
+
+
 _RANK_GROUPS: dict[int, object] = {}
 
 
@@ -325,7 +349,7 @@ def _metric_pipeline() -> MetricPipeline:
     * reduce_mini: ``TrainingWorker.train_mini_batch`` (workers/engine_workers.py), the real method, compiled
       from the installed source by :func:`.source.engine_function` (the module does not import without
       ``uvicorn``), on :func:`_stand_in_training_worker`: it applies ``Metric.aggregate_dp`` to each gathered
-      list (MEAN: mean over ranks per micro-batch index, then mean over micro-batches; it raises when ranks
+      list (``Metric.chain`` on commits of early 2026: :func:`_dp_fold`) (MEAN: mean over ranks per micro-batch index, then mean over micro-batches; it raises when ranks
       hold different numbers of micro-batches: verl's ``prepare_micro_batches(same_micro_num_in_dp=True)``
       makes the counts equal) and appends each mini-batch's floats with ``append_to_dict``.
     * finalize: ``ray_trainer._update_actor`` applies ``rename_dict(metrics, "actor/")`` and
@@ -371,7 +395,7 @@ def _metric_pipeline() -> MetricPipeline:
                 gathered.setdefault(key, []).append(val)
         return gathered
 
-    @calls(Metric.aggregate_dp)
+    @calls(_dp_fold(Metric))
     def reduce_mini(mini_dicts):
         worker, data = _stand_in_training_worker(list(mini_dicts), gathers_token_counts)
         with _one_rank_group(gathers_token_counts):
@@ -654,7 +678,7 @@ def _policy_loss():
     if _typed_metrics(verl_metric):  # verl >= 0.8: typed metrics folded by the worker's chain
         Metric, AggregationType = verl_metric.Metric, verl_metric.AggregationType
 
-        @calls(Metric.aggregate_dp)
+        @calls(_dp_fold(Metric))
         def combine_metrics(parts):
             pipe = _metric_pipeline()
             micro = [Metric.from_dict(dict(m), aggregation=AggregationType.MEAN) for m, _ in parts]
@@ -1125,7 +1149,7 @@ def _dp_metric_all_reduce():
     pipeline = _metric_pipeline()
 
     # the gather only moves values: Metric.aggregate_dp is what averages the ranks' means (its site)
-    @calls(Metric.aggregate_dp, allgather_dict_into_dict)
+    @calls(_dp_fold(Metric), allgather_dict_into_dict)
     def dp_metric_all_reduce(local_values, local_mask, group):
         local = pipeline.reduce_micro([pipeline.emit(local_values, local_mask)])
         gathered = allgather_dict_into_dict(local, group=group)  # {key: [rank 0 value, rank 1 value, ...]}
