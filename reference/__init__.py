@@ -9,7 +9,7 @@ Modules: ``softmax_stats`` (logsumexp, token_logprobs, entropy, Σπ² and close
 ``fused_linear`` (log-probs and entropy from hidden states and the LM-head weight, logits formed in float64,
 and the gradients w.r.t. both),
 ``reductions`` (masked sum/count/mean/var/std/min/max, mergeable moments), ``loss_agg`` (agg_loss),
-``label_smoothing`` (smoothed_token_logprobs and its gradient), ``metrics`` (token_metrics, metric_statistics),
+``label_smoothing`` (smoothed_token_logprobs and its gradient), ``metrics`` (token_metrics, metric_statistics, batch_metrics),
 ``advantage`` (optimal_token_baseline), ``advantage_estimators``
 (outcome_advantage for every estimator variant, gae), ``whitening`` (masked_whiten with exact,
 mergeable global statistics), ``kl`` (kl_estimator), ``importance`` (importance_ratio),
@@ -27,7 +27,14 @@ from .importance import IMPORTANCE_LEVELS, importance_ratio, importance_ratio_gr
 from .kl import KL_ESTIMATORS, kl_estimator, kl_estimator_grad
 from .label_smoothing import smoothed_token_logprobs, smoothed_token_logprobs_grad
 from .loss_agg import LOSS_AGG_MODES, agg_loss, agg_loss_grad
-from .metrics import INTEGER_STATISTICS, metric_statistics, token_metrics
+from .metrics import (
+    BATCH_STATISTICS,
+    CRITIC_STATISTICS,
+    INTEGER_STATISTICS,
+    batch_metrics,
+    metric_statistics,
+    token_metrics,
+)
 from .policy_loss import POLICY_LOSS_VARIANTS, SumCount, policy_loss, policy_loss_grad
 from .policy_step import policy_step, step_log_probs
 from .reductions import (
@@ -101,6 +108,9 @@ __all__ = [
     "agg_loss",
     "agg_loss_grad",
     "token_metrics",
+    "batch_metrics",
+    "BATCH_STATISTICS",
+    "CRITIC_STATISTICS",
     "metric_statistics",
     "INTEGER_STATISTICS",
     "optimal_token_baseline",

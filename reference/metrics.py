@@ -7,9 +7,10 @@ import math
 import numpy as np
 
 from .exact_sum import exact_sum
-from .reductions import masked_count, masked_max, masked_mean, masked_min, masked_std
+from .reductions import masked_count, masked_max, masked_mean, masked_min, masked_std, masked_var
 
-__all__ = ["INTEGER_STATISTICS", "metric_statistics", "token_metrics"]
+__all__ = ["BATCH_STATISTICS", "CRITIC_STATISTICS", "INTEGER_STATISTICS", "batch_metrics", "metric_statistics",
+           "token_metrics"]
 
 
 def token_metrics(values, mask) -> dict:
@@ -89,3 +90,93 @@ def metric_statistics(values, mask, multiplicity=None) -> dict:
     }
     out["len_mean"] = exact_sum(lengths) / v.shape[0]
     return out
+
+
+#: the statistics :func:`batch_metrics` returns for every batch
+BATCH_STATISTICS = (
+    "score_mean", "score_max", "score_min", "reward_mean", "reward_max", "reward_min",
+    "advantages_mean", "advantages_max", "advantages_min", "returns_mean", "returns_max", "returns_min",
+    "response_length_mean", "response_length_max", "response_length_min", "response_length_clip_ratio",
+    "non_aborted_length_mean", "non_aborted_length_max", "non_aborted_length_min", "non_aborted_length_clip_ratio",
+    "aborted_ratio", "prompt_length_mean", "prompt_length_max", "prompt_length_min", "prompt_length_clip_ratio",
+)
+#: the statistics it adds when the batch has a critic's values
+CRITIC_STATISTICS = ("values_mean", "values_max", "values_min", "vf_explained_var")
+
+
+def _stats(prefix: str, x: np.ndarray) -> dict:
+    """mean (fsum, one division) / max / min of ``x`` (1-D float64); nan when empty."""
+    if x.size == 0:
+        return {f"{prefix}_mean": math.nan, f"{prefix}_max": math.nan, f"{prefix}_min": math.nan}
+    return {f"{prefix}_mean": exact_sum(x.tolist()) / x.size, f"{prefix}_max": float(x.max()),
+            f"{prefix}_min": float(x.min())}
+
+
+def _lengths(prefix: str, lengths: np.ndarray, width: int) -> dict:
+    out = _stats(prefix, lengths.astype(np.float64))
+    out[f"{prefix}_clip_ratio"] = float(np.mean(lengths == width)) if lengths.size else math.nan
+    return out
+
+
+def batch_metrics(token_level_scores, token_level_rewards, advantages, returns, response_mask, attention_mask,
+                  values=None, explained_var_eps: float = 1e-5) -> dict:
+    """The statistics a PPO trainer logs of one training batch (verl ``metric_utils.compute_data_metrics``).
+
+    token_level_scores, token_level_rewards, advantages, returns, values: ``[B, R]`` real (NumPy or torch,
+    converted exactly to float64); response_mask: ``[B, R]`` 0/1, the tokens the loss trains on; attention_mask:
+    ``[B, P + R]`` 0/1 over the prompt then the response (its last R columns are the response's). Row b's
+    response length is its number of attention-mask ones in the response (observation tokens count); a row of
+    response length 0 is *aborted*.
+
+    Returns :data:`BATCH_STATISTICS` (and :data:`CRITIC_STATISTICS` with ``values``), floats:
+
+    * ``score_*`` / ``reward_*``: mean / max / min over the non-aborted rows of the row sums Σ_t of the token scores
+      / rewards (fsum);
+    * ``advantages_*``, ``returns_*``, ``values_*``: mean / max / min over the response-mask tokens;
+    * ``response_length_*``: mean / max / min over all rows, ``clip_ratio`` the fraction of rows whose response
+      fills all R columns; ``non_aborted_length_*`` the same over the non-aborted rows; ``aborted_ratio`` the
+      fraction of aborted rows; ``prompt_length_*`` (clip ratio: prompts filling all P columns);
+    * ``vf_explained_var`` = 1 − Var(returns − values) / (Var(returns) + ``explained_var_eps``) over the
+      response-mask tokens, Var the unbiased variance (verl's stabiliser 1e-5 by default).
+
+    A statistic of an empty selection (every row aborted, no response-mask token, fewer than two tokens for
+    the variance) is nan: undefined, and a trainer must still log the batch (raising there kills the run).
+    Raises ValueError for inconsistent shapes or a non-0/1 mask.
+    Source: verl ``compute_data_metrics`` (trainer/ppo/metric_utils.py), which raised on an all-aborted batch and
+    on a batch without a response-mask token (``torch.max`` of an empty selection) before its empty-selection
+    guards (verl PR #5899).
+    """
+    def arr(x):
+        return np.asarray(x.detach().cpu().double() if hasattr(x, "detach") else x, dtype=np.float64)
+
+    scores, rewards, adv, ret = arr(token_level_scores), arr(token_level_rewards), arr(advantages), arr(returns)
+    m, att = arr(response_mask), arr(attention_mask)
+    if m.ndim != 2 or any(x.shape != m.shape for x in (scores, rewards, adv, ret)):
+        raise ValueError(f"token tensors must be [B, R] of one shape, got {[x.shape for x in (scores, adv, m)]}")
+    width = m.shape[1]
+    if att.ndim != 2 or att.shape[0] != m.shape[0] or att.shape[1] < width:
+        raise ValueError(f"attention_mask must be [B, P + R] with R = {width}, got {att.shape}")
+    if not (np.isin(m, (0, 1)).all() and np.isin(att, (0, 1)).all()):
+        raise ValueError("masks must be 0/1 (or bool)")
+    m = m.astype(bool)
+    response_length = att[:, att.shape[1] - width:].sum(1).astype(np.int64)
+    prompt_length = att[:, :att.shape[1] - width].sum(1).astype(np.int64)
+    kept = response_length > 0
+    out = {}
+    out.update(_stats("score", np.array([exact_sum(r.tolist()) for r in scores[kept]])))
+    out.update(_stats("reward", np.array([exact_sum(r.tolist()) for r in rewards[kept]])))
+    out.update(_stats("advantages", adv[m]))
+    out.update(_stats("returns", ret[m]))
+    out.update(_lengths("response_length", response_length, width))
+    out.update(_lengths("non_aborted_length", response_length[kept], width))
+    out["aborted_ratio"] = float(np.mean(~kept))
+    out.update(_lengths("prompt_length", prompt_length, att.shape[1] - width))
+    if values is not None:
+        val = arr(values)
+        if val.shape != m.shape:
+            raise ValueError(f"values must be {m.shape}, got {val.shape}")
+        out.update(_stats("values", val[m]))
+        n = int(m.sum())
+        out["vf_explained_var"] = (1.0 - masked_var(ret - val, m, unbiased=True) /
+                                   (masked_var(ret, m, unbiased=True) + explained_var_eps)) if n >= 2 else math.nan
+    return {k: out[k] for k in BATCH_STATISTICS + (CRITIC_STATISTICS if values is not None else ())}

@@ -16,6 +16,7 @@ import torch
 from rlconform.harness.catalog.binding import AggLoss, Binding, Implementation, MetricPipeline, PolicyStep, Variants
 from rlconform.harness.core import faithful as F
 from rlconform.harness.families import advantages as A
+from rlconform.harness.families import batch_metrics as _bm
 from rlconform.harness.families import importance_ratio as _ir
 from rlconform.harness.families import kl_estimator as _kl
 from rlconform.harness.families import policy_loss as _pl
@@ -429,6 +430,8 @@ binding = Binding(
         "value_loss": _vl.reference_variants(),
         "policy_step": PolicyStep(run=_step.fp32_step, modes=_step.MODES, token_budgets=True),
         "policy_step_metrics": PolicyStep(run=_step.fp32_step, modes=_step.MODES, token_budgets=True),
+        "batch_metrics": Variants({"actor": lambda batch: _bm.faithful(batch, critic=False),
+                                   "critic": lambda batch: _bm.faithful(batch, critic=True)}),
     },
     notes={"all": "dtype-faithful torch computations (rlconform.harness.core.faithful)",
            "kl_estimator": "the float64 reference as an autograd op, rounded to the input dtype",

@@ -611,6 +611,43 @@ SAPO_AGG_MODES = {"sapo": "seq-mean-token-mean"}
 _METRIC_KEYS = {"pg_clipfrac": "pg_clipfrac", "ppo_kl": "ppo_kl", "pg_clipfrac_lower": "pg_clipfrac_lower"}
 
 
+#: catalog statistic of op batch_metrics -> verl's key (``metric_utils.compute_data_metrics``)
+BATCH_METRIC_KEYS = {
+    **{f"score_{s}": f"critic/score/{s}" for s in ("mean", "max", "min")},
+    **{f"reward_{s}": f"critic/rewards/{s}" for s in ("mean", "max", "min")},
+    **{f"advantages_{s}": f"critic/advantages/{s}" for s in ("mean", "max", "min")},
+    **{f"returns_{s}": f"critic/returns/{s}" for s in ("mean", "max", "min")},
+    **{f"response_length_{s}": f"response_length/{s}" for s in ("mean", "max", "min", "clip_ratio")},
+    **{f"non_aborted_length_{s}": f"response_length_non_aborted/{s}" for s in ("mean", "max", "min", "clip_ratio")},
+    "aborted_ratio": "response/aborted_ratio",
+    **{f"prompt_length_{s}": f"prompt_length/{s}" for s in ("mean", "max", "min", "clip_ratio")},
+    **{f"values_{s}": f"critic/values/{s}" for s in ("mean", "max", "min")},
+    "vf_explained_var": "critic/vf_explained_var",
+}
+
+
+def _batch_metrics():
+    """``metric_utils.compute_data_metrics(batch, use_critic)`` on the trainer's batch (a ``DataProto`` of the case's
+    tensors, as ``RayPPOTrainer.fit`` hands it after the update): variant ``actor`` with ``use_critic=False``,
+    ``critic`` with ``use_critic=True``; verl's keys renamed to the catalog's (:data:`BATCH_METRIC_KEYS`), every key
+    verl returns kept (a missing one is the op's ``lost metric``)."""
+    from verl import DataProto
+    from verl.trainer.ppo.metric_utils import compute_data_metrics
+
+    from rlconform.harness.catalog.binding import Variants
+
+    def bind(use_critic):
+        @calls(compute_data_metrics)
+        def batch_metrics(batch):
+            metrics = compute_data_metrics(DataProto.from_dict(tensors=dict(batch)), use_critic=use_critic)
+            return {stat: metrics[key] for stat, key in BATCH_METRIC_KEYS.items() if key in metrics}
+
+        batch_metrics.__qualname__ = f"verl.compute_data_metrics[use_critic={use_critic}]"
+        return batch_metrics
+
+    return Variants({"actor": bind(False), "critic": bind(True)})
+
+
 @functools.cache
 def _policy_step():
     """verl's trainer step from the batch to the gradient: :mod:`.verl_step` (built once: both step ops use it)."""
@@ -1590,6 +1627,7 @@ binding = Binding(
         "rollout_rejection_mask": Lazy(loader=_rollout_rejection_mask),
         "policy_step": Lazy(loader=_policy_step),
         "policy_step_metrics": Lazy(loader=_policy_step),
+        "batch_metrics": Lazy(loader=_batch_metrics),
     },
     # verl computes Σπ² for the optimal token baseline only, as a detached statistic (compute_log_prob):
     # its gradient is not part of the contract (vocab_parallel_sum_pi_squared's raw all_reduce would make
@@ -1638,6 +1676,8 @@ binding = Binding(
         "impl_backend='torch').forward(hidden, weight, labels, temperature); contract: ranks 2, 3, log-probs float32 (the "
         "source's comment); the entropy's dtype is stated nowhere: not checked",
         "kl_estimator": "verl.trainer.ppo.core_algos.kl_penalty(logprob, ref_logprob, name) (no mask)",
+        "batch_metrics": "verl.trainer.ppo.metric_utils.compute_data_metrics(DataProto of the batch, use_critic) as "
+        "RayPPOTrainer.fit calls it",
         "policy_loss": "core_algos.get_policy_loss_fn(name) for every POLICY_LOSS_REGISTRY entry, "
         "loss_agg_mode='token-mean', global_batch_info of the mini-batch; micro-batch losses summed; metrics "
         "Metric(MEAN) per micro-batch -> aggregate_dp -> reduce_metrics",

@@ -24,6 +24,7 @@ dp_metric               dp_metric_all_reduce (DP ranks)
 dp_whiten               dp_masked_whiten (DP ranks: statistics global over the DP group)
 policy_step             policy_step, policy_step_metrics (PolicyStep: a trainer's step on a tiny model -> old log-probs
                         and parameter gradient; the logged metrics)
+batch_metrics           batch_metrics (a trainer's batch -> the statistics logged of it; actor / critic variants)
 ======================  ==========================================================================
 
 Regime names: a data regime (``moderate``, ``padded``), a distributed layout and data regime
