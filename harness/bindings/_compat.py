@@ -20,6 +20,19 @@ reorders anything the engine computes, so a discrepancy the harness reports is t
   MoE paged-stash manager, reached the same way; 0.19 split them out into ``moe/ops``): for that layout,
   detected from the installed files, the stand-in is that module, every public name of it a stand-in that
   raises when called (no bound op calls the MoE paged stash).
+* :func:`ray_scheduling_names` — SkyRL releases and commits before 0.3.0 import Ray's
+  ``PlacementGroupSchedulingStrategy`` from ``ray.util.placement_group``, where older Ray versions exported it;
+  the installed Ray has it in ``ray.util.scheduling_strategies`` only, so the import chain of every worker module
+  (``inference_engines/utils.py``, ``ray_wrapped_inference_engine.py``) fails before any numerics is reached.
+  While SkyRL is imported, each name of :data:`RAY_MOVED_NAMES` missing at its old place is put there: the
+  class from its new place, or, where this Ray has neither, a stand-in that raises when constructed. Only the
+  scheduler uses these names (placing Ray actors on a cluster), which no bound op runs; restored after the import.
+* serving stand-ins (:func:`import_skyrl`) — SkyRL commits before 0.3.0 import their HTTP inference endpoint
+  (FastAPI, uvicorn, OpenTelemetry) from the worker module's import chain, and the evaluation loop (torchdata)
+  from the trainer's (:data:`SKYRL_SERVING_MODULES`). When such a module's import fails because one of those
+  packages (:data:`SERVING_PACKAGES`) is not installed, a stand-in for *that SkyRL module* is put in
+  ``sys.modules`` (every name it is asked for raises when called or constructed) and the import is retried. No
+  bound op serves or evaluates.
 * :func:`skyrl_cuda_device_on_cpu` — SkyRL's ``DistributedStrategy.all_reduce`` (used by
   ``all_reduce_metrics``) moves every CPU scalar to ``torch.cuda.current_device()``, which raises
   without CUDA. During the call, ``torch.cuda.current_device`` returns ``torch.device("cpu")``, so
@@ -46,6 +59,7 @@ __all__ = [
     "import_skyrl",
     "megatron_without_triton",
     "pydantic_typeddict",
+    "ray_scheduling_names",
     "skyrl_cuda_device_on_cpu",
 ]
 
@@ -76,12 +90,111 @@ def pydantic_typeddict() -> Iterator[None]:
             typing.TypedDict = original
 
 
+#: Ray scheduling names an older SkyRL imports from where an older Ray had them: (module, name) -> (module of
+#: the installed Ray's definition, name)
+RAY_MOVED_NAMES = {
+    ("ray.util.placement_group", "PlacementGroupSchedulingStrategy"):
+        ("ray.util.scheduling_strategies", "PlacementGroupSchedulingStrategy"),
+}
+
+
+class _RaySchedulerUnavailable:
+    """Stands in for a Ray scheduling class this Ray lacks: constructing it raises (no bound op schedules)."""
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError(f"{type(self).__qualname__} is an rlconform stand-in: Ray cluster scheduling is not run "
+                           "by any check (harness/bindings/_compat.py: ray_scheduling_names)")
+
+
+@contextlib.contextmanager
+def ray_scheduling_names() -> Iterator[None]:
+    """Every :data:`RAY_MOVED_NAMES` entry missing at its old place is there inside the block (module doc); a
+    Ray that is not installed is left alone (the import then fails naming ray)."""
+    added = []
+    with _LOCK:
+        try:
+            for (module, name), (new_module, new_name) in RAY_MOVED_NAMES.items():
+                try:
+                    old = importlib.import_module(module)
+                except ImportError:
+                    continue
+                if hasattr(old, name):
+                    continue
+                try:
+                    value = getattr(importlib.import_module(new_module), new_name)
+                except (ImportError, AttributeError):
+                    value = type(name, (_RaySchedulerUnavailable,), {"__module__": module})
+                setattr(old, name, value)
+                added.append((old, name))
+            yield
+        finally:
+            for old, name in added:
+                delattr(old, name)
+
+
+#: SkyRL modules outside the numerics that a worker's or the trainer's import chain reaches in older commits,
+#: with what they do
+SKYRL_SERVING_MODULES = {
+    "skyrl.backends.skyrl_train.inference_engines.inference_engine_client_http_endpoint":
+        "serves generation over HTTP",
+    "skyrl.train.evaluate": "the evaluation loop (generation on a held-out dataset)",
+}
+#: the third-party packages those modules need and rlconform does not install
+SERVING_PACKAGES = ("fastapi", "uvicorn", "starlette", "opentelemetry", "torchdata")
+
+
+def _serving_stand_in(name: str, missing: str) -> types.ModuleType:
+    """A stand-in for the SkyRL serving module ``name``: any name imported from it is a class whose construction
+    (or call) raises, naming the serving package ``missing``."""
+    mod = types.ModuleType(name, f"rlconform stand-in ({missing} not installed); see harness/bindings/_compat.py")
+    what = SKYRL_SERVING_MODULES.get(name, "outside the numerics")
+
+    def stand_in(attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+
+        def refuse(*args, **kwargs):
+            raise RuntimeError(f"{name}.{attr} is an rlconform stand-in: this SkyRL module ({what}) needs {missing}, "
+                               "which is not installed, and no check runs it")
+
+        return type(attr, (), {"__init__": refuse, "__call__": refuse, "__module__": name})
+
+    mod.__getattr__ = stand_in  # PEP 562: every name imported from the module
+    mod.__rlconform_stand_in__ = True
+    return mod
+
+
+def _failing_serving_module(exc: ModuleNotFoundError) -> str | None:
+    """The :data:`SKYRL_SERVING_MODULES` module whose import raised ``exc`` for a missing :data:`SERVING_PACKAGES`
+    package (read from the traceback's frames), or None."""
+    if (exc.name or "").partition(".")[0] not in SERVING_PACKAGES:
+        return None
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__")
+        if module in SKYRL_SERVING_MODULES:
+            found = module
+        tb = tb.tb_next
+    return found
+
+
 def import_skyrl(module: str) -> types.ModuleType:
-    """Import a SkyRL module; the first import of ``skyrl.backends`` runs under :func:`pydantic_typeddict`."""
-    if "skyrl.backends" not in sys.modules:
-        with pydantic_typeddict():
-            importlib.import_module("skyrl.backends")
-    return importlib.import_module(module)
+    """Import a SkyRL module under :func:`ray_scheduling_names` (the first import of ``skyrl.backends`` also under
+    :func:`pydantic_typeddict`), with a stand-in for each serving module whose serving package is missing (module
+    doc). Raises the import's error otherwise."""
+    with ray_scheduling_names():
+        for _ in range(len(SKYRL_SERVING_MODULES) + 1):
+            try:
+                if "skyrl.backends" not in sys.modules:
+                    with pydantic_typeddict():
+                        importlib.import_module("skyrl.backends")
+                return importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                serving = _failing_serving_module(exc)
+                if serving is None or serving in sys.modules:
+                    raise
+                sys.modules[serving] = _serving_stand_in(serving, exc.name)
+        return importlib.import_module(module)
 
 
 @contextlib.contextmanager
