@@ -211,8 +211,43 @@ def _load_engine(spec: str | None, engine_path: str | None) -> Binding:
     if engine_path is not None:
         binding.path = engine_path
         binding.revision = _git_revision(engine_path)
+        if spec in BUILTIN and BUILTIN[spec][1] is not None:
+            binding.version = tree_version(BUILTIN[spec][1], engine_path) or binding.version
     binding.spec = spec
     return binding
+
+
+def tree_version(package: str, root: str) -> str | None:
+    """The version an engine's source tree under ``root`` declares for ``package`` (a fork or an older commit on
+    ``--engine-path``: not the installed distribution's), read without importing it: a ``version/version`` file
+    (verl), a string ``__version__`` in the package's ``__init__.py`` (SkyRL), or ``MAJOR`` / ``MINOR`` / ``PATCH`` /
+    ``PRE_RELEASE`` in ``package_info.py`` (megatron-core). None when the tree declares none of these."""
+    import ast
+
+    base = os.path.join(root, *package.split("."))
+    try:
+        with open(os.path.join(base, "version", "version"), encoding="utf-8") as f:
+            text = f.read().strip()
+        if text:
+            return text
+    except OSError:
+        pass
+    consts: dict = {}
+    for name in ("__init__.py", "package_info.py"):
+        try:
+            with open(os.path.join(base, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, (str, int)):
+                consts[node.targets[0].id] = node.value.value
+        if isinstance(consts.get("__version__"), str):
+            return consts["__version__"]
+        if all(k in consts for k in ("MAJOR", "MINOR", "PATCH")):
+            return f"{consts['MAJOR']}.{consts['MINOR']}.{consts['PATCH']}{consts.get('PRE_RELEASE', '')}"
+    return None
 
 
 def engine_meta(binding: Binding, *, variants: bool = False, sites: bool = False) -> dict:
