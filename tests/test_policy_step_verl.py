@@ -191,3 +191,52 @@ def test_verls_importance_weight_diagnostics_are_exact_under_any_split():
         got = S.run_step(step, inp, micro)["metrics"]
         for name in ("rollout_is_mean", "rollout_is_min", "rollout_is_max", "rollout_is_fraction_high"):
             assert got[name] == pytest.approx(ref["metrics"][name], rel=1e-5, abs=1e-7), (micro, name)
+
+
+RANK_LOCAL_COUNT = ("        torch.distributed.all_reduce(\n"
+                    "            batch_num_tokens, op=torch.distributed.ReduceOp.SUM, group=self.get_data_parallel_group()\n"
+                    "        )\n")
+
+
+def _step_from(monkeypatch, edited_impl=None):
+    """verl's step built from the installed source, or with ``transformer_impl.py`` replaced by ``edited_impl``."""
+    from rlconform.harness.bindings import source, verl_step
+    from rlconform.harness.bindings import verl as vb
+
+    monkeypatch.setattr(source, "_CACHE", {})
+    if edited_impl is not None:
+        real = source.module_file
+        monkeypatch.setattr(source, "module_file",
+                            lambda m: edited_impl if m == verl_step.FSDP_IMPL else real(m))
+    return verl_step.policy_step(vb._one_rank_group, vb.ACTOR_CONFIG, vb.POLICY_LOSS_CONFIG)
+
+
+def test_verls_step_on_two_dp_ranks_gives_the_one_rank_gradient_and_a_rank_local_count_does_not(monkeypatch,
+                                                                                              tmp_path):
+    """DP 2 as threads of one process: verl's own update on each half, its token count all-reduced over the DP
+    group, the ranks' gradients averaged, equals the one-rank step; the same code with the all-reduce removed (each
+    rank normalises by its own tokens) moves the gradient when the ranks hold different token counts."""
+    import numpy as np
+    from hypothesis import find
+
+    from rlconform.harness.bindings import source, verl_step
+    from rlconform.harness.families import policy_step as S
+
+    _verl_dir()
+    inp = find(S.inputs("token-mean"), lambda i: len(i["input_ids"]) == 4 and
+               np.asarray(i["response_mask"])[:2].sum() != np.asarray(i["response_mask"])[2:].sum())
+
+    def grads(step, **kw):
+        return S.run_step(step, inp, **kw)["grads"]["head.weight"].double().numpy()
+
+    step = _step_from(monkeypatch)
+    assert step.dp_sizes == (1, 2)
+    np.testing.assert_allclose(grads(step, micro_batch_size=2, dp_size=2), grads(step, micro_batch_size=4),
+                               rtol=1e-5, atol=1e-7)
+    text = source.module_file(verl_step.FSDP_IMPL).read_text()
+    assert text.count(RANK_LOCAL_COUNT) == 1, "verl's forward_backward_batch changed: re-read this test"
+    edited = tmp_path / "transformer_impl.py"
+    edited.write_text(text.replace(RANK_LOCAL_COUNT, ""))
+    local = _step_from(monkeypatch, edited)
+    one, two = grads(local, micro_batch_size=4), grads(local, micro_batch_size=2, dp_size=2)
+    assert np.abs(one - two).max() > 1e-3 * np.abs(one).max()

@@ -25,7 +25,10 @@ runs; the modules do not import on this CPU machine: ``peft``, ``uvicorn``, ray)
 Stand-ins (:data:`TRANSCRIBED`, shown on every finding): the device (``get_device_id`` / ``get_device_name`` →
 "cpu", also in ``seqlen_balancing`` while a step runs), FSDP (a plain module; gradient-sync deferral off), the engine's optimizer (``optimizer_zero_grad`` clears
 the gradients; ``optimizer_step`` records them and returns their norm: the gradient compared is the one before
-clipping and the update), the LR scheduler, the FLOPs counter (MFU 0), a DP group of one rank (DP size 1), no
+clipping and the update), the LR scheduler, the FLOPs counter (MFU 0), the DP group (DP size 1: the default group of
+one rank; DP size 2: the update's ranks are threads of this process, each on its contiguous half of the batch as the
+single controller dispatches it, the collectives exchanged in-process by :mod:`rlconform.harness.core.threaded_group`,
+FSDP's gradient reduction the mean of the ranks' gradients, the old log-probs on one rank), no
 autocast (float32 parameters: CUDA autocast does nothing on CPU). Knobs left at verl's defaults and not drawn:
 ``use_remove_padding`` True, the vanilla policy loss, KL losses other than
 ``low_var_kl``, rollout correction
@@ -45,7 +48,8 @@ FSDP_IMPL = "verl.workers.engine.fsdp.transformer_impl"
 BASE_ENGINE = "verl.workers.engine.base"
 
 TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gradient (before clipping); no LR "
-               "scheduler; MFU 0; DP 1; float32. Not drawn: KL losses other than low_var_kl, rollout "
+               "scheduler; MFU 0; DP 1, and DP 2 as threads of one process with in-process collectives (old log-probs on "
+               "one rank; the gradient the mean of the ranks'); float32. Not drawn: KL losses other than low_var_kl, rollout "
                "correction other "
                "than token TIS and seq_mean_k1 rejection, other losses, several mini-batches; Megatron's step not "
                "driven")
@@ -120,10 +124,12 @@ def _engine_class():
 
     methods.update(
         optimizer_zero_grad=optimizer_zero_grad, optimizer_step=optimizer_step, lr_scheduler_step=lambda self: None,
-        # the default process group of one rank (the binding's one_rank_group), as a one-GPU FSDP run has: not
-        # None, which sends _postprocess_output's metrics down a path no real run takes
-        get_data_parallel_group=lambda self: _world(), get_data_parallel_size=lambda self: 1,
-        get_data_parallel_rank=lambda self: 0, is_mp_src_rank_with_outputs=lambda self: True,
+        # one rank: the default process group of one rank (the binding's one_rank_group), as a one-GPU FSDP run
+        # has: not None, which sends _postprocess_output's metrics down a path no real run takes; several: the
+        # engine's ThreadedGroup (its ranks are threads of this process)
+        get_data_parallel_group=lambda self: self.dp_group or _world(), get_data_parallel_size=lambda self: self.dp_size,
+        get_data_parallel_rank=lambda self: self.dp_group.rank() if self.dp_group else 0,
+        is_mp_src_rank_with_outputs=lambda self: True,
         train_mode=lambda self, **kw: contextlib.nullcontext(), eval_mode=lambda self, **kw: contextlib.nullcontext())
     return type("FSDPEngineWithLMHeadOnCPU", (), methods)
 
@@ -193,6 +199,7 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
 
     from rlconform.harness.catalog.binding import PolicyStep
     from rlconform.harness.catalog.engine_site import calls
+    from rlconform.harness.core.threaded_group import ThreadedGroup, collectives
     from rlconform.harness.core.tiny_lm import TinyLM
 
     from .source import engine_function
@@ -206,9 +213,10 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
     engine_class = _engine_class()
     worker_class = type("TrainingWorkerOnCPU", (), worker_methods)
 
-    def training_worker(params, kn, loss_fn):
+    def training_worker(params, kn, loss_fn, dp_group=None):
         engine = engine_class()
         engine.module, engine.captured = TinyLM(params), []
+        engine.dp_group, engine.dp_size = dp_group, dp_group.size if dp_group else 1
         engine.engine_config = _engine_config(kn["micro_batch_size"], kn.get("max_token_len"))
         engine.ulysses_sequence_parallel_size, engine.use_ulysses_sp = 1, False
         engine.pad_to_length, engine.pad_to_length_bucket = False, 1
@@ -228,11 +236,26 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         rows = int(batch["input_ids"].shape[0])
         loss_fn = functools.partial(ppo_loss, config=_actor_config(kn, rows, actor_fields, loss_fields))
         old_actor = training_worker(old_params, kn, loss_fn)
-        actor = training_worker(params, kn, loss_fn)
+        dp = int(kn.get("dp_size") or 1)
+        group = ThreadedGroup(dp) if dp > 1 else None
+        # each DP rank's model starts from the same parameters, as FSDP's shards of one model do
+        actors = [training_worker({k: v.clone() for k, v in params.items()}, kn, loss_fn, group) for _ in range(dp)]
+
+        def update_on_ranks(data):
+            # the single controller's DP dispatch: contiguous equal chunks, one per rank; every rank's output holds
+            # the same metrics after _postprocess_output's all-gather: rank 0's is returned
+            if group is None:
+                return rollout_worker["update_actor"](types.SimpleNamespace(actor=actors[0]), data)
+            chunks = data.chunk(dp)
+            with collectives():
+                return group.run([functools.partial(rollout_worker["update_actor"],
+                                                    types.SimpleNamespace(actor=actors[k]), chunks[k])
+                                  for k in range(dp)])[0]
+
         wg = types.SimpleNamespace(
             compute_log_prob=functools.partial(rollout_worker["compute_log_prob"],
                                                types.SimpleNamespace(actor=old_actor)),
-            update_actor=functools.partial(rollout_worker["update_actor"], types.SimpleNamespace(actor=actor)))
+            update_actor=update_on_ranks)
         ref_wg = None
         if kn.get("kl_loss_coef"):  # a separate reference worker (ref_in_actor: LoRA only)
             ref = training_worker(kn["ref_params"], kn, loss_fn)
@@ -265,10 +288,13 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         metrics = reduce_metrics(dict(actor_output.meta_info["metrics"]))
         metrics["actor/entropy"] = entropy.detach().item()
         metrics.update(correction_metrics)  # fit: metrics.update(is_metrics)
-        if len(actor.engine.captured) != 1:
-            raise RuntimeError(f"the step made {len(actor.engine.captured)} optimizer steps, expected 1 "
-                               "(one mini-batch)")
-        return {"old_log_probs": old_log_probs, "grads": actor.engine.captured[0],
+        for actor in actors:
+            if len(actor.engine.captured) != 1:
+                raise RuntimeError(f"the step made {len(actor.engine.captured)} optimizer steps, expected 1 "
+                                   "(one mini-batch)")
+        # FSDP's gradient reduction: the mean of the ranks' gradients
+        grads = {name: sum(a.engine.captured[0][name] for a in actors) / dp for name in actors[0].engine.captured[0]}
+        return {"old_log_probs": old_log_probs, "grads": grads,
                 "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
 
-    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, token_budgets=True)
+    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, token_budgets=True, dp_sizes=(1, 2))

@@ -77,7 +77,10 @@ class PolicyStep:
       :func:`rlconform.reference.rollout_rejection_mask`, ANDed; empty: none); the whole batch is one
       mini-batch (one optimizer step); ``max_token_len``: None, or micro-batches by token count (dynamic batch
       size: at most that many prompt + response tokens each) instead of ``micro_batch_size`` rows, for a binding
-      whose ``token_budgets`` is True (the others are never handed one).
+      whose ``token_budgets`` is True (the others are never handed one); ``dp_size``: the DP ranks the update runs
+      on (default 1), for a binding whose ``dp_sizes`` lists it: rank k takes the k-th of ``dp_size`` equal
+      contiguous row chunks, ``micro_batch_size`` divides a rank's rows, and the gradient returned is the mean of
+      the ranks' gradients (what FSDP's gradient reduction gives).
 
     It returns ``{"old_log_probs": [B, R] tensor, "grads": {parameter name: tensor} (the gradient the optimizer
     step would read, accumulated over the micro-batches), "metrics": {name: float}}`` with the metrics under
@@ -96,6 +99,8 @@ class PolicyStep:
     metrics: Sequence[str] = STEP_METRICS
     unchecked: Mapping[str, str] = dataclasses.field(default_factory=dict)
     token_budgets: bool = False
+    #: the DP sizes the binding runs the update on (``knobs["dp_size"]``); ``(1,)``: one rank only
+    dp_sizes: Sequence[int] = (1,)
 
     @property
     def variants(self) -> tuple[str, ...]:

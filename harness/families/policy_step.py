@@ -17,14 +17,15 @@ rejection bounds, tokens on both sides of the TIS cap, never within 10 % of a bo
 (:data:`VARIANTS`): ``loss_agg_mode``, alone or with a rollout correction (token-level TIS; rejection of rows by
 their mean ratio), or with a KL loss against a frozen reference model. Partitions: the mini-batch cut into
 micro-batches of every size that divides it, and (for a binding that drives it) into micro-batches by a token
-budget (dynamic batch size). Checked on CPU in float32 only (the parameters and the logits are float32; CUDA
+budget (dynamic batch size), and for a binding that runs the update on several DP ranks (``PolicyStep.dp_sizes``)
+the mini-batch cut into contiguous equal rank chunks of one micro-batch each. Checked on CPU in float32 only (the parameters and the logits are float32; CUDA
 autocast does nothing on CPU).
 
 Two ops of one step: ``policy_step`` compares the old log-probs and the parameter gradient, ``policy_step_metrics``
 the logged metrics (a binding maps both to the same :class:`~rlconform.harness.core.contracts.PolicyStep`), so that
 a wrong metric never hides a wrong gradient behind the same finding.
 Properties: ``matches_reference`` (against the exact step); ``partition_invariant``
-(the same step under every other micro-batch size); ``mask_invariant`` (garbage in the advantages and the
+(the same step under every other micro-batch size, token budget and DP size); ``mask_invariant`` (garbage in the advantages and the
 rollout log-probs at masked positions and other token ids at padded positions leave the step unchanged). An
 importance weight that moves with the current policy, or carries its gradient, fails ``matches_reference`` of
 the TIS variant (the reference's weight is a constant of the old and rollout log-probs); a normaliser counted
@@ -237,11 +238,12 @@ def trainer_batch(inp: dict, advantages: np.ndarray | None = None, input_ids: np
     return batch
 
 
-def knobs(inp: dict, micro_batch_size: int, token_budget: int | None = None) -> dict:
+def knobs(inp: dict, micro_batch_size: int, token_budget: int | None = None, dp_size: int = 1) -> dict:
     """The step's knobs (:class:`~rlconform.harness.core.contracts.PolicyStep`) for ``inp``'s variant."""
     rc = variant_knobs(inp)
     out = {"temperature": float(inp["temperature"]), "loss_agg_mode": inp["mode"],
            "entropy_coeff": float(inp["entropy_coeff"]), "micro_batch_size": int(micro_batch_size), **CLIP,
+           "dp_size": int(dp_size),
            "max_token_len": None if token_budget is None else int(token_budget),
            "rollout_is": rc.get("is_level"), "rollout_is_cap": rc.get("is_cap"),
            "rollout_rejection": tuple(rc.get("rejection", ())), "kl_loss_coef": float(rc.get("kl_loss_coef", 0.0))}
@@ -258,11 +260,13 @@ def params(inp: dict, old: bool | str = False) -> dict:
             "head.weight": torch.tensor(np.asarray(inp[prefix + "head"], np.float32))}
 
 
-def run_step(step, inp: dict, micro_batch_size: int, token_budget: int | None = None, **batch_changes) -> dict:
+def run_step(step, inp: dict, micro_batch_size: int, token_budget: int | None = None, dp_size: int = 1,
+             **batch_changes) -> dict:
     """One call of the engine's step with fresh parameters (its gradient starts from nothing); ``token_budget``:
-    micro-batches by token count (dynamic batch size) instead of ``micro_batch_size`` rows."""
+    micro-batches by token count (dynamic batch size) instead of ``micro_batch_size`` rows; ``dp_size``: the update
+    on that many DP ranks."""
     return call_engine("policy_step.run", step.run, trainer_batch(inp, **batch_changes), params(inp),
-                       params(inp, old=True), knobs(inp, micro_batch_size, token_budget))
+                       params(inp, old=True), knobs(inp, micro_batch_size, token_budget, dp_size))
 
 
 def faithful(inp: dict, conventions: dict | None = None) -> dict:
@@ -305,7 +309,7 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
               micro_normaliser: bool = False, zero_masked_advantages: bool = True,
               metric_micro_means: bool = False, weight_from_current: bool = False,
               count_before_rejection: bool = False, ref_temperature: bool = True,
-              fraction_after_truncation: bool = False) -> dict:
+              fraction_after_truncation: bool = False, rank_normaliser: bool = False) -> dict:
     """A plain float32 step of :class:`~rlconform.harness.core.tiny_lm.TinyLM`: old log-probs with ``old_params``
     (no gradient), then the micro-batch loop (rows
     ``[a, a + micro_batch_size)``) with the mini-batch's normaliser, one backward per micro-batch, gradients
@@ -316,7 +320,10 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     normalised by its own count, masked advantages kept (NaN · 0), the token fractions logged as the mean of
     per-micro-batch means, the TIS weight from the current log-probs (it moves with the policy and carries a
     gradient), the normaliser counted before the rejection, the reference model's log-probs without temperature,
-    the fraction of weights above the cap counted after the truncation (so none is above it).
+    the fraction of weights above the cap counted after the truncation (so none is above it), each DP rank's loss
+    normalised by its own token count (or rows) and the ranks' gradients averaged (a rank-scoped normaliser).
+    With ``kn["dp_size"]`` = D > 1 the rows are D contiguous rank chunks, each cut into micro-batches of its own;
+    the mini-batch's normaliser makes the result the one-rank step's.
     With ``kl_loss_coef`` the k3 (``low_var_kl``) KL to the reference model ``kn["ref_params"]`` at the same
     temperature is added, aggregated by ``kl_agg_mode`` (default: the loss's mode)."""
     model, old_model = TinyLM(params), TinyLM(old_params)
@@ -361,6 +368,12 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
         bounds.append((start, m_batch.shape[0]))
     else:
         bounds = [(a, min(a + step, m_batch.shape[0])) for a in range(0, m_batch.shape[0], step)]
+    dp = int(kn.get("dp_size") or 1)
+    rank_rows = m_batch.shape[0] // dp
+    if dp > 1:
+        if m_batch.shape[0] % dp or rank_rows % step:
+            raise ValueError(f"{m_batch.shape[0]} rows do not split into {dp} ranks of {step}-row micro-batches")
+        bounds = [(a, a + step) for a in range(0, m_batch.shape[0], step)]
     totals = {"pg_loss": 0.0, "entropy_loss": 0.0, "clipped": 0.0, "clipped_lower": 0.0, "neg_log_ratio": 0.0,
               "kl_loss": 0.0}
     micro_means: list[tuple[float, float, float]] = []
@@ -383,6 +396,10 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
                 w = torch.where(m, torch.clamp(torch.exp(lp - rollout), max=kn["rollout_is_cap"]), 0.0)
             pg = pg * w
         n, r = (m.sum(), int((m.sum(1) > 0).sum())) if micro_normaliser else (nnz, rows)
+        if rank_normaliser and dp > 1:  # the rank's own count, its gradient averaged over the ranks
+            lo_row = (a // rank_rows) * rank_rows
+            rank_mask = counted[lo_row:lo_row + rank_rows]
+            n, r = rank_mask.sum() * dp, int((rank_mask.sum(1) > 0).sum()) * dp
         pg_part = _agg(pg, m, mode, n, r, multiply=not zero_masked_advantages)
         h_part = _agg(H, m, h_mode, n, r)
         loss = pg_part - c_ent * h_part
@@ -527,6 +544,14 @@ def evaluate(binding, case) -> Evaluation:
             out = run_step(step, inp, micro)
             label = _label(inp, micro, rejected)
             v, g = _outputs(out, ref, fa, inp, label, _layout(inp, micro), ev, logged, case.op)
+            ev.alternatives.append((label, v + g))
+        rows = len(inp["input_ids"])
+        for dp in (d for d in getattr(step, "dp_sizes", (1,)) if d > 1 and rows % d == 0):
+            out = run_step(step, inp, rows // dp, dp_size=dp)
+            nnz = [int(mask[a:a + rows // dp].sum()) for a in range(0, rows, rows // dp)]
+            label = (f"{variant}, T {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, DP {dp} ranks "
+                     f"(simulated in one process) of {rows // dp} rows, tokens per DP rank {nnz}")
+            v, g = _outputs(out, ref, fa, inp, label, {"parts": "DP ranks", "nnz": nnz}, ev, logged, case.op)
             ev.alternatives.append((label, v + g))
         for budget in (inp.get("token_budgets") or ()) if step.token_budgets else ():
             out = run_step(step, inp, len(inp["input_ids"]), token_budget=budget)
