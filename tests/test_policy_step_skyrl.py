@@ -127,3 +127,32 @@ def test_skyrls_is_ratio_min_is_taken_over_the_masked_zeros():
     assert got["rollout_is_min"] == 0.0 < ref["rollout_is_min"]
     for name in ("rollout_is_max", "rollout_is_fraction_high", "rollout_is_mean"):
         assert got[name] == pytest.approx(ref[name], rel=1e-5, abs=1e-7), name
+
+
+def test_skyrls_step_on_two_dp_ranks_keeps_the_policy_gradient_and_averages_the_entropy_bonus_over_ranks():
+    """DP 2 as threads of one process (SkyRL's own staging, ``forward_backward`` per rank and metric all-reduce):
+    the policy-loss gradient is the one-rank step's (``grad_sum_correction_factor = dp_size`` undoes FSDP's mean over
+    the pre-scaled sums), while the entropy bonus, "averaged across microbatches and DP workers", weighs each rank's
+    token mean equally: ranks of unequal token counts move its gradient, as micro-batches do."""
+    if importlib.util.find_spec("skyrl") is None:
+        pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
+    import numpy as np
+    from hypothesis import find, settings
+
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    step = load_engine("skyrl").resolve("policy_step")
+    assert 2 in step.dp_sizes
+    inp = find(S.inputs("token-mean"), lambda i: len(i["input_ids"]) == 4 and
+               np.asarray(i["response_mask"])[:2].sum() != np.asarray(i["response_mask"])[2:].sum(),
+               settings=settings(derandomize=True, database=None))
+
+    def gap(entropy_coeff):
+        case = dict(inp, entropy_coeff=entropy_coeff)
+        one = S.run_step(step, case, 4)["grads"]["head.weight"].double().numpy()
+        two = S.run_step(step, case, 2, dp_size=2)["grads"]["head.weight"].double().numpy()
+        return np.abs(one - two).max() / np.abs(one).max()
+
+    assert gap(0.0) < 1e-5
+    assert gap(0.1) > 1e-3

@@ -19,7 +19,12 @@ The path, as ``RayPPOTrainer`` runs one training step (SkyRL 0.4.0, FSDP workers
 Stand-ins (:data:`TRANSCRIBED`): ``torch.cuda.current_device`` answers the CPU; ``strategy.backward`` is
 ``loss.backward()`` (what ``FSDPStrategy.backward`` does); ``optim_step`` records the accumulated gradient (before
 clipping) and steps nothing; the dispatch hands the one mini-batch to the worker in-process; DP size 1 (the
-metrics' all-reduce is the identity); no autocast (float32). ``remove_microbatch_padding`` is off: SkyRL packs
+metrics' all-reduce is the identity), or DP size 2: SkyRL's own ``MeshDispatch.stage_chunks`` cuts each mini-batch
+into the ranks' chunks (``ray.put`` the identity), each rank's ``forward_backward`` runs in a thread with the
+ranks' ``ThreadedGroup`` as its DP group (:mod:`rlconform.harness.core.threaded_group`: SkyRL's own
+``DistributedStrategy.all_reduce`` of the metrics exchanged in-process), rank 0's output is the dispatch's, and
+FSDP's gradient reduction is the mean of the ranks' gradients (the old log-probs on one rank); no autocast
+(float32). ``remove_microbatch_padding`` is off: SkyRL packs
 micro-batches with flash-attn's ``unpad_input`` only with ``flash_attention_2``, which this CPU build lacks.
 It uses the ``dual_clip`` loss instead of SkyRL's default ``regular`` (PPO without the dual clip), the
 reference's vanilla PPO with ``clip_ratio_c``. Logged and checked: ``policy_loss`` (``pg_loss``) and
@@ -49,6 +54,7 @@ WRAPPER = "skyrl.backends.skyrl_train.workers.model_wrapper"
 BATCH = "skyrl.backends.skyrl_train.training_batch"
 TRAINER = "skyrl.train.trainer"
 DISPATCH = "skyrl.backends.skyrl_train.distributed.dispatch"
+STRATEGY = "skyrl.backends.skyrl_train.distributed.strategy"
 TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
 
 #: the catalog's loss_agg_modes and SkyRL's loss reductions that compute them
@@ -66,7 +72,9 @@ METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio
                "rollout_is_fraction_high": "loss_metrics/tis_token_clip_high_ratio"}
 
 TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); optim_step records the gradient "
-               "(before clipping); dispatch in-process; DP 1; float32; no micro-batch packing (flash-attn); dual_clip "
+               "(before clipping); dispatch in-process; DP 1, and DP 2 as threads of one process with in-process collectives "
+               "(SkyRL's own staging and metric all-reduce; old log-probs on one rank; the gradient the mean of the "
+               "ranks'); float32; no micro-batch packing (flash-attn); dual_clip "
                "loss. Not drawn: KL estimators other than k3, off-policy correction other than token TIS and the geometric row mask, "
                "several mini-batches; "
                "policy_entropy left to metric_pipeline; Megatron's step not driven")
@@ -90,10 +98,14 @@ def off_policy_correction(kn: dict) -> dict:
 def policy_step():
     """The :class:`~rlconform.harness.catalog.binding.PolicyStep` of SkyRL (module doc). Raises
     ``ModuleNotFoundError`` / ``AttributeError`` when the installed SkyRL lacks a piece of the path."""
+    import functools
+    from unittest import mock
+
     import torch
 
     from rlconform.harness.catalog.binding import PolicyStep
     from rlconform.harness.catalog.engine_site import calls
+    from rlconform.harness.core.threaded_group import ThreadedGroup, collectives
     from rlconform.harness.core.tiny_lm import TinyLM
 
     from ._compat import accepted_keywords, import_skyrl, skyrl_cuda_device_on_cpu
@@ -110,6 +122,8 @@ def policy_step():
     execute_training_step = engine_function(TRAINER, "RayPPOTrainer._execute_training_step", import_skyrl)
     normalize_advantages = engine_function(TRAINER, "RayPPOTrainer._normalize_advantages", import_skyrl)
     to_tensor = engine_function(DISPATCH, "loss_fn_outputs_to_tensor", import_skyrl)
+    dispatch_mod = import_skyrl(DISPATCH)
+    strategy_all_reduce = import_skyrl(STRATEGY).DistributedStrategy.all_reduce
     wrapper_cls = _wrapper_class(wrapper_forward)
 
     def algorithm(kn):
@@ -125,17 +139,20 @@ def policy_step():
             fields["off_policy_correction"] = config.OffPolicyCorrectionConfig(**correction)
         return config.AlgorithmConfig(**accepted_keywords(config.AlgorithmConfig, fields))
 
-    def worker(params, alg, micro, max_tokens=None):
+    def worker(params, alg, micro, max_tokens=None, group=None):
         w = object.__new__(policy_worker)
         w.model = wrapper_cls(TinyLM(params), entropy_fn)
         w.cfg = types.SimpleNamespace(algorithm=alg, micro_train_batch_size_per_gpu=micro,
                                       micro_forward_batch_size_per_gpu=micro, max_tokens_per_microbatch=max_tokens or 0)
         w.policy_loss_fn = worker_mod.PolicyLossRegistry.get(alg.policy_loss_type)
-        w.mesh_rank = types.SimpleNamespace(dp_size=1)
+        w.mesh_rank = types.SimpleNamespace(dp_size=group.size if group else 1)
         w.optimizer = None
         w.strategy = types.SimpleNamespace(backward=lambda loss, model, optimizer: loss.backward(),
                                            all_reduce=lambda data, op="mean", group=None: data)
-        w.device_mesh = types.SimpleNamespace(get_group=lambda name: None)
+        if group is not None:  # SkyRL's own all-reduce over the ranks' group (exchanged in-process)
+            w.strategy.world_size = group.size
+            w.strategy.all_reduce = types.MethodType(strategy_all_reduce, w.strategy)
+        w.device_mesh = types.SimpleNamespace(get_group=lambda name: group)
         w.scheduler = types.SimpleNamespace(get_last_lr=lambda: [0.0])
         w.record_memory = False
         return w
@@ -166,13 +183,30 @@ def policy_step():
                 out = ref_worker_cls.forward(ref_worker, data.select(["sequences", "attention_mask"],
                                                                      ["response_length"]))
                 data["base_action_log_probs"] = to_tensor(out.loss_fn_outputs, key="logprobs")[:rows].to(torch.float32)
-            actor = worker(params, alg, kn["micro_batch_size"], kn.get("max_token_len"))
+            dp = int(kn.get("dp_size") or 1)
+            group = ThreadedGroup(dp) if dp > 1 else None
+            actors = [worker({k: v.clone() for k, v in params.items()}, alg, kn["micro_batch_size"],
+                             kn.get("max_token_len"), group) for _ in range(dp)]
             captured = []
 
-            def optim_step(model):
-                captured.append({n: p.grad.detach().clone() for n, p in actor.model.model.named_parameters()
-                                 if p.grad is not None})
+            def optim_step(model):  # FSDP's gradient reduction: the mean of the ranks' gradients
+                ranks = [{n: p.grad.detach().clone() for n, p in a.model.model.named_parameters()
+                          if p.grad is not None} for a in actors]
+                captured.append({n: sum(r[n] for r in ranks) / dp for n in ranks[0]})
                 return None
+
+            def stage_data(model, d, boundaries):
+                if group is None:
+                    return [d[a:b] for a, b in boundaries]
+                with mock.patch.object(dispatch_mod.ray, "put", lambda chunk: chunk):
+                    return dispatch_mod.MeshDispatch.stage_chunks(dp, d, boundaries)
+
+            def forward_backward_from_staged(model, chunk):
+                if group is None:
+                    return policy_worker.forward_backward(actors[0], chunk)
+                with collectives():
+                    return group.run([functools.partial(policy_worker.forward_backward, actors[k], chunk[k])
+                                      for k in range(dp)])[0]
 
             trainer = types.SimpleNamespace(
                 cfg=types.SimpleNamespace(trainer=types.SimpleNamespace(
@@ -180,10 +214,9 @@ def policy_step():
                     algorithm=types.SimpleNamespace(advantage_batch_normalize=False,
                                                     loss_reduction=REDUCTIONS[kn["loss_agg_mode"]],
                                                     max_seq_len=width))),
-                dispatch=types.SimpleNamespace(
-                    stage_data=lambda model, d, boundaries: [d[a:b] for a, b in boundaries],
-                    forward_backward_from_staged=lambda model, chunk: policy_worker.forward_backward(actor, chunk),
-                    optim_step=optim_step))
+                dispatch=types.SimpleNamespace(stage_data=stage_data,
+                                               forward_backward_from_staged=forward_backward_from_staged,
+                                               optim_step=optim_step))
             trainer._normalize_advantages = types.MethodType(normalize_advantages, trainer)
             metrics = execute_training_step(trainer, "policy", data)
         if len(captured) != 1:
@@ -191,7 +224,8 @@ def policy_step():
         return {"old_log_probs": old, "grads": captured[0],
                 "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
 
-    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS), token_budgets=True)
+    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS), token_budgets=True,
+                      dp_sizes=(1, 2))
 
 
 def _wrapper_class(forward):
