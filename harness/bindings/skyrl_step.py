@@ -76,7 +76,7 @@ TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); opti
                "(SkyRL's own staging and metric all-reduce; old log-probs on one rank; the gradient the mean of the "
                "ranks'); float32; no micro-batch packing (flash-attn); dual_clip "
                "loss. Not drawn: KL estimators other than k3, off-policy correction other than token TIS and the geometric row mask, "
-               "several mini-batches; "
+               "several mini-batches, DP > 2; "
                "policy_entropy left to metric_pipeline; Megatron's step not driven")
 
 

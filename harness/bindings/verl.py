@@ -629,8 +629,10 @@ BATCH_METRIC_KEYS = {
 def _batch_metrics():
     """``metric_utils.compute_data_metrics(batch, use_critic)`` on the trainer's batch (a ``DataProto`` of the case's
     tensors, as ``RayPPOTrainer.fit`` hands it after the update): variant ``actor`` with ``use_critic=False``,
-    ``critic`` with ``use_critic=True``; verl's keys renamed to the catalog's (:data:`BATCH_METRIC_KEYS`), every key
-    verl returns kept (a missing one is the op's ``lost metric``)."""
+    ``critic`` with ``use_critic=True``; verl's keys of the catalog's statistics renamed to the catalog's names
+    (:data:`BATCH_METRIC_KEYS`; one missing is the op's ``lost metric``). Not compared: ``num_turns/*`` and
+    ``tool_call_counts/*``, computed from non-tensor fields (``__num_turns__``, ``tool_call_counts``) the check's batch
+    does not hold (listed in the binding's notes)."""
     from verl import DataProto
     from verl.trainer.ppo.metric_utils import compute_data_metrics
 
@@ -1677,7 +1679,7 @@ binding = Binding(
         "source's comment); the entropy's dtype is stated nowhere: not checked",
         "kl_estimator": "verl.trainer.ppo.core_algos.kl_penalty(logprob, ref_logprob, name) (no mask)",
         "batch_metrics": "verl.trainer.ppo.metric_utils.compute_data_metrics(DataProto of the batch, use_critic) as "
-        "RayPPOTrainer.fit calls it",
+        "RayPPOTrainer.fit calls it; num_turns/* and tool_call_counts/* (from non-tensor fields) are not compared",
         "policy_loss": "core_algos.get_policy_loss_fn(name) for every POLICY_LOSS_REGISTRY entry, "
         "loss_agg_mode='token-mean', global_batch_info of the mini-batch; micro-batch losses summed; metrics "
         "Metric(MEAN) per micro-batch -> aggregate_dp -> reduce_metrics",

@@ -48,11 +48,12 @@ FSDP_IMPL = "verl.workers.engine.fsdp.transformer_impl"
 BASE_ENGINE = "verl.workers.engine.base"
 
 TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gradient (before clipping); no LR "
-               "scheduler; MFU 0; DP 1, and DP 2 as threads of one process with in-process collectives (old log-probs on "
-               "one rank; the gradient the mean of the ranks'); float32. Not drawn: KL losses other than low_var_kl, rollout "
-               "correction other "
-               "than token TIS and seq_mean_k1 rejection, other losses, several mini-batches; Megatron's step not "
-               "driven")
+               "scheduler; MFU 0; DP 1, and DP 2 as threads of one process with in-process collectives (the single "
+               "controller's dispatch a contiguous DataProto.chunk; old log-probs on one rank; the gradient the mean of "
+               "the ranks'); float32. Transcribed from fit: the order of its calls, actor/entropy (agg_loss of the old "
+               "path's entropy), the unions into the batch; _balance_batch not applied. Not drawn: KL losses other than "
+               "low_var_kl, rollout correction other than token TIS and seq_mean_k1 rejection, other losses, several "
+               "mini-batches, DP > 2, use_remove_padding=False; Megatron's step not driven")
 #: the catalog's step variants this binding drives (every one the catalog has)
 MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
          "seq-mean-token-mean-with-rejection", "token-mean-with-kl")

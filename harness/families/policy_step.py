@@ -549,8 +549,9 @@ def evaluate(binding, case) -> Evaluation:
         for dp in (d for d in getattr(step, "dp_sizes", (1,)) if d > 1 and rows % d == 0):
             out = run_step(step, inp, rows // dp, dp_size=dp)
             nnz = [int(mask[a:a + rows // dp].sum()) for a in range(0, rows, rows // dp)]
+            per = rows // dp
             label = (f"{variant}, T {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, DP {dp} ranks "
-                     f"(simulated in one process) of {rows // dp} rows, tokens per DP rank {nnz}")
+                     f"(simulated in one process) of {per} row{'s' if per > 1 else ''} each, tokens per DP rank {nnz}")
             v, g = _outputs(out, ref, fa, inp, label, {"parts": "DP ranks", "nnz": nnz}, ev, logged, case.op)
             ev.alternatives.append((label, v + g))
         for budget in (inp.get("token_budgets") or ()) if step.token_budgets else ():

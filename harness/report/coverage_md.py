@@ -57,7 +57,7 @@ def transcribed_lines(record: dict) -> list[str]:
     rows = (record or {}).get("transcribed") or {}
     if not rows:
         return []
-    return (["", "#### Transcribed, not run (a fork's change there is not checked)", ""]
+    return (["", "#### Transcribed or stood in around the engine's code (a fork's change there is not checked)", ""]
             + [f"- `{op}`: {_cell(text)}" for op, text in sorted(rows.items())] + [""])
 
 
