@@ -145,3 +145,24 @@ def shape_problem(label: str, got: Any, expected: tuple, context: str = ""):
         return problem("missing output", f"{label}: the engine returned shape {shape}, expected {tuple(expected)}" + (
             f" ({context})" if context else ""))
     return None
+
+
+def logged_number(logged: dict, key: Any, name: str, where: str, label: str, problems: list) -> np.ndarray | None:
+    """The logged metric ``logged[key]`` as a 0-d float64 array, or None after appending to ``problems`` what is
+    wrong with it: a ``lost metric`` clause (``name`` missing from ``where``, whose keys are listed) or a ``missing
+    output`` clause (not a number, not a scalar). ``label``: the run it comes from, for the messages."""
+    from rlconform.harness.core.failure import problem
+    from rlconform.harness.core.tensors import as_numpy
+
+    if key not in logged:
+        problems.append(problem("lost metric", f"{name} missing from {where} {sorted(logged)} ({label})", key=name))
+        return None
+    try:
+        value = np.asarray(as_numpy(logged[key]), dtype=np.float64)
+    except (TypeError, ValueError):
+        problems.append(problem("missing output", f"{name} is not a number: {logged[key]!r} ({label})"))
+        return None
+    if value.size != 1:
+        problems.append(problem("missing output", f"{name} is not a scalar: shape {value.shape} ({label})"))
+        return None
+    return value.reshape(())

@@ -28,10 +28,9 @@ import torch
 from hypothesis import strategies as st
 
 import rlconform.reference as R
-from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine
+from rlconform.harness.core.evaluation import Compared, Evaluation, call_engine, logged_number
 from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.opinfo import MASK_INVARIANT, MATCHES_REFERENCE, OpInfo, reference_function, split_regime
-from rlconform.harness.core.tensors import as_numpy
 from rlconform.harness.families import OpFamily
 
 VARIANTS = ("actor", "critic")
@@ -168,21 +167,11 @@ def _compare(got, ref: dict, fa: dict, label: str, ev: Evaluation) -> list[Compa
     for stat, r in ref.items():
         if math.isnan(r):
             continue  # an empty selection: undefined, any value (or none) is accepted
-        if stat not in got:
-            ev.problems.append(problem_clause("lost metric", f"{stat} missing from the engine's metrics "
-                                              f"{sorted(got)} ({label})", key=stat))
-            continue
-        try:
-            value = np.asarray(as_numpy(got[stat]), dtype=np.float64)
-        except (TypeError, ValueError):
-            ev.problems.append(problem_clause("missing output", f"{stat} is not a number: {got[stat]!r} ({label})"))
-            continue
-        if value.size != 1:
-            ev.problems.append(problem_clause("missing output", f"{stat} is not a scalar: shape {value.shape} "
-                                              f"({label})"))
+        value = logged_number(got, stat, stat, "the engine's metrics", label, ev.problems)
+        if value is None:
             continue
         exact = stat in LENGTH_STATISTICS and stat.endswith(("_max", "_min"))
-        out.append(Compared(f"{stat}, {label}", value.reshape(()), np.float64(r),
+        out.append(Compared(f"{stat}, {label}", value, np.float64(r),
                             None if exact else np.float64(fa[stat]), "float64" if exact else "float32", "pipeline",
                             quantity="metric"))
     return out

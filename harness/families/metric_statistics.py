@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 import rlconform.reference as R
 from rlconform.harness.core import faithful as F
 from rlconform.harness.core import strategies as S
-from rlconform.harness.core.evaluation import Compared, Evaluation, MetricFlow, call_engine
+from rlconform.harness.core.evaluation import Compared, Evaluation, MetricFlow, call_engine, logged_number
 from rlconform.harness.core.failure import problem as problem_clause
 from rlconform.harness.core.opinfo import (
     MASK_INVARIANT,
@@ -182,17 +182,8 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
         r = ref[stat]
         if isinstance(r, float) and math.isnan(r):
             continue  # no unmasked token: mean / min / max undefined
-        if key not in final:
-            ev.problems.append(problem_clause("lost metric", f"{key} ({stat}) missing from the final dict {sorted(final)} ({label})",
-                                              key=f"{key} ({stat})"))
-            continue
-        try:
-            got = np.asarray(as_numpy(final[key]), dtype=np.float64)
-        except (TypeError, ValueError):
-            ev.problems.append(problem_clause("missing output", f"{key} ({stat}) is not a number: {final[key]!r} ({label})"))
-            continue
-        if got.size != 1:
-            ev.problems.append(problem_clause("missing output", f"{key} ({stat}) is not a scalar: shape {got.shape} ({label})"))
+        got = logged_number(final, key, f"{key} ({stat})", "the final dict", label, ev.problems)
+        if got is None:
             continue
         exact = stat in COUNT_STATISTICS
         out.append(Compared(f"{key} ({stat}), {label}", got.reshape(()), np.float64(r),
