@@ -22,6 +22,7 @@ travels as its value (:class:`Decided`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import pickle
@@ -320,7 +321,19 @@ _NOT_A_VERDICT = ("BindingError", "OpUnavailable", "VariantNotProvided", "CaseEr
 
 
 def judge(payload: bytes, check_here, exchange=None):
-    """In the referee: ``(reply, verdict)`` for one request, judged by ``check_here``
+    """In the referee: ``(reply, verdict)`` for one request, judged by ``check_here`` (:func:`judge_request`).
+    A probe's verdict (the request says ``probe``: a re-run of a failing finding's cases to locate its fault,
+    not one of its examples, :func:`probing`) is sent with the kind ``probe``, which the controller's record of
+    the finding ignores (:class:`rlconform.harness.run.referee_verdicts.VerdictBook`)."""
+    req = loads(payload)
+    reply, verdict = judge_request(req, check_here, exchange)
+    if verdict is not None and req.get("probe"):
+        verdict = (verdict[0], "probe", *verdict[2:])
+    return reply, verdict
+
+
+def judge_request(req: dict, check_here, exchange=None):
+    """``(reply, verdict)`` for one request (``{"case", "binding"[, "probe"]}``), judged by ``check_here``
     (:func:`rlconform.harness.run.dispatch.run_check_here`, served by :func:`rlconform.harness.run.dispatch.referee_judge`)
     (see the module docstring). ``exchange(bytes) -> bytes`` asks the engine's worker to make one engine
     call (:class:`~rlconform.harness.core.tape.Remote`). ``reply`` is one of ``("outcome", Outcome)``, ``("crash", message, engine traceback, type name, module, builtin base)``,
@@ -331,7 +344,6 @@ def judge(payload: bytes, check_here, exchange=None):
     ``not_checked``; ``numbers``: the outcome's ratio, max_abs_err, max_rel_err, tolerance and failure clauses)."""
     from rlconform.harness.core.evaluation import EngineCrash
 
-    req = loads(payload)
     case, binding = req["case"], req["binding"]
     fid = case.finding_id
     if exchange is None:
@@ -371,6 +383,22 @@ def judge(payload: bytes, check_here, exchange=None):
 # -- the worker's side -----------------------------------------------------------------------------------
 
 _CLIENT: list = []  # the connection to this worker's referee, when there is one
+_PROBING: list = []  # non-empty while this process probes a failing finding (:func:`probing`)
+
+
+@contextlib.contextmanager
+def probing():
+    """Checks made inside are probes, not examples of their finding: the re-runs of a failing finding's
+    shrunk input and of fresh examples of it that locate its faulty line
+    (:func:`rlconform.harness.run.root_cause.locate`). The referee judges them as any other check; their
+    verdicts do not count as the finding's examples, so its worst error over tolerance (``max_ratio``, which a
+    ledger's member line records) is the one its examples gave, whichever finding of the worker located the
+    defect's line first."""
+    _PROBING.append(True)
+    try:
+        yield
+    finally:
+        _PROBING.pop()
 
 
 def connect(address: str, authkey: bytes) -> None:
@@ -437,7 +465,8 @@ def refereed_check(binding, case):
     from rlconform.harness.workers.referee import RefereeUnavailable
 
     table: list = []
-    payload = pickle.dumps({"case": case, "binding": standin(binding, case, table)}, protocol=pickle.HIGHEST_PROTOCOL)
+    payload = pickle.dumps({"case": case, "binding": standin(binding, case, table), "probe": bool(_PROBING)},
+                           protocol=pickle.HIGHEST_PROTOCOL)
     server = T.Server(table, torch_state.guard)
     try:
         reply = _CLIENT[0].ask(payload, server.handle)

@@ -52,6 +52,8 @@ class VerdictBook:
                 fid, kind, verdict, message, *rest = v
             except (TypeError, ValueError):
                 continue
+            if kind == "probe":  # a re-run that locates a fault (properties.referee.probing): not an example
+                continue
             fid = str(fid)
             self.seen[fid] += 1
             numbers = rest[0] if rest and isinstance(rest[0], dict) else {}

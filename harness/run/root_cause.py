@@ -151,8 +151,10 @@ def trace_case(binding, case, fn) -> tuple[set, str | None]:
     (:func:`rlconform.harness.core.fault_lines.trace_lines`); the verdict is None when the check raised."""
     from rlconform.harness.core.fault_lines import trace_lines
     from rlconform.harness.run.dispatch import run_check
+    from rlconform.properties.referee import probing
 
-    lines, outcome, error = trace_lines([fn], lambda: run_check(binding, case))
+    with probing():  # not an example of the finding: its verdict does not count as one
+        lines, outcome, error = trace_lines([fn], lambda: run_check(binding, case))
     return lines, (None if error is not None else getattr(outcome, "verdict", None))
 
 
