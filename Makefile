@@ -30,7 +30,13 @@ $(VENV)/.rlconform-installed: $(PY) pyproject.toml install/constraints.txt
 	@$(PIP) install -q -c install/constraints.txt -e '.[test]' >>$(PIPLOG) 2>&1 || (tail -n 30 $(PIPLOG); exit 1)
 	@touch $@
 
+# rlconform's own byte code, compiled once: an editable install compiles nothing, and where
+# PYTHONDONTWRITEBYTECODE is set (Debian's and many CI images) every process of a check (controller, engine
+# workers, referees) compiled every module again; a module edited since is compiled in memory as before
+SOURCES := harness properties distributed_tests reference
+
 setup: $(VENV)/.rlconform-installed
+	@$(PY) -m compileall -q -j 0 $(SOURCES) >/dev/null
 
 engines: setup
 	bash install/engines.sh $(PY) all
