@@ -335,9 +335,10 @@ def _engine_metadata(spec: str, engine_path: str | None, sites: bool = False) ->
     reference and of a mutant are read here too: resolving them imports only the harness's own code (the
     child, a fresh interpreter importing torch and the catalog again, cost each such run ~4 s of CPU)."""
     from rlconform.harness.bindings.load import engine_meta, load_engine, probe_engine
+    from rlconform.harness.bindings.meta_cache import cached_probe
 
     if sites:
-        return probe_engine(spec, engine_path, sites=True)
+        return cached_probe(spec, engine_path, True, lambda: probe_engine(spec, engine_path, sites=True))
     if _is_builtin(spec) and engine_path is None:
         binding = load_engine(spec, None)
         from rlconform.harness.catalog.ops import OPS
@@ -351,8 +352,9 @@ def _engine_metadata(spec: str, engine_path: str | None, sites: bool = False) ->
             with warnings.catch_warnings():  # as the child does (bindings.load._probe)
                 warnings.simplefilter("ignore")
                 return engine_meta(binding, variants=True)
-    # variants and the coverage table are known only by importing the engine: in a child process
-    return probe_engine(spec, engine_path)
+    # variants and the coverage table are known only by importing the engine: in a child process (or the
+    # cache of an installed engine's metadata, keyed by its code and rlconform's)
+    return cached_probe(spec, engine_path, False, lambda: probe_engine(spec, engine_path))
 
 
 def _runs_in_process(spec: str, engine_path: str | None) -> bool:
