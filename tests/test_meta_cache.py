@@ -21,6 +21,7 @@ def engine(tmp_path, monkeypatch):
     monkeypatch.setitem(meta_cache.ENGINE_PACKAGES, "fake", "fakeeng")
     monkeypatch.setenv("RLCONFORM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("RLCONFORM_NO_CACHE", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return pkg
 
 
@@ -52,7 +53,11 @@ def test_the_environment_of_the_run_keys_it(engine, monkeypatch):
     meta_cache.cached_probe("fake", None, False, probe)
     monkeypatch.setenv("RLCONFORM_SOMETHING", "1")
     meta_cache.cached_probe("fake", None, False, probe)
-    assert probe.calls == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    meta_cache.cached_probe("fake", None, False, probe)
+    monkeypatch.setenv("UNRELATED_VARIABLE", "1")
+    meta_cache.cached_probe("fake", None, False, probe)
+    assert probe.calls == 3
 
 
 def test_a_failed_read_is_never_kept(engine):

@@ -8,7 +8,7 @@ result is a function of code only, so it is kept, as JSON, under a key made of e
 * the interpreter (``sys.version``, ``sys.prefix``) and every installed distribution's name and version;
 * the path, size and modification time of every Python file of rlconform's own packages and of the engine's
   top-level package (``verl``, ``skyrl``, ``megatron``), so an edit of either reads it afresh;
-* the ``RLCONFORM_*`` environment variables.
+* the ``RLCONFORM_*`` environment variables and ``CUDA_VISIBLE_DEVICES``.
 
 Only the built-in engines as installed are cached (no ``--engine-path``: a fork's revision is part of its
 metadata; no binding file or ``module:attr``: a user's binding may read anything at import). A metadata read
@@ -32,6 +32,8 @@ ENGINE_PACKAGES = {"verl": "verl", "skyrl": "skyrl", "megatron": "megatron"}
 #: rlconform's own packages (their files key every entry)
 OWN_PACKAGES = ("rlconform.harness", "rlconform.properties", "rlconform.distributed_tests", "rlconform.reference")
 FORMAT = 1
+#: environment variables besides ``RLCONFORM_*`` that key an entry (which devices torch sees)
+KEYED_ENV = ("CUDA_VISIBLE_DEVICES",)
 
 
 def cache_dir() -> str | None:
@@ -85,7 +87,8 @@ def key(spec: str, engine_path: str | None, sites: bool) -> str | None:
     own = [d for name in OWN_PACKAGES for d in _package_dirs(name)]
     if not own or not _tree_stats(own, digest) or not _tree_stats(engine_dirs, digest):
         return None
-    digest.update("".join(f"{k}={v}\n" for k, v in sorted(os.environ.items()) if k.startswith("RLCONFORM_")).encode())
+    digest.update("".join(f"{k}={v}\n" for k, v in sorted(os.environ.items())
+                          if k.startswith("RLCONFORM_") or k in KEYED_ENV).encode())
     return digest.hexdigest()
 
 
