@@ -46,6 +46,7 @@ def test_read_back_until_the_engines_code_changes(engine):
     assert meta_cache.cached_probe("fake", None, False, probe)["n"] == 3
     (engine / "extra.py").write_text("X = 1\n")  # a new module
     assert meta_cache.cached_probe("fake", None, False, probe)["n"] == 4
+    assert len(list((engine.parent.parent / "cache" / "engine-meta").iterdir())) == 2  # replaced, not added
 
 
 def test_the_environment_of_the_run_keys_it(engine, monkeypatch):

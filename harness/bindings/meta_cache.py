@@ -99,7 +99,10 @@ def cached_probe(spec: str, engine_path: str | None, sites: bool, probe) -> dict
     k = key(spec, engine_path, sites) if folder else None
     if k is None:
         return probe()
-    path = os.path.join(folder, f"{spec}-{k[:32]}.json")
+    # one entry per engine, interpreter and sites flag, replaced when its key changes (an edit of rlconform
+    # or of the engine does not add a file)
+    where = hashlib.sha256(f"{sys.prefix}\0{sites}".encode()).hexdigest()[:16]
+    path = os.path.join(folder, f"{spec}-{where}.json")
     try:
         with open(path, encoding="utf-8") as fh:
             entry = json.load(fh)
