@@ -1,12 +1,15 @@
 """Registers the suite's helper modules ``tests/forked_cli.py`` and ``tests/engine_fork.py`` under their names
 (the suite runs with ``--import-mode=importlib``: a test module imports them by those names) and stops the forked
-CLI's server at the end."""
+CLI's server at the end; prints the costliest tests in CPU seconds beside pytest's ``--durations``."""
 
 from __future__ import annotations
 
 import importlib.util
 import pathlib
+import resource
 import sys
+
+import pytest
 
 
 def _register(name: str):
@@ -23,3 +26,47 @@ _register("engine_fork")
 
 def pytest_sessionfinish(session, exitstatus):
     forked_cli.stop()
+
+
+# --- CPU seconds per test: printed beside pytest's --durations (wall time moves with the machine's load, CPU
+# seconds do not). A test's figure is its process's user + system time while it ran, plus that of the
+# processes it waited for (subprocesses, the forked CLI's children: forked_cli.cpu_seconds).
+CPU_KEY = "cpu_s"
+
+
+def _cpu_now() -> float:
+    own, waited = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime + forked_cli.cpu_seconds
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[_START] = _cpu_now()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "teardown" and _START in item.stash:
+        outcome.get_result().user_properties.append((CPU_KEY, round(_cpu_now() - item.stash[_START], 2)))
+
+
+_START = pytest.StashKey[float]()
+_COSTS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    for name, value in report.user_properties:
+        if name == CPU_KEY and report.when == "teardown":
+            _COSTS[report.nodeid] = value
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    n = config.getoption("durations", None)
+    if not n or not _COSTS:
+        return
+    terminalreporter.write_sep("=", f"slowest {n} CPU seconds (user + system of the test and what it waited for)")
+    for nodeid, value in sorted(_COSTS.items(), key=lambda kv: -kv[1])[:n]:
+        terminalreporter.write_line(f"{value:8.1f}s {nodeid}")
+    terminalreporter.write_line(f"{sum(_COSTS.values()):8.1f}s in all {len(_COSTS)} tests")

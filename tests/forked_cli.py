@@ -31,6 +31,9 @@ import sys
 import tempfile
 
 CLI = ("-m", "rlconform.harness.cli")
+#: CPU seconds (user + system) of the forked calls this process made, and of what they waited for: a forked
+#: child is the server's, so this process's ``RUSAGE_CHILDREN`` never counts it (tests/conftest.py adds it)
+cpu_seconds = 0.0
 #: environment variables a forked child may take from the caller (read by the CLI, not at import)
 CHILD_ENV_PREFIXES = ("RLCONFORM_",)
 
@@ -82,19 +85,21 @@ class _Server:
                    if not k.startswith(CHILD_ENV_PREFIXES) or k in READ_AT_IMPORT)
 
     def call(self, argv, *, cwd: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        global cpu_seconds
         with tempfile.TemporaryDirectory(prefix="rlconform-forked-cli-") as tmp:
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
             self.proc.stdin.write(json.dumps({"argv": argv, "cwd": cwd, "env": env, "out": out, "err": err}) + "\n")
             self.proc.stdin.flush()
             child = json.loads(self._line(60))["pid"]
             try:
-                rc = json.loads(self._line(timeout))["rc"]
+                answer = json.loads(self._line(timeout))
             except subprocess.TimeoutExpired:
                 os.killpg(child, signal.SIGKILL)  # the CLI and what it started in its process group
-                self._line(60)
+                cpu_seconds += json.loads(self._line(60))["cpu"]
                 raise subprocess.TimeoutExpired([sys.executable, *CLI, *argv], timeout,
                                                 _read(out), _read(err)) from None
-            return subprocess.CompletedProcess([sys.executable, *CLI, *argv], rc, _read(out), _read(err))
+            cpu_seconds += answer["cpu"]
+            return subprocess.CompletedProcess([sys.executable, *CLI, *argv], answer["rc"], _read(out), _read(err))
 
     def _line(self, timeout: float) -> str:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
@@ -116,7 +121,8 @@ def _read(path: str) -> str:
 
 def _serve() -> None:
     """The server: import once, then fork a child per request line (``{"argv", "cwd", "env", "out",
-    "err"}``), answer ``{"pid"}`` at once and ``{"rc"}`` when the child has ended."""
+    "err"}``), answer ``{"pid"}`` at once and ``{"rc", "cpu"}`` when the child has ended (``cpu``: user +
+    system seconds of the child and of every process it waited for)."""
     requests = os.fdopen(os.dup(0), "r")
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     null = os.open(os.devnull, os.O_RDWR)
@@ -136,8 +142,9 @@ def _serve() -> None:
             answers.close()
             _child(req)  # never returns: the interpreter exits with the CLI's code
         answers.write(json.dumps({"pid": pid}) + "\n")
-        _, status = os.waitpid(pid, 0)
-        answers.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
+        _, status, usage = os.wait4(pid, 0)
+        answers.write(json.dumps({"rc": os.waitstatus_to_exitcode(status),
+                                  "cpu": usage.ru_utime + usage.ru_stime}) + "\n")
 
 
 #: third-party modules every CLI call imports (the report's plots, tables and templates included)

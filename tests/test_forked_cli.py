@@ -26,7 +26,10 @@ def _plain(args, **kw):
 
 @pytest.mark.cli
 def test_a_forked_check_gives_what_a_subprocess_gives(tmp_path):
+    cpu_before = forked_cli.cpu_seconds
     forked = forked_cli.run([*MUTANT, "--out", "o"], cwd=tmp_path)
+    # the child's CPU seconds come back with it (this process's RUSAGE_CHILDREN never sees the server's children)
+    assert forked_cli.cpu_seconds - cpu_before > 0.1
     plain = _plain([*MUTANT, "--out", "p"], cwd=tmp_path)
     assert forked.returncode == plain.returncode == 1, forked.stdout + forked.stderr
     assert forked.stdout.replace("o/cases", "p/cases") == plain.stdout
