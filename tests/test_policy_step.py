@@ -47,11 +47,12 @@ def _autograd_step(inp, entropy_agg_mode=None):
     if correction.get("is_level"):  # token TIS: a constant weight of the old and rollout log-probs
         pl = pl * torch.exp(old.detach() - rollout).clamp(max=correction["is_cap"])
     kl = None
-    if correction.get("kl_loss_coef"):  # k3 to the reference model at the same temperature
+    if correction.get("kl_loss_coef"):  # the estimator to the reference model at the same temperature
         R0 = torch.tensor(inp["ref_embed"].astype(np.float32).astype(np.float64))
         W0r = torch.tensor(inp["ref_head"].astype(np.float32).astype(np.float64))
         ref = torch.log_softmax(R0[ctx] @ W0r.T / T, -1).gather(-1, lab[..., None])[..., 0]
-        kl = (torch.exp(ref - lp) - (ref - lp) - 1).clamp(-10, 10)
+        kl = {"low_var_kl": lambda: (torch.exp(ref - lp) - (ref - lp) - 1).clamp(-10, 10),
+              "k1": lambda: lp - ref, "k2": lambda: 0.5 * (lp - ref) ** 2}[correction["kl_loss_type"]]()
     H = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
 
     def agg(x, mode=inp["mode"]):

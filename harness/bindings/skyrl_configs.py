@@ -66,12 +66,16 @@ def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
           for e in ("k1", "k2", "k3", "abs")}
     steps = {}
     for variant in ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
-                    "seq-mean-token-mean-with-rejection", "token-mean-with-kl"):
+                    "seq-mean-token-mean-with-rejection", "token-mean-with-kl", "token-mean-with-kl-k1",
+                    "token-mean-with-kl-k2"):
         mode, _, correction = variant.partition("-with-")
         # a rejected row: any of the correction's masks drops it the same way inside the policy loss
         extras = {"tis": (((f"{OPC}.tis_ratio_type", "==", "token"),),),
                   "rejection": MASKS,
-                  "kl": (((f"{ALGO}.use_kl_loss", "==", True),),)}.get(correction, ((),))
+                  "kl": (((f"{ALGO}.use_kl_loss", "==", True),),),
+                  "kl-k1": (((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.kl_estimator_type", "==", "k1")),),
+                  "kl-k2": (((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.kl_estimator_type", "==", "k2")),)
+                  }.get(correction, ((),))
         # a correction or KL variant was drawn on one loss reduction, which is not what it checks: its row holds
         # under any reduction (a filter must not hide a defect from a configuration that reaches it)
         base = () if correction else _reduction(modes[mode])

@@ -38,7 +38,7 @@ cap; a row rejected by its mean ratio is ``sequence_mask_metric="geometric"`` wi
 ``geo_mask_high`` = the bounds (the geometric mean of the token ratios is exp of their mean log-ratio). The
 batch's ``rollout_log_probs`` are SkyRL's ``rollout_logprobs``.
 
-KL loss (``use_kl_loss``, ``kl_estimator_type="k3"``: verl's ``low_var_kl``): the reference log-probs
+KL loss (``use_kl_loss``, ``kl_estimator_type`` ``"k3"`` (verl's ``low_var_kl``), ``"k1"`` or ``"k2"``): the reference log-probs
 (``base_action_log_probs``) come from SkyRL's own ``RefWorkerBase.forward`` → ``_forward_micro_batch`` →
 ``HFModelWrapper.forward`` on the reference model, as ``fwd_logprobs_values_reward`` gets them; the KL term is
 ``masked_mean(kl, loss_mask, dim=-1).mean()`` per micro-batch, weighted by its share of rows (a sequence mean,
@@ -61,7 +61,7 @@ TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
 REDUCTIONS = {"token-mean": "token_mean", "seq-mean-token-mean": "sequence_mean"}
 #: the catalog's step variants this binding drives: a loss reduction, alone or with a rollout correction
 MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
-         "seq-mean-token-mean-with-rejection", "token-mean-with-kl")
+         "seq-mean-token-mean-with-rejection", "token-mean-with-kl", "token-mean-with-kl-k1", "token-mean-with-kl-k2")
 #: the catalog's KL estimators by SkyRL's names
 KL_ESTIMATORS = {"low_var_kl": "k3", "k3": "k3", "k1": "k1", "k2": "k2", "abs": "abs"}
 #: the step's metrics as SkyRL logs them (``policy/`` is added by ``train_critic_and_policy``)
@@ -75,7 +75,7 @@ TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); opti
                "(before clipping); dispatch in-process; DP 1, and DP 2 as threads of one process with in-process collectives "
                "(SkyRL's own staging and metric all-reduce; old log-probs on one rank; the gradient the mean of the "
                "ranks'); float32; no micro-batch packing (flash-attn); dual_clip "
-               "loss. Not drawn: KL estimators other than k3, off-policy correction other than token TIS and the geometric row mask, "
+               "loss. Not drawn: the KL estimator abs, off-policy correction other than token TIS and the geometric row mask, "
                "several mini-batches, DP > 2; "
                "policy_entropy left to metric_pipeline; Megatron's step not driven")
 

@@ -45,7 +45,11 @@ def _step(variant: str) -> tuple:
     mode, _, correction = variant.partition("-with-")
     extra = {"tis": ((f"{RC}.rollout_is", "==", "token"),),
              "rejection": ((f"{RC}.rollout_rs", "==", "seq_mean_k1"),),
-             "kl": ((f"{A}.use_kl_loss", "==", True),)}.get(correction, ())
+             "kl": ((f"{A}.use_kl_loss", "==", True),),
+             # the estimator variants: k1 / k2 as verl spells them (the k3 variant's wiring holds for any estimator)
+             "kl-k1": ((f"{A}.use_kl_loss", "==", True), (f"{A}.kl_loss_type", "in", ("kl", "k1", "k1+", "kl+"))),
+             "kl-k2": ((f"{A}.use_kl_loss", "==", True), (f"{A}.kl_loss_type", "in", ("mse", "k2", "mse+", "k2+")))
+             }.get(correction, ())
     # a correction or KL variant was drawn on one loss_agg_mode, which is not what it checks: its row holds under
     # any mode (a filter must not hide a defect from a configuration that reaches it)
     return (*(() if correction else ((f"{A}.loss_agg_mode", "==", mode),)), *extra)
@@ -64,7 +68,8 @@ def ops(rollout_rs: dict) -> dict:
                   **{e: _estimator(e) for e in ("gdpo", "gpg", "grpo_passk", "opo", "reinforce_plus_plus",
                                                 "reinforce_plus_plus_baseline", "remax")}}
     steps = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
-             "seq-mean-token-mean-with-rejection", "token-mean-with-kl")
+             "seq-mean-token-mean-with-rejection", "token-mean-with-kl", "token-mean-with-kl-k1",
+             "token-mean-with-kl-k2")
     kl = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
     rejection = {}
     for variant, (option, threshold) in rollout_rs.items():

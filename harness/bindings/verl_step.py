@@ -31,7 +31,7 @@ single controller dispatches it, the collectives exchanged in-process by :mod:`r
 FSDP's gradient reduction the mean of the ranks' gradients, the old log-probs on one rank), no
 autocast (float32 parameters: CUDA autocast does nothing on CPU). Knobs left at verl's defaults and not drawn:
 ``use_remove_padding`` True, the vanilla policy loss, KL losses other than
-``low_var_kl``, rollout correction
+``low_var_kl``, ``k1`` and ``k2`` (``abs``, the straight-through ``+`` forms), rollout correction
 other than token TIS and ``seq_mean_k1`` rejection (bypass mode, sequence TIS, batch-normalised weights, the
 other rejection options), one PPO epoch, one mini-batch. The Megatron engine's step (``MegatronEngineWithLMHead``) is not
 driven: unchecked.
@@ -52,11 +52,11 @@ TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gra
                "controller's dispatch a contiguous DataProto.chunk; old log-probs on one rank; the gradient the mean of "
                "the ranks'); float32. Transcribed from fit: the order of its calls, actor/entropy (agg_loss of the old "
                "path's entropy), the unions into the batch; _balance_batch not applied. Not drawn: KL losses other than "
-               "low_var_kl, rollout correction other than token TIS and seq_mean_k1 rejection, other losses, several "
+               "low_var_kl, k1 and k2 (abs, the straight-through '+' forms), rollout correction other than token TIS and seq_mean_k1 rejection, other losses, several "
                "mini-batches, DP > 2, use_remove_padding=False; Megatron's step not driven")
 #: the catalog's step variants this binding drives (every one the catalog has)
 MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
-         "seq-mean-token-mean-with-rejection", "token-mean-with-kl")
+         "seq-mean-token-mean-with-rejection", "token-mean-with-kl", "token-mean-with-kl-k1", "token-mean-with-kl-k2")
 
 #: the step's metrics as verl logs them (after ``reduce_metrics``), by the catalog's names
 METRIC_KEYS = {"pg_loss": "actor/pg_loss", "entropy_loss": "actor/entropy_loss", "pg_clipfrac": "actor/pg_clipfrac",

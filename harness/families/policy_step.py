@@ -15,7 +15,7 @@ advantages per token, a temperature ≠ 1 (drawn), proximal (old) parameters tha
 (the only drawn log-probs: rows whose mean log-ratio to the proximal policy sits far inside or far outside the
 rejection bounds, tokens on both sides of the TIS cap, never within 10 % of a bound or the cap). Variants
 (:data:`VARIANTS`): ``loss_agg_mode``, alone or with a rollout correction (token-level TIS; rejection of rows by
-their mean ratio), or with a KL loss against a frozen reference model. Partitions: the mini-batch cut into
+their mean ratio), or with a KL loss (estimator k3, k1 or k2) against a frozen reference model. Partitions: the mini-batch cut into
 micro-batches of every size that divides it, and (for a binding that drives it) into micro-batches by a token
 budget (dynamic batch size), and for a binding that runs the update on several DP ranks (``PolicyStep.dp_sizes``)
 the mini-batch cut into contiguous equal rank chunks of one micro-batch each. Checked on CPU in float32 only (the parameters and the logits are float32; CUDA
@@ -63,8 +63,11 @@ REJECTION = (("seq_mean", "k1", 0.8, 1.25),)
 REJECTED_ROW = "a row removed by rollout rejection"
 #: the TIS cap of the TIS variant (verl ``rollout_is_threshold`` default)
 IS_CAP = 2.0
-#: the KL loss of the KL variant: verl's default estimator, a coefficient large enough to move the gradient
+#: the KL loss of the KL variants: a coefficient large enough to move the gradient, with verl's default estimator
+#: (k3, ``low_var_kl``) or k1 (log π/π_ref) or k2 (½ (log π/π_ref)², verl ``mse``)
 KL = {"kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl"}
+#: the KL variant's estimator -> the step variant that draws it
+KL_VARIANTS = {"low_var_kl": "token-mean-with-kl", "k1": "token-mean-with-kl-k1", "k2": "token-mean-with-kl-k2"}
 #: the reference model of the KL variant: the current parameters plus this much noise (|log π/π_ref| stays far
 #: below the k3 clamp's 2.61)
 REF_NOISE = (0.1, 0.2)
@@ -76,7 +79,7 @@ VARIANTS = {
     "token-mean-with-tis": ("token-mean", {"is_level": "token", "is_cap": IS_CAP}),
     "token-mean-with-rejection": ("token-mean", {"rejection": REJECTION}),
     "seq-mean-token-mean-with-rejection": ("seq-mean-token-mean", {"rejection": REJECTION}),
-    "token-mean-with-kl": ("token-mean", dict(KL)),
+    **{name: ("token-mean", dict(KL, kl_loss_type=estimator)) for estimator, name in KL_VARIANTS.items()},
 }
 MODES = tuple(VARIANTS)
 DATA = "trainer_batches"
@@ -109,6 +112,10 @@ _SOURCE = ("one PPO step of a tiny embedding + LM-head model: old log-probs at t
            "al. 2017, arXiv:1707.06347)")
 
 
+#: the KL estimators in words (Δ = log π − log π_ref)
+KL_WORDS = {"low_var_kl": "k3 (low_var_kl: e^(−Δ) + Δ − 1, clamped)", "k1": "k1 (Δ)", "k2": "k2 (½ Δ², verl mse)"}
+
+
 def _parameters(variant: str) -> str:
     """The variant's knobs in words, as a row, replay and explain print them."""
     mode, rc = VARIANTS[variant]
@@ -119,7 +126,8 @@ def _parameters(variant: str) -> str:
         words.append(f"rejection {level.replace('_', '-')} {est}: a row kept for {lower:g} ≤ r ≤ {upper:g} "
                      "(r = π_old/π_rollout)")
     if rc.get("kl_loss_coef"):
-        words.append(f"KL loss {rc['kl_loss_type']} × {rc['kl_loss_coef']:g} against a frozen reference model")
+        words.append(f"KL loss {KL_WORDS[rc['kl_loss_type']]} × {rc['kl_loss_coef']:g} against a frozen reference "
+                     "model")
     return "; ".join(words)
 
 
@@ -305,11 +313,22 @@ def _rejected(old_lp, batch, mask, options) -> torch.Tensor:
     return torch.from_numpy(kept > 0)
 
 
+def _k3(lp, ref):
+    d = ref - lp  # e^d − d − 1, clamped as verl and SkyRL clamp it
+    return (torch.exp(d.clamp(-20, 20)) - d - 1).clamp(-10, 10)
+
+
+#: the float32 step's KL estimators (log-probs, reference log-probs) -> per-token KL, by verl's and SkyRL's names
+FP32_KL = {"low_var_kl": _k3, "k3": _k3, "k1": lambda lp, ref: lp - ref, "kl": lambda lp, ref: lp - ref,
+           "k2": lambda lp, ref: 0.5 * (lp - ref).square(), "mse": lambda lp, ref: 0.5 * (lp - ref).square()}
+
+
 def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_temperature: bool = True,
               micro_normaliser: bool = False, zero_masked_advantages: bool = True,
               metric_micro_means: bool = False, weight_from_current: bool = False,
               count_before_rejection: bool = False, ref_temperature: bool = True,
-              fraction_after_truncation: bool = False, rank_normaliser: bool = False) -> dict:
+              fraction_after_truncation: bool = False, rank_normaliser: bool = False,
+              kl_type_ignored: bool = False) -> dict:
     """A plain float32 step of :class:`~rlconform.harness.core.tiny_lm.TinyLM`: old log-probs with ``old_params``
     (no gradient), then the micro-batch loop (rows
     ``[a, a + micro_batch_size)``) with the mini-batch's normaliser, one backward per micro-batch, gradients
@@ -321,11 +340,13 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     per-micro-batch means, the TIS weight from the current log-probs (it moves with the policy and carries a
     gradient), the normaliser counted before the rejection, the reference model's log-probs without temperature,
     the fraction of weights above the cap counted after the truncation (so none is above it), each DP rank's loss
-    normalised by its own token count (or rows) and the ranks' gradients averaged (a rank-scoped normaliser).
+    normalised by its own token count (or rows) and the ranks' gradients averaged (a rank-scoped normaliser), the
+    configured KL estimator ignored (k3 whatever ``kl_loss_type`` says).
     With ``kn["dp_size"]`` = D > 1 the rows are D contiguous rank chunks, each cut into micro-batches of its own;
     the mini-batch's normaliser makes the result the one-rank step's.
-    With ``kl_loss_coef`` the k3 (``low_var_kl``) KL to the reference model ``kn["ref_params"]`` at the same
-    temperature is added, aggregated by ``kl_agg_mode`` (default: the loss's mode)."""
+    With ``kl_loss_coef`` the KL estimate ``kn["kl_loss_type"]`` (:data:`FP32_KL`) to the reference model
+    ``kn["ref_params"]`` at the same temperature is added, aggregated by ``kl_agg_mode`` (default: the loss's
+    mode)."""
     model, old_model = TinyLM(params), TinyLM(old_params)
     T, mode, c_ent = kn["temperature"], kn["loss_agg_mode"], kn["entropy_coeff"]
     h_mode = kn.get("entropy_agg_mode") or mode
@@ -351,8 +372,9 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     rows, nnz = int((counted.sum(1) > 0).sum()), counted.sum()
     ref_lp, kl_coef = None, float(kn.get("kl_loss_coef") or 0.0)
     if kl_coef:
-        if kn.get("kl_loss_type") not in ("low_var_kl", "k3"):
-            raise ValueError(f"the float32 step has the k3 (low_var_kl) KL only, not {kn.get('kl_loss_type')!r}")
+        if kn.get("kl_loss_type") not in FP32_KL:
+            raise ValueError(f"the float32 step has the KL estimators {', '.join(FP32_KL)}, not "
+                             f"{kn.get('kl_loss_type')!r}")
         with torch.no_grad():
             ref_lp, _ = _log_probs(TinyLM(kn["ref_params"]), batch, T if ref_temperature else 1.0)
     kl_mode = kn.get("kl_agg_mode") or mode
@@ -404,8 +426,8 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
         h_part = _agg(H, m, h_mode, n, r)
         loss = pg_part - c_ent * h_part
         if ref_lp is not None:
-            d = ref_lp[a:b] - lp  # k3: e^d − d − 1, clamped as verl and SkyRL clamp it
-            kl_part = _agg((torch.exp(d.clamp(-20, 20)) - d - 1).clamp(-10, 10), m, kl_mode, n, r)
+            estimator = FP32_KL["low_var_kl" if kl_type_ignored else kn["kl_loss_type"]]
+            kl_part = _agg(estimator(lp, ref_lp[a:b]), m, kl_mode, n, r)
             loss = loss + kl_coef * kl_part
             totals["kl_loss"] += float(kl_part.detach())
         loss.backward()
