@@ -522,11 +522,17 @@ def _layout(inp: dict, micro: int) -> dict:
     return {"parts": "micro-batches", "nnz": [int(mask[a:a + micro].sum()) for a in range(0, len(mask), micro)]}
 
 
-def _label(inp: dict, micro: int, rejected_rows=()) -> str:
+def _label(inp: dict, micro: int, rejected_rows=(), token_budget: int | None = None) -> str:
+    """The run's label: variant, temperature, entropy coefficient, and how the mini-batch was cut (with
+    ``token_budget``, by the engine's own packing into micro-batches of at most that many tokens: only the
+    mini-batch's nnz is known here)."""
     rejected = (f", row{'s' if len(rejected_rows) > 1 else ''} {', '.join(str(int(i)) for i in rejected_rows)} "
                 "rejected" if len(rejected_rows) else "")
+    cut = (f"{micro}-row micro-batches, nnz {_layout(inp, micro)['nnz']}" if token_budget is None else
+           f"dynamic micro-batches of ≤ {token_budget} tokens packed by the engine, nnz "
+           f"{int(np.asarray(inp['response_mask'], bool).sum())} in the mini-batch")
     return (f"{inp.get('variant', inp['mode'])}, T {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, "
-            f"{micro}-row micro-batches, nnz {_layout(inp, micro)['nnz']}{rejected}")
+            f"{cut}{rejected}")
 
 
 def evaluate(binding, case) -> Evaluation:
@@ -578,8 +584,7 @@ def evaluate(binding, case) -> Evaluation:
             ev.alternatives.append((label, v + g))
         for budget in (inp.get("token_budgets") or ()) if step.token_budgets else ():
             out = run_step(step, inp, len(inp["input_ids"]), token_budget=budget)
-            label = _label(inp, len(inp["input_ids"]), rejected).replace(
-                f"{len(inp['input_ids'])}-row micro-batches", f"dynamic micro-batches of ≤ {budget} tokens")
+            label = _label(inp, len(inp["input_ids"]), rejected, token_budget=budget)
             layout = {"parts": "micro-batches", "max_token_len": int(budget)}
             v, g = _outputs(out, ref, fa, inp, label, layout, ev, logged, case.op)
             ev.alternatives.append((label, v + g))
