@@ -38,9 +38,9 @@ cap; a row rejected by its mean ratio is ``sequence_mask_metric="geometric"`` wi
 ``geo_mask_high`` = the bounds (the geometric mean of the token ratios is exp of their mean log-ratio). The
 batch's ``rollout_log_probs`` are SkyRL's ``rollout_logprobs``.
 
-KL loss (``use_kl_loss``, ``kl_estimator_type`` ``"k3"`` (verl's ``low_var_kl``), ``"k1"`` or ``"k2"``): the reference log-probs
-(``base_action_log_probs``) come from SkyRL's own ``RefWorkerBase.forward`` → ``_forward_micro_batch`` →
-``HFModelWrapper.forward`` on the reference model, as ``fwd_logprobs_values_reward`` gets them; the KL term is
+KL loss (``use_kl_loss``; ``kl_estimator_type`` ``"k3"``, verl's ``low_var_kl``, or ``"k1"`` or ``"k2"``): the
+reference log-probs (``base_action_log_probs``) come from SkyRL's own ``RefWorkerBase.forward`` →
+``_forward_micro_batch`` → ``HFModelWrapper.forward`` on the reference model, as ``fwd_logprobs_values_reward`` gets them; the KL term is
 ``masked_mean(kl, loss_mask, dim=-1).mean()`` per micro-batch, weighted by its share of rows (a sequence mean,
 declared: ``kl_loss_sequence_mean``), logged as ``policy_kl``.
 """
