@@ -46,9 +46,10 @@ def _step(variant: str) -> tuple:
     extra = {"tis": ((f"{RC}.rollout_is", "==", "token"),),
              "rejection": ((f"{RC}.rollout_rs", "==", "seq_mean_k1"),),
              "kl": ((f"{A}.use_kl_loss", "==", True),),
-             # the estimator variants: k1 / k2 as verl spells them (the k3 variant's wiring holds for any estimator)
-             "kl-k1": ((f"{A}.use_kl_loss", "==", True), (f"{A}.kl_loss_type", "in", ("kl", "k1", "k1+", "kl+"))),
-             "kl-k2": ((f"{A}.use_kl_loss", "==", True), (f"{A}.kl_loss_type", "in", ("mse", "k2", "mse+", "k2+")))
+             # the estimator variants: k1 / k2 as verl spells them (the k3 variant's wiring holds for any estimator;
+             # the straight-through "+" forms, k2's gradient under another value, are not drawn)
+             "kl-k1": ((f"{A}.use_kl_loss", "==", True), (f"{A}.kl_loss_type", "in", ("kl", "k1"))),
+             "kl-k2": ((f"{A}.use_kl_loss", "==", True), (f"{A}.kl_loss_type", "in", ("mse", "k2")))
              }.get(correction, ())
     # a correction or KL variant was drawn on one loss_agg_mode, which is not what it checks: its row holds under
     # any mode (a filter must not hide a defect from a configuration that reaches it)

@@ -136,9 +136,9 @@ def _stats(mp, final: dict, ref: dict, fa: dict, dtype: str, label: str, ev: Eva
         if got.size != 1:
             ev.problems.append(problem_clause("missing output", f"{key} ({stat}) is not a scalar: shape {got.shape} ({label})"))
             continue
-        # the case's drawn values stand in for the engine's per-token quantity (a clip indicator, a log-ratio): the
-        # label says so, so that a value no real metric could take (a clip fraction of −1.4) reads as what it is
-        out.append(Compared(f"{key} ({stat} of the drawn token values), {label}", got.reshape(()),
+        # the case's drawn values stand in for the engine's per-token quantity (a 0/1 clip indicator, a log-ratio):
+        # the label says so, so that a value no real metric could take (a clip fraction of −1.4) reads as what it is
+        out.append(Compared(f"{key} ({stat} over the unmasked tokens of drawn values), {label}", got.reshape(()),
                             np.float64(ref[stat]), as_numpy(fa[stat]), dtype, "pipeline", quantity="metric"))
     return out
 

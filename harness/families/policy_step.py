@@ -528,9 +528,12 @@ def _label(inp: dict, micro: int, rejected_rows=(), token_budget: int | None = N
     mini-batch's nnz is known here)."""
     rejected = (f", row{'s' if len(rejected_rows) > 1 else ''} {', '.join(str(int(i)) for i in rejected_rows)} "
                 "rejected" if len(rejected_rows) else "")
-    cut = (f"{micro}-row micro-batches, nnz {_layout(inp, micro)['nnz']}" if token_budget is None else
-           f"dynamic micro-batches of ≤ {token_budget} tokens packed by the engine, nnz "
-           f"{int(np.asarray(inp['response_mask'], bool).sum())} in the mini-batch")
+    if token_budget is None:
+        cut = f"{micro}-row micro-batches, nnz {_layout(inp, micro)['nnz']}"
+    else:  # the engine packs the rows (verl balances them): only the budget and the rows' lengths are known here
+        lengths = [int(n) for n in np.asarray(inp["attention_mask"]).sum(1)]
+        cut = (f"dynamic micro-batches packed by the engine to ≤ {token_budget} prompt + response tokens each "
+               f"(rows of {lengths} tokens), response nnz {int(np.asarray(inp['response_mask'], bool).sum())} in all")
     return (f"{inp.get('variant', inp['mode'])}, T {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, "
             f"{cut}{rejected}")
 
