@@ -27,7 +27,8 @@ def _plain(args, **kw):
 @pytest.mark.cli
 def test_a_forked_check_gives_what_a_subprocess_gives(tmp_path):
     cpu_before = forked_cli.cpu_seconds
-    forked = forked_cli.run([*MUTANT, "--out", "o"], cwd=tmp_path)
+    # the server's own environment: forked whatever an earlier test of this process left in os.environ
+    forked = forked_cli.run([*MUTANT, "--out", "o"], cwd=tmp_path, env=dict(forked_cli._Server.get().env))
     # the child's CPU seconds come back with it (this process's RUSAGE_CHILDREN never sees the server's children)
     assert forked_cli.cpu_seconds - cpu_before > 0.1
     plain = _plain([*MUTANT, "--out", "p"], cwd=tmp_path)
