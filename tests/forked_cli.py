@@ -36,6 +36,11 @@ CLI = ("-m", "rlconform.harness.cli")
 cpu_seconds = 0.0
 #: environment variables a forked child may take from the caller (read by the CLI, not at import)
 CHILD_ENV_PREFIXES = ("RLCONFORM_",)
+#: variables an engine's import sets in the test process (ray, tensordict and torch's inductor, when a test imports
+#: verl in process), read by no module the server imports: a caller that has them still forks (the child gets
+#: them, as a subprocess would); without this, every later call of that test process ran as a subprocess
+SET_BY_ENGINE_IMPORTS = ("RAY_CLIENT_MODE", "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "LAZY_LEGACY_OP",
+                         "TORCHINDUCTOR_CACHE_DIR")
 
 
 def run(args, *, cwd=None, env=None, timeout: float = 900, input=None) -> subprocess.CompletedProcess:
@@ -82,7 +87,7 @@ class _Server:
     def can_fork(self, env: dict) -> bool:
         keys = set(env) | set(self.env)
         return all(env.get(k) == self.env.get(k) for k in keys
-                   if not k.startswith(CHILD_ENV_PREFIXES) or k in READ_AT_IMPORT)
+                   if (not k.startswith(CHILD_ENV_PREFIXES) or k in READ_AT_IMPORT) and k not in SET_BY_ENGINE_IMPORTS)
 
     def call(self, argv, *, cwd: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
         global cpu_seconds

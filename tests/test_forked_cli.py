@@ -48,6 +48,7 @@ def test_the_callers_environment_reaches_the_child_and_an_import_time_variable_f
     assert json.loads((tmp_path / "o" / "report.json").read_text())["engine"]["spec"] == "mutants.naive_entropy"
     server = forked_cli._Server.get()
     assert server.can_fork(dict(server.env, RLCONFORM_ENGINE="x"))
+    assert server.can_fork(dict(server.env, **{name: "0" for name in forked_cli.SET_BY_ENGINE_IMPORTS}))
     for name in ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", *forked_cli.READ_AT_IMPORT):
         assert not server.can_fork(dict(server.env, **{name: "1"})), name
 
