@@ -106,6 +106,21 @@ def test_verl_sites_name_the_engine_function():
         "function"] == "reduce_metrics"
     assert finding_site(b, "dp_metric_all_reduce", "partition_invariant", "dp2_imbalanced", metric=True)[0][
         "function"] == "Metric.aggregate_dp"
+    # a policy loss's token fraction folded as a mean of micro-batch means: ppo_loss marks it MEAN (its line is
+    # cited), the fold does what it is told; the critic's clip fraction is value_loss's plain float
+    pg = [failure.Clause("difference", "micro-batches (nnz) [0, 1]: metric ppo_kl")]
+    for op, regime in (("policy_loss", "vanilla@moderate"), ("policy_step_metrics", "token-mean@trainer_batches")):
+        s, _ = finding_site(b, op, "partition_invariant", regime, pg, metric=True,
+                            trigger="a micro-batch with no valid token")
+        assert (s["function"], s["file"]) == ("ppo_loss", "verl/workers/utils/losses.py")
+        assert "AggregationType" in s["output_anchor"]
+    vf = [failure.Clause("difference", "micro-batches (nnz) [1, 3]: metric vf_clipfrac")]
+    s, _ = finding_site(b, "value_loss", "partition_invariant", "token-mean@moderate", vf, metric=True,
+                        trigger="more than one micro-batch")
+    assert s["function"] == "value_loss" and "vf_clipfrac" in s["output_anchor"]
+    # a DP rank's mean of means is the fold's own (no output rule of the op)
+    assert finding_site(b, "dp_metric_all_reduce", "partition_invariant", "dp2_imbalanced", pg, metric=True,
+                        trigger="a DP rank with no valid token")[0]["function"] == "Metric.aggregate_dp"
     after, _ = finding_site(b, "vocab_parallel_sum_pi_squared", "non_destructive", "tp2_after_entropy",
                             [failure.mutation("logits", "backward", "rank 0 (tp 0): after vocab_parallel_entropy "
                                               "backward, a producer that saved the logits for backward could not "

@@ -1455,11 +1455,16 @@ DECLARED = (
 )
 
 RC = "verl.trainer.ppo.rollout_corr_helper"
-#: the function behind each output of compute_rollout_correction_and_rejection_mask (kept mask first)
-OUTPUT_SITES = {"policy_step_metrics": (
-    # the token fractions ppo_loss logs per micro-batch (Metric MEAN) are folded as a mean of micro-batch means
-    (r"^metric (pg_clipfrac|pg_clipfrac_lower|ppo_kl)\b", "verl.utils.metric.utils:Metric.aggregate_dp", "micro-batch"),
-), "rollout_rejection_mask": (
+#: the policy loss's token fractions and means (pg_clipfrac, ppo_kl): ppo_loss marks them Metric MEAN, so the fold
+#: (Metric.aggregate_dp, right for what it is told) averages the micro-batches' means; the marking is the wrong line
+_PG_METRICS_MEAN = (r"\bmetric (pg_clipfrac|pg_clipfrac_lower|ppo_kl)\b", "verl.workers.utils.losses:ppo_loss",
+                    "micro-batch", r"pg_metrics = Metric\.from_dict\(pg_metrics, aggregation=AggregationType\.MEAN\)")
+OUTPUT_SITES = {"policy_step_metrics": (_PG_METRICS_MEAN,), "policy_loss": (_PG_METRICS_MEAN,),
+                # value_loss logs the critic's clip fraction as a plain float per micro-batch (averaged as they come)
+                "value_loss": ((r"\bmetric vf_clipfrac\b", "verl.workers.utils.losses:value_loss", "micro-batch",
+                                r'"critic/vf_clipfrac": vf_clipfrac\.detach\(\)\.item\(\)'),),
+                # the function behind each output of compute_rollout_correction_and_rejection_mask (kept mask first)
+                "rollout_rejection_mask": (
     ("^kept mask$", "verl.utils.torch_functional:masked_mean", "masked_mean"),
     ("^kept mask$", f"{RC}:compute_rollout_rejection_mask", ""),
     (r"^metric (kl|k3_kl|chi2_token|chi2_seq|training_ppl|rollout_ppl|log_ppl_diff|ppl_ratio)$",

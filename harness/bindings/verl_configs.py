@@ -132,6 +132,8 @@ SITES = {
         "": ((FSDP, (f"{A}.calculate_sum_pi_squared", "==", True)),)},
     # every actor update runs it
     "verl.workers.utils.losses.ppo_loss": {"": ((),)},
+    # the critic's loss: only GAE trains a critic
+    "verl.workers.utils.losses.value_loss": {"": (_estimator("gae"),)},
     # the seq-mean modes (and SAPO's row mean) divide by global_batch_size; the trigger adds the rejection
     "verl.trainer.ppo.core_algos.agg_loss": {
         "wrong value": (((f"{A}.loss_agg_mode", "in", ("seq-mean-token-mean", "seq-mean-token-sum",

@@ -134,7 +134,20 @@ REMEDIES = {
         "NaN|inf": (
             "ppo_loss hands the advantages to the policy loss with their masked positions as they are: −A · ratio "
             "is NaN there, and masked_sum's torch.where gives a finite loss but a NaN gradient through the product",
-            "zero the advantages (and the log-ratios) at masked positions before policy_loss_fn")},
+            "zero the advantages (and the log-ratios) at masked positions before policy_loss_fn"),
+        "partition dependence": (
+            "ppo_loss marks the policy loss's metrics (pg_clipfrac, pg_clipfrac_lower, ppo_kl: fractions and means "
+            "over one micro-batch's tokens) AggregationType.MEAN, so Metric.aggregate_dp logs a mean of micro-batch "
+            "means; the comment's assumption that policy_loss_fn normalises them by the global tokens holds for "
+            "pg_loss only",
+            "scale each by the micro-batch's tokens · dp_size / batch_num_tokens (as agg_loss's token-mean scales "
+            "the loss) and aggregate them with SUM, as pg_loss is")},
+    "verl.workers.utils.losses.value_loss": {
+        "partition dependence": (
+            "value_loss logs vf_clipfrac, the clipped fraction of one micro-batch's tokens, as a plain float, and "
+            "the micro-batches' fractions are averaged: a mean of micro-batch means",
+            "log it as a Metric scaled by the micro-batch's tokens · dp_size / batch_num_tokens with "
+            "AggregationType.SUM, as value_loss already does for vf_loss")},
     f"{CA}.compute_policy_loss_clip_cov": {
         "NaN|inf": (
             "Clip-Cov's `ratio = torch.exp(negative_approx_kl)` exponentiates the unclamped log-ratio: past 88.7 "
