@@ -1473,7 +1473,8 @@ _PG_METRICS_MEAN = (r"\bmetric (pg_clipfrac|pg_clipfrac_lower|ppo_kl)\b", "verl.
 #: sequence TIS: compute_is_metrics takes the fraction above the cap, the min and the max over every row's log-ratio sum
 #: (log_ratio_for_metrics, [B, 1]): a row with no valid token has the sum 0, a ratio of 1, and counts
 _SEQ_IS_ROWS = (r"^metric rollout_is_(fraction_high|min|max)\b", f"{RC}:compute_is_metrics", "no valid token",
-                r'metrics\["rollout_is_ratio_fraction_high"\] = exceeds_upper\.float\(\)\.mean\(\)\.item\(\)')
+                r'metrics\["rollout_is_ratio_fraction_high"\] = exceeds_upper\.float\(\)\.mean\(\)\.item\(\)',
+                "sequence_level")
 OUTPUT_SITES = {"policy_step_metrics": (_PG_METRICS_MEAN, _SEQ_IS_ROWS), "policy_loss": (_PG_METRICS_MEAN,),
                 # value_loss logs the critic's clip fraction as a plain float per micro-batch (averaged as they come)
                 "value_loss": ((r"\bmetric vf_clipfrac\b", "verl.workers.utils.losses:value_loss", "micro-batch",

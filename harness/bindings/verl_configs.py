@@ -118,6 +118,8 @@ SITES = {
         "crash": (((f"{RC}.rollout_is", "in", ("token", "sequence")),
                    (f"{RC}.rollout_is_threshold", "~", r"_", "a lower_upper band (IcePop)")),),
         "": (((f"{RC}.rollout_is", "in", ("token", "sequence")),),)},
+    # the sequence level's row statistics (the fraction above the cap, the min and max over every row)
+    f"{HELPER}.compute_is_metrics[sequence_level]": {"": (((f"{RC}.rollout_is", "==", "sequence"),),)},
     # called for every batch that carries rollout log-probs (rollout.calculate_log_probs, default true)
     f"{HELPER}.compute_offpolicy_metrics": {"": ((),)},
     # k1 estimators of every level share token_k1 = −log r
