@@ -34,10 +34,20 @@ Rollout correction (decoupled: three policies, the rollout's ρ, the proximal o 
 * importance weights ``w = min(exp(o − log ρ), cap)`` (:func:`rlconform.reference.importance_ratio`) at the kept
   tokens multiply each token's clipped loss; ``w`` is a constant: it does not depend on the current
   parameters and no gradient flows through it;
+* sequence-level TIS (``rollout_is="sequence_product"``: verl ``rollout_is="sequence"``, SkyRL
+  ``tis_ratio_type="sequence"``): one weight per row, ``w_i = min(exp(Σ_t (o − log ρ)), cap)`` over the row's
+  kept tokens, the same constant at each of them;
 * the weights' diagnostics, over the kept tokens: ``rollout_is_fraction_high`` (the fraction whose raw ratio
   exp(o − log ρ) exceeds the cap: counted before the truncation, which would leave none above it),
   ``rollout_is_mean``, ``rollout_is_min``, ``rollout_is_max`` (of the applied, truncated weights; a declared
-  convention may take them of the raw ratios, ``is_metric_weights="raw"``).
+  convention may take them of the raw ratios, ``is_metric_weights="raw"``). At the sequence level each is
+  defined per row: ``rollout_is_fraction_high`` is the fraction of the rows with a kept token whose raw
+  sequence ratio exceeds the cap (a row counts once, whatever its length: the truncation decides per row);
+  ``rollout_is_mean`` is the mean over the kept tokens of the weight each one's loss is multiplied by (a row's
+  weight counted once per kept token); ``rollout_is_min`` / ``_max`` the extremes over the rows with a kept token
+  (the same over the kept tokens). A declared convention may summarise the raw sequence ratios
+  (``is_metric_weights="raw"``), the raw *token* ratios exp(o − log ρ) whatever the level
+  (``"raw_token"``), or take only the min and max of other weights than the mean (``is_extreme_weights``).
 
 KL loss (verl ``use_kl_loss``, SkyRL ``use_kl_loss``): r = log-probs of a frozen reference model (``ref_embed``,
 ``ref_head``) at the same temperature τ (the KL is between the two tempered policies: zero when the parameters
@@ -77,14 +87,26 @@ def _logits(embed, head, context, temperature):
     return np.einsum("vh,brh->brv", head, embed[context]) / temperature
 
 
-def _is_metrics(old, rollout, kept, level: str, cap, of: str) -> dict:
-    """The importance weights' diagnostics over the kept tokens (module doc)."""
-    raw = importance_ratio(old, rollout, kept, level=level)
-    shown = raw if of == "raw" else importance_ratio(old, rollout, kept, level=level, cap=cap)
+#: what the importance weights' diagnostics may summarise (``is_metric_weights``, ``is_extreme_weights``)
+IS_METRIC_WEIGHTS = ("applied", "raw", "raw_token")
+
+
+def _is_metrics(old, rollout, kept, level: str, cap, of: str, extremes_of: str | None = None) -> dict:
+    """The importance weights' diagnostics over the kept tokens (module doc): ``of`` what the mean (and, unless
+    ``extremes_of`` says otherwise, the min and max) summarise, one of :data:`IS_METRIC_WEIGHTS`."""
+    weights = {"raw": importance_ratio(old, rollout, kept, level=level),
+               "applied": importance_ratio(old, rollout, kept, level=level, cap=cap),
+               "raw_token": importance_ratio(old, rollout, kept, level="token")}
+    shown, extremes = weights[of], weights[extremes_of or of]
     n = int(kept.sum())
-    return {"rollout_is_mean": math.fsum(shown[kept]) / n, "rollout_is_min": float(shown[kept].min()),
-            "rollout_is_max": float(shown[kept].max()),
-            "rollout_is_fraction_high": float((raw[kept] > cap).sum() / n) if cap is not None else 0.0}
+    if level == "token":
+        high = float((weights["raw"][kept] > cap).sum() / n) if cap is not None else 0.0
+    else:  # one ratio per row: the rows with a kept token, each counted once
+        rows = kept.any(1)
+        per_row = np.where(kept, weights["raw"], -np.inf).max(1)[rows]  # the row's one ratio
+        high = float((per_row > cap).sum() / rows.sum()) if cap is not None else 0.0
+    return {"rollout_is_mean": math.fsum(shown[kept]) / n, "rollout_is_min": float(extremes[kept].min()),
+            "rollout_is_max": float(extremes[kept].max()), "rollout_is_fraction_high": high}
 
 
 def step_log_probs(embed, head, input_ids, response_length: int, temperature: float):
@@ -102,7 +124,8 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
                 rollout_log_probs=None, rollout_is: str | None = None, rollout_is_cap: float | None = 2.0,
                 rejection=(), ref_embed=None, ref_head=None, kl_loss_coef: float = 0.0,
                 kl_loss_type: str = "low_var_kl", kl_agg_mode: str | None = None,
-                rejection_normaliser: str = "kept", is_metric_weights: str = "applied") -> dict:
+                rejection_normaliser: str = "kept", is_metric_weights: str = "applied",
+                is_extreme_weights: str | None = None) -> dict:
     """The exact step (module doc). Returns a dict:
 
     ``log_probs``, ``old_log_probs``, ``entropy``, ``old_entropy``: float64 ``[B, R]`` (every position; the
@@ -116,7 +139,8 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     (None: by ``loss_agg_mode``; an engine's declared convention may aggregate it otherwise, SkyRL: token-mean).
     rollout_log_probs: ``[B, R]`` the rollout's log-probs (read at unmasked positions only), needed by the
     rollout correction (module doc): rollout_is: None or an importance level of
-    :func:`rlconform.reference.importance_ratio` (``"token"``: verl ``rollout_is="token"``) with TIS cap
+    :func:`rlconform.reference.importance_ratio` (``"token"``: verl ``rollout_is="token"``;
+    ``"sequence_product"``: verl ``rollout_is="sequence"``, SkyRL ``tis_ratio_type="sequence"``) with TIS cap
     ``rollout_is_cap``; rejection: options of :func:`rlconform.reference.rollout_rejection_mask` (ANDed; empty:
     none). With a correction the result also holds ``kept_mask`` (bool ``[B, R]``) and ``is_weights``
     (float64 ``[B, R]`` or None). ref_embed, ref_head: ``[V, H]`` the reference model, needed when
@@ -126,11 +150,15 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     rejection_normaliser: ``"kept"`` (the normalisers count the kept tokens and rows: the module doc) or
     ``"batch"`` (a declared convention, SkyRL's: the rejection multiplies every per-token term by the kept mask,
     and the normalisers count the batch's tokens and rows before the rejection). is_metric_weights: ``"applied"``
-    (the truncated weights, verl's ``rollout_is_mean``) or ``"raw"`` (the ratios before truncation, SkyRL's
-    ``is_ratio_mean``): what the ``rollout_is_mean`` / ``_min`` / ``_max`` metrics summarise.
+    (the truncated weights, verl's ``rollout_is_mean``), ``"raw"`` (the level's ratios before truncation) or
+    ``"raw_token"`` (the token ratios exp(o − log ρ) before truncation whatever the level, SkyRL's
+    ``is_ratio_mean``): what the ``rollout_is_mean`` / ``_min`` / ``_max`` metrics summarise;
+    is_extreme_weights: None (as is_metric_weights) or one of its values, what ``_min`` / ``_max`` alone summarise
+    (verl's sequence level: the raw sequence ratios beside the truncated weights' mean).
 
     Raises ValueError: shapes that do not match, τ ≤ 0, no unmasked (or no kept) token, a correction without
-    rollout log-probs, a KL loss without a reference model, and what :func:`rlconform.reference.policy_loss` and
+    rollout log-probs, an is_metric_weights / is_extreme_weights not in :data:`IS_METRIC_WEIGHTS`, a KL loss
+    without a reference model, and what :func:`rlconform.reference.policy_loss` and
     :func:`rlconform.reference.kl_estimator` raise.
     """
     if not temperature > 0:
@@ -160,8 +188,9 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
                 raise ValueError("the rejection keeps no token: the step is undefined")
         if rollout_is:
             weights = importance_ratio(old, rollout, kept, level=rollout_is, cap=rollout_is_cap)
-    if is_metric_weights not in ("applied", "raw"):
-        raise ValueError(f"is_metric_weights must be 'applied' or 'raw', got {is_metric_weights!r}")
+    for name, value in (("is_metric_weights", is_metric_weights), ("is_extreme_weights", is_extreme_weights)):
+        if value not in IS_METRIC_WEIGHTS and not (name == "is_extreme_weights" and value is None):
+            raise ValueError(f"{name} must be one of {', '.join(IS_METRIC_WEIGHTS)}, got {value!r}")
     if rejection_normaliser not in ("kept", "batch"):
         raise ValueError(f"rejection_normaliser must be 'kept' or 'batch', got {rejection_normaliser!r}")
     # the mask the normalisers count; a rejected token's terms are 0 either way (its advantage 0 and its ratio 1 in
@@ -207,7 +236,8 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     if rollout_is or rejection:
         out.update(kept_mask=kept, is_weights=weights)
     if rollout_is:
-        metrics.update(_is_metrics(old, rollout, kept, rollout_is, rollout_is_cap, is_metric_weights))
+        metrics.update(_is_metrics(old, rollout, kept, rollout_is, rollout_is_cap, is_metric_weights,
+                                   is_extreme_weights))
     if ref is not None:
         out["ref_log_probs"] = ref
         metrics["kl_loss"] = kl_loss

@@ -44,8 +44,10 @@ def _autograd_step(inp, entropy_agg_mode=None):
     r = torch.exp(lp - old)
     c1 = torch.maximum(-A * r, -A * r.clamp(0.8, 1.2))
     pl = torch.where(A < 0, torch.minimum(-A * 3.0, c1), c1)
-    if correction.get("is_level"):  # token TIS: a constant weight of the old and rollout log-probs
+    if correction.get("is_level") == "token":  # token TIS: a constant weight of the old and rollout log-probs
         pl = pl * torch.exp(old.detach() - rollout).clamp(max=correction["is_cap"])
+    elif correction.get("is_level"):  # sequence TIS: one constant weight per row, exp of its summed log-ratio
+        pl = pl * torch.exp(((old.detach() - rollout) * m).sum(1, keepdim=True)).clamp(max=correction["is_cap"])
     kl = None
     if correction.get("kl_loss_coef"):  # the estimator to the reference model at the same temperature
         R0 = torch.tensor(inp["ref_embed"].astype(np.float32).astype(np.float64))
@@ -128,6 +130,31 @@ def test_drawn_rollout_log_probs_keep_every_decision_away_from_its_bound(inp):
     token_ratio = np.exp(delta[mask])
     assert (np.abs(token_ratio / S.IS_CAP - 1) >= 0.1).all()
     assert (inp["rollout_log_probs"][~mask] == 0).all()
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(S.inputs("token-mean-with-seq-tis"))
+def test_drawn_rollout_log_probs_keep_every_row_away_from_the_sequence_cap(inp):
+    """Each row's sequence ratio exp(Σ log(π_old/π_rollout)) over its valid tokens is ≥ 10 % from the sequence TIS
+    cap, one row is below it and (with two rows that have a valid token) one above: the float32 engine truncates
+    the rows the exact step truncates, on every machine."""
+    mask = inp["response_mask"].astype(bool)
+    old = R.step_log_probs(inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
+                           inp["input_ids"], mask.shape[1], float(np.float32(inp["temperature"])))
+    live = mask.any(1)
+    seq_ratio = np.exp(np.where(mask, old - inp["rollout_log_probs"], 0.0).sum(1))[live]
+    assert (np.abs(seq_ratio / S.SEQ_IS_CAP - 1) >= 0.1).all(), seq_ratio
+    assert (seq_ratio < S.SEQ_IS_CAP).any()
+    assert live.sum() == 1 or (seq_ratio > S.SEQ_IS_CAP).any(), seq_ratio
+    assert (inp["rollout_log_probs"][~mask] == 0).all()
+    assert live.all() or len(live) >= 3  # a row with no valid token only beside two that have one
+
+
+def test_the_sequence_tis_draw_holds_a_row_with_no_valid_token_and_the_trigger_names_it():
+    inp = find(S.inputs("token-mean-with-seq-tis"),
+               lambda i: not i["response_mask"].any(1).all() and i["micro_batch_sizes"][0] == len(i["input_ids"]))
+    assert S.trigger(_Case(inp, MATCHES_REFERENCE), "", "wrong value") == "a row with no valid token"
+    assert S.trigger(_Case(_smallest("token-mean-with-seq-tis"), MATCHES_REFERENCE), "", "wrong value") is None
 
 
 def test_the_reference_step_raises_on_bad_input():
@@ -315,3 +342,55 @@ def test_a_tis_step_that_does_not_log_an_importance_weight_diagnostic_is_a_probl
     metrics = S.evaluate(Silent, _Case(inp, MATCHES_REFERENCE, S.METRICS_OP))
     assert [p.what for p in metrics.problems] == ["lost metric"], metrics.problems
     assert "rollout_is_fraction_high" in metrics.problems[0].text
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(S.inputs("token-mean-with-seq-tis"))
+def test_the_sequence_weights_diagnostics_are_those_of_the_rows_with_a_kept_token(inp):
+    """Sequence TIS: ``rollout_is_fraction_high`` is the fraction of the rows with a valid token whose raw sequence
+    ratio exceeds the cap (a row counts once, a row with no valid token not at all); the mean is over the valid
+    tokens of the weight each gets; the min / max over those rows. Each summarises the applied weights, the raw
+    sequence ratios or the raw token ratios as the conventions say, and the float32 step logs the same numbers."""
+    mask = inp["response_mask"].astype(bool)
+    old = R.step_log_probs(inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
+                           inp["input_ids"], mask.shape[1], float(np.float32(inp["temperature"])))
+    log_ratio = np.where(mask, old - inp["rollout_log_probs"], 0.0)
+    live = mask.any(1)
+    seq = np.exp(log_ratio.sum(1))
+    per_token = {"raw": np.broadcast_to(seq[:, None], mask.shape)[mask], "raw_token": np.exp(log_ratio)[mask]}
+    per_token["applied"] = np.minimum(per_token["raw"], S.SEQ_IS_CAP)
+    per_row = {"raw": seq[live], "applied": np.minimum(seq[live], S.SEQ_IS_CAP), "raw_token": per_token["raw_token"]}
+    for of, extremes in (("applied", None), ("raw", None), ("raw_token", None), ("applied", "raw")):
+        expected = {"rollout_is_mean": per_token[of].mean(), "rollout_is_min": per_row[extremes or of].min(),
+                    "rollout_is_max": per_row[extremes or of].max(),
+                    "rollout_is_fraction_high": (seq[live] > S.SEQ_IS_CAP).mean()}
+        ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
+                            inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
+                            inp["input_ids"], inp["response_mask"], inp["advantages"],
+                            temperature=float(np.float32(inp["temperature"])), **S.CLIP,
+                            rollout_log_probs=inp["rollout_log_probs"], rollout_is="sequence_product",
+                            rollout_is_cap=S.SEQ_IS_CAP, is_metric_weights=of, is_extreme_weights=extremes)["metrics"]
+        fp32 = S.faithful(inp, {"is_metric_weights": of, "is_extreme_weights": extremes})["metrics"]
+        for name, value in expected.items():
+            assert ref[name] == pytest.approx(value, rel=1e-6), (of, extremes, name)
+            assert fp32[name] == pytest.approx(value, rel=1e-5, abs=1e-7), (of, extremes, name)
+    with pytest.raises(ValueError, match="is_extreme_weights"):
+        R.policy_step(inp["embed"], inp["head"], inp["old_embed"], inp["old_head"], inp["input_ids"],
+                      inp["response_mask"], inp["advantages"], temperature=1.0,
+                      rollout_log_probs=inp["rollout_log_probs"], rollout_is="sequence_product",
+                      is_extreme_weights="capped")
+
+
+@pytest.mark.parametrize("empty_row", [False, True])
+def test_the_float32_reference_engine_passes_the_sequence_tis_variant(empty_row):
+    """The in-harness float32 step on the sequence-TIS variant, on a batch of three rows or more with and without a row that
+    has no valid token: every property, both ops."""
+    inp = find(S.inputs("token-mean-with-seq-tis"), lambda i: len(i["input_ids"]) >= 3 and i["temperature"] != 1.0
+               and (not i["response_mask"].any(1).all()) == empty_row)
+    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference),
+                        (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):
+        for op in (S.STEP_OP, S.METRICS_OP):
+            ev = S.evaluate(reference_binding, _Case(inp, prop, op))
+            assert not ev.problems, ev.problems
+            outcome = judge(ev)
+            assert outcome.ok, (prop, op, outcome)

@@ -156,3 +156,37 @@ def test_skyrls_step_on_two_dp_ranks_keeps_the_policy_gradient_and_averages_the_
 
     assert gap(0.0) < 1e-5
     assert gap(0.1) > 1e-3
+
+
+def test_skyrls_sequence_tis_counts_a_row_with_no_valid_token_and_leaks_a_masked_nan_into_the_rows_weight():
+    """``tis_ratio_type="sequence"``: the gradient is the exact step's (one capped weight per row); but
+    ``compute_tis_ratio`` logs ``tis_seq_clip_high_ratio`` as the capped rows over ``seq_tis_ratio.shape[0]``, every
+    row (one with no valid token too), and sums the row's log-ratios as ``token_tis_log_ratio * loss_mask``: a NaN
+    rollout log-prob at a masked position (advantages clean) makes the row's weight, the loss and the gradient NaN."""
+    if importlib.util.find_spec("skyrl") is None:
+        pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
+    import numpy as np
+    from hypothesis import find
+
+    import rlconform.reference as R
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    step = load_engine("skyrl").resolve("policy_step")
+    inp = find(S.inputs("token-mean-with-seq-tis"),
+               lambda i: len(i["input_ids"]) == 3 and not i["response_mask"].any(1).all())
+    inp = dict(inp, entropy_coeff=0.0)  # the entropy bonus has its own (pinned) micro-batch weighting
+    ref = R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
+                        inp["input_ids"], inp["response_mask"], inp["advantages"],
+                        temperature=float(np.float32(inp["temperature"])), **S.CLIP,
+                        rollout_log_probs=inp["rollout_log_probs"], rollout_is="sequence_product",
+                        rollout_is_cap=S.SEQ_IS_CAP)
+    out = S.run_step(step, inp, 3)
+    np.testing.assert_allclose(out["grads"]["head.weight"].double().numpy(), ref["grad_head"], rtol=1e-4, atol=1e-6)
+    live, rows = int(inp["response_mask"].any(1).sum()), len(inp["input_ids"])
+    high = ref["metrics"]["rollout_is_fraction_high"]
+    assert 0 < high < 1 and out["metrics"]["rollout_is_fraction_high"] == pytest.approx(high * live / rows, rel=1e-6)
+    mask = inp["response_mask"].astype(bool)
+    dirty = np.where(mask, inp["rollout_log_probs"], np.float32(np.nan)).astype(np.float32)
+    grad = S.run_step(step, inp, 3, rollout_log_probs=dirty)["grads"]["head.weight"]
+    assert not grad.isfinite().all()

@@ -265,3 +265,35 @@ def test_verls_step_on_two_dp_ranks_gives_the_one_rank_gradient_and_a_rank_local
     local = _step_from(monkeypatch, edited)
     one, two = grads(local, micro_batch_size=4), grads(local, micro_batch_size=2, dp_size=2)
     assert np.abs(one - two).max() > 1e-3 * np.abs(one).max()
+
+
+def test_verls_sequence_tis_is_exact_and_its_row_statistics_count_a_row_with_no_valid_token():
+    """``rollout_is="sequence"``: the gradient is the exact step's (one capped weight per row), ``rollout_is_mean``
+    is the capped weights' token mean and the min / max are the raw sequence ratios' (declared:
+    ``sequence_is_extremes_of_raw_ratios``). But ``compute_is_metrics`` takes the fraction above the cap as
+    ``exceeds_upper.float().mean()`` over every row's log-ratio sum: a row with no valid token (sum 0, ratio 1)
+    counts in the denominator."""
+    import numpy as np
+    from hypothesis import find
+
+    import rlconform.reference as R
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    _verl_dir()
+    step = load_engine("verl").resolve("policy_step")
+    inp = find(S.inputs("token-mean-with-seq-tis"),
+               lambda i: len(i["input_ids"]) == 3 and not i["response_mask"].any(1).all())
+    ref = R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
+                        inp["input_ids"], inp["response_mask"], inp["advantages"],
+                        temperature=float(np.float32(inp["temperature"])), entropy_coeff=inp["entropy_coeff"],
+                        **S.CLIP, rollout_log_probs=inp["rollout_log_probs"], rollout_is="sequence_product",
+                        rollout_is_cap=S.SEQ_IS_CAP, is_extreme_weights="raw")
+    out = S.run_step(step, inp, 3)
+    np.testing.assert_allclose(out["grads"]["head.weight"].double().numpy(), ref["grad_head"], rtol=1e-4, atol=1e-6)
+    got = out["metrics"]
+    for name in ("rollout_is_mean", "rollout_is_max"):
+        assert got[name] == pytest.approx(ref["metrics"][name], rel=1e-5), name
+    live, rows = int(inp["response_mask"].any(1).sum()), len(inp["input_ids"])
+    high = ref["metrics"]["rollout_is_fraction_high"]
+    assert 0 < high < 1 and got["rollout_is_fraction_high"] == pytest.approx(high * live / rows, rel=1e-6)

@@ -936,12 +936,13 @@ DECLARED = (
         reference=(("kl_agg_mode", "seq-mean-token-mean"),)),
     Declared(
         "is_ratio_metrics_of_raw_ratios", "convention", ("policy_step_metrics",),
-        "the off-policy correction logs is_ratio_mean / _min / _max of the raw ratio exp(old − rollout log-probs), "
-        "before the TIS cap (the reference follows: is_metric_weights='raw'; verl logs the capped weights)",
+        "the off-policy correction logs is_ratio_mean / _min / _max of the raw token ratio exp(old − rollout "
+        "log-probs), before the TIS cap, whatever tis_ratio_type (with sequence TIS: the token ratios, not the "
+        "sequence weights; the reference follows: is_metric_weights='raw_token'; verl logs the capped weights)",
         "they are named after the ratio, and computed before compute_tis_ratio caps it "
         "(off_policy_correction_utils.py: is_ratio = safe_exp_delta(old_log_probs - rollout_logprobs, …))",
         "skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py:309",
-        reference=(("is_metric_weights", "raw"),)),
+        reference=(("is_metric_weights", "raw_token"),)),
     Declared(
         "off_policy_mask_keeps_normaliser", "convention", ("policy_step", "policy_step_metrics"),
         "the off-policy correction's masks (sequence_mask_metric, outlier and token masks) multiply the per-token "
@@ -1044,6 +1045,11 @@ _REDUCE, _ALL_REDUCE = f"{WORKER_UTILS}:reduce_metrics", f"{WORKER_UTILS}:all_re
 #: its gradient through reduce_loss's masked sum, NaN · 0 = NaN
 _MASKED_NAN_LOSS = (r"^(gradient of|metric pg_loss\b)", f"{PPO_UTILS}:reduce_loss", "a masked position holding",
                     r"return \(loss \* loss_mask\)\.sum\(\)")
+#: sequence TIS: compute_tis_ratio sums the row's log-ratios as token_tis_log_ratio * loss_mask, so a NaN rollout
+#: log-prob at a masked position makes the row's weight NaN, at its valid tokens too (the rollout log-probs alone)
+_SEQ_TIS_NAN = (r"^(gradient of|metric pg_loss\b).*masked rollout log-probs = .*\(token-mean-with-seq-tis\)",
+                f"{_OPC}:compute_tis_ratio", "a masked position holding",
+                r"seq_tis_log_ratio = \(token_tis_log_ratio \* loss_mask\)\.sum\(")
 _FOLDED = r"^(?!.*masked = )"  # not a masked-garbage clause: a NaN written there is the emitting code's
 OUTPUT_SITES = {
     # the scaled advantages keep a masked NaN; reduce_loss's masked sum (NaN · 0) hands it to the loss
@@ -1061,7 +1067,7 @@ OUTPUT_SITES = {
     # the step's clip ratio is one mean per micro-batch, folded by reduce_metrics (a mean of micro-batch means)
     # the clip ratio is taken over the mask from before the off-policy correction's (ppo_policy_loss computes it
     # first, then applies the correction): a masked row's clipped tokens still count
-    "policy_step_metrics": (_MASKED_NAN_LOSS,
+    "policy_step_metrics": (_SEQ_TIS_NAN, _MASKED_NAN_LOSS,
                             (r"^metric pg_clipfrac\b", f"{PPO_UTILS}:ppo_policy_loss", "off-policy correction masks"),
                             (r"^metric pg_clipfrac\b", _REDUCE, "micro-batch"),
                             # the off-policy correction's diagnostics: the min of is_ratio · loss_mask sees the masked
@@ -1073,7 +1079,7 @@ OUTPUT_SITES = {
                              "sampling temperature")),
     # a wrong gradient at a temperature ≠ 1 of the KL variant: the reference log-probs of the KL loss are computed
     # at temperature 1 by the ref worker, the policy's at the sampling temperature
-    "policy_step": (_MASKED_NAN_LOSS,
+    "policy_step": (_SEQ_TIS_NAN, _MASKED_NAN_LOSS,
                     (r"^gradient of", f"{WORKER}:RefWorkerBase._forward_micro_batch", "sampling temperature"),),
 }
 

@@ -65,12 +65,13 @@ def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
               ((f"{ALGO}.use_kl_in_reward", "==", True), (f"{ALGO}.kl_estimator_type", "==", e)))
           for e in ("k1", "k2", "k3", "abs")}
     steps = {}
-    for variant in ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
-                    "seq-mean-token-mean-with-rejection", "token-mean-with-kl", "token-mean-with-kl-k1",
-                    "token-mean-with-kl-k2"):
+    for variant in ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
+                    "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
+                    "token-mean-with-kl-k1", "token-mean-with-kl-k2"):
         mode, _, correction = variant.partition("-with-")
         # a rejected row: any of the correction's masks drops it the same way inside the policy loss
         extras = {"tis": (((f"{OPC}.tis_ratio_type", "==", "token"),),),
+                  "seq-tis": (((f"{OPC}.tis_ratio_type", "==", "sequence"),),),
                   "rejection": MASKS,
                   "kl": (((f"{ALGO}.use_kl_loss", "==", True),),),
                   "kl-k1": (((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.kl_estimator_type", "==", "k1")),),

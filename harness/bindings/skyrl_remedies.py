@@ -54,6 +54,18 @@ REMEDIES = {
             "Clip-Cov's `ratio = torch.exp(negative_approx_kl)` exponentiates the log-ratio without a clamp: past "
             "88.7 the float32 ratio is inf and −A · inf is NaN",
             "clamp negative_approx_kl to ±20 before exp, as ppo_policy_loss does")},
+    f"{OPC}.compute_tis_ratio": {
+        "masked-value|NaN|inf": (
+            "sequence TIS sums the row's log-ratios as `(token_tis_log_ratio * loss_mask).sum(dim=-1)`: a NaN "
+            "rollout log-prob at a masked position gives NaN · 0 = NaN, so the row's weight is NaN and so is the "
+            "loss at every valid token of the row",
+            "zero the masked log-ratios before the row sum (torch.where(loss_mask.bool(), token_tis_log_ratio, 0))",
+            "with tis_ratio_type=sequence, one NaN log-prob in a row's padding makes the step's loss and gradient "
+            "NaN"),
+        "wrong value": (
+            "`num_sequences = seq_tis_ratio.shape[0]` counts every row in tis_seq_clip_high_ratio, rows with no "
+            "valid token included",
+            "count the rows that hold a valid token (loss_mask.any(-1).sum())")},
     f"{OPC}.compute_off_policy_correction[is_ratio_min]": {
         "wrong value": (
             "`metrics[\"is_ratio_min\"] = (is_ratio * loss_mask).min()` takes the minimum over every position, the "

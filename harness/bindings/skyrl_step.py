@@ -34,7 +34,9 @@ catalog's ``entropy_loss``): unchecked here (the ``metric_pipeline`` op checks i
 
 Rollout correction (``algorithm.off_policy_correction``, applied inside the policy loss of each micro-batch by
 ``apply_off_policy_correction``): token TIS is ``tis_ratio_type="token"`` with ``token_tis_ratio_clip_high`` = the
-cap; a row rejected by its mean ratio is ``sequence_mask_metric="geometric"`` with ``geo_mask_low`` /
+cap, sequence TIS ``tis_ratio_type="sequence"`` with ``sequence_tis_ratio_clip_high`` = the cap (its clipped fraction
+is logged as ``tis_seq_clip_high_ratio``, not ``tis_token_clip_high_ratio``); a row rejected by its mean ratio is
+``sequence_mask_metric="geometric"`` with ``geo_mask_low`` /
 ``geo_mask_high`` = the bounds (the geometric mean of the token ratios is exp of their mean log-ratio). The
 batch's ``rollout_log_probs`` are SkyRL's ``rollout_logprobs``.
 
@@ -60,8 +62,9 @@ TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
 #: the catalog's loss_agg_modes and SkyRL's loss reductions that compute them
 REDUCTIONS = {"token-mean": "token_mean", "seq-mean-token-mean": "sequence_mean"}
 #: the catalog's step variants this binding drives: a loss reduction, alone or with a rollout correction
-MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
-         "seq-mean-token-mean-with-rejection", "token-mean-with-kl", "token-mean-with-kl-k1", "token-mean-with-kl-k2")
+MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
+         "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
+         "token-mean-with-kl-k1", "token-mean-with-kl-k2")
 #: the catalog's KL estimators by SkyRL's names
 KL_ESTIMATORS = {"low_var_kl": "k3", "k3": "k3", "k1": "k1", "k2": "k2", "abs": "abs"}
 #: the step's metrics as SkyRL logs them (``policy/`` is added by ``train_critic_and_policy``)
@@ -70,24 +73,30 @@ METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio
                "rollout_is_mean": "loss_metrics/is_ratio_mean", "rollout_is_min": "loss_metrics/is_ratio_min",
                "rollout_is_max": "loss_metrics/is_ratio_max",
                "rollout_is_fraction_high": "loss_metrics/tis_token_clip_high_ratio"}
+#: the keys of :data:`METRIC_KEYS` that sequence TIS logs under other names (``compute_tis_ratio``)
+SEQUENCE_METRIC_KEYS = {"rollout_is_fraction_high": "loss_metrics/tis_seq_clip_high_ratio"}
 
 TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); optim_step records the gradient "
                "(before clipping); dispatch in-process; DP 1, and DP 2 as threads of one process with in-process collectives "
                "(SkyRL's own staging and metric all-reduce; old log-probs on one rank; the gradient the mean of the "
                "ranks'); float32; no micro-batch packing (flash-attn); dual_clip "
-               "loss. Not drawn: the KL estimator abs, off-policy correction other than token TIS and the geometric row mask, "
+               "loss. Not drawn: the KL estimator abs, off-policy correction other than token TIS, sequence TIS "
+               "and the geometric row mask, "
                "several mini-batches, DP > 2; "
                "policy_entropy left to metric_pipeline; Megatron's step not driven")
 
 
 def off_policy_correction(kn: dict) -> dict:
     """SkyRL's ``OffPolicyCorrectionConfig`` fields for the step's rollout-correction knobs (empty: none). Raises
-    ValueError for a correction SkyRL has no option for (a rejection other than a row's mean k1 ratio)."""
+    ValueError for a correction SkyRL has no option for (an importance level other than token and the sequence
+    product, a rejection other than a row's mean k1 ratio)."""
     fields = {}
-    if kn.get("rollout_is"):
-        if kn["rollout_is"] != "token":
-            raise ValueError(f"importance level {kn['rollout_is']!r}: the step binding drives token TIS only")
+    if kn.get("rollout_is") == "token":
         fields.update(tis_ratio_type="token", token_tis_ratio_clip_high=float(kn["rollout_is_cap"]))
+    elif kn.get("rollout_is") == "sequence_product":
+        fields.update(tis_ratio_type="sequence", sequence_tis_ratio_clip_high=float(kn["rollout_is_cap"]))
+    elif kn.get("rollout_is"):
+        raise ValueError(f"importance level {kn['rollout_is']!r}: SkyRL's TIS is per token or the sequence product")
     for level, estimator, lower, upper in kn.get("rollout_rejection") or ():
         if (level, estimator) != ("seq_mean", "k1") or "sequence_mask_metric" in fields:
             raise ValueError(f"rejection {level} {estimator}: SkyRL's step masks a row by one geometric-mean bound pair")
@@ -221,8 +230,9 @@ def policy_step():
             metrics = execute_training_step(trainer, "policy", data)
         if len(captured) != 1:
             raise RuntimeError(f"the step made {len(captured)} optimizer steps, expected 1 (one mini-batch)")
+        keys = dict(METRIC_KEYS, **(SEQUENCE_METRIC_KEYS if kn.get("rollout_is") == "sequence_product" else {}))
         return {"old_log_probs": old, "grads": captured[0],
-                "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
+                "metrics": {name: metrics[key] for name, key in keys.items() if key in metrics}}
 
     return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS), token_budgets=True,
                       dp_sizes=(1, 2))

@@ -944,7 +944,9 @@ def _rollout_rejection_mask():
         "compute_rs_metrics per-option keys": "rollout_rs_<option>_{mean,max,min,std,fraction_high,fraction_low,"
                                               "seq_*}: a per-option breakdown with no catalog metric yet",
         "compute_is_metrics sequence level": "rollout_is='sequence' metrics (the weights are importance_ratio's "
-                                             "sequence_tis): no catalog metric yet",
+                                             "sequence_tis; rollout_is_mean / _min / _max / _ratio_fraction_high "
+                                             "are policy_step_metrics' token-mean-with-seq-tis): the others no "
+                                             "catalog metric yet",
     }
     supported = rollout_rs_options(rc)
     return Variants({v: bind(*spec) for v, spec in ROLLOUT_RS.items()
@@ -1425,6 +1427,15 @@ DECLARED = (
         "'for SAPO, we need to aggregate the loss at the sequence level' (SAPO's paper recommends it)",
         "verl/trainer/ppo/core_algos.py:1688", variants=("sapo",)),
     Declared(
+        "sequence_is_extremes_of_raw_ratios", "convention", ("policy_step_metrics",),
+        "with sequence-level TIS (rollout_is='sequence') rollout_is_min / rollout_is_max are the extremes of the raw "
+        "sequence ratios exp(Σ log-ratio), before the TIS cap, beside rollout_is_mean, the token mean of the capped "
+        "weights (the reference follows: is_extreme_weights='raw'; at the token level all three are the capped "
+        "weights')",
+        "compute_is_metrics: 'Sequence-level aggregation: use log-space for unclamped stats', 'Mean uses truncated "
+        "weights to avoid overflow'", "verl/trainer/ppo/rollout_corr_helper.py:704",
+        variants=("token-mean-with-seq-tis",), reference=(("is_extreme_weights", "raw"),)),
+    Declared(
         "is_log_ratio_clamp_20", "convention", ("rollout_rejection_mask",),
         "the rollout_corr/ IS weights and χ² metrics clamp each token's (and each row's) log-ratio to ±20 before "
         "exp (SAFETY_BOUND), so ESS, is_mean and χ² are those of the clamped weights (the reference follows: "
@@ -1459,7 +1470,12 @@ RC = "verl.trainer.ppo.rollout_corr_helper"
 #: (Metric.aggregate_dp, right for what it is told) averages the micro-batches' means; the marking is the wrong line
 _PG_METRICS_MEAN = (r"\bmetric (pg_clipfrac|pg_clipfrac_lower|ppo_kl)\b", "verl.workers.utils.losses:ppo_loss",
                     "micro-batch", r"pg_metrics = Metric\.from_dict\(pg_metrics, aggregation=AggregationType\.MEAN\)")
-OUTPUT_SITES = {"policy_step_metrics": (_PG_METRICS_MEAN,), "policy_loss": (_PG_METRICS_MEAN,),
+#: sequence TIS: compute_is_metrics takes the fraction above the cap, the min and the max over every row's log-ratio sum
+#: (log_ratio_for_metrics, [B, 1]): a row with no valid token has the sum 0, a ratio of 1, and counts
+_SEQ_IS_ROWS = (r"^metric rollout_is_(fraction_high|min|max)\b", f"{RC}:compute_is_metrics", "no valid token",
+                r'metrics\["rollout_is_ratio_fraction_high"\] = exceeds_upper\.float\(\)\.mean\(\)\.item\(\)',
+                "sequence_level")
+OUTPUT_SITES = {"policy_step_metrics": (_PG_METRICS_MEAN, _SEQ_IS_ROWS), "policy_loss": (_PG_METRICS_MEAN,),
                 # value_loss logs the critic's clip fraction as a plain float per micro-batch (averaged as they come)
                 "value_loss": ((r"\bmetric vf_clipfrac\b", "verl.workers.utils.losses:value_loss", "micro-batch",
                                 r'"critic/vf_clipfrac": vf_clipfrac\.detach\(\)\.item\(\)'),),

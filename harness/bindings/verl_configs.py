@@ -44,6 +44,7 @@ def _kl(estimator: str) -> tuple:
 def _step(variant: str) -> tuple:
     mode, _, correction = variant.partition("-with-")
     extra = {"tis": ((f"{RC}.rollout_is", "==", "token"),),
+             "seq-tis": ((f"{RC}.rollout_is", "==", "sequence"),),
              "rejection": ((f"{RC}.rollout_rs", "==", "seq_mean_k1"),),
              "kl": ((f"{A}.use_kl_loss", "==", True),),
              # the estimator variants: k1 / k2 as verl spells them (the k3 variant's wiring holds for any estimator;
@@ -68,9 +69,9 @@ def ops(rollout_rs: dict) -> dict:
                   "rloo": _estimator("rloo"), "rloo+vectorized": _estimator("rloo_vectorized"),
                   **{e: _estimator(e) for e in ("gdpo", "gpg", "grpo_passk", "opo", "reinforce_plus_plus",
                                                 "reinforce_plus_plus_baseline", "remax")}}
-    steps = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
-             "seq-mean-token-mean-with-rejection", "token-mean-with-kl", "token-mean-with-kl-k1",
-             "token-mean-with-kl-k2")
+    steps = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
+             "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
+             "token-mean-with-kl-k1", "token-mean-with-kl-k2")
     kl = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
     rejection = {}
     for variant, (option, threshold) in rollout_rs.items():
@@ -117,6 +118,8 @@ SITES = {
         "crash": (((f"{RC}.rollout_is", "in", ("token", "sequence")),
                    (f"{RC}.rollout_is_threshold", "~", r"_", "a lower_upper band (IcePop)")),),
         "": (((f"{RC}.rollout_is", "in", ("token", "sequence")),),)},
+    # the sequence level's row statistics (the fraction above the cap, the min and max over every row)
+    f"{HELPER}.compute_is_metrics[sequence_level]": {"": (((f"{RC}.rollout_is", "==", "sequence"),),)},
     # called for every batch that carries rollout log-probs (rollout.calculate_log_probs, default true)
     f"{HELPER}.compute_offpolicy_metrics": {"": ((),)},
     # k1 estimators of every level share token_k1 = −log r

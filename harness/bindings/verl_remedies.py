@@ -106,6 +106,12 @@ REMEDIES = {
             "the per-sequence values over every row, a row with no valid token (log-prob mean 0, perplexity 1) "
             "included",
             "average over the rows that hold a valid token (response_mask.any(-1))")},
+    f"{RC}.compute_is_metrics[sequence_level]": {
+        "wrong value": (
+            "at the sequence level `exceeds_upper.float().mean()`, `log_ratio_for_metrics.min()` and `.max()` run "
+            "over every row's log-ratio sum: a row with no valid token (masked_sum 0, ratio 1) is counted in the "
+            "fraction above the cap and can be the minimum",
+            "take them over the rows that hold a valid token (response_mask.any(-1))")},
     f"{RC}.compute_is_metrics": {
         "crash:ZeroDivisionError": (
             "the effective sample size `1.0 / masked_mean(is_weights_normalized.square(), …).item()` divides by a "

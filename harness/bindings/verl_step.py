@@ -12,7 +12,8 @@ runs; the modules do not import on this CPU machine: ``peft``, ``uvicorn``, ray)
    ``fit``'s ``actor/entropy`` (``core_algos.agg_loss`` of the old path's entropy) and the union into the batch;
    with a rollout correction (the batch holds ``rollout_log_probs``), ``fit``'s decoupled mode:
    ``rollout_corr_helper.compute_rollout_correction_and_add_to_batch`` (rejection rewrites ``response_mask``;
-   token TIS adds ``rollout_is_weights``, which ``ppo_loss`` hands the policy loss); with a KL loss,
+   token or sequence TIS (``rollout_is="token"`` / ``"sequence"``) adds ``rollout_is_weights``, which ``ppo_loss``
+   hands the policy loss); with a KL loss,
    ``RayPPOTrainer._compute_ref_log_prob`` → ``ActorRolloutRefWorker.compute_ref_log_prob`` → the same engine path
    (forward only, the batch's temperature) on the reference model, and the union of ``ref_log_prob``;
 3. ``RayPPOTrainer._update_actor`` (``left_right_2_no_padding``: the loss mask; the mini-batch's sizes) →
@@ -32,9 +33,9 @@ FSDP's gradient reduction the mean of the ranks' gradients, the old log-probs on
 autocast (float32 parameters: CUDA autocast does nothing on CPU). Knobs left at verl's defaults and not drawn:
 ``use_remove_padding`` True, the vanilla policy loss, KL losses other than
 ``low_var_kl``, ``k1`` and ``k2`` (``abs``, the straight-through ``+`` forms), rollout correction
-other than token TIS and ``seq_mean_k1`` rejection (bypass mode, sequence TIS, batch-normalised weights, the
-other rejection options), one PPO epoch, one mini-batch. The Megatron engine's step (``MegatronEngineWithLMHead``) is not
-driven: unchecked.
+other than token TIS, sequence TIS and ``seq_mean_k1`` rejection (bypass mode, batch-normalised weights, IcePop
+bands, the other rejection options), one PPO epoch, one mini-batch. The Megatron engine's step
+(``MegatronEngineWithLMHead``) is not driven: unchecked.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gra
                "controller's dispatch a contiguous DataProto.chunk; old log-probs on one rank; the gradient the mean of "
                "the ranks'); float32. Transcribed from fit: the order of its calls, actor/entropy (agg_loss of the old "
                "path's entropy), the unions into the batch; _balance_batch not applied. Not drawn: KL losses other than "
-               "low_var_kl, k1 and k2 (abs, the straight-through '+' forms), rollout correction other than token TIS and seq_mean_k1 rejection, other losses, several "
+               "low_var_kl, k1 and k2 (abs, the straight-through '+' forms), rollout correction other than token "
+               "TIS, sequence TIS and seq_mean_k1 rejection, other losses, several "
                "mini-batches, DP > 2, use_remove_padding=False; Megatron's step not driven")
 #: the catalog's step variants this binding drives (every one the catalog has)
-MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-rejection",
-         "seq-mean-token-mean-with-rejection", "token-mean-with-kl", "token-mean-with-kl-k1", "token-mean-with-kl-k2")
+MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
+         "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
+         "token-mean-with-kl-k1", "token-mean-with-kl-k2")
 
 #: the step's metrics as verl logs them (after ``reduce_metrics``), by the catalog's names
 METRIC_KEYS = {"pg_loss": "actor/pg_loss", "entropy_loss": "actor/entropy_loss", "pg_clipfrac": "actor/pg_clipfrac",

@@ -13,9 +13,11 @@ rows cut at the maximum response length, interior observation tokens masked out 
 advantages per token, a temperature ≠ 1 (drawn), proximal (old) parameters that differ from the current ones
 (or equal them: on-policy), the entropy bonus on or off, and with a rollout correction the rollout's log-probs
 (the only drawn log-probs: rows whose mean log-ratio to the proximal policy sits far inside or far outside the
-rejection bounds, tokens on both sides of the TIS cap, never within 10 % of a bound or the cap). Variants
-(:data:`VARIANTS`): ``loss_agg_mode``, alone or with a rollout correction (token-level TIS; rejection of rows by
-their mean ratio), or with a KL loss (estimator k3, k1 or k2) against a frozen reference model. Partitions: the mini-batch cut into
+rejection bounds, tokens on both sides of the TIS cap, rows whose summed log-ratio puts them on both sides of the
+sequence TIS cap, never within 10 % of a bound or a cap; with sequence TIS also a row with no valid token).
+Variants (:data:`VARIANTS`): ``loss_agg_mode``, alone or with a rollout correction (token-level TIS;
+sequence-level TIS, one weight per row; rejection of rows by their mean ratio), or with a KL loss (estimator k3, k1
+or k2) against a frozen reference model. Partitions: the mini-batch cut into
 micro-batches of every size that divides it, and (for a binding that drives it) into micro-batches by a token
 budget (dynamic batch size), and for a binding that runs the update on several DP ranks (``PolicyStep.dp_sizes``)
 the mini-batch cut into contiguous equal rank chunks of one micro-batch each. Checked on CPU in float32 only (the parameters and the logits are float32; CUDA
@@ -26,9 +28,10 @@ the logged metrics (a binding maps both to the same :class:`~rlconform.harness.c
 a wrong metric never hides a wrong gradient behind the same finding.
 Properties: ``matches_reference`` (against the exact step); ``partition_invariant``
 (the same step under every other micro-batch size, token budget and DP size); ``mask_invariant`` (garbage in the advantages and the
-rollout log-probs at masked positions and other token ids at padded positions leave the step unchanged). An
+rollout log-probs at masked positions and other token ids at padded positions leave the step unchanged; garbage in
+the rollout log-probs alone too, so that a leak of theirs is not hidden behind one of the advantages). An
 importance weight that moves with the current policy, or carries its gradient, fails ``matches_reference`` of
-the TIS variant (the reference's weight is a constant of the old and rollout log-probs); a normaliser counted
+the TIS variants (the reference's weight is a constant of the old and rollout log-probs); a normaliser counted
 before the rejection fails it in the rejection variants.
 """
 
@@ -63,6 +66,9 @@ REJECTION = (("seq_mean", "k1", 0.8, 1.25),)
 REJECTED_ROW = "a row removed by rollout rejection"
 #: the TIS cap of the TIS variant (verl ``rollout_is_threshold`` default)
 IS_CAP = 2.0
+#: the cap of the sequence-TIS variant (SkyRL's ``sequence_tis_ratio_clip_high`` default): one weight per row,
+#: min(exp(Σ log(π_old/π_rollout)), cap), whose drawn rows fall on both sides of it (:data:`SEQ_ROW_LOG_RATIOS`)
+SEQ_IS_CAP = 5.0
 #: the KL loss of the KL variants: a coefficient large enough to move the gradient, with verl's default estimator
 #: (k3, ``low_var_kl``) or k1 (log π/π_ref) or k2 (½ (log π/π_ref)², verl ``mse``)
 KL = {"kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl"}
@@ -77,6 +83,7 @@ VARIANTS = {
     "token-mean": ("token-mean", {}),
     "seq-mean-token-mean": ("seq-mean-token-mean", {}),
     "token-mean-with-tis": ("token-mean", {"is_level": "token", "is_cap": IS_CAP}),
+    "token-mean-with-seq-tis": ("token-mean", {"is_level": "sequence_product", "is_cap": SEQ_IS_CAP}),
     "token-mean-with-rejection": ("token-mean", {"rejection": REJECTION}),
     "seq-mean-token-mean-with-rejection": ("seq-mean-token-mean", {"rejection": REJECTION}),
     **{name: ("token-mean", dict(KL, kl_loss_type=estimator)) for estimator, name in KL_VARIANTS.items()},
@@ -89,6 +96,10 @@ REGIMES = {variant_regime(mode, DATA): ("float32",) for mode in MODES}
 #: ratios fall on both sides of the TIS cap (log 2 ≈ 0.69), never within 0.1 of it
 ROW_LOG_RATIOS = (0.0, 0.1, -0.5, 0.5)
 TOKEN_SPREAD = 0.3
+#: per-row Σ log(π_old/π_rollout) over the valid tokens, for the sequence-TIS variant: the row's ratio below the cap
+#: (0, 0.5, −1: ratios 1, 1.65, 0.37) or above it (2, 3: ratios 7.39, 20.1), each ≥ 10 % from :data:`SEQ_IS_CAP`
+#: (1.65 is 0.33·cap, 7.39 is 1.48·cap); spread over the row's tokens evenly, plus the zero-sum ±0.3 token spread
+SEQ_ROW_LOG_RATIOS = ((0.0, 0.5, -1.0), (2.0, 3.0))
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
 #: the sampling temperatures drawn; 1 first, so that a failure that needs a temperature ≠ 1 shrinks to one and
 #: one that does not shrinks to 1
@@ -120,8 +131,11 @@ def _parameters(variant: str) -> str:
     """The variant's knobs in words, as a row, replay and explain print them."""
     mode, rc = VARIANTS[variant]
     words = [f"loss_agg_mode {mode}", "clip ε 0.2, dual-clip c 3"]
-    if rc.get("is_level"):
-        words.append(f"{rc['is_level']} TIS: weight min(π_old/π_rollout, {rc['is_cap']:g}), no gradient")
+    if rc.get("is_level") == "token":
+        words.append(f"token TIS: weight min(π_old/π_rollout, {rc['is_cap']:g}), no gradient")
+    elif rc.get("is_level"):
+        words.append(f"sequence TIS: one weight per row, min(exp(Σ_valid tokens log(π_old/π_rollout)), "
+                     f"{rc['is_cap']:g}), at each of its valid tokens, no gradient")
     for level, est, lower, upper in rc.get("rejection", ()):
         words.append(f"rejection {level.replace('_', '-')} {est}: a row kept for {lower:g} ≤ r ≤ {upper:g} "
                      "(r = π_old/π_rollout)")
@@ -140,19 +154,31 @@ OPS = tuple(
                        (METRICS_OP, "the metrics the step logs (pg_loss, entropy_loss, pg_clipfrac, ppo_kl, ...)")))
 
 
-def _rollout_log_probs(draw, inp: dict) -> np.ndarray:
+def _rollout_log_probs(draw, inp: dict, sequence: bool = False) -> np.ndarray:
     """The rollout's log-probs float32 ``[B, R]`` (module doc): the exact proximal log-probs minus a per-row log-ratio
     of :data:`ROW_LOG_RATIOS` (one row kept, one rejected when there are two) plus a zero-sum per-token spread;
-    0 at masked positions, as a trainer pads them."""
+    0 at masked positions, as a trainer pads them. ``sequence``: each row's log-ratios sum to one of
+    :data:`SEQ_ROW_LOG_RATIOS` instead (one row below the sequence cap, one above it when two rows have a valid
+    token)."""
     mask = np.asarray(inp["response_mask"], bool)
     rows = len(mask)
     old = R.step_log_probs(inp["old_embed"], inp["old_head"], inp["input_ids"], mask.shape[1],
                            float(np.float32(inp["temperature"])))
-    shifts = [draw(st.sampled_from(ROW_LOG_RATIOS)) for _ in range(rows)]
-    kept_row = draw(st.integers(0, rows - 1))
-    shifts[kept_row] = draw(st.sampled_from(ROW_LOG_RATIOS[:2]))
-    if rows > 1:
-        shifts[(kept_row + 1) % rows] = draw(st.sampled_from(ROW_LOG_RATIOS[2:]))
+    if sequence:
+        live = np.flatnonzero(mask.any(1))
+        below, above = SEQ_ROW_LOG_RATIOS
+        sums = {int(i): draw(st.sampled_from(below + above)) for i in live}
+        pick = draw(st.integers(0, len(live) - 1))
+        sums[int(live[pick])] = draw(st.sampled_from(below))
+        if len(live) > 1:
+            sums[int(live[(pick + 1) % len(live)])] = draw(st.sampled_from(above))
+        shifts = [sums.get(i, 0.0) / max(int(mask[i].sum()), 1) for i in range(rows)]
+    else:
+        shifts = [draw(st.sampled_from(ROW_LOG_RATIOS)) for _ in range(rows)]
+        kept_row = draw(st.integers(0, rows - 1))
+        shifts[kept_row] = draw(st.sampled_from(ROW_LOG_RATIOS[:2]))
+        if rows > 1:
+            shifts[(kept_row + 1) % rows] = draw(st.sampled_from(ROW_LOG_RATIOS[2:]))
     delta = np.zeros(mask.shape)
     for i in range(rows):
         at = np.flatnonzero(mask[i])
@@ -187,6 +213,10 @@ def inputs(draw, variant: str):
             a = draw(st.integers(1, response_len[i] - 2))
             b = draw(st.integers(a + 1, response_len[i] - 1))
             response_mask[i, a:b] = 0
+    if VARIANTS[variant][1].get("is_level") == "sequence_product" and rows >= 3 and draw(st.booleans()):
+        # a row with no valid token (overlong filtering zeroes a truncated response's loss mask, SkyRL's
+        # apply_overlong_filtering): the sequence level's per-row statistics must not count it
+        response_mask[draw(st.integers(0, rows - 1))] = 0
     per_row = draw(st.booleans())
     adv = (rng.normal(size=(rows, 1)) * np.ones((1, response_width)) if per_row
            else rng.normal(size=(rows, response_width)))
@@ -210,7 +240,7 @@ def inputs(draw, variant: str):
         "garbage": draw(st.sampled_from(GARBAGE)), "seed": seed,
     }
     if "is_level" in correction or "rejection" in correction:
-        inp["rollout_log_probs"] = _rollout_log_probs(draw, inp)
+        inp["rollout_log_probs"] = _rollout_log_probs(draw, inp, correction.get("is_level") == "sequence_product")
     if correction.get("kl_loss_coef"):
         scale = draw(st.sampled_from(REF_NOISE))
         inp["ref_embed"] = embed + scale * rng.normal(size=embed.shape)
@@ -313,6 +343,19 @@ def _rejected(old_lp, batch, mask, options) -> torch.Tensor:
     return torch.from_numpy(kept > 0)
 
 
+#: the TIS levels of the float32 step (:func:`rlconform.reference.importance_ratio`'s names)
+IS_LEVELS = ("token", "sequence_product")
+
+
+def _ratio(lp, rollout, m, level: str) -> torch.Tensor:
+    """π/π_rollout at the valid tokens of ``m`` (0 elsewhere): per token, or (``sequence_product``) each row's
+    exp(Σ log-ratio over its valid tokens) at every valid token of the row."""
+    log_ratio = torch.where(m, lp - rollout, 0.0)
+    if level == "sequence_product":
+        log_ratio = log_ratio.sum(1, keepdim=True).expand_as(log_ratio)
+    return torch.where(m, torch.exp(log_ratio), 0.0)
+
+
 def _k3(lp, ref):
     d = ref - lp  # e^d − d − 1, clamped as verl and SkyRL clamp it
     return (torch.exp(d.clamp(-20, 20)) - d - 1).clamp(-10, 10)
@@ -333,8 +376,9 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     (no gradient), then the micro-batch loop (rows
     ``[a, a + micro_batch_size)``) with the mini-batch's normaliser, one backward per micro-batch, gradients
     accumulated; metrics token-weighted over the mini-batch. With a rollout correction in ``kn`` the rejected
-    tokens leave the mask before anything is counted and the TIS weight min(exp(old − rollout), cap), a constant,
-    multiplies each token's loss. The keyword flaws are the mutants' (the reference binding passes none): the
+    tokens leave the mask before anything is counted and the TIS weight min(exp(old − rollout), cap) (per token, or
+    with ``rollout_is="sequence_product"`` one per row, exp of the row's summed log-ratio), a constant, multiplies
+    each token's loss. The keyword flaws are the mutants' (the reference binding passes none): the
     current logits divided ``temperature_times`` times, the old path without temperature, each micro-batch
     normalised by its own count, masked advantages kept (NaN · 0), the token fractions logged as the mean of
     per-micro-batch means, the TIS weight from the current log-probs (it moves with the policy and carries a
@@ -358,17 +402,22 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     if kn.get("rollout_rejection"):
         m_all = _rejected(old_lp, batch, m_batch, kn["rollout_rejection"])
         counted = m_batch if count_before_rejection or kn.get("rejection_normaliser") == "batch" else m_all
-    weights, is_metrics = None, {}
-    if kn.get("rollout_is"):
-        if kn["rollout_is"] != "token":
-            raise ValueError(f"the float32 step has token-level TIS only, not {kn['rollout_is']!r}")
+    weights, is_metrics, level = None, {}, kn.get("rollout_is")
+    if level:
+        if level not in IS_LEVELS:
+            raise ValueError(f"the float32 step has the TIS levels {', '.join(IS_LEVELS)}, not {level!r}")
+        cap = kn["rollout_is_cap"]
         rollout = torch.where(m_all, batch["rollout_log_probs"], 0.0)
-        raw = torch.where(m_all, torch.exp(old_lp - rollout), 0.0)
-        weights = torch.where(m_all, torch.clamp(raw, max=kn["rollout_is_cap"]), 0.0)
-        shown = (raw if kn.get("is_metric_weights") == "raw" else weights)[m_all]
-        above = (weights if fraction_after_truncation else raw)[m_all] > kn["rollout_is_cap"]
-        is_metrics = {"rollout_is_mean": float(shown.mean()), "rollout_is_min": float(shown.min()),
-                      "rollout_is_max": float(shown.max()), "rollout_is_fraction_high": float(above.float().mean())}
+        raw = _ratio(old_lp, rollout, m_all, level)
+        weights = torch.where(m_all, torch.clamp(raw, max=cap), 0.0)
+        of = {"applied": weights, "raw": raw, "raw_token": _ratio(old_lp, rollout, m_all, "token")}
+        shown = of[kn.get("is_metric_weights") or "applied"][m_all]
+        extremes = of[kn.get("is_extreme_weights") or kn.get("is_metric_weights") or "applied"][m_all]
+        above = m_all & ((weights if fraction_after_truncation else raw) > cap)
+        # token level: a fraction of the kept tokens; sequence level: of the rows with a kept token
+        high = above[m_all] if level == "token" else above.any(1)[m_all.any(1)]
+        is_metrics = {"rollout_is_mean": float(shown.mean()), "rollout_is_min": float(extremes.min()),
+                      "rollout_is_max": float(extremes.max()), "rollout_is_fraction_high": float(high.float().mean())}
     rows, nnz = int((counted.sum(1) > 0).sum()), counted.sum()
     ref_lp, kl_coef = None, float(kn.get("kl_loss_coef") or 0.0)
     if kl_coef:
@@ -415,7 +464,7 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
             w = weights[a:b]
             if weight_from_current:
                 rollout = torch.where(m, micro["rollout_log_probs"], 0.0)
-                w = torch.where(m, torch.clamp(torch.exp(lp - rollout), max=kn["rollout_is_cap"]), 0.0)
+                w = torch.where(m, torch.clamp(_ratio(lp, rollout, m, level), max=kn["rollout_is_cap"]), 0.0)
             pg = pg * w
         n, r = (m.sum(), int((m.sum(1) > 0).sum())) if micro_normaliser else (nnz, rows)
         if rank_normaliser and dp > 1:  # the rank's own count, its gradient averaged over the ranks
@@ -563,7 +612,7 @@ def evaluate(binding, case) -> Evaluation:
     ev = Evaluation()
     if conventions:
         ev.declared = next(d.name for d in declared if d.kind == "convention" and d.reference
-                           and d.concerns(case.op, inp["mode"]))
+                           and d.concerns(case.op, variant))
     base = micro_sizes[0]
     out = run_step(step, inp, base)
     logged = tuple(step.metrics)
@@ -605,6 +654,11 @@ def evaluate(binding, case) -> Evaluation:
         out = run_step(step, inp, base, **changes)
         v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base), ev, logged, case.op)
         ev.alternatives.append((what, v + g))
+        if "rollout_log_probs" in changes:  # alone too: a leak of theirs is not hidden behind the advantages'
+            what = f"masked rollout log-probs = {garbage!r}, advantages clean ({variant})"
+            out = run_step(step, inp, base, rollout_log_probs=changes["rollout_log_probs"])
+            v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base), ev, logged, case.op)
+            ev.alternatives.append((what, v + g))
     return ev
 
 
@@ -631,6 +685,8 @@ def trigger(case, clauses, kind) -> str | None:
     * one micro-batch with a row the rejection removed: "a row removed by rollout rejection" (a binding may word it
       as its aggregation's edge trigger, verl's "a row with no valid token, as sequence-level rollout rejection
       …", so that a normaliser counting the row joins the aggregation's defect);
+    * one micro-batch with a row that has no valid token (the sequence-TIS variant draws one): "a row with no valid
+      token";
     * one micro-batch at a temperature ≠ 1: "a sampling temperature ≠ 1";
     * a mask_invariant or partition_invariant failure, or anything else: the generic trigger."""
     inp = case.inputs
@@ -643,6 +699,8 @@ def trigger(case, clauses, kind) -> str | None:
         return None
     if len(rejected_rows(inp)):
         return REJECTED_ROW
+    if not np.asarray(inp.get("response_mask", [[1]]), bool).any(1).all():
+        return "a row with no valid token"
     if float(inp.get("temperature", 1.0)) != 1.0:
         return "a sampling temperature ≠ 1"
     return None

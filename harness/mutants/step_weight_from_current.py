@@ -8,5 +8,6 @@ EXPECTED = [("policy_step", "matches_reference"), ("policy_step_metrics", "match
 CAUGHT_BY = [  # findings that fail under the CI profile; tests/test_mutants.py checks only these
     "policy_step.matches_reference.float32.token-mean-with-tis@trainer_batches",
     "policy_step_metrics.matches_reference.float32.token-mean-with-tis@trainer_batches",
+    "policy_step.matches_reference.float32.token-mean-with-seq-tis@trainer_batches",
 ]
 binding = step_mutant("step_weight_from_current", __doc__, weight_from_current=True)
