@@ -132,3 +132,32 @@ def test_coverage_lists_what_discovery_finds_outside_the_module_list(fake_pkg):
     inv = inventory(binding)
     assert inv.unbound() == [] and inv.stale == []
     assert {it.name: it.reason for it in inv.items}[f"{PKG}.losses.entropy"] == "model forward: test"
+
+
+def test_a_file_read_before_is_not_parsed_again_and_an_edited_one_is(fake_pkg, tmp_path, monkeypatch):
+    """The readings kept by file content give what parsing gives; an edit is read afresh; without the cache
+    (RLCONFORM_NO_CACHE) every file is parsed."""
+    import ast
+
+    import rlconform.harness.catalog.discovery as D
+
+    monkeypatch.setenv("RLCONFORM_CACHE_DIR", str(tmp_path / "cache"))
+    fields = lambda found: [(f.module, f.qualname, f.kind, f.file, f.line, f.signals, f.path) for f in found]  # noqa: E731
+    parsed, _ = discover(PKG)
+    first, _ = discover(PKG, reuse=True)
+    assert fields(first) == fields(parsed) and (tmp_path / "cache" / "discovery" / f"{PKG}.json").is_file()
+    parses = []
+    real_parse = ast.parse
+    monkeypatch.setattr(D.ast, "parse", lambda *a, **k: parses.append(a[1]) or real_parse(*a, **k))
+    again, _ = discover(PKG, reuse=True)
+    assert fields(again) == fields(parsed) and parses == []  # every file's reading reused
+    assert all(f.node is None for f in again)
+    losses = fake_pkg / "losses.py"
+    losses.write_text(losses.read_text() + "\n\ndef added_entropy(logits):\n    return logits.logsumexp(-1)\n")
+    edited, _ = discover(PKG, reuse=True)
+    assert parses == [str(losses)]  # only the edited file
+    assert fields(edited) == fields(discover(PKG)[0]) and "added_entropy" in {f.qualname for f in edited}
+    monkeypatch.setenv("RLCONFORM_NO_CACHE", "1")
+    parses.clear()
+    discover(PKG, reuse=True)
+    assert str(losses) in parses

@@ -38,11 +38,9 @@ KEYED_ENV = ("CUDA_VISIBLE_DEVICES",)
 
 def cache_dir() -> str | None:
     """The folder of the cache, or None when ``RLCONFORM_NO_CACHE`` is set."""
-    if os.environ.get("RLCONFORM_NO_CACHE"):
-        return None
-    root = os.environ.get("RLCONFORM_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "rlconform")
-    return os.path.join(root, "engine-meta")
+    from rlconform.harness.core.user_cache import cache_folder
+
+    return cache_folder("engine-meta")
 
 
 def _package_dirs(name: str) -> list[str]:

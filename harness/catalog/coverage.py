@@ -534,7 +534,7 @@ def _discovered_items(spec, items: list[Item], errors: list[str]) -> dict:
     read_errors: list[str] = []
     for package in packages:
         try:
-            found, errs = discover(package)
+            found, errs = discover(package, reuse=True)  # the table needs no syntax tree
         except FileNotFoundError as exc:
             errors.append(f"discovery: {exc}")
             continue

@@ -263,10 +263,81 @@ def _file_found(module: str, path: str, top_dir: str, tree: ast.Module) -> list[
     return out
 
 
-def discover(package: str, root: str | None = None) -> tuple[list[Found], list[str]]:
+#: how many cached files' readings a package's cache keeps beyond those of the latest run (older forks' files)
+KEEP_BEYOND_RUN = 2000
+
+
+def _rule_digest() -> str:
+    """A digest of this module's source: the rule a cached reading was made with."""
+    import hashlib
+
+    with open(__file__, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+class _Readings:
+    """Discovery's readings of source files, kept by the sha256 of each file's bytes (``user_cache`` folder
+    ``discovery``, one JSON file per top-level package): a fork that changes one file of a package is read
+    afresh in that file only. Each reading is ``[qualname, kind, line, signals]`` per found function (a
+    function of the file's text alone); the store is rewritten with the readings this run used first, and up to
+    :data:`KEEP_BEYOND_RUN` others, when a file was read afresh. Any error reading or writing it is ignored."""
+
+    def __init__(self, package: str):
+        import json
+
+        from rlconform.harness.core.user_cache import cache_folder
+
+        folder = cache_folder("discovery")
+        self.path = os.path.join(folder, f"{package.split('.')[0]}.json") if folder else None
+        self.rule, self.stored, self.used, self.added = _rule_digest(), {}, {}, False
+        if self.path:
+            try:
+                with open(self.path, encoding="utf-8") as fh:
+                    doc = json.load(fh)
+                if doc.get("rule") == self.rule and isinstance(doc.get("files"), dict):
+                    self.stored = doc["files"]
+            except (OSError, ValueError, AttributeError):
+                pass
+
+    def get(self, digest: str):
+        entry = self.stored.get(digest)
+        if entry is not None:
+            self.used[digest] = entry
+        return entry
+
+    def put(self, digest: str, found: list) -> None:
+        self.used[digest] = [[f.qualname, f.kind, f.line, list(f.signals)] for f in found]
+        self.added = True
+
+    def save(self) -> None:
+        if not (self.path and self.added):
+            return
+        import json
+        import tempfile
+
+        files = dict(self.used)
+        for digest, entry in self.stored.items():
+            if len(files) >= len(self.used) + KEEP_BEYOND_RUN:
+                break
+            files.setdefault(digest, entry)
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"rule": self.rule, "files": files}, fh)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
+def discover(package: str, root: str | None = None, *, reuse: bool = False) -> tuple[list[Found], list[str]]:
     """Every numerics function of ``package`` (dotted name; ``root``: its folder, default found on
     ``sys.path`` by :func:`package_dir`), in file and line order, and the files that could not be read
-    or parsed (``"path: error"``). Raises ``FileNotFoundError`` when the package is not found."""
+    or parsed (``"path: error"``). ``reuse``: a file whose bytes were read before (by any checkout: a fork
+    shares all but its changed files with the engine it forks) is not parsed again (:class:`_Readings`); its
+    :attr:`Found.node` is then None. Raises ``FileNotFoundError`` when the package is not found."""
+    import hashlib
+
     root = root or package_dir(package)
     if root is None:
         raise FileNotFoundError(f"package {package!r} is not on sys.path")
@@ -275,16 +346,29 @@ def discover(package: str, root: str | None = None) -> tuple[list[Found], list[s
         top_dir = os.path.dirname(top_dir)
     found: list[Found] = []
     errors: list[str] = []
+    readings = _Readings(package) if reuse else None
     for module, path in iter_sources(package, root):
         if any(not _public(p) for p in module.split(".")[package.count(".") + 1:]):
             continue  # a private module (`_utils`): its functions are helpers of the public ones
         try:
             if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or device named *.py: opening it would block
                 raise OSError(f"not a regular file: {path}")
-            with open(path, encoding="utf-8") as fh:
-                tree = ast.parse(fh.read(), path)
+            with open(path, "rb") as fh:
+                data = fh.read()
+            digest = hashlib.sha256(data).hexdigest() if readings else ""
+            entry = readings.get(digest) if readings else None
+            if entry is not None:
+                rel = os.path.relpath(path, top_dir)
+                found += [Found(module, q, kind, rel, line, tuple(sig), None, path) for q, kind, line, sig in entry]
+                continue
+            tree = ast.parse(data.decode("utf-8"), path)
         except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError) as exc:
             errors.append(f"{os.path.relpath(path, top_dir)}: {type(exc).__name__}: {exc}")
             continue
-        found += _file_found(module, path, top_dir, tree)
+        in_file = _file_found(module, path, top_dir, tree)
+        if readings:
+            readings.put(digest, in_file)
+        found += in_file
+    if readings:
+        readings.save()
     return found, errors
