@@ -13,7 +13,7 @@ import forked_cli
 import pytest
 
 from rlconform.harness.cli import main
-from rlconform.harness.report.ledger_text import ledger_lines
+from rlconform.harness.report.ledger_text import MARGINAL_MEMBER, ledger_lines
 from rlconform.harness.report.xfails import XfailsError, defect_key, parse_ledger, parse_xfails
 from rlconform.harness.run import pytest_plugin, status
 
@@ -60,8 +60,9 @@ def test_rlconform_ledger_writes_one_line_per_defect_and_reads_it_back(tmp_path)
                               "entropy.finite_where_reference_finite  # trigger(s): a −inf logit; any input — ")
     members = sorted([*ids, "entropy.finite_where_reference_finite.float16.neg_inf_padded"])
     # its members: the failing ones and the marginal one of its scope, each with its worst error over tolerance
-    # where the report has one
-    assert body[1:5] == [f"    {m}" + ("  max_ratio 2" if m.split(".")[2] == "float16" else "") for m in members]
+    # where the report has one; the marginal one says it is green here (and is read back as a member all the same)
+    assert body[1:5] == [f"    {m}" + ("  max_ratio 2" + MARGINAL_MEMBER if m.split(".")[2] == "float16" else "")
+                         for m in members]
     assert body[5:] == ["entropy.matches_reference.float32.moderate  # marginal: value: engine nan where the reference "
                         "is finite (0.0) at flat index 0"]  # the marginal one above the band's centre only
     path = tmp_path / "xfails.txt"
@@ -435,3 +436,4 @@ def test_a_crash_member_records_no_magnitude():
     lines = ledger_lines({"engine": {"name": "verl", "version": "0.9.1"}, "findings": [crash, listed, nan_row]}, "r")
     assert f"    {crash['id']}" in lines and f"    {listed['id']}" in lines, lines
     assert f"    {nan_row['id']}  max_ratio 0" in lines, lines
+

@@ -34,6 +34,11 @@ KEY_RULE = ("# A defect line accepts the failures of the findings indented under
             "# (fixed: remove the line).")
 
 
+#: the comment of a member that passed, within the margin band, when the ledger was written: it is listed because
+#: another CPU's last bits may take it past the band, not because it fails here (a reader would take it for a failure)
+MARGINAL_MEMBER = "  # marginal: green here, within the margin band; listed for CPUs whose last bits differ"
+
+
 def _magnitude(ratio) -> str:
     """A member line's ``max_ratio`` field (its worst error over tolerance, three significant digits), or
     nothing when the report has none (a crash)."""
@@ -76,6 +81,7 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
 
     scoped: set = set()  # (op, property) pairs a defect line's scope holds
     marginal = [f for f in doc["findings"] if f.get("status") == "marginal"]
+    marginal_ids = {f["id"] for f in marginal}
     # each member line's magnitude; a crash has no error over tolerance that could grow
     ratios = {f["id"]: None if "crash" in (f.get("status"), f.get("xfail_of")) else f.get("max_ratio")
               for f in doc["findings"]}
@@ -93,7 +99,8 @@ def ledger_lines(doc: dict, source: str) -> list[str]:
                                             if (f.get("op"), f.get("property")) in scope - scoped}
         scoped |= scope
         out.append(defect_line(key, scope, reason))
-        out += [f"    {fid}" + _magnitude(ratios.get(fid)) for fid in sorted(ids)]
+        out += [f"    {fid}" + _magnitude(ratios.get(fid)) + (MARGINAL_MEMBER if fid in marginal_ids else "")
+                for fid in sorted(ids)]
     for f in sorted(doc["findings"], key=lambda f: f["id"]):
         if (f.get("status") == "marginal" and (f.get("max_ratio") or 0) > LEDGER_ABOVE
                 and (f.get("op"), f.get("property")) not in scoped):
