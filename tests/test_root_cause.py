@@ -118,9 +118,14 @@ def test_verl_sites_name_the_engine_function():
     s, _ = finding_site(b, "value_loss", "partition_invariant", "token-mean@moderate", vf, metric=True,
                         trigger="more than one micro-batch")
     assert s["function"] == "value_loss" and "vf_clipfrac" in s["output_anchor"]
-    # a DP rank's mean of means is the fold's own (no output rule of the op)
-    assert finding_site(b, "dp_metric_all_reduce", "partition_invariant", "dp2_imbalanced", pg, metric=True,
-                        trigger="a DP rank with no valid token")[0]["function"] == "Metric.aggregate_dp"
+    # the DP gather and the metric chain of a metric marked MEAN (modelled on actor/pg_clipfrac) are the marking's
+    dp = [failure.Clause("difference", "unsharded (DP = 1)")]
+    for op, regime in (("dp_metric_all_reduce", "dp2_imbalanced"), ("metric_pipeline", "imbalanced_partitions")):
+        assert finding_site(b, op, "partition_invariant", regime, dp, metric=True,
+                            trigger="a DP rank with no valid token")[0]["function"] == "ppo_loss"
+    # the fold is still the site where no output rule names the marking (metric_statistics' own emitters)
+    assert finding_site(b, "metric_statistics", "partition_invariant", "python_values", dp, metric=True,
+                        trigger="a micro-batch with no valid token")[0]["function"] == "Metric.aggregate_dp"
     after, _ = finding_site(b, "vocab_parallel_sum_pi_squared", "non_destructive", "tp2_after_entropy",
                             [failure.mutation("logits", "backward", "rank 0 (tp 0): after vocab_parallel_entropy "
                                               "backward, a producer that saved the logits for backward could not "

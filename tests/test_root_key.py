@@ -700,3 +700,21 @@ def test_a_variant_that_fails_only_in_another_dtype_is_its_own_precision_defect(
                       trig="a group with equal scores")]
     doc = annotate({"engine": {"engine_dtypes": {"outcome_advantage": ["float32"]}}, "findings": joined})
     assert [d["id"] for d in doc["defects"]] == [f"{CORE}.compute_grpo_vectorized_outcome_advantage.wrong-value"]
+
+
+def test_a_wrong_value_in_an_empty_micro_batch_joins_its_functions_micro_batch_dependence():
+    """An empty micro-batch is one of several: a wrong value under it is the same partition's effect as the
+    function's partition dependence under "more than one micro-batch"; another trigger stays its own row, and so
+    does an empty DP rank (another partition)."""
+    step = {"function": "Worker._forward_backward_micro", "module": "eng.worker", "file": "eng/worker.py", "line": 9}
+    fs = [_f("policy_step.partition_invariant.float32.token-mean@b", HALF, site=step, trig="more than one micro-batch"),
+          _f("policy_step.matches_reference.float32.seq-tis@b", HALF, site=step, trig="a micro-batch with no valid token"),
+          _f("policy_step.matches_reference.float32.rejection@b", HALF, site=step, trig="a row the correction masks"),
+          _f("policy_step.matches_reference.float32.dp@b", HALF, site=step, trig="a DP rank with no valid token")]
+    doc = annotate({"findings": fs})
+    by = {d["signature"]["kind"] + " | " + "; ".join(sorted(d["triggers"])): sorted(d["members"])
+          for d in doc["defects"]}
+    assert by["partition dependence | a micro-batch with no valid token; more than one micro-batch"] == sorted(
+        f["id"] for f in fs[:2])
+    assert by["wrong value | a DP rank with no valid token; a row the correction masks"] == sorted(
+        f["id"] for f in fs[2:])

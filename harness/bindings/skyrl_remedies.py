@@ -60,8 +60,9 @@ REMEDIES = {
             "rollout log-prob at a masked position gives NaN · 0 = NaN, so the row's weight is NaN and so is the "
             "loss at every valid token of the row",
             "zero the masked log-ratios before the row sum (torch.where(loss_mask.bool(), token_tis_log_ratio, 0))",
-            "with tis_ratio_type=sequence, one NaN log-prob in a row's padding makes the step's loss and gradient "
-            "NaN"),
+            "with tis_ratio_type=sequence, one non-finite rollout log-prob at a loss-masked position makes the step's "
+            "loss and gradient NaN: SkyRL pads with zeros, so it takes a loss-masked generated token whose log-prob "
+            "the inference engine returned as NaN or −inf (an overlong-filtered response keeps its log-probs)"),
         "wrong value": (
             "`num_sequences = seq_tis_ratio.shape[0]` counts every row in tis_seq_clip_high_ratio, rows with no "
             "valid token included",

@@ -1475,7 +1475,10 @@ _PG_METRICS_MEAN = (r"\bmetric (pg_clipfrac|pg_clipfrac_lower|ppo_kl)\b", "verl.
 _SEQ_IS_ROWS = (r"^metric rollout_is_(fraction_high|min|max)\b", f"{RC}:compute_is_metrics", "no valid token",
                 r'metrics\["rollout_is_ratio_fraction_high"\] = exceeds_upper\.float\(\)\.mean\(\)\.item\(\)',
                 "sequence_level")
+#: the DP gather and the worker's metric chain of a metric marked MEAN (modelled on actor/pg_clipfrac): the marking's
+_MEAN_MARKED = (r".", _PG_METRICS_MEAN[1], "", _PG_METRICS_MEAN[3])
 OUTPUT_SITES = {"policy_step_metrics": (_PG_METRICS_MEAN, _SEQ_IS_ROWS), "policy_loss": (_PG_METRICS_MEAN,),
+                "dp_metric_all_reduce": (_MEAN_MARKED,), "metric_pipeline": (_MEAN_MARKED,),
                 # value_loss logs the critic's clip fraction as a plain float per micro-batch (averaged as they come)
                 "value_loss": ((r"\bmetric vf_clipfrac\b", "verl.workers.utils.losses:value_loss", "micro-batch",
                                 r'"critic/vf_clipfrac": vf_clipfrac\.detach\(\)\.item\(\)'),),

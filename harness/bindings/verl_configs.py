@@ -21,7 +21,7 @@ DEFAULTS = {
     f"{ALGO}.adv_estimator": "gae", f"{ALGO}.norm_adv_by_std_in_grpo": True, f"{ALGO}.use_kl_in_reward": False,
     f"{ALGO}.kl_penalty": "kl", f"{RC}.rollout_is": None, f"{RC}.rollout_is_threshold": 2.0,
     f"{RC}.rollout_rs": None, f"{RC}.rollout_rs_threshold": None, f"{RC}.rollout_is_batch_normalize": False,
-    f"{A}.calculate_entropy": False,
+    f"{A}.calculate_entropy": False, "critic.enable": None,
 }
 #: a key a configuration sets through another: ``model_engine=megatron`` (Hydra's defaults override,
 #: ppo_megatron_trainer.yaml) selects the Megatron engine
@@ -135,8 +135,10 @@ SITES = {
         "": ((FSDP, (f"{A}.calculate_sum_pi_squared", "==", True)),)},
     # every actor update runs it
     "verl.workers.utils.losses.ppo_loss": {"": ((),)},
-    # the critic's loss: only GAE trains a critic
-    "verl.workers.utils.losses.value_loss": {"": (_estimator("gae"),)},
+    # the critic's loss: a critic is trained when critic.enable is true, or left unset with GAE
+    # (trainer/ppo/utils.py need_critic)
+    "verl.workers.utils.losses.value_loss": {"": ((("critic.enable", "==", True),),
+                                                  (*_estimator("gae"), ("critic.enable", "!=", False)))},
     # the seq-mean modes (and SAPO's row mean) divide by global_batch_size; the trigger adds the rejection
     "verl.trainer.ppo.core_algos.agg_loss": {
         "wrong value": (((f"{A}.loss_agg_mode", "in", ("seq-mean-token-mean", "seq-mean-token-sum",

@@ -14,8 +14,9 @@ REMEDIES = {
             "`pg_loss = torch.mean(pg_losses)` averages GMPO's per-sequence losses over the micro-batch's rows, and "
             "the trainer adds the micro-batches' losses up, so the loss is the mini-batch's times the number of "
             "micro-batches each rank runs",
-            "divide the sum of the per-sequence losses by global_batch_size and multiply by dp_size, as agg_loss's "
-            "seq-mean line does, instead of taking the micro-batch's mean",
+            "aggregate the per-sequence losses over the mini-batch as agg_loss's seq-mean modes do (through agg_loss "
+            "with config.global_batch_info, so that the fix of agg_loss's seq-mean normaliser reaches GMPO too) "
+            "instead of taking the micro-batch's mean",
             "with loss_mode=geo_mean the gradient is scaled by the micro-batches per rank (ppo_mini_batch_size · "
             "rollout.n / (DP · ppo_micro_batch_size_per_gpu), and with use_dynamic_bsz by the packing): the "
             "effective learning rate changes with the batch layout")},
@@ -88,8 +89,8 @@ REMEDIES = {
             "`… / (c - 1).clamp_min(1)) * (c > 1)` gives a group of one sample the advantage 0, while "
             "compute_rloo_outcome_advantage (the loop implementation) keeps its score",
             "keep the score where c == 1 (torch.where(c > 1, adv, scores)), as the loop implementation does",
-            "with adv_estimator=rloo_vectorized, a prompt left with one sample (n=1, or a group the filter "
-            "shrank) gets no gradient instead of its score's")},
+            "with adv_estimator=rloo_vectorized, a group of one sample gets no gradient, where the loop "
+            "implementation of the same estimator keeps its score: the two implementations disagree")},
     f"{RC}.compute_rollout_rejection_mask": {
         "wrong value": (
             "`token_k1 = -log_ratio_safe` (the statistic of every k1 level) is −log r, and the lower_upper "
@@ -109,8 +110,8 @@ REMEDIES = {
     f"{RC}.compute_is_metrics[sequence_level]": {
         "wrong value": (
             "at the sequence level `exceeds_upper.float().mean()`, `log_ratio_for_metrics.min()` and `.max()` run "
-            "over every row's log-ratio sum: a row with no valid token (masked_sum 0, ratio 1) is counted in the "
-            "fraction above the cap and can be the minimum",
+            "over every row's log-ratio sum: a row with no valid token (an empty response: masked_sum 0, ratio 1) "
+            "is in the denominator of the fractions above and below the cap and can be the minimum or the maximum",
             "take them over the rows that hold a valid token (response_mask.any(-1))")},
     f"{RC}.compute_is_metrics": {
         "crash:ZeroDivisionError": (
@@ -142,16 +143,18 @@ REMEDIES = {
             "is NaN there, and masked_sum's torch.where gives a finite loss but a NaN gradient through the product",
             "zero the advantages (and the log-ratios) at masked positions before policy_loss_fn"),
         "partition dependence": (
-            "ppo_loss marks the policy loss's metrics (pg_clipfrac, pg_clipfrac_lower, ppo_kl: fractions and means "
-            "over one micro-batch's tokens) AggregationType.MEAN, so Metric.aggregate_dp logs a mean of micro-batch "
-            "means; the comment's assumption that policy_loss_fn normalises them by the global tokens holds for "
-            "pg_loss only",
-            "scale each by the micro-batch's tokens · dp_size / batch_num_tokens (as agg_loss's token-mean scales "
-            "the loss) and aggregate them with SUM, as pg_loss is")},
+            "ppo_loss marks the policy loss's metrics AggregationType.MEAN, and pg_clipfrac, pg_clipfrac_lower and "
+            "ppo_kl are means over one micro-batch's tokens (the comment above it: 'normalizes by "
+            "local_bsz/local_tokens'): Metric.aggregate_dp then averages the micro-batches' and DP ranks' means "
+            "unweighted",
+            "for actor/pg_clipfrac, pg_clipfrac_lower and ppo_kl, scale each by the micro-batch's "
+            "response_mask.sum() · dp_size / batch_num_tokens and aggregate them with SUM, as pg_loss is (not the "
+            "other pg_metrics: bypass mode merges rollout_corr/ metrics, a min and a max among them, into them)")},
     "verl.workers.utils.losses.value_loss": {
         "partition dependence": (
             "value_loss logs vf_clipfrac, the clipped fraction of one micro-batch's tokens, as a plain float, and "
-            "the micro-batches' fractions are averaged: a mean of micro-batch means",
+            "the micro-batches' fractions are averaged: a mean of micro-batch means (critic/vpred_mean beside it "
+            "has the same form; it is not checked)",
             "log it as a Metric scaled by the micro-batch's tokens · dp_size / batch_num_tokens with "
             "AggregationType.SUM, as value_loss already does for vf_loss")},
     f"{CA}.compute_policy_loss_clip_cov": {

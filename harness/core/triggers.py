@@ -114,6 +114,17 @@ def _partition_trigger(clauses, inputs: dict, regime: str = "") -> str:
     return layout_trigger(regime) or "a different partition"
 
 
+def partition_of(trigger: str) -> str | None:
+    """The part a partition trigger names (``micro-batch``, ``DP rank``, ``CP rank``) — ``more than one
+    micro-batch`` and ``a micro-batch with no valid token`` alike (an empty part is one of several: the latter
+    is a case of the former) — or None for any other trigger."""
+    import re
+
+    m = re.fullmatch(r"more than one (micro-batch|DP rank|CP rank)|an? (micro-batch|DP rank|CP rank) with no valid "
+                     r"token", trigger or "")
+    return (m.group(1) or m.group(2)) if m else None
+
+
 def _micro_batches(inputs: dict) -> int:
     """The most micro-batches one DP rank holds over ``inputs['partitions']`` (0: no partitions)."""
     parts = inputs.get("partitions")

@@ -396,10 +396,13 @@ def _fold(keys: dict, findings: dict) -> dict:
 
 def _join_partition(keys: dict, findings: dict) -> dict:
     """A ``wrong value`` under the trigger of a ``partition dependence`` (or ``masked-value dependence``) of
-    the same place joins it, and so does a wrong logged metric of a place whose metric depends on the
+    the same place joins it (a trigger of the same partition counts as the same: ``a micro-batch with no valid
+    token`` is a case of ``more than one micro-batch``, :func:`~rlconform.harness.core.triggers.partition_of`),
+    and so does a wrong logged metric of a place whose metric depends on the
     partition, whatever its trigger (the function that folds shards' metrics: a mean of shard means is wrong
     on every uneven partition), and a rounding-sized ``partition_invariant`` failure of that function's
     metric (the same mean of means on a partition whose shards differ little) (see the module docstring)."""
+    from rlconform.harness.core.triggers import partition_of
     from rlconform.harness.report.severity import is_metric
 
     parted: dict[str, dict] = {}  # place -> trigger -> the dependence class it shows under that trigger
@@ -414,6 +417,9 @@ def _join_partition(keys: dict, findings: dict) -> dict:
         f = findings[fid]
         if cls == "wrong value":
             dep = parted.get(place, {}).get(trigger(f))
+            part = partition_of(trigger(f))
+            if dep is None and part:  # an empty micro-batch is one of several: the same partition's effect
+                dep = next((d for t, d in parted.get(place, {}).items() if partition_of(t) == part), None)
             if dep is not None:
                 return place, dep
             if place in metric_parted and is_metric(f):
