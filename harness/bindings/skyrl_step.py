@@ -232,7 +232,7 @@ def policy_step():
             raise RuntimeError(f"the step made {len(captured)} optimizer steps, expected 1 (one mini-batch)")
         keys = dict(METRIC_KEYS, **(SEQUENCE_METRIC_KEYS if kn.get("rollout_is") == "sequence_product" else {}))
         return {"old_log_probs": old, "grads": captured[0],
-                "metrics": {name: metrics[key] for name, key in keys.items() if key in metrics}}
+                "metrics": {name: metrics[key] for name, key in keys.items() if key in metrics}, "metric_keys": keys}
 
     return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS), token_budgets=True,
                       dp_sizes=(1, 2))

@@ -299,6 +299,7 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         # FSDP's gradient reduction: the mean of the ranks' gradients
         grads = {name: sum(a.engine.captured[0][name] for a in actors) / dp for name in actors[0].engine.captured[0]}
         return {"old_log_probs": old_log_probs, "grads": grads,
-                "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics}}
+                "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics},
+                "metric_keys": dict(METRIC_KEYS)}
 
     return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, token_budgets=True, dp_sizes=(1, 2))

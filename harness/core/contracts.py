@@ -84,7 +84,8 @@ class PolicyStep:
 
     It returns ``{"old_log_probs": [B, R] tensor, "grads": {parameter name: tensor} (the gradient the optimizer
     step would read, accumulated over the micro-batches), "metrics": {name: float}}`` with the metrics under
-    the catalog's names (:data:`STEP_METRICS`). ``modes``: the catalog variants of the step the binding drives
+    the catalog's names (:data:`STEP_METRICS`), and optionally ``"metric_keys": {name: the engine's key}`` (the
+    key the engine logs each under, ``actor/pg_clipfrac``: a finding's label shows it beside the name). ``modes``: the catalog variants of the step the binding drives
     (a loss_agg_mode, alone or ``<mode>-with-<correction>``); ``unchecked``: variant -> why the binding does
     not drive it (listed on the report).
     ``metrics``: the catalog's metrics the engine logs (each must be there and right; the others it does not

@@ -544,8 +544,10 @@ def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: 
 
 def _metrics(out: dict, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: Evaluation, logged) -> list:
     values = []
-    metrics = out.get("metrics") or {}
+    metrics, keys = out.get("metrics") or {}, out.get("metric_keys") or {}
     for name in logged:
+        # the catalog's name, and the key the engine logs it under (what its maintainer searches for)
+        shown = f"metric {name}" + (f" ({keys[name]})" if keys.get(name) and keys[name] != name else "")
         if name not in metrics and name in OPTIONAL_METRICS and not inp["entropy_coeff"]:
             continue  # no entropy bonus: a trainer need not compute (or log) the entropy term
         if name == "kl_loss" and not variant_knobs(inp).get("kl_loss_coef"):
@@ -553,10 +555,10 @@ def _metrics(out: dict, ref: dict, fa: dict, inp: dict, label: str, layout: dict
         if name in STEP_IS_METRICS and not variant_knobs(inp).get("is_level"):
             continue  # no importance weights: no diagnostics of them
         if name not in metrics:
-            ev.problems.append(problem_clause("lost metric", f"metric {name} missing from the step's metrics "
+            ev.problems.append(problem_clause("lost metric", f"{shown} missing from the step's metrics "
                                                              f"{sorted(metrics)} ({label})"))
             continue
-        values.append(Compared(f"metric {name}, {label}", np.float64(float(metrics[name])),
+        values.append(Compared(f"{shown}, {label}", np.float64(float(metrics[name])),
                                np.float64(ref["metrics"][name]), np.float64(fa["metrics"][name]), "float32",
                                "pipeline", quantity="metric", layout=layout))
     return values
