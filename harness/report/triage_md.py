@@ -38,6 +38,11 @@ CITE_NOTE = ("file:line is the faulty line, relative to the engine's package: a 
              "function's def.")
 
 
+#: the configuration alternatives a row's "Reached by" lists before "or …" (the longest list of the committed
+#: reports has 8)
+REACH_SHOWN = 12
+
+
 def counts_line(doc: dict) -> str:
     """Defects per severity and the findings they hold: :func:`rlconform.harness.report.triage.severity_counts`,
     the computation of report.json's ``triage`` (a defect's findings count under the defect's severity, its
@@ -242,7 +247,8 @@ def remedy_lines(defects: list[dict], budget: int = REMEDY_BUDGET) -> list[str]:
         else:
             text = f"{n}. {where} · {d['signature']['kind']}: no cause recorded by the binding."
         if d.get("reached_by") is not None:
-            text += f" **Reached by:** {describe(d['reached_by'])}."
+            # every alternative (a maintainer checks their configuration against the list: a cut list hides one)
+            text += f" **Reached by:** {describe(d['reached_by'], limit=REACH_SHOWN)}."
         if used + len(text) > budget:
             out.append(f"{n}–{len(order)}. … see report.json (defects[].remedy)")
             break
