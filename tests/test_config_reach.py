@@ -207,6 +207,22 @@ def test_a_function_that_runs_under_some_configuration_is_reached_only_there_wha
                                                                               table)
 
 
+def test_an_alternative_that_contradicts_the_trigger_is_dropped():
+    """SkyRL's reference log-probs reach training through the KL loss or the KL in the reward, never both: a row
+    whose trigger is the KL loss (use_kl_loss=True) is reached by the first alternative only."""
+    table = dict(TABLE, sites={"m.ref": {"": [[["kl_loss", "==", True], ["t", "!=", 1.0]],
+                                              [["kl_reward", "==", True], ["kl_loss", "==", False], ["t", "!=", 1.0]]]}},
+                 triggers=[["^use_kl_loss", [["kl_loss", "==", True]]]])
+    row = _row(["rollout_rejection_mask.token_k1_asym"], "use_kl_loss=True", engine_function={"module": "m",
+                                                                                           "function": "ref"})
+    assert alternatives(row, FINDINGS, table) == [[("kl_loss", "==", True), ("t", "!=", 1.0)]]
+    assert len(alternatives(dict(row, trigger="a sampling temperature ≠ 1"), FINDINGS, table)) == 2
+    for conds in ([["k", "in", ["a", "b"]]], [["k", "!=", "c"]]):  # key=c beside these: contradictions too
+        table["sites"]["m.ref"][""] = [conds]
+        table["triggers"] = [["^use_kl_loss", [["k", "==", "c"]]]]
+        assert alternatives(row, FINDINGS, table) == [] and describe([]).startswith("no configuration")
+
+
 def test_a_misspelt_key_is_warned_about():
     from rlconform.harness.report.config_reach import unknown_keys
 

@@ -30,8 +30,10 @@ TEMPERED = ("generator.sampling_params.temperature", "!=", 1.0)
 #: engine functions that run only under some configuration, whichever op found their row: row class -> alternatives
 SITES = {
     "skyrl.backends.skyrl_train.workers.worker.RefWorkerBase._forward_micro_batch": {
-        "": tuple((kl, TEMPERED, ("trainer.strategy", "!=", "megatron"))
-                  for kl in ((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.use_kl_in_reward", "==", True)))},
+        # the KL loss or the KL in the reward, never both (train/utils/utils.py validate_cfg asserts it)
+        "": tuple((*kl, TEMPERED, ("trainer.strategy", "!=", "megatron"))
+                  for kl in (((f"{ALGO}.use_kl_loss", "==", True),),
+                             ((f"{ALGO}.use_kl_in_reward", "==", True), (f"{ALGO}.use_kl_loss", "==", False))))},
     "skyrl.backends.skyrl_train.workers.worker.PolicyWorkerBase._forward_backward_micro": {
         "partition": (((f"{ALGO}.use_entropy_loss", "==", True),),),
         "wrong value": tuple((*m, on) for m in MASKS for on in ((f"{ALGO}.use_entropy_loss", "==", True),

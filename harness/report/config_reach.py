@@ -67,7 +67,7 @@ def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[
             (table.get("sites") or {}).get(place) or {}
         for pattern, alts in by_kind.items():
             if re.search(pattern, cls):
-                out = [_joined(alt, extra) for alt in _conds(alts)]
+                out = [j for j in (_joined(alt, extra) for alt in _conds(alts)) if j is not None]
                 return [[]] if any(not alt for alt in out) else out
     out: list[list[tuple]] = []
     for fid in defect.get("members") or ():
@@ -82,18 +82,24 @@ def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[
                     break
         for alt in alts:
             full = _joined(alt, extra)
-            if full not in out:
+            if full is not None and full not in out:
                 out.append(full)
     if any(not alt for alt in out):
         return [[]]
     return out
 
 
-def _joined(alt: list[tuple], extra: list[tuple]) -> list[tuple]:
+def _joined(alt: list[tuple], extra: list[tuple]) -> list[tuple] | None:
     """An alternative with the trigger's conditions, in a stable order, a ``key≠null`` that a ``key=value`` of the
-    same key implies left out."""
+    same key implies left out; None when the two contradict each other (``key=a`` beside ``key=b``, ``key≠a`` or
+    ``key ∈ S`` without a: no configuration sets both, e.g. SkyRL's use_kl_loss and use_kl_in_reward)."""
     full = sorted(set(alt) | set(extra), key=lambda c: (c[0], c[1], repr(c[2])))
-    pinned = {c[0] for c in full if c[1] == "==" and c[2] is not None}
+    pinned = {c[0]: c[2] for c in full if c[1] == "==" and c[2] is not None}
+    for key, op, value, *_ in full:
+        if key in pinned and (op == "==" and value is not None and not _same(value, pinned[key])
+                              or op == "!=" and _same(value, pinned[key])
+                              or op == "in" and not any(_same(v, pinned[key]) for v in value)):
+            return None
     return [c for c in full if not (c[1] == "!=" and c[2] is None and c[0] in pinned)]
 
 
@@ -110,13 +116,16 @@ def _text(c: tuple) -> str:
 
 
 def describe(alts: list[list[tuple]] | None, limit: int = 3) -> str:
-    """The alternatives in words: ``any configuration``; ``key=value and key2≠null``; several joined by ``; or``
+    """The alternatives in words: ``any configuration``; ``no configuration …`` (none left);
+    ``key=value and key2≠null``; several joined by ``; or``
     (alternatives that differ in one key's value merged as ``key ∈ {…}``), at most ``limit`` then ``…``;
     ``not declared`` for None."""
     if alts is None:
         return "not declared by the binding"
-    if alts == [[]] or not alts:
+    if alts == [[]]:
         return "any configuration"
+    if not alts:
+        return "no configuration the binding declares (its conditions contradict the row's trigger)"
     merged: list[list[tuple]] = []
     for alt in alts:
         for m in merged:
