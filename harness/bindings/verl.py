@@ -1475,7 +1475,13 @@ _PG_METRICS_MEAN = (r"\bmetric (pg_clipfrac|pg_clipfrac_lower|ppo_kl)\b", "verl.
 _SEQ_IS_ROWS = (r"^metric rollout_is_(fraction_high|min|max)\b", f"{RC}:compute_is_metrics", "no valid token",
                 r'metrics\["rollout_is_ratio_fraction_high"\] = exceeds_upper\.float\(\)\.mean\(\)\.item\(\)',
                 "sequence_level")
-OUTPUT_SITES = {"policy_step_metrics": (_PG_METRICS_MEAN, _SEQ_IS_ROWS), "policy_loss": (_PG_METRICS_MEAN,),
+#: a seq-mean step with a row that has no valid token (GSPO's draw: an aborted request's empty response, a row of
+#: observation tokens only): agg_loss divides by the global_batch_size the trainer hands it (ppo_mini_batch_size,
+#: every row), the defect sequence-level rejection shows; the step's site is ppo_loss, which hands it over
+_SEQ_MEAN_EMPTY_ROW = (r"^(gradient of|metric pg_loss\b)[^,]*, seq-mean-", f"{CORE}:agg_loss",
+                       "^a row with no valid token$")
+OUTPUT_SITES = {"policy_step_metrics": (_PG_METRICS_MEAN, _SEQ_IS_ROWS, _SEQ_MEAN_EMPTY_ROW),
+                "policy_step": (_SEQ_MEAN_EMPTY_ROW,), "policy_loss": (_PG_METRICS_MEAN,),
                 # value_loss logs the critic's clip fraction as a plain float per micro-batch (averaged as they come)
                 "value_loss": ((r"\bmetric vf_clipfrac\b", "verl.workers.utils.losses:value_loss", "micro-batch",
                                 r'"critic/vf_clipfrac": vf_clipfrac\.detach\(\)\.item\(\)'),),

@@ -14,7 +14,7 @@ advantages per token, a temperature ≠ 1 (drawn), proximal (old) parameters tha
 (or equal them: on-policy), the entropy bonus on or off, and with a rollout correction the rollout's log-probs
 (the only drawn log-probs: rows whose mean log-ratio to the proximal policy sits far inside or far outside the
 rejection bounds, tokens on both sides of the TIS cap, rows whose summed log-ratio puts them on both sides of the
-sequence TIS cap, never within 10 % of a bound or a cap; with sequence TIS also a row with no valid token).
+sequence TIS cap, never within 10 % of a bound or a cap; with sequence TIS and GSPO also a row with no valid token).
 Variants (:data:`VARIANTS`): ``loss_agg_mode``, alone or with a rollout correction (token-level TIS;
 sequence-level TIS, one weight per row; rejection of rows by their mean ratio), or with a KL loss (estimator k3, k1
 or k2) against a frozen reference model; the policy loss vanilla PPO with dual clip, or GSPO (one ratio per row, the
@@ -240,9 +240,12 @@ def inputs(draw, variant: str):
             a = draw(st.integers(1, response_len[i] - 2))
             b = draw(st.integers(a + 1, response_len[i] - 1))
             response_mask[i, a:b] = 0
-    if VARIANTS[variant][1].get("is_level") == "sequence_product" and rows >= 3 and draw(st.booleans()):
+    per_row_level = (VARIANTS[variant][1].get("is_level") == "sequence_product"
+                     or VARIANTS[variant][1].get("policy_loss") == "gspo")
+    if per_row_level and rows >= 3 and draw(st.booleans()):
         # a row with no valid token (overlong filtering zeroes a truncated response's loss mask, SkyRL's
-        # apply_overlong_filtering): the sequence level's per-row statistics must not count it
+        # apply_overlong_filtering): the sequence level's per-row statistics must not count it, and GSPO's row mean
+        # of nothing must not reach the loss
         response_mask[draw(st.integers(0, rows - 1))] = 0
     per_row = draw(st.booleans())
     adv = (rng.normal(size=(rows, 1)) * np.ones((1, response_width)) if per_row
