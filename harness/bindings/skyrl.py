@@ -1208,7 +1208,7 @@ binding = Binding(
     notes={
         "policy_step": "RayPPOTrainer._execute_training_step (compiled: _normalize_advantages, the mini-batch loop) -> "
         "PolicyWorkerBase.forward_backward -> _forward_backward_micro -> HFModelWrapper.forward (compiled) -> "
-        "dual_clip policy loss + entropy bonus; old log-probs from PolicyWorkerBase.forward (see skyrl_step.py)",
+        "dual_clip (GSPO variant: gspo) policy loss + entropy bonus; old log-probs from PolicyWorkerBase.forward (see skyrl_step.py)",
         "value_loss": "ppo_utils.ppo_critic_loss (value_clip 0.2 or None; 1/2 mean over the micro-batch's rows of "
         "masked row means) x b/B (microbatch_weight); values_clipfrac folded by worker_utils.reduce_metrics",
         "rollout_rejection_mask": "off_policy_correction_utils.compute_off_policy_correction(no TIS; one of the "

@@ -1731,7 +1731,8 @@ binding = Binding(
         "policy_step": "RayPPOTrainer._compute_old_log_prob -> ActorRolloutRefWorker.compute_log_prob -> "
         "TrainingWorker.infer_batch -> FSDPEngine.forward_backward_batch (forward only) on the proximal model; "
         "RayPPOTrainer._update_actor -> TrainingWorker.train_mini_batch -> forward_backward_batch -> "
-        "FSDPEngineWithLMHead.forward_step -> losses.ppo_loss; reduce_metrics (see verl_step.py)",
+        "FSDPEngineWithLMHead.forward_step -> losses.ppo_loss (vanilla, or gspo for the GSPO variant); reduce_metrics "
+        "(see verl_step.py)",
     },
 )
 

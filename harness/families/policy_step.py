@@ -83,9 +83,8 @@ KL_VARIANTS = {"low_var_kl": "token-mean-with-kl", "k1": "token-mean-with-kl-k1"
 #: the reference model of the KL variant: the current parameters plus this much noise (|log π/π_ref| stays far
 #: below the k3 clamp's 2.61)
 REF_NOISE = (0.1, 0.2)
-#: the GSPO variant's policy loss and clip bounds (Zheng et al. 2025, arXiv:2507.18071, §5.1: 3e-4 / 4e-4; verl's
-#: docs/algo/gspo.md recipe and SkyRL's GSPO example set the same; neither engine forces them: both read the
-#: configured clip ratios); no dual clip
+#: the GSPO variant's policy loss and clip bounds (Zheng et al. 2025, arXiv:2507.18071, §5.1: 3e-4 / 4e-4; neither
+#: engine forces them: verl reads the actor's clip_ratio_low / _high, SkyRL eps_clip_low / _high); no dual clip
 GSPO = {"policy_loss": "gspo", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
 #: catalog variant -> (loss_agg_mode, its other knobs: rollout correction ``is_level`` / ``is_cap`` and
 #: ``rejection`` options; a KL loss ``kl_loss_coef`` / ``kl_loss_type``; another policy loss than vanilla
@@ -98,7 +97,8 @@ VARIANTS = {
     "token-mean-with-rejection": ("token-mean", {"rejection": REJECTION}),
     "seq-mean-token-mean-with-rejection": ("seq-mean-token-mean", {"rejection": REJECTION}),
     **{name: ("token-mean", dict(KL, kl_loss_type=estimator)) for estimator, name in KL_VARIANTS.items()},
-    # GSPO's own loss reduction: the paper's sequence mean, which verl's docs and SkyRL (it warns otherwise) recommend
+    # GSPO's own loss reduction: the paper's sequence mean, which verl (compute_policy_loss_gspo's docstring) and
+    # SkyRL (gspo_policy_loss warns otherwise) recommend
     "seq-mean-token-mean-with-gspo": ("seq-mean-token-mean", GSPO),
 }
 MODES = tuple(VARIANTS)
@@ -764,8 +764,8 @@ def trigger(case, clauses, kind) -> str | None:
     * one micro-batch with a row the rejection removed: "a row removed by rollout rejection" (a binding may word it
       as its aggregation's edge trigger, verl's "a row with no valid token, as sequence-level rollout rejection
       …", so that a normaliser counting the row joins the aggregation's defect);
-    * one micro-batch with a row that has no valid token (the sequence-TIS variant draws one): "a row with no valid
-      token";
+    * one micro-batch with a row that has no valid token (the sequence-TIS and GSPO variants draw one): "a row with
+      no valid token";
     * one micro-batch at a temperature ≠ 1: "a sampling temperature ≠ 1";
     * a mask_invariant or partition_invariant failure, or anything else: the generic trigger."""
     inp = case.inputs
