@@ -17,10 +17,13 @@ The step (one mini-batch, one optimizer step; verl's ``ppo_loss``, Schulman et a
   ``old_head``: the proximal policy the trainer recomputes before the update), both at temperature τ;
 * loss = ``policy_loss(o, ℓ, A, m)`` − entropy_coeff · ``agg_loss(H, m)`` with H the entropy of softmax(z) at
   the current parameters, aggregated over the whole mini-batch by ``loss_agg_mode``
-  (:func:`rlconform.reference.agg_loss`);
+  (:func:`rlconform.reference.agg_loss`); the policy loss is vanilla PPO with dual clip, or GSPO
+  (``policy_loss_variant="gspo"``: one ratio per row, exp of the mean log-ratio ℓ − o over the row's valid tokens,
+  straight-through at each token, clipped, no dual clip; Zheng et al. 2025, arXiv:2507.18071,
+  :func:`rlconform.reference.policy_loss`);
 * the gradient of that loss with respect to ``E`` and ``W`` (o is a constant);
-* metrics: ``pg_loss``, ``entropy_loss`` (the two terms), ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``
-  (token-weighted over the mini-batch, :func:`rlconform.reference.policy_loss`) and ``entropy`` (the old
+* metrics: ``pg_loss``, ``entropy_loss`` (the two terms), ``pg_clipfrac``, ``pg_clipfrac_lower`` (vanilla only: GSPO
+  has no dual clip), ``ppo_kl`` (token-weighted over the mini-batch, :func:`rlconform.reference.policy_loss`) and ``entropy`` (the old
   path's entropy aggregated by ``loss_agg_mode`` over the batch's response tokens, before any rejection: what
   verl logs as ``actor/entropy`` when the batch arrives).
 
@@ -70,7 +73,10 @@ from .policy_loss import policy_loss, policy_loss_grad
 from .rejection import rollout_rejection_mask
 from .softmax_stats import entropy, entropy_grad, token_logprobs, token_logprobs_grad
 
-__all__ = ["policy_step", "step_log_probs", "step_positions"]
+__all__ = ["STEP_POLICY_LOSSES", "policy_step", "step_log_probs", "step_positions"]
+
+#: the policy losses of the step (:func:`rlconform.reference.policy_loss` variants)
+STEP_POLICY_LOSSES = ("vanilla", "gspo")
 
 
 def step_positions(input_ids, response_length: int):
@@ -125,7 +131,7 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
                 rejection=(), ref_embed=None, ref_head=None, kl_loss_coef: float = 0.0,
                 kl_loss_type: str = "low_var_kl", kl_agg_mode: str | None = None,
                 rejection_normaliser: str = "kept", is_metric_weights: str = "applied",
-                is_extreme_weights: str | None = None) -> dict:
+                is_extreme_weights: str | None = None, policy_loss_variant: str = "vanilla") -> dict:
     """The exact step (module doc). Returns a dict:
 
     ``log_probs``, ``old_log_probs``, ``entropy``, ``old_entropy``: float64 ``[B, R]`` (every position; the
@@ -134,8 +140,9 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
 
     embed, head, old_embed, old_head: ``[V, H]`` real arrays; input_ids: integer ``[B, P + R]`` in ``[0, V)``;
     response_mask: ``[B, R]`` bool / 0-1; advantages: ``[B, R]`` real (only unmasked positions are read);
-    temperature: τ > 0. loss_agg_mode, clip ratios: as :func:`rlconform.reference.policy_loss` (vanilla PPO
-    with dual clip). entropy_agg_mode: how the entropy term (and the ``entropy_loss`` metric) is aggregated
+    temperature: τ > 0. policy_loss_variant: one of :data:`STEP_POLICY_LOSSES` (``"vanilla"``: PPO with dual clip;
+    ``"gspo"``: the row's geometric-mean ratio, clip_ratio_c ignored). loss_agg_mode, clip ratios: as
+    :func:`rlconform.reference.policy_loss`. entropy_agg_mode: how the entropy term (and the ``entropy_loss`` metric) is aggregated
     (None: by ``loss_agg_mode``; an engine's declared convention may aggregate it otherwise, SkyRL: token-mean).
     rollout_log_probs: ``[B, R]`` the rollout's log-probs (read at unmasked positions only), needed by the
     rollout correction (module doc): rollout_is: None or an importance level of
@@ -156,13 +163,20 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     is_extreme_weights: None (as is_metric_weights) or one of its values, what ``_min`` / ``_max`` alone summarise
     (verl's sequence level: the raw sequence ratios beside the truncated weights' mean).
 
-    Raises ValueError: shapes that do not match, τ ≤ 0, no unmasked (or no kept) token, a correction without
+    Raises ValueError: shapes that do not match, τ ≤ 0, no unmasked (or no kept) token, a policy_loss_variant not in
+    :data:`STEP_POLICY_LOSSES`, GSPO with a rejection (which tokens its row mean reads is not defined here), a
+    correction without
     rollout log-probs, an is_metric_weights / is_extreme_weights not in :data:`IS_METRIC_WEIGHTS`, a KL loss
     without a reference model, and what :func:`rlconform.reference.policy_loss` and
     :func:`rlconform.reference.kl_estimator` raise.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if policy_loss_variant not in STEP_POLICY_LOSSES:
+        raise ValueError(f"policy_loss_variant must be one of {', '.join(STEP_POLICY_LOSSES)}, "
+                         f"got {policy_loss_variant!r}")
+    if policy_loss_variant == "gspo" and rejection:
+        raise ValueError("GSPO with a rollout rejection is not defined here: its row mean would read rejected tokens")
     E, W, E0, W0 = (as_float64(x, n) for x, n in ((embed, "embed"), (head, "head"), (old_embed, "old_embed"),
                                                     (old_head, "old_head")))
     if not (E.shape == W.shape == E0.shape == W0.shape) or E.ndim != 2:
@@ -199,7 +213,7 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     A_kept, lp_kept = np.where(kept, A, 0.0), np.where(kept, lp, old)
     if weights is not None:
         weights = np.where(kept, weights, 0.0)
-    params = dict(variant="vanilla", loss_agg_mode=loss_agg_mode, clip_ratio_low=clip_ratio_low,
+    params = dict(variant=policy_loss_variant, loss_agg_mode=loss_agg_mode, clip_ratio_low=clip_ratio_low,
                   clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c, rollout_is_weights=weights)
     pg_loss, pg_metrics = policy_loss(old, lp_kept, A_kept, counted, **params)
     entropy_mode = entropy_agg_mode or loss_agg_mode

@@ -42,8 +42,14 @@ def _autograd_step(inp, entropy_agg_mode=None):
         m = m * ((row >= np.log(0.8)) & (row <= np.log(1.25))).double()[:, None]
     A = torch.tensor(inp["advantages"], dtype=torch.float64) * m
     r = torch.exp(lp - old)
-    c1 = torch.maximum(-A * r, -A * r.clamp(0.8, 1.2))
-    pl = torch.where(A < 0, torch.minimum(-A * 3.0, c1), c1)
+    if correction.get("policy_loss") == "gspo":  # the row's geometric-mean ratio, straight-through, no dual clip
+        row = ((lp - old) * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)
+        r = torch.exp(row.detach()) * torch.exp(lp - lp.detach())
+        lo, hi = correction["clip_ratio_low"], correction["clip_ratio_high"]
+        pl = torch.maximum(-A * r, -A * r.clamp(1 - lo, 1 + hi))
+    else:
+        c1 = torch.maximum(-A * r, -A * r.clamp(0.8, 1.2))
+        pl = torch.where(A < 0, torch.minimum(-A * 3.0, c1), c1)
     if correction.get("is_level") == "token":  # token TIS: a constant weight of the old and rollout log-probs
         pl = pl * torch.exp(old.detach() - rollout).clamp(max=correction["is_cap"])
     elif correction.get("is_level"):  # sequence TIS: one constant weight per row, exp of its summed log-ratio
@@ -83,7 +89,8 @@ def test_the_reference_step_equals_float64_autograd(inp):
     ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
                         inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32), inp["input_ids"],
                         inp["response_mask"], inp["advantages"], temperature=float(np.float32(inp["temperature"])),
-                        loss_agg_mode=inp["mode"], entropy_coeff=inp["entropy_coeff"], **S.CLIP,
+                        loss_agg_mode=inp["mode"], entropy_coeff=inp["entropy_coeff"], **S.clip(inp),
+                        policy_loss_variant=S.policy_loss_variant(inp),
                         rollout_log_probs=inp.get("rollout_log_probs"), rollout_is=correction.get("is_level"),
                         rollout_is_cap=correction.get("is_cap"), rejection=correction.get("rejection", ()),
                         **{k: inp[k].astype(np.float32) for k in ("ref_embed", "ref_head") if k in inp},
@@ -394,3 +401,58 @@ def test_the_float32_reference_engine_passes_the_sequence_tis_variant(empty_row)
             assert not ev.problems, ev.problems
             outcome = judge(ev)
             assert outcome.ok, (prop, op, outcome)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(S.inputs("seq-mean-token-mean-with-gspo"))
+def test_the_reference_gspo_step_equals_float64_autograd(inp):
+    """GSPO's step: the row's geometric-mean ratio, straight-through at each token, GSPO's clip bounds, no dual clip
+    (the float64 step calls the function-level ``policy_loss`` reference)."""
+    ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
+                        inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32), inp["input_ids"],
+                        inp["response_mask"], inp["advantages"], temperature=float(np.float32(inp["temperature"])),
+                        loss_agg_mode=inp["mode"], entropy_coeff=inp["entropy_coeff"], **S.clip(inp),
+                        policy_loss_variant="gspo")
+    loss, g_embed, g_head, _ = _autograd_step(inp)
+    assert ref["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-12)
+    np.testing.assert_allclose(ref["grad_embed"], g_embed, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(ref["grad_head"], g_head, rtol=1e-9, atol=1e-12)
+    assert "pg_clipfrac_lower" not in ref["metrics"]
+
+
+def test_the_gspo_draw_puts_rows_inside_and_outside_the_clip_band_and_clear_of_its_bounds():
+    """One batch holds a row whose GSPO ratio is inside the clip band and one whose clip binds; every row's
+    log-ratio is clear of both bounds."""
+    low, high = np.log1p(-S.GSPO["clip_ratio_low"]), np.log1p(S.GSPO["clip_ratio_high"])
+
+    def clip_fraction(inp):
+        return R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
+                             inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
+                             inp["input_ids"], inp["response_mask"], inp["advantages"],
+                             temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
+                             **S.clip(inp), policy_loss_variant="gspo")["metrics"]["pg_clipfrac"]
+
+    def mixed(inp):
+        mean = S.gspo_row_log_ratios(inp)[np.asarray(inp["response_mask"], bool).any(1)]
+        inside = (mean > low) & (mean < high)
+        return inside.any() and not inside.all() and 0 < clip_fraction(inp) < 1
+
+    inp = find(S.inputs("seq-mean-token-mean-with-gspo"), mixed)
+    mean = S.gspo_row_log_ratios(inp)
+    assert (np.minimum(np.abs(mean - low), np.abs(mean - high)) >= S.GSPO_MARGIN * (high - low)).all()
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_the_float32_reference_engine_passes_the_gspo_variant(split):
+    inp = find(S.inputs("seq-mean-token-mean-with-gspo"),
+               lambda i: len(i["input_ids"]) >= 3 and (i["micro_batch_sizes"][0] < len(i["input_ids"])) == split
+               and not np.asarray(i["response_mask"], bool).all())
+    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference),
+                        (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):
+        for op in (S.STEP_OP, S.METRICS_OP):
+            ev = S.evaluate(reference_binding, _Case(inp, prop, op))
+            assert not ev.problems
+            outcome = judge(ev)
+            assert outcome.ok, (prop, op, outcome)
+    metrics = S.evaluate(reference_binding, _Case(inp, MATCHES_REFERENCE, S.METRICS_OP))
+    assert not any("pg_clipfrac_lower" in c.label for c in metrics.values)

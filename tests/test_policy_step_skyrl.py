@@ -15,6 +15,8 @@ inside the policy loss of each micro-batch (``apply_off_policy_correction`` rewr
 contributes zero gradient, the others are unaffected): the binding declares it (``off_policy_mask_keeps_normaliser``)
 and the reference follows it. Token TIS with no rejection agrees with the exact step. And its KL loss compares the policy at the
 sampling temperature with a reference model at temperature 1 (``RefWorkerBase._forward_micro_batch``).
+The GSPO loss (``policy_loss_type="gspo"``) gives the exact gradient under every cut; ``sequence_mean`` counts a row
+with no valid token in its divisor.
 """
 
 from __future__ import annotations
@@ -190,3 +192,44 @@ def test_skyrls_sequence_tis_counts_a_row_with_no_valid_token_and_leaks_a_masked
     dirty = np.where(mask, inp["rollout_log_probs"], np.float32(np.nan)).astype(np.float32)
     grad = S.run_step(step, inp, 3, rollout_log_probs=dirty)["grads"]["head.weight"]
     assert not grad.isfinite().all()
+
+
+def test_skyrls_gspo_step_is_exact_under_any_split_and_its_sequence_mean_counts_a_row_with_no_valid_token():
+    """``policy_loss_type="gspo"`` with ``loss_reduction="sequence_mean"``: each row's ratio (``masked_mean`` of its
+    log-ratios) is computed inside the micro-batch loop, and the gradient is the exact step's whatever the cut
+    (rows, DP ranks). A row with no valid token (an overlong-filtered response) still counts in
+    ``apply_loss_reduction_to_advantages_minibatch``'s ``batch_size``: the gradient and the logged ``policy_loss``
+    are the exact ones times rows with a valid token / rows (that function's known row)."""
+    if importlib.util.find_spec("skyrl") is None:
+        pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
+    import numpy as np
+    from hypothesis import find
+
+    import rlconform.reference as R
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    step = load_engine("skyrl").resolve("policy_step")
+
+    def exact(inp):
+        return R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
+                             inp["input_ids"], inp["response_mask"], inp["advantages"],
+                             temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
+                             **S.clip(inp), policy_loss_variant="gspo")
+
+    full = find(S.inputs("seq-mean-token-mean-with-gspo"),
+                lambda i: len(i["input_ids"]) == 4 and 0 < exact(i)["metrics"]["pg_clipfrac"] < 1)
+    full = dict(full, entropy_coeff=0.0)  # the entropy bonus has its own (pinned) micro-batch weighting
+    ref = exact(full)
+    for micro, dp in ((4, 1), (1, 1), (2, 2)):
+        grad = S.run_step(step, full, micro, dp_size=dp)["grads"]["head.weight"].double().numpy()
+        np.testing.assert_allclose(grad, ref["grad_head"], rtol=1e-4, atol=1e-6, err_msg=f"micro {micro}, DP {dp}")
+    empty = find(S.inputs("seq-mean-token-mean-with-gspo"),
+                 lambda i: len(i["input_ids"]) == 3 and not i["response_mask"].any(1).all())
+    empty = dict(empty, entropy_coeff=0.0)
+    live, rows = int(empty["response_mask"].any(1).sum()), len(empty["input_ids"])
+    ref = exact(empty)
+    out = S.run_step(step, empty, 3)
+    np.testing.assert_allclose(out["grads"]["head.weight"].double().numpy(), ref["grad_head"] * live / rows,
+                               rtol=1e-4, atol=1e-6)
+    assert out["metrics"]["pg_loss"] == pytest.approx(ref["metrics"]["pg_loss"] * live / rows, rel=1e-5)

@@ -16,6 +16,8 @@ Pinned: with rollout rejection (``rollout_rs``) and ``loss_agg_mode=seq-mean-tok
 the loss by ``ppo_mini_batch_size`` (``_update_actor`` hands it to ``agg_loss`` as ``global_batch_size``), which
 counts the rows the rejection removed: the gradient is the exact one times kept rows / rows. Its token-mean
 normaliser is counted after the rejection (``forward_backward_batch`` sums the rewritten loss mask) and is right.
+The GSPO loss (``policy_loss.loss_mode="gspo"``) gives the exact gradient under every cut; its seq-mean divisor counts
+a row with no valid token the same way.
 """
 
 from __future__ import annotations
@@ -297,3 +299,40 @@ def test_verls_sequence_tis_is_exact_and_its_row_statistics_count_a_row_with_no_
     live, rows = int(inp["response_mask"].any(1).sum()), len(inp["input_ids"])
     high = ref["metrics"]["rollout_is_fraction_high"]
     assert 0 < high < 1 and got["rollout_is_fraction_high"] == pytest.approx(high * live / rows, rel=1e-6)
+
+
+def test_verls_gspo_step_is_exact_under_any_split_and_its_seq_mean_counts_a_row_with_no_valid_token():
+    """``policy_loss.loss_mode="gspo"`` with ``loss_agg_mode=seq-mean-token-mean``: each row's ratio (the mean
+    log-ratio over its valid tokens) is computed inside the micro-batch loop, and the gradient is the exact step's
+    whatever the cut (rows, DP ranks). A row with no valid token (an aborted request's empty response) still counts
+    in ``global_batch_size = ppo_mini_batch_size``, agg_loss's seq-mean divisor: the gradient is the exact one times
+    rows with a valid token / rows (agg_loss's known row)."""
+    import numpy as np
+    from hypothesis import find
+
+    import rlconform.reference as R
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    _verl_dir()
+    step = load_engine("verl").resolve("policy_step")
+
+    def exact(inp):
+        return R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
+                             inp["input_ids"], inp["response_mask"], inp["advantages"],
+                             temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
+                             **S.clip(inp), policy_loss_variant="gspo")
+
+    full = find(S.inputs("seq-mean-token-mean-with-gspo"),
+                lambda i: len(i["input_ids"]) == 4 and 0 < exact(i)["metrics"]["pg_clipfrac"] < 1)
+    full = dict(full, entropy_coeff=0.0)
+    ref = exact(full)
+    for micro, dp in ((4, 1), (1, 1), (2, 2)):
+        grad = S.run_step(step, full, micro, dp_size=dp)["grads"]["head.weight"].double().numpy()
+        np.testing.assert_allclose(grad, ref["grad_head"], rtol=1e-4, atol=1e-6, err_msg=f"micro {micro}, DP {dp}")
+    empty = find(S.inputs("seq-mean-token-mean-with-gspo"),
+                 lambda i: len(i["input_ids"]) == 3 and not i["response_mask"].any(1).all())
+    empty = dict(empty, entropy_coeff=0.0)
+    live, rows = int(empty["response_mask"].any(1).sum()), len(empty["input_ids"])
+    grad = S.run_step(step, empty, 3)["grads"]["head.weight"].double().numpy()
+    np.testing.assert_allclose(grad, exact(empty)["grad_head"] * live / rows, rtol=1e-4, atol=1e-6)

@@ -1050,6 +1050,10 @@ _MASKED_NAN_LOSS = (r"^(gradient of|metric pg_loss\b)", f"{PPO_UTILS}:reduce_los
 _SEQ_TIS_NAN = (r"^(gradient of|metric pg_loss\b).*masked rollout log-probs = .*\(token-mean-with-seq-tis\)",
                 f"{_OPC}:compute_tis_ratio", "a masked position holding",
                 r"seq_tis_log_ratio = \(token_tis_log_ratio \* loss_mask\)\.sum\(")
+#: a sequence_mean step with a row that has no valid token (GSPO's draw: an overlong-filtered response, a row of
+#: observation tokens only): the trainer's advantage pre-scaling divides by batch_size, every row
+_SEQ_MEAN_EMPTY_ROW = (r"^(gradient of|metric pg_loss\b)[^,]*, seq-mean-",
+                       f"{PPO_UTILS}:apply_loss_reduction_to_advantages_minibatch", "^a row with no valid token$")
 _FOLDED = r"^(?!.*masked = )"  # not a masked-garbage clause: a NaN written there is the emitting code's
 OUTPUT_SITES = {
     # the scaled advantages keep a masked NaN; reduce_loss's masked sum (NaN · 0) hands it to the loss
@@ -1076,11 +1080,12 @@ OUTPUT_SITES = {
                              r'metrics\["is_ratio_min"\] = \(is_ratio \* loss_mask\)\.min\(\)', "is_ratio_min"),
                             (r"^metric rollout_is_(mean|fraction_high)\b", _REDUCE, "micro-batch"),
                             (r"^metric kl_loss\b", f"{WORKER}:RefWorkerBase._forward_micro_batch",
-                             "sampling temperature")),
+                             "sampling temperature"), _SEQ_MEAN_EMPTY_ROW),
     # a wrong gradient at a temperature ≠ 1 of the KL variant: the reference log-probs of the KL loss are computed
     # at temperature 1 by the ref worker, the policy's at the sampling temperature
     "policy_step": (_SEQ_TIS_NAN, _MASKED_NAN_LOSS,
-                    (r"^gradient of", f"{WORKER}:RefWorkerBase._forward_micro_batch", "sampling temperature"),),
+                    (r"^gradient of", f"{WORKER}:RefWorkerBase._forward_micro_batch", "sampling temperature"),
+                    _SEQ_MEAN_EMPTY_ROW),
 }
 
 
@@ -1203,7 +1208,7 @@ binding = Binding(
     notes={
         "policy_step": "RayPPOTrainer._execute_training_step (compiled: _normalize_advantages, the mini-batch loop) -> "
         "PolicyWorkerBase.forward_backward -> _forward_backward_micro -> HFModelWrapper.forward (compiled) -> "
-        "dual_clip policy loss + entropy bonus; old log-probs from PolicyWorkerBase.forward (see skyrl_step.py)",
+        "dual_clip (GSPO variant: gspo) policy loss + entropy bonus; old log-probs from PolicyWorkerBase.forward (see skyrl_step.py)",
         "value_loss": "ppo_utils.ppo_critic_loss (value_clip 0.2 or None; 1/2 mean over the micro-batch's rows of "
         "masked row means) x b/B (microbatch_weight); values_clipfrac folded by worker_utils.reduce_metrics",
         "rollout_rejection_mask": "off_policy_correction_utils.compute_off_policy_correction(no TIS; one of the "

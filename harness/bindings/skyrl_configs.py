@@ -69,7 +69,7 @@ def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
     steps = {}
     for variant in ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
                     "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
-                    "token-mean-with-kl-k1", "token-mean-with-kl-k2"):
+                    "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo"):
         mode, _, correction = variant.partition("-with-")
         # a rejected row: any of the correction's masks drops it the same way inside the policy loss
         extras = {"tis": (((f"{OPC}.tis_ratio_type", "==", "token"),),),
@@ -77,7 +77,9 @@ def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
                   "rejection": MASKS,
                   "kl": (((f"{ALGO}.use_kl_loss", "==", True),),),
                   "kl-k1": (((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.kl_estimator_type", "==", "k1")),),
-                  "kl-k2": (((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.kl_estimator_type", "==", "k2")),)
+                  "kl-k2": (((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.kl_estimator_type", "==", "k2")),),
+                  # GSPO's wiring holds whatever its clip ratios and loss reduction
+                  "gspo": (((f"{ALGO}.policy_loss_type", "==", "gspo"),),),
                   }.get(correction, ((),))
         # a correction or KL variant was drawn on one loss reduction, which is not what it checks: its row holds
         # under any reduction (a filter must not hide a defect from a configuration that reaches it)

@@ -12,7 +12,7 @@ The path, as ``RayPPOTrainer`` runs one training step (SkyRL 0.4.0, FSDP workers
    ``reduce_metrics``;
 3. each mini-batch: ``PolicyWorkerBase.forward_backward`` (the micro-batch loop of
    ``micro_train_batch_size_per_gpu`` rows) → ``_forward_backward_micro`` → ``HFModelWrapper.forward`` →
-   the ``dual_clip`` policy loss of ``PolicyLossRegistry`` → the entropy bonus
+   the ``dual_clip`` (or ``gspo``) policy loss of ``PolicyLossRegistry`` → the entropy bonus
    (``masked_mean(entropy, loss_mask) · entropy_loss_coef``, weighted by the micro-batch's share of rows) →
    ``strategy.backward`` → ``reduce_metrics`` / ``all_reduce_metrics``.
 
@@ -27,7 +27,9 @@ FSDP's gradient reduction is the mean of the ranks' gradients (the old log-probs
 (float32). ``remove_microbatch_padding`` is off: SkyRL packs
 micro-batches with flash-attn's ``unpad_input`` only with ``flash_attention_2``, which this CPU build lacks.
 It uses the ``dual_clip`` loss instead of SkyRL's default ``regular`` (PPO without the dual clip), the
-reference's vanilla PPO with ``clip_ratio_c``. Logged and checked: ``policy_loss`` (``pg_loss``) and
+reference's vanilla PPO with ``clip_ratio_c``; the GSPO variant uses ``policy_loss_type="gspo"`` (``gspo_policy_loss``,
+GSPO-token with the configured ``eps_clip_low`` / ``eps_clip_high``) under ``loss_reduction="sequence_mean"``, which it
+recommends. Logged and checked: ``policy_loss`` (``pg_loss``) and
 ``loss_metrics/clip_ratio`` (``pg_clipfrac``); SkyRL logs no ``ppo_kl`` / ``pg_clipfrac_lower`` and no entropy of
 the old path; its ``policy_entropy`` is the current path's token mean whatever the loss reduction (not the
 catalog's ``entropy_loss``): unchecked here (the ``metric_pipeline`` op checks it).
@@ -64,7 +66,9 @@ REDUCTIONS = {"token-mean": "token_mean", "seq-mean-token-mean": "sequence_mean"
 #: the catalog's step variants this binding drives: a loss reduction, alone or with a rollout correction
 MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
          "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
-         "token-mean-with-kl-k1", "token-mean-with-kl-k2")
+         "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo")
+#: the step's policy losses by SkyRL's names (vanilla PPO with dual clip: ``dual_clip``)
+POLICY_LOSSES = {"vanilla": "dual_clip", "gspo": "gspo"}
 #: the catalog's KL estimators by SkyRL's names
 KL_ESTIMATORS = {"low_var_kl": "k3", "k3": "k3", "k1": "k1", "k2": "k2", "abs": "abs"}
 #: the step's metrics as SkyRL logs them (``policy/`` is added by ``train_critic_and_policy``)
@@ -80,7 +84,7 @@ TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); opti
                "(before clipping); dispatch in-process; DP 1, and DP 2 as threads of one process with in-process collectives "
                "(SkyRL's own staging and metric all-reduce; old log-probs on one rank; the gradient the mean of the "
                "ranks'); float32; no micro-batch packing (flash-attn); dual_clip "
-               "loss. Not drawn: the KL estimator abs, off-policy correction other than token TIS, sequence TIS "
+               "loss, or gspo for the GSPO variant. Not drawn: policy losses other than dual_clip and gspo, the KL estimator abs, off-policy correction other than token TIS, sequence TIS "
                "and the geometric row mask, "
                "several mini-batches, DP > 2; "
                "policy_entropy left to metric_pipeline; Megatron's step not driven")
@@ -136,7 +140,7 @@ def policy_step():
     wrapper_cls = _wrapper_class(wrapper_forward)
 
     def algorithm(kn):
-        fields = dict(policy_loss_type="dual_clip", eps_clip_low=kn["clip_ratio_low"],
+        fields = dict(policy_loss_type=POLICY_LOSSES[kn.get("policy_loss") or "vanilla"], eps_clip_low=kn["clip_ratio_low"],
                       eps_clip_high=kn["clip_ratio_high"], clip_ratio_c=kn["clip_ratio_c"],
                       loss_reduction=REDUCTIONS[kn["loss_agg_mode"]], temperature=kn["temperature"],
                       use_entropy_loss=bool(kn["entropy_coeff"]), entropy_loss_coef=kn["entropy_coeff"],

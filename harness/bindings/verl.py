@@ -1477,7 +1477,13 @@ _SEQ_IS_ROWS = (r"^metric rollout_is_(fraction_high|min|max)\b", f"{RC}:compute_
                 "sequence_level")
 #: the DP gather and the worker's metric chain of a metric marked MEAN (modelled on actor/pg_clipfrac): the marking's
 _MEAN_MARKED = (r".", _PG_METRICS_MEAN[1], "", _PG_METRICS_MEAN[3])
-OUTPUT_SITES = {"policy_step_metrics": (_PG_METRICS_MEAN, _SEQ_IS_ROWS), "policy_loss": (_PG_METRICS_MEAN,),
+#: a seq-mean step with a row that has no valid token (GSPO's draw: an aborted request's empty response, a row of
+#: observation tokens only): agg_loss divides by the global_batch_size the trainer hands it (ppo_mini_batch_size,
+#: every row), the defect sequence-level rejection shows; the step's site is ppo_loss, which hands it over
+_SEQ_MEAN_EMPTY_ROW = (r"^(gradient of|metric pg_loss\b)[^,]*, seq-mean-", f"{CORE}:agg_loss",
+                       "^a row with no valid token$")
+OUTPUT_SITES = {"policy_step_metrics": (_PG_METRICS_MEAN, _SEQ_IS_ROWS, _SEQ_MEAN_EMPTY_ROW),
+                "policy_step": (_SEQ_MEAN_EMPTY_ROW,), "policy_loss": (_PG_METRICS_MEAN,),
                 "dp_metric_all_reduce": (_MEAN_MARKED,), "metric_pipeline": (_MEAN_MARKED,),
                 # value_loss logs the critic's clip fraction as a plain float per micro-batch (averaged as they come)
                 "value_loss": ((r"\bmetric vf_clipfrac\b", "verl.workers.utils.losses:value_loss", "micro-batch",
@@ -1728,7 +1734,8 @@ binding = Binding(
         "policy_step": "RayPPOTrainer._compute_old_log_prob -> ActorRolloutRefWorker.compute_log_prob -> "
         "TrainingWorker.infer_batch -> FSDPEngine.forward_backward_batch (forward only) on the proximal model; "
         "RayPPOTrainer._update_actor -> TrainingWorker.train_mini_batch -> forward_backward_batch -> "
-        "FSDPEngineWithLMHead.forward_step -> losses.ppo_loss; reduce_metrics (see verl_step.py)",
+        "FSDPEngineWithLMHead.forward_step -> losses.ppo_loss (vanilla, or gspo for the GSPO variant); reduce_metrics "
+        "(see verl_step.py)",
     },
 )
 

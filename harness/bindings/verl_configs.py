@@ -50,7 +50,9 @@ def _step(variant: str) -> tuple:
              # the estimator variants: k1 / k2 as verl spells them (the k3 variant's wiring holds for any estimator;
              # the straight-through "+" forms, k2's gradient under another value, are not drawn)
              "kl-k1": ((f"{A}.use_kl_loss", "==", True), (f"{A}.kl_loss_type", "in", ("kl", "k1"))),
-             "kl-k2": ((f"{A}.use_kl_loss", "==", True), (f"{A}.kl_loss_type", "in", ("mse", "k2")))
+             "kl-k2": ((f"{A}.use_kl_loss", "==", True), (f"{A}.kl_loss_type", "in", ("mse", "k2"))),
+             # GSPO's wiring (its row mean in the micro-batch loop) holds whatever its clip ratios and loss_agg_mode
+             "gspo": ((f"{A}.policy_loss.loss_mode", "==", "gspo"),),
              }.get(correction, ())
     # a correction or KL variant was drawn on one loss_agg_mode, which is not what it checks: its row holds under
     # any mode (a filter must not hide a defect from a configuration that reaches it)
@@ -71,7 +73,7 @@ def ops(rollout_rs: dict) -> dict:
                                                 "reinforce_plus_plus_baseline", "remax")}}
     steps = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
              "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
-             "token-mean-with-kl-k1", "token-mean-with-kl-k2")
+             "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo")
     kl = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
     rejection = {}
     for variant, (option, threshold) in rollout_rs.items():

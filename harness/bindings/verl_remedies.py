@@ -23,13 +23,13 @@ REMEDIES = {
     f"{CA}.agg_loss": {
         "wrong value": (
             "`masked_sum(seq_losses, seq_mask) / global_batch_size` divides the seq-mean modes by "
-            "global_batch_size (ppo_mini_batch_size · rollout.n), which still counts the rows that sequence-level "
-            "rollout rejection (rollout_rs) left without a valid token",
+            "global_batch_size (ppo_mini_batch_size · rollout.n), which still counts the rows without a valid token: "
+            "those sequence-level rollout rejection (rollout_rs) leaves, an aborted request's empty response",
             "normalise by the mini-batch's rows that hold a valid token, counted over the whole mini-batch and "
             "all-reduced over DP as forward_backward_batch does for batch_num_tokens (not agg_loss's own "
             "per-micro-batch count, which would be a per-part normaliser)",
-            "with loss_agg_mode=seq-mean-* and rollout_rs, the gradient shrinks by kept rows / rows: the effective "
-            "learning rate falls as the rejection rate rises")},
+            "with loss_agg_mode=seq-mean-* and rollout_rs (or any row left without a valid token), the gradient "
+            "shrinks by kept rows / rows: the effective learning rate falls as the rejection rate rises")},
     f"{CA}.compute_grpo_vectorized_outcome_advantage": {
         ("wrong value", "norm_adv_by_std_in_grpo"): (
             "`if norm_adv_by_std_in_grpo:` reads the function's own keyword (default True) and never "

@@ -31,7 +31,8 @@ one rank; DP size 2: the update's ranks are threads of this process, each on its
 single controller dispatches it, the collectives exchanged in-process by :mod:`rlconform.harness.core.threaded_group`,
 FSDP's gradient reduction the mean of the ranks' gradients, the old log-probs on one rank), no
 autocast (float32 parameters: CUDA autocast does nothing on CPU). Knobs left at verl's defaults and not drawn:
-``use_remove_padding`` True, the vanilla policy loss, KL losses other than
+``use_remove_padding`` True, policy losses other than vanilla and GSPO (``policy_loss.loss_mode="gspo"``,
+``core_algos.compute_policy_loss_gspo``, with the configured clip ratios and ``loss_agg_mode``), KL losses other than
 ``low_var_kl``, ``k1`` and ``k2`` (``abs``, the straight-through ``+`` forms), rollout correction
 other than token TIS, sequence TIS and ``seq_mean_k1`` rejection (bypass mode, batch-normalised weights, IcePop
 bands, the other rejection options), one PPO epoch, one mini-batch. The Megatron engine's step
@@ -54,12 +55,12 @@ TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gra
                "the ranks'); float32. Transcribed from fit: the order of its calls, actor/entropy (agg_loss of the old "
                "path's entropy), the unions into the batch; _balance_batch not applied. Not drawn: KL losses other than "
                "low_var_kl, k1 and k2 (abs, the straight-through '+' forms), rollout correction other than token "
-               "TIS, sequence TIS and seq_mean_k1 rejection, other losses, several "
+               "TIS, sequence TIS and seq_mean_k1 rejection, policy losses other than vanilla and gspo, several "
                "mini-batches, DP > 2, use_remove_padding=False; Megatron's step not driven")
 #: the catalog's step variants this binding drives (every one the catalog has)
 MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
          "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
-         "token-mean-with-kl-k1", "token-mean-with-kl-k2")
+         "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo")
 
 #: the step's metrics as verl logs them (after ``reduce_metrics``), by the catalog's names
 METRIC_KEYS = {"pg_loss": "actor/pg_loss", "entropy_loss": "actor/entropy_loss", "pg_clipfrac": "actor/pg_clipfrac",
@@ -165,8 +166,8 @@ def _actor_config(kn: dict, rows: int, actor_fields: dict, loss_fields: dict):
                   ppo_max_token_len_per_gpu=kn.get("max_token_len") or 16384,
                   use_kl_loss=bool(kn.get("kl_loss_coef")), kl_loss_coef=float(kn.get("kl_loss_coef") or 0.0),
                   kl_loss_type=kn.get("kl_loss_type") or "low_var_kl")
-    loss = PolicyLossConfig(**accepted_keywords(PolicyLossConfig, {k: v for k, v in loss_fields.items()
-                                                                   if k != "loss_mode"}))
+    loss = PolicyLossConfig(**accepted_keywords(PolicyLossConfig, dict(
+        {k: v for k, v in loss_fields.items() if k != "loss_mode"}, loss_mode=kn.get("policy_loss") or "vanilla")))
     return ActorConfig(**accepted_keywords(ActorConfig, dict(fields, policy_loss=loss)))
 
 

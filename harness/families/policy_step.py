@@ -14,10 +14,13 @@ advantages per token, a temperature ≠ 1 (drawn), proximal (old) parameters tha
 (or equal them: on-policy), the entropy bonus on or off, and with a rollout correction the rollout's log-probs
 (the only drawn log-probs: rows whose mean log-ratio to the proximal policy sits far inside or far outside the
 rejection bounds, tokens on both sides of the TIS cap, rows whose summed log-ratio puts them on both sides of the
-sequence TIS cap, never within 10 % of a bound or a cap; with sequence TIS also a row with no valid token).
+sequence TIS cap, never within 10 % of a bound or a cap; with sequence TIS and GSPO also a row with no valid token).
 Variants (:data:`VARIANTS`): ``loss_agg_mode``, alone or with a rollout correction (token-level TIS;
 sequence-level TIS, one weight per row; rejection of rows by their mean ratio), or with a KL loss (estimator k3, k1
-or k2) against a frozen reference model. Partitions: the mini-batch cut into
+or k2) against a frozen reference model; the policy loss vanilla PPO with dual clip, or GSPO (one ratio per row, the
+geometric mean of its token ratios, straight-through at each token, clipped at GSPO's 3e-4 / 4e-4; proximal
+parameters drawn so that one batch holds rows inside and outside the clip band, each ≥ 10 % of the band from its
+bound). Partitions: the mini-batch cut into
 micro-batches of every size that divides it, and (for a binding that drives it) into micro-batches by a token
 budget (dynamic batch size), and for a binding that runs the update on several DP ranks (``PolicyStep.dp_sizes``)
 the mini-batch cut into contiguous equal rank chunks of one micro-batch each. Checked on CPU in float32 only (the parameters and the logits are float32; CUDA
@@ -37,8 +40,11 @@ before the rejection fails it in the rejection variants.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
+from hypothesis import assume
 from hypothesis import strategies as st
 
 import rlconform.reference as R
@@ -77,8 +83,12 @@ KL_VARIANTS = {"low_var_kl": "token-mean-with-kl", "k1": "token-mean-with-kl-k1"
 #: the reference model of the KL variant: the current parameters plus this much noise (|log π/π_ref| stays far
 #: below the k3 clamp's 2.61)
 REF_NOISE = (0.1, 0.2)
+#: the GSPO variant's policy loss and clip bounds (Zheng et al. 2025, arXiv:2507.18071, §5.1: 3e-4 / 4e-4; neither
+#: engine forces them: verl reads the actor's clip_ratio_low / _high, SkyRL eps_clip_low / _high); no dual clip
+GSPO = {"policy_loss": "gspo", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
 #: catalog variant -> (loss_agg_mode, its other knobs: rollout correction ``is_level`` / ``is_cap`` and
-#: ``rejection`` options; a KL loss ``kl_loss_coef`` / ``kl_loss_type``)
+#: ``rejection`` options; a KL loss ``kl_loss_coef`` / ``kl_loss_type``; another policy loss than vanilla
+#: ``policy_loss`` and its clip ratios)
 VARIANTS = {
     "token-mean": ("token-mean", {}),
     "seq-mean-token-mean": ("seq-mean-token-mean", {}),
@@ -87,6 +97,9 @@ VARIANTS = {
     "token-mean-with-rejection": ("token-mean", {"rejection": REJECTION}),
     "seq-mean-token-mean-with-rejection": ("seq-mean-token-mean", {"rejection": REJECTION}),
     **{name: ("token-mean", dict(KL, kl_loss_type=estimator)) for estimator, name in KL_VARIANTS.items()},
+    # GSPO's own loss reduction: the paper's sequence mean, which verl (compute_policy_loss_gspo's docstring) and
+    # SkyRL (gspo_policy_loss warns otherwise) recommend
+    "seq-mean-token-mean-with-gspo": ("seq-mean-token-mean", GSPO),
 }
 MODES = tuple(VARIANTS)
 DATA = "trainer_batches"
@@ -107,8 +120,16 @@ TEMPERATURES = (1.0, 0.7, 1.3, 0.6)
 CLIP = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}
 #: metrics a step logs only when the entropy bonus is on
 OPTIONAL_METRICS = ("entropy_loss",)
+#: metrics of the dual clip, which only the vanilla loss has (verl's GSPO logs a constant 0)
+DUAL_CLIP_METRICS = ("pg_clipfrac_lower",)
 #: the old (proximal) parameters: the current ones plus this much noise (0: on-policy, ratio 1)
 OFF_POLICY = (0.3, 0.0, 0.05)
+#: the GSPO variant's proximal noise: 0.002 first (row ratios around the 3e-4 / 4e-4 clip band, rows inside and
+#: outside it in one batch), on-policy (every row inside), far off-policy (every row outside)
+GSPO_OFF_POLICY = (0.002, 0.0, 0.05)
+#: a GSPO row's mean log-ratio is drawn at least this fraction of the clip band's width from each clip bound in log
+#: space: float32 engines decide each row's clip as the exact step does (their rounding of it is ~1e-7)
+GSPO_MARGIN = 0.1
 
 #: the step's float32 computation of a tiny model with drawn, well-scaled parameters rounds to ~1e-6 relative (its
 #: tolerance comes from the float32 step); an error beyond 1e-4 relative is no rounding of it (an entropy bonus that
@@ -130,7 +151,13 @@ KL_WORDS = {"low_var_kl": "k3 (low_var_kl: e^(−Δ) + Δ − 1, clamped)", "k1"
 def _parameters(variant: str) -> str:
     """The variant's knobs in words, as a row, replay and explain print them."""
     mode, rc = VARIANTS[variant]
-    words = [f"loss_agg_mode {mode}", "clip ε 0.2, dual-clip c 3"]
+    words = [f"loss_agg_mode {mode}"]
+    if rc.get("policy_loss") == "gspo":
+        words.append(f"GSPO loss: one ratio per row s = exp(mean over its valid tokens of log(π/π_old)), "
+                     f"straight-through at each token (s·π/sg(π)), clip εl {rc['clip_ratio_low']:g}, "
+                     f"εh {rc['clip_ratio_high']:g}, no dual clip")
+    else:
+        words.append("clip ε 0.2, dual-clip c 3")
     if rc.get("is_level") == "token":
         words.append(f"token TIS: weight min(π_old/π_rollout, {rc['is_cap']:g}), no gradient")
     elif rc.get("is_level"):
@@ -213,16 +240,20 @@ def inputs(draw, variant: str):
             a = draw(st.integers(1, response_len[i] - 2))
             b = draw(st.integers(a + 1, response_len[i] - 1))
             response_mask[i, a:b] = 0
-    if VARIANTS[variant][1].get("is_level") == "sequence_product" and rows >= 3 and draw(st.booleans()):
+    per_row_level = (VARIANTS[variant][1].get("is_level") == "sequence_product"
+                     or VARIANTS[variant][1].get("policy_loss") == "gspo")
+    if per_row_level and rows >= 3 and draw(st.booleans()):
         # a row with no valid token (overlong filtering zeroes a truncated response's loss mask, SkyRL's
-        # apply_overlong_filtering): the sequence level's per-row statistics must not count it
+        # apply_overlong_filtering): the sequence level's per-row statistics must not count it, and GSPO's row mean
+        # of nothing must not reach the loss
         response_mask[draw(st.integers(0, rows - 1))] = 0
     per_row = draw(st.booleans())
     adv = (rng.normal(size=(rows, 1)) * np.ones((1, response_width)) if per_row
            else rng.normal(size=(rows, response_width)))
     embed = rng.normal(size=(vocab, hidden))
     head = rng.normal(size=(vocab, hidden))
-    noise = draw(st.sampled_from(OFF_POLICY))
+    gspo = VARIANTS[variant][1].get("policy_loss") == "gspo"
+    noise = draw(st.sampled_from(GSPO_OFF_POLICY if gspo else OFF_POLICY))
     divisors = [d for d in range(1, rows + 1) if rows % d == 0]
     micro = draw(st.sampled_from(divisors[::-1]))  # the whole mini-batch first: a split shrinks away unless needed
     mode, correction = VARIANTS[variant]
@@ -239,6 +270,8 @@ def inputs(draw, variant: str):
         "token_budgets": sorted({int(lengths.max()), max(int(lengths.max()), int(lengths.sum()) // 2)}),
         "garbage": draw(st.sampled_from(GARBAGE)), "seed": seed,
     }
+    if gspo:
+        assume(_gspo_rows_clear_of_the_clip_bounds(inp))
     if "is_level" in correction or "rejection" in correction:
         inp["rollout_log_probs"] = _rollout_log_probs(draw, inp, correction.get("is_level") == "sequence_product")
     if correction.get("kl_loss_coef"):
@@ -246,6 +279,24 @@ def inputs(draw, variant: str):
         inp["ref_embed"] = embed + scale * rng.normal(size=embed.shape)
         inp["ref_head"] = head + scale * rng.normal(size=head.shape)
     return inp
+
+
+def gspo_row_log_ratios(inp: dict) -> np.ndarray:
+    """The exact mean log-ratio log(π/π_old) of each row over its valid tokens, float64 ``[B]`` (0 for a row with
+    none): the log of the row's GSPO ratio."""
+    mask = np.asarray(inp["response_mask"], bool)
+    temperature = float(np.float32(inp["temperature"]))
+    lp, old = (R.step_log_probs(np.asarray(inp[p + "embed"], np.float32), np.asarray(inp[p + "head"], np.float32),
+                                inp["input_ids"], mask.shape[1], temperature) for p in ("", "old_"))
+    return np.where(mask, lp - old, 0.0).sum(1) / np.maximum(mask.sum(1), 1)
+
+
+def _gspo_rows_clear_of_the_clip_bounds(inp: dict) -> bool:
+    """Whether every row's GSPO log-ratio is ≥ :data:`GSPO_MARGIN` of the clip band's width (in log space) from
+    both clip bounds."""
+    low, high = math.log1p(-GSPO["clip_ratio_low"]), math.log1p(GSPO["clip_ratio_high"])
+    mean = gspo_row_log_ratios(inp)
+    return bool((np.minimum(np.abs(mean - low), np.abs(mean - high)) >= GSPO_MARGIN * (high - low)).all())
 
 
 def strategy(op: OpInfo, dtype: str, regime: str):
@@ -276,12 +327,23 @@ def trainer_batch(inp: dict, advantages: np.ndarray | None = None, input_ids: np
     return batch
 
 
+def clip(inp: dict) -> dict:
+    """The clip ratios of ``inp``'s variant: :data:`CLIP`, or the variant's own (GSPO's)."""
+    rc = variant_knobs(inp)
+    return {k: rc.get(k, v) for k, v in CLIP.items()}
+
+
+def policy_loss_variant(inp: dict) -> str:
+    """The policy loss of ``inp``'s variant: ``"vanilla"`` (PPO with dual clip) or ``"gspo"``."""
+    return variant_knobs(inp).get("policy_loss", "vanilla")
+
+
 def knobs(inp: dict, micro_batch_size: int, token_budget: int | None = None, dp_size: int = 1) -> dict:
     """The step's knobs (:class:`~rlconform.harness.core.contracts.PolicyStep`) for ``inp``'s variant."""
     rc = variant_knobs(inp)
     out = {"temperature": float(inp["temperature"]), "loss_agg_mode": inp["mode"],
-           "entropy_coeff": float(inp["entropy_coeff"]), "micro_batch_size": int(micro_batch_size), **CLIP,
-           "dp_size": int(dp_size),
+           "entropy_coeff": float(inp["entropy_coeff"]), "micro_batch_size": int(micro_batch_size), **clip(inp),
+           "policy_loss": policy_loss_variant(inp), "dp_size": int(dp_size),
            "max_token_len": None if token_budget is None else int(token_budget),
            "rollout_is": rc.get("is_level"), "rollout_is_cap": rc.get("is_cap"),
            "rollout_rejection": tuple(rc.get("rejection", ())), "kl_loss_coef": float(rc.get("kl_loss_coef", 0.0))}
@@ -343,6 +405,8 @@ def _rejected(old_lp, batch, mask, options) -> torch.Tensor:
     return torch.from_numpy(kept > 0)
 
 
+#: the policy losses of the float32 step (:func:`rlconform.reference.policy_loss`'s names)
+STEP_POLICY_LOSSES = ("vanilla", "gspo")
 #: the TIS levels of the float32 step (:func:`rlconform.reference.importance_ratio`'s names)
 IS_LEVELS = ("token", "sequence_product")
 
@@ -386,6 +450,9 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     the fraction of weights above the cap counted after the truncation (so none is above it), each DP rank's loss
     normalised by its own token count (or rows) and the ranks' gradients averaged (a rank-scoped normaliser), the
     configured KL estimator ignored (k3 whatever ``kl_loss_type`` says).
+    With ``kn["policy_loss"] == "gspo"`` each row's ratio is exp of its mean log-ratio over the valid tokens,
+    straight-through at each token (GSPO-token), clipped, without the dual clip, and ``pg_clipfrac_lower`` is not
+    logged.
     With ``kn["dp_size"]`` = D > 1 the rows are D contiguous rank chunks, each cut into micro-batches of its own;
     the mini-batch's normaliser makes the result the one-rank step's.
     With ``kl_loss_coef`` the KL estimate ``kn["kl_loss_type"]`` (:data:`FP32_KL`) to the reference model
@@ -396,6 +463,10 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     h_mode = kn.get("entropy_agg_mode") or mode
     lo, hi, cc = kn["clip_ratio_low"], kn["clip_ratio_high"], kn["clip_ratio_c"]
     m_batch = batch["response_mask"].bool()
+    if kn.get("policy_loss", "vanilla") not in STEP_POLICY_LOSSES:
+        raise ValueError(f"the float32 step has the policy losses {', '.join(STEP_POLICY_LOSSES)}, not "
+                         f"{kn.get('policy_loss')!r}")
+    gspo = kn.get("policy_loss") == "gspo"
     with torch.no_grad():
         old_lp, old_H = _log_probs(old_model, batch, T if old_temperature else 1.0)
     m_all = counted = m_batch
@@ -457,9 +528,12 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
         lp, H = _log_probs(model, micro, T, temperature_times)
         log_ratio = lp - old_lp[a:b]
         ratio = torch.exp(log_ratio)
+        if gspo:  # one ratio per row (the mean log-ratio over its valid tokens), straight-through at each token
+            row = torch.where(m, log_ratio, 0.0).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)
+            ratio = torch.exp(lp - lp.detach() + row.detach())
         l1, l2 = -adv * ratio, -adv * torch.clamp(ratio, 1 - lo, 1 + hi)
         c1 = torch.maximum(l1, l2)
-        pg = torch.where(adv < 0, torch.minimum(-adv * cc, c1), c1)
+        pg = c1 if gspo else torch.where(adv < 0, torch.minimum(-adv * cc, c1), c1)
         if weights is not None:
             w = weights[a:b]
             if weight_from_current:
@@ -497,6 +571,8 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
                "entropy": float(_agg(old_H, m_batch, mode, m_batch.sum(), m_batch.shape[0]))}
     if ref_lp is not None:
         metrics["kl_loss"] = totals["kl_loss"]
+    if gspo:  # no dual clip: nothing it clips
+        del metrics["pg_clipfrac_lower"]
     metrics.update(is_metrics)
     if metric_micro_means:
         for i, name in enumerate(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")):
@@ -554,6 +630,8 @@ def _metrics(out: dict, ref: dict, fa: dict, inp: dict, label: str, layout: dict
             continue  # no KL loss: nothing to log
         if name in STEP_IS_METRICS and not variant_knobs(inp).get("is_level"):
             continue  # no importance weights: no diagnostics of them
+        if name in DUAL_CLIP_METRICS and policy_loss_variant(inp) != "vanilla":
+            continue  # no dual clip (GSPO): nothing it clips
         if name not in metrics:
             ev.problems.append(problem_clause("lost metric", f"{shown} missing from the step's metrics "
                                                              f"{sorted(metrics)} ({label})"))
@@ -602,7 +680,8 @@ def evaluate(binding, case) -> Evaluation:
                         inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
                         inp["input_ids"], inp["response_mask"], inp["advantages"],
                         temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
-                        entropy_coeff=float(inp["entropy_coeff"]), **CLIP, **conventions,
+                        entropy_coeff=float(inp["entropy_coeff"]), **clip(inp), **conventions,
+                        policy_loss_variant=policy_loss_variant(inp),
                         **{k: inp[k].astype(np.float32) for k in ("ref_embed", "ref_head") if k in inp},
                         kl_loss_coef=float(rc.get("kl_loss_coef", 0.0)), kl_loss_type=rc.get("kl_loss_type", "k3"),
                         rollout_log_probs=inp.get("rollout_log_probs"), rollout_is=rc.get("is_level"),
@@ -687,8 +766,8 @@ def trigger(case, clauses, kind) -> str | None:
     * one micro-batch with a row the rejection removed: "a row removed by rollout rejection" (a binding may word it
       as its aggregation's edge trigger, verl's "a row with no valid token, as sequence-level rollout rejection
       …", so that a normaliser counting the row joins the aggregation's defect);
-    * one micro-batch with a row that has no valid token (the sequence-TIS variant draws one): "a row with no valid
-      token";
+    * one micro-batch with a row that has no valid token (the sequence-TIS and GSPO variants draw one): "a row with
+      no valid token";
     * one micro-batch at a temperature ≠ 1: "a sampling temperature ≠ 1";
     * a mask_invariant or partition_invariant failure, or anything else: the generic trigger."""
     inp = case.inputs
