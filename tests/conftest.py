@@ -1,5 +1,5 @@
-"""Registers the suite's helper modules ``tests/forked_cli.py`` and ``tests/engine_fork.py`` under their names
-(the suite runs with ``--import-mode=importlib``: a test module imports them by those names) and stops the forked
+"""Registers the suite's helper modules ``tests/forked_cli.py``, ``tests/engine_fork.py`` and
+``tests/step_cases.py`` under their names (the suite runs with ``--import-mode=importlib``: a test module imports them by those names) and stops the forked
 CLI's server at the end; prints the costliest tests in CPU seconds beside pytest's ``--durations``."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ def _register(name: str):
 
 forked_cli = _register("forked_cli")
 _register("engine_fork")
+_register("step_cases")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -308,31 +308,16 @@ def test_verls_gspo_step_is_exact_under_any_split_and_its_seq_mean_counts_a_row_
     in ``global_batch_size = ppo_mini_batch_size``, agg_loss's seq-mean divisor: the gradient is the exact one times
     rows with a valid token / rows (agg_loss's known row)."""
     import numpy as np
-    from hypothesis import find
+    import step_cases
 
-    import rlconform.reference as R
     from rlconform.harness.bindings.load import load_engine
     from rlconform.harness.families import policy_step as S
 
     _verl_dir()
     step = load_engine("verl").resolve("policy_step")
-
-    def exact(inp):
-        return R.policy_step(*(inp[k].astype(np.float32) for k in ("embed", "head", "old_embed", "old_head")),
-                             inp["input_ids"], inp["response_mask"], inp["advantages"],
-                             temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
-                             **S.clip(inp), policy_loss_variant="gspo")
-
-    full = find(S.inputs("seq-mean-token-mean-with-gspo"),
-                lambda i: len(i["input_ids"]) == 4 and 0 < exact(i)["metrics"]["pg_clipfrac"] < 1)
-    full = dict(full, entropy_coeff=0.0)
-    ref = exact(full)
-    for micro, dp in ((4, 1), (1, 1), (2, 2)):
-        grad = S.run_step(step, full, micro, dp_size=dp)["grads"]["head.weight"].double().numpy()
-        np.testing.assert_allclose(grad, ref["grad_head"], rtol=1e-4, atol=1e-6, err_msg=f"micro {micro}, DP {dp}")
-    empty = find(S.inputs("seq-mean-token-mean-with-gspo"),
-                 lambda i: len(i["input_ids"]) == 3 and not i["response_mask"].any(1).all())
-    empty = dict(empty, entropy_coeff=0.0)
+    full, empty = step_cases.gspo_cases()
+    step_cases.assert_exact_under_every_split(step, full, step_cases.exact(full, policy_loss_variant="gspo"))
     live, rows = int(empty["response_mask"].any(1).sum()), len(empty["input_ids"])
     grad = S.run_step(step, empty, 3)["grads"]["head.weight"].double().numpy()
-    np.testing.assert_allclose(grad, exact(empty)["grad_head"] * live / rows, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grad, step_cases.exact(empty, policy_loss_variant="gspo")["grad_head"] * live / rows,
+                               rtol=1e-4, atol=1e-6)
