@@ -51,7 +51,8 @@ SCRIPTED = {
     "sum_pi_squared_bf16": ("wrong value", {"calculate_sum_pi_squared_from_logits"}),
     "rloo_vectorized_singleton": ("wrong value", {"compute_rloo_vectorized_outcome_advantage"}),
     "grpo_vectorized": ("wrong value", {"compute_grpo_vectorized_outcome_advantage"}),
-    "dp_mean_of_means": ("partition dependence", {"Metric.aggregate_dp"}),
+    # the policy loss's fractions marked MEAN by ppo_loss, averaged unweighted over micro-batches and DP ranks
+    "dp_mean_of_means": ("partition dependence", {"ppo_loss"}),
     "cp_masked_mean_nan": ("NaN / inf", {"distributed_masked_mean"}),
     "gae_nan": ("NaN / inf", {"compute_gae_advantage_return"}),
     "rejection_mask_bounds": ("wrong value", {"compute_rollout_correction_and_rejection_mask",
@@ -143,8 +144,8 @@ def test_a_defect_without_templatable_member_says_so_in_one_line(doc):
 
 
 def test_the_script_reproduces_a_member_when_the_representative_case_has_no_template(doc, scripts):
-    # the DP mean-of-means row's representative is a metric_statistics finding, a case no template is written
-    # for; its script is the smallest metric_pipeline partition member
+    # the mean-of-means row's representative is a finding of another op (the step's or the policy loss's), a case
+    # no template is written for; its script is the smallest metric_pipeline partition member
     from rlconform.harness.report.explain import _template
 
     d = _defect(doc, "dp_mean_of_means")

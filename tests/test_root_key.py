@@ -591,6 +591,13 @@ def test_a_defect_headline_shows_a_key_the_engine_emits_before_a_probes_key(monk
     # the step's per-micro-batch metric means (an engine key, and more reachable than the probe) would lead the
     # row on reachability alone: without them the probe's member is the most reachable, as before the step op
     doc["findings"] = [f for f in doc["findings"] if not f["op"].startswith("policy_step")]
+    # the metric chain's findings (actor/pg_clipfrac, an engine key) are ppo_loss's row now (the MEAN marking):
+    # put them back on the fold's row, beside the probe's, as the row was when a maintainer read it
+    fold = next(f["engine_function"] for f in doc["findings"] if f["op"] == "metric_statistics"
+                and (f.get("engine_function") or {}).get("function") == "Metric.aggregate_dp")
+    for f in doc["findings"]:
+        if f["op"] == "metric_pipeline" and f["status"] == "discrepancy":
+            f["engine_function"] = fold
 
     def row(d):
         return next(x for x in d["defects"] if (x["engine_function"] or {}).get("function") == "Metric.aggregate_dp")
