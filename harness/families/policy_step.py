@@ -83,7 +83,7 @@ KL_VARIANTS = {"low_var_kl": "token-mean-with-kl", "k1": "token-mean-with-kl-k1"
 #: the reference model of the KL variant: the current parameters plus this much noise (|log π/π_ref| stays far
 #: below the k3 clamp's 2.61)
 REF_NOISE = (0.1, 0.2)
-#: the GSPO variant's policy loss and clip bounds (Zheng et al. 2025, arXiv:2507.18071, §5.1: 3e-4 / 4e-4; neither
+#: the GSPO variant's policy loss and clip bounds (Zheng et al. 2025, arXiv:2507.18071, the clip range of its experiments: 3e-4 / 4e-4; neither
 #: engine forces them: verl reads the actor's clip_ratio_low / _high, SkyRL eps_clip_low / _high); no dual clip
 GSPO = {"policy_loss": "gspo", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
 #: catalog variant -> (loss_agg_mode, its other knobs: rollout correction ``is_level`` / ``is_cap`` and
