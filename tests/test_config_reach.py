@@ -161,7 +161,8 @@ def test_verls_configurations_name_catalog_ops_and_variants_and_keys_with_defaul
 
 def test_skyrls_configurations_name_catalog_ops_and_keys_with_defaults_and_corrections_hold_under_any_reduction():
     """SkyRL's configuration table: catalog ops and variants, every key with a default, and a step variant with a
-    correction or a KL loss reached under any loss_reduction (it was drawn on one; that is not what it checks)."""
+    correction or a KL loss reached under any loss_reduction (it was drawn on one; that is not what it checks), except
+    a correction drawn on two reductions (rejection), each of which keeps its own."""
     from rlconform.harness.bindings import skyrl_configs
     from rlconform.harness.catalog.binding import Binding
     from rlconform.harness.catalog.ops import OPS
@@ -182,9 +183,51 @@ def test_skyrls_configurations_name_catalog_ops_and_keys_with_defaults_and_corre
     kl = table["ops"]["policy_step"]["token-mean-with-kl"]
     assert kl == [[["trainer.algorithm.use_kl_loss", "==", True]]]
     rejection = table["ops"]["policy_step"]["token-mean-with-rejection"]  # any mask, each as SkyRL enables it
-    assert len(rejection) == 4 and [[f"{OPC}.token_mask_is_threshold_low", "!=", None],
+    token_mean = ["trainer.algorithm.loss_reduction", "==", "token_mean"]
+    assert len(rejection) == 4 and [token_mean, [f"{OPC}.token_mask_is_threshold_low", "!=", None],
                                     [f"{OPC}.token_mask_is_threshold_high", "!=", None]] in rejection
+    assert all(["trainer.algorithm.loss_reduction", "==", "sequence_mean"] in alt
+               for alt in table["ops"]["policy_step"]["seq-mean-token-mean-with-rejection"])
     assert ["trainer.algorithm.grpo_norm_by_std", "==", False] in table["ops"]["outcome_advantage"]["drgrpo"][0]
+
+
+def test_a_correction_drawn_on_two_modes_reaches_a_row_only_under_the_mode_that_found_it():
+    """verl's step draws rollout rejection on token-mean and on seq-mean-token-mean. A row only the seq-mean variant
+    reaches (agg_loss's NaN through its per-row sum) holds under the seq-mean modes, which its agg_loss members
+    already say: rejection alone is not listed. A row both variants reach holds under rejection with any mode; an
+    alternative that implies another is dropped."""
+    from rlconform.harness.bindings import verl_configs
+    from rlconform.harness.catalog.binding import Binding
+
+    table = Binding(name="verl", ops={}, configs={
+        "defaults": verl_configs.defaults, "ops": verl_configs.ops({}), "triggers": verl_configs.TRIGGERS,
+        "twins": verl_configs.TWINS}).config_table()
+    step = {f"policy_step.{p}.{v}": {"op": "policy_step", "property": p, "dtype": "float32",
+                                     "regime": f"{v}@trainer_batches"}
+            for v in ("token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-tis")
+            for p in ("matches_reference", "mask_invariant")}
+    found = {**FINDINGS, **{f"agg_loss.{m}": {"op": "agg_loss", "regime": f"{m}@moderate"}
+                            for m in ("seq-mean-token-mean", "seq-mean-token-sum")}, **step}
+    mode, rs = f"{A}.loss_agg_mode", "algorithm.rollout_correction.rollout_rs"
+    seq = "policy_step.mask_invariant.seq-mean-token-mean-with-rejection"
+    seq_only = alternatives(_row(["agg_loss.seq-mean-token-mean", "agg_loss.seq-mean-token-sum", seq]), found, table)
+    assert seq_only == [[(mode, "==", "seq-mean-token-mean")], [(mode, "==", "seq-mean-token-sum")]]
+    alone = alternatives(_row([seq]), found, table)
+    assert alone == [[(mode, "==", "seq-mean-token-mean"), (rs, "==", "seq_mean_k1")]]
+    both = alternatives(_row([seq, "policy_step.mask_invariant.token-mean-with-rejection"]), found, table)
+    assert both == [[(rs, "==", "seq_mean_k1")]]  # the pair: whatever the mode
+    other_property = alternatives(_row([seq, "policy_step.matches_reference.token-mean-with-rejection"]), found, table)
+    assert sorted(other_property) == [[(mode, "==", "seq-mean-token-mean"), (rs, "==", "seq_mean_k1")],
+                                      [(mode, "==", "token-mean"), (rs, "==", "seq_mean_k1")]]
+    tis = alternatives(_row(["policy_step.matches_reference.token-mean-with-tis"]), found, table)  # one mode: any
+    assert tis == [[("algorithm.rollout_correction.rollout_is", "==", "token")]]
+    implied = [[(mode, "in", ("seq-mean-token-mean", "seq-mean-token-sum"))], [(mode, "==", "seq-mean-token-mean"),
+                                                                               (rs, "==", "seq_mean_k1")]]
+    table2 = {"ops": {"x": {"a": [[list(c) for c in implied[0]]], "b": [[list(c) for c in implied[1]]]}}}
+    two = {"x.a": {"op": "x", "regime": "a@m"}, "x.b": {"op": "x", "regime": "b@m"}}
+    assert alternatives(_row(["x.a", "x.b"]), two, table2) == [[(mode, "in", ("seq-mean-token-mean",
+                                                                              "seq-mean-token-sum"))]]
+    assert alternatives(_row(["x.a", "x.a"]), two, table2) == alternatives(_row(["x.a"]), two, table2)
 
 
 def test_a_function_that_runs_under_some_configuration_is_reached_only_there_whatever_op_found_it():

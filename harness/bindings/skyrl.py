@@ -1172,7 +1172,7 @@ binding = Binding(
     remedies=REMEDIES,
     configs={"defaults": skyrl_configs.defaults, "ops": skyrl_configs.ops(POLICY_LOSS_NAMES, SKYRL_MODES,
                                                                           SKYRL_ESTIMATORS),
-             "triggers": skyrl_configs.TRIGGERS, "sites": skyrl_configs.SITES},
+             "triggers": skyrl_configs.TRIGGERS, "sites": skyrl_configs.SITES, "twins": skyrl_configs.TWINS},
     output_sites=OUTPUT_SITES,
     version=_version(),
     engine_dtypes=ENGINE_DTYPES,

@@ -4,6 +4,10 @@ and the values under which the trainer runs it. An op not listed runs under any 
 
 from __future__ import annotations
 
+from rlconform.harness.report.config_reach import twins
+
+from .skyrl_step import MODES as STEPS  # the step's variants this binding drives
+
 ALGO = "trainer.algorithm"
 OPC = f"{ALGO}.off_policy_correction"
 
@@ -50,6 +54,13 @@ def _reduction(mode: str) -> tuple:
     return ((f"{ALGO}.loss_reduction", "==", mode),)
 
 
+
+
+#: the step's variants drawn on two loss reductions (config_reach's ``twins``)
+_STEP_TWINS = twins(STEPS, f"{ALGO}.loss_reduction")
+TWINS = {"policy_step": _STEP_TWINS, "policy_step_metrics": _STEP_TWINS}
+
+
 def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
     """op -> {catalog variant -> alternatives} from the binding's own tables: ``policy_losses`` (SkyRL's
     policy_loss_type -> [(catalog variant, overrides)]), ``modes`` (catalog loss_agg_mode -> loss_reduction),
@@ -67,9 +78,7 @@ def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
               ((f"{ALGO}.use_kl_in_reward", "==", True), (f"{ALGO}.kl_estimator_type", "==", e)))
           for e in ("k1", "k2", "k3", "abs")}
     steps = {}
-    for variant in ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
-                    "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
-                    "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo"):
+    for variant in STEPS:
         mode, _, correction = variant.partition("-with-")
         # a rejected row: any of the correction's masks drops it the same way inside the policy loss
         extras = {"tis": (((f"{OPC}.tis_ratio_type", "==", "token"),),),
@@ -81,9 +90,10 @@ def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
                   # GSPO's wiring holds whatever its clip ratios and loss reduction
                   "gspo": (((f"{ALGO}.policy_loss_type", "==", "gspo"),),),
                   }.get(correction, ((),))
-        # a correction or KL variant was drawn on one loss reduction, which is not what it checks: its row holds
-        # under any reduction (a filter must not hide a defect from a configuration that reaches it)
-        base = () if correction else _reduction(modes[mode])
+        # a correction drawn on one loss reduction only is not a check of the reduction: its row holds under any
+        # reduction (a filter must not hide a defect from a configuration that reaches it); one drawn on two
+        # reductions keeps its reduction, so a row only one of the pair reaches is not said to hold under the other
+        base = () if correction and variant not in _STEP_TWINS else _reduction(modes[mode])
         steps[variant] = tuple((*base, *extra) for extra in extras)
     return {
         "agg_loss": {m: (_reduction(r),) for m, r in modes.items()},

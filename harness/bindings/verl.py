@@ -1626,7 +1626,8 @@ binding = Binding(
     fault_anchors=FAULT_ANCHORS,
     remedies=REMEDIES,
     configs={"defaults": verl_configs.defaults, "follows": verl_configs.FOLLOWS, "ops": verl_configs.ops(ROLLOUT_RS),
-             "triggers": verl_configs.TRIGGERS, "sites": verl_configs.SITES, "derived": verl_configs.DERIVED},
+             "triggers": verl_configs.TRIGGERS, "sites": verl_configs.SITES, "derived": verl_configs.DERIVED,
+             "twins": verl_configs.TWINS},
     version=_version(),
     ops={
         "entropy": Lazy(f"{TF}:entropy_from_logits"),

@@ -5,6 +5,10 @@ runs it. An op not listed runs under any configuration. Conditions are ``(key, o
 
 from __future__ import annotations
 
+from rlconform.harness.report.config_reach import twins
+
+from .verl_step import MODES as STEPS  # the step's variants this binding drives
+
 A = "actor_rollout_ref.actor"
 ALGO = "algorithm"
 RC = "algorithm.rollout_correction"
@@ -31,6 +35,8 @@ FSDP = (f"{A}.strategy", "!=", "megatron")
 FOLLOWS = {"critic.loss_agg_mode": f"{A}.loss_agg_mode"}
 
 
+
+
 def _estimator(name: str, **extra) -> tuple:
     return ((f"{ALGO}.adv_estimator", "==", name), *((f"{ALGO}.{k}", "==", v) for k, v in extra.items()))
 
@@ -54,9 +60,15 @@ def _step(variant: str) -> tuple:
              # GSPO's wiring (its row mean in the micro-batch loop) holds whatever its clip ratios and loss_agg_mode
              "gspo": ((f"{A}.policy_loss.loss_mode", "==", "gspo"),),
              }.get(correction, ())
-    # a correction or KL variant was drawn on one loss_agg_mode, which is not what it checks: its row holds under
-    # any mode (a filter must not hide a defect from a configuration that reaches it)
-    return (*(() if correction else ((f"{A}.loss_agg_mode", "==", mode),)), *extra)
+    # a correction drawn on one loss_agg_mode only is not a check of the mode: its row holds under any mode (a
+    # filter must not hide a defect from a configuration that reaches it); one drawn on two modes keeps its mode,
+    # so a row only one of the pair reaches is not said to hold under the other
+    return (*(() if correction and variant not in _STEP_TWINS else ((f"{A}.loss_agg_mode", "==", mode),)), *extra)
+
+
+#: the step's variants drawn on two loss_agg_modes (config_reach's ``twins``)
+_STEP_TWINS = twins(STEPS, f"{A}.loss_agg_mode")
+TWINS = {"policy_step": _STEP_TWINS, "policy_step_metrics": _STEP_TWINS}
 
 
 def ops(rollout_rs: dict) -> dict:
@@ -71,9 +83,6 @@ def ops(rollout_rs: dict) -> dict:
                   "rloo": _estimator("rloo"), "rloo+vectorized": _estimator("rloo_vectorized"),
                   **{e: _estimator(e) for e in ("gdpo", "gpg", "grpo_passk", "opo", "reinforce_plus_plus",
                                                 "reinforce_plus_plus_baseline", "remax")}}
-    steps = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
-             "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
-             "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo")
     kl = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
     rejection = {}
     for variant, (option, threshold) in rollout_rs.items():
@@ -105,8 +114,8 @@ def ops(rollout_rs: dict) -> dict:
         "vocab_parallel_sum_pi_squared": {"*": ((*MEGATRON, (f"{A}.calculate_sum_pi_squared", "==", True)),)},
         "sum_pi_squared": {"*": (((f"{A}.calculate_sum_pi_squared", "==", True),),)},
         "fused_linear_token_stats": {"*": ((("actor_rollout_ref.model.use_fused_kernels", "==", True),),)},
-        "policy_step": {v: (_step(v),) for v in steps},
-        "policy_step_metrics": {v: (_step(v),) for v in steps},
+        "policy_step": {v: (_step(v),) for v in STEPS},
+        "policy_step_metrics": {v: (_step(v),) for v in STEPS},
     }
 
 

@@ -208,7 +208,7 @@ class Binding:
     ``{"defaults": {key: value} or a callable returning them (read from the installed engine), "follows":
     {key: key whose value it defaults to}, "ops": {op: {variant: alternatives}}, "triggers": ((regex,
     conditions), …), "sites": {"module.qualname": {kinds: alternatives}}, "derived": {key: (other key, {its
-    value: this key's value})}}``, a condition ``(key, op, value)``.
+    value: this key's value})}, "twins": {op: {variant: (twin variant, key)}}}``, a condition ``(key, op, value)``.
     ``needs``: op -> the device its default implementation needs (``"cuda"``: a Triton / CUDA kernel); an
     alternative implementation declares it on its :class:`Implementation` (``needs``). On a run whose
     ``--device`` is not one, the op's findings are ``unavailable: needs CUDA`` (:meth:`device_gap`).
@@ -259,7 +259,9 @@ class Binding:
                 "sites": {where: {kinds: rows(alts) for kinds, alts in by.items()} for where, by in
                           (self.configs.get("sites") or {}).items()},
                 "derived": {k: [other, dict(mapping)] for k, (other, mapping) in
-                            (self.configs.get("derived") or {}).items()}}
+                            (self.configs.get("derived") or {}).items()},
+                "twins": {op: {v: list(pair) for v, pair in by.items()} for op, by in
+                          (self.configs.get("twins") or {}).items()}}
 
     def remedy_table(self) -> dict:
         """``remedies`` as JSON rows for ``report.json``'s ``engine.remedies``: ``{"module.qualname": [{"kinds",

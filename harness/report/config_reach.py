@@ -16,9 +16,12 @@ A binding declares, as data (``Binding.configs``, written into ``report.json`` a
   engine function itself runs only under some configuration (verl's ``compute_is_metrics`` only with
   ``rollout_is``), its row's alternatives are these, whatever op found it;
 * ``derived``: key -> ``[other key, {its value: this key's value}]``: a key a configuration sets through another
-  (verl's ``model_engine=megatron`` selects ``actor_rollout_ref.actor.strategy=megatron``).
+  (verl's ``model_engine=megatron`` selects ``actor_rollout_ref.actor.strategy=megatron``);
+* ``twins``: op -> variant -> ``[twin variant, key]``: two variants drawn alike but for ``key`` (the step's rollout
+  rejection on token-mean and on seq-mean-token-mean, :func:`twins`): each keeps its ``key`` condition, which a row
+  holding both (the same property and dtype) drops, as it holds whatever ``key`` is.
 
-A row's alternatives are those of its members (``reached_by``: a list of condition lists; ``[[]]``: any
+A row's alternatives are those of its members (an alternative that implies another left out) (``reached_by``: a list of condition lists; ``[[]]``: any
 configuration; None: the binding declares nothing). A configuration is a YAML file in the engine's own format:
 a nested mapping (a trainer's config, Hydra's ``.hydra/config.yaml``), dotted keys, or a list of Hydra overrides
 ``key=value`` (``.hydra/overrides.yaml``); a key it does not set takes the engine's default.
@@ -29,7 +32,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["ConfigError", "alternatives", "describe", "load_config", "reaches", "render"]
+__all__ = ["ConfigError", "alternatives", "describe", "load_config", "reaches", "render", "twins"]
 
 OPS = ("==", "!=", "in", "~", "asym")
 
@@ -70,23 +73,63 @@ def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[
                 out = [j for j in (_joined(alt, extra) for alt in _conds(alts)) if j is not None]
                 return [[]] if any(not alt for alt in out) else out
     out: list[list[tuple]] = []
-    for fid in defect.get("members") or ():
-        f = findings.get(fid) or {}
+    members = [findings.get(fid) or {} for fid in defect.get("members") or ()]
+    for f in members:
         by_variant = (table.get("ops") or {}).get(f.get("op"))
-        variant = split_regime(str(f.get("regime") or ""))[0] or ""
+        variant, data = split_regime(str(f.get("regime") or ""))
+        variant = variant or ""
         alts = [[]]
         if by_variant:
             for key in (variant, variant.split("+", 1)[0], "*", ""):
                 if key in by_variant:
                     alts = _conds(by_variant[key])
                     break
+        twin, twin_key = ((table.get("twins") or {}).get(f.get("op")) or {}).get(variant) or (None, None)
+        if twin and any(g.get("op") == f.get("op") and g.get("property") == f.get("property")
+                        and g.get("dtype") == f.get("dtype") and g.get("regime") == f"{twin}@{data}" for g in members):
+            alts = [[c for c in alt if c[0] != twin_key] for alt in alts]  # the row holds on both: any value
         for alt in alts:
             full = _joined(alt, extra)
             if full is not None and full not in out:
                 out.append(full)
     if any(not alt for alt in out):
         return [[]]
-    return out
+    return [alt for i, alt in enumerate(out)
+            if not any(j != i and _implies(alt, other) and not (_implies(other, alt) and j > i)
+                       for j, other in enumerate(out))]
+
+
+def twins(variants, key: str) -> dict[str, list[str]]:
+    """``twins`` of :func:`alternatives` for variants named ``<mode>-with-<correction>``: each correction drawn on
+    exactly two modes pairs its two variants, ``key`` the configuration key of the mode."""
+    by_correction: dict[str, list[str]] = {}
+    for v in variants:
+        mode, _, correction = v.partition("-with-")
+        if correction:
+            by_correction.setdefault(correction, []).append(v)
+    return {v: [pair[1 - i], key] for pair in by_correction.values() if len(pair) == 2 for i, v in enumerate(pair)}
+
+
+def _implies(alt: list[tuple], other: list[tuple]) -> bool:
+    """Whether every configuration ``alt`` reaches also meets ``other`` (each condition of ``other`` follows from
+    one of ``alt``): ``mode=seq-mean-token-mean and rollout_rs=seq_mean_k1`` implies ``mode ∈ {seq-mean-…}``,
+    so the row's reach need not list it. Patterns (``~``, ``asym``) follow only from themselves."""
+    def follows(c: tuple) -> bool:
+        key, op, value = c[:3]
+        for a in alt:
+            if a[0] != key:
+                continue
+            if a[:3] == c[:3]:
+                return True
+            if a[1] == "==" and (op == "in" and any(_same(a[2], v) for v in value)
+                                 or op == "!=" and not _same(a[2], value)):
+                return True
+            if a[1] == "in" and (op == "in" and all(any(_same(x, v) for v in value) for x in a[2])
+                                 or op == "!=" and not any(_same(x, value) for x in a[2])):
+                return True
+        return False
+
+    return all(follows(c) for c in other)
 
 
 def _joined(alt: list[tuple], extra: list[tuple]) -> list[tuple] | None:
