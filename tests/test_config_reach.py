@@ -189,6 +189,12 @@ def test_skyrls_configurations_name_catalog_ops_and_keys_with_defaults_and_corre
     assert all(["trainer.algorithm.loss_reduction", "==", "sequence_mean"] in alt
                for alt in table["ops"]["policy_step"]["seq-mean-token-mean-with-rejection"])
     assert ["trainer.algorithm.grpo_norm_by_std", "==", False] in table["ops"]["outcome_advantage"]["drgrpo"][0]
+    # reduce_metrics drops NumPy / tensor metric values, which only a policy loss of the user's own logs
+    (own,) = skyrl_configs.SITES["skyrl.backends.skyrl_train.workers.worker_utils.reduce_metrics"]["missing output"]
+    loss = "trainer.algorithm.policy_loss_type"
+    assert not reaches([list(own)], {}, {"defaults": skyrl_configs.DEFAULTS})[0]
+    assert all(not reaches([list(own)], {loss: name}, {})[0] for name in skyrl_configs.BUILT_IN_POLICY_LOSSES)
+    assert reaches([list(own)], {loss: "my_loss"}, {})[0] and reaches([list(own)], {loss: "regular_v2"}, {})[0]
 
 
 def test_a_correction_drawn_on_two_modes_reaches_a_row_only_under_the_mode_that_found_it():
@@ -295,3 +301,19 @@ def test_a_default_that_is_no_plain_value_is_a_binding_error():
 
     with pytest.raises(BindingError, match="not plain values"):
         Binding(name="x", ops={}, configs={"defaults": lambda: {"k": object()}, "ops": {}}).config_table()
+
+
+@pytest.mark.engines
+def test_skyrls_built_in_policy_losses_are_those_the_installed_skyrl_registers():
+    """The reach of reduce_metrics' NumPy row (a policy loss of the user's own) reads SkyRL's built-in losses from a
+    list: it must be the installed registry's, or a new built-in loss would read as the user's own."""
+    import ast
+    import inspect
+
+    ppo_utils = pytest.importorskip("skyrl.backends.skyrl_train.utils.ppo_utils")
+    from rlconform.harness.bindings import skyrl_configs
+
+    tree = ast.parse(inspect.getsource(ppo_utils.PolicyLossRegistry))
+    (table,) = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "pl_types" for t in n.targets)]
+    assert {k.value for k in table.keys} == set(skyrl_configs.BUILT_IN_POLICY_LOSSES)

@@ -31,6 +31,9 @@ MASKS = (((f"{OPC}.sequence_mask_metric", "!=", None),),
 CORRECTIONS = (((f"{OPC}.tis_ratio_type", "!=", None),), *MASKS)
 #: the sampling temperature the policy's log-probs use (algorithm.temperature is copied from it)
 TEMPERED = ("generator.sampling_params.temperature", "!=", 1.0)
+#: SkyRL 0.4.0's built-in policy losses (``PolicyLossRegistry.repopulate_registry``, utils/ppo_utils.py)
+BUILT_IN_POLICY_LOSSES = ("regular", "dual_clip", "gspo", "cispo", "clip_cov", "kl_cov", "sapo", "cross_entropy",
+                          "importance_sampling", "dppo", "rollout_is")
 #: engine functions that run only under some configuration, whichever op found their row: row class -> alternatives
 SITES = {
     "skyrl.backends.skyrl_train.workers.worker.RefWorkerBase._forward_micro_batch": {
@@ -47,6 +50,11 @@ SITES = {
     "skyrl.backends.skyrl_train.utils.ppo_utils.ppo_policy_loss": {"wrong value": MASKS},
     # every built-in policy loss but importance_sampling ends in it
     "skyrl.backends.skyrl_train.utils.ppo_utils.reduce_loss": {"": ((),)},
+    # a metric value that is not a Python number: every built-in policy loss and correction logs .item() floats, so
+    # only a loss registered by the user (register_policy_loss) hands reduce_metrics NumPy scalars or tensors
+    "skyrl.backends.skyrl_train.workers.worker_utils.reduce_metrics": {
+        "missing output": (((f"{ALGO}.policy_loss_type", "~", rf"^(?!(?:{'|'.join(BUILT_IN_POLICY_LOSSES)})$)",
+                             "a policy loss of your own (register_policy_loss) that logs NumPy scalars or tensors"),),)},
 }
 
 
