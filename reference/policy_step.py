@@ -11,7 +11,8 @@ the first ``P`` columns (left padding) and its response left-aligned in the last
 counts (0 at padding and at interior observation tokens of a multi-turn row). Response token ``j`` of row ``i``
 is predicted by the logits at column ``P + j − 1``: its log-probability is ``log softmax(z)[x_{P+j}]``.
 
-The step (one mini-batch, one optimizer step; verl's ``ppo_loss``, Schulman et al. 2017, arXiv:1707.06347):
+The step (one mini-batch, one optimizer step; several mini-batches below; verl's ``ppo_loss``, Schulman et al.
+2017, arXiv:1707.06347):
 
 * ℓ = log-probs at the current parameters, o = log-probs at the old parameters (``old_embed``,
   ``old_head``: the proximal policy the trainer recomputes before the update), both at temperature τ;
@@ -51,6 +52,16 @@ Rollout correction (decoupled: three policies, the rollout's ρ, the proximal o 
   (the same over the kept tokens). A declared convention may summarise the raw sequence ratios
   (``is_metric_weights="raw"``), the raw *token* ratios exp(o − log ρ) whatever the level
   (``"raw_token"``), or take only the min and max of other weights than the mean (``is_extreme_weights``).
+
+Several mini-batches (verl ``ppo_mini_batch_size``: ``RayPPOTrainer._update_actor`` → ``TrainingWorker.train_mini_batch``;
+SkyRL ``policy_mini_batch_size``: ``RayPPOTrainer._execute_training_step``; one PPO epoch, no shuffle): the B rows
+are cut into k contiguous mini-batches of B / k rows, and each is one optimizer step of its own loss, every
+normaliser (token count, rows) counted over the mini-batch's rows. The old log-probs, the rejection and the
+importance weights are decided per row or token, so a mini-batch's are the whole batch's. The parameters are the
+same for every step here (the gradient is compared before any update moves them), so each mini-batch's gradient
+is the gradient of its own loss at the given parameters. The metrics of the step are those of the whole
+(generation) batch, pooled over its tokens and rows: what a one-mini-batch step of the same rows logs, whatever
+the cut; a declared convention may take a metric as the mean over the mini-batches of each one's value.
 
 KL loss (verl ``use_kl_loss``, SkyRL ``use_kl_loss``): r = log-probs of a frozen reference model (``ref_embed``,
 ``ref_head``) at the same temperature τ (the KL is between the two tempered policies: zero when the parameters
@@ -131,8 +142,10 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
                 rejection=(), ref_embed=None, ref_head=None, kl_loss_coef: float = 0.0,
                 kl_loss_type: str = "low_var_kl", kl_agg_mode: str | None = None,
                 rejection_normaliser: str = "kept", is_metric_weights: str = "applied",
-                is_extreme_weights: str | None = None, policy_loss_variant: str = "vanilla") -> dict:
-    """The exact step (module doc). Returns a dict:
+                is_extreme_weights: str | None = None, policy_loss_variant: str = "vanilla",
+                mini_batches: int = 1, mini_batch_mean_metrics=()) -> dict:
+    """The exact step (module doc). With ``mini_batches`` = k > 1 the B rows are cut into k contiguous mini-batches
+    of B / k rows, one optimizer step each (module doc, "Several mini-batches"). Returns a dict:
 
     ``log_probs``, ``old_log_probs``, ``entropy``, ``old_entropy``: float64 ``[B, R]`` (every position; the
     masked ones are what the model gives there); ``loss``: float; ``grad_embed``, ``grad_head``: float64
@@ -163,13 +176,63 @@ def policy_step(embed, head, old_embed, old_head, input_ids, response_mask, adva
     is_extreme_weights: None (as is_metric_weights) or one of its values, what ``_min`` / ``_max`` alone summarise
     (verl's sequence level: the raw sequence ratios beside the truncated weights' mean).
 
+    mini_batches: k ≥ 1 dividing B. With k > 1 the result holds ``steps``, a list of k dicts, one per mini-batch in
+    order: ``rows`` (first, end) of its rows, ``loss``, ``grad_embed``, ``grad_head`` (float64 ``[V, H]``: the exact
+    gradient of the mini-batch's own loss, every normaliser counted over its rows, at the given parameters) and
+    ``metrics`` (the mini-batch's own, as for one mini-batch); it holds no top-level ``loss`` / ``grad_embed`` /
+    ``grad_head`` (there is no one gradient of the step), and its ``metrics`` are those of the whole batch (the
+    generation batch pooled: token-weighted, and for the losses the batch's ``loss_agg_mode``), except the names in
+    ``mini_batch_mean_metrics``, the mean over the k mini-batches of each one's value (a declared convention: one
+    value per optimizer step, averaged over the steps).
+
     Raises ValueError: shapes that do not match, τ ≤ 0, no unmasked (or no kept) token, a policy_loss_variant not in
     :data:`STEP_POLICY_LOSSES`, GSPO with a rejection (which tokens its row mean reads is not defined here), a
     correction without
     rollout log-probs, an is_metric_weights / is_extreme_weights not in :data:`IS_METRIC_WEIGHTS`, a KL loss
     without a reference model, and what :func:`rlconform.reference.policy_loss` and
-    :func:`rlconform.reference.kl_estimator` raise.
+    :func:`rlconform.reference.kl_estimator` raise; a ``mini_batches`` < 1 or not dividing B, and a mini-batch with
+    no unmasked (or no kept) token.
     """
+    kwargs = dict(temperature=temperature, loss_agg_mode=loss_agg_mode, entropy_coeff=entropy_coeff,
+                  clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c,
+                  entropy_agg_mode=entropy_agg_mode, rollout_is=rollout_is, rollout_is_cap=rollout_is_cap,
+                  rejection=rejection, ref_embed=ref_embed, ref_head=ref_head, kl_loss_coef=kl_loss_coef,
+                  kl_loss_type=kl_loss_type, kl_agg_mode=kl_agg_mode, rejection_normaliser=rejection_normaliser,
+                  is_metric_weights=is_metric_weights, is_extreme_weights=is_extreme_weights,
+                  policy_loss_variant=policy_loss_variant)
+    rows = np.shape(response_mask)[0]
+    if isinstance(mini_batches, bool) or not isinstance(mini_batches, (int, np.integer)) or mini_batches < 1 \
+            or rows % mini_batches:
+        raise ValueError(f"mini_batches must be an integer >= 1 that divides the {rows} rows, got {mini_batches!r}")
+    whole = _step(embed, head, old_embed, old_head, input_ids, response_mask, advantages,
+                  rollout_log_probs=rollout_log_probs, **kwargs)
+    if mini_batches == 1:
+        return whole
+    size, steps = rows // int(mini_batches), []
+    for a in range(0, rows, size):
+        cut = slice(a, a + size)
+        try:
+            one = _step(embed, head, old_embed, old_head, np.asarray(input_ids)[cut], np.asarray(response_mask)[cut],
+                        np.asarray(advantages)[cut], **kwargs,
+                        rollout_log_probs=None if rollout_log_probs is None else np.asarray(rollout_log_probs)[cut])
+        except ValueError as e:
+            raise ValueError(f"mini-batch of rows [{a}, {a + size}): {e}") from None
+        steps.append({"rows": (a, a + size), "loss": one["loss"], "grad_embed": one["grad_embed"],
+                      "grad_head": one["grad_head"], "metrics": one["metrics"]})
+    out = {k: v for k, v in whole.items() if k not in ("loss", "grad_embed", "grad_head")}
+    out["metrics"] = dict(whole["metrics"])
+    for name in mini_batch_mean_metrics:
+        if name in out["metrics"]:
+            out["metrics"][name] = math.fsum(s["metrics"][name] for s in steps) / len(steps)
+    out["steps"] = steps
+    return out
+
+
+def _step(embed, head, old_embed, old_head, input_ids, response_mask, advantages, *, temperature, loss_agg_mode,
+          entropy_coeff, clip_ratio_low, clip_ratio_high, clip_ratio_c, entropy_agg_mode, rollout_log_probs,
+          rollout_is, rollout_is_cap, rejection, ref_embed, ref_head, kl_loss_coef, kl_loss_type, kl_agg_mode,
+          rejection_normaliser, is_metric_weights, is_extreme_weights, policy_loss_variant) -> dict:
+    """The step on one mini-batch (:func:`policy_step` with ``mini_batches=1``)."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     if policy_loss_variant not in STEP_POLICY_LOSSES:

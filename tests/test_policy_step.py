@@ -194,7 +194,8 @@ def test_the_float32_reference_engine_passes_every_property(inp):
                         (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):
         step = S.evaluate(reference_binding, _Case(inp, prop))
         assert not step.problems
-        assert len(step.values) == 1 and len(step.gradients) == 2  # old log-probs; both parameters
+        # old log-probs; both parameters at each optimizer step
+        assert len(step.values) == 1 and len(step.gradients) == 2 * inp["mini_batches"]
         metrics = S.evaluate(reference_binding, _Case(inp, prop, S.METRICS_OP))
         assert not metrics.problems and not metrics.gradients and len(metrics.values) >= 5
         for ev in (step, metrics):

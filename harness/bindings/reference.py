@@ -428,9 +428,10 @@ binding = Binding(
         "importance_ratio": _ir.reference_variants(),
         "rollout_rejection_mask": _rs.reference_variants(),
         "value_loss": _vl.reference_variants(),
-        "policy_step": PolicyStep(run=_step.fp32_step, modes=_step.MODES, token_budgets=True, dp_sizes=(1, 2)),
+        "policy_step": PolicyStep(run=_step.fp32_step, modes=_step.MODES, token_budgets=True, dp_sizes=(1, 2),
+                                  mini_batches=True),
         "policy_step_metrics": PolicyStep(run=_step.fp32_step, modes=_step.MODES, token_budgets=True,
-                                          dp_sizes=(1, 2)),
+                                          dp_sizes=(1, 2), mini_batches=True),
         "batch_metrics": Variants({"actor": lambda batch: _bm.faithful(batch, critic=False),
                                    "critic": lambda batch: _bm.faithful(batch, critic=True)}),
     },
@@ -442,7 +443,8 @@ binding = Binding(
            "rollout_rejection_mask": "the float64 reference (mask in the input dtype, metrics as Python floats)",
            "value_loss": "the float64 reference per micro-batch (each row's token sum weighted by the mini-batch's "
                          "normaliser) as an autograd op, rounded to the input dtype; vf_clipfrac folded token-weighted",
-           "policy_step": "a plain float32 step (old log-probs without gradient, then one backward per micro-batch "
-                          "with the mini-batch's normaliser; metrics token-weighted over the mini-batch)"},
+           "policy_step": "a plain float32 step (old log-probs without gradient, then for each mini-batch one "
+                          "backward per micro-batch with the mini-batch's normaliser, its gradient recorded; metrics "
+                          "token-weighted over the batch)"},
     implementations=IMPLEMENTATIONS,
 )

@@ -953,6 +953,16 @@ DECLARED = (
         "other tokens in the sequence remain unaffected'", "skyrl/train/trainer.py:1527",
         reference=(("rejection_normaliser", "batch"),)),
     Declared(
+        "metrics_mean_over_mini_batches", "convention", ("policy_step_metrics",),
+        "with several mini-batches (policy_mini_batch_size below the batch) each metric is one value per "
+        "mini-batch (optimizer step), collected in all_metrics and reduced by reduce_metrics: the mean over the "
+        "mini-batches (the min / max of the _min / _max keys), not the value over the batch's tokens (the reference "
+        "follows: mini_batch_mean_metrics)",
+        "'Reduce metrics across all mini-batches and epochs' (trainer.py): one value per update step, as with "
+        "update_epochs_per_batch > 1, where a pooled value is not defined", "skyrl/train/trainer.py:1582",
+        reference=(("mini_batch_mean_metrics", ("pg_loss", "pg_clipfrac", "kl_loss", "rollout_is_mean",
+                                                 "rollout_is_fraction_high")),)),
+    Declared(
         "masked_var_le_one_token", "guard", ("masked_var",),
         "the unbiased masked_var raises ValueError on 0 or 1 valid tokens ('At least one element in the mask "
         "has to be 1.' / 'The sum of the mask is one, which can cause a division by zero.')",

@@ -8,8 +8,10 @@ The path, as ``RayPPOTrainer`` runs one training step (SkyRL 0.4.0, FSDP workers
    ``loss_fn_outputs_to_tensor`` (what ``_execute_forward_pass`` does with the dispatch's output);
 2. ``RayPPOTrainer._execute_training_step("policy", …)`` (compiled from ``train/trainer.py``, which does not
    import here): ``_normalize_advantages`` (the same compiled method: ``apply_loss_reduction_to_advantages_minibatch``
-   pre-scales the advantages so that summing gives the loss reduction), the mini-batch loop,
-   ``reduce_metrics``;
+   pre-scales each mini-batch's advantages so that summing gives its loss reduction), the mini-batch loop over the
+   boundaries ``compute_prompt_mini_batch_boundaries`` gives (``policy_mini_batch_size`` prompts of one row each;
+   ``update_epochs_per_batch`` 1), one ``optim_step`` per mini-batch, ``reduce_metrics`` (a mean over the
+   mini-batches: declared, ``metrics_mean_over_mini_batches``);
 3. each mini-batch: ``PolicyWorkerBase.forward_backward`` (the micro-batch loop of
    ``micro_train_batch_size_per_gpu`` rows) → ``_forward_backward_micro`` → ``HFModelWrapper.forward`` →
    the ``dual_clip`` (or ``gspo``) policy loss of ``PolicyLossRegistry`` → the entropy bonus
@@ -18,7 +20,8 @@ The path, as ``RayPPOTrainer`` runs one training step (SkyRL 0.4.0, FSDP workers
 
 Stand-ins (:data:`TRANSCRIBED`): ``torch.cuda.current_device`` answers the CPU; ``strategy.backward`` is
 ``loss.backward()`` (what ``FSDPStrategy.backward`` does); ``optim_step`` records the accumulated gradient (before
-clipping) and steps nothing; the dispatch hands the one mini-batch to the worker in-process; DP size 1 (the
+clipping), clears it as the optimizer's ``zero_grad`` does and moves no parameter (each mini-batch's gradient is
+taken at the same parameters); the dispatch hands each mini-batch to the worker in-process; DP size 1 (the
 metrics' all-reduce is the identity), or DP size 2: SkyRL's own ``MeshDispatch.stage_chunks`` cuts each mini-batch
 into the ranks' chunks (``ray.put`` the identity), each rank's ``forward_backward`` runs in a thread with the
 ranks' ``ThreadedGroup`` as its DP group (:mod:`rlconform.harness.core.threaded_group`: SkyRL's own
@@ -60,6 +63,7 @@ TRAINER = "skyrl.train.trainer"
 DISPATCH = "skyrl.backends.skyrl_train.distributed.dispatch"
 STRATEGY = "skyrl.backends.skyrl_train.distributed.strategy"
 TORCH_UTILS = "skyrl.backends.skyrl_train.utils.torch_utils"
+PREPROCESS = "skyrl.train.dataset.preprocess"
 
 #: the catalog's loss_agg_modes and SkyRL's loss reductions that compute them
 REDUCTIONS = {"token-mean": "token_mean", "seq-mean-token-mean": "sequence_mean"}
@@ -81,12 +85,13 @@ METRIC_KEYS = {"pg_loss": "policy_loss", "pg_clipfrac": "loss_metrics/clip_ratio
 SEQUENCE_METRIC_KEYS = {"rollout_is_fraction_high": "loss_metrics/tis_seq_clip_high_ratio"}
 
 TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); optim_step records the gradient "
-               "(before clipping); dispatch in-process; DP 1, and DP 2 as threads of one process with in-process collectives "
+               "(before clipping), clears it and moves no parameter (each mini-batch's gradient at the same "
+               "parameters); dispatch in-process; DP 1, and DP 2 as threads of one process with in-process collectives "
                "(SkyRL's own staging and metric all-reduce; old log-probs on one rank; the gradient the mean of the "
                "ranks'); float32; no micro-batch packing (flash-attn); dual_clip "
                "loss, or gspo for the GSPO variant. Not drawn: policy losses other than dual_clip and gspo, the KL estimator abs, off-policy correction other than token TIS, sequence TIS "
                "and the geometric row mask, "
-               "several mini-batches, DP > 2; "
+               "several mini-batches on DP 2, update_epochs_per_batch > 1, DP > 2; "
                "policy_entropy left to metric_pipeline; Megatron's step not driven")
 
 
@@ -133,6 +138,7 @@ def policy_step():
     batch_cls = import_skyrl(BATCH).TrainingInputBatch
     config = import_skyrl("skyrl.train.config")
     execute_training_step = engine_function(TRAINER, "RayPPOTrainer._execute_training_step", import_skyrl)
+    mini_batch_boundaries = engine_function(PREPROCESS, "compute_prompt_mini_batch_boundaries", import_skyrl)
     normalize_advantages = engine_function(TRAINER, "RayPPOTrainer._normalize_advantages", import_skyrl)
     to_tensor = engine_function(DISPATCH, "loss_fn_outputs_to_tensor", import_skyrl)
     dispatch_mod = import_skyrl(DISPATCH)
@@ -172,9 +178,10 @@ def policy_step():
 
     @calls(policy_worker._forward_backward_micro, policy_worker.forward_backward, policy_worker.forward,
            policy_worker._forward_micro_batch, wrapper_forward, execute_training_step, normalize_advantages,
-           ref_worker_cls.forward, ref_worker_cls._forward_micro_batch)
+           ref_worker_cls.forward, ref_worker_cls._forward_micro_batch, mini_batch_boundaries)
     def run(batch, params, old_params, kn):
         rows, width = batch["responses"].shape
+        mini = int(kn.get("mini_batch_size") or rows)
         alg = algorithm(kn)
         data = batch_cls({
             "sequences": batch["input_ids"].clone(), "attention_mask": batch["attention_mask"].clone(),
@@ -182,7 +189,10 @@ def policy_step():
             "advantages": batch["advantages"].clone(), "base_action_log_probs": None,
             "rollout_logprobs": batch["rollout_log_probs"].clone() if "rollout_log_probs" in batch else None,
         })
-        data.metadata = {"response_length": width, "policy_mini_batch_boundaries": [(0, rows)]}
+        # the trainer's mini-batch boundaries (convert_to_training_input): one prompt per row, policy_mini_batch_size
+        # prompts per mini-batch
+        data.metadata = {"response_length": width, "policy_mini_batch_boundaries": mini_batch_boundaries(
+            [f"prompt{i}" for i in range(rows)], mini, rows, False, 1)}
         with skyrl_cuda_device_on_cpu():
             old_worker = worker(old_params, alg, kn["micro_batch_size"], kn.get("max_token_len"))
             out = policy_worker.forward(old_worker, data.select(["sequences", "attention_mask"], ["response_length"]))
@@ -206,6 +216,8 @@ def policy_step():
                 ranks = [{n: p.grad.detach().clone() for n, p in a.model.model.named_parameters()
                           if p.grad is not None} for a in actors]
                 captured.append({n: sum(r[n] for r in ranks) / dp for n in ranks[0]})
+                for a in actors:  # FSDPStrategy.optimizer_step ends with optimizer.zero_grad(); no parameter moves
+                    a.model.model.zero_grad(set_to_none=True)
                 return None
 
             def stage_data(model, d, boundaries):
@@ -232,14 +244,15 @@ def policy_step():
                                                optim_step=optim_step))
             trainer._normalize_advantages = types.MethodType(normalize_advantages, trainer)
             metrics = execute_training_step(trainer, "policy", data)
-        if len(captured) != 1:
-            raise RuntimeError(f"the step made {len(captured)} optimizer steps, expected 1 (one mini-batch)")
+        if len(captured) != rows // mini:
+            raise RuntimeError(f"the step made {len(captured)} optimizer steps, expected {rows // mini} (one per "
+                               f"mini-batch of {mini} rows)")
         keys = dict(METRIC_KEYS, **(SEQUENCE_METRIC_KEYS if kn.get("rollout_is") == "sequence_product" else {}))
-        return {"old_log_probs": old, "grads": captured[0],
+        return {"old_log_probs": old, "grads": captured[0] if len(captured) == 1 else captured,
                 "metrics": {name: metrics[key] for name, key in keys.items() if key in metrics}, "metric_keys": keys}
 
     return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, metrics=tuple(METRIC_KEYS), token_budgets=True,
-                      dp_sizes=(1, 2))
+                      dp_sizes=(1, 2), mini_batches=True)
 
 
 def _wrapper_class(forward):

@@ -1436,6 +1436,17 @@ DECLARED = (
         "weights to avoid overflow'", "verl/trainer/ppo/rollout_corr_helper.py:704",
         variants=("token-mean-with-seq-tis",), reference=(("is_extreme_weights", "raw"),)),
     Declared(
+        "actor_metrics_mean_over_mini_batches", "convention", ("policy_step_metrics",),
+        "with several mini-batches (ppo_mini_batch_size below the batch) each actor/ metric is one value per "
+        "mini-batch (optimizer step), appended to a list that fit's reduce_metrics averages: the mean over the "
+        "mini-batches, not the value over the batch's tokens (the reference follows: mini_batch_mean_metrics; "
+        "actor/entropy and the rollout_corr/ metrics are computed once over the batch)",
+        "one value per update step, as with ppo_epochs > 1, where a pooled value is not defined: train_mini_batch "
+        "appends each mini-batch's metrics (append_to_dict) and reduce_metrics takes np.mean of the list "
+        "(ray_trainer.py:1718)", "verl/workers/engine_workers.py:334",
+        reference=(("mini_batch_mean_metrics", ("pg_loss", "entropy_loss", "pg_clipfrac", "pg_clipfrac_lower",
+                                                 "ppo_kl", "kl_loss")),)),
+    Declared(
         "is_log_ratio_clamp_20", "convention", ("rollout_rejection_mask",),
         "the rollout_corr/ IS weights and χ² metrics clamp each token's (and each row's) log-ratio to ±20 before "
         "exp (SAFETY_BOUND), so ESS, is_mean and χ² are those of the clamped weights (the reference follows: "

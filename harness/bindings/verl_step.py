@@ -16,17 +16,20 @@ runs; the modules do not import on this CPU machine: ``peft``, ``uvicorn``, ray)
    hands the policy loss); with a KL loss,
    ``RayPPOTrainer._compute_ref_log_prob`` → ``ActorRolloutRefWorker.compute_ref_log_prob`` → the same engine path
    (forward only, the batch's temperature) on the reference model, and the union of ``ref_log_prob``;
-3. ``RayPPOTrainer._update_actor`` (``left_right_2_no_padding``: the loss mask; the mini-batch's sizes) →
-   ``ActorRolloutRefWorker.update_actor`` → ``TrainingWorker.train_mini_batch`` / ``train_batch`` /
+3. ``RayPPOTrainer._update_actor`` (``left_right_2_no_padding``: the loss mask; the mini-batch's sizes,
+   ``ppo_mini_batch_size`` × ``rollout.n``, as ``global_batch_size``) → ``ActorRolloutRefWorker.update_actor`` →
+   ``TrainingWorker.train_mini_batch`` (the batch cut into mini-batches in order: ``shuffle`` off, ``ppo_epochs``
+   1; one ``train_batch`` and one optimizer step each, the metrics appended per mini-batch) / ``train_batch`` /
    ``_postprocess_output`` → ``BaseEngine.train_batch`` → ``FSDPEngine.forward_backward_batch`` (the token
    count, ``prepare_micro_batches``, one backward per micro-batch) → ``forward_step`` → ``losses.ppo_loss``
    (``partial(ppo_loss, config=ActorConfig)`` as ``ActorRolloutRefWorker.init_model`` builds it);
-4. ``reduce_metrics`` of the actor's metrics, as ``fit`` logs them.
+4. ``reduce_metrics`` of the actor's metrics, as ``fit`` logs them (a mean over the mini-batches: declared,
+   ``actor_metrics_mean_over_mini_batches``).
 
 Stand-ins (:data:`TRANSCRIBED`, shown on every finding): the device (``get_device_id`` / ``get_device_name`` →
 "cpu", also in ``seqlen_balancing`` while a step runs), FSDP (a plain module; gradient-sync deferral off), the engine's optimizer (``optimizer_zero_grad`` clears
-the gradients; ``optimizer_step`` records them and returns their norm: the gradient compared is the one before
-clipping and the update), the LR scheduler, the FLOPs counter (MFU 0), the DP group (DP size 1: the default group of
+the gradients; ``optimizer_step`` records them and returns their norm, and moves no parameter: the gradient compared
+is the one before clipping and the update, one per mini-batch, each at the same parameters), the LR scheduler, the FLOPs counter (MFU 0), the DP group (DP size 1: the default group of
 one rank; DP size 2: the update's ranks are threads of this process, each on its contiguous half of the batch as the
 single controller dispatches it, the collectives exchanged in-process by :mod:`rlconform.harness.core.threaded_group`,
 FSDP's gradient reduction the mean of the ranks' gradients, the old log-probs on one rank), no
@@ -35,7 +38,9 @@ autocast (float32 parameters: CUDA autocast does nothing on CPU). Knobs left at 
 ``core_algos.compute_policy_loss_gspo``, with the configured clip ratios and ``loss_agg_mode``), KL losses other than
 ``low_var_kl``, ``k1`` and ``k2`` (``abs``, the straight-through ``+`` forms), rollout correction
 other than token TIS, sequence TIS and ``seq_mean_k1`` rejection (bypass mode, batch-normalised weights, IcePop
-bands, the other rejection options), one PPO epoch, one mini-batch. The Megatron engine's step
+bands, the other rejection options), one PPO epoch without shuffle, several mini-batches on one DP rank only (verl's
+DP ranks each cut their own chunk of the batch into mini-batches, so its mini-batch j is not rows
+``[j·size, (j + 1)·size)``). The Megatron engine's step
 (``MegatronEngineWithLMHead``) is not driven: unchecked.
 """
 
@@ -49,14 +54,16 @@ ENGINE_WORKERS = "verl.workers.engine_workers"
 FSDP_IMPL = "verl.workers.engine.fsdp.transformer_impl"
 BASE_ENGINE = "verl.workers.engine.base"
 
-TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gradient (before clipping); no LR "
+TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gradient (before clipping) and moves no "
+               "parameter (each mini-batch's gradient at the same parameters); no LR "
                "scheduler; MFU 0; DP 1, and DP 2 as threads of one process with in-process collectives (the single "
                "controller's dispatch a contiguous DataProto.chunk; old log-probs on one rank; the gradient the mean of "
                "the ranks'); float32. Transcribed from fit: the order of its calls, actor/entropy (agg_loss of the old "
                "path's entropy), the unions into the batch; _balance_batch not applied. Not drawn: KL losses other than "
                "low_var_kl, k1 and k2 (abs, the straight-through '+' forms), rollout correction other than token "
                "TIS, sequence TIS and seq_mean_k1 rejection, policy losses other than vanilla and gspo, several "
-               "mini-batches, DP > 2, use_remove_padding=False; Megatron's step not driven")
+               "mini-batches on DP 2, ppo_epochs > 1, shuffle, DP > 2, use_remove_padding=False; Megatron's step not "
+               "driven")
 #: the catalog's step variants this binding drives (every one the catalog has)
 MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
          "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
@@ -152,8 +159,8 @@ def _engine_config(micro_batch_size: int, max_token_len: int | None = None):
 
 def _actor_config(kn: dict, rows: int, actor_fields: dict, loss_fields: dict):
     """verl's ``ActorConfig`` for the knobs (the fields this verl has), as ``ActorRolloutRefWorker.init_model``
-    hands it to ``ppo_loss``; ``actor_fields`` / ``loss_fields``: the binding's defaults of the actor config and
-    of its ``policy_loss`` section."""
+    hands it to ``ppo_loss``; ``rows``: the mini-batch's (``ppo_mini_batch_size``); ``actor_fields`` /
+    ``loss_fields``: the binding's defaults of the actor config and of its ``policy_loss`` section."""
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
     from ._compat import accepted_keywords
@@ -239,7 +246,11 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
            *(getattr(engine_class, q.split(".")[1]) for q in _ENGINE_METHODS))
     def run(batch, params, old_params, kn):
         rows = int(batch["input_ids"].shape[0])
-        loss_fn = functools.partial(ppo_loss, config=_actor_config(kn, rows, actor_fields, loss_fields))
+        # ppo_mini_batch_size: prompts per mini-batch, × rollout.n (1 here) in _update_actor; every row by default
+        mini = int(kn.get("mini_batch_size") or rows)
+        if rows % mini:
+            raise ValueError(f"{rows} rows do not split into mini-batches of {mini}")
+        loss_fn = functools.partial(ppo_loss, config=_actor_config(kn, mini, actor_fields, loss_fields))
         old_actor = training_worker(old_params, kn, loss_fn)
         dp = int(kn.get("dp_size") or 1)
         group = ThreadedGroup(dp) if dp > 1 else None
@@ -269,7 +280,7 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         trainer = types.SimpleNamespace(actor_rollout_wg=wg, ref_policy_wg=ref_wg, ref_in_actor=False,
                                         distillation_config=None, config=OmegaConf.create({
             "actor_rollout_ref": {
-                "actor": {"calculate_entropy": False, "entropy_coeff": kn["entropy_coeff"], "ppo_mini_batch_size": rows,
+                "actor": {"calculate_entropy": False, "entropy_coeff": kn["entropy_coeff"], "ppo_mini_batch_size": mini,
                           "ppo_epochs": 1, "data_loader_seed": 42, "shuffle": False,
                           "loss_agg_mode": kn["loss_agg_mode"], "loss_scale_factor": None},
                 "rollout": {"n": 1, "temperature": kn["temperature"], "multi_turn": {"enable": False}}}}))
@@ -293,14 +304,17 @@ def policy_step(one_rank_group, actor_fields: dict, loss_fields: dict):
         metrics = reduce_metrics(dict(actor_output.meta_info["metrics"]))
         metrics["actor/entropy"] = entropy.detach().item()
         metrics.update(correction_metrics)  # fit: metrics.update(is_metrics)
+        steps = rows // mini
         for actor in actors:
-            if len(actor.engine.captured) != 1:
-                raise RuntimeError(f"the step made {len(actor.engine.captured)} optimizer steps, expected 1 "
-                                   "(one mini-batch)")
-        # FSDP's gradient reduction: the mean of the ranks' gradients
-        grads = {name: sum(a.engine.captured[0][name] for a in actors) / dp for name in actors[0].engine.captured[0]}
-        return {"old_log_probs": old_log_probs, "grads": grads,
+            if len(actor.engine.captured) != steps:
+                raise RuntimeError(f"the step made {len(actor.engine.captured)} optimizer steps, expected {steps} "
+                                   f"(one per mini-batch of {mini} rows)")
+        # FSDP's gradient reduction: the mean of the ranks' gradients, at each optimizer step
+        grads = [{name: sum(a.engine.captured[j][name] for a in actors) / dp for name in actors[0].engine.captured[j]}
+                 for j in range(steps)]
+        return {"old_log_probs": old_log_probs, "grads": grads[0] if steps == 1 else grads,
                 "metrics": {name: metrics[key] for name, key in METRIC_KEYS.items() if key in metrics},
                 "metric_keys": dict(METRIC_KEYS)}
 
-    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, token_budgets=True, dp_sizes=(1, 2))
+    return PolicyStep(run=run, modes=MODES, transcribed=TRANSCRIBED, token_budgets=True, dp_sizes=(1, 2),
+                      mini_batches=True)

@@ -74,8 +74,10 @@ class PolicyStep:
       correction the trainer applies between the old log-probs and the update: ``rollout_is`` (None or
       ``"token"``: truncated importance weights min(π_old/π_rollout, ``rollout_is_cap``)) and
       ``rollout_rejection`` (``(level, estimator, lower, upper)`` options of
-      :func:`rlconform.reference.rollout_rejection_mask`, ANDed; empty: none); the whole batch is one
-      mini-batch (one optimizer step); ``max_token_len``: None, or micro-batches by token count (dynamic batch
+      :func:`rlconform.reference.rollout_rejection_mask`, ANDed; empty: none); ``mini_batch_size``: rows per
+      mini-batch (one optimizer step each, one epoch, in order: mini-batch j is rows ``[j·size, (j + 1)·size)``;
+      it divides B and ``micro_batch_size`` divides it), the whole batch (one optimizer step) unless the binding's
+      ``mini_batches`` is True; ``max_token_len``: None, or micro-batches by token count (dynamic batch
       size: at most that many prompt + response tokens each) instead of ``micro_batch_size`` rows, for a binding
       whose ``token_budgets`` is True (the others are never handed one); ``dp_size``: the DP ranks the update runs
       on (default 1), for a binding whose ``dp_sizes`` lists it: rank k takes the k-th of ``dp_size`` equal
@@ -83,7 +85,8 @@ class PolicyStep:
       the ranks' gradients (what FSDP's gradient reduction gives).
 
     It returns ``{"old_log_probs": [B, R] tensor, "grads": {parameter name: tensor} (the gradient the optimizer
-    step would read, accumulated over the micro-batches), "metrics": {name: float}}`` with the metrics under
+    step would read, accumulated over the micro-batches; with several mini-batches a list of such dicts, one per
+    optimizer step in order), "metrics": {name: float}}`` with the metrics under
     the catalog's names (:data:`STEP_METRICS`), and optionally ``"metric_keys": {name: the engine's key}`` (the
     key the engine logs each under, ``actor/pg_clipfrac``: a finding's label shows it beside the name). ``modes``: the catalog variants of the step the binding drives
     (a loss_agg_mode, alone or ``<mode>-with-<correction>``); ``unchecked``: variant -> why the binding does
@@ -91,7 +94,8 @@ class PolicyStep:
     ``metrics``: the catalog's metrics the engine logs (each must be there and right; the others it does not
     log are listed on the finding as unchecked).
     ``transcribed``: the stand-ins (device, FSDP, collectives, optimizer) the binding puts around the engine's
-    code, shown on every finding of the op.
+    code, shown on every finding of the op. ``mini_batches``: whether the binding drives several mini-batches per
+    step (``knobs["mini_batch_size"]`` < B); the others are handed one mini-batch only.
     """
 
     run: Callable[..., dict]
@@ -102,6 +106,8 @@ class PolicyStep:
     token_budgets: bool = False
     #: the DP sizes the binding runs the update on (``knobs["dp_size"]``); ``(1,)``: one rank only
     dp_sizes: Sequence[int] = (1,)
+    #: whether the binding drives several mini-batches per step (``knobs["mini_batch_size"]`` < B)
+    mini_batches: bool = False
 
     @property
     def variants(self) -> tuple[str, ...]:

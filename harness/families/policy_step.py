@@ -114,6 +114,14 @@ TOKEN_SPREAD = 0.3
 #: (1.65 is 0.33·cap, 7.39 is 1.48·cap); spread over the row's tokens evenly, plus the zero-sum ±0.3 token spread
 SEQ_ROW_LOG_RATIOS = ((0.0, 0.5, -1.0), (2.0, 3.0))
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
+#: the numbers of mini-batches (optimizer steps) the batch is cut into, one PPO epoch, in order; 1 first, so that a
+#: failure that does not need several shrinks to one; only counts that divide the rows and leave every mini-batch
+#: a kept token are drawn
+MINI_BATCHES = (1, 2, 3)
+#: the trigger of a failure that needs the batch cut into several mini-batches (:func:`trigger`)
+SEVERAL_MINI_BATCHES = "more than one mini-batch"
+#: the reference keywords of a declared convention that only several mini-batches make a difference to
+MINI_BATCH_CONVENTION_KEYS = frozenset({"mini_batch_mean_metrics"})
 #: the sampling temperatures drawn; 1 first, so that a failure that needs a temperature ≠ 1 shrinks to one and
 #: one that does not shrinks to 1
 TEMPERATURES = (1.0, 0.7, 1.3, 0.6)
@@ -278,6 +286,12 @@ def inputs(draw, variant: str):
         scale = draw(st.sampled_from(REF_NOISE))
         inp["ref_embed"] = embed + scale * rng.normal(size=embed.shape)
         inp["ref_head"] = head + scale * rng.normal(size=head.shape)
+    # drawn last: the draws above are the same whatever it is
+    kept = response_mask.any(1)
+    kept[rejected_rows(inp)] = False
+    counts = [k for k in MINI_BATCHES
+              if rows % k == 0 and all(kept[a:a + rows // k].any() for a in range(0, rows, rows // k))]
+    inp["mini_batches"] = draw(st.sampled_from(counts))
     return inp
 
 
@@ -338,11 +352,31 @@ def policy_loss_variant(inp: dict) -> str:
     return variant_knobs(inp).get("policy_loss", "vanilla")
 
 
-def knobs(inp: dict, micro_batch_size: int, token_budget: int | None = None, dp_size: int = 1) -> dict:
-    """The step's knobs (:class:`~rlconform.harness.core.contracts.PolicyStep`) for ``inp``'s variant."""
+def mini_batches(inp: dict, step=None) -> int:
+    """The number of mini-batches ``inp`` cuts its rows into: its drawn count (1 for a case saved before it was
+    drawn), or 1 for a ``step`` whose binding does not drive several
+    (:attr:`~rlconform.harness.core.contracts.PolicyStep.mini_batches`)."""
+    if step is not None and not getattr(step, "mini_batches", False):
+        return 1
+    return int(inp.get("mini_batches", 1))
+
+
+def micro_batch_sizes(inp: dict, step=None) -> list[int]:
+    """The micro-batch sizes (rows) of ``inp``'s runs, each dividing its mini-batch: the drawn sizes (divisors of
+    the rows; the first the base run's) cut to the mini-batch (their greatest common divisor with its rows), in
+    the drawn order, without repeats."""
+    mini = len(inp["input_ids"]) // mini_batches(inp, step)
+    return list(dict.fromkeys(math.gcd(int(s), mini) for s in inp["micro_batch_sizes"]))
+
+
+def knobs(inp: dict, micro_batch_size: int, token_budget: int | None = None, dp_size: int = 1,
+          mini_batch_size: int | None = None) -> dict:
+    """The step's knobs (:class:`~rlconform.harness.core.contracts.PolicyStep`) for ``inp``'s variant;
+    ``mini_batch_size``: rows per mini-batch (None: every row, one mini-batch)."""
     rc = variant_knobs(inp)
     out = {"temperature": float(inp["temperature"]), "loss_agg_mode": inp["mode"],
-           "entropy_coeff": float(inp["entropy_coeff"]), "micro_batch_size": int(micro_batch_size), **clip(inp),
+           "entropy_coeff": float(inp["entropy_coeff"]), "micro_batch_size": int(micro_batch_size),
+           "mini_batch_size": int(mini_batch_size or len(inp["input_ids"])), **clip(inp),
            "policy_loss": policy_loss_variant(inp), "dp_size": int(dp_size),
            "max_token_len": None if token_budget is None else int(token_budget),
            "rollout_is": rc.get("is_level"), "rollout_is_cap": rc.get("is_cap"),
@@ -362,18 +396,20 @@ def params(inp: dict, old: bool | str = False) -> dict:
 
 def run_step(step, inp: dict, micro_batch_size: int, token_budget: int | None = None, dp_size: int = 1,
              **batch_changes) -> dict:
-    """One call of the engine's step with fresh parameters (its gradient starts from nothing); ``token_budget``:
-    micro-batches by token count (dynamic batch size) instead of ``micro_batch_size`` rows; ``dp_size``: the update
-    on that many DP ranks."""
+    """One call of the engine's step with fresh parameters (its gradient starts from nothing), the rows cut into
+    :func:`mini_batches` mini-batches; ``token_budget``: micro-batches by token count (dynamic batch size) instead of
+    ``micro_batch_size`` rows; ``dp_size``: the update on that many DP ranks."""
+    mini = len(inp["input_ids"]) // mini_batches(inp, step)
     return call_engine("policy_step.run", step.run, trainer_batch(inp, **batch_changes), params(inp),
-                       params(inp, old=True), knobs(inp, micro_batch_size, token_budget, dp_size))
+                       params(inp, old=True), knobs(inp, micro_batch_size, token_budget, dp_size, mini))
 
 
-def faithful(inp: dict, conventions: dict | None = None) -> dict:
-    """The step in float32 torch on the whole mini-batch at once (no micro-batches): the dtype-faithful values
+def faithful(inp: dict, conventions: dict | None = None, mini_batch_count: int = 1) -> dict:
+    """The step in float32 torch on each mini-batch at once (no micro-batches): the dtype-faithful values
     whose distance from the float64 step sets the tolerance; ``conventions``: the declared aggregation modes
-    (``entropy_agg_mode``, ``kl_agg_mode``) the reference follows."""
-    kn = dict(knobs(inp, len(inp["input_ids"])), **(conventions or {}))
+    (``entropy_agg_mode``, ``kl_agg_mode``) the reference follows; ``mini_batch_count``: the mini-batches."""
+    mini = len(inp["input_ids"]) // mini_batch_count
+    kn = dict(knobs(inp, mini, mini_batch_size=mini), **(conventions or {}))
     return fp32_step(trainer_batch(inp), params(inp), params(inp, old=True), kn)
 
 
@@ -435,11 +471,13 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
               metric_micro_means: bool = False, weight_from_current: bool = False,
               count_before_rejection: bool = False, ref_temperature: bool = True,
               fraction_after_truncation: bool = False, rank_normaliser: bool = False,
-              kl_type_ignored: bool = False) -> dict:
+              kl_type_ignored: bool = False, batch_normaliser: bool = False) -> dict:
     """A plain float32 step of :class:`~rlconform.harness.core.tiny_lm.TinyLM`: old log-probs with ``old_params``
-    (no gradient), then the micro-batch loop (rows
+    (no gradient), then for each mini-batch (``kn["mini_batch_size"]`` rows, default every row; one optimizer step
+    each, the gradient recorded and cleared, the parameters not moved) the micro-batch loop (rows
     ``[a, a + micro_batch_size)``) with the mini-batch's normaliser, one backward per micro-batch, gradients
-    accumulated; metrics token-weighted over the mini-batch. With a rollout correction in ``kn`` the rejected
+    accumulated; metrics token-weighted over the whole batch (a name in ``kn["mini_batch_mean_metrics"]``: the mean
+    over the mini-batches of each one's value). With a rollout correction in ``kn`` the rejected
     tokens leave the mask before anything is counted and the TIS weight min(exp(old − rollout), cap) (per token, or
     with ``rollout_is="sequence_product"`` one per row, exp of the row's summed log-ratio), a constant, multiplies
     each token's loss. The keyword flaws are the mutants' (the reference binding passes none): the
@@ -449,15 +487,18 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     gradient), the normaliser counted before the rejection, the reference model's log-probs without temperature,
     the fraction of weights above the cap counted after the truncation (so none is above it), each DP rank's loss
     normalised by its own token count (or rows) and the ranks' gradients averaged (a rank-scoped normaliser), the
-    configured KL estimator ignored (k3 whatever ``kl_loss_type`` says).
+    configured KL estimator ignored (k3 whatever ``kl_loss_type`` says), each mini-batch normalised by the whole
+    batch's token count (or rows) instead of its own (a normaliser scoped to the generation batch).
     With ``kn["policy_loss"] == "gspo"`` each row's ratio is exp of its mean log-ratio over the valid tokens,
     straight-through at each token (GSPO-token), clipped, without the dual clip, and ``pg_clipfrac_lower`` is not
     logged.
-    With ``kn["dp_size"]`` = D > 1 the rows are D contiguous rank chunks, each cut into micro-batches of its own;
-    the mini-batch's normaliser makes the result the one-rank step's.
+    With ``kn["dp_size"]`` = D > 1 each mini-batch's rows are D contiguous rank chunks, each cut into micro-batches
+    of its own; the mini-batch's normaliser makes the result the one-rank step's.
     With ``kl_loss_coef`` the KL estimate ``kn["kl_loss_type"]`` (:data:`FP32_KL`) to the reference model
     ``kn["ref_params"]`` at the same temperature is added, aggregated by ``kl_agg_mode`` (default: the loss's
-    mode)."""
+    mode).
+    Returns ``{"old_log_probs": [B, R], "grads": {name: tensor}, "metrics": {name: float}}``; with several
+    mini-batches ``grads`` is a list, one dict per mini-batch in order."""
     model, old_model = TinyLM(params), TinyLM(old_params)
     T, mode, c_ent = kn["temperature"], kn["loss_agg_mode"], kn["entropy_coeff"]
     h_mode = kn.get("entropy_agg_mode") or mode
@@ -473,22 +514,29 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     if kn.get("rollout_rejection"):
         m_all = _rejected(old_lp, batch, m_batch, kn["rollout_rejection"])
         counted = m_batch if count_before_rejection or kn.get("rejection_normaliser") == "batch" else m_all
-    weights, is_metrics, level = None, {}, kn.get("rollout_is")
+    weights, level, rollout = None, kn.get("rollout_is"), None
     if level:
         if level not in IS_LEVELS:
             raise ValueError(f"the float32 step has the TIS levels {', '.join(IS_LEVELS)}, not {level!r}")
-        cap = kn["rollout_is_cap"]
         rollout = torch.where(m_all, batch["rollout_log_probs"], 0.0)
-        raw = _ratio(old_lp, rollout, m_all, level)
-        weights = torch.where(m_all, torch.clamp(raw, max=cap), 0.0)
-        of = {"applied": weights, "raw": raw, "raw_token": _ratio(old_lp, rollout, m_all, "token")}
-        shown = of[kn.get("is_metric_weights") or "applied"][m_all]
-        extremes = of[kn.get("is_extreme_weights") or kn.get("is_metric_weights") or "applied"][m_all]
-        above = m_all & ((weights if fraction_after_truncation else raw) > cap)
+        weights = torch.where(m_all, torch.clamp(_ratio(old_lp, rollout, m_all, level), max=kn["rollout_is_cap"]),
+                              0.0)
+
+    def is_metrics(a: int, b: int) -> dict:  # the weights' diagnostics over the kept tokens of rows [a, b)
+        if not level:
+            return {}
+        m, cap = m_all[a:b], kn["rollout_is_cap"]
+        raw = _ratio(old_lp[a:b], rollout[a:b], m, level)
+        of = {"applied": weights[a:b], "raw": raw, "raw_token": _ratio(old_lp[a:b], rollout[a:b], m, "token")}
+        shown = of[kn.get("is_metric_weights") or "applied"][m]
+        extremes = of[kn.get("is_extreme_weights") or kn.get("is_metric_weights") or "applied"][m]
+        above = m & ((weights[a:b] if fraction_after_truncation else raw) > cap)
         # token level: a fraction of the kept tokens; sequence level: of the rows with a kept token
-        high = above[m_all] if level == "token" else above.any(1)[m_all.any(1)]
-        is_metrics = {"rollout_is_mean": float(shown.mean()), "rollout_is_min": float(extremes.min()),
-                      "rollout_is_max": float(extremes.max()), "rollout_is_fraction_high": float(high.float().mean())}
+        high = above[m] if level == "token" else above.any(1)[m.any(1)]
+        return {"rollout_is_mean": float(shown.mean()), "rollout_is_min": float(extremes.min()),
+                "rollout_is_max": float(extremes.max()), "rollout_is_fraction_high": float(high.float().mean())}
+
+    B = m_batch.shape[0]
     rows, nnz = int((counted.sum(1) > 0).sum()), counted.sum()
     ref_lp, kl_coef = None, float(kn.get("kl_loss_coef") or 0.0)
     if kl_coef:
@@ -498,95 +546,128 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
         with torch.no_grad():
             ref_lp, _ = _log_probs(TinyLM(kn["ref_params"]), batch, T if ref_temperature else 1.0)
     kl_mode = kn.get("kl_agg_mode") or mode
-    model.zero_grad(set_to_none=True)
     step = int(kn["micro_batch_size"])
-    if kn.get("max_token_len"):  # dynamic batch size: rows packed in order into micro-batches of ≤ the budget
-        bounds, start, used = [], 0, 0
-        for i, n in enumerate(batch["attention_mask"].sum(1).tolist()):
-            if used + n > kn["max_token_len"] and i > start:
-                bounds.append((start, i))
-                start, used = i, 0
-            used += n
-        bounds.append((start, m_batch.shape[0]))
-    else:
-        bounds = [(a, min(a + step, m_batch.shape[0])) for a in range(0, m_batch.shape[0], step)]
+    mini = int(kn.get("mini_batch_size") or B)
     dp = int(kn.get("dp_size") or 1)
-    rank_rows = m_batch.shape[0] // dp
-    if dp > 1:
-        if m_batch.shape[0] % dp or rank_rows % step:
-            raise ValueError(f"{m_batch.shape[0]} rows do not split into {dp} ranks of {step}-row micro-batches")
-        bounds = [(a, a + step) for a in range(0, m_batch.shape[0], step)]
-    totals = {"pg_loss": 0.0, "entropy_loss": 0.0, "clipped": 0.0, "clipped_lower": 0.0, "neg_log_ratio": 0.0,
-              "kl_loss": 0.0}
+    if B % mini:
+        raise ValueError(f"{B} rows do not split into mini-batches of {mini} rows")
+    rank_rows = mini // dp
+    if dp > 1 and (mini % dp or rank_rows % step):
+        raise ValueError(f"a mini-batch of {mini} rows does not split into {dp} ranks of {step}-row micro-batches")
     micro_means: list[tuple[float, float, float]] = []
-    for a, b in bounds:
-        micro = {k: v[a:b] for k, v in batch.items()}
-        m = m_all[a:b]
-        adv = micro["advantages"]
-        if zero_masked_advantages:
-            adv = torch.where(m, adv, 0.0)
-        lp, H = _log_probs(model, micro, T, temperature_times)
-        log_ratio = lp - old_lp[a:b]
-        ratio = torch.exp(log_ratio)
-        if gspo:  # one ratio per row (the mean log-ratio over its valid tokens), straight-through at each token
-            row = torch.where(m, log_ratio, 0.0).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)
-            ratio = torch.exp(lp - lp.detach() + row.detach())
-        l1, l2 = -adv * ratio, -adv * torch.clamp(ratio, 1 - lo, 1 + hi)
-        c1 = torch.maximum(l1, l2)
-        pg = c1 if gspo else torch.where(adv < 0, torch.minimum(-adv * cc, c1), c1)
-        if weights is not None:
-            w = weights[a:b]
-            if weight_from_current:
-                rollout = torch.where(m, micro["rollout_log_probs"], 0.0)
-                w = torch.where(m, torch.clamp(_ratio(lp, rollout, m, level), max=kn["rollout_is_cap"]), 0.0)
-            pg = pg * w
-        n, r = (m.sum(), int((m.sum(1) > 0).sum())) if micro_normaliser else (nnz, rows)
-        if rank_normaliser and dp > 1:  # the rank's own count, its gradient averaged over the ranks
-            lo_row = (a // rank_rows) * rank_rows
-            rank_mask = counted[lo_row:lo_row + rank_rows]
-            n, r = rank_mask.sum() * dp, int((rank_mask.sum(1) > 0).sum()) * dp
-        pg_part = _agg(pg, m, mode, n, r, multiply=not zero_masked_advantages)
-        h_part = _agg(H, m, h_mode, n, r)
-        loss = pg_part - c_ent * h_part
-        if ref_lp is not None:
-            estimator = FP32_KL["low_var_kl" if kl_type_ignored else kn["kl_loss_type"]]
-            kl_part = _agg(estimator(lp, ref_lp[a:b]), m, kl_mode, n, r)
-            loss = loss + kl_coef * kl_part
-            totals["kl_loss"] += float(kl_part.detach())
-        loss.backward()
-        with torch.no_grad():
-            totals["pg_loss"] += float(pg_part)
-            totals["entropy_loss"] += float(h_part)
-            totals["clipped"] += float(torch.where(m, (l2 > l1).float(), 0.0).sum())
-            totals["clipped_lower"] += float(torch.where(m & (adv < 0), (c1 > -adv * cc).float(), 0.0).sum())
-            totals["neg_log_ratio"] += float(torch.where(m, -log_ratio, 0.0).sum())
-            k = max(float(m.sum()), 1.0)
-            micro_means.append((float(torch.where(m, (l2 > l1).float(), 0.0).sum()) / k,
-                                float(torch.where(m & (adv < 0), (c1 > -adv * cc).float(), 0.0).sum()) / k,
-                                float(torch.where(m, -log_ratio, 0.0).sum()) / k))
-    count = float(nnz)
-    metrics = {"pg_loss": totals["pg_loss"], "entropy_loss": totals["entropy_loss"],
+    steps = []  # per mini-batch: (gradients, totals, token count, rows, mean of its micro-batch means)
+    for a0 in range(0, B, mini):
+        b0 = a0 + mini
+        nnz_j, rows_j = counted[a0:b0].sum(), int((counted[a0:b0].sum(1) > 0).sum())
+        if kn.get("max_token_len") and dp == 1:  # dynamic batch size: rows packed in order into ≤ the budget
+            bounds, start, used = [], a0, 0
+            for i, n in enumerate(batch["attention_mask"][a0:b0].sum(1).tolist(), start=a0):
+                if used + n > kn["max_token_len"] and i > start:
+                    bounds.append((start, i))
+                    start, used = i, 0
+                used += n
+            bounds.append((start, b0))
+        else:
+            bounds = [(a, min(a + step, b0)) for a in range(a0, b0, step)]
+        totals = {"pg_loss": 0.0, "entropy_loss": 0.0, "clipped": 0.0, "clipped_lower": 0.0, "neg_log_ratio": 0.0,
+                  "kl_loss": 0.0}
+        first_micro = len(micro_means)
+        model.zero_grad(set_to_none=True)
+        for a, b in bounds:
+            micro = {k: v[a:b] for k, v in batch.items()}
+            m = m_all[a:b]
+            adv = micro["advantages"]
+            if zero_masked_advantages:
+                adv = torch.where(m, adv, 0.0)
+            lp, H = _log_probs(model, micro, T, temperature_times)
+            log_ratio = lp - old_lp[a:b]
+            ratio = torch.exp(log_ratio)
+            if gspo:  # one ratio per row (the mean log-ratio over its valid tokens), straight-through at each token
+                row = torch.where(m, log_ratio, 0.0).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)
+                ratio = torch.exp(lp - lp.detach() + row.detach())
+            l1, l2 = -adv * ratio, -adv * torch.clamp(ratio, 1 - lo, 1 + hi)
+            c1 = torch.maximum(l1, l2)
+            pg = c1 if gspo else torch.where(adv < 0, torch.minimum(-adv * cc, c1), c1)
+            if weights is not None:
+                w = weights[a:b]
+                if weight_from_current:
+                    roll = torch.where(m, micro["rollout_log_probs"], 0.0)
+                    w = torch.where(m, torch.clamp(_ratio(lp, roll, m, level), max=kn["rollout_is_cap"]), 0.0)
+                pg = pg * w
+            n, r = (nnz, rows) if batch_normaliser else (nnz_j, rows_j)
+            if micro_normaliser:
+                n, r = m.sum(), int((m.sum(1) > 0).sum())
+            if rank_normaliser and dp > 1:  # the rank's own count, its gradient averaged over the ranks
+                lo_row = a0 + ((a - a0) // rank_rows) * rank_rows
+                rank_mask = counted[lo_row:lo_row + rank_rows]
+                n, r = rank_mask.sum() * dp, int((rank_mask.sum(1) > 0).sum()) * dp
+            pg_part = _agg(pg, m, mode, n, r, multiply=not zero_masked_advantages)
+            h_part = _agg(H, m, h_mode, n, r)
+            loss = pg_part - c_ent * h_part
+            if ref_lp is not None:
+                estimator = FP32_KL["low_var_kl" if kl_type_ignored else kn["kl_loss_type"]]
+                kl_part = _agg(estimator(lp, ref_lp[a:b]), m, kl_mode, n, r)
+                loss = loss + kl_coef * kl_part
+                totals["kl_loss"] += float(kl_part.detach())
+            loss.backward()
+            with torch.no_grad():
+                totals["pg_loss"] += float(pg_part)
+                totals["entropy_loss"] += float(h_part)
+                totals["clipped"] += float(torch.where(m, (l2 > l1).float(), 0.0).sum())
+                totals["clipped_lower"] += float(torch.where(m & (adv < 0), (c1 > -adv * cc).float(), 0.0).sum())
+                totals["neg_log_ratio"] += float(torch.where(m, -log_ratio, 0.0).sum())
+                k = max(float(m.sum()), 1.0)
+                micro_means.append((float(torch.where(m, (l2 > l1).float(), 0.0).sum()) / k,
+                                    float(torch.where(m & (adv < 0), (c1 > -adv * cc).float(), 0.0).sum()) / k,
+                                    float(torch.where(m, -log_ratio, 0.0).sum()) / k))
+        grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+        steps.append((grads, totals, float(nnz_j), rows_j, micro_means[first_micro:], (a0, b0)))
+
+    def share(agg_mode: str, count: float, nonempty: int) -> float:  # a mini-batch's weight in the batch's mean
+        return count / float(nnz) if agg_mode == "token-mean" else nonempty / rows
+
+    def logged(totals, count, means, loss_weight=lambda agg_mode: 1.0) -> dict:
+        out = {"pg_loss": totals["pg_loss"] * loss_weight(mode),
+               "entropy_loss": totals["entropy_loss"] * loss_weight(h_mode),
                "pg_clipfrac": totals["clipped"] / count, "pg_clipfrac_lower": totals["clipped_lower"] / count,
-               "ppo_kl": totals["neg_log_ratio"] / count,
-               "entropy": float(_agg(old_H, m_batch, mode, m_batch.sum(), m_batch.shape[0]))}
-    if ref_lp is not None:
-        metrics["kl_loss"] = totals["kl_loss"]
+               "ppo_kl": totals["neg_log_ratio"] / count}
+        if ref_lp is not None:
+            out["kl_loss"] = totals["kl_loss"] * loss_weight(kl_mode)
+        if metric_micro_means:
+            for i, name in enumerate(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")):
+                out[name] = sum(v[i] for v in means) / len(means)
+        return out
+
+    # the whole batch, pooled: the losses weighted by each mini-batch's share of the batch's normaliser, the token
+    # fractions over every token
+    metrics = {name: 0.0 for name in ("pg_loss", "entropy_loss", "kl_loss")}
+    for _, totals, count, nonempty, _, _ in steps:
+        for name, agg_mode in (("pg_loss", mode), ("entropy_loss", h_mode), ("kl_loss", kl_mode)):
+            metrics[name] += totals[name] * share(agg_mode, count, nonempty)
+    pooled = {k: sum(s[1][k] for s in steps) for k in ("clipped", "clipped_lower", "neg_log_ratio")}
+    metrics.update(logged(dict(pooled, **metrics), float(nnz), micro_means))
+    metrics["entropy"] = float(_agg(old_H, m_batch, mode, m_batch.sum(), m_batch.shape[0]))
+    if ref_lp is None:
+        metrics.pop("kl_loss", None)
+    metrics.update(is_metrics(0, B))
+    per_mini = [dict(logged(totals, count, means), **is_metrics(*rows_of))
+                for _, totals, count, _, means, rows_of in steps]
+    for name in kn.get("mini_batch_mean_metrics") or ():
+        if name in metrics and len(steps) > 1:
+            metrics[name] = sum(s[name] for s in per_mini) / len(per_mini)
     if gspo:  # no dual clip: nothing it clips
         del metrics["pg_clipfrac_lower"]
-    metrics.update(is_metrics)
-    if metric_micro_means:
-        for i, name in enumerate(("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")):
-            metrics[name] = sum(v[i] for v in micro_means) / len(micro_means)
-    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
-    return {"old_log_probs": old_lp, "grads": grads, "metrics": metrics}
+    grads = [s[0] for s in steps]
+    return {"old_log_probs": old_lp, "grads": grads[0] if len(grads) == 1 else grads, "metrics": metrics}
 
 
 # -- evaluation -------------------------------------------------------------------------------------------
 
 def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: Evaluation,
-             logged=STEP_METRICS, op: str = STEP_OP) -> tuple[list, list]:
-    """(values, gradients) of one run of the step: old log-probs and parameter gradients for :data:`STEP_OP`,
-    the logged metrics for :data:`METRICS_OP`; what is missing is a problem of ``ev``."""
+             logged=STEP_METRICS, op: str = STEP_OP, mini_batch_count: int = 1) -> tuple[list, list]:
+    """(values, gradients) of one run of the step: old log-probs and parameter gradients (one of each parameter per
+    mini-batch) for :data:`STEP_OP`, the logged metrics for :data:`METRICS_OP`; what is missing is a problem of
+    ``ev``."""
     values, grads = [], []
     if not isinstance(out, dict):
         ev.problems.append(problem_clause("missing output", f"the step returned {type(out).__name__}, not a dict "
@@ -604,17 +685,29 @@ def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: 
         values.append(Compared(f"old log-probs, {label}", _np(old), ref["old_log_probs"],
                                _np(fa["old_log_probs"]), "float32", "token_stat", only_where=mask, layout=layout))
     got = out.get("grads") or {}
-    for name, key in (("embed.weight", "grad_embed"), ("head.weight", "grad_head")):
-        g = got.get(name)
-        if g is None:
-            ev.problems.append(problem_clause("missing gradient", f"no gradient for {name} ({label})"))
-            continue
-        if tuple(np.shape(g)) != ref[key].shape:
-            ev.problems.append(problem_clause("missing output", f"gradient of {name}: shape {tuple(np.shape(g))}, "
-                                                                f"expected {ref[key].shape} ({label})"))
-            continue
-        grads.append(Compared(f"gradient of {name}, {label}", _np(g), ref[key], _np(fa["grads"][name]), "float32",
-                              "pipeline", quantity="gradient", layout=layout))
+    if mini_batch_count == 1:
+        steps = [(got, ref, fa["grads"], "")]
+    elif not isinstance(got, (list, tuple)) or len(got) != mini_batch_count:
+        what = f"{len(got)} gradients" if isinstance(got, (list, tuple)) else f"a {type(got).__name__}"
+        ev.problems.append(problem_clause("missing output", f"gradients: {what}, expected a list of "
+                                                            f"{mini_batch_count}, one per mini-batch ({label})"))
+        return values, grads
+    else:  # one gradient per optimizer step; the rows in the label without a comma (sites read up to the first)
+        steps = [(g or {}, r, f, f" (mini-batch {j + 1} of {mini_batch_count}: rows {r['rows'][0]}–{r['rows'][1] - 1})")
+                 for j, (g, r, f) in enumerate(zip(got, ref["steps"], fa["grads"]))]
+    for got_j, ref_j, fa_j, which in steps:
+        for name, key in (("embed.weight", "grad_embed"), ("head.weight", "grad_head")):
+            g = got_j.get(name) if isinstance(got_j, dict) else None
+            if g is None:
+                ev.problems.append(problem_clause("missing gradient", f"no gradient for {name}{which} ({label})"))
+                continue
+            if tuple(np.shape(g)) != ref_j[key].shape:
+                ev.problems.append(problem_clause("missing output", f"gradient of {name}{which}: shape "
+                                                                    f"{tuple(np.shape(g))}, expected "
+                                                                    f"{ref_j[key].shape} ({label})"))
+                continue
+            grads.append(Compared(f"gradient of {name}{which}, {label}", _np(g), ref_j[key], _np(fa_j[name]),
+                                  "float32", "pipeline", quantity="gradient", layout=layout))
     return values, grads
 
 
@@ -646,23 +739,34 @@ def _np(t) -> np.ndarray:
     return t.detach().double().numpy() if isinstance(t, torch.Tensor) else np.asarray(t, np.float64)
 
 
-def _layout(inp: dict, micro: int) -> dict:
+def _layout(inp: dict, micro: int, mini_batch_count: int = 1) -> dict:
+    """The run's micro-batches (their response nnz, in order over the batch) and, when several, its mini-batches."""
     mask = np.asarray(inp["response_mask"], bool)
-    return {"parts": "micro-batches", "nnz": [int(mask[a:a + micro].sum()) for a in range(0, len(mask), micro)]}
+    out = {"parts": "micro-batches", "nnz": [int(mask[a:a + micro].sum()) for a in range(0, len(mask), micro)]}
+    if mini_batch_count > 1:
+        out["mini_batches"] = int(mini_batch_count)
+    return out
 
 
-def _label(inp: dict, micro: int, rejected_rows=(), token_budget: int | None = None) -> str:
-    """The run's label: variant, temperature, entropy coefficient, and how the mini-batch was cut (with
-    ``token_budget``, by the engine's own packing into micro-batches of at most that many tokens: only the
-    mini-batch's nnz is known here)."""
+def _label(inp: dict, micro: int, rejected_rows=(), token_budget: int | None = None,
+           mini_batch_count: int = 1) -> str:
+    """The run's label: variant, temperature, entropy coefficient, how the batch was cut into mini-batches (when
+    several) and each mini-batch into micro-batches (with ``token_budget``, by the engine's own packing into
+    micro-batches of at most that many tokens: only the mini-batch's nnz is known here)."""
     rejected = (f", row{'s' if len(rejected_rows) > 1 else ''} {', '.join(str(int(i)) for i in rejected_rows)} "
                 "rejected" if len(rejected_rows) else "")
+    mask = np.asarray(inp["response_mask"], bool)
+    mini = len(mask) // mini_batch_count
     if token_budget is None:
         cut = f"{micro}-row micro-batches, nnz {_layout(inp, micro)['nnz']}"
     else:  # the engine packs the rows (verl balances them): only the budget and the rows' lengths are known here
         lengths = [int(n) for n in np.asarray(inp["attention_mask"]).sum(1)]
+        nnz = (f"{int(mask.sum())} in all" if mini_batch_count == 1
+               else f"{[int(mask[a:a + mini].sum()) for a in range(0, len(mask), mini)]} per mini-batch")
         cut = (f"dynamic micro-batches packed by the engine to ≤ {token_budget} prompt + response tokens each "
-               f"(rows of {lengths} tokens), response nnz {int(np.asarray(inp['response_mask'], bool).sum())} in all")
+               f"(rows of {lengths} tokens), response nnz {nnz}")
+    if mini_batch_count > 1:
+        cut = f"{mini_batch_count} mini-batches of {mini} rows (one optimizer step each), {cut}"
     return (f"{inp.get('variant', inp['mode'])}, T {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, "
             f"{cut}{rejected}")
 
@@ -676,6 +780,7 @@ def evaluate(binding, case) -> Evaluation:
     rc = variant_knobs(inp)
     declared = getattr(binding, "declared", ())
     conventions = followed(declared, case.op, case.regime)  # SkyRL's token-mean entropy bonus
+    k = mini_batches(inp, step)
     ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
                         inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
                         inp["input_ids"], inp["response_mask"], inp["advantages"],
@@ -685,41 +790,46 @@ def evaluate(binding, case) -> Evaluation:
                         **{k: inp[k].astype(np.float32) for k in ("ref_embed", "ref_head") if k in inp},
                         kl_loss_coef=float(rc.get("kl_loss_coef", 0.0)), kl_loss_type=rc.get("kl_loss_type", "k3"),
                         rollout_log_probs=inp.get("rollout_log_probs"), rollout_is=rc.get("is_level"),
-                        rollout_is_cap=rc.get("is_cap"), rejection=tuple(rc.get("rejection", ())))
-    fa = faithful(inp, conventions)
+                        rollout_is_cap=rc.get("is_cap"), rejection=tuple(rc.get("rejection", ())), mini_batches=k)
+    fa = faithful(inp, conventions, k)
     mask = np.asarray(inp["response_mask"], bool)
     rejected = rejected_rows(inp)
-    micro_sizes = inp["micro_batch_sizes"]
+    micro_sizes = micro_batch_sizes(inp, step)
     ev = Evaluation()
-    if conventions:
-        ev.declared = next(d.name for d in declared if d.kind == "convention" and d.reference
-                           and d.concerns(case.op, variant))
+    if conventions:  # the first declared convention the case's reference follows (one of several mini-batches: k > 1)
+        ev.declared = next((d.name for d in declared if d.kind == "convention" and d.reference
+                            and d.concerns(case.op, variant)
+                            and (k > 1 or not {key for key, _ in d.reference} <= MINI_BATCH_CONVENTION_KEYS)), None)
     base = micro_sizes[0]
     out = run_step(step, inp, base)
     logged = tuple(step.metrics)
-    ev.values, ev.gradients = _outputs(out, ref, fa, inp, _label(inp, base, rejected), _layout(inp, base), ev,
-                                       logged, case.op)
-    ev.base_label = _label(inp, base, rejected)
+    ev.values, ev.gradients = _outputs(out, ref, fa, inp, _label(inp, base, rejected, mini_batch_count=k),
+                                       _layout(inp, base, k), ev, logged, case.op, k)
+    ev.base_label = _label(inp, base, rejected, mini_batch_count=k)
     if case.property == PARTITION_INVARIANT:
         for micro in micro_sizes[1:]:
             out = run_step(step, inp, micro)
-            label = _label(inp, micro, rejected)
-            v, g = _outputs(out, ref, fa, inp, label, _layout(inp, micro), ev, logged, case.op)
+            label = _label(inp, micro, rejected, mini_batch_count=k)
+            v, g = _outputs(out, ref, fa, inp, label, _layout(inp, micro, k), ev, logged, case.op, k)
             ev.alternatives.append((label, v + g))
         rows = len(inp["input_ids"])
-        for dp in (d for d in getattr(step, "dp_sizes", (1,)) if d > 1 and rows % d == 0):
+        # DP ranks with one mini-batch only: verl's ranks cut their own chunk of the batch into mini-batches, so
+        # its mini-batch j is not the one-rank run's rows [j·size, (j + 1)·size)
+        for dp in (d for d in getattr(step, "dp_sizes", (1,)) if d > 1 and rows % d == 0 and k == 1):
             out = run_step(step, inp, rows // dp, dp_size=dp)
             nnz = [int(mask[a:a + rows // dp].sum()) for a in range(0, rows, rows // dp)]
             per = rows // dp
             label = (f"{variant}, T {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, DP {dp} ranks "
                      f"(simulated in one process) of {per} row{'s' if per > 1 else ''} each, tokens per DP rank {nnz}")
-            v, g = _outputs(out, ref, fa, inp, label, {"parts": "DP ranks", "nnz": nnz}, ev, logged, case.op)
+            v, g = _outputs(out, ref, fa, inp, label, {"parts": "DP ranks", "nnz": nnz}, ev, logged, case.op, k)
             ev.alternatives.append((label, v + g))
         for budget in (inp.get("token_budgets") or ()) if step.token_budgets else ():
-            out = run_step(step, inp, len(inp["input_ids"]), token_budget=budget)
-            label = _label(inp, len(inp["input_ids"]), rejected, token_budget=budget)
+            out = run_step(step, inp, len(inp["input_ids"]) // k, token_budget=budget)
+            label = _label(inp, len(inp["input_ids"]) // k, rejected, token_budget=budget, mini_batch_count=k)
             layout = {"parts": "micro-batches", "max_token_len": int(budget)}
-            v, g = _outputs(out, ref, fa, inp, label, layout, ev, logged, case.op)
+            if k > 1:
+                layout["mini_batches"] = k
+            v, g = _outputs(out, ref, fa, inp, label, layout, ev, logged, case.op, k)
             ev.alternatives.append((label, v + g))
     elif case.property == MASK_INVARIANT:
         garbage = float(inp["garbage"])
@@ -732,13 +842,15 @@ def evaluate(binding, case) -> Evaluation:
         if inp.get("rollout_log_probs") is not None:
             changes["rollout_log_probs"] = np.where(mask, inp["rollout_log_probs"], np.float32(garbage))
             what = f"masked advantages and rollout log-probs = {garbage!r}, padding ids changed"
+        if k > 1:
+            what += f" ({k} mini-batches)"
         out = run_step(step, inp, base, **changes)
-        v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base), ev, logged, case.op)
+        v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base, k), ev, logged, case.op, k)
         ev.alternatives.append((what, v + g))
         if "rollout_log_probs" in changes:  # alone too: a leak of theirs is not hidden behind the advantages'
             what = f"masked rollout log-probs = {garbage!r}, advantages clean ({variant})"
             out = run_step(step, inp, base, rollout_log_probs=changes["rollout_log_probs"])
-            v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base), ev, logged, case.op)
+            v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base, k), ev, logged, case.op, k)
             ev.alternatives.append((what, v + g))
     return ev
 
@@ -761,8 +873,12 @@ def trigger(case, clauses, kind) -> str | None:
     words. The strategy draws the whole mini-batch and the temperature 1 first, so a split or a temperature ≠ 1
     survives shrinking only when the failure needs it; a rejection variant always rejects a row.
 
-    * a run cut into more than one micro-batch: "more than one micro-batch" (the generic partition trigger), so
-      that its wrong value joins the partition dependence of the same place (a mean of micro-batch means);
+    * a run whose mini-batches are cut into more than one micro-batch: "more than one micro-batch" (the generic
+      partition trigger), so that its wrong value joins the partition dependence of the same place (a mean of
+      micro-batch means);
+    * a run of several mini-batches (the clauses' layout says so: a binding that drives one mini-batch only runs the
+      case as one): "more than one mini-batch" (a normaliser scoped to the generation batch, or to a micro-batch,
+      where each optimizer step needs its mini-batch's);
     * one micro-batch with a row the rejection removed: "a row removed by rollout rejection" (a binding may word it
       as its aggregation's edge trigger, verl's "a row with no valid token, as sequence-level rollout rejection
       …", so that a normaliser counting the row joins the aggregation's defect);
@@ -773,11 +889,17 @@ def trigger(case, clauses, kind) -> str | None:
     inp = case.inputs
     if case.property == MASK_INVARIANT:
         return None
+    layouts = [c.layout for c in clauses or () if isinstance(getattr(c, "layout", None), dict)]
+    count = (max(int(lay.get("mini_batches", 1)) for lay in layouts) if layouts
+             else int(inp.get("mini_batches", 1)))
+    rows = len(inp.get("input_ids", ()))
     sizes = inp.get("micro_batch_sizes") or []
-    if sizes and int(sizes[0]) < len(inp.get("input_ids", ())):
+    if sizes and count and rows % count == 0 and math.gcd(int(sizes[0]), rows // count) < rows // count:
         return "more than one micro-batch"
     if case.property != MATCHES_REFERENCE:
         return None
+    if count > 1:
+        return SEVERAL_MINI_BATCHES
     if len(rejected_rows(inp)):
         return REJECTED_ROW
     if not np.asarray(inp.get("response_mask", [[1]]), bool).any(1).all():

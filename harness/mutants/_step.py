@@ -13,5 +13,6 @@ from rlconform.harness.mutants._base import mutant
 def step_mutant(name: str, doc: str, **flaw) -> Binding:
     """The reference binding under ``mutants.<name>`` with ``policy_step`` and ``policy_step_metrics`` bound to
     the float32 step with ``flaw`` (e.g. ``temperature_times=2``)."""
-    step = PolicyStep(run=functools.partial(fp32_step, **flaw), modes=MODES, token_budgets=True, dp_sizes=(1, 2))
+    step = PolicyStep(run=functools.partial(fp32_step, **flaw), modes=MODES, token_budgets=True, dp_sizes=(1, 2),
+                      mini_batches=True)
     return mutant(name, doc, **{STEP_OP: step, METRICS_OP: step})
