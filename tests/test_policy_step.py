@@ -457,3 +457,127 @@ def test_the_float32_reference_engine_passes_the_gspo_variant(split):
             assert outcome.ok, (prop, op, outcome)
     metrics = S.evaluate(reference_binding, _Case(inp, MATCHES_REFERENCE, S.METRICS_OP))
     assert not any("pg_clipfrac_lower" in c.label for c in metrics.values)
+
+
+def _exact(inp, **extra):
+    """The float64 step of a drawn input (its variant's knobs), ``extra`` keywords beside."""
+    correction = S.variant_knobs(inp)
+    return R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
+                         inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32), inp["input_ids"],
+                         inp["response_mask"], inp["advantages"], temperature=float(np.float32(inp["temperature"])),
+                         loss_agg_mode=inp["mode"], entropy_coeff=inp["entropy_coeff"], **S.clip(inp),
+                         policy_loss_variant=S.policy_loss_variant(inp),
+                         rollout_log_probs=inp.get("rollout_log_probs"), rollout_is=correction.get("is_level"),
+                         rollout_is_cap=correction.get("is_cap"), rejection=correction.get("rejection", ()),
+                         **{k: inp[k].astype(np.float32) for k in ("ref_embed", "ref_head") if k in inp},
+                         kl_loss_coef=correction.get("kl_loss_coef", 0.0),
+                         kl_loss_type=correction.get("kl_loss_type", "k3"), **extra)
+
+
+def _rows(inp, a, b):
+    """``inp`` with only its rows ``[a, b)``."""
+    rows = ("input_ids", "attention_mask", "response_mask", "advantages", "rollout_log_probs")
+    return {k: (v[a:b] if k in rows else v) for k, v in inp.items()}
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(_every_variant().filter(lambda i: i["mini_batches"] > 1))
+def test_each_mini_batch_is_an_exact_step_of_its_own_rows(inp):
+    """With several mini-batches each optimizer step is the float64 autograd step of its own rows (every normaliser
+    counted over them); the step's metrics are the whole batch's, pooled, unless a declared convention averages
+    one over the mini-batches."""
+    k, rows = inp["mini_batches"], len(inp["input_ids"])
+    size = rows // k
+    ref = _exact(inp, mini_batches=k)
+    assert len(ref["steps"]) == k and "grad_embed" not in ref and "loss" not in ref
+    for j, step in enumerate(ref["steps"]):
+        assert step["rows"] == (j * size, (j + 1) * size)
+        loss, g_embed, g_head, _ = _autograd_step(_rows(inp, j * size, (j + 1) * size))
+        assert step["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-12)
+        np.testing.assert_allclose(step["grad_embed"], g_embed, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(step["grad_head"], g_head, rtol=1e-9, atol=1e-12)
+    whole = _exact(inp)
+    assert ref["metrics"] == whole["metrics"]
+    np.testing.assert_array_equal(ref["old_log_probs"], whole["old_log_probs"])
+    names = ("pg_loss", "pg_clipfrac")
+    mean = _exact(inp, mini_batches=k, mini_batch_mean_metrics=names)
+    for name in names:
+        assert mean["metrics"][name] == pytest.approx(sum(s["metrics"][name] for s in ref["steps"]) / k, rel=1e-12)
+    assert mean["metrics"]["ppo_kl"] == whole["metrics"]["ppo_kl"]
+
+
+def test_the_reference_step_raises_on_a_mini_batch_count_that_does_not_cut_the_rows():
+    inp = find(S.inputs("token-mean"), lambda i: len(i["input_ids"]) == 4)
+    for bad in (0, 3, 2.0, True):
+        with pytest.raises(ValueError, match="mini_batches"):
+            _exact(inp, mini_batches=bad)
+    empty = dict(inp, response_mask=np.where(np.arange(4)[:, None] < 2, 0, inp["response_mask"]))
+    with pytest.raises(ValueError, match=r"mini-batch of rows \[0, 2\)"):
+        _exact(empty, mini_batches=2)
+
+
+def test_every_drawn_mini_batch_keeps_a_token_and_the_draw_cuts_the_rows():
+    from hypothesis import strategies as st
+
+    counts = set()
+
+    @settings(max_examples=60, deadline=None, derandomize=True)
+    @given(st.one_of(S.inputs("token-mean-with-rejection"), S.inputs("token-mean-with-seq-tis")))
+    def check(inp):
+        k, rows = inp["mini_batches"], len(inp["input_ids"])
+        assert k in S.MINI_BATCHES and rows % k == 0
+        kept = inp["response_mask"].astype(bool).any(1)
+        kept[S.rejected_rows(inp)] = False
+        assert all(kept[a:a + rows // k].any() for a in range(0, rows, rows // k))
+        assert all((rows // k) % m == 0 for m in S.micro_batch_sizes(inp))
+        counts.add(k)
+
+    check()
+    assert counts == set(S.MINI_BATCHES)
+
+
+def test_a_normaliser_counted_over_the_whole_batch_fails_only_with_several_mini_batches():
+    from rlconform.harness.mutants.step_batch_normaliser import binding as batch_normaliser
+
+    inp = find(S.inputs("token-mean"), lambda i: i["mini_batches"] == 2
+               and len({int(i["response_mask"][:len(i["input_ids"]) // 2].sum()),
+                        int(i["response_mask"][len(i["input_ids"]) // 2:].sum())}) == 2)
+    several = generic.matches_reference(S.evaluate(batch_normaliser, _Case(inp, MATCHES_REFERENCE)))
+    assert not several.ok and all("(mini-batch " in c.label for c in several.clauses), several
+    assert S.trigger(_Case(inp, MATCHES_REFERENCE), several.clauses, "wrong value") == S.SEVERAL_MINI_BATCHES
+    one = dict(inp, mini_batches=1)
+    assert generic.matches_reference(S.evaluate(batch_normaliser, _Case(one, MATCHES_REFERENCE))).ok
+    assert S.trigger(_Case(one, MATCHES_REFERENCE), "", "wrong value") is None
+
+
+def test_a_binding_that_drives_one_mini_batch_is_handed_one_and_a_lost_step_is_a_problem():
+    from rlconform.harness.catalog.binding import PolicyStep
+
+    inp = find(S.inputs("token-mean"), lambda i: i["mini_batches"] == 2)
+    seen = []
+
+    def one_step(batch, params, old_params, knobs):
+        seen.append(knobs["mini_batch_size"])
+        return S.fp32_step(batch, params, old_params, knobs)
+
+    def last_step_only(batch, params, old_params, knobs):
+        out = S.fp32_step(batch, params, old_params, knobs)
+        return dict(out, grads=out["grads"][-1])
+
+    def binding(run, mini_batches):
+        class B:
+            name = "b"
+
+            @staticmethod
+            def resolve(op):
+                return PolicyStep(run=run, modes=S.MODES, mini_batches=mini_batches)
+        return B
+
+    ev = S.evaluate(binding(one_step, False), _Case(inp, MATCHES_REFERENCE))
+    assert seen == [len(inp["input_ids"])] and len(ev.gradients) == 2 and generic.matches_reference(ev).ok
+    # a failure of that run is not one of several mini-batches: its clauses' layout says one
+    assert "mini_batches" not in ev.gradients[0].layout
+    assert S.trigger(_Case(inp, MATCHES_REFERENCE), [type("C", (), {"layout": ev.gradients[0].layout})()], "x") \
+        != S.SEVERAL_MINI_BATCHES
+    lost = S.evaluate(binding(last_step_only, True), _Case(inp, MATCHES_REFERENCE))
+    assert [p.what for p in lost.problems] == ["missing output"], lost.problems

@@ -16,7 +16,8 @@ contributes zero gradient, the others are unaffected): the binding declares it (
 and the reference follows it. Token TIS with no rejection agrees with the exact step. And its KL loss compares the policy at the
 sampling temperature with a reference model at temperature 1 (``RefWorkerBase._forward_micro_batch``).
 The GSPO loss (``policy_loss_type="gspo"``) gives the exact gradient under every cut; ``sequence_mean`` counts a row
-with no valid token in its divisor.
+with no valid token in its divisor. Cut into several mini-batches (``policy_mini_batch_size``), each optimizer step
+gives the exact gradient of its own rows: ``_normalize_advantages`` pre-scales each mini-batch by its own count.
 """
 
 from __future__ import annotations
@@ -217,3 +218,33 @@ def test_skyrls_gspo_step_is_exact_under_any_split_and_its_sequence_mean_counts_
     np.testing.assert_allclose(out["grads"]["head.weight"].double().numpy(), ref["grad_head"] * live / rows,
                                rtol=1e-4, atol=1e-6)
     assert out["metrics"]["pg_loss"] == pytest.approx(ref["metrics"]["pg_loss"] * live / rows, rel=1e-5)
+
+
+def test_skyrls_step_cut_into_mini_batches_gives_each_mini_batchs_exact_gradient():
+    """``policy_mini_batch_size`` below the batch: the trainer's boundaries (``compute_prompt_mini_batch_boundaries``)
+    cut the batch in order, ``_normalize_advantages`` pre-scales each mini-batch's advantages by its own token count
+    (or rows), and each ``optim_step`` records the exact gradient of its own rows (no entropy bonus: its micro-batch
+    weighting has its own row); the logged policy loss and clip ratio are the means over the mini-batches
+    (declared: ``metrics_mean_over_mini_batches``)."""
+    if importlib.util.find_spec("skyrl") is None:
+        pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
+    import numpy as np
+    import step_cases
+    from hypothesis import find
+
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    step = load_engine("skyrl").resolve("policy_step")
+    assert step.mini_batches
+    for mode in ("token-mean", "seq-mean-token-mean"):
+        inp = dict(find(S.inputs(mode), lambda i: len(i["input_ids"]) == 6 and i["mini_batches"] == 3),
+                   entropy_coeff=0.0)
+        ref = step_cases.exact(inp, mini_batches=3, mini_batch_mean_metrics=("pg_loss", "pg_clipfrac"))
+        for micro in (2, 1):
+            out = S.run_step(step, inp, micro)
+            assert len(out["grads"]) == 3
+            for got, exact in zip(out["grads"], ref["steps"]):
+                np.testing.assert_allclose(got["head.weight"].double().numpy(), exact["grad_head"], rtol=1e-4,
+                                           atol=1e-6, err_msg=f"{mode}, micro {micro}")
+        assert out["metrics"]["pg_loss"] == pytest.approx(ref["metrics"]["pg_loss"], rel=1e-4, abs=1e-6)

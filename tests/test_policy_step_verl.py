@@ -6,7 +6,10 @@ Two wiring mutants of the step, each a one-line edit a pull request could make:
 * **temperature twice**: ``FSDPEngineWithLMHead.prepare_model_outputs`` divides the logits by the temperature
   again after ``_scale_logits_by_temperature`` (both the old and the current log-probs move);
 * **micro-batch normaliser**: ``losses.ppo_loss`` takes ``batch_num_tokens`` from the micro-batch's own response
-  mask instead of the mini-batch's count that ``forward_backward_batch`` all-reduced.
+  mask instead of the mini-batch's count that ``forward_backward_batch`` all-reduced;
+* **train batch as the global batch**: ``RayPPOTrainer._update_actor`` hands ``agg_loss`` the train batch's size as
+  ``global_batch_size`` instead of ``ppo_mini_batch_size``: with several mini-batches each one's seq-mean loss is
+  divided by every row of the batch.
 
 The installed verl 0.9.1 passes ``policy_step.matches_reference`` (its old log-probs and parameter gradient, judged
 in-process; its ``pg_clipfrac`` / ``ppo_kl`` metrics, a mean of per-micro-batch means, fail ``policy_step_metrics``).
@@ -45,7 +48,13 @@ TEMPERATURE_TWICE = {"workers/engine/fsdp/transformer_impl.py": [(
 MICRO_NORMALISER = {"workers/utils/losses.py": [(
     '    config.global_batch_info["batch_num_tokens"] = data["batch_num_tokens"]\n',
     '    config.global_batch_info["batch_num_tokens"] = data["response_mask"].sum().item()\n')]}
-#: examples per run: the draws put a temperature ≠ 1 and an uneven micro-batch split in the first few
+TRAIN_BATCH_AS_GLOBAL = {"trainer/ppo/ray_trainer.py": [(
+    "            distillation_only=distillation_only,\n"
+    "            global_batch_size=ppo_mini_batch_size,\n",
+    "            distillation_only=distillation_only,\n"
+    "            global_batch_size=len(batch),\n")]}
+#: examples per run: the draws put a temperature ≠ 1, an uneven micro-batch split and several mini-batches in the
+#: first few
 EXAMPLES = 8
 
 
@@ -57,9 +66,9 @@ def _fork(root, edits) -> str:
     return engine_fork.fork(root, "verl", _verl_dir(), edits)
 
 
-def _failing_labels(out, *extra) -> list[str]:
+def _failing_labels(out, *extra, regime: str = "token-mean") -> list[str]:
     args = ["check", "--engine", "verl", "--op", "policy_step",
-            "--property", "matches_reference", "--regime", "token-mean@trainer_batches",
+            "--property", "matches_reference", "--regime", f"{regime}@trainer_batches",
             "--max-examples", str(EXAMPLES), "--max-shrinks", "0", "--out", str(out), "-q", *extra]
     done = forked_cli.run(args, timeout=1200)
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
@@ -102,6 +111,10 @@ def test_wiring_mutants_of_verls_step_turn_its_core_quantities_red(tmp_path):
 
     micro = _failing_labels(tmp_path / "micro", "--engine-path", _fork(tmp_path / "verl-micro", MICRO_NORMALISER))
     assert any(label.startswith("gradient of") for label in micro), micro
+
+    whole = _failing_labels(tmp_path / "whole", "--engine-path", _fork(tmp_path / "verl-whole", TRAIN_BATCH_AS_GLOBAL),
+                            regime="seq-mean-token-mean")
+    assert whole and all(label.startswith("gradient of") and "(mini-batch " in label for label in whole), whole
 
 
 def test_a_change_to_verls_worker_or_engine_code_selects_the_step():
@@ -321,3 +334,49 @@ def test_verls_gspo_step_is_exact_under_any_split_and_its_seq_mean_counts_a_row_
     grad = S.run_step(step, empty, 3)["grads"]["head.weight"].double().numpy()
     np.testing.assert_allclose(grad, step_cases.exact(empty, policy_loss_variant="gspo")["grad_head"] * live / rows,
                                rtol=1e-4, atol=1e-6)
+
+
+def test_verls_step_cut_into_mini_batches_gives_each_mini_batchs_exact_gradient(monkeypatch, tmp_path):
+    """``ppo_mini_batch_size`` below the batch: ``train_mini_batch`` cuts the batch in order, and each optimizer step
+    records the exact gradient of its own rows (its token count from ``forward_backward_batch``, its
+    ``global_batch_size`` from ``_update_actor``), whatever the micro-batch size; the actor's metrics are the mean
+    over the mini-batches (declared: ``actor_metrics_mean_over_mini_batches``). The same code with the train
+    batch's size as ``global_batch_size`` divides each mini-batch's seq-mean loss by every row of the batch."""
+    import numpy as np
+    import step_cases
+    from hypothesis import find
+
+    from rlconform.harness.bindings import source, verl_step
+    from rlconform.harness.families import policy_step as S
+
+    _verl_dir()
+    step = _step_from(monkeypatch)
+    assert step.mini_batches
+    for mode in ("token-mean", "seq-mean-token-mean"):
+        inp = dict(find(S.inputs(mode), lambda i: len(i["input_ids"]) == 4 and i["mini_batches"] == 2),
+                   entropy_coeff=0.01)
+        ref = step_cases.exact(inp, entropy_coeff=0.01, mini_batches=2,
+                               mini_batch_mean_metrics=("pg_loss", "entropy_loss"))
+        for micro in (2, 1):
+            out = S.run_step(step, inp, micro)
+            assert len(out["grads"]) == 2
+            for got, exact in zip(out["grads"], ref["steps"]):
+                np.testing.assert_allclose(got["head.weight"].double().numpy(), exact["grad_head"], rtol=1e-4,
+                                           atol=1e-6, err_msg=f"{mode}, micro {micro}")
+            for name in ("pg_loss", "entropy_loss"):
+                assert out["metrics"][name] == pytest.approx(ref["metrics"][name], rel=1e-4, abs=1e-6), name
+    trainer = source.module_file(verl_step.TRAINER)
+    (old, new), = TRAIN_BATCH_AS_GLOBAL["trainer/ppo/ray_trainer.py"]
+    edited = tmp_path / "ray_trainer.py"
+    edited.write_text(trainer.read_text().replace(old, new))
+    real = source.module_file
+    monkeypatch.setattr(source, "_CACHE", {})
+    monkeypatch.setattr(source, "module_file", lambda m: edited if m == verl_step.TRAINER else real(m))
+    from rlconform.harness.bindings import verl as vb
+
+    whole = verl_step.policy_step(vb._one_rank_group, vb.ACTOR_CONFIG, vb.POLICY_LOSS_CONFIG)
+    inp = dict(find(S.inputs("seq-mean-token-mean"), lambda i: len(i["input_ids"]) == 4 and i["mini_batches"] == 2),
+               entropy_coeff=0.0)
+    ref = step_cases.exact(inp, mini_batches=2)
+    for got, exact in zip(S.run_step(whole, inp, 2)["grads"], ref["steps"]):  # each mini-batch's loss halved
+        np.testing.assert_allclose(got["head.weight"].double().numpy(), exact["grad_head"] / 2, rtol=1e-4, atol=1e-6)
