@@ -248,3 +248,16 @@ def test_skyrls_step_cut_into_mini_batches_gives_each_mini_batchs_exact_gradient
                 np.testing.assert_allclose(got["head.weight"].double().numpy(), exact["grad_head"], rtol=1e-4,
                                            atol=1e-6, err_msg=f"{mode}, micro {micro}")
         assert out["metrics"]["pg_loss"] == pytest.approx(ref["metrics"]["pg_loss"], rel=1e-4, abs=1e-6)
+
+
+def test_skyrls_mean_over_mini_batches_cites_the_installed_line():
+    """The convention's cited line: ``_execute_training_step`` reduces ``all_metrics``, one entry per mini-batch, with
+    ``reduce_metrics`` (a moved or changed line fails here)."""
+    if importlib.util.find_spec("skyrl") is None:
+        pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.core.declared import read_source
+
+    d = next(d for d in load_engine("skyrl").declared if d.name == "metrics_mean_over_mini_batches")
+    path, _, line = d.source.rpartition(":")
+    assert "reduce_metrics(all_metrics, sum_loss_metrics=False)" in read_source(path).splitlines()[int(line) - 1]

@@ -380,3 +380,17 @@ def test_verls_step_cut_into_mini_batches_gives_each_mini_batchs_exact_gradient(
     ref = step_cases.exact(inp, mini_batches=2)
     for got, exact in zip(S.run_step(whole, inp, 2)["grads"], ref["steps"]):  # each mini-batch's loss halved
         np.testing.assert_allclose(got["head.weight"].double().numpy(), exact["grad_head"] / 2, rtol=1e-4, atol=1e-6)
+
+
+def test_verls_mean_over_mini_batches_cites_the_installed_lines():
+    """The convention's cited lines: ``train_mini_batch`` appends each mini-batch's metrics and ``fit`` averages the
+    list (a moved or changed line fails here: re-read the declaration against the new source)."""
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.core.declared import read_source
+
+    _verl_dir()
+    d = next(d for d in load_engine("verl").declared if d.name == "actor_metrics_mean_over_mini_batches")
+    path, _, line = d.source.rpartition(":")
+    assert "append_to_dict(metrics, output)" in read_source(path).splitlines()[int(line) - 1]
+    trainer = read_source("verl/trainer/ppo/ray_trainer.py").splitlines()
+    assert 'reduce_metrics(actor_output.meta_info["metrics"])' in trainer[1718 - 1]

@@ -26,6 +26,18 @@ budget (dynamic batch size), and for a binding that runs the update on several D
 the mini-batch cut into contiguous equal rank chunks of one micro-batch each. Checked on CPU in float32 only (the parameters and the logits are float32; CUDA
 autocast does nothing on CPU).
 
+Several mini-batches (:data:`MINI_BATCHES`, drawn last, 1 first, for a binding whose step drives them:
+``PolicyStep.mini_batches``): the batch (the generation batch) cut in order into k equal mini-batches, one optimizer
+step each, one PPO epoch (verl ``ppo_mini_batch_size``, SkyRL ``policy_mini_batch_size``), each holding a kept token;
+the micro-batch sizes are cut to the mini-batch. The optimizer stand-ins record each step's gradient and move no
+parameter, so the step yields k gradients at the same parameters, each compared with the exact gradient of its own
+mini-batch, every normaliser counted over its rows (:func:`rlconform.reference.policy_step` ``mini_batches``): a
+normaliser scoped to the generation batch (a token count or ``global_batch_size`` of the whole batch) or to a
+micro-batch fails ``matches_reference``, triggered by "more than one mini-batch". The metrics are the whole batch's,
+pooled over its tokens, unless the binding declares a mean over the mini-batches (both engines do: one value per
+optimizer step). DP ranks are drawn with one mini-batch only (verl's ranks cut their own chunk of the batch into
+mini-batches, another grouping of the rows).
+
 Two ops of one step: ``policy_step`` compares the old log-probs and the parameter gradient, ``policy_step_metrics``
 the logged metrics (a binding maps both to the same :class:`~rlconform.harness.core.contracts.PolicyStep`), so that
 a wrong metric never hides a wrong gradient behind the same finding.
