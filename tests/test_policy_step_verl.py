@@ -353,12 +353,11 @@ def test_verls_step_cut_into_mini_batches_gives_each_mini_batchs_exact_gradient(
     step = _step_from(monkeypatch)
     assert step.mini_batches
     for mode in ("token-mean", "seq-mean-token-mean"):
-        inp = dict(find(S.inputs(mode), lambda i: len(i["input_ids"]) == 4 and i["mini_batches"] == 2),
-                   entropy_coeff=0.01)
+        inp = dict(find(S.inputs(mode), lambda i: len(i["input_ids"]) == 4), entropy_coeff=0.01)
         ref = step_cases.exact(inp, entropy_coeff=0.01, mini_batches=2,
                                mini_batch_mean_metrics=("pg_loss", "entropy_loss"))
         for micro in (2, 1):
-            out = S.run_step(step, inp, micro)
+            out = S.run_step(step, inp, micro, mini_batch_count=2)
             assert len(out["grads"]) == 2
             for got, exact in zip(out["grads"], ref["steps"]):
                 np.testing.assert_allclose(got["head.weight"].double().numpy(), exact["grad_head"], rtol=1e-4,
@@ -375,10 +374,9 @@ def test_verls_step_cut_into_mini_batches_gives_each_mini_batchs_exact_gradient(
     from rlconform.harness.bindings import verl as vb
 
     whole = verl_step.policy_step(vb._one_rank_group, vb.ACTOR_CONFIG, vb.POLICY_LOSS_CONFIG)
-    inp = dict(find(S.inputs("seq-mean-token-mean"), lambda i: len(i["input_ids"]) == 4 and i["mini_batches"] == 2),
-               entropy_coeff=0.0)
+    inp = dict(find(S.inputs("seq-mean-token-mean"), lambda i: len(i["input_ids"]) == 4), entropy_coeff=0.0)
     ref = step_cases.exact(inp, mini_batches=2)
-    for got, exact in zip(S.run_step(whole, inp, 2)["grads"], ref["steps"]):  # each mini-batch's loss halved
+    for got, exact in zip(S.run_step(whole, inp, 2, mini_batch_count=2)["grads"], ref["steps"]):  # each halved
         np.testing.assert_allclose(got["head.weight"].double().numpy(), exact["grad_head"] / 2, rtol=1e-4, atol=1e-6)
 
 

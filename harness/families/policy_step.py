@@ -26,17 +26,18 @@ budget (dynamic batch size), and for a binding that runs the update on several D
 the mini-batch cut into contiguous equal rank chunks of one micro-batch each. Checked on CPU in float32 only (the parameters and the logits are float32; CUDA
 autocast does nothing on CPU).
 
-Several mini-batches (:data:`MINI_BATCHES`, drawn last, 1 first, for a binding whose step drives them:
-``PolicyStep.mini_batches``): the batch (the generation batch) cut in order into k equal mini-batches, one optimizer
-step each, one PPO epoch (verl ``ppo_mini_batch_size``, SkyRL ``policy_mini_batch_size``), each holding a kept token;
-the micro-batch sizes are cut to the mini-batch. The optimizer stand-ins record each step's gradient and move no
-parameter, so the step yields k gradients at the same parameters, each compared with the exact gradient of its own
-mini-batch, every normaliser counted over its rows (:func:`rlconform.reference.policy_step` ``mini_batches``): a
-normaliser scoped to the generation batch (a token count or ``global_batch_size`` of the whole batch) or to a
-micro-batch fails ``matches_reference``, triggered by "more than one mini-batch". The metrics are the whole batch's,
-pooled over its tokens, unless the binding declares a mean over the mini-batches (both engines do: one value per
-optimizer step). DP ranks are drawn with one mini-batch only (verl's ranks cut their own chunk of the batch into
-mini-batches, another grouping of the rows).
+Several mini-batches (for a binding whose step drives them: ``PolicyStep.mini_batches``): ``matches_reference`` runs
+the step a second time with the batch (the generation batch) cut in order into k equal mini-batches, one optimizer
+step each, one PPO epoch (verl ``ppo_mini_batch_size``, SkyRL ``policy_mini_batch_size``), k the most of
+:data:`MINI_BATCHES` that divides the drawn rows and leaves each mini-batch a kept token (:func:`mini_batches`), each
+mini-batch cut into micro-batches of the drawn size (or of its rows, when fewer). Nothing more is drawn: the examples,
+and every finding's one-mini-batch run, are the same as without it. The optimizer stand-ins record each step's
+gradient and move no parameter, so the run yields k gradients at the same parameters, each compared with the exact
+gradient of its own mini-batch, every normaliser counted over its rows (:func:`rlconform.reference.policy_step`
+``mini_batches``): a normaliser scoped to the generation batch (a token count or ``global_batch_size`` of the whole
+batch) fails ``matches_reference``, triggered by "more than one mini-batch" when the one-mini-batch run passes. The
+metrics are the whole batch's, pooled over its tokens, unless the binding declares a mean over the mini-batches (both
+engines do: one value per optimizer step). ``partition_invariant`` and ``mask_invariant`` run one mini-batch.
 
 Two ops of one step: ``policy_step`` compares the old log-probs and the parameter gradient, ``policy_step_metrics``
 the logged metrics (a binding maps both to the same :class:`~rlconform.harness.core.contracts.PolicyStep`), so that
@@ -126,9 +127,8 @@ TOKEN_SPREAD = 0.3
 #: (1.65 is 0.33·cap, 7.39 is 1.48·cap); spread over the row's tokens evenly, plus the zero-sum ±0.3 token spread
 SEQ_ROW_LOG_RATIOS = ((0.0, 0.5, -1.0), (2.0, 3.0))
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
-#: the numbers of mini-batches (optimizer steps) the batch is cut into, one PPO epoch, in order; 1 first, so that a
-#: failure that does not need several shrinks to one; only counts that divide the rows and leave every mini-batch
-#: a kept token are drawn
+#: the numbers of mini-batches (optimizer steps, one PPO epoch, in order) the mini-batch run may cut the batch into: the
+#: most that divides the rows and leaves every mini-batch a kept token (:func:`mini_batches`)
 MINI_BATCHES = (1, 2, 3)
 #: the trigger of a failure that needs the batch cut into several mini-batches (:func:`trigger`)
 SEVERAL_MINI_BATCHES = "more than one mini-batch"
@@ -298,12 +298,6 @@ def inputs(draw, variant: str):
         scale = draw(st.sampled_from(REF_NOISE))
         inp["ref_embed"] = embed + scale * rng.normal(size=embed.shape)
         inp["ref_head"] = head + scale * rng.normal(size=head.shape)
-    # drawn last: the draws above are the same whatever it is
-    kept = response_mask.any(1)
-    kept[rejected_rows(inp)] = False
-    counts = [k for k in MINI_BATCHES
-              if rows % k == 0 and all(kept[a:a + rows // k].any() for a in range(0, rows, rows // k))]
-    inp["mini_batches"] = draw(st.sampled_from(counts))
     return inp
 
 
@@ -365,20 +359,19 @@ def policy_loss_variant(inp: dict) -> str:
 
 
 def mini_batches(inp: dict, step=None) -> int:
-    """The number of mini-batches ``inp`` cuts its rows into: its drawn count (1 for a case saved before it was
-    drawn), or 1 for a ``step`` whose binding does not drive several
+    """The mini-batches of ``inp``'s mini-batch run (1: none): its ``mini_batches`` if it names a count (a test's
+    case), else the most of :data:`MINI_BATCHES` that divides its rows and leaves every mini-batch a kept token (a
+    valid token its rejection keeps); 1 for a ``step`` whose binding does not drive several
     (:attr:`~rlconform.harness.core.contracts.PolicyStep.mini_batches`)."""
     if step is not None and not getattr(step, "mini_batches", False):
         return 1
-    return int(inp.get("mini_batches", 1))
-
-
-def micro_batch_sizes(inp: dict, step=None) -> list[int]:
-    """The micro-batch sizes (rows) of ``inp``'s runs, each dividing its mini-batch: the drawn sizes (divisors of
-    the rows; the first the base run's) cut to the mini-batch (their greatest common divisor with its rows), in
-    the drawn order, without repeats."""
-    mini = len(inp["input_ids"]) // mini_batches(inp, step)
-    return list(dict.fromkeys(math.gcd(int(s), mini) for s in inp["micro_batch_sizes"]))
+    if "mini_batches" in inp:
+        return int(inp["mini_batches"])
+    rows = len(inp["input_ids"])
+    kept = np.asarray(inp["response_mask"], bool).any(1)
+    kept[rejected_rows(inp)] = False
+    return max(k for k in MINI_BATCHES
+               if rows % k == 0 and all(kept[a:a + rows // k].any() for a in range(0, rows, rows // k)))
 
 
 def knobs(inp: dict, micro_batch_size: int, token_budget: int | None = None, dp_size: int = 1,
@@ -407,11 +400,12 @@ def params(inp: dict, old: bool | str = False) -> dict:
 
 
 def run_step(step, inp: dict, micro_batch_size: int, token_budget: int | None = None, dp_size: int = 1,
-             **batch_changes) -> dict:
-    """One call of the engine's step with fresh parameters (its gradient starts from nothing), the rows cut into
-    :func:`mini_batches` mini-batches; ``token_budget``: micro-batches by token count (dynamic batch size) instead of
-    ``micro_batch_size`` rows; ``dp_size``: the update on that many DP ranks."""
-    mini = len(inp["input_ids"]) // mini_batches(inp, step)
+             mini_batch_count: int = 1, **batch_changes) -> dict:
+    """One call of the engine's step with fresh parameters (its gradient starts from nothing); ``token_budget``:
+    micro-batches by token count (dynamic batch size) instead of ``micro_batch_size`` rows; ``dp_size``: the update
+    on that many DP ranks; ``mini_batch_count``: the rows cut into that many mini-batches (one optimizer step
+    each)."""
+    mini = len(inp["input_ids"]) // mini_batch_count
     return call_engine("policy_step.run", step.run, trainer_batch(inp, **batch_changes), params(inp),
                        params(inp, old=True), knobs(inp, micro_batch_size, token_budget, dp_size, mini))
 
@@ -783,65 +777,78 @@ def _label(inp: dict, micro: int, rejected_rows=(), token_budget: int | None = N
             f"{cut}{rejected}")
 
 
+def _exact(inp: dict, conventions: dict, mini_batch_count: int = 1) -> dict:
+    """The exact step of ``inp`` (:func:`rlconform.reference.policy_step`) with the declared ``conventions``, its rows
+    cut into ``mini_batch_count`` mini-batches."""
+    rc = variant_knobs(inp)
+    return R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
+                         inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
+                         inp["input_ids"], inp["response_mask"], inp["advantages"],
+                         temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
+                         entropy_coeff=float(inp["entropy_coeff"]), **clip(inp), **conventions,
+                         policy_loss_variant=policy_loss_variant(inp),
+                         **{k: inp[k].astype(np.float32) for k in ("ref_embed", "ref_head") if k in inp},
+                         kl_loss_coef=float(rc.get("kl_loss_coef", 0.0)), kl_loss_type=rc.get("kl_loss_type", "k3"),
+                         rollout_log_probs=inp.get("rollout_log_probs"), rollout_is=rc.get("is_level"),
+                         rollout_is_cap=rc.get("is_cap"), rejection=tuple(rc.get("rejection", ())),
+                         mini_batches=mini_batch_count)
+
+
 def evaluate(binding, case) -> Evaluation:
     step = binding.resolve(case.op)
     inp = case.inputs
     variant = inp.get("variant", inp["mode"])
     if variant not in step.modes:
         raise VariantNotProvided(case.op, variant, binding.name)
-    rc = variant_knobs(inp)
     declared = getattr(binding, "declared", ())
     conventions = followed(declared, case.op, case.regime)  # SkyRL's token-mean entropy bonus
-    k = mini_batches(inp, step)
-    ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
-                        inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
-                        inp["input_ids"], inp["response_mask"], inp["advantages"],
-                        temperature=float(np.float32(inp["temperature"])), loss_agg_mode=inp["mode"],
-                        entropy_coeff=float(inp["entropy_coeff"]), **clip(inp), **conventions,
-                        policy_loss_variant=policy_loss_variant(inp),
-                        **{k: inp[k].astype(np.float32) for k in ("ref_embed", "ref_head") if k in inp},
-                        kl_loss_coef=float(rc.get("kl_loss_coef", 0.0)), kl_loss_type=rc.get("kl_loss_type", "k3"),
-                        rollout_log_probs=inp.get("rollout_log_probs"), rollout_is=rc.get("is_level"),
-                        rollout_is_cap=rc.get("is_cap"), rejection=tuple(rc.get("rejection", ())), mini_batches=k)
-    fa = faithful(inp, conventions, k)
+    ref = _exact(inp, conventions)
+    fa = faithful(inp, conventions)
     mask = np.asarray(inp["response_mask"], bool)
     rejected = rejected_rows(inp)
-    micro_sizes = micro_batch_sizes(inp, step)
+    micro_sizes = inp["micro_batch_sizes"]
+    # the mini-batch run (matches_reference only: the invariances compare runs of one mini-batch)
+    count = mini_batches(inp, step) if case.property == MATCHES_REFERENCE else 1
     ev = Evaluation()
-    if conventions:  # the first declared convention the case's reference follows (one of several mini-batches: k > 1)
+    if conventions:  # the first declared convention the reference follows (one of several mini-batches: count > 1)
         ev.declared = next((d.name for d in declared if d.kind == "convention" and d.reference
                             and d.concerns(case.op, variant)
-                            and (k > 1 or not {key for key, _ in d.reference} <= MINI_BATCH_CONVENTION_KEYS)), None)
+                            and (count > 1 or not {key for key, _ in d.reference} <= MINI_BATCH_CONVENTION_KEYS)),
+                           None)
     base = micro_sizes[0]
     out = run_step(step, inp, base)
     logged = tuple(step.metrics)
-    ev.values, ev.gradients = _outputs(out, ref, fa, inp, _label(inp, base, rejected, mini_batch_count=k),
-                                       _layout(inp, base, k), ev, logged, case.op, k)
-    ev.base_label = _label(inp, base, rejected, mini_batch_count=k)
+    ev.values, ev.gradients = _outputs(out, ref, fa, inp, _label(inp, base, rejected), _layout(inp, base), ev,
+                                       logged, case.op)
+    ev.base_label = _label(inp, base, rejected)
+    if count > 1:  # the same rows cut into that many mini-batches, each one optimizer step of its own loss
+        ref_k = _exact(inp, conventions, count)
+        micro = math.gcd(int(base), len(mask) // count)  # the drawn micro-batches, or one per mini-batch
+        out = run_step(step, inp, micro, mini_batch_count=count)
+        v, g = _outputs(out, ref_k, faithful(inp, conventions, count), inp,
+                        _label(inp, micro, rejected, mini_batch_count=count), _layout(inp, micro, count), ev, logged,
+                        case.op, count)
+        ev.values, ev.gradients = ev.values + v, ev.gradients + g
     if case.property == PARTITION_INVARIANT:
         for micro in micro_sizes[1:]:
             out = run_step(step, inp, micro)
-            label = _label(inp, micro, rejected, mini_batch_count=k)
-            v, g = _outputs(out, ref, fa, inp, label, _layout(inp, micro, k), ev, logged, case.op, k)
+            label = _label(inp, micro, rejected)
+            v, g = _outputs(out, ref, fa, inp, label, _layout(inp, micro), ev, logged, case.op)
             ev.alternatives.append((label, v + g))
         rows = len(inp["input_ids"])
-        # DP ranks with one mini-batch only: verl's ranks cut their own chunk of the batch into mini-batches, so
-        # its mini-batch j is not the one-rank run's rows [j·size, (j + 1)·size)
-        for dp in (d for d in getattr(step, "dp_sizes", (1,)) if d > 1 and rows % d == 0 and k == 1):
+        for dp in (d for d in getattr(step, "dp_sizes", (1,)) if d > 1 and rows % d == 0):
             out = run_step(step, inp, rows // dp, dp_size=dp)
             nnz = [int(mask[a:a + rows // dp].sum()) for a in range(0, rows, rows // dp)]
             per = rows // dp
             label = (f"{variant}, T {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, DP {dp} ranks "
                      f"(simulated in one process) of {per} row{'s' if per > 1 else ''} each, tokens per DP rank {nnz}")
-            v, g = _outputs(out, ref, fa, inp, label, {"parts": "DP ranks", "nnz": nnz}, ev, logged, case.op, k)
+            v, g = _outputs(out, ref, fa, inp, label, {"parts": "DP ranks", "nnz": nnz}, ev, logged, case.op)
             ev.alternatives.append((label, v + g))
         for budget in (inp.get("token_budgets") or ()) if step.token_budgets else ():
-            out = run_step(step, inp, len(inp["input_ids"]) // k, token_budget=budget)
-            label = _label(inp, len(inp["input_ids"]) // k, rejected, token_budget=budget, mini_batch_count=k)
+            out = run_step(step, inp, len(inp["input_ids"]), token_budget=budget)
+            label = _label(inp, len(inp["input_ids"]), rejected, token_budget=budget)
             layout = {"parts": "micro-batches", "max_token_len": int(budget)}
-            if k > 1:
-                layout["mini_batches"] = k
-            v, g = _outputs(out, ref, fa, inp, label, layout, ev, logged, case.op, k)
+            v, g = _outputs(out, ref, fa, inp, label, layout, ev, logged, case.op)
             ev.alternatives.append((label, v + g))
     elif case.property == MASK_INVARIANT:
         garbage = float(inp["garbage"])
@@ -854,15 +861,13 @@ def evaluate(binding, case) -> Evaluation:
         if inp.get("rollout_log_probs") is not None:
             changes["rollout_log_probs"] = np.where(mask, inp["rollout_log_probs"], np.float32(garbage))
             what = f"masked advantages and rollout log-probs = {garbage!r}, padding ids changed"
-        if k > 1:
-            what += f" ({k} mini-batches)"
         out = run_step(step, inp, base, **changes)
-        v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base, k), ev, logged, case.op, k)
+        v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base), ev, logged, case.op)
         ev.alternatives.append((what, v + g))
         if "rollout_log_probs" in changes:  # alone too: a leak of theirs is not hidden behind the advantages'
             what = f"masked rollout log-probs = {garbage!r}, advantages clean ({variant})"
             out = run_step(step, inp, base, rollout_log_probs=changes["rollout_log_probs"])
-            v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base, k), ev, logged, case.op, k)
+            v, g = _outputs(out, ref, fa, inp, what, _layout(inp, base), ev, logged, case.op)
             ev.alternatives.append((what, v + g))
     return ev
 
@@ -885,12 +890,11 @@ def trigger(case, clauses, kind) -> str | None:
     words. The strategy draws the whole mini-batch and the temperature 1 first, so a split or a temperature ≠ 1
     survives shrinking only when the failure needs it; a rejection variant always rejects a row.
 
-    * a run whose mini-batches are cut into more than one micro-batch: "more than one micro-batch" (the generic
-      partition trigger), so that its wrong value joins the partition dependence of the same place (a mean of
-      micro-batch means);
-    * a run of several mini-batches (the clauses' layout says so: a binding that drives one mini-batch only runs the
-      case as one): "more than one mini-batch" (a normaliser scoped to the generation batch, or to a micro-batch,
-      where each optimizer step needs its mini-batch's);
+    * a failure of the mini-batch run alone (every clause's layout has several mini-batches: the one-mini-batch run
+      passed): "more than one mini-batch" (a normaliser scoped to the generation batch where each optimizer step
+      needs its mini-batch's);
+    * a run cut into more than one micro-batch: "more than one micro-batch" (the generic partition trigger), so
+      that its wrong value joins the partition dependence of the same place (a mean of micro-batch means);
     * one micro-batch with a row the rejection removed: "a row removed by rollout rejection" (a binding may word it
       as its aggregation's edge trigger, verl's "a row with no valid token, as sequence-level rollout rejection
       …", so that a normaliser counting the row joins the aggregation's defect);
@@ -902,16 +906,13 @@ def trigger(case, clauses, kind) -> str | None:
     if case.property == MASK_INVARIANT:
         return None
     layouts = [c.layout for c in clauses or () if isinstance(getattr(c, "layout", None), dict)]
-    count = (max(int(lay.get("mini_batches", 1)) for lay in layouts) if layouts
-             else int(inp.get("mini_batches", 1)))
-    rows = len(inp.get("input_ids", ()))
+    if case.property == MATCHES_REFERENCE and layouts and all(int(lay.get("mini_batches", 1)) > 1 for lay in layouts):
+        return SEVERAL_MINI_BATCHES
     sizes = inp.get("micro_batch_sizes") or []
-    if sizes and count and rows % count == 0 and math.gcd(int(sizes[0]), rows // count) < rows // count:
+    if sizes and int(sizes[0]) < len(inp.get("input_ids", ())):
         return "more than one micro-batch"
     if case.property != MATCHES_REFERENCE:
         return None
-    if count > 1:
-        return SEVERAL_MINI_BATCHES
     if len(rejected_rows(inp)):
         return REJECTED_ROW
     if not np.asarray(inp.get("response_mask", [[1]]), bool).any(1).all():
