@@ -699,7 +699,8 @@ def _outputs(out, ref: dict, fa: dict, inp: dict, label: str, layout: dict, ev: 
                                                             f"{mini_batch_count}, one per mini-batch ({label})"))
         return values, grads
     else:  # one gradient per optimizer step; the rows in the label without a comma (sites read up to the first)
-        steps = [(g or {}, r, f, f" (mini-batch {j + 1} of {mini_batch_count}: rows {r['rows'][0]}–{r['rows'][1] - 1})")
+        n = mini_batch_count
+        steps = [(g or {}, r, f, f" (mini-batch {j + 1} of {n}: rows {r['rows'][0]}–{r['rows'][1] - 1})")
                  for j, (g, r, f) in enumerate(zip(got, ref["steps"], fa["grads"]))]
     for got_j, ref_j, fa_j, which in steps:
         for name, key in (("embed.weight", "grad_embed"), ("head.weight", "grad_head")):
@@ -757,8 +758,8 @@ def _layout(inp: dict, micro: int, mini_batch_count: int = 1) -> dict:
 def _label(inp: dict, micro: int, rejected_rows=(), token_budget: int | None = None,
            mini_batch_count: int = 1) -> str:
     """The run's label: variant, temperature, entropy coefficient, how the batch was cut into mini-batches (when
-    several) and each mini-batch into micro-batches (with ``token_budget``, by the engine's own packing into
-    micro-batches of at most that many tokens: only the mini-batch's nnz is known here)."""
+    several) and each mini-batch into micro-batches (with ``token_budget``, one mini-batch, by the engine's own
+    packing into micro-batches of at most that many tokens: only the mini-batch's nnz is known here)."""
     rejected = (f", row{'s' if len(rejected_rows) > 1 else ''} {', '.join(str(int(i)) for i in rejected_rows)} "
                 "rejected" if len(rejected_rows) else "")
     mask = np.asarray(inp["response_mask"], bool)
@@ -767,10 +768,8 @@ def _label(inp: dict, micro: int, rejected_rows=(), token_budget: int | None = N
         cut = f"{micro}-row micro-batches, nnz {_layout(inp, micro)['nnz']}"
     else:  # the engine packs the rows (verl balances them): only the budget and the rows' lengths are known here
         lengths = [int(n) for n in np.asarray(inp["attention_mask"]).sum(1)]
-        nnz = (f"{int(mask.sum())} in all" if mini_batch_count == 1
-               else f"{[int(mask[a:a + mini].sum()) for a in range(0, len(mask), mini)]} per mini-batch")
         cut = (f"dynamic micro-batches packed by the engine to ≤ {token_budget} prompt + response tokens each "
-               f"(rows of {lengths} tokens), response nnz {nnz}")
+               f"(rows of {lengths} tokens), response nnz {int(mask.sum())} in all")
     if mini_batch_count > 1:
         cut = f"{mini_batch_count} mini-batches of {mini} rows (one optimizer step each), {cut}"
     return (f"{inp.get('variant', inp['mode'])}, T {inp['temperature']}, entropy_coeff {inp['entropy_coeff']}, "
