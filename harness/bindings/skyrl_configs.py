@@ -69,12 +69,14 @@ def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
     steps = {}
     for variant in ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
                     "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
-                    "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo"):
+                    "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo",
+                    "token-mean-with-token-mask"):
         mode, _, correction = variant.partition("-with-")
         # a rejected row: any of the correction's masks drops it the same way inside the policy loss
         extras = {"tis": (((f"{OPC}.tis_ratio_type", "==", "token"),),),
                   "seq-tis": (((f"{OPC}.tis_ratio_type", "==", "sequence"),),),
                   "rejection": MASKS,
+                  "token-mask": (MASKS[1],),  # the token mask, both thresholds set
                   "kl": (((f"{ALGO}.use_kl_loss", "==", True),),),
                   "kl-k1": (((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.kl_estimator_type", "==", "k1")),),
                   "kl-k2": (((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.kl_estimator_type", "==", "k2")),),

@@ -46,6 +46,8 @@ def _step(variant: str) -> tuple:
     extra = {"tis": ((f"{RC}.rollout_is", "==", "token"),),
              "seq-tis": ((f"{RC}.rollout_is", "==", "sequence"),),
              "rejection": ((f"{RC}.rollout_rs", "==", "seq_mean_k1"),),
+             # the token mask, alone or chained with other options (each option's mask is ANDed)
+             "token-mask": ((f"{RC}.rollout_rs", "~", r"(^|,)\s*token_k1\s*(,|$)", "token_k1 among its options"),),
              "kl": ((f"{A}.use_kl_loss", "==", True),),
              # the estimator variants: k1 / k2 as verl spells them (the k3 variant's wiring holds for any estimator;
              # the straight-through "+" forms, k2's gradient under another value, are not drawn)
@@ -73,7 +75,8 @@ def ops(rollout_rs: dict) -> dict:
                                                 "reinforce_plus_plus_baseline", "remax")}}
     steps = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
              "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
-             "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo")
+             "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo",
+             "token-mean-with-token-mask")
     kl = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
     rejection = {}
     for variant, (option, threshold) in rollout_rs.items():
