@@ -31,6 +31,21 @@ def gspo_cases() -> tuple[dict, dict]:
     return dict(full, entropy_coeff=0.0), dict(empty, entropy_coeff=0.0)
 
 
+def token_mask_case() -> dict:
+    """A token-mask step input of four rows: one row keeps some tokens and loses others, one loses every token (the
+    mask empties it), the entropy bonus on (0.01)."""
+    from hypothesis import find
+
+    from rlconform.harness.families import policy_step as S
+
+    def mixed(i):
+        kept, mask = S.kept_mask(i), i["response_mask"].astype(bool)
+        return (len(i["input_ids"]) == 4 and len(S.rejected_rows(i)) >= 1
+                and ((mask & ~kept).any(1) & kept.any(1)).any())
+
+    return dict(find(S.inputs("token-mean-with-token-mask"), mixed), entropy_coeff=0.01)
+
+
 def assert_exact_under_every_split(step, inp: dict, ref: dict) -> None:
     """The gradient of the LM head equals the exact step's whole, in 1-row micro-batches and on 2 DP ranks."""
     import numpy as np

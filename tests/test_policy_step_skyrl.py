@@ -16,7 +16,9 @@ contributes zero gradient, the others are unaffected): the binding declares it (
 and the reference follows it. Token TIS with no rejection agrees with the exact step. And its KL loss compares the policy at the
 sampling temperature with a reference model at temperature 1 (``RefWorkerBase._forward_micro_batch``).
 The GSPO loss (``policy_loss_type="gspo"``) gives the exact gradient under every cut; ``sequence_mean`` counts a row
-with no valid token in its divisor.
+with no valid token in its divisor. The token mask (``token_mask_is_threshold_low`` / ``_high``) is applied like the row
+mask: inside the policy loss, the normaliser counting the masked tokens as declared, while the entropy bonus still
+reads the loss mask from before it.
 """
 
 from __future__ import annotations
@@ -217,3 +219,33 @@ def test_skyrls_gspo_step_is_exact_under_any_split_and_its_sequence_mean_counts_
     np.testing.assert_allclose(out["grads"]["head.weight"].double().numpy(), ref["grad_head"] * live / rows,
                                rtol=1e-4, atol=1e-6)
     assert out["metrics"]["pg_loss"] == pytest.approx(ref["metrics"]["pg_loss"] * live / rows, rel=1e-5)
+
+
+def test_skyrls_token_mask_keeps_the_normaliser_and_leaves_the_entropy_bonus_on_the_masked_tokens():
+    """``compute_token_mask`` multiplies the loss mask inside the policy loss of each micro-batch, after
+    ``_normalize_advantages`` divided the advantages by the unmasked token count: without the entropy bonus the
+    gradient is the declared step's (``rejection_normaliser="batch"``) whatever the cut. ``_forward_backward_micro``'s
+    entropy bonus reads ``loss_mask`` from before the correction: on one micro-batch the gradient with the bonus is
+    the masked step's plus the bonus over every valid token, the masked ones included (that function's known row)."""
+    if importlib.util.find_spec("skyrl") is None:
+        pytest.skip("SkyRL is not installed (bash install/engines.sh .venv/bin/python skyrl)")
+    import numpy as np
+    import step_cases
+
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    step = load_engine("skyrl").resolve("policy_step")
+    inp = step_cases.token_mask_case()
+    plain = dict(inp, entropy_coeff=0.0)
+    ref = step_cases.exact(plain, rollout_log_probs=inp["rollout_log_probs"], rejection=S.TOKEN_MASK,
+                           rejection_normaliser="batch")
+    step_cases.assert_exact_under_every_split(step, plain, ref)
+    # the bonus alone, over the response mask before the token mask: the exact step with zero advantages
+    bonus = step_cases.exact(dict(inp, advantages=np.zeros_like(inp["advantages"])),
+                             entropy_coeff=inp["entropy_coeff"])["grad_head"]
+    grad = S.run_step(step, inp, 4)["grads"]["head.weight"].double().numpy()
+    np.testing.assert_allclose(grad, ref["grad_head"] + bonus, rtol=1e-4, atol=1e-6)
+    kept = step_cases.exact(inp, entropy_coeff=inp["entropy_coeff"], rollout_log_probs=inp["rollout_log_probs"],
+                            rejection=S.TOKEN_MASK, rejection_normaliser="batch")["grad_head"]
+    assert not np.allclose(grad, kept, rtol=1e-4, atol=1e-6)  # the masked tokens' share of the bonus shows

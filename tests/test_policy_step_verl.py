@@ -17,7 +17,8 @@ the loss by ``ppo_mini_batch_size`` (``_update_actor`` hands it to ``agg_loss`` 
 counts the rows the rejection removed: the gradient is the exact one times kept rows / rows. Its token-mean
 normaliser is counted after the rejection (``forward_backward_batch`` sums the rewritten loss mask) and is right.
 The GSPO loss (``policy_loss.loss_mode="gspo"``) gives the exact gradient under every cut; its seq-mean divisor counts
-a row with no valid token the same way.
+a row with no valid token the same way. The token mask (``rollout_rs="token_k1"``) rewrites the response mask before
+the update: the gradient, entropy bonus included, is the exact one (the kept tokens counted) under every cut.
 """
 
 from __future__ import annotations
@@ -321,3 +322,21 @@ def test_verls_gspo_step_is_exact_under_any_split_and_its_seq_mean_counts_a_row_
     grad = S.run_step(step, empty, 3)["grads"]["head.weight"].double().numpy()
     np.testing.assert_allclose(grad, step_cases.exact(empty, policy_loss_variant="gspo")["grad_head"] * live / rows,
                                rtol=1e-4, atol=1e-6)
+
+
+def test_verls_token_mask_is_exact_under_any_split():
+    """``rollout_rs="token_k1"``, ``rollout_rs_threshold="0.5_2"``, no IS weight: ``compute_rollout_rejection_mask``
+    zeroes each token whose ratio π_old/π_rollout is outside the band in ``response_mask`` before the update, so the
+    token count, the policy loss and the entropy bonus all read the kept tokens: the gradient is the exact step's
+    whatever the cut (rows, DP ranks), with a row the mask empties and one it only thins."""
+    import step_cases
+
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    _verl_dir()
+    step = load_engine("verl").resolve("policy_step")
+    inp = step_cases.token_mask_case()
+    ref = step_cases.exact(inp, entropy_coeff=inp["entropy_coeff"], rollout_log_probs=inp["rollout_log_probs"],
+                           rejection=S.TOKEN_MASK)
+    step_cases.assert_exact_under_every_split(step, inp, ref)
