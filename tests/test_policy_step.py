@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import find, given, settings
+from hypothesis import given, settings
+from step_cases import find
 
 import rlconform.reference as R
 from rlconform.harness.bindings.reference import binding as reference_binding
@@ -207,6 +208,17 @@ class _Case:
     def __init__(self, inputs, prop, op=S.STEP_OP):
         self.inputs, self.property, self.dtype, self.op = inputs, prop, "float32", op
         self.regime = f"{inputs.get('variant', inputs['mode'])}@{S.DATA}"
+
+
+def _passes_every_property(inp) -> None:
+    """The in-harness float32 step on ``inp`` passes every property of both ops (no problem, each judge ok)."""
+    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference),
+                        (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):
+        for op in (S.STEP_OP, S.METRICS_OP):
+            ev = S.evaluate(reference_binding, _Case(inp, prop, op))
+            assert not ev.problems, ev.problems
+            outcome = judge(ev)
+            assert outcome.ok, (prop, op, outcome)
 
 
 @settings(max_examples=15, deadline=None, derandomize=True)
@@ -416,13 +428,7 @@ def test_the_float32_reference_engine_passes_the_sequence_tis_variant(empty_row)
     has no valid token: every property, both ops."""
     inp = find(S.inputs("token-mean-with-seq-tis"), lambda i: len(i["input_ids"]) >= 3 and i["temperature"] != 1.0
                and (not i["response_mask"].any(1).all()) == empty_row)
-    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference),
-                        (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):
-        for op in (S.STEP_OP, S.METRICS_OP):
-            ev = S.evaluate(reference_binding, _Case(inp, prop, op))
-            assert not ev.problems, ev.problems
-            outcome = judge(ev)
-            assert outcome.ok, (prop, op, outcome)
+    _passes_every_property(inp)
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -446,13 +452,7 @@ def test_the_float32_reference_engine_passes_the_token_mask_variant(split):
     assert "token mask (token k1): a token kept, weight 1, for 0.5 ≤ r ≤ 2" in S._parameters(inp["variant"])
     if not split:
         assert S.trigger(_Case(inp, MATCHES_REFERENCE), "", "wrong value") == S.REJECTED_ROW
-    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference),
-                        (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):
-        for op in (S.STEP_OP, S.METRICS_OP):
-            ev = S.evaluate(reference_binding, _Case(inp, prop, op))
-            assert not ev.problems, ev.problems
-            outcome = judge(ev)
-            assert outcome.ok, (prop, op, outcome)
+    _passes_every_property(inp)
 
 
 def test_a_step_that_ignores_the_token_mask_or_counts_before_it_is_wrong():
@@ -510,12 +510,6 @@ def test_the_float32_reference_engine_passes_the_gspo_variant(split):
     inp = find(S.inputs("seq-mean-token-mean-with-gspo"),
                lambda i: len(i["input_ids"]) >= 3 and (i["micro_batch_sizes"][0] < len(i["input_ids"])) == split
                and not np.asarray(i["response_mask"], bool).all())
-    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference),
-                        (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):
-        for op in (S.STEP_OP, S.METRICS_OP):
-            ev = S.evaluate(reference_binding, _Case(inp, prop, op))
-            assert not ev.problems
-            outcome = judge(ev)
-            assert outcome.ok, (prop, op, outcome)
+    _passes_every_property(inp)
     metrics = S.evaluate(reference_binding, _Case(inp, MATCHES_REFERENCE, S.METRICS_OP))
     assert not any("pg_clipfrac_lower" in c.label for c in metrics.values)

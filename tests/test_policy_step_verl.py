@@ -126,7 +126,7 @@ def test_a_change_to_verls_worker_or_engine_code_selects_the_step():
 
 def test_verls_seq_mean_normaliser_counts_the_rejected_rows():
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     import rlconform.reference as R
     from rlconform.harness.bindings.load import load_engine
@@ -154,7 +154,7 @@ def test_verls_kl_loss_tempers_the_reference_path_too():
     with the reference model equal to the policy the KL loss is 0 at any temperature, and the step's gradient with
     a KL loss is the exact one."""
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     import rlconform.reference as R
     from rlconform.harness.bindings.load import load_engine
@@ -178,7 +178,7 @@ def test_verls_dynamic_batch_size_gives_the_exact_gradient():
     """``use_dynamic_bsz`` (micro-batches by token budget, rows rearranged by ``rearrange_micro_batches``) gives the
     same parameter gradient as the exact step: the normaliser is the mini-batch's whatever the packing."""
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     import rlconform.reference as R
     from rlconform.harness.bindings.load import load_engine
@@ -202,7 +202,7 @@ def test_verls_importance_weight_diagnostics_are_exact_under_any_split():
     whole batch: the mean / min / max of the capped weights and the fraction of raw ratios above the cap are the
     exact ones whatever the micro-batch size."""
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     import rlconform.reference as R
     from rlconform.harness.bindings.load import load_engine
@@ -245,7 +245,7 @@ def test_verls_step_on_two_dp_ranks_gives_the_one_rank_gradient_and_a_rank_local
     group, the ranks' gradients averaged, equals the one-rank step; the same code with the all-reduce removed (each
     rank normalises by its own tokens) moves the gradient when the ranks hold different token counts."""
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     from rlconform.harness.bindings import source, verl_step
     from rlconform.harness.families import policy_step as S
@@ -277,7 +277,7 @@ def test_verls_sequence_tis_is_exact_and_its_row_statistics_count_a_row_with_no_
     ``exceeds_upper.float().mean()`` over every row's log-ratio sum: a row with no valid token (sum 0, ratio 1)
     counts in the denominator."""
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     import rlconform.reference as R
     from rlconform.harness.bindings.load import load_engine
