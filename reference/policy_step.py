@@ -34,7 +34,10 @@ Rollout correction (decoupled: three policies, the rollout's ρ, the proximal o 
 
 * rejection: the rows or tokens :func:`rlconform.reference.rollout_rejection_mask` rejects for (o, log ρ) leave the
   loss mask before anything is counted: the kept mask replaces ``m`` in the loss, its normaliser (token count,
-  non-empty rows) and the loss metrics;
+  non-empty rows) and the loss metrics. A token mask (option ``("token", "k1", low, high)``: masked importance
+  sampling's token band, verl ``rollout_rs="token_k1"``, SkyRL ``token_mask_is_threshold_low`` / ``_high``) keeps a
+  valid token when low ≤ exp(o − log ρ) ≤ high, both bounds inclusive, with weight 1 (no importance weight unless
+  ``rollout_is`` adds one); a row whose every token falls outside is emptied like a rejected row;
 * importance weights ``w = min(exp(o − log ρ), cap)`` (:func:`rlconform.reference.importance_ratio`) at the kept
   tokens multiply each token's clipped loss; ``w`` is a constant: it does not depend on the current
   parameters and no gradient flows through it;

@@ -4,6 +4,16 @@ with the exact float64 step beside them."""
 from __future__ import annotations
 
 
+def find(strategy, condition):
+    """The simplest example of ``strategy`` meeting ``condition`` (``hypothesis.find``), searched the same way on
+    every run and machine: a random search for a batch with several conditions at once may miss it within its
+    example budget."""
+    import hypothesis
+
+    return hypothesis.find(strategy, condition, settings=hypothesis.settings(
+        derandomize=True, database=None, max_examples=2000, deadline=None))
+
+
 def exact(inp: dict, **variant) -> dict:
     """The exact step (:func:`rlconform.reference.policy_step`) of a drawn input, its float32 parameters."""
     import numpy as np
@@ -20,8 +30,6 @@ def exact(inp: dict, **variant) -> dict:
 def gspo_cases() -> tuple[dict, dict]:
     """``(full, empty)``: GSPO step inputs without the entropy bonus (it has its own micro-batch weighting), four
     rows with some clipped and some not, and three rows one of which has no valid token."""
-    from hypothesis import find
-
     from rlconform.harness.families import policy_step as S
 
     gspo = S.inputs("seq-mean-token-mean-with-gspo")
@@ -29,6 +37,19 @@ def gspo_cases() -> tuple[dict, dict]:
                 and 0 < exact(i, policy_loss_variant="gspo")["metrics"]["pg_clipfrac"] < 1)
     empty = find(gspo, lambda i: len(i["input_ids"]) == 3 and not i["response_mask"].any(1).all())
     return dict(full, entropy_coeff=0.0), dict(empty, entropy_coeff=0.0)
+
+
+def token_mask_case() -> dict:
+    """A token-mask step input of four rows: one row keeps some tokens and loses others, one loses every token (the
+    mask empties it), the entropy bonus on (0.01)."""
+    from rlconform.harness.families import policy_step as S
+
+    def mixed(i):
+        kept, mask = S.kept_mask(i), i["response_mask"].astype(bool)
+        return (len(i["input_ids"]) == 4 and len(S.rejected_rows(i)) >= 1
+                and ((mask & ~kept).any(1) & kept.any(1)).any())
+
+    return dict(find(S.inputs("token-mean-with-token-mask"), mixed), entropy_coeff=0.01)
 
 
 def assert_exact_under_every_split(step, inp: dict, ref: dict) -> None:

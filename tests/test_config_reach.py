@@ -157,6 +157,12 @@ def test_verls_configurations_name_catalog_ops_and_variants_and_keys_with_defaul
     assert keys <= set(table["defaults"]), keys - set(table["defaults"])
     assert table["defaults"]["algorithm.adv_estimator"] == "gae"
     json.dumps(table)  # report.json carries it
+    # the step's token mask: rollout_rs token_k1, alone or chained, under any loss_agg_mode; not the row rejection
+    token_mask = table["ops"]["policy_step"]["token-mean-with-token-mask"]
+    rs = "algorithm.rollout_correction.rollout_rs"
+    for value, reached in (("token_k1", True), ("seq_mean_k3, token_k1", True), ("token_k1,seq_mean_k1", True),
+                           ("seq_mean_k1", False), ("token_k2", False), (None, False)):
+        assert reaches(token_mask, {rs: value, f"{A}.loss_agg_mode": "seq-mean-token-mean"}, table)[0] is reached, value
 
 
 def test_skyrls_configurations_name_catalog_ops_and_keys_with_defaults_and_corrections_hold_under_any_reduction():
@@ -188,6 +194,9 @@ def test_skyrls_configurations_name_catalog_ops_and_keys_with_defaults_and_corre
                                     [f"{OPC}.token_mask_is_threshold_high", "!=", None]] in rejection
     assert all(["trainer.algorithm.loss_reduction", "==", "sequence_mean"] in alt
                for alt in table["ops"]["policy_step"]["seq-mean-token-mean-with-rejection"])
+    # the token mask: both of its thresholds set (SkyRL enables it only then), under any loss reduction
+    assert table["ops"]["policy_step"]["token-mean-with-token-mask"] == [
+        [[f"{OPC}.token_mask_is_threshold_low", "!=", None], [f"{OPC}.token_mask_is_threshold_high", "!=", None]]]
     assert ["trainer.algorithm.grpo_norm_by_std", "==", False] in table["ops"]["outcome_advantage"]["drgrpo"][0]
     # reduce_metrics drops NumPy / tensor metric values, which only a policy loss of the user's own logs
     (own,) = skyrl_configs.SITES["skyrl.backends.skyrl_train.workers.worker_utils.reduce_metrics"]["missing output"]

@@ -243,15 +243,22 @@ def test_mutant_is_caught_by_the_command_line(name, tmp_path):
     assert verdict.upper() in replay.stdout
 
 
+#: the reference engine's whole catalog runs as this many shards (``check --shard K/N``), one test each: xdist
+#: spreads them over its workers, so the longest test of the suite is a third as long
+REFERENCE_SHARDS = 3
+
+
 @pytest.mark.cli
-def test_reference_engine_passes_everything(tmp_path):
-    # every finding of the catalog (about 1400) with three examples each, through the command line's worker and
-    # referee: the full CI profile of the reference engine runs in `make reports`-sized time, not in the
-    # self-tests (benchmarks and the nightly profile do it); one worker, as the suite runs two tests at once
+@pytest.mark.parametrize("shard", range(1, REFERENCE_SHARDS + 1))
+def test_reference_engine_passes_everything(tmp_path, shard):
+    # every finding of the catalog (a third in each shard) with three examples each, through the command
+    # line's worker and referee: the full CI profile of the reference engine runs in `make reports`-sized time, not
+    # in the self-tests (benchmarks and the nightly profile do it); one worker, as the suite runs two tests at once
     proc = run_cli("check", "--engine", "reference", "--out", str(tmp_path), "--profile", "ci", "--max-examples", "3",
-                   "-q", "-n", "1")
+                   "--shard", f"{shard}/{REFERENCE_SHARDS}", "-q", "-n", "1")
     with open(tmp_path / "report.json") as fh:
         doc = json.load(fh)
     bad = [f"{f['id']}: {f['status']}: {f['message'][:300]}" for f in doc["findings"] if f["status"] != "pass"]
     assert proc.returncode == 0 and not bad, "\n".join(bad) + proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert doc["summary"]["pass"] >= 1000
+    # the shards partition the catalog (tests/test_shards.py): each holds a third of it
+    assert doc["run"]["shard"] == f"{shard}/{REFERENCE_SHARDS}" and doc["summary"]["pass"] >= 300

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import find, given, settings
+from hypothesis import given, settings
+from step_cases import find
 
 import rlconform.reference as R
 from rlconform.harness.bindings.reference import binding as reference_binding
@@ -37,9 +38,10 @@ def _autograd_step(inp, entropy_agg_mode=None):
     m = torch.tensor(inp["response_mask"], dtype=torch.float64)
     correction = S.variant_knobs(inp)
     rollout = torch.tensor(inp.get("rollout_log_probs", np.zeros(m.shape)), dtype=torch.float64) * m
-    if correction.get("rejection"):  # seq_mean k1: a row kept when its mean log-ratio is within [log .8, log 1.25]
-        row = ((old.detach() - rollout) * m).sum(1) / m.sum(1)
-        m = m * ((row >= np.log(0.8)) & (row <= np.log(1.25))).double()[:, None]
+    for level, _, lower, upper in correction.get("rejection", ()):  # k1: a token's or a row's mean log-ratio
+        log_ratio = (old.detach() - rollout) * m
+        stat = log_ratio if level == "token" else (log_ratio.sum(1) / m.sum(1))[:, None]
+        m = m * ((stat >= np.log(lower)) & (stat <= np.log(upper))).double()
     A = torch.tensor(inp["advantages"], dtype=torch.float64) * m
     r = torch.exp(lp - old)
     if correction.get("policy_loss") == "gspo":  # the row's geometric-mean ratio, straight-through, no dual clip
@@ -164,6 +166,27 @@ def test_the_sequence_tis_draw_holds_a_row_with_no_valid_token_and_the_trigger_n
     assert S.trigger(_Case(_smallest("token-mean-with-seq-tis"), MATCHES_REFERENCE), "", "wrong value") is None
 
 
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(S.inputs("token-mean-with-token-mask"))
+def test_drawn_rollout_log_probs_keep_every_token_away_from_the_token_band(inp):
+    """Each valid token's ratio π_old/π_rollout is ≥ 10 % (in ratio) from both bounds of the token band, one token is
+    kept, and with two rows or more one row has every token outside the band: a float32 engine masks the tokens the
+    exact step masks, on every machine, whichever side of a bound it counts as inside."""
+    mask = inp["response_mask"].astype(bool)
+    old = R.step_log_probs(inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32),
+                           inp["input_ids"], mask.shape[1], float(np.float32(inp["temperature"])))
+    ratio = np.exp(np.where(mask, old - inp["rollout_log_probs"], 0.0))[mask]
+    ((_, _, low, high),) = S.TOKEN_MASK
+    for bound in (low, high):
+        assert (np.abs(np.log(ratio / bound)) >= np.log(1.1)).all(), (ratio, bound)
+    kept = S.kept_mask(inp)
+    assert (kept == (mask & (np.exp(np.where(mask, old - inp["rollout_log_probs"], 0.0)) >= low)
+                     & (np.exp(np.where(mask, old - inp["rollout_log_probs"], 0.0)) <= high))).all()
+    assert kept.any()
+    assert len(S.rejected_rows(inp)) >= 1 or mask.any(1).sum() == 1
+    assert (inp["rollout_log_probs"][~mask] == 0).all()
+
+
 def test_the_reference_step_raises_on_bad_input():
     inp = _smallest()
     args = (inp["embed"], inp["head"], inp["old_embed"], inp["old_head"], inp["input_ids"])
@@ -185,6 +208,17 @@ class _Case:
     def __init__(self, inputs, prop, op=S.STEP_OP):
         self.inputs, self.property, self.dtype, self.op = inputs, prop, "float32", op
         self.regime = f"{inputs.get('variant', inputs['mode'])}@{S.DATA}"
+
+
+def _passes_every_property(inp) -> None:
+    """The in-harness float32 step on ``inp`` passes every property of both ops (no problem, each judge ok)."""
+    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference),
+                        (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):
+        for op in (S.STEP_OP, S.METRICS_OP):
+            ev = S.evaluate(reference_binding, _Case(inp, prop, op))
+            assert not ev.problems, ev.problems
+            outcome = judge(ev)
+            assert outcome.ok, (prop, op, outcome)
 
 
 @settings(max_examples=15, deadline=None, derandomize=True)
@@ -397,13 +431,42 @@ def test_the_float32_reference_engine_passes_the_sequence_tis_variant(empty_row)
     has no valid token: every property, both ops."""
     inp = find(S.inputs("token-mean-with-seq-tis"), lambda i: len(i["input_ids"]) >= 3 and i["temperature"] != 1.0
                and (not i["response_mask"].any(1).all()) == empty_row)
-    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference),
-                        (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):
-        for op in (S.STEP_OP, S.METRICS_OP):
-            ev = S.evaluate(reference_binding, _Case(inp, prop, op))
-            assert not ev.problems, ev.problems
-            outcome = judge(ev)
-            assert outcome.ok, (prop, op, outcome)
+    _passes_every_property(inp)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_the_float32_reference_engine_passes_the_token_mask_variant(split):
+    """The in-harness float32 step on the token-mask variant, with a row that keeps some tokens and loses others, a
+    row the mask empties, a temperature ≠ 1, whole and split into micro-batches: every property, both ops. The
+    emptied row is a rejected row (the trigger's words), and the label counts the tokens the mask removed."""
+    def wanted(i):
+        if not (len(i["input_ids"]) >= 3 and i["temperature"] != 1.0
+                and (i["micro_batch_sizes"][0] < len(i["input_ids"])) == split):
+            return False
+        kept, mask = S.kept_mask(i), i["response_mask"].astype(bool)
+        return len(S.rejected_rows(i)) >= 1 and ((mask & ~kept).any(1) & kept.any(1)).any()
+
+    inp = find(S.inputs("token-mean-with-token-mask"), wanted)
+    mask, kept = inp["response_mask"].astype(bool), S.kept_mask(inp)
+    rows = ", ".join(str(int(r)) for r in S.rejected_rows(inp))
+    assert S._rejection_words(inp).startswith(f", {int((mask & ~kept).sum())} of {int(mask.sum())} valid tokens "
+                                              f"masked, every one of row")
+    assert S._rejection_words(inp).endswith(f" {rows}")
+    assert "token mask (token k1): a token kept, weight 1, for 0.5 ≤ r ≤ 2" in S._parameters(inp["variant"])
+    if not split:
+        assert S.trigger(_Case(inp, MATCHES_REFERENCE), "", "wrong value") == S.REJECTED_ROW
+    _passes_every_property(inp)
+
+
+def test_a_step_that_ignores_the_token_mask_or_counts_before_it_is_wrong():
+    """The token mask changes the exact step (a masked token's loss and count leave it): the float32 step with the
+    mask dropped, or with the normaliser counted before it, gives another gradient."""
+    inp = find(S.inputs("token-mean-with-token-mask"), lambda i: len(i["input_ids"]) == 4)
+    exact = S.faithful(inp)["grads"]["head.weight"]
+    batch, kn = S.trainer_batch(inp), S.knobs(inp, 4)
+    for flaw in ({"token_mask_ignored": True}, {"count_before_rejection": True}):
+        grad = S.fp32_step(batch, S.params(inp), S.params(inp, old=True), kn, **flaw)["grads"]["head.weight"]
+        assert (grad - exact).abs().max() > 1e-3 * exact.abs().max(), flaw
 
 
 @settings(max_examples=20, deadline=None, derandomize=True)
@@ -450,13 +513,7 @@ def test_the_float32_reference_engine_passes_the_gspo_variant(split):
     inp = find(S.inputs("seq-mean-token-mean-with-gspo"),
                lambda i: len(i["input_ids"]) >= 3 and (i["micro_batch_sizes"][0] < len(i["input_ids"])) == split
                and not np.asarray(i["response_mask"], bool).all())
-    for prop, judge in ((MATCHES_REFERENCE, generic.matches_reference),
-                        (PARTITION_INVARIANT, generic.partition_invariant), (MASK_INVARIANT, generic.mask_invariant)):
-        for op in (S.STEP_OP, S.METRICS_OP):
-            ev = S.evaluate(reference_binding, _Case(inp, prop, op))
-            assert not ev.problems
-            outcome = judge(ev)
-            assert outcome.ok, (prop, op, outcome)
+    _passes_every_property(inp)
     metrics = S.evaluate(reference_binding, _Case(inp, MATCHES_REFERENCE, S.METRICS_OP))
     assert not any("pg_clipfrac_lower" in c.label for c in metrics.values)
 

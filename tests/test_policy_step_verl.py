@@ -20,7 +20,8 @@ the loss by ``ppo_mini_batch_size`` (``_update_actor`` hands it to ``agg_loss`` 
 counts the rows the rejection removed: the gradient is the exact one times kept rows / rows. Its token-mean
 normaliser is counted after the rejection (``forward_backward_batch`` sums the rewritten loss mask) and is right.
 The GSPO loss (``policy_loss.loss_mode="gspo"``) gives the exact gradient under every cut; its seq-mean divisor counts
-a row with no valid token the same way.
+a row with no valid token the same way. The token mask (``rollout_rs="token_k1"``) rewrites the response mask before
+the update: the gradient, entropy bonus included, is the exact one (the kept tokens counted) under every cut.
 """
 
 from __future__ import annotations
@@ -53,8 +54,7 @@ TRAIN_BATCH_AS_GLOBAL = {"trainer/ppo/ray_trainer.py": [(
     "            global_batch_size=ppo_mini_batch_size,\n",
     "            distillation_only=distillation_only,\n"
     "            global_batch_size=len(batch),\n")]}
-#: examples per run: the draws put a temperature ≠ 1, an uneven micro-batch split and several mini-batches in the
-#: first few
+#: examples per run: the draws put a temperature ≠ 1 and an uneven micro-batch split in the first few
 EXAMPLES = 8
 
 
@@ -138,7 +138,7 @@ def test_a_change_to_verls_worker_or_engine_code_selects_the_step():
 
 def test_verls_seq_mean_normaliser_counts_the_rejected_rows():
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     import rlconform.reference as R
     from rlconform.harness.bindings.load import load_engine
@@ -166,7 +166,7 @@ def test_verls_kl_loss_tempers_the_reference_path_too():
     with the reference model equal to the policy the KL loss is 0 at any temperature, and the step's gradient with
     a KL loss is the exact one."""
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     import rlconform.reference as R
     from rlconform.harness.bindings.load import load_engine
@@ -190,7 +190,7 @@ def test_verls_dynamic_batch_size_gives_the_exact_gradient():
     """``use_dynamic_bsz`` (micro-batches by token budget, rows rearranged by ``rearrange_micro_batches``) gives the
     same parameter gradient as the exact step: the normaliser is the mini-batch's whatever the packing."""
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     import rlconform.reference as R
     from rlconform.harness.bindings.load import load_engine
@@ -214,7 +214,7 @@ def test_verls_importance_weight_diagnostics_are_exact_under_any_split():
     whole batch: the mean / min / max of the capped weights and the fraction of raw ratios above the cap are the
     exact ones whatever the micro-batch size."""
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     import rlconform.reference as R
     from rlconform.harness.bindings.load import load_engine
@@ -257,7 +257,7 @@ def test_verls_step_on_two_dp_ranks_gives_the_one_rank_gradient_and_a_rank_local
     group, the ranks' gradients averaged, equals the one-rank step; the same code with the all-reduce removed (each
     rank normalises by its own tokens) moves the gradient when the ranks hold different token counts."""
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     from rlconform.harness.bindings import source, verl_step
     from rlconform.harness.families import policy_step as S
@@ -289,7 +289,7 @@ def test_verls_sequence_tis_is_exact_and_its_row_statistics_count_a_row_with_no_
     ``exceeds_upper.float().mean()`` over every row's log-ratio sum: a row with no valid token (sum 0, ratio 1)
     counts in the denominator."""
     import numpy as np
-    from hypothesis import find
+    from step_cases import find
 
     import rlconform.reference as R
     from rlconform.harness.bindings.load import load_engine
@@ -336,6 +336,24 @@ def test_verls_gspo_step_is_exact_under_any_split_and_its_seq_mean_counts_a_row_
                                rtol=1e-4, atol=1e-6)
 
 
+def test_verls_token_mask_is_exact_under_any_split():
+    """``rollout_rs="token_k1"``, ``rollout_rs_threshold="0.5_2"``, no IS weight: ``compute_rollout_rejection_mask``
+    zeroes each token whose ratio π_old/π_rollout is outside the band in ``response_mask`` before the update, so the
+    token count, the policy loss and the entropy bonus all read the kept tokens: the gradient is the exact step's
+    whatever the cut (rows, DP ranks), with a row the mask empties and one it only thins."""
+    import step_cases
+
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.families import policy_step as S
+
+    _verl_dir()
+    step = load_engine("verl").resolve("policy_step")
+    inp = step_cases.token_mask_case()
+    ref = step_cases.exact(inp, entropy_coeff=inp["entropy_coeff"], rollout_log_probs=inp["rollout_log_probs"],
+                           rejection=S.TOKEN_MASK)
+    step_cases.assert_exact_under_every_split(step, inp, ref)
+
+
 def test_verls_step_cut_into_mini_batches_gives_each_mini_batchs_exact_gradient(monkeypatch, tmp_path):
     """``ppo_mini_batch_size`` below the batch: ``train_mini_batch`` cuts the batch in order, and each optimizer step
     records the exact gradient of its own rows (its token count from ``forward_backward_batch``, its
@@ -344,7 +362,6 @@ def test_verls_step_cut_into_mini_batches_gives_each_mini_batchs_exact_gradient(
     batch's size as ``global_batch_size`` divides each mini-batch's seq-mean loss by every row of the batch."""
     import numpy as np
     import step_cases
-    from hypothesis import find
 
     from rlconform.harness.bindings import source, verl_step
     from rlconform.harness.families import policy_step as S
@@ -353,7 +370,7 @@ def test_verls_step_cut_into_mini_batches_gives_each_mini_batchs_exact_gradient(
     step = _step_from(monkeypatch)
     assert step.mini_batches
     for mode in ("token-mean", "seq-mean-token-mean"):
-        inp = dict(find(S.inputs(mode), lambda i: len(i["input_ids"]) == 4), entropy_coeff=0.01)
+        inp = dict(step_cases.find(S.inputs(mode), lambda i: len(i["input_ids"]) == 4), entropy_coeff=0.01)
         ref = step_cases.exact(inp, entropy_coeff=0.01, mini_batches=2,
                                mini_batch_mean_metrics=("pg_loss", "entropy_loss"))
         for micro in (2, 1):
@@ -374,7 +391,8 @@ def test_verls_step_cut_into_mini_batches_gives_each_mini_batchs_exact_gradient(
     from rlconform.harness.bindings import verl as vb
 
     whole = verl_step.policy_step(vb._one_rank_group, vb.ACTOR_CONFIG, vb.POLICY_LOSS_CONFIG)
-    inp = dict(find(S.inputs("seq-mean-token-mean"), lambda i: len(i["input_ids"]) == 4), entropy_coeff=0.0)
+    inp = dict(step_cases.find(S.inputs("seq-mean-token-mean"), lambda i: len(i["input_ids"]) == 4),
+               entropy_coeff=0.0)
     ref = step_cases.exact(inp, mini_batches=2)
     for got, exact in zip(S.run_step(whole, inp, 2, mini_batch_count=2)["grads"], ref["steps"]):  # each halved
         np.testing.assert_allclose(got["head.weight"].double().numpy(), exact["grad_head"] / 2, rtol=1e-4, atol=1e-6)

@@ -92,6 +92,7 @@ def ops(policy_losses: dict, modes: dict, estimators: dict) -> dict:
         extras = {"tis": (((f"{OPC}.tis_ratio_type", "==", "token"),),),
                   "seq-tis": (((f"{OPC}.tis_ratio_type", "==", "sequence"),),),
                   "rejection": MASKS,
+                  "token-mask": (MASKS[1],),  # the token mask, both thresholds set
                   "kl": (((f"{ALGO}.use_kl_loss", "==", True),),),
                   "kl-k1": (((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.kl_estimator_type", "==", "k1")),),
                   "kl-k2": (((f"{ALGO}.use_kl_loss", "==", True), (f"{ALGO}.kl_estimator_type", "==", "k2")),),

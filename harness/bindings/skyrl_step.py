@@ -42,7 +42,9 @@ Rollout correction (``algorithm.off_policy_correction``, applied inside the poli
 cap, sequence TIS ``tis_ratio_type="sequence"`` with ``sequence_tis_ratio_clip_high`` = the cap (its clipped fraction
 is logged as ``tis_seq_clip_high_ratio``, not ``tis_token_clip_high_ratio``); a row rejected by its mean ratio is
 ``sequence_mask_metric="geometric"`` with ``geo_mask_low`` /
-``geo_mask_high`` = the bounds (the geometric mean of the token ratios is exp of their mean log-ratio). The
+``geo_mask_high`` = the bounds (the geometric mean of the token ratios is exp of their mean log-ratio); a token
+outside a band of its ratio π_old/π_rollout is ``token_mask_is_threshold_low`` / ``token_mask_is_threshold_high`` =
+the bounds (``compute_token_mask``, which multiplies the loss mask, no TIS weight). The
 batch's ``rollout_log_probs`` are SkyRL's ``rollout_logprobs``.
 
 KL loss (``use_kl_loss``; ``kl_estimator_type`` ``"k3"``, verl's ``low_var_kl``, or ``"k1"`` or ``"k2"``): the
@@ -70,7 +72,8 @@ REDUCTIONS = {"token-mean": "token_mean", "seq-mean-token-mean": "sequence_mean"
 #: the catalog's step variants this binding drives: a loss reduction, alone or with a rollout correction
 MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
          "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
-         "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo")
+         "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo",
+         "token-mean-with-token-mask")
 #: the step's policy losses by SkyRL's names (vanilla PPO with dual clip: ``dual_clip``)
 POLICY_LOSSES = {"vanilla": "dual_clip", "gspo": "gspo"}
 #: the catalog's KL estimators by SkyRL's names
@@ -89,16 +92,18 @@ TRANSCRIBED = ("stand-ins: CPU device; strategy.backward = loss.backward(); opti
                "parameters); dispatch in-process; DP 1, and DP 2 as threads of one process with in-process collectives "
                "(SkyRL's own staging and metric all-reduce; old log-probs on one rank; the gradient the mean of the "
                "ranks'); float32; no micro-batch packing (flash-attn); dual_clip "
-               "loss, or gspo for the GSPO variant. Not drawn: policy losses other than dual_clip and gspo, the KL estimator abs, off-policy correction other than token TIS, sequence TIS "
-               "and the geometric row mask, "
+               "loss, or gspo for the GSPO variant. Not drawn: policy losses other than dual_clip and gspo, the KL estimator abs, off-policy correction other than token TIS, sequence TIS, "
+               "the geometric row mask and the token mask, each alone, "
                "several mini-batches on DP 2, update_epochs_per_batch > 1, DP > 2; "
                "policy_entropy left to metric_pipeline; Megatron's step not driven")
 
 
 def off_policy_correction(kn: dict) -> dict:
-    """SkyRL's ``OffPolicyCorrectionConfig`` fields for the step's rollout-correction knobs (empty: none). Raises
-    ValueError for a correction SkyRL has no option for (an importance level other than token and the sequence
-    product, a rejection other than a row's mean k1 ratio)."""
+    """SkyRL's ``OffPolicyCorrectionConfig`` fields for the step's rollout-correction knobs (empty: none): a row's
+    mean k1 ratio is the geometric sequence mask, a token's k1 ratio the token mask (``token_mask_is_threshold_low``
+    / ``_high``: ``compute_token_mask`` keeps low ≤ π_old/π_rollout ≤ high). Raises ValueError for a correction SkyRL
+    has no option for (an importance level other than token and the sequence product, another rejection, two of one
+    kind)."""
     fields = {}
     if kn.get("rollout_is") == "token":
         fields.update(tis_ratio_type="token", token_tis_ratio_clip_high=float(kn["rollout_is_cap"]))
@@ -107,8 +112,12 @@ def off_policy_correction(kn: dict) -> dict:
     elif kn.get("rollout_is"):
         raise ValueError(f"importance level {kn['rollout_is']!r}: SkyRL's TIS is per token or the sequence product")
     for level, estimator, lower, upper in kn.get("rollout_rejection") or ():
+        if (level, estimator) == ("token", "k1") and "token_mask_is_threshold_low" not in fields:
+            fields.update(token_mask_is_threshold_low=float(lower), token_mask_is_threshold_high=float(upper))
+            continue
         if (level, estimator) != ("seq_mean", "k1") or "sequence_mask_metric" in fields:
-            raise ValueError(f"rejection {level} {estimator}: SkyRL's step masks a row by one geometric-mean bound pair")
+            raise ValueError(f"rejection {level} {estimator}: SkyRL's step masks a row by one geometric-mean bound "
+                             "pair or a token by one ratio band")
         fields.update(sequence_mask_metric="geometric", geo_mask_low=float(lower), geo_mask_high=float(upper))
     return fields
 

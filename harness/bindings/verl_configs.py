@@ -52,6 +52,8 @@ def _step(variant: str) -> tuple:
     extra = {"tis": ((f"{RC}.rollout_is", "==", "token"),),
              "seq-tis": ((f"{RC}.rollout_is", "==", "sequence"),),
              "rejection": ((f"{RC}.rollout_rs", "==", "seq_mean_k1"),),
+             # the token mask, alone or chained with other options (each option's mask is ANDed)
+             "token-mask": ((f"{RC}.rollout_rs", "~", r"(^|,)\s*token_k1\s*(,|$)", "token_k1 among its options"),),
              "kl": ((f"{A}.use_kl_loss", "==", True),),
              # the estimator variants: k1 / k2 as verl spells them (the k3 variant's wiring holds for any estimator;
              # the straight-through "+" forms, k2's gradient under another value, are not drawn)

@@ -11,7 +11,8 @@ runs; the modules do not import on this CPU machine: ``peft``, ``uvicorn``, ray)
    ``prepare_model_outputs`` (temperature, remove-padding, log-probs, entropy) on the proximal model;
    ``fit``'s ``actor/entropy`` (``core_algos.agg_loss`` of the old path's entropy) and the union into the batch;
    with a rollout correction (the batch holds ``rollout_log_probs``), ``fit``'s decoupled mode:
-   ``rollout_corr_helper.compute_rollout_correction_and_add_to_batch`` (rejection rewrites ``response_mask``;
+   ``rollout_corr_helper.compute_rollout_correction_and_add_to_batch`` (rejection rewrites ``response_mask``: a row
+   by ``rollout_rs="seq_mean_k1"``, a token by the token mask ``rollout_rs="token_k1"``, ``"0.5_2"``;
    token or sequence TIS (``rollout_is="token"`` / ``"sequence"``) adds ``rollout_is_weights``, which ``ppo_loss``
    hands the policy loss); with a KL loss,
    ``RayPPOTrainer._compute_ref_log_prob`` → ``ActorRolloutRefWorker.compute_ref_log_prob`` → the same engine path
@@ -37,10 +38,10 @@ autocast (float32 parameters: CUDA autocast does nothing on CPU). Knobs left at 
 ``use_remove_padding`` True, policy losses other than vanilla and GSPO (``policy_loss.loss_mode="gspo"``,
 ``core_algos.compute_policy_loss_gspo``, with the configured clip ratios and ``loss_agg_mode``), KL losses other than
 ``low_var_kl``, ``k1`` and ``k2`` (``abs``, the straight-through ``+`` forms), rollout correction
-other than token TIS, sequence TIS and ``seq_mean_k1`` rejection (bypass mode, batch-normalised weights, IcePop
-bands, the other rejection options), one PPO epoch without shuffle, several mini-batches on one DP rank only (verl's
-DP ranks each cut their own chunk of the batch into mini-batches, so its mini-batch j is not rows
-``[j·size, (j + 1)·size)``). The Megatron engine's step
+other than token TIS, sequence TIS, ``seq_mean_k1`` rejection and the ``token_k1`` token mask (bypass mode,
+batch-normalised weights, IcePop bands of the IS weights, the other rejection options, a token mask beside TIS), one
+PPO epoch without shuffle, several mini-batches on one DP rank only (verl's DP ranks each cut their own chunk of the
+batch into mini-batches, so its mini-batch j is not rows ``[j·size, (j + 1)·size)``). The Megatron engine's step
 (``MegatronEngineWithLMHead``) is not driven: unchecked.
 """
 
@@ -61,13 +62,14 @@ TRANSCRIBED = ("stand-ins: device 'cpu'; no FSDP; optimizer_step records the gra
                "the ranks'); float32. Transcribed from fit: the order of its calls, actor/entropy (agg_loss of the old "
                "path's entropy), the unions into the batch; _balance_batch not applied. Not drawn: KL losses other than "
                "low_var_kl, k1 and k2 (abs, the straight-through '+' forms), rollout correction other than token "
-               "TIS, sequence TIS and seq_mean_k1 rejection, policy losses other than vanilla and gspo, several "
-               "mini-batches on DP 2, ppo_epochs > 1, shuffle, DP > 2, use_remove_padding=False; Megatron's step not "
-               "driven")
+               "TIS, sequence TIS, seq_mean_k1 rejection and the token_k1 token mask, policy losses other than "
+               "vanilla and gspo, several mini-batches on DP 2, ppo_epochs > 1, shuffle, DP > 2, "
+               "use_remove_padding=False; Megatron's step not driven")
 #: the catalog's step variants this binding drives (every one the catalog has)
 MODES = ("token-mean", "seq-mean-token-mean", "token-mean-with-tis", "token-mean-with-seq-tis",
          "token-mean-with-rejection", "seq-mean-token-mean-with-rejection", "token-mean-with-kl",
-         "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo")
+         "token-mean-with-kl-k1", "token-mean-with-kl-k2", "seq-mean-token-mean-with-gspo",
+         "token-mean-with-token-mask")
 
 #: the step's metrics as verl logs them (after ``reduce_metrics``), by the catalog's names
 METRIC_KEYS = {"pg_loss": "actor/pg_loss", "entropy_loss": "actor/entropy_loss", "pg_clipfrac": "actor/pg_clipfrac",
@@ -181,7 +183,8 @@ def _actor_config(kn: dict, rows: int, actor_fields: dict, loss_fields: dict):
 def rollout_correction_config(kn: dict) -> dict | None:
     """verl's ``algorithm.rollout_correction`` for the step's knobs (None: no correction): ``rollout_is`` /
     ``rollout_is_threshold``, and each rejection option ``(level, estimator, lower, upper)`` as verl spells it
-    (``rollout_rs="seq_mean_k1"``, ``rollout_rs_threshold="0.8_1.25"``; options joined by ",")."""
+    (``rollout_rs="seq_mean_k1"``, ``rollout_rs_threshold="0.8_1.25"``; the token mask ``"token_k1"``, ``"0.5_2"``;
+    options joined by ",")."""
     options = tuple(kn.get("rollout_rejection") or ())
     if not kn.get("rollout_is") and not options:
         return None

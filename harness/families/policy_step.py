@@ -14,11 +14,13 @@ advantages per token, a temperature ≠ 1 (drawn), proximal (old) parameters tha
 (or equal them: on-policy), the entropy bonus on or off, and with a rollout correction the rollout's log-probs
 (the only drawn log-probs: rows whose mean log-ratio to the proximal policy sits far inside or far outside the
 rejection bounds, tokens on both sides of the TIS cap, rows whose summed log-ratio puts them on both sides of the
-sequence TIS cap, never within 10 % of a bound or a cap; with sequence TIS and GSPO also a row with no valid token).
+sequence TIS cap, tokens inside and outside the token band with a row whose every token is outside it, never within
+10 % of a bound or a cap; with sequence TIS and GSPO also a row with no valid token).
 Variants (:data:`VARIANTS`): ``loss_agg_mode``, alone or with a rollout correction (token-level TIS;
-sequence-level TIS, one weight per row; rejection of rows by their mean ratio), or with a KL loss (estimator k3, k1
-or k2) against a frozen reference model; the policy loss vanilla PPO with dual clip, or GSPO (one ratio per row, the
-geometric mean of its token ratios, straight-through at each token, clipped at GSPO's 3e-4 / 4e-4; proximal
+sequence-level TIS, one weight per row; rejection of rows by their mean ratio; a token mask, each token outside a
+band of its ratio π_old/π_rollout out of the loss and its count, the others at weight 1), or with a KL loss
+(estimator k3, k1 or k2) against a frozen reference model; the policy loss vanilla PPO with dual clip, or GSPO
+(one ratio per row, the geometric mean of its token ratios, straight-through at each token, clipped at GSPO's 3e-4 / 4e-4; proximal
 parameters drawn so that one batch holds rows inside and outside the clip band, each ≥ 10 % of the band from its
 bound). Partitions: the mini-batch cut into
 micro-batches of every size that divides it, and (for a binding that drives it) into micro-batches by a token
@@ -48,7 +50,8 @@ rollout log-probs at masked positions and other token ids at padded positions le
 the rollout log-probs alone too, so that a leak of theirs is not hidden behind one of the advantages). An
 importance weight that moves with the current policy, or carries its gradient, fails ``matches_reference`` of
 the TIS variants (the reference's weight is a constant of the old and rollout log-probs); a normaliser counted
-before the rejection fails it in the rejection variants.
+before the rejection fails it in the rejection and token-mask variants, and a token mask left unapplied in the
+token-mask variant.
 """
 
 from __future__ import annotations
@@ -81,6 +84,14 @@ from rlconform.harness.families import OpFamily
 #: verl's rejection option of the step's rejection variants: a row is kept when 0.8 ≤ exp(mean log(π_old/π_rollout))
 #: ≤ 1.25 over its tokens (``rollout_rs="seq_mean_k1"``, ``rollout_rs_threshold="0.8_1.25"``)
 REJECTION = (("seq_mean", "k1", 0.8, 1.25),)
+#: the token band of the token-mask variant (masked importance sampling's token band, IcePop's band without its
+#: weight): a valid token is kept, with weight 1, when 0.5 ≤ π_old/π_rollout ≤ 2 (the ratio, both bounds inclusive),
+#: and leaves the loss mask and its count otherwise (verl ``rollout_rs="token_k1"``, ``rollout_rs_threshold=
+#: "0.5_2"``; SkyRL ``token_mask_is_threshold_low`` / ``_high``). The band is symmetric in log space (0.5 = 1/2):
+#: verl compares its statistic −log r with the log bounds, SkyRL the ratio r with the bounds, and both keep the same
+#: tokens (an asymmetric band is read as one of the inverse ratio by verl: op ``rollout_rejection_mask``,
+#: ``token_k1_asym``); every drawn token is ≥ 10 % (in ratio) from both bounds, so inclusiveness never decides
+TOKEN_MASK = (("token", "k1", 0.5, 2.0),)
 #: the trigger of a failure that needs a row the rejection removes (:func:`trigger`)
 REJECTED_ROW = "a row removed by rollout rejection"
 #: the TIS cap of the TIS variant (verl ``rollout_is_threshold`` default)
@@ -109,6 +120,7 @@ VARIANTS = {
     "token-mean-with-seq-tis": ("token-mean", {"is_level": "sequence_product", "is_cap": SEQ_IS_CAP}),
     "token-mean-with-rejection": ("token-mean", {"rejection": REJECTION}),
     "seq-mean-token-mean-with-rejection": ("seq-mean-token-mean", {"rejection": REJECTION}),
+    "token-mean-with-token-mask": ("token-mean", {"rejection": TOKEN_MASK}),
     **{name: ("token-mean", dict(KL, kl_loss_type=estimator)) for estimator, name in KL_VARIANTS.items()},
     # GSPO's own loss reduction: the paper's sequence mean, which verl (compute_policy_loss_gspo's docstring) and
     # SkyRL (gspo_policy_loss warns otherwise) recommend
@@ -126,6 +138,10 @@ TOKEN_SPREAD = 0.3
 #: (0, 0.5, −1: ratios 1, 1.65, 0.37) or above it (2, 3: ratios 7.39, 20.1), each ≥ 10 % from :data:`SEQ_IS_CAP`
 #: (1.65 is 0.33·cap, 7.39 is 1.48·cap); spread over the row's tokens evenly, plus the zero-sum ±0.3 token spread
 SEQ_ROW_LOG_RATIOS = ((0.0, 0.5, -1.0), (2.0, 3.0))
+#: per-token log(π_old/π_rollout) for the token-mask variant: inside :data:`TOKEN_MASK`'s band (ratios 1, 1.35, 0.74,
+#: 1.65, 0.61: kept) or outside it (2.72, 0.37, 4.48, 0.22: masked), each ≥ 10 % (in ratio) from both bounds (1.65 is
+#: 2 / 1.21, 0.61 is 0.5 · 1.21; 2.72 is 2 · 1.36, 0.37 is 0.5 / 1.36)
+TOKEN_BAND_LOG_RATIOS = ((0.0, 0.3, -0.3, 0.5, -0.5), (1.0, -1.0, 1.5, -1.5))
 GARBAGE = (np.nan, np.inf, -np.inf, 1e30)
 #: the numbers of mini-batches (optimizer steps, one PPO epoch, in order) the mini-batch run may cut the batch into: the
 #: most that divides the rows and leaves every mini-batch a kept token (:func:`mini_batches`)
@@ -184,6 +200,10 @@ def _parameters(variant: str) -> str:
         words.append(f"sequence TIS: one weight per row, min(exp(Σ_valid tokens log(π_old/π_rollout)), "
                      f"{rc['is_cap']:g}), at each of its valid tokens, no gradient")
     for level, est, lower, upper in rc.get("rejection", ()):
+        if level == "token":
+            words.append(f"token mask ({level} {est}): a token kept, weight 1, for {lower:g} ≤ r ≤ {upper:g} "
+                         "(r = π_old/π_rollout), out of the loss and its count otherwise, no TIS weight")
+            continue
         words.append(f"rejection {level.replace('_', '-')} {est}: a row kept for {lower:g} ≤ r ≤ {upper:g} "
                      "(r = π_old/π_rollout)")
     if rc.get("kl_loss_coef"):
@@ -201,16 +221,39 @@ OPS = tuple(
                        (METRICS_OP, "the metrics the step logs (pg_loss, entropy_loss, pg_clipfrac, ppo_kl, ...)")))
 
 
-def _rollout_log_probs(draw, inp: dict, sequence: bool = False) -> np.ndarray:
+def _token_band_log_ratios(draw, mask: np.ndarray) -> np.ndarray:
+    """Per-token log(π_old/π_rollout) float64 ``[B, R]`` for the token-mask variant (0 at masked positions): each
+    valid token's drawn from :data:`TOKEN_BAND_LOG_RATIOS` (inside the band first, so that a shrunk example keeps
+    only the masked tokens its failure needs), one drawn token of one row inside the band (the step keeps a token),
+    and, when two rows or more have a valid token, the next such row's every token outside it (a row the mask
+    empties)."""
+    inside, outside = TOKEN_BAND_LOG_RATIOS
+    delta = np.zeros(mask.shape)
+    live = np.flatnonzero(mask.any(1))
+    for i in live:
+        delta[i, mask[i]] = [draw(st.sampled_from(inside + outside)) for _ in range(int(mask[i].sum()))]
+    pick = draw(st.integers(0, len(live) - 1))
+    at = np.flatnonzero(mask[live[pick]])
+    delta[live[pick], at[draw(st.integers(0, len(at) - 1))]] = draw(st.sampled_from(inside))
+    if len(live) > 1:
+        emptied = live[(pick + 1) % len(live)]
+        delta[emptied, mask[emptied]] = [draw(st.sampled_from(outside)) for _ in range(int(mask[emptied].sum()))]
+    return delta
+
+
+def _rollout_log_probs(draw, inp: dict, sequence: bool = False, token_band: bool = False) -> np.ndarray:
     """The rollout's log-probs float32 ``[B, R]`` (module doc): the exact proximal log-probs minus a per-row log-ratio
     of :data:`ROW_LOG_RATIOS` (one row kept, one rejected when there are two) plus a zero-sum per-token spread;
     0 at masked positions, as a trainer pads them. ``sequence``: each row's log-ratios sum to one of
     :data:`SEQ_ROW_LOG_RATIOS` instead (one row below the sequence cap, one above it when two rows have a valid
-    token)."""
+    token); ``token_band``: each token's log-ratio is drawn on its own, inside or outside :data:`TOKEN_MASK`'s band
+    (:func:`_token_band_log_ratios`)."""
     mask = np.asarray(inp["response_mask"], bool)
     rows = len(mask)
     old = R.step_log_probs(inp["old_embed"], inp["old_head"], inp["input_ids"], mask.shape[1],
                            float(np.float32(inp["temperature"])))
+    if token_band:
+        return np.where(mask, old - _token_band_log_ratios(draw, mask), 0.0).astype(np.float32)
     if sequence:
         live = np.flatnonzero(mask.any(1))
         below, above = SEQ_ROW_LOG_RATIOS
@@ -293,12 +336,18 @@ def inputs(draw, variant: str):
     if gspo:
         assume(_gspo_rows_clear_of_the_clip_bounds(inp))
     if "is_level" in correction or "rejection" in correction:
-        inp["rollout_log_probs"] = _rollout_log_probs(draw, inp, correction.get("is_level") == "sequence_product")
+        inp["rollout_log_probs"] = _rollout_log_probs(draw, inp, correction.get("is_level") == "sequence_product",
+                                                      token_band=token_level(correction))
     if correction.get("kl_loss_coef"):
         scale = draw(st.sampled_from(REF_NOISE))
         inp["ref_embed"] = embed + scale * rng.normal(size=embed.shape)
         inp["ref_head"] = head + scale * rng.normal(size=head.shape)
     return inp
+
+
+def token_level(correction: dict) -> bool:
+    """Whether a variant's rejection decides per token (:data:`TOKEN_MASK`) rather than per row."""
+    return any(level == "token" for level, *_ in correction.get("rejection", ()))
 
 
 def gspo_row_log_ratios(inp: dict) -> np.ndarray:
@@ -477,7 +526,8 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
               metric_micro_means: bool = False, weight_from_current: bool = False,
               count_before_rejection: bool = False, ref_temperature: bool = True,
               fraction_after_truncation: bool = False, rank_normaliser: bool = False,
-              kl_type_ignored: bool = False, batch_normaliser: bool = False) -> dict:
+              kl_type_ignored: bool = False, token_mask_ignored: bool = False,
+              batch_normaliser: bool = False) -> dict:
     """A plain float32 step of :class:`~rlconform.harness.core.tiny_lm.TinyLM`: old log-probs with ``old_params``
     (no gradient), then for each mini-batch (``kn["mini_batch_size"]`` rows, default every row; one optimizer step
     each, the gradient recorded and cleared, the parameters not moved) the micro-batch loop (rows
@@ -493,8 +543,9 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     gradient), the normaliser counted before the rejection, the reference model's log-probs without temperature,
     the fraction of weights above the cap counted after the truncation (so none is above it), each DP rank's loss
     normalised by its own token count (or rows) and the ranks' gradients averaged (a rank-scoped normaliser), the
-    configured KL estimator ignored (k3 whatever ``kl_loss_type`` says), each mini-batch normalised by the whole
-    batch's token count (or rows) instead of its own (a normaliser scoped to the generation batch).
+    configured KL estimator ignored (k3 whatever ``kl_loss_type`` says), the token-level rejection options (a token
+    mask) dropped while the row-level ones still apply, each mini-batch normalised by the whole batch's token count
+    (or rows) instead of its own (a normaliser scoped to the generation batch).
     With ``kn["policy_loss"] == "gspo"`` each row's ratio is exp of its mean log-ratio over the valid tokens,
     straight-through at each token (GSPO-token), clipped, without the dual clip, and ``pg_clipfrac_lower`` is not
     logged.
@@ -517,8 +568,11 @@ def fp32_step(batch, params, old_params, kn, *, temperature_times: int = 1, old_
     with torch.no_grad():
         old_lp, old_H = _log_probs(old_model, batch, T if old_temperature else 1.0)
     m_all = counted = m_batch
-    if kn.get("rollout_rejection"):
-        m_all = _rejected(old_lp, batch, m_batch, kn["rollout_rejection"])
+    options = tuple(kn.get("rollout_rejection") or ())
+    if token_mask_ignored:
+        options = tuple(o for o in options if o[0] != "token")
+    if options:
+        m_all = _rejected(old_lp, batch, m_batch, options)
         counted = m_batch if count_before_rejection or kn.get("rejection_normaliser") == "batch" else m_all
     weights, level, rollout = None, kn.get("rollout_is"), None
     if level:
@@ -755,13 +809,29 @@ def _layout(inp: dict, micro: int, mini_batch_count: int = 1) -> dict:
     return out
 
 
-def _label(inp: dict, micro: int, rejected_rows=(), token_budget: int | None = None,
+def _rejection_words(inp: dict) -> str:
+    """What the variant's rejection removes from the loss mask, as the label's tail: the rows it empties (", row 1
+    rejected") and, for a token mask, the tokens (", 3 of 8 valid tokens masked, every one of row 1"); empty without a
+    rejection."""
+    kept = kept_mask(inp)
+    if kept is None:
+        return ""
+    mask = np.asarray(inp["response_mask"], bool)
+    rows = np.flatnonzero(mask.any(1) & ~kept.any(1))
+    listed = ", ".join(str(int(i)) for i in rows)
+    if not token_level(variant_knobs(inp)):
+        return f", row{'s' if len(rows) > 1 else ''} {listed} rejected" if len(rows) else ""
+    masked = int((mask & ~kept).sum())
+    every = f", every one of row{'s' if len(rows) > 1 else ''} {listed}" if len(rows) else ""
+    return f", {masked} of {int(mask.sum())} valid tokens masked{every}"
+
+
+def _label(inp: dict, micro: int, rejected: str = "", token_budget: int | None = None,
            mini_batch_count: int = 1) -> str:
     """The run's label: variant, temperature, entropy coefficient, how the batch was cut into mini-batches (when
     several) and each mini-batch into micro-batches (with ``token_budget``, one mini-batch, by the engine's own
-    packing into micro-batches of at most that many tokens: only the mini-batch's nnz is known here)."""
-    rejected = (f", row{'s' if len(rejected_rows) > 1 else ''} {', '.join(str(int(i)) for i in rejected_rows)} "
-                "rejected" if len(rejected_rows) else "")
+    packing into micro-batches of at most that many tokens: only the mini-batch's nnz is known here) and
+    ``rejected`` (:func:`_rejection_words`)."""
     mask = np.asarray(inp["response_mask"], bool)
     mini = len(mask) // mini_batch_count
     if token_budget is None:
@@ -804,7 +874,7 @@ def evaluate(binding, case) -> Evaluation:
     ref = _exact(inp, conventions)
     fa = faithful(inp, conventions)
     mask = np.asarray(inp["response_mask"], bool)
-    rejected = rejected_rows(inp)
+    rejected = _rejection_words(inp)
     micro_sizes = inp["micro_batch_sizes"]
     # the mini-batch run (matches_reference only: the invariances compare runs of one mini-batch)
     count = mini_batches(inp, step) if case.property == MATCHES_REFERENCE else 1
@@ -871,32 +941,41 @@ def evaluate(binding, case) -> Evaluation:
     return ev
 
 
-def rejected_rows(inp: dict) -> np.ndarray:
-    """The rows of ``inp`` its variant's rejection removes from the loss mask (exactly: the proximal log-probs of the
-    float64 step against the rollout's); empty without a rejection."""
+def kept_mask(inp: dict) -> np.ndarray | None:
+    """The loss mask bool ``[B, R]`` that ``inp``'s variant's rejection leaves (exactly: the proximal log-probs of the
+    float64 step against the rollout's); None without a rejection."""
     options = tuple(variant_knobs(inp).get("rejection", ()))
     if not options or inp.get("rollout_log_probs") is None:
-        return np.zeros(0, np.int64)
+        return None
     mask = np.asarray(inp["response_mask"], bool)
     old = R.step_log_probs(np.asarray(inp["old_embed"], np.float32), np.asarray(inp["old_head"], np.float32),
                            inp["input_ids"], mask.shape[1], float(np.float32(inp["temperature"])))
-    kept = R.rollout_rejection_mask(old, np.where(mask, inp["rollout_log_probs"], 0.0), mask, options) > 0
-    return np.flatnonzero(mask.any(1) & ~kept.any(1))
+    return R.rollout_rejection_mask(old, np.where(mask, inp["rollout_log_probs"], 0.0), mask, options) > 0
+
+
+def rejected_rows(inp: dict) -> np.ndarray:
+    """The rows of ``inp`` that had a valid token and that its variant's rejection empties (a row rejected by its
+    mean ratio, or a row whose every token the token mask removes); empty without a rejection."""
+    kept = kept_mask(inp)
+    if kept is None:
+        return np.zeros(0, np.int64)
+    return np.flatnonzero(np.asarray(inp["response_mask"], bool).any(1) & ~kept.any(1))
 
 
 def trigger(case, clauses, kind) -> str | None:
     """The feature of the shrunk input a ``matches_reference`` failure of the step needs, in the generic triggers'
     words. The strategy draws the whole mini-batch and the temperature 1 first, so a split or a temperature ≠ 1
-    survives shrinking only when the failure needs it; a rejection variant always rejects a row.
+    survives shrinking only when the failure needs it; a rejection variant always rejects a row, and the token-mask
+    variant empties one (every token outside the band) whenever two rows have a valid token.
 
     * a failure of the mini-batch run alone (every clause's layout has several mini-batches: the one-mini-batch run
       passed): "more than one mini-batch" (a normaliser scoped to the generation batch where each optimizer step
       needs its mini-batch's);
     * a run cut into more than one micro-batch: "more than one micro-batch" (the generic partition trigger), so
       that its wrong value joins the partition dependence of the same place (a mean of micro-batch means);
-    * one micro-batch with a row the rejection removed: "a row removed by rollout rejection" (a binding may word it
-      as its aggregation's edge trigger, verl's "a row with no valid token, as sequence-level rollout rejection
-      …", so that a normaliser counting the row joins the aggregation's defect);
+    * one micro-batch with a row the rejection (or the token mask) emptied: "a row removed by rollout rejection" (a
+      binding may word it as its aggregation's edge trigger, verl's "a row with no valid token, as sequence-level
+      rollout rejection …", so that a normaliser counting the row joins the aggregation's defect);
     * one micro-batch with a row that has no valid token (the sequence-TIS and GSPO variants draw one): "a row with
       no valid token";
     * one micro-batch at a temperature ≠ 1: "a sampling temperature ≠ 1";
