@@ -4,7 +4,7 @@ and the values under which the trainer runs it. An op not listed runs under any 
 
 from __future__ import annotations
 
-from rlconform.harness.report.config_reach import twins
+from rlconform.harness.catalog.binding import twins
 
 from .skyrl_step import MODES as STEPS  # the step's variants this binding drives
 

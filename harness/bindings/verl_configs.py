@@ -5,7 +5,7 @@ runs it. An op not listed runs under any configuration. Conditions are ``(key, o
 
 from __future__ import annotations
 
-from rlconform.harness.report.config_reach import twins
+from rlconform.harness.catalog.binding import twins
 
 from .verl_step import MODES as STEPS  # the step's variants this binding drives
 

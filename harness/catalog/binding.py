@@ -68,6 +68,7 @@ __all__ = [
     "PolicyStep",
     "VariantNotProvided",
     "Variants",
+    "twins",
 ]
 
 
@@ -482,3 +483,15 @@ def validate_impl(op: str, impl: Any, *, where: str = "binding") -> None:
                 f"{where}: op {op!r} takes {info.arity} positional argument(s) "
                 f"but {getattr(impl, '__qualname__', impl)!r}{loc} accepts {required}..{maximum}"
             )
+
+
+def twins(variants, key: str) -> dict[str, list[str]]:
+    """``configs["twins"]`` (read by :func:`rlconform.harness.report.config_reach.alternatives`) of variants named
+    ``<mode>-with-<correction>``: each correction drawn on exactly two modes pairs its two variants, ``key`` the
+    configuration key of the mode."""
+    by_correction: dict[str, list[str]] = {}
+    for v in variants:
+        mode, _, correction = v.partition("-with-")
+        if correction:
+            by_correction.setdefault(correction, []).append(v)
+    return {v: [pair[1 - i], key] for pair in by_correction.values() if len(pair) == 2 for i, v in enumerate(pair)}

@@ -18,8 +18,8 @@ A binding declares, as data (``Binding.configs``, written into ``report.json`` a
 * ``derived``: key -> ``[other key, {its value: this key's value}]``: a key a configuration sets through another
   (verl's ``model_engine=megatron`` selects ``actor_rollout_ref.actor.strategy=megatron``);
 * ``twins``: op -> variant -> ``[twin variant, key]``: two variants drawn alike but for ``key`` (the step's rollout
-  rejection on token-mean and on seq-mean-token-mean, :func:`twins`): each keeps its ``key`` condition, which a row
-  holding both (the same property and dtype) drops, as it holds whatever ``key`` is.
+  rejection on token-mean and on seq-mean-token-mean; :func:`rlconform.harness.catalog.binding.twins`): each keeps
+  its ``key`` condition, which a row holding both (the same property and dtype) drops: it holds whatever ``key`` is.
 
 A row's alternatives are those of its members (an alternative that implies another left out) (``reached_by``: a list of condition lists; ``[[]]``: any
 configuration; None: the binding declares nothing). A configuration is a YAML file in the engine's own format:
@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["ConfigError", "alternatives", "describe", "load_config", "reaches", "render", "twins"]
+__all__ = ["ConfigError", "alternatives", "describe", "load_config", "reaches", "render"]
 
 OPS = ("==", "!=", "in", "~", "asym")
 
@@ -97,17 +97,6 @@ def alternatives(defect: dict, findings: dict, table: dict | None) -> list[list[
     return [alt for i, alt in enumerate(out)
             if not any(j != i and _implies(alt, other) and not (_implies(other, alt) and j > i)
                        for j, other in enumerate(out))]
-
-
-def twins(variants, key: str) -> dict[str, list[str]]:
-    """``twins`` of :func:`alternatives` for variants named ``<mode>-with-<correction>``: each correction drawn on
-    exactly two modes pairs its two variants, ``key`` the configuration key of the mode."""
-    by_correction: dict[str, list[str]] = {}
-    for v in variants:
-        mode, _, correction = v.partition("-with-")
-        if correction:
-            by_correction.setdefault(correction, []).append(v)
-    return {v: [pair[1 - i], key] for pair in by_correction.values() if len(pair) == 2 for i, v in enumerate(pair)}
 
 
 def _implies(alt: list[tuple], other: list[tuple]) -> bool:
