@@ -125,6 +125,21 @@ def test_a_changed_decorator_and_a_deleted_line_change_their_function(repo):
         ("pkg/ops.py", "two_lines")}
 
 
+def test_a_docstring_comment_or_line_break_edit_changes_no_function(repo):
+    """An edit that leaves a function's syntax tree as it was (its docstring, a comment, a blank line, a line break)
+    selects nothing; a code edit in the same function, or beside such an edit, still does."""
+    commit_edit(repo, "pkg/ops.py", "def leaf(x):\n    return x + 1\n",
+                'def leaf(x):\n    """One more."""\n    # the successor\n\n    return (x +\n            1)\n')
+    assert changed_lines(str(repo), "HEAD~1") == {}
+    assert changed_functions(str(repo), changed_lines(str(repo), "HEAD~1"), FNS, "pkg") == {}
+    commit_edit(repo, "pkg/ops.py", '    """One more."""\n', '    """One more, reworded."""\n')
+    assert changed_lines(str(repo), "HEAD~1") == {}
+    commit_edit(repo, "pkg/ops.py", '    """One more, reworded."""\n    # the successor\n',
+                '    """One more."""\n    # the successor, plus one\n    x = x + 0\n')
+    assert set(changed_functions(str(repo), changed_lines(str(repo), "HEAD~1"), FNS, "pkg")) == {
+        ("pkg/ops.py", "leaf"), ("pkg/ops.py", "middle"), ("pkg/ops.py", "top")}
+
+
 def test_selection_rule_over_findings(repo):
     commit_edit(repo, "pkg/ops.py", "return x + 1", "return x + 2")
     site = lambda q: {"function": q, "module": "pkg.ops", "file": "pkg/ops.py", "line": 1, "top": "pkg"}  # noqa: E731

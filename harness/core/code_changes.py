@@ -6,7 +6,9 @@ A *function* is ``(file, qualname)``: ``file`` relative to the checkout (``verl/
 ``qualname`` as Python writes it (``agg_loss``, ``_VocabParallelEntropy.backward``). Its range runs from
 its first decorator to its last line, so a changed decorator changes the function. A function *changed*
 when a hunk's new-side lines overlap its range (a pure deletion, ``+a,0``, counts for the line after
-``a``); a class changed when any of its lines did.
+``a``); a class changed when any of its lines did. A hunk that lies wholly inside functions or classes whose
+code is the same on both sides (their syntax trees equal once docstrings are left out: an edited comment,
+docstring, blank line or line break) changes nothing and is dropped.
 
 The call graph is static and conservative within one package: in a function's body every name called
 (``f(…)``), every attribute of an imported module called (``core_algos.f(…)``) and every ``self.m(…)``
@@ -63,7 +65,42 @@ def changed_lines(checkout: str, rev: str) -> dict[str, list[tuple[int, int]]]:
                 start, count = int(m.group(1)), int(m.group(2) or 1)
                 first, last = (start, start + count - 1) if count else (start + 1, start + 1)
                 hunks.setdefault(path, []).append((max(first, 1), max(last, 1)))
+    for path in list(hunks):
+        same = _unchanged_spans(os.path.join(checkout, path), git("show", f"{rev}:./{path}"))
+        hunks[path] = [(a, b) for a, b in hunks[path] if not any(lo <= a and b <= hi for lo, hi in same)]
+        if not hunks[path]:
+            del hunks[path]
     return hunks
+
+
+class _NoDocstrings(ast.NodeTransformer):
+    """A syntax tree without docstrings (a module's, class's or function's first string statement)."""
+
+    def generic_visit(self, node):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+        return super().generic_visit(node)
+
+
+def _code(tree: ast.Module) -> dict[str, tuple[tuple[int, int], str]]:
+    """``qualname -> (line span, its code)`` of every function and class: the code its syntax tree without
+    docstrings (comments, blank lines and line breaks are not in a tree)."""
+    return {q: (_span(n), ast.dump(_NoDocstrings().visit(n))) for q, n, _ in _defs(tree)}
+
+
+def _unchanged_spans(head_path: str, base: subprocess.CompletedProcess) -> list[tuple[int, int]]:
+    """The head's line spans of the functions and classes whose code the base has unchanged (``base``: ``git
+    show REV:file``; none when the file is new or either side does not parse)."""
+    head = _parse(head_path)
+    if head is None or base.returncode != 0:
+        return []
+    try:
+        before = _code(ast.parse(base.stdout))
+    except (SyntaxError, ValueError):
+        return []
+    return [span for q, (span, code) in _code(head).items() if q in before and before[q][1] == code]
 
 
 def _parse(path: str) -> ast.Module | None:
