@@ -11,7 +11,7 @@
 #   --head     the PR head's checkout (default: .)
 #   --base     the base's checkout; or --base-ref REV: a temporary `git worktree` of REV from --head's
 #              repository (needs the full history: actions/checkout with fetch-depth: 0)
-#   --xfails   the fork's ledger, a path inside --head; the same file is used for both checks
+#   --xfails   the fork's ledger, a path inside --head (or an absolute path); the same file is used for both checks
 #   --out      where the reports go (default: rlconform-ci): OUT/base/, OUT/head/ (report.json, .md,
 #              .html, cases/), OUT/comment.md (the PR comment), OUT/diff.json, OUT/rlconform.sarif (the new
 #              and changed defects for code scanning)
@@ -96,8 +96,10 @@ base="$(cd "$base" && pwd)"
 
 ledger=()
 if [ -n "$xfails" ]; then
-  [ -f "$head/$xfails" ] || die "--xfails $xfails: no such file in $head"
-  ledger=(--xfails "$head/$xfails")
+  case $xfails in
+    /*) [ -f "$xfails" ] || die "--xfails $xfails: no such file"; ledger=(--xfails "$xfails") ;;
+    *) [ -f "$head/$xfails" ] || die "--xfails $xfails: no such file in $head"; ledger=(--xfails "$head/$xfails") ;;
+  esac
 fi
 
 # check SIDE CHECKOUT [check options]: a report in OUT/SIDE; returns check's exit code (0/1 are results,

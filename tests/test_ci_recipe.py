@@ -36,8 +36,8 @@ def env(**extra) -> dict:
     return e
 
 
-def run_pr(cwd, *args) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(PR), "--engine", T.SPEC, "--xfails", LEDGER, *args, "--", *CHECK_ARGS],
+def run_pr(cwd, *args, ledger=LEDGER) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(PR), "--engine", T.SPEC, "--xfails", ledger, *args, "--", *CHECK_ARGS],
                           capture_output=True, text=True, cwd=cwd, env=env())
 
 
@@ -96,7 +96,8 @@ def test_head_equal_to_base_passes(tmp_path, checkouts):
     comment = (tmp_path / "ci" / "comment.md").read_text()
     assert "nothing to check" in comment
     assert comment.startswith("<!-- rlconform -->\n")  # the marker rlconform-comment.sh finds its own comment by
-    full = run_pr(base, "--base-ref", "HEAD", "--out", str(tmp_path / "ci-all"), "--all")
+    full = run_pr(base, "--base-ref", "HEAD", "--out", str(tmp_path / "ci-all"), "--all",
+                  ledger=str(base / LEDGER))  # an absolute ledger path
     assert full.returncode == 0, full.stdout + full.stderr
     assert "No change" in (tmp_path / "ci-all" / "comment.md").read_text()
     assert T.git(base, "worktree", "list").count("\n") == 0  # only the main worktree is left
@@ -107,6 +108,9 @@ def test_usage_errors_exit_2(tmp_path, checkouts):
     missing = subprocess.run(["bash", str(PR), "--engine", T.SPEC, "--xfails", "no-such-ledger.txt", "--base",
                               str(base)], capture_output=True, text=True, cwd=head, env=env())
     assert missing.returncode == 2 and "no-such-ledger.txt" in missing.stderr
+    absolute = subprocess.run(["bash", str(PR), "--engine", T.SPEC, "--xfails", str(tmp_path / "nowhere.txt"),
+                               "--base", str(base)], capture_output=True, text=True, cwd=head, env=env())
+    assert absolute.returncode == 2 and f"{tmp_path / 'nowhere.txt'}: no such file\n" in absolute.stderr
     no_base = subprocess.run(["bash", str(PR), "--engine", T.SPEC], capture_output=True, text=True, cwd=head,
                              env=env())
     assert no_base.returncode == 2 and "--base" in no_base.stderr
