@@ -61,3 +61,14 @@ def assert_exact_under_every_split(step, inp: dict, ref: dict) -> None:
     for micro, dp in ((len(inp["input_ids"]), 1), (1, 1), (2, 2)):
         grad = S.run_step(step, inp, micro, dp_size=dp)["grads"]["head.weight"].double().numpy()
         np.testing.assert_allclose(grad, ref["grad_head"], rtol=1e-4, atol=1e-6, err_msg=f"micro {micro}, DP {dp}")
+
+
+def assert_mini_batches_exact(out: dict, ref: dict, label: str) -> None:
+    """A step run cut into mini-batches (``out``: :func:`rlconform.harness.families.policy_step.run_step`) gave one
+    gradient per mini-batch, each the exact step's (``ref["steps"]``) of its own rows."""
+    import numpy as np
+
+    assert len(out["grads"]) == len(ref["steps"]), label
+    for got, exact in zip(out["grads"], ref["steps"]):
+        np.testing.assert_allclose(got["head.weight"].double().numpy(), exact["grad_head"], rtol=1e-4, atol=1e-6,
+                                   err_msg=label)

@@ -87,17 +87,7 @@ def _every_variant():
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(_every_variant())
 def test_the_reference_step_equals_float64_autograd(inp):
-    correction = S.variant_knobs(inp)
-    ref = R.policy_step(inp["embed"].astype(np.float32), inp["head"].astype(np.float32),
-                        inp["old_embed"].astype(np.float32), inp["old_head"].astype(np.float32), inp["input_ids"],
-                        inp["response_mask"], inp["advantages"], temperature=float(np.float32(inp["temperature"])),
-                        loss_agg_mode=inp["mode"], entropy_coeff=inp["entropy_coeff"], **S.clip(inp),
-                        policy_loss_variant=S.policy_loss_variant(inp),
-                        rollout_log_probs=inp.get("rollout_log_probs"), rollout_is=correction.get("is_level"),
-                        rollout_is_cap=correction.get("is_cap"), rejection=correction.get("rejection", ()),
-                        **{k: inp[k].astype(np.float32) for k in ("ref_embed", "ref_head") if k in inp},
-                        kl_loss_coef=correction.get("kl_loss_coef", 0.0),
-                        kl_loss_type=correction.get("kl_loss_type", "k3"))
+    ref = _exact(inp)
     loss, g_embed, g_head, old = _autograd_step(inp)
     mask = inp["response_mask"].astype(bool)
     assert ref["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-12)
