@@ -79,10 +79,15 @@ def test_bad_arguments_exit_2():
 
 
 @pytest.mark.cli
-def test_unknown_engine_lists_available(tmp_path):
+def test_unknown_engine_names_the_engines_and_the_closest_name(tmp_path):
     proc = cli("check", "--engine", "nosuchengine", "--out", str(tmp_path))
     assert proc.returncode == 2
-    assert "unknown engine 'nosuchengine'" in proc.stderr and "mutants.naive_entropy" in proc.stderr
+    assert "unknown engine 'nosuchengine'" in proc.stderr and "reference, verl, skyrl, megatron" in proc.stderr
+    assert "rlconform list-engines" in proc.stderr and "mutants.naive_entropy" not in proc.stderr  # not 75 names
+    typo = cli("check", "--engine", "verll", "--out", str(tmp_path))
+    assert typo.returncode == 2 and "did you mean 'verl'?" in typo.stderr
+    mutant = cli("check", "--engine", "mutants.naive_entropi", "--out", str(tmp_path))
+    assert mutant.returncode == 2 and "did you mean 'mutants.naive_entropy'?" in mutant.stderr
 
 
 @pytest.mark.cli

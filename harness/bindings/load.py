@@ -6,13 +6,14 @@ binding object (or a zero-argument factory returning one); a path to a ``.py`` f
 module and must define ``binding``. ``engine_path`` (a fork's checkout) is put first on ``sys.path``
 and the report records it with its git revision.
 
-Errors (all :class:`BindingError`, exit code 2 in the CLI): unknown engine (the message lists the
-available ones), engine not installed (the message gives the install command), binding file with a
+Errors (all :class:`BindingError`, exit code 2 in the CLI): unknown engine (the message names the built-in
+engines and the closest name), engine not installed (the message gives the install command), binding file with a
 syntax error (file and line), engine path missing or not holding the package.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import os
@@ -194,7 +195,9 @@ def _load_engine(spec: str | None, engine_path: str | None) -> Binding:
     elif spec.startswith("mutants."):
         family = spec.split(".", 1)[1]
         if family not in mutant_names():
-            raise BindingError(f"unknown mutant {family!r}; available engines: {', '.join(available_engines())}")
+            close = difflib.get_close_matches(family, mutant_names(), n=1)
+            raise BindingError(f"unknown mutant {family!r}" + (f" (did you mean 'mutants.{close[0]}'?)" if close else "")
+                               + "; the bundled mutants: `rlconform list-engines`")
         binding = _import_target(f"rlconform.harness.mutants.{family}:binding")
     elif spec.endswith(".py"):
         if not os.path.isfile(spec):
@@ -204,7 +207,10 @@ def _load_engine(spec: str | None, engine_path: str | None) -> Binding:
     elif ":" in spec:
         binding = _import_target(spec)
     else:
-        raise BindingError(f"unknown engine {spec!r}; available engines: {', '.join(available_engines())}")
+        close = difflib.get_close_matches(spec, available_engines(), n=1)
+        raise BindingError(f"unknown engine {spec!r}" + (f" (did you mean {close[0]!r}?)" if close else "") +
+                           f"; engines: {', '.join(BUILTIN)}, a binding (<module>:<attr> or <file>.py), or one of "
+                           f"the {len(mutant_names())} bundled mutants (mutants.<name>: `rlconform list-engines`)")
     validate_binding(binding, where=spec)
     if engine_path is None and ":" in spec and not spec.endswith(".py") and spec not in BUILTIN:
         engine_path = _import_root(spec.split(":", 1)[0])  # a reproducer must import it too
