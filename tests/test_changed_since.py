@@ -172,7 +172,8 @@ def test_findings_file_refuses_what_is_not_a_finding_id(tmp_path):
 @pytest.mark.engines
 @pytest.mark.slow
 def test_one_function_pr_of_a_verl_fork_selects_only_its_ops(tmp_path):
-    """A git fork of the installed verl; one commit changes ``kl_penalty_forward``, which ``kl_penalty``
+    """A git fork of the installed verl; one commit changes a line of code in ``kl_penalty_forward`` (a docstring edit would
+    not count), which ``kl_penalty``
     (the kl_estimator binding's engine function) calls: only kl_estimator findings are selected."""
     verl = pytest.importorskip("verl")
     fork = tmp_path / "fork"
@@ -180,8 +181,8 @@ def test_one_function_pr_of_a_verl_fork_selects_only_its_ops(tmp_path):
     git(fork, "init", "-q", "-b", "main")
     git(fork, "add", "-A")
     git(fork, "commit", "-qm", "verl as installed")
-    commit_edit(fork, "verl/trainer/ppo/core_algos.py", '"""Compute KL divergence given logprob and ref_logprob.\n',
-                '"""Compute KL divergence given logprob and ref_logprob (a fork edits this function).\n')
+    commit_edit(fork, "verl/trainer/ppo/core_algos.py", "kl = torch.clamp(kl, min=-20, max=20)",
+                "kl = torch.clamp(kl, min=-30, max=30)")
     out = tmp_path / "out"
     proc = forked_cli.run(["check", "--engine", "verl",
                            "--engine-path", str(fork), "--changed-since", "HEAD~1", "--out", str(out), "-q",
