@@ -171,7 +171,8 @@ def run_finding(binding, finding, rec, state, strategy, *, check) -> None:
 
     budget = getattr(state, "shrink_budget", None)
     max_shrinks = budget(rec.id) if callable(budget) else None
-    cap = OPS[op].example_cap(regime) if op in OPS else example_cap(regime)
+    profile = getattr(state, "profile", None)
+    cap = OPS[op].example_cap(regime, profile) if op in OPS else example_cap(regime, profile=profile)
     if cap is not None and cap.max_shrinks is not None:
         max_shrinks = cap.max_shrinks if max_shrinks is None else min(max_shrinks, cap.max_shrinks)
     last: dict = {"failure": None}  # the latest (hence smallest) failure hypothesis accepted

@@ -230,3 +230,22 @@ def test_a_ledger_never_widens_the_selection_but_a_line_the_change_edits_selects
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     assert read_selection(str(tmp_path / "o2" / "selection.txt")) == [listed]
     assert "its ledger line changed" in (tmp_path / "o2" / "selection.txt").read_text()
+
+
+@pytest.mark.engines
+def test_every_stage_of_verls_metric_pipeline_is_a_site_of_its_op_and_the_fold_stays_its_engine_function():
+    """A fork's change to ``masked_mean`` (what the pipeline's emit stage calls) selects ``metric_pipeline``; the
+    finding's engine function, where its report row points, is still the DP fold the binding names."""
+    pytest.importorskip("verl")
+    from rlconform.harness.bindings.load import load_engine
+    from rlconform.harness.catalog.engine_site import finding_site, op_sites
+
+    verl = load_engine("verl")
+    sites = op_sites(verl)["metric_pipeline"]
+    named = {f"{s['file']}:{s['function']}" for prefix in sites.values() for s in prefix}
+    for expected in ("verl/utils/torch_functional.py:masked_mean", "verl/utils/py_functional.py:append_to_dict",
+                     "verl/utils/metric/utils.py:reduce_metrics"):
+        assert expected in named, sorted(named)
+    assert len(named) == sum(len(prefix) for prefix in sites.values())  # each function once
+    where, _ = finding_site(verl, "metric_pipeline", "partition_invariant", "moderate")
+    assert where is not None and "masked_mean" not in where["function"], where

@@ -634,3 +634,25 @@ def test_a_binding_that_drives_one_mini_batch_is_handed_one_and_a_lost_step_is_a
         != S.SEVERAL_MINI_BATCHES
     lost = S.evaluate(binding(last_step_only, True), _Case(inp, MATCHES_REFERENCE))
     assert [p.what for p in lost.problems] == ["missing output"], lost.problems
+
+
+def test_a_step_finding_is_capped_in_the_ci_and_dev_profiles_and_not_in_the_nightly():
+    """One step example runs the engine's step up to five times: ci and dev take at most STEP_CAP's examples and
+    shrinking steps, the nightly profile its own 500; a cap naming no profile holds in all; an unknown profile is
+    refused."""
+    import pytest
+
+    from rlconform.harness.catalog.ops import get_op
+    from rlconform.harness.core.profiles import ExampleCap
+    from rlconform.harness.families import policy_step as S
+
+    for name in (S.STEP_OP, S.METRICS_OP):
+        op = get_op(name)
+        for regime in op.regimes:
+            assert op.example_cap(regime, "ci") is S.STEP_CAP and op.example_cap(regime, "dev") is S.STEP_CAP
+            assert op.example_cap(regime, "nightly") is None
+            assert op.example_cap(regime) is S.STEP_CAP  # a run naming no profile: the cap holds
+    assert S.STEP_CAP.max_examples < 20 and S.STEP_CAP.max_shrinks < 50
+    assert ExampleCap(3).holds_in("nightly")
+    with pytest.raises(ValueError, match="not among"):
+        ExampleCap(3, profiles=("weekly",))

@@ -439,11 +439,29 @@ def op_sites(binding) -> dict[str, dict[str, list[dict]]]:
             except Exception:  # noqa: BLE001 - an op that cannot be loaded has no site
                 fold = None
             fns += engine_callables(fold) if fold is not None else []
-            sites = [s for s in map(site, fns) if s is not None]
+            fns += _every_part(obj)
+            sites = []
+            for s in map(site, fns):
+                if s is not None and all((s["file"], s["function"]) != (t["file"], t["function"]) for t in sites):
+                    sites.append(s)
             for s in sites:
                 s["top"] = _top(s["module"])
             by_prefix[prefix] = sites
         out[op] = by_prefix
+    return out
+
+
+def _every_part(obj: Any) -> list:
+    """The engine callables every stage of ``obj`` (a pipeline's ``emit`` ... ``finalize``, an implementation's ``fn``)
+    reaches, each stage on its own (its declared ones, else those it closes over or names through an engine
+    module): for ``--changed-since``, where a stage the engine function of a finding does not name still runs the
+    engine's code (verl's metric pipeline emits with ``verl_F.masked_mean``; its finding's site is the fold)."""
+    out: list = []
+    for name in _PARTS:
+        part = getattr(obj, name, None) if not inspect.isfunction(obj) else None
+        if part is None or not callable(part):
+            continue
+        out += engine_callables(part) + _referenced(part)
     return out
 
 

@@ -162,11 +162,12 @@ class OpInfo:
     #: the one place a runner (single-process or distributed) takes a finding's caps from.
     example_caps: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def example_cap(self, regime: str):
-        """The :class:`~rlconform.harness.core.profiles.ExampleCap` of this op's findings under ``regime``, or None."""
+    def example_cap(self, regime: str, profile: str | None = None):
+        """The :class:`~rlconform.harness.core.profiles.ExampleCap` of this op's findings under ``regime`` in
+        ``profile`` (None: whatever the profile), or None."""
         from rlconform.harness.core.profiles import example_cap
 
-        return example_cap(regime, self.example_caps, distributed=self.distributed)
+        return example_cap(regime, self.example_caps, distributed=self.distributed, profile=profile)
 
     def parameter_values(self, inputs: dict) -> tuple:
         """The case's values of this op's scalar parameters, in signature order (Python scalars).

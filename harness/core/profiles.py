@@ -86,17 +86,25 @@ class ExampleCap:
     """A cap on one finding of a regime whose one example is expensive (``OpInfo.example_caps``): at most
     ``max_examples`` examples and, unless None, ``max_shrinks`` shrinking steps, whatever the profile says
     (``--max-examples`` / ``--max-shrinks`` may only lower them). ``fixed``: derandomized unless the run is
-    seeded (``--seed``), no target phase — the same few examples every run.
+    seeded (``--seed``), no target phase — the same few examples every run. ``profiles``: the profiles it holds
+    in (None: every profile); under another the finding has the profile's numbers.
 
-    Raises ValueError for ``max_examples`` < 1 or ``max_shrinks`` < 0."""
+    Raises ValueError for ``max_examples`` < 1, ``max_shrinks`` < 0 or an unknown profile."""
 
     max_examples: int
     max_shrinks: int | None = None
     fixed: bool = False
+    profiles: tuple[str, ...] | None = None
 
     def __post_init__(self):
         if self.max_examples < 1 or (self.max_shrinks is not None and self.max_shrinks < 0):
             raise ValueError(f"ExampleCap needs max_examples >= 1 and max_shrinks >= 0, not {self}")
+        if self.profiles is not None and not set(self.profiles) <= set(PROFILES):
+            raise ValueError(f"ExampleCap profiles {self.profiles} are not among {tuple(PROFILES)}")
+
+    def holds_in(self, profile: str | None) -> bool:
+        """Whether the cap holds under ``profile`` (None: a run that names none holds every cap)."""
+        return self.profiles is None or profile is None or profile in self.profiles
 
 
 #: the cap of every profile-only regime at real sizes (each example is seconds to minutes of CPU and up to
@@ -111,11 +119,12 @@ REAL_SHAPES_CAP = ExampleCap(REAL_SHAPES_EXAMPLES, 0, fixed=True)
 DISTRIBUTED_CAP = ExampleCap(int(os.environ.get("RLCONFORM_DIST_MAX_EXAMPLES", "10")))
 
 
-def example_cap(regime: str, caps: dict[str, ExampleCap] | None = None, *, distributed: bool = False) -> ExampleCap | None:
-    """The cap of a finding of ``regime`` — the one place a runner takes it from: the op's own (``caps``,
-    its ``OpInfo.example_caps``), else :data:`REAL_SHAPES_CAP` for a profile-only regime, else
-    :data:`DISTRIBUTED_CAP` for a ``distributed`` op, else None (the profile's numbers)."""
-    if caps and regime in caps:
+def example_cap(regime: str, caps: dict[str, ExampleCap] | None = None, *, distributed: bool = False,
+                profile: str | None = None) -> ExampleCap | None:
+    """The cap of a finding of ``regime`` under ``profile`` — the one place a runner takes it from: the op's own
+    (``caps``, its ``OpInfo.example_caps``) where it holds in ``profile``, else :data:`REAL_SHAPES_CAP` for a
+    profile-only regime, else :data:`DISTRIBUTED_CAP` for a ``distributed`` op, else None (the profile's numbers)."""
+    if caps and regime in caps and caps[regime].holds_in(profile):
         return caps[regime]
     if profile_only(regime) is not None:
         return REAL_SHAPES_CAP

@@ -77,7 +77,7 @@ from rlconform.harness.core.opinfo import (
     split_regime,
     variant_regime,
 )
-from rlconform.harness.core.profiles import profile_regimes
+from rlconform.harness.core.profiles import ExampleCap, profile_regimes
 from rlconform.harness.core.tiny_lm import TinyLM
 from rlconform.harness.families import OpFamily
 
@@ -175,6 +175,12 @@ STEP_WRONG_REL = 1e-4
 #: step logs: one step, two ops, so that a wrong logged metric (caught first when shrinking) never hides a wrong
 #: gradient of the same step
 STEP_OP, METRICS_OP = "policy_step", "policy_step_metrics"
+#: a step finding's examples and shrinking steps in the ``dev`` and ``ci`` profiles: one example runs the engine's
+#: whole step up to five times (each micro-batch cut, DP 2, a token budget, the mini-batch run) and one shrinking step
+#: as much, so a ci finding of the step costs what a metric pipeline's does. 10 examples: every step finding of
+#: verl 0.9.1 and SkyRL 0.4.0 fails by its 9th (the committed reports' ``examples_to_first_failure``); the
+#: nightly profile keeps its own numbers
+STEP_CAP = ExampleCap(10, 20, profiles=("dev", "ci"))
 _SOURCE = ("one PPO step of a tiny embedding + LM-head model: old log-probs at the proximal parameters, the clipped "
            "loss and entropy bonus over the mini-batch, {what} (verl workers/utils/losses.py ppo_loss; Schulman et "
            "al. 2017, arXiv:1707.06347)")
@@ -216,7 +222,8 @@ OPS = tuple(
     OpInfo(name, "policy_step", None, (MATCHES_REFERENCE, PARTITION_INVARIANT, MASK_INVARIANT), REGIMES,
            reference_function("policy_step"), source=_SOURCE.format(what=what), family="policy_step",
            variants=MODES, profile_regimes=profile_regimes(REGIMES),
-           variant_parameters={v: _parameters(v) for v in VARIANTS}, wrong_rel=STEP_WRONG_REL)
+           variant_parameters={v: _parameters(v) for v in VARIANTS}, wrong_rel=STEP_WRONG_REL,
+           example_caps={regime: STEP_CAP for regime in REGIMES})
     for name, what in ((STEP_OP, "the old log-probs and the gradient with respect to the parameters"),
                        (METRICS_OP, "the metrics the step logs (pg_loss, entropy_loss, pg_clipfrac, ppo_kl, ...)")))
 
