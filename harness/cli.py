@@ -478,6 +478,8 @@ def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
             return _usage_error(str(exc))
         only = set(selection.ids) if only is None else only & set(selection.ids)
     meta.pop("sites", None)
+    if selection is not None:  # what the report's remedies read: a cause written for the code before the change
+        meta["changed_since"] = {"rev": changed_since, "paths": {k: list(v) for k, v in selection.changed.items()}}
     if only is not None and chosen:
         chosen = [f for f in chosen if ".".join(f) in only]
         if not chosen:

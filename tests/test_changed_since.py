@@ -194,6 +194,12 @@ def test_one_function_pr_of_a_verl_fork_selects_only_its_ops(tmp_path):
     text = (out / "selection.txt").read_text()
     assert "core_algos.py:kl_penalty -> verl/trainer/ppo/core_algos.py:kl_penalty_forward (changed)" in text
     assert "Traceback" not in proc.stdout + proc.stderr
+    # the report knows what changed: a defect row of kl_penalty prints it before the binding's cause
+    import json
+
+    changed = json.loads((out / "report.json").read_text())["engine"]["changed_since"]
+    assert changed["rev"] == "HEAD~1" and changed["paths"]["verl/trainer/ppo/core_algos.py:kl_penalty"] == [
+        "verl/trainer/ppo/core_algos.py:kl_penalty", "verl/trainer/ppo/core_algos.py:kl_penalty_forward"]
 
 
 @pytest.mark.cli

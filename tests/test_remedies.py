@@ -94,3 +94,28 @@ def test_every_committed_defect_row_says_why_and_how_to_fix_it(folder):
     assert not [d["id"] for d in rows if d["severity"] == "training" and not d["remedy"].get("impact")]
     causes = [d["remedy"]["cause"] for d in rows]
     assert len(set(causes)) == len(causes), [c for c in causes if causes.count(c) > 1]
+
+
+def test_a_remedy_of_a_function_the_change_reached_says_so_first():
+    """After ``--changed-since``, a row whose function (or one it calls) changed keeps the binding's sentences, marked
+    as written for the code before the change; the report, explain text and page print that first."""
+    from rlconform.harness.report.explain import explain_markdown
+    from rlconform.harness.report.html_report import _page_parts
+    from rlconform.harness.report.triage_md import remedy_lines
+
+    table = _table(**{"wrong value": ("divides by the rows", "divide by the kept rows")})
+    changed = {"rev": "base123", "paths": {"eng/core.py:agg_loss": ["eng/core.py:agg_loss", "eng/util.py:masked_mean"]}}
+    got = remedy(_row(), table, changed)
+    assert got["cause"] == "divides by the rows" and got["changed"] == {
+        "rev": "base123", "path": ["eng/core.py:agg_loss", "eng/util.py:masked_mean"]}
+    assert "changed" not in remedy(_row(), table, {"rev": "r", "paths": {"eng/other.py:f": ["eng/other.py:f"]}})
+    assert "changed" not in remedy(_row(), table)
+    d = dict(_row(), id="d1", members=["a"], remedy=got)
+    line = remedy_lines([d])[-1]
+    assert line.startswith("1. `agg_loss` (core.py:10) · wrong value: **Changed since base123: `eng/core.py:agg_loss` "
+                           "-> `eng/util.py:masked_mean` (changed); the cause below is the binding's reading of the "
+                           "code before the change, read the change first.** divides by the rows."), line
+    text = explain_markdown({"engine": {"name": "eng"}}, dict(d, reproducer={}), None)
+    assert text.index("**Changed since base123") < text.index("**Why:** divides by the rows.")
+    card = _page_parts({"findings": [], "defects": [dict(d, reproducer={})]})["defects"][0]
+    assert card["remedy_changed"].startswith("changed since base123: `eng/core.py:agg_loss`")

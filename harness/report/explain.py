@@ -236,7 +236,11 @@ def _remedy(d: dict) -> list[str]:
     r = d.get("remedy") or {}
     if not r.get("cause"):
         return []
-    return [f"**Why:** {r['cause']}.", "", f"**Fix:** {r['fix']}.", "",
+    from rlconform.harness.report.remedies import changed_words
+
+    warn = changed_words(r)
+    return [*([f"**{warn[0].upper()}{warn[1:]}.**", ""] if warn else []), f"**Why:** {r['cause']}.", "",
+            f"**Fix:** {r['fix']}.", "",
             *([f"**Impact on training:** {r['impact']}.", ""] if r.get("impact") else [])]
 
 

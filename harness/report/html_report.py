@@ -49,6 +49,7 @@ import markupsafe
 from rlconform.harness.core.opinfo import FLOAT_DTYPES  # torch-free: ``rlconform report`` imports no torch
 from rlconform.harness.report.atomic_write import atomic_write
 from rlconform.harness.report.measures import error_text, number_text
+from rlconform.harness.report.remedies import changed_words
 
 STATUS_ORDER = ("crash", "discrepancy", "error", "binding_error", "xpass", "unavailable", "xfail", "marginal", "pass")
 STATUS_COLOR = {"crash": "#b3261e", "discrepancy": "#d93025", "error": "#5f6368", "binding_error": "#5f6368", "xpass": "#a142f4",
@@ -316,7 +317,7 @@ its message and input; its members are listed in the table of failing findings b
 <div class="nums">{{ (d.ops or [d.op])|join(", ") }} · {{ (d.properties or [d.property])|join(", ") }}{% if d.nums %}; engine vs exact on the smallest input: <b>{{ d.nums }}</b>{% endif %};
 <a href="#{{ d.key }}-m">{{ d.members|length }} finding{{ "s" if d.members|length > 1 }}</a>:
 {% for dt, regs in d.by_dtype %}<b>{{ dt }}</b>: {{ regs }}{% if not loop.last %}; {% endif %}{% endfor %}</div>
-{% if d.remedy and d.remedy.cause %}<div class="why"><b>cause</b>: {{ d.remedy.cause }}. <b>fix</b>: {{ d.remedy.fix }}.{% if d.remedy.impact %} <b>impact</b>: {{ d.remedy.impact }}.{% endif %}</div>{% endif %}
+{% if d.remedy and d.remedy.cause %}<div class="why">{% if d.remedy_changed %}<b>{{ d.remedy_changed }}.</b> {% endif %}<b>cause</b>: {{ d.remedy.cause }}. <b>fix</b>: {{ d.remedy.fix }}.{% if d.remedy.impact %} <b>impact</b>: {{ d.remedy.impact }}.{% endif %}</div>{% endif %}
 {% if d.reproducer.command %}<div>reproduce (its smallest member, <a href="#{{ d.reproducer.finding }}">{{ d.reproducer.finding.split(".")[2:]|join(".") }}</a>):</div>
 <pre class="cmd"><code>{{ d.reproducer.command }}</code></pre>{% endif %}
 {% if d.message %}<pre>{{ d.message | truncate(msg_chars, True, " …") }}</pre>{% endif %}
@@ -546,7 +547,7 @@ def _page_parts(doc: dict) -> dict:
         rep = by_id.get((d.get("reproducer") or {}).get("finding") or "", {})
         tb = engine_traceback(rep.get("traceback")) if rep.get("status") == "crash" else None
         defects.append(dict(d, key=key, by_dtype=_by_dtype(d["members"], by_id), traceback=tb, where=_where(d),
-                            nums=_nums(d), reached_by=reached_by(d)))
+                            nums=_nums(d), reached_by=reached_by(d), remedy_changed=changed_words(d.get("remedy") or {})))
         for m in d["members"]:
             owner.setdefault(m, (key, d))
     groups: dict[str, dict] = {}

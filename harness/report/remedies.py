@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["IDIOMS", "remedy"]
+__all__ = ["IDIOMS", "changed_path", "changed_words", "remedy"]
 
 #: the idiom behind a failure and trigger that many rows share: (cause, fix); key ``(kind, trigger)`` or
 #: ``(kind, None)`` for any trigger
@@ -43,6 +43,18 @@ IDIOMS = {
 }
 
 
+def changed_words(r: dict) -> str:
+    """The warning a report prints before a binding's cause whose function changed (``remedy(...)["changed"]``):
+    ``changed since REV: `a.py:f` -> `b.py:g` (changed); the cause below is the binding's reading of the code before
+    the change``; empty when nothing changed."""
+    c = r.get("changed") or {}
+    if not c.get("path"):
+        return ""
+    path = " -> ".join(f"`{p}`" for p in c["path"])
+    return (f"changed since {c.get('rev') or 'the base'}: {path}{' (changed)' if len(c['path']) > 1 else ''}; the "
+            "cause below is the binding's reading of the code before the change, read the change first")
+
+
 def _places(d: dict) -> list[str]:
     """Where a defect's remedy is looked up: its crash frame, its engine function, the frame it writes through."""
     out = []
@@ -58,16 +70,35 @@ def _places(d: dict) -> list[str]:
     return out
 
 
-def remedy(d: dict, table: dict | None) -> dict:
+def changed_path(d: dict, changed: dict | None) -> list[str] | None:
+    """The call path (``file:qualname`` each, the changed function last) from defect row ``d``'s engine function
+    or crash frame to a function ``--changed-since`` found changed (``changed``: ``engine.changed_since``,
+    ``{"rev", "paths": {bound function: path}}``), or None."""
+    paths = (changed or {}).get("paths") or {}
+    for s in (d.get("crash_frame"), d.get("engine_function")):
+        if s and s.get("file") and s.get("function") and f"{s['file']}:{s['function']}" in paths:
+            return list(paths[f"{s['file']}:{s['function']}"])
+    return None
+
+
+def remedy(d: dict, table: dict | None, changed: dict | None = None) -> dict:
     """``{"cause", "fix", "impact", "source"}`` of defect row ``d`` (``triage.defects``) from ``table``
     (``engine.remedies``, ``Binding.remedy_table``): the first rule of its crash frame, engine function or writing frame whose
     kinds (and trigger) match; else the idiom of its class and trigger (``source: "idiom"``); else empty
-    sentences, ``source: "none"``."""
+    sentences, ``source: "none"``. A binding's rule describes the engine's code as its author read it: where the
+    row's function, or one it calls, changed since ``--changed-since``'s revision (``changed``:
+    ``engine.changed_since``), the rule is kept with ``changed: {"rev", "path"}`` (the call path to the changed
+    function), which the report prints first: the change is the first suspect, the sentences may describe
+    code the change removed."""
     kind, trig = d["signature"]["kind"], d.get("trigger") or d["signature"].get("feature") or ""
+    moved = changed_path(d, changed)
     for place in _places(d):
         for r in (table or {}).get(place) or ():
             if re.search(r["kinds"], kind) and (r.get("trigger") is None or re.search(r["trigger"], trig)):
-                return {"cause": r["cause"], "fix": r["fix"], "impact": r.get("impact") or "", "source": "binding"}
+                out = {"cause": r["cause"], "fix": r["fix"], "impact": r.get("impact") or "", "source": "binding"}
+                if moved:
+                    out["changed"] = {"rev": str((changed or {}).get("rev") or ""), "path": moved}
+                return out
     idiom = IDIOMS.get((kind, trig)) or IDIOMS.get((kind, None))
     if idiom:  # the idiom, on the row's own line
         site = d.get("engine_function") or {}

@@ -934,8 +934,9 @@ def annotate(doc: dict) -> dict:
     table = (doc.get("engine") or {}).get("remedies") or {}
     configs = (doc.get("engine") or {}).get("configs") or None
     by_id = {f["id"]: f for f in doc.get("findings", [])}
+    changed = (doc.get("engine") or {}).get("changed_since") or None
     for d in doc["defects"]:
-        d["remedy"] = remedy(d, table)
+        d["remedy"] = remedy(d, table, changed)
         alts = alternatives(d, by_id, configs)
         d["reached_by"] = None if alts is None else [[list(c) for c in alt] for alt in alts]
         depends = impact_knob(d, knobs)

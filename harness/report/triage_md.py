@@ -11,7 +11,7 @@ reproducer command of its smallest member.
 from __future__ import annotations
 
 from rlconform.harness.report.config_reach import describe
-from rlconform.harness.report.remedies import IDIOMS
+from rlconform.harness.report.remedies import IDIOMS, changed_words
 from rlconform.harness.report.severity import SEVERITIES
 
 #: characters the defect table may take in report.md (the findings table and examples follow)
@@ -242,7 +242,9 @@ def remedy_lines(defects: list[dict], budget: int = REMEDY_BUDGET) -> list[str]:
         where = (f"`{site.get('function')}` ({str(site.get('file') or '').rsplit('/', 1)[-1]}:{line})"
                  if site.get("function") else f"op `{d.get('op')}`")
         if r.get("cause"):
-            text = f"{n}. {where} · {d['signature']['kind']}: {r['cause']}. **Fix:** {r['fix']}." + (
+            warn = changed_words(r)
+            text = f"{n}. {where} · {d['signature']['kind']}: " + (f"**{warn[0].upper()}{warn[1:]}.** " if warn else "") + \
+                f"{r['cause']}. **Fix:** {r['fix']}." + (
                 f" **Impact:** {r['impact']}." if r.get("impact") else "")
         else:
             text = f"{n}. {where} · {d['signature']['kind']}: no cause recorded by the binding."

@@ -151,6 +151,7 @@ class _EngineInfo:
         self.impact_knobs = meta.get("impact_knobs") or {}  # op -> the config key its training impact depends on
         self._remedies = meta.get("remedies") or {}  # function -> the cause and fix of its defects (data)
         self._configs = meta.get("configs") or {}  # which configuration reaches each op (data)
+        self.changed_since = meta.get("changed_since")  # --changed-since: the revision and the changed call paths
         self.coverage = meta.get("coverage")  # the coverage table, built in the probe's child process
 
     def provided_ops(self) -> list[str]:
@@ -279,7 +280,8 @@ class State:
                     "variant_triggers": {op: dict(v) for op, v in (getattr(b, "variant_triggers", None) or {}).items()},
                     "impact_knobs": {op: dict(v) for op, v in (getattr(b, "impact_knobs", None) or {}).items()},
                     "remedies": getattr(b, "remedy_table", dict)(),
-                    "configs": getattr(b, "config_table", dict)()},
+                    "configs": getattr(b, "config_table", dict)(),
+                    **({"changed_since": b.changed_since} if getattr(b, "changed_since", None) else {})},
             run={"profile": opt("rlconform_profile"), "seed": self.seed,
                  "max_examples": self.settings.max_examples,
                  "max_shrinks": {"per_finding": self.shrink_budget(""), "ledger_listed": self.shrink_budget_listed()},
