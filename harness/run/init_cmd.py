@@ -94,6 +94,25 @@ binding = stock.extend(
 '''
 
 
+#: the folder ``ci/rlconform-pr.sh`` writes a pull request's reports to (its ``--out`` default)
+PR_OUTPUT = "rlconform-ci"
+
+
+def ignore_pr_output(root: str) -> bool:
+    """Add ``rlconform-ci/`` to ``root``'s .gitignore (created if absent) unless a line already ignores it; returns
+    whether it was added. Raises OSError when the file cannot be written."""
+    path = os.path.join(root, ".gitignore")
+    text = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    if any(line.strip().strip("/") == PR_OUTPUT for line in text.splitlines()):
+        return False
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(("" if not text or text.endswith("\n") else "\n") + f"{PR_OUTPUT}/\n")
+    return True
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     root = os.path.abspath(args.dir)
     if not os.path.isdir(root):
@@ -111,6 +130,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
         print(f"wrote {name}")
+    if ignore_pr_output(root):
+        print(f"added {PR_OUTPUT}/ to .gitignore (where ci/rlconform-pr.sh writes its reports)")
     print(f"next: replace <owner> in {WORKFLOW} if needed, fill {LEDGER} from a check of your main branch "
           f"(its header says how), bind what the fork adds in {BINDING}, and commit the three files")
     return 0
