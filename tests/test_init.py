@@ -82,15 +82,20 @@ def test_init_refuses_a_missing_folder(tmp_path):
 
 
 def test_init_ignores_the_pr_checks_output_folder_once(tmp_path, capsys):
-    """init adds rlconform-ci/ (ci/rlconform-pr.sh's reports) to the fork's .gitignore, keeping its lines, and a
+    """init adds rlconform-ci/ (where the pull-request recipe writes its reports) to the fork's .gitignore, keeping its lines, and a
     second init (--force) does not add it again."""
-    from rlconform.harness.cli import main
+    import argparse
+
+    from rlconform.harness.run.init_cmd import cmd_init
+
+    def init(force: bool) -> int:
+        return cmd_init(argparse.Namespace(dir=str(tmp_path), engine="verl", action="o/rlconform@main", force=force))
 
     (tmp_path / ".gitignore").write_text("*.pyc\nbuild")
-    assert main(["init", "--dir", str(tmp_path), "--engine", "verl"]) == 0
+    assert init(False) == 0
     assert (tmp_path / ".gitignore").read_text() == "*.pyc\nbuild\nrlconform-ci/\n"
     assert "added rlconform-ci/ to .gitignore" in capsys.readouterr().out
-    assert main(["init", "--dir", str(tmp_path), "--engine", "verl", "--force"]) == 0
+    assert init(True) == 0
     assert (tmp_path / ".gitignore").read_text().count("rlconform-ci") == 1
 
 
