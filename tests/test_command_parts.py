@@ -59,6 +59,21 @@ def test_the_progress_line_estimates_the_time_left():
     assert progress_line(0, 10, 3.0) == "rlconform: 0/10 findings · 3 s"
     assert progress_line(120, 236, 302.0) == "rlconform: 120/236 findings · 5 min 2 s · about 4 min 52 s left"
     assert progress_line(10, 10, 61.0) == "rlconform: 10/10 findings · 1 min 1 s"
+    assert progress_line(5, 10, 60.0, left_s=200.0) == "rlconform: 5/10 findings · 1 min 0 s · about 3 min 20 s left"
+
+
+def test_the_time_left_weighs_each_finding_by_its_ops_cost_so_far():
+    """Four cheap findings took 40 s of wall for 2 cost-seconds: the two left of the same op are 20 s more; two of a
+    costly op seen at 8 cost-seconds weigh 16 times as much; an op not seen yet costs the mean of all; nothing
+    recorded yet gives no estimate (the line falls back to the count)."""
+    from rlconform.harness.run.plugin_controller import time_left
+
+    cheap = {f"masked_sum.p.float32.r{i}": 0.5 for i in range(4)}
+    assert time_left(40.0, cheap, ["masked_sum.p.float32.r8", "masked_sum.p.float32.r9"]) == 20.0
+    seen = dict(cheap, **{"policy_step.p.float32.a": 8.0})  # 10 cost-seconds in 100 s
+    assert time_left(100.0, seen, ["policy_step.p.float32.b", "policy_step.p.float32.c"]) == 160.0
+    assert time_left(100.0, seen, ["entropy.p.float32.a"]) == 20.0  # the mean of all five: 2 cost-seconds
+    assert time_left(10.0, {}, ["a.p.float32.r"]) is None and time_left(10.0, {"a.p.f.r": 0.0}, ["a.p.f.s"]) is None
 
 
 def test_the_audit_of_an_engine_without_coverage_has_no_hits():

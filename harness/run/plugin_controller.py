@@ -79,15 +79,34 @@ def _silence_pytest(config) -> None:
 PROGRESS_EVERY_S = 60.0
 
 
-def progress_line(done: int, total: int, elapsed_s: float) -> str:
-    """``rlconform: 120/236 findings · 5 min 2 s · about 4 min 55 s left`` (the estimate from the mean time
-    per finding so far; none before the first)."""
+def progress_line(done: int, total: int, elapsed_s: float, left_s: float | None = None) -> str:
+    """``rlconform: 120/236 findings · 5 min 2 s · about 4 min 55 s left``: ``left_s`` when given
+    (:func:`time_left`), else the mean time per finding so far times the findings left; none before the first."""
     def span(s: float) -> str:
         s = int(round(s))
         return f"{s // 60} min {s % 60} s" if s >= 60 else f"{s} s"
 
-    left = f" · about {span(elapsed_s / done * (total - done))} left" if 0 < done < total else ""
+    if left_s is None and 0 < done < total:
+        left_s = elapsed_s / done * (total - done)
+    left = f" · about {span(left_s)} left" if 0 < done < total and left_s is not None else ""
     return f"rlconform: {done}/{total} findings · {span(elapsed_s)}{left}"
+
+
+def time_left(elapsed_s: float, costs: dict[str, float], remaining: list[str]) -> float | None:
+    """Seconds left of a run that took ``elapsed_s`` for the findings of ``costs`` (finding id -> its ``cost_s``) with
+    the findings ``remaining`` to run: each of those costs the mean of the recorded findings of its op (an op not yet
+    seen: of all recorded), scaled by the wall time per recorded cost-second (the workers run in parallel). An op
+    whose findings cost more (the policy step: its example runs the engine's whole step) weighs more; None before a
+    finding with a cost is recorded."""
+    by_op: dict[str, list[float]] = {}
+    for fid, cost in costs.items():
+        by_op.setdefault(fid.split(".", 1)[0], []).append(cost)
+    spent = sum(costs.values())
+    if not costs or spent <= 0:
+        return None
+    mean_all = spent / len(costs)
+    ahead = sum((sum(c) / len(c)) if (c := by_op.get(fid.split(".", 1)[0])) else mean_all for fid in remaining)
+    return elapsed_s * ahead / spent
 
 
 def _progress(state, fid: str) -> None:
@@ -106,7 +125,11 @@ def _progress(state, fid: str) -> None:
         every = float(os.environ.get("RLCONFORM_PROGRESS_EVERY_S") or PROGRESS_EVERY_S)
         if now - state.config._rlconform_last_progress >= every and done < total:
             state.config._rlconform_last_progress = now
-            sys.stderr.write(progress_line(done, total, now - started) + "\n")
+            recorded = state.writer.findings
+            costs = {fid: float(f["cost_s"]) for fid, f in recorded.items()
+                     if isinstance(f.get("cost_s"), (int, float)) and not isinstance(f.get("cost_s"), bool)}
+            left = time_left(now - started, costs, [fid for fid in state.expected() if fid not in recorded])
+            sys.stderr.write(progress_line(done, total, now - started, left) + "\n")
             sys.stderr.flush()
         return
     sys.stderr.write(f"\r\033[Krlconform: {done}/{total} findings · {fid[:90]}")
