@@ -87,9 +87,11 @@ safe_git() {
 cleanup=""
 if [ -z "$base" ]; then
   base="$(mktemp -d "${RUNNER_TEMP:-${TMPDIR:-/tmp}}/rlconform-base.XXXXXX")"
-  safe_git "$head" worktree add -q --detach "$base" "$base_ref" || die "cannot check out --base-ref $base_ref"
   cleanup="$base"
-  trap 'safe_git "$head" worktree remove --force "$cleanup" >/dev/null 2>&1' EXIT
+  # the worktree if it was added, else the empty folder (a --base-ref that does not resolve)
+  trap 'safe_git "$head" worktree remove --force "$cleanup" >/dev/null 2>&1; rm -rf "$cleanup"' EXIT
+  safe_git "$head" worktree add -q --detach "$base" "$base_ref" \
+    || die "cannot check out --base-ref $base_ref (a revision of --head's repository: e.g. main, or origin/main once the remote is fetched)"
 fi
 [ -d "$base" ] || die "--base $base is not a directory"
 base="$(cd "$base" && pwd)"

@@ -92,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "a ledger rlconform ships (verl-0.9.1, skyrl-0.4.0, megatron-core-0.19.2)")
     c.add_argument("--changed-since", default=None, metavar="REV",
                    help="only the findings whose engine functions, or the engine functions they call, changed "
-                        "between REV and HEAD of the --engine-path checkout, and those the ledger lists; the "
-                        "selection is written to OUT/selection.txt (a --findings file)")
+                        "between REV and HEAD of the --engine-path checkout, and those of ledger lines the change edits (a "
+                        "ledger never widens it otherwise); the selection is written to OUT/selection.txt (a --findings file)")
     c.add_argument("--shard", type=_shard, default=None, metavar="K/N",
                    help="only shard K of N of the selected findings (CI jobs of a matrix: the N reports combine "
                         "with `rlconform report --merge`); balanced by --shard-costs")
@@ -514,12 +514,12 @@ def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
                 sel.ids = [".".join(f) for f in chosen]
                 write_selection(os.path.join(tmp, "findings.txt"), sel)
                 if selection is not None:
-                    from rlconform.harness.run.changed_since import write_selection_json
+                    from rlconform.harness.run.changed_since import changed_words, write_selection_json
 
                     write_selection(os.path.join(args.out, "selection.txt"), sel)
                     write_selection_json(os.path.join(args.out, "selection.json"), sel)
                     print(f"rlconform: --changed-since {changed_since}: {len(sel.ids)} finding(s) selected; "
-                          f"changed bound functions: {', '.join(sorted(sel.changed)) or 'none'}", flush=True)
+                          f"{changed_words(sel)}", flush=True)
             code = _run_pytest(args, meta, corpus, tmp, pytest, only is not None)
             return _verdict(args, code, reaper)
     finally:

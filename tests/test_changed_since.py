@@ -253,5 +253,8 @@ def test_every_stage_of_verls_metric_pipeline_is_a_site_of_its_op_and_the_fold_s
                      "verl/utils/metric/utils.py:reduce_metrics"):
         assert expected in named, sorted(named)
     assert len(named) == sum(len(prefix) for prefix in sites.values())  # each function once
+    # the DP all-reduce runs the same pipeline's stages around verl's gather
+    dp = {f"{s['file']}:{s['function']}" for prefix in op_sites(verl)["dp_metric_all_reduce"].values() for s in prefix}
+    assert "verl/utils/torch_functional.py:masked_mean" in dp, sorted(dp)
     where, _ = finding_site(verl, "metric_pipeline", "partition_invariant", "moderate")
     assert where is not None and "masked_mean" not in where["function"], where

@@ -109,6 +109,11 @@ def test_a_remedy_of_a_function_the_change_reached_says_so_first():
     assert got["cause"] == "divides by the rows" and got["changed"] == {
         "rev": "base123", "path": ["eng/core.py:agg_loss", "eng/util.py:masked_mean"]}
     assert "changed" not in remedy(_row(), table, {"rev": "r", "paths": {"eng/other.py:f": ["eng/other.py:f"]}})
+    # a caller between a bound function and the change, and an idiom's sentences, are marked too
+    between = {"rev": "r", "paths": {"eng/top.py:step": ["eng/top.py:step", "eng/core.py:agg_loss", "eng/u.py:mm"]}}
+    assert remedy(_row(), table, between)["changed"]["path"] == ["eng/core.py:agg_loss", "eng/u.py:mm"]
+    nan = remedy(_row("NaN / inf", "a masked position holding NaN"), {}, between)
+    assert nan["source"] == "idiom" and nan["changed"]["path"] == ["eng/core.py:agg_loss", "eng/u.py:mm"]
     assert "changed" not in remedy(_row(), table)
     d = dict(_row(), id="d1", members=["a"], remedy=got)
     line = remedy_lines([d])[-1]

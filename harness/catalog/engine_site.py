@@ -456,12 +456,18 @@ def _every_part(obj: Any) -> list:
     reaches, each stage on its own (its declared ones, else those it closes over or names through an engine
     module): for ``--changed-since``, where a stage the engine function of a finding does not name still runs the
     engine's code (verl's metric pipeline emits with ``verl_F.masked_mean``; its finding's site is the fold)."""
+    holders = [obj]
+    if inspect.isfunction(obj):  # an adapter that runs a pipeline it closes over (verl's dp_metric_all_reduce)
+        holders = [c.cell_contents for c in (obj.__closure__ or ()) if _filled(c)
+                   and not inspect.isfunction(c.cell_contents) and not inspect.ismodule(c.cell_contents)
+                   and not inspect.isclass(c.cell_contents) and any(hasattr(c.cell_contents, n) for n in _PARTS)]
     out: list = []
-    for name in _PARTS:
-        part = getattr(obj, name, None) if not inspect.isfunction(obj) else None
-        if part is None or not callable(part):
-            continue
-        out += engine_callables(part) + _referenced(part)
+    for holder in holders:
+        for name in _PARTS:
+            part = getattr(holder, name, None)
+            if part is None or not callable(part) or inspect.isclass(part):
+                continue
+            out += engine_callables(part) + _referenced(part)
     return out
 
 

@@ -74,10 +74,15 @@ def changed_path(d: dict, changed: dict | None) -> list[str] | None:
     """The call path (``file:qualname`` each, the changed function last) from defect row ``d``'s engine function
     or crash frame to a function ``--changed-since`` found changed (``changed``: ``engine.changed_since``,
     ``{"rev", "paths": {bound function: path}}``), or None."""
-    paths = (changed or {}).get("paths") or {}
+    paths = [list(p) for p in ((changed or {}).get("paths") or {}).values() if p]
     for s in (d.get("crash_frame"), d.get("engine_function")):
-        if s and s.get("file") and s.get("function") and f"{s['file']}:{s['function']}" in paths:
-            return list(paths[f"{s['file']}:{s['function']}"])
+        if not (s and s.get("file") and s.get("function")):
+            continue
+        here = f"{s['file']}:{s['function']}"
+        # the row's function on a call path to the change (a bound function, a caller between, the changed one)
+        on = [p[p.index(here):] for p in paths if here in p]
+        if on:
+            return min(on, key=len)
     return None
 
 
@@ -85,11 +90,11 @@ def remedy(d: dict, table: dict | None, changed: dict | None = None) -> dict:
     """``{"cause", "fix", "impact", "source"}`` of defect row ``d`` (``triage.defects``) from ``table``
     (``engine.remedies``, ``Binding.remedy_table``): the first rule of its crash frame, engine function or writing frame whose
     kinds (and trigger) match; else the idiom of its class and trigger (``source: "idiom"``); else empty
-    sentences, ``source: "none"``. A binding's rule describes the engine's code as its author read it: where the
-    row's function, or one it calls, changed since ``--changed-since``'s revision (``changed``:
-    ``engine.changed_since``), the rule is kept with ``changed: {"rev", "path"}`` (the call path to the changed
-    function), which the report prints first: the change is the first suspect, the sentences may describe
-    code the change removed."""
+    sentences, ``source: "none"``. A binding's rule (or an idiom's reading of a line) describes the engine's code as
+    it was read: where the row's function is on a call path to a function changed since ``--changed-since``'s
+    revision (``changed``: ``engine.changed_since``; the row's function itself, or one it calls), the sentences are
+    kept with ``changed: {"rev", "path"}`` (the call path from the row's function to the changed one), which the
+    report prints first: the change is the first suspect, the sentences may describe code the change removed."""
     kind, trig = d["signature"]["kind"], d.get("trigger") or d["signature"].get("feature") or ""
     moved = changed_path(d, changed)
     for place in _places(d):
@@ -105,5 +110,8 @@ def remedy(d: dict, table: dict | None, changed: dict | None = None) -> dict:
         fault = site.get("fault") or {}
         on = (f"`{fault['text'].strip()}` in `{site.get('function')}`" if fault.get("text")
               else f"`{site.get('function')}`" if site.get("function") else f"op `{d.get('op')}`")
-        return {"cause": f"{on}: {idiom[0]}", "fix": idiom[1], "impact": "", "source": "idiom"}
+        out = {"cause": f"{on}: {idiom[0]}", "fix": idiom[1], "impact": "", "source": "idiom"}
+        if moved:
+            out["changed"] = {"rev": str((changed or {}).get("rev") or ""), "path": moved}
+        return out
     return {"cause": "", "fix": "", "impact": "", "source": "none"}

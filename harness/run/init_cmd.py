@@ -132,6 +132,9 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"wrote {name}")
     if ignore_pr_output(root):
         print(f"added {PR_OUTPUT}/ to .gitignore (where ci/rlconform-pr.sh writes its reports)")
-    print(f"next: replace <owner> in {WORKFLOW} if needed, fill {LEDGER} from a check of your main branch "
-          f"(its header says how), bind what the fork adds in {BINDING}, and commit the three files")
+    owner = "<owner>" in args.action
+    print("next: " + (f"replace <owner> in {WORKFLOW} with the GitHub owner of rlconform's repository (the workflow "
+                      "cannot run until then; --action sets it), " if owner else "")
+          + f"fill {LEDGER} from a check of your main branch (its header says how), bind what the fork adds in "
+          f"{BINDING}, and commit the three files")
     return 0
