@@ -194,9 +194,12 @@ text = text.replace(f"--engine-path {base}", "--engine-path .").replace(f"--engi
 text = text.replace(out + "/", rel + "/")
 if fixed:
     text += f"\nA fixed defect's command reproduces at the base: `git checkout {since or 'BASE'}` first.\n"
-where = (f"[this run]({server}/{repo}/actions/runs/{run})" if server and repo and run else f"`{rel}`")
-text += (f"\nThe full report: `head/report.html` in the `rlconform-report` artifact of {where}; download it "
-         f"into `{rel}/` of your checkout and every command above runs as printed.\n")
+if server and repo and run:  # in CI: the report is the run's artifact
+    text += (f"\nThe full report: `head/report.html` in the `rlconform-report` artifact of "
+             f"[this run]({server}/{repo}/actions/runs/{run}); download it into `{rel}/` of your checkout and every "
+             f"command above runs as printed.\n")
+else:  # a local run: the report is already beside the comment
+    text += f"\nThe full report: `{rel}/head/report.html`; every command above runs as printed from the checkout.\n"
 open(path, "w").write("<!-- rlconform -->\n" + text if "<!-- rlconform -->" not in text else text)
 PY
 echo "rlconform-pr: comment in $out/comment.md, report in $out/head/report.html (diff exit $rc)"

@@ -79,7 +79,9 @@ def test_new_bug_in_the_head_is_commented_and_fails(tmp_path, checkouts):
     # --changed-since by default: the head's selection is the changed function's, the base ran the same
     selected = (tmp_path / "ci" / "head" / "selection.txt").read_text()
     assert "changed: toypkg/ops.py:masked_mean" in selected, selected
-    assert comment.startswith("<!-- rlconform -->") and "rlconform-report" in comment
+    assert comment.startswith("<!-- rlconform -->")
+    # a local run (no GitHub run to name): the footer points at the report beside the comment, not at an artifact
+    assert f"The full report: `{tmp_path / 'ci'}/head/report.html`" in comment and "artifact" not in comment
     # every printed command works pasted in the fork's checkout
     commands = re.findall(r"`(rlconform replay [^`]+)`", comment)
     assert commands and all(str(head) not in c and str(base) not in c for c in commands), comment
@@ -114,6 +116,13 @@ def test_usage_errors_exit_2(tmp_path, checkouts):
     no_base = subprocess.run(["bash", str(PR), "--engine", T.SPEC], capture_output=True, text=True, cwd=head,
                              env=env())
     assert no_base.returncode == 2 and "--base" in no_base.stderr
+    # a --base-ref that does not resolve: a one-line error, and no temporary folder left behind
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    bad_ref = subprocess.run(["bash", str(PR), "--engine", T.SPEC, "--base-ref", "origin/no-such-branch"],
+                             capture_output=True, text=True, cwd=head, env=dict(env(), TMPDIR=str(temp)))
+    assert bad_ref.returncode == 2 and "cannot check out --base-ref origin/no-such-branch" in bad_ref.stderr
+    assert list(temp.iterdir()) == [], list(temp.iterdir())
 
 
 @pytest.mark.slow
