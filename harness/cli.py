@@ -514,12 +514,12 @@ def _check_with(args, spec: str, corpus: str | None, reaper, pytest) -> int:
                 sel.ids = [".".join(f) for f in chosen]
                 write_selection(os.path.join(tmp, "findings.txt"), sel)
                 if selection is not None:
-                    from rlconform.harness.run.changed_since import changed_words, write_selection_json
+                    from rlconform.harness.run.changed_since import selection_summary, write_selection_json
 
                     write_selection(os.path.join(args.out, "selection.txt"), sel)
                     write_selection_json(os.path.join(args.out, "selection.json"), sel)
                     print(f"rlconform: --changed-since {changed_since}: {len(sel.ids)} finding(s) selected; "
-                          f"{changed_words(sel)}", flush=True)
+                          f"{selection_summary(sel)}", flush=True)
             code = _run_pytest(args, meta, corpus, tmp, pytest, only is not None)
             return _verdict(args, code, reaper)
     finally:

@@ -95,23 +95,25 @@ def remedy(d: dict, table: dict | None, changed: dict | None = None) -> dict:
     revision (``changed``: ``engine.changed_since``; the row's function itself, or one it calls), the sentences are
     kept with ``changed: {"rev", "path"}`` (the call path from the row's function to the changed one), which the
     report prints first: the change is the first suspect, the sentences may describe code the change removed."""
+    out = _sentences(d, table)
+    moved = changed_path(d, changed) if out["source"] != "none" else None
+    if moved:
+        out["changed"] = {"rev": str((changed or {}).get("rev") or ""), "path": moved}
+    return out
+
+
+def _sentences(d: dict, table: dict | None) -> dict:
+    """The binding's rule of row ``d``, else its idiom's, else none (:func:`remedy` without the change)."""
     kind, trig = d["signature"]["kind"], d.get("trigger") or d["signature"].get("feature") or ""
-    moved = changed_path(d, changed)
     for place in _places(d):
         for r in (table or {}).get(place) or ():
             if re.search(r["kinds"], kind) and (r.get("trigger") is None or re.search(r["trigger"], trig)):
-                out = {"cause": r["cause"], "fix": r["fix"], "impact": r.get("impact") or "", "source": "binding"}
-                if moved:
-                    out["changed"] = {"rev": str((changed or {}).get("rev") or ""), "path": moved}
-                return out
+                return {"cause": r["cause"], "fix": r["fix"], "impact": r.get("impact") or "", "source": "binding"}
     idiom = IDIOMS.get((kind, trig)) or IDIOMS.get((kind, None))
     if idiom:  # the idiom, on the row's own line
         site = d.get("engine_function") or {}
         fault = site.get("fault") or {}
         on = (f"`{fault['text'].strip()}` in `{site.get('function')}`" if fault.get("text")
               else f"`{site.get('function')}`" if site.get("function") else f"op `{d.get('op')}`")
-        out = {"cause": f"{on}: {idiom[0]}", "fix": idiom[1], "impact": "", "source": "idiom"}
-        if moved:
-            out["changed"] = {"rev": str((changed or {}).get("rev") or ""), "path": moved}
-        return out
+        return {"cause": f"{on}: {idiom[0]}", "fix": idiom[1], "impact": "", "source": "idiom"}
     return {"cause": "", "fix": "", "impact": "", "source": "none"}

@@ -19,7 +19,7 @@ import os
 from rlconform.harness.core.code_changes import ChangeError, changed_functions, changed_lines
 from rlconform.harness.core.opinfo import split_regime
 
-__all__ = ["ChangeError", "Selection", "changed_words", "select_changed", "write_selection", "write_selection_json", "read_selection"]
+__all__ = ["ChangeError", "Selection", "selection_summary", "select_changed", "write_selection", "write_selection_json", "read_selection"]
 
 
 @dataclasses.dataclass
@@ -92,7 +92,7 @@ def select_changed(meta: dict, checkout: str, rev: str, findings: list[tuple], l
     return Selection(rev=rev, ids=ids, why=why, changed=changed, paths=paths)
 
 
-def changed_words(sel: Selection) -> str:
+def selection_summary(sel: Selection) -> str:
     """``changed functions: a.py:f; bound functions reaching them: 3 (a.py:f, b.py:g, c.py:h)``: what the change
     edited (each call path's last function), then the bound functions whose findings it selects."""
     edited = sorted({path[-1] for path in sel.changed.values() if path})
@@ -103,7 +103,7 @@ def changed_words(sel: Selection) -> str:
 def write_selection(path: str, sel: Selection) -> None:
     """The selection as a findings file (``--findings``): one id a line, ``# reason`` after it."""
     lines = [f"# rlconform --changed-since {sel.rev}: findings whose engine functions (or what they call) changed, "
-             f"and those of ledger lines it edits", f"# {len(sel.ids)} finding(s); {changed_words(sel)}"]
+             f"and those of ledger lines it edits", f"# {len(sel.ids)} finding(s); {selection_summary(sel)}"]
     lines += [f"{fid}  # {sel.why[fid]}" if sel.why.get(fid) else fid for fid in sel.ids]
     with open(path, "w") as fh:
         fh.write("\n".join(lines) + "\n")

@@ -114,7 +114,8 @@ def _progress(state, fid: str) -> None:
     (CI, ``-q`` included), a line with an estimate of the time left every :data:`PROGRESS_EVERY_S`."""
     import time
 
-    total = len(state.expected()) or 1
+    expected = state.expected()
+    total = len(expected) or 1
     done = len(state.writer.findings)
     if not getattr(state.config, "_rlconform_progress", False):
         now = time.monotonic()
@@ -128,7 +129,7 @@ def _progress(state, fid: str) -> None:
             recorded = state.writer.findings
             costs = {fid: float(f["cost_s"]) for fid, f in recorded.items()
                      if isinstance(f.get("cost_s"), (int, float)) and not isinstance(f.get("cost_s"), bool)}
-            left = time_left(now - started, costs, [fid for fid in state.expected() if fid not in recorded])
+            left = time_left(now - started, costs, [fid for fid in expected if fid not in recorded])
             sys.stderr.write(progress_line(done, total, now - started, left) + "\n")
             sys.stderr.flush()
         return
