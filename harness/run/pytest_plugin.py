@@ -236,6 +236,7 @@ class State:
         self.nodes: dict = {}  # controller: live xdist workers by id
         self.cases: dict[str, bytes] = {}  # controller: each reproducer as it was when its finding arrived
         self.collected: set[str] = set()
+        self._selected: frozenset[str] | None = None  # what the filters select: fixed for the run
         self.error: str | None = None  # a harness error that ended the run (e.g. the report cannot be written)
         if self.worker:
             self._start_worker(config.workerinput)
@@ -337,10 +338,11 @@ class State:
         which runs every test folder) every finding the filters select."""
         ids = set(self.collected)
         if self.from_cli:
-            ids |= {".".join(f) for f in selected_findings(self.binding.provided_ops(), self.ops, self.properties,
-                                                            self.dtypes, variants=self.variants(),
-                                                            profile=self.profile, regimes=self.regimes,
-                                                            findings=self.findings)}
+            if self._selected is None:  # read once: the progress line asks after every finding
+                self._selected = frozenset(".".join(f) for f in selected_findings(
+                    self.binding.provided_ops(), self.ops, self.properties, self.dtypes, variants=self.variants(),
+                    profile=self.profile, regimes=self.regimes, findings=self.findings))
+            ids |= self._selected
         return ids
 
     def start_referee(self, node) -> None:
