@@ -1087,8 +1087,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     from rlconform.harness.core.compile_cache import isolate_per_isa
+    from rlconform.harness.core.idle_threads import sleep_when_idle
 
     isolate_per_isa()  # before anything compiles: a forced ISA gets torch.compile kernels of its own
+    sleep_when_idle()  # before torch is imported: idle OpenMP threads of every process of the run sleep
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -1,6 +1,7 @@
 """Registers the suite's helper modules ``tests/forked_cli.py``, ``tests/engine_fork.py`` and
 ``tests/step_cases.py`` under their names (the suite runs with ``--import-mode=importlib``: a test module imports them by those names) and stops the forked
-CLI's server at the end; prints the costliest tests in CPU seconds beside pytest's ``--durations``."""
+CLI's server at the end; prints the costliest tests in CPU seconds beside pytest's ``--durations``; idle OpenMP
+threads of every process of the suite sleep (as under the CLI)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ import resource
 import sys
 
 import pytest
+
+from rlconform.harness.core.idle_threads import sleep_when_idle
+
+# before a test module imports torch: the suite's processes (test workers, the forked CLI's server and what the
+# CLI starts) run many small parallel regions side by side, and spinning idle OpenMP threads took ~40 % of the
+# CPU of the in-process checks (harness/core/idle_threads.py); the numbers do not change
+sleep_when_idle()
 
 
 def _register(name: str):
