@@ -44,7 +44,8 @@ def test_a_detached_rewriter_is_ended_and_the_files_stay_as_recorded(tmp_path):
     pid = int((tmp_path / "out.pid").read_text())
     assert not _running(pid), "the detached process outlived the run"
     doc = json.loads((out / "report.json").read_text())
-    assert doc["run"]["complete"], (doc["run"], proc.stderr[-3000:])
+    # a string, not a tuple: pytest prints a message string whole (a tuple's repr is cut to one line)
+    assert doc["run"]["complete"], f"{doc['run']}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     [f] = doc["findings"]
     assert f["status"] == "discrepancy" and f["severity"], f
     assert os.path.exists(out / f["reproducer"]["case_file"])  # stored relative to the report folder
