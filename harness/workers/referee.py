@@ -158,15 +158,16 @@ def start(judge: Callable, check_clean: Callable, timeout_s: float = 120.0) -> R
     p = ctx.Process(target=_serve, args=(address, authkey, verdicts_in, ready_in, judge, check_clean, os.getpid()),
                     daemon=True, name="rlconform-referee")
     # the worker and its referee take turns, call by call: an idle OpenMP thread that spins for the next
-    # parallel region would take a core from the other process (the user's own setting is kept)
-    passive = "OMP_WAIT_POLICY" not in os.environ
-    if passive:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    # parallel region would take a core from the other process (the user's own setting is kept; the command line
+    # has set it for the whole run already, a plugin run without it gets it for the referee alone)
+    from rlconform.harness.core.idle_threads import ENV, sleep_when_idle
+
+    passive = sleep_when_idle()
     try:
         p.start()
     finally:
         if passive:
-            os.environ.pop("OMP_WAIT_POLICY", None)
+            os.environ.pop(ENV, None)
     verdicts_in.close()
     ready_in.close()
     if not ready_out.poll(timeout_s):
