@@ -6,11 +6,12 @@ PY     := $(VENV)/bin/python
 OUT    ?= rlconform-report
 # --dist worksteal: an idle xdist worker takes tests queued on the others, so one long test (a fork's own
 # code, the reference engine's whole catalog) does not end the run alone while the others sit idle.
-# Four workers on 2 cores: some tests wait (a hang's deadline, a rank's health check) while others compute,
-# and on a shared machine the suite's share of the cores grows with its runnable processes; measured from a
-# fresh clone (an older suite), `make test` took 735 s quiet with -n 3 and 730 s with -n 2, and with two
-# CPU-bound processes beside it 1469 s with -n 3 and 1644 s with -n 2
-PYTEST_ARGS ?= -n 4 --dist worksteal
+# Six workers on 2 cores: some tests wait (a hang's deadline, a rank's health check) while others compute,
+# and on a shared machine the suite's share of the cores grows with its runnable processes. Measured beside two
+# CPU-bound processes on the command-line tests of five modules (73 tests): 385 s with -n 4, 331 s with -n 6,
+# 324 s with -n 8 (each worker also collects the suite and holds its memory); an older suite from a fresh clone
+# took 735 s quiet with -n 3 and 730 s with -n 2
+PYTEST_ARGS ?= -n 6 --dist worksteal
 # two engine worker processes for the checks (2 cores); override with CHECK_ARGS=...
 CHECK_ARGS ?= -n 2
 

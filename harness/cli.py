@@ -404,6 +404,10 @@ def cmd_check(args) -> int:
     from rlconform.harness.workers.reaper import Reaper
 
     reaper = Reaper()  # from here on, every process the engine starts is a descendant of this one
+    if args.referee or not _runs_in_process(spec, args.engine_path):  # a referee or the probe will start
+        from rlconform.harness.run.dispatch import fork_helper_copy
+
+        fork_helper_copy()
     try:
         return _check_with(args, spec, corpus, reaper, pytest)
     finally:
@@ -809,9 +813,11 @@ def cmd_replay(args) -> int:
         # child's start (a fresh interpreter importing torch and the catalog, ~3 s of CPU); it patches nothing
         # at import, never ends its process, and its verdict is the same as in a child
         return _print_replay_result(_replay_child(spec, None, case.to_json()))
+    from rlconform.harness.run.dispatch import fork_helper_copy
     from rlconform.harness.run.referee_verdicts import refereed
     from rlconform.harness.workers.isolated import ChildDied, run_isolated
 
+    fork_helper_copy()  # the referee and the engine's child fork from it
     ref = None
     try:
         if refereed(case.op) and args.referee:  # started before the engine's child imports anything
@@ -1081,6 +1087,9 @@ def main(argv: list[str] | None = None) -> int:
         print("rlconform: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
+        from rlconform.harness.workers import zygote
+
+        zygote.stop()  # the clean copy helpers forked from, if this command made one
         if installed:
             interrupts.uninstall()
 

@@ -49,6 +49,41 @@ ENGINE_PACKAGES = ("rlconform.harness.bindings", "rlconform.harness.mutants")
 ENGINE_TOPS = frozenset({"verl", "skyrl", "skyrl_train", "skyrl_gym", "megatron"})
 
 
+#: the binding loader (``--engine`` spec -> Binding): the command line imports it, and never an engine through it
+LOADER_MODULES = frozenset({"rlconform.harness.bindings", "rlconform.harness.bindings.load"})
+#: the modules of the command line's clean copy (:func:`inherit_modules`), which a referee forked from it accepts
+_inherited: frozenset[str] = frozenset()
+
+
+def _engine_module(name: str) -> bool:
+    return (name.startswith(ENGINE_PACKAGES) and name not in LOADER_MODULES) or name.split(".", 1)[0] in ENGINE_TOPS
+
+
+def engine_modules() -> list[str]:
+    """The engine modules this process has loaded: an engine package's, a binding's or a mutant's (the binding
+    loader, :data:`LOADER_MODULES`, is not one)."""
+    return sorted(n for n in list(sys.modules) if _engine_module(n))
+
+
+def check_copyable() -> None:
+    """Raise :class:`RefereeTouched` when this process may not be copied for a referee to fork from
+    (:mod:`rlconform.harness.workers.zygote`): it has loaded an engine module (:func:`engine_modules`)."""
+    bad = engine_modules()
+    if bad:
+        raise RefereeTouched(f"this process has imported engine modules: {', '.join(bad[:5])}"
+                             + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+
+
+def inherit_modules() -> None:
+    """In the command line's clean copy, as it is made: the modules loaded now (none an engine's,
+    :func:`check_copyable`) are the command line's, the process that decides the exit code and never imports an
+    engine; a referee forked from the copy accepts them, as it accepts the interpreter's start-up modules (a
+    console library, the binding loader). An engine module, or any other module the referee imports later, is
+    refused as before."""
+    global _inherited
+    _inherited = frozenset(n for n in list(sys.modules) if not _engine_module(n))
+
+
 class RefereeTouched(RuntimeError):
     """A module the referee must never import is loaded in the referee's process."""
 
@@ -83,12 +118,15 @@ def startup_modules() -> frozenset[str]:
 
 def touched_modules() -> list[str]:
     """Modules of this process that the referee must not have: engine code, or anything outside the
-    allowed packages and the interpreter's own start-up modules (:func:`startup_modules`)."""
+    allowed packages, the interpreter's own start-up modules (:func:`startup_modules`) and those of the command
+    line's clean copy it was forked from (:func:`inherit_modules`)."""
     std = getattr(sys, "stdlib_module_names", frozenset())
     bad = []
     startup = None
     for name in list(sys.modules):
         top = name.split(".", 1)[0]
+        if name in _inherited:
+            continue
         if name.startswith(ENGINE_PACKAGES) or top in ENGINE_TOPS:
             bad.append(name)
         elif not (top in std or top in ALLOWED_TOP or top.startswith("_")):

@@ -37,3 +37,15 @@ def referee_judge(payload: bytes, exchange=None):
     from rlconform.properties import referee
 
     return referee.judge(payload, run_check_here, exchange)
+
+
+def fork_helper_copy() -> bool:
+    """Before a command starts its referee, probe or isolated child: fork the clean copy they fork from
+    (:mod:`rlconform.harness.workers.zygote`), with the referee's judge already imported. Returns whether the
+    copy runs (False: this process has loaded engine code or runs threads; they are spawned)."""
+    import rlconform.harness.workers.isolated  # noqa: F401 - the probe's and the isolated child's runner
+    import rlconform.harness.workers.referee  # noqa: F401
+    from rlconform.harness.workers import zygote
+    from rlconform.properties import referee
+
+    return zygote.start(referee.check_copyable, referee.inherit_modules)

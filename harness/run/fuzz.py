@@ -602,6 +602,9 @@ def cmd_fuzz(args) -> int:
 
     own = is_own_code(args.engine or os.environ.get("RLCONFORM_ENGINE") or "reference", args.engine_path)
     args.referee = resolve(getattr(args, "referee", None), own)
+    from rlconform.harness.run.dispatch import fork_helper_copy
+
+    fork_helper_copy()  # the referee and every engine child fork from it
     if args.referee:  # started before any engine import
         from rlconform.harness.run.dispatch import referee_judge
         from rlconform.harness.workers import referee as referee_process

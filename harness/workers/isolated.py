@@ -4,7 +4,8 @@ An engine can end the process that runs it: ``os._exit(0)``, a segfault in an ex
 OOM killer, a hang. The process that decides a run's verdict must not be that process. This
 module holds what the supervising side needs:
 
-* :func:`run_isolated` calls a picklable ``fn(*args, emit=...)`` in a ``spawn``-ed child (SIGINT ignored
+* :func:`run_isolated` calls a picklable ``fn(*args, emit=...)`` in a child (spawned, or forked from the command
+  line's clean copy, :mod:`rlconform.harness.workers.zygote`; SIGINT ignored
   there; faulthandler writing fatal-signal and deadline stacks to a file; a deadline after which the
   child dumps its stacks and exits) and returns its result, or raises :class:`ChildDied` saying how the
   child ended (exit code or signal, its Python stack when there is one, whether the deadline passed).
@@ -181,7 +182,8 @@ def _child(conn, fn, args, fault_path, deadline_s, interruptible):
 def run_isolated(fn: Callable, args: tuple = (), *, deadline_s: float | None = None,
                  on_event: Callable[[Any], None] | None = None, interruptible: bool = False,
                  grace_s: float = 60.0) -> Any:
-    """Run ``fn(*args, emit=emit)`` in a spawned child and return what it returns.
+    """Run ``fn(*args, emit=emit)`` in a child process (:func:`rlconform.harness.workers.zygote.context`) and
+    return what it returns.
 
     Raises :class:`ChildDied` if the child ends without a result and ``RuntimeError`` (with the child's
     traceback) if ``fn`` raised. ``deadline_s`` bounds the child's whole run.
@@ -190,7 +192,9 @@ def run_isolated(fn: Callable, args: tuple = (), *, deadline_s: float | None = N
     ``interruptible`` the child handles SIGINT itself (it gets one too, forwarded if only the parent
     got it) and its result is still awaited, for at most ``grace_s`` seconds.
     """
-    ctx = multiprocessing.get_context("spawn")
+    from rlconform.harness.workers import zygote
+
+    ctx = zygote.context()  # forked from the command line's clean copy (it never imported the engine), or spawned
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     fd, fault_path = tempfile.mkstemp(prefix="rlconform-fault-", suffix=".txt")
     os.close(fd)

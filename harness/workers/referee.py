@@ -1,6 +1,7 @@
 """The referee's process: started before any engine import, it judges what the engine's worker recorded.
 
-:func:`start` spawns (``multiprocessing`` *spawn*: a fresh interpreter, nothing inherited) a process that
+:func:`start` starts (``multiprocessing`` *spawn*: a fresh interpreter, nothing inherited; or forked from the
+command line's clean copy, :mod:`rlconform.harness.workers.zygote`, which never imported the engine) a process that
 serves ``judge(request_bytes, exchange) -> (reply, verdict)`` on a Unix socket (``multiprocessing.connection``,
 an authkey of 32 random bytes): the engine's worker connects with :func:`connect`, sends one request per
 example and answers the engine calls the referee asks for (``exchange(bytes) -> bytes``: ``b"C"`` +
@@ -35,24 +36,26 @@ class RefereeUnavailable(Exception):
     """The referee could not be started, or stopped answering (a harness error, never a verdict)."""
 
 
-def _end_with_parent(parent: int, tmpdir: str, period_s: float = 0.5) -> None:
-    """End this process (and remove the referee's socket folder) as soon as its parent is gone: a controller
-    killed with SIGKILL cannot end its referee itself. Runs in a daemon thread."""
-    import time
-
-    while os.getppid() == parent:
-        time.sleep(period_s)
+def _end_with_parent(tmpdir: str) -> None:
+    """End this process (and remove the referee's socket folder) as soon as the process that started it is
+    gone: a controller killed with SIGKILL cannot end its referee itself. Runs in a daemon thread, blocked on
+    the parent's sentinel (:func:`multiprocessing.parent_process`: a pipe only the parent holds the other end
+    of, spawned or forked from the fork server of :mod:`rlconform.harness.workers.zygote` alike)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    multiprocessing.connection.wait([parent.sentinel])
     shutil.rmtree(tmpdir, ignore_errors=True)
     os._exit(0)
 
 
 def _serve(address: str, authkey: bytes, verdicts, ready, judge: Callable, check_clean: Callable,
-           parent: int | None = None) -> None:
+           watch_parent: bool = False) -> None:
     from rlconform.harness.workers import interrupts
 
     interrupts.ignore_sigint()  # the controller handles Ctrl-C and ends this process
-    if parent is not None:
-        threading.Thread(target=_end_with_parent, args=(parent, os.path.dirname(address)), daemon=True,
+    if watch_parent:
+        threading.Thread(target=_end_with_parent, args=(os.path.dirname(address),), daemon=True,
                          name="rlconform-referee-parent-watch").start()
     check_clean()
     listener = multiprocessing.connection.Listener(address, family="AF_UNIX", authkey=authkey)
@@ -149,13 +152,15 @@ class Referee:
 def start(judge: Callable, check_clean: Callable, timeout_s: float = 120.0) -> Referee:
     """Spawn a referee serving ``judge`` (both callables picklable by reference). Raises
     :class:`RefereeUnavailable` when it does not come up within ``timeout_s``."""
-    ctx = multiprocessing.get_context("spawn")
+    from rlconform.harness.workers import zygote
+
+    ctx = zygote.context()  # forked from the command line's clean copy, or spawned
     tmpdir = tempfile.mkdtemp(prefix="rlconform-referee-")
     address = os.path.join(tmpdir, "socket")
     authkey = secrets.token_bytes(32)
     verdicts_out, verdicts_in = ctx.Pipe(duplex=False)
     ready_out, ready_in = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_serve, args=(address, authkey, verdicts_in, ready_in, judge, check_clean, os.getpid()),
+    p = ctx.Process(target=_serve, args=(address, authkey, verdicts_in, ready_in, judge, check_clean, True),
                     daemon=True, name="rlconform-referee")
     # the worker and its referee take turns, call by call: an idle OpenMP thread that spins for the next
     # parallel region would take a core from the other process (the user's own setting is kept; the command line
