@@ -52,3 +52,18 @@ def test_the_default_follows_the_environment(monkeypatch):
     assert use_referee(None) is True and use_referee(False) is False
     monkeypatch.setenv("RLCONFORM_REFEREE", "0")
     assert use_referee(None) is False and use_referee(True) is True
+
+
+def test_a_checks_session_ends_without_pytests_forced_collections():
+    """``rlconform check``'s own sessions skip the full garbage collections pytest forces at their end (two per
+    process); the setting is pytest's own (the one its pytester uses for inner runs), so this fails if it moves."""
+    from _pytest.stash import Stash
+    from _pytest.unraisableexception import gc_collect_iterations_key
+
+    from rlconform.harness.run.pytest_plugin import _without_forced_collection
+
+    class Config:
+        stash = Stash()
+
+    _without_forced_collection(Config)
+    assert Config.stash[gc_collect_iterations_key] == 0
