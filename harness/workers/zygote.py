@@ -101,9 +101,13 @@ def start(check_copyable: Callable[[], None], on_copy: Callable[[], None]) -> bo
         code = 0
         try:
             os.close(alive_w)
-            keep = sorted({0, 1, 2, listener.fileno(), alive_r})
-            for low, high in zip(keep, keep[1:] + [os.sysconf("SC_OPEN_MAX")]):
-                os.closerange(low + 1, high)
+            keep = {0, 1, 2, listener.fileno(), alive_r}
+            for fd in [int(name) for name in os.listdir("/proc/self/fd")]:  # nothing of its owner's open files
+                if fd not in keep:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
             # a helper starts with the dispositions a spawned one would get: Python's defaults, or ignored where
             # this process was started with the signal ignored (the command line's own handlers are not theirs,
             # and a helper installs its own: interrupts.install, which a recorded install would make a no-op)
