@@ -47,7 +47,13 @@ def _wait_gone(pids, within_s=60.0):
 
 @pytest.fixture
 def pool2():
-    return get_pool(2, timeout_s=20.0, collective_timeout_s=20.0)
+    """The test process's 2-rank pool with this module's timeouts: ``get_pool`` returns the pool another test of
+    this process made, whose timeouts may be others (xdist sends any module's tests to any worker)."""
+    pool = get_pool(2, timeout_s=20.0, collective_timeout_s=20.0)
+    if (pool.timeout_s, pool.collective_timeout_s) != (20.0, 20.0):
+        pool.close()
+        pool = get_pool(2, timeout_s=20.0, collective_timeout_s=20.0)
+    return pool
 
 
 @pytest.fixture(scope="module")
