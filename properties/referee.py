@@ -55,8 +55,13 @@ LOADER_MODULES = frozenset({"rlconform.harness.bindings", "rlconform.harness.bin
 _inherited: frozenset[str] = frozenset()
 
 
+def _engine_package(name: str) -> bool:
+    """Under an engine package, or rlconform's bindings or mutants (the loader included)."""
+    return name.startswith(ENGINE_PACKAGES) or name.split(".", 1)[0] in ENGINE_TOPS
+
+
 def _engine_module(name: str) -> bool:
-    return (name.startswith(ENGINE_PACKAGES) and name not in LOADER_MODULES) or name.split(".", 1)[0] in ENGINE_TOPS
+    return _engine_package(name) and name not in LOADER_MODULES
 
 
 def engine_modules() -> list[str]:
@@ -127,7 +132,7 @@ def touched_modules() -> list[str]:
         top = name.split(".", 1)[0]
         if name in _inherited:
             continue
-        if name.startswith(ENGINE_PACKAGES) or top in ENGINE_TOPS:
+        if _engine_package(name):
             bad.append(name)
         elif not (top in std or top in ALLOWED_TOP or top.startswith("_")):
             startup = startup_modules() if startup is None else startup
