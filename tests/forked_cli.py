@@ -34,6 +34,8 @@ CLI = ("-m", "rlconform.harness.cli")
 #: CPU seconds (user + system) of the forked calls this process made, and of what they waited for: a forked
 #: child is the server's, so this process's ``RUSAGE_CHILDREN`` never counts it (tests/conftest.py adds it)
 cpu_seconds = 0.0
+#: calls this process ran as forked children (the others ran as subprocesses)
+forked_calls = 0
 #: environment variables a forked child may take from the caller (read by the CLI, not at import)
 CHILD_ENV_PREFIXES = ("RLCONFORM_",)
 #: variables an engine's import sets in the test process (ray, tensordict and torch's inductor, when a test imports
@@ -41,6 +43,9 @@ CHILD_ENV_PREFIXES = ("RLCONFORM_",)
 #: them, as a subprocess would); without this, every later call of that test process ran as a subprocess
 SET_BY_ENGINE_IMPORTS = ("RAY_CLIENT_MODE", "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "LAZY_LEGACY_OP",
                          "TORCHINDUCTOR_CACHE_DIR")
+#: variables pytest sets in the test process for each test phase (the running test's id), read at no import:
+#: without this, only the test that started the server forked, and every later test ran its calls as subprocesses
+SET_BY_PYTEST = ("PYTEST_CURRENT_TEST",)
 
 
 def run(args, *, cwd=None, env=None, timeout: float = 900, input=None) -> subprocess.CompletedProcess:
@@ -86,11 +91,13 @@ class _Server:
 
     def can_fork(self, env: dict) -> bool:
         keys = set(env) | set(self.env)
+        free = SET_BY_ENGINE_IMPORTS + SET_BY_PYTEST
         return all(env.get(k) == self.env.get(k) for k in keys
-                   if (not k.startswith(CHILD_ENV_PREFIXES) or k in READ_AT_IMPORT) and k not in SET_BY_ENGINE_IMPORTS)
+                   if (not k.startswith(CHILD_ENV_PREFIXES) or k in READ_AT_IMPORT) and k not in free)
 
     def call(self, argv, *, cwd: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
-        global cpu_seconds
+        global cpu_seconds, forked_calls
+        forked_calls += 1
         with tempfile.TemporaryDirectory(prefix="rlconform-forked-cli-") as tmp:
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
             self.proc.stdin.write(json.dumps({"argv": argv, "cwd": cwd, "env": env, "out": out, "err": err}) + "\n")
@@ -155,13 +162,13 @@ def _serve() -> None:
 #: third-party modules every CLI call imports (the report's plots, tables and templates included)
 WARM = ("torch", "numpy", "hypothesis", "pytest", "xdist", "execnet", "mpmath", "rich.console", "rich.table",
         "jinja2", "matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg", "matplotlib.colors")
-#: rlconform's packages whose modules the server imports (none holds engine code: bindings and mutants of
-#: engines are imported by the child, as a fresh process imports them)
+#: rlconform's packages whose modules the server imports (none holds engine code: bindings and mutants, the
+#: reference engine's included, are imported by the child, as a fresh process imports them; a CLI forked from a
+#: server holding one could not make its clean copy, and would spawn its referee and probe)
 WARM_PACKAGES = ("rlconform.harness.core", "rlconform.harness.catalog", "rlconform.harness.families",
                  "rlconform.harness.report", "rlconform.harness.run", "rlconform.harness.workers",
                  "rlconform.properties", "rlconform.reference", "rlconform.distributed_tests")
-WARM_MODULES = ("rlconform.harness.cli", "rlconform.harness.bindings.load", "rlconform.harness.bindings.reference",
-                "rlconform.harness.mutants._base")
+WARM_MODULES = ("rlconform.harness.cli", "rlconform.harness.bindings.load")
 #: RLCONFORM_ variables rlconform reads when a module is imported: a call whose value differs is not forked
 #: (tests/test_forked_cli.py finds every module-level read in the package)
 READ_AT_IMPORT = ("RLCONFORM_DIST_MAX_EXAMPLES", "RLCONFORM_SPILL_DIR", "RLCONFORM_DIST_DEADLINE_S",

@@ -49,8 +49,19 @@ def test_the_callers_environment_reaches_the_child_and_an_import_time_variable_f
     server = forked_cli._Server.get()
     assert server.can_fork(dict(server.env, RLCONFORM_ENGINE="x"))
     assert server.can_fork(dict(server.env, **{name: "0" for name in forked_cli.SET_BY_ENGINE_IMPORTS}))
+    assert server.can_fork(dict(server.env, PYTEST_CURRENT_TEST="tests/test_other.py::test_other (call)"))
     for name in ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", *forked_cli.READ_AT_IMPORT):
         assert not server.can_fork(dict(server.env, **{name: "1"})), name
+
+
+@pytest.mark.cli
+def test_a_later_test_of_the_same_process_forks_too(monkeypatch):
+    forked_cli.run(["--help"])  # the server exists, started under this test's PYTEST_CURRENT_TEST
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_other.py::test_other (call)")  # as pytest sets it
+    before = forked_cli.forked_calls
+    proc = forked_cli.run(["--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert forked_cli.forked_calls == before + 1  # forked, not a subprocess
 
 
 @pytest.mark.cli
@@ -71,3 +82,13 @@ def test_every_module_level_read_of_an_rlconform_variable_is_listed():
                 read |= set(re.findall(r"environ(?:\.get\(|\[)\s*[\"'](RLCONFORM_\w+)", line))
     assert read, "the scan finds nothing: it cannot fail"
     assert read <= set(forked_cli.READ_AT_IMPORT), read - set(forked_cli.READ_AT_IMPORT)
+
+
+def test_the_server_holds_no_engine_module_so_a_forked_check_makes_its_clean_copy():
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import forked_cli; forked_cli._warm_up(); "
+            "from rlconform.properties.referee import engine_modules; from rlconform.harness.workers import zygote; "
+            "print(engine_modules(), zygote.why_not(lambda: None))")
+    proc = subprocess.run([sys.executable, "-P", "-c", code, str(REPO / "tests")], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[]", "None"], proc.stdout
