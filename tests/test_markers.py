@@ -233,7 +233,6 @@ PACKAGE_DIRS = {"reference": "rlconform.reference", "harness": "rlconform.harnes
 WITHOUT_FAST_TEST = {
     **{m: "imports a real engine (verl, SkyRL, Megatron-core), which `make test-fast` does not install"
        for m in ENGINE_BINDINGS},
-    "rlconform.harness.workers.pool_worker": "the child side of the gloo pool: runs only on ranks (tests/test_pool.py)",
     "rlconform.distributed_tests.ranks": "runs only on gloo ranks (tests/test_distributed_mutants.py)",
     "rlconform.distributed_tests.test_distributed": "the distributed property test a check collects on its ranks",
     "rlconform.distributed_tests.conftest": "pytest's conftest of the distributed property test",

@@ -39,7 +39,12 @@ def _alive(pid: int) -> bool:
 
 
 def _spawned_children() -> list[int]:
-    """Live children of this process started by multiprocessing's spawn (not its resource tracker)."""
+    """Live ranks of this process's pools: its children started by multiprocessing's spawn (not its resource
+    tracker), and the children of its rank servers (ranks forked there: rlconform.harness.workers.rank_server)."""
+    from rlconform.harness.workers import rank_server
+
+    servers = {srv._forkserver_pid for srv in rank_server._STATE["servers"].values()} \
+        if rank_server._STATE["owner"] == os.getpid() else set()
     me, out = os.getpid(), []
     for p in os.listdir("/proc"):
         if p.isdigit():
@@ -50,7 +55,7 @@ def _spawned_children() -> list[int]:
                     spawned = b"spawn_main" in fh.read()
             except (OSError, IndexError, ValueError):
                 continue
-            if ppid == me and spawned:
+            if (ppid == me and spawned) or (ppid in servers and _alive(int(p))):
                 out.append(int(p))
     return out
 
@@ -90,10 +95,10 @@ def test_an_interrupt_during_rendezvous_leaves_no_rank(monkeypatch, how):
     seen: dict = {}
 
     def wait(objects, timeout=None):  # Ctrl-C lands in the rendezvous loop (once; joins must still work)
-        if "children" not in seen:
-            # every rank has been started; on a loaded machine a rank's exec (where its environment, hence
-            # the marker, appears) can lag: wait for both to show (the deadline only catches a hang)
-            _wait_until(lambda: len(_spawned_children()) >= 2, 120, "both ranks to exec")
+        if "children" not in seen and timeout != 0:  # not multiprocessing's poll of a started rank (timeout 0)
+            # every rank has been started; on a loaded machine a spawned rank's exec (or a forked one's fork)
+            # can lag: wait for both to show (the deadline only catches a hang)
+            _wait_until(lambda: len(_spawned_children()) >= 2, 120, "both ranks to start")
             seen["children"] = _spawned_children()
             raise KeyboardInterrupt
         return real_wait(objects, timeout)

@@ -1,7 +1,9 @@
 """Persistent distributed worker pool (docs/distributed.md).
 
-A :class:`WorkerPool` spawns ``world_size`` processes once (``spawn``, never ``fork``), each pinned to
-one thread, rendezvoused over a TCPStore that the parent hosts on port 0 (no port race), with a
+A :class:`WorkerPool` starts ``world_size`` processes once (forked from this process's rank server,
+:mod:`rlconform.harness.workers.rank_server`, a fresh interpreter with torch imported and nothing of the engine;
+``spawn`` where none runs; never a fork of this process), each pinned to one thread, rendezvoused over a
+TCPStore that the parent hosts on port 0 (no port race), with a
 ``gloo`` (CPU) or ``nccl`` (GPU) default group, each rank on its device (``devices``; the run's
 ``--device`` picks them with :func:`rlconform.harness.core.device.pool_backend`: gloo on the CPU, nccl with
 one GPU per rank, gloo over CUDA tensors when ranks share one GPU). Hypothesis draws each case in the parent; ``run``
@@ -13,7 +15,7 @@ traceback or state, then the whole group is killed (SIGTERM, SIGKILL after a sho
 the next ``run`` spawns a fresh group on a fresh store. One exception: when every rank returned (some
 raised, none died or is still running), one all_reduce over WORLD and over every cached subgroup
 (:func:`~rlconform.harness.workers.pool_worker.group_health`) decides; a group that passes is kept, since a
-respawn costs seconds of imports per rank and an engine that raises on every example (a contract
+respawn costs a rendezvous and a re-import of the engine per rank, and an engine that raises on every example (a contract
 violation, a 2-D input it rejects) would otherwise pay it per example.
 
 * ``kind="raised"``: a rank's ``fn`` raised. Its traceback is reported; peers that were blocked in a
@@ -26,7 +28,8 @@ violation, a 2-D input it rejects) would otherwise pay it per example.
 Precedence when several happen in one case: died > raised > hung (a death is always a cause; an
 exception may be a peer's reaction to it; a hang is a reaction to either).
 
-No worker outlives the parent: each worker has a thread polling ``os.getppid()`` and exits when the
+No worker outlives the parent: each worker has a thread watching its owner (a spawned one polls
+``os.getppid()``; one forked from the rank server waits on multiprocessing's parent sentinel) and exits when the
 parent is gone; a closed parent pipe also ends it; pools are closed ``atexit``. An interrupt (Ctrl-C)
 or any error while the group is spawned, rendezvouses or runs a case tears the group down before it
 propagates, so multiprocessing's exit hook never waits on a rank.
@@ -72,7 +75,8 @@ import traceback
 import weakref
 from typing import Any, Callable
 
-from rlconform.harness.workers.pool_worker import _THREAD_ENV, WorkerContext, group_health, worker_main
+from rlconform.harness.workers import rank_server
+from rlconform.harness.workers.pool_worker import _THREAD_ENV, StdioFd, WorkerContext, group_health, worker_main
 
 __all__ = [
     "RankFailure",
@@ -149,7 +153,7 @@ class _Generation:
 
 
 class WorkerPool:
-    """A persistent group of ``world_size`` spawned ranks; see the module docstring."""
+    """A persistent group of ``world_size`` ranks; see the module docstring."""
 
     def __init__(
         self,
@@ -245,13 +249,15 @@ class WorkerPool:
             raise PoolStartupError(f"could not host a TCPStore on 127.0.0.1:0: {e}") from e
         prefix = f"rlconform/pool{os.getpid()}/gen{index}"
         procs, conns, stack_paths = [], [], []
+        server = rank_server.server(_THREAD_ENV)  # ranks fork from it; None: they are spawned
+        mp = multiprocessing.get_context("forkserver") if server is not None else self._mp
         saved = {k: os.environ.get(k) for k in _THREAD_ENV}
         os.environ.update(_THREAD_ENV)  # inherited by the spawned interpreters before torch loads
         try:
             for rank in range(self.world_size):
-                parent_conn, child_conn = self._mp.Pipe(duplex=True)
+                parent_conn, child_conn = mp.Pipe(duplex=True)
                 stack_path = os.path.join(self._tmpdir, f"gen{index}-rank{rank}.stack")
-                p = self._mp.Process(
+                p = mp.Process(
                     target=worker_main,
                     args=(
                         rank,
@@ -265,11 +271,17 @@ class WorkerPool:
                         os.getpid(),
                         stack_path,
                         self.devices[rank],
+                        dict(os.environ) if server is not None else None,
+                        (StdioFd(1), StdioFd(2)) if server is not None else None,
                     ),
                     name=f"rlconform-rank{rank}",
                     daemon=False,
                 )
-                p.start()
+                if server is not None:
+                    with rank_server.started(server):
+                        p.start()
+                else:
+                    p.start()
                 child_conn.close()
                 procs.append(p)
                 conns.append(parent_conn)

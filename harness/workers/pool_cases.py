@@ -18,6 +18,18 @@ def rank_info(ctx, payload):
             "collective_timeout_s": ctx.collective_timeout_s}
 
 
+def rank_process(ctx, payload):
+    """The rank's process: pid, parent pid, torch's intra-op threads, the environment variables named in
+    ``payload["env"]``; prints ``rank R`` to stderr."""
+    import sys
+
+    import torch
+
+    print(f"rank {ctx.rank}", file=sys.stderr, flush=True)
+    return {"pid": os.getpid(), "ppid": os.getppid(), "threads": torch.get_num_threads(),
+            "env": {name: os.environ.get(name) for name in (payload or {}).get("env", ())}}
+
+
 def allreduce_sum(ctx, payload):
     """payload: {"dtype": str, "values": list[float] (this rank's), "op": "sum"|"max"|"min"}."""
     import torch

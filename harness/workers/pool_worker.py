@@ -100,12 +100,40 @@ def _orphan_exit(stack_path: str, code: int) -> None:
     os._exit(code)
 
 
+class StdioFd:
+    """One of the owner's file descriptors (``fd``) for a rank forked from the rank server: pickled into the
+    rank's start, it reaches the rank as multiprocessing passes a pipe (``reduction.DupFd``), and is the rank's
+    copy of it there."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return (_received_fd, (reduction.DupFd(self.fd),))
+
+
+def _received_fd(dup) -> StdioFd:
+    return StdioFd(dup.detach())
+
+
 def _watch_parent(parent_pid: int, stack_path: str) -> None:
-    """Exit the whole process as soon as the parent is gone (reparented => getppid changes)."""
+    """Exit the whole process as soon as the pool's owner is gone: a spawned rank is reparented (``getppid``
+    changes); a rank forked from the rank server (whose child it is) sees the owner's end of the pipe that
+    started it close (multiprocessing's parent sentinel)."""
+    import multiprocessing
+    import multiprocessing.connection
+
+    parent = multiprocessing.parent_process()
+    sentinel = parent.sentinel if parent is not None and os.getppid() != parent_pid else None
     while True:
-        if os.getppid() != parent_pid:
+        if sentinel is None:
+            if os.getppid() != parent_pid:
+                _orphan_exit(stack_path, 70)
+            time.sleep(_PARENT_POLL_S)
+        elif multiprocessing.connection.wait([sentinel], timeout=_PARENT_POLL_S):
             _orphan_exit(stack_path, 70)
-        time.sleep(_PARENT_POLL_S)
 
 
 def _send(conn, msg) -> None:
@@ -176,7 +204,20 @@ def worker_main(
     parent_pid: int,
     stack_path: str,
     rank_device: str = "cpu",
+    environ: dict | None = None,
+    stdio: tuple | None = None,
 ) -> None:
+    """One rank's life: join the group, then run cases until ``close``. ``environ`` and ``stdio`` (its
+    :class:`StdioFd` for stdout and stderr): the owner's environment and output files when the rank was forked
+    from the rank server (:mod:`rlconform.harness.workers.rank_server`), whose own are those it was started
+    with; a spawned rank inherits its owner's (None)."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
+    for target, received in zip((1, 2), stdio or ()):
+        (sys.stdout if target == 1 else sys.stderr).flush()
+        os.dup2(received.fd, target)
+        os.close(received.fd)
     for k, v in _THREAD_ENV.items():
         os.environ[k] = v
     threading.Thread(target=_watch_parent, args=(parent_pid, stack_path), daemon=True, name="rlconform-parent-watch").start()
