@@ -12,28 +12,36 @@ import pytest
 from rlconform.harness.workers import pool_cases as pc
 from rlconform.harness.workers import rank_server
 from rlconform.harness.workers.pool import RankFailure, WorkerPool
-from rlconform.harness.workers.pool_worker import _THREAD_ENV
+from rlconform.harness.workers.pool_worker import one_thread_environment
 
 NAMES = ["RLCONFORM_TEST_RANK_SERVER", "OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY"]
 
 
 def test_a_server_is_kept_while_what_imports_read_is_unchanged(monkeypatch):
-    before = rank_server._read_at_import(_THREAD_ENV)
+    before = rank_server._read_at_import()
     assert ("OMP_NUM_THREADS", "1") in before
     monkeypatch.setenv("RLCONFORM_TEST_RANK_SERVER", "x")  # read by no import the server makes
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_other.py::test_other (call)")
-    assert rank_server._read_at_import(_THREAD_ENV) == before
+    assert rank_server._read_at_import() == before
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # read when torch loads
-    assert rank_server._read_at_import(_THREAD_ENV) != before
+    assert rank_server._read_at_import() != before
+
+
+def test_the_one_thread_environment_holds_within_and_is_restored_after(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    with one_thread_environment():
+        assert os.environ["OMP_NUM_THREADS"] == os.environ["MKL_NUM_THREADS"] == "1"
+    assert os.environ["OMP_NUM_THREADS"] == "4" and "MKL_NUM_THREADS" not in os.environ
 
 
 def test_no_server_where_no_fork(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
-    assert rank_server.server(_THREAD_ENV) is None
+    assert rank_server.server() is None
 
 
 def _server_pid() -> int:
-    return rank_server.server(_THREAD_ENV)._forkserver_pid
+    return rank_server.server()._forkserver_pid
 
 
 @pytest.mark.distributed
@@ -92,7 +100,7 @@ def test_a_group_of_a_replaced_server_still_reports_how_its_ranks_ended(monkeypa
 
 @pytest.mark.distributed
 def test_spawned_ranks_where_no_server_runs(monkeypatch):
-    monkeypatch.setattr(rank_server, "server", lambda thread_env: None)
+    monkeypatch.setattr(rank_server, "server", lambda: None)
     pool = WorkerPool(2, timeout_s=120.0)
     try:
         facts = pool.run(pc.rank_process, {"env": NAMES})

@@ -76,7 +76,13 @@ import weakref
 from typing import Any, Callable
 
 from rlconform.harness.workers import rank_server
-from rlconform.harness.workers.pool_worker import _THREAD_ENV, StdioFd, WorkerContext, group_health, worker_main
+from rlconform.harness.workers.pool_worker import (
+    StdioFd,
+    WorkerContext,
+    group_health,
+    one_thread_environment,
+    worker_main,
+)
 
 __all__ = [
     "RankFailure",
@@ -249,43 +255,42 @@ class WorkerPool:
             raise PoolStartupError(f"could not host a TCPStore on 127.0.0.1:0: {e}") from e
         prefix = f"rlconform/pool{os.getpid()}/gen{index}"
         procs, conns, stack_paths = [], [], []
-        server = rank_server.server(_THREAD_ENV)  # ranks fork from it; None: they are spawned
+        server = rank_server.server()  # ranks fork from it; None: they are spawned
         mp = multiprocessing.get_context("forkserver") if server is not None else self._mp
-        saved = {k: os.environ.get(k) for k in _THREAD_ENV}
-        os.environ.update(_THREAD_ENV)  # inherited by the spawned interpreters before torch loads
         try:
-            for rank in range(self.world_size):
-                parent_conn, child_conn = mp.Pipe(duplex=True)
-                stack_path = os.path.join(self._tmpdir, f"gen{index}-rank{rank}.stack")
-                p = mp.Process(
-                    target=worker_main,
-                    args=(
-                        rank,
-                        self.world_size,
-                        self.backend,
-                        "127.0.0.1",
-                        store.port,
-                        prefix,
-                        self.collective_timeout_s,
-                        child_conn,
-                        os.getpid(),
-                        stack_path,
-                        self.devices[rank],
-                        dict(os.environ) if server is not None else None,
-                        (StdioFd(1), StdioFd(2)) if server is not None else None,
-                    ),
-                    name=f"rlconform-rank{rank}",
-                    daemon=False,
-                )
-                if server is not None:
-                    with rank_server.started(server):
+            with one_thread_environment():  # inherited by spawned interpreters before torch loads
+                for rank in range(self.world_size):
+                    parent_conn, child_conn = mp.Pipe(duplex=True)
+                    stack_path = os.path.join(self._tmpdir, f"gen{index}-rank{rank}.stack")
+                    p = mp.Process(
+                        target=worker_main,
+                        args=(
+                            rank,
+                            self.world_size,
+                            self.backend,
+                            "127.0.0.1",
+                            store.port,
+                            prefix,
+                            self.collective_timeout_s,
+                            child_conn,
+                            os.getpid(),
+                            stack_path,
+                            self.devices[rank],
+                            dict(os.environ) if server is not None else None,
+                            (StdioFd(1), StdioFd(2)) if server is not None else None,
+                        ),
+                        name=f"rlconform-rank{rank}",
+                        daemon=False,
+                    )
+                    if server is not None:
+                        with rank_server.started(server):
+                            p.start()
+                    else:
                         p.start()
-                else:
-                    p.start()
-                child_conn.close()
-                procs.append(p)
-                conns.append(parent_conn)
-                stack_paths.append(stack_path)
+                    child_conn.close()
+                    procs.append(p)
+                    conns.append(parent_conn)
+                    stack_paths.append(stack_path)
         except BaseException as e:
             self._kill(procs)
             for c in conns:
@@ -293,12 +298,6 @@ class WorkerPool:
             if not isinstance(e, Exception):  # an interrupt stays an interrupt
                 raise
             raise PoolStartupError(f"could not spawn workers: {e}") from e
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
         gen = _Generation(procs, conns, store, stack_paths, index)
         try:

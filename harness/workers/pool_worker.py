@@ -12,6 +12,7 @@ child  -> parent ``("ready", pid)`` | ``("init_error", traceback)`` |
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sys
@@ -19,7 +20,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 _THREAD_ENV = {
     "OMP_NUM_THREADS": "1",
@@ -30,6 +31,22 @@ _THREAD_ENV = {
 }
 
 _PARENT_POLL_S = 0.2
+
+
+@contextlib.contextmanager
+def one_thread_environment() -> Iterator[None]:
+    """Within it, this process's environment holds :data:`_THREAD_ENV` (what a process started now reads when it
+    loads torch); restored after."""
+    saved = {k: os.environ.get(k) for k in _THREAD_ENV}
+    os.environ.update(_THREAD_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @dataclass

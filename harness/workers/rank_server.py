@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import threading
 from typing import Iterator
+
+from rlconform.harness.workers import zygote
+from rlconform.harness.workers.pool_worker import _THREAD_ENV, one_thread_environment
 
 __all__ = ["server", "started", "stop"]
 
@@ -49,15 +51,16 @@ _LOCK = threading.RLock()
 _STATE: dict = {"owner": None, "servers": {}}
 
 
-def _read_at_import(thread_env: dict) -> tuple:
+def _read_at_import() -> tuple:
     env = dict(os.environ)
-    env.update(thread_env)
+    env.update(_THREAD_ENV)
     return tuple(sorted((k, v) for k, v in env.items() if k.startswith(READ_AT_IMPORT)))
 
 
-def server(thread_env: dict):
-    """This process's rank server for its current environment with ``thread_env`` applied, started now if none
-    runs for it; None where ranks must be spawned."""
+def server():
+    """This process's rank server for its current environment with the ranks' one-thread variables applied
+    (:data:`~rlconform.harness.workers.pool_worker._THREAD_ENV`), started now if none runs for it; None where
+    ranks must be spawned."""
     if sys.platform != "linux" or not hasattr(os, "fork"):
         return None
     from multiprocessing import forkserver
@@ -65,23 +68,16 @@ def server(thread_env: dict):
     with _LOCK:
         if _STATE["owner"] != os.getpid():  # none yet, or a forked child's copy of its parent's
             _STATE.update(owner=os.getpid(), servers={})
-        key = _read_at_import(thread_env)
+        key = _read_at_import()
         srv = _STATE["servers"].get(key)
         if srv is None:
             srv = forkserver.ForkServer()
             srv.set_forkserver_preload(list(PRELOAD))
-        saved = {k: os.environ.get(k) for k in thread_env}
-        os.environ.update(thread_env)  # the server's interpreter reads them when it imports torch
         try:
-            srv.ensure_running()  # started, or restarted after it ended
+            with one_thread_environment():  # the server's interpreter reads it when it imports torch
+                srv.ensure_running()  # started, or restarted after it ended
         except Exception:  # noqa: BLE001 - no server: the ranks are spawned
             return None
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         _STATE["servers"][key] = srv
         return srv
 
@@ -115,12 +111,5 @@ def stop() -> None:
             except OSError:
                 pass
         if pid is not None:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+            zygote.kill_child(pid)
         srv._forkserver_pid = srv._forkserver_alive_fd = srv._forkserver_address = None

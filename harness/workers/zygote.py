@@ -35,7 +35,7 @@ from typing import Callable
 
 from rlconform.harness.workers import interrupts
 
-__all__ = ["context", "running", "start", "stop", "why_not"]
+__all__ = ["context", "kill_child", "running", "start", "stop", "why_not"]
 
 _STATE: dict = {"pid": None, "owner": None}
 
@@ -136,6 +136,12 @@ def stop() -> None:
     pid = _STATE["pid"]
     if pid is None or _STATE["owner"] != os.getpid():
         return
+    kill_child(pid)
+    _forget()
+
+
+def kill_child(pid: int) -> None:
+    """SIGKILL this process's child ``pid`` and reap it (nothing if it is gone)."""
     try:
         os.kill(pid, signal.SIGKILL)
     except OSError:
@@ -144,7 +150,6 @@ def stop() -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
-    _forget()
 
 
 def _forget() -> None:
