@@ -22,7 +22,7 @@ pool spawns its ranks as before (:func:`server` returns None).
 
 A rank forked from the server is the server's child, not its owner's: it watches its owner through
 multiprocessing's parent sentinel (the owner's end of the pipe that started it) instead of ``os.getppid()``;
-the server ends when its owner ends (multiprocessing's alive pipe) or at :func:`stop`.
+the server ends when its owner ends (multiprocessing's alive pipe).
 """
 
 from __future__ import annotations
@@ -33,10 +33,9 @@ import sys
 import threading
 from typing import Iterator
 
-from rlconform.harness.workers import zygote
 from rlconform.harness.workers.pool_worker import _THREAD_ENV, one_thread_environment
 
-__all__ = ["server", "started", "stop"]
+__all__ = ["server", "started"]
 
 #: modules the server imports before it forks the first rank
 PRELOAD = ("torch", "torch.distributed", "rlconform.harness.workers.pool_worker")
@@ -97,19 +96,3 @@ def started(srv) -> Iterator[None]:
         finally:
             forkserver.connect_to_new_process = saved
 
-
-def stop() -> None:
-    """End this process's rank servers (their ranks are ended by their pools)."""
-    with _LOCK:
-        servers = list(_STATE["servers"].values()) if _STATE["owner"] == os.getpid() else []
-        _STATE.update(owner=None, servers={})
-    for srv in servers:
-        pid, alive = srv._forkserver_pid, srv._forkserver_alive_fd
-        if alive is not None:
-            try:
-                os.close(alive)  # the server exits at the end of its alive pipe
-            except OSError:
-                pass
-        if pid is not None:
-            zygote.kill_child(pid)
-        srv._forkserver_pid = srv._forkserver_alive_fd = srv._forkserver_address = None
